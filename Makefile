@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench install clean
+
+# torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
+# resolution of "torch" would pull gigabytes of CUDA wheels.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/edgesplit models
+	$(VENV)/bin/edgesplit inspect resnet50 --cuts-only
+	$(VENV)/bin/edgesplit inspect mobilenet_v2 --limit 12
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_capture.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,163 @@
+"""Capture a model into a LayerGraph with ``torch.export``.
+
+Accepted models: an ``nn.Module`` with example inputs, an ``ExportedProgram``, a path to a
+program saved with ``torch.export.save`` (``.pt2``), or the name of a built-in model.
+
+Pipeline: export -> functionalise (``run_decompositions({})`` keeps high-level ops such as
+``conv2d``/``linear`` but turns in-place ops functional) -> unlift parameters -> strip run-time
+checks -> fold input-independent constants -> [optimised: fold batch-norm] -> group into layers.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch.export import ExportedProgram
+
+from edgesplit.errors import CaptureError, ConfigError
+from edgesplit.graph.fusion import build_layer_graph
+from edgesplit.graph.ir import LayerGraph
+from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
+
+__all__ = ["capture", "export_model", "load_program", "parse_shape", "optimize_program"]
+
+log = logging.getLogger(__name__)
+
+
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``, with a clear error for anything else."""
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"input shape {text!r} is not a comma-separated list of integers, "
+                          "e.g. 1,3,224,224") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise ConfigError(f"input shape {text!r} must list positive sizes, e.g. 1,3,224,224")
+    return shape
+
+
+def load_program(path: str | Path) -> ExportedProgram:
+    """Load a program saved with ``torch.export.save``; unreadable files raise CaptureError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureError(f"model file {str(path)!r} does not exist (pass a built-in model name "
+                           "or a .pt2 file saved with torch.export.save)")
+    try:
+        return torch.export.load(str(path))
+    except Exception as exc:  # torch raises many types for corrupt archives
+        raise CaptureError(f"cannot read {str(path)!r} as a torch.export program: "
+                           f"{_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def _as_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (list, tuple)) and example_inputs:
+        return tuple(example_inputs)
+    raise CaptureError("capturing an nn.Module needs example inputs: a tensor or a tuple of "
+                       "tensors with the shape the model will run at")
+
+
+def export_model(module: torch.nn.Module, example_inputs: Any, *, name: str = "model"
+                 ) -> ExportedProgram:
+    """``torch.export.export`` in eval mode, turning failures into CaptureError."""
+    args = _as_tuple(example_inputs)
+    shapes = ", ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(module.eval(), args, strict=False)
+    except Exception as exc:
+        raise CaptureError(f"torch.export could not capture {name} with input shape(s) {shapes}: "
+                           f"{_first_line(exc)}") from exc
+
+
+def _example_inputs_of(ep: ExportedProgram) -> tuple[torch.Tensor, ...]:
+    stored = getattr(ep, "example_inputs", None)
+    if stored is not None and stored[0]:
+        return tuple(stored[0])
+    inputs = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            node = next(n for n in ep.graph.nodes if n.name == spec.arg.name)
+            val = node.meta["val"]
+            inputs.append(torch.zeros(val.shape, dtype=val.dtype))
+    return tuple(inputs)
+
+
+def optimize_program(ep: ExportedProgram, *, optimize: bool = True) -> torch.fx.GraphModule:
+    """The runnable, functional, unlifted program that the LayerGraph maps onto."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = ep.run_decompositions({}).module()
+    for param in gm.parameters():
+        param.requires_grad_(False)
+    strip_checks(gm)
+    fold_constants(gm)
+    if optimize:
+        fold_batchnorm(gm)
+    return gm
+
+
+def capture(
+    model: Any,
+    example_inputs: Any = None,
+    *,
+    input_shape: Sequence[int] | None = None,
+    optimize: bool = True,
+    name: str | None = None,
+) -> LayerGraph:
+    """Capture ``model`` into a :class:`LayerGraph`.
+
+    ``optimize=True`` gives the graph an inference engine runs (batch-norm folded, element-wise
+    operators fused: what QDMP and AUTO-SPLIT plan on); ``optimize=False`` keeps one layer per
+    operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models.
+    """
+    strip = ""
+    if isinstance(model, (str, Path)) and _looks_like_file(model):
+        if input_shape is not None:
+            raise ConfigError("--input-shape does not apply to a saved program: its input shape "
+                              "was fixed when it was exported")
+        ep = load_program(model)
+        name = name or Path(model).stem
+        example = _example_inputs_of(ep)
+    elif isinstance(model, str):
+        from edgesplit.models import create_model
+
+        built = create_model(model, input_shape)
+        name = name or model
+        strip = getattr(built.module, "edgesplit_strip_prefix", "")
+        example = built.example_inputs
+        ep = export_model(built.module, example, name=name)
+    elif isinstance(model, ExportedProgram):
+        ep, name = model, name or "program"
+        example = _as_tuple(example_inputs) if example_inputs is not None else _example_inputs_of(ep)
+    elif isinstance(model, torch.nn.Module):
+        name = name or type(model).__name__
+        example = _as_tuple(example_inputs)
+        strip = getattr(model, "edgesplit_strip_prefix", "")
+        ep = export_model(model, example, name=name)
+    else:
+        raise CaptureError(f"cannot capture an object of type {type(model).__name__}: pass an "
+                           "nn.Module with example inputs, an ExportedProgram, a .pt2 path or a "
+                           "built-in model name")
+    gm = optimize_program(ep, optimize=optimize)
+    return build_layer_graph(gm, model=name, optimize=optimize, example_inputs=example,
+                             strip_prefix=strip)
+
+
+def _looks_like_file(model: str | Path) -> bool:
+    text = str(model)
+    return isinstance(model, Path) or text.endswith((".pt2", ".pt", ".pth")) or "/" in text \
+        or Path(text).is_file()

@@ -1,0 +1,227 @@
+"""Group the FX nodes of a prepared program into layers, and build the LayerGraph from them.
+
+Rules (the ones inference engines such as TensorRT or TVM apply):
+- a view operator (reshape, slicing, eval-mode dropout...) joins the layer that produced its
+  input: it computes nothing;
+- in the optimised graph, an element-wise operator whose inputs all come from one layer joins
+  that layer (activation fusion; also whole element-wise chains such as GPT-2's tanh-GELU and
+  batch-norms that could not be folded into a convolution);
+- in the optimised graph, a constant pad read only by a convolution joins the convolution;
+- everything else starts a layer of its own.
+
+A node joins a layer only if *all* its non-constant inputs are in that layer, so every layer is
+convex and is entered only through its first node: ordering layers by their first node is a
+topological order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.fx import GraphModule, Node
+
+from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, TensorInfo
+from edgesplit.graph.ops import OpCategory, op_category, op_cost, op_name, tensor_meta
+
+__all__ = ["group_nodes", "build_layer_graph"]
+
+_CONVS = {"conv1d", "conv2d", "conv3d", "convolution"}
+
+
+def _is_op(node: Node) -> bool:
+    return node.op in ("call_function", "call_module")
+
+
+def _category(node: Node) -> OpCategory:
+    return op_category(node) if node.op == "call_function" else OpCategory.COMPUTE
+
+
+def _fusable(node: Node, optimize: bool) -> bool:
+    category = _category(node)
+    if category is OpCategory.VIEW:
+        return True
+    return optimize and category in (OpCategory.ELEMENTWISE, OpCategory.BATCHNORM)
+
+
+def group_nodes(gm: GraphModule, *, optimize: bool = True) -> list[list[Node]]:
+    """Partition the operator nodes of ``gm`` into layers, in topological order."""
+    groups: list[list[Node]] = []
+    group_of: dict[Node, int] = {}
+    for node in gm.graph.nodes:
+        if not _is_op(node):
+            continue
+        inputs = [a for a in node.all_input_nodes if a.op != "get_attr"]
+        sources = {group_of.get(a, -1) for a in inputs}  # -1: a model input
+        target: int | None = None
+        if _fusable(node, optimize) and len(sources) == 1 and -1 not in sources:
+            target = sources.pop()
+        elif optimize and node.op == "call_function" and op_name(node) in _CONVS:
+            target = _pad_prologue(node, groups, group_of)
+        if target is None:
+            target = len(groups)
+            groups.append([])
+        groups[target].append(node)
+        group_of[node] = target
+    return groups
+
+
+def _pad_prologue(conv: Node, groups: list[list[Node]], group_of: dict[Node, int]) -> int | None:
+    pad = conv.args[0]
+    if not (isinstance(pad, Node) and pad in group_of and _category(pad) is OpCategory.PAD):
+        return None
+    g = group_of[pad]
+    return g if groups[g] == [pad] and len(pad.users) == 1 else None
+
+
+def _anchor(nodes: list[Node]) -> Node:
+    for wanted in (OpCategory.COMPUTE, OpCategory.BATCHNORM, OpCategory.ELEMENTWISE):
+        for node in nodes:
+            if _category(node) is wanted:
+                return node
+    return nodes[0]
+
+
+def _module_of(node: Node, strip: str) -> tuple[str, str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, mtype = list(stack.values())[-1]
+    if strip and path.startswith(strip):
+        path = path[len(strip):]
+    elif strip and path == strip.rstrip("."):
+        path = ""
+    mtype = mtype if isinstance(mtype, str) else getattr(mtype, "__name__", str(mtype))
+    return path, mtype.rsplit(".", 1)[-1]
+
+
+class _Namer:
+    """Module path for the main op of a leaf module (``layer4.0.conv3``), else ``path.op``."""
+
+    def __init__(self, nodes: list[Node], strip: str) -> None:
+        paths = {_module_of(n, strip)[0] for n in nodes}
+        # Every proper prefix of a path has a submodule below it, so it is not a leaf.
+        self._parents = {p[:i] for p in paths for i, ch in enumerate(p) if ch == "."}
+        self._used: set[str] = set()
+
+    def name(self, path: str, op: str) -> str:
+        leaf = path and path not in self._parents
+        base = path if leaf and path not in self._used else (f"{path}.{op}" if path else op)
+        name, i = base, 0
+        while name in self._used:
+            i += 1
+            name = f"{base}_{i}"
+        self._used.add(name)
+        return name
+
+
+def _tensor_info(node: Node, producer: str, consumers: list[str]) -> TensorInfo:
+    val = node.meta.get("val")
+    metas = [tensor_meta(v) for v in val] if isinstance(val, (list, tuple)) else [tensor_meta(val)]
+    metas = [m for m in metas if m is not None]
+    if len(metas) == 1:
+        shape, dtype = metas[0].shape, str(metas[0].dtype).replace("torch.", "")
+    else:  # a tuple value crossing as a whole (rare: higher-order ops)
+        shape, dtype = (), "tuple"
+    elements = sum(m.numel for m in metas)
+    nbytes = sum(m.numel * m.dtype.itemsize for m in metas)
+    return TensorInfo(node.name, shape, dtype, elements, nbytes, producer, tuple(consumers))
+
+
+def _attributes(gm: GraphModule) -> dict[str, torch.Tensor]:
+    return {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
+
+
+def build_layer_graph(gm: GraphModule, *, model: str, optimize: bool,
+                      example_inputs: tuple[torch.Tensor, ...] = (),
+                      strip_prefix: str = "") -> LayerGraph:
+    """Group ``gm``'s nodes into layers, annotate costs, and assemble the LayerGraph."""
+    groups = group_nodes(gm, optimize=optimize)
+    attrs = _attributes(gm)
+    namer = _Namer([n for g in groups for n in g], strip_prefix)
+    layer_of: dict[Node, str] = {}
+    drafts = []
+    for nodes in groups:
+        anchor = _anchor(nodes)
+        path, mtype = _module_of(anchor, strip_prefix)
+        name = namer.name(path, op_name(anchor) if anchor.op == "call_function" else "module")
+        for node in nodes:
+            layer_of[node] = name
+        drafts.append((name, anchor, nodes, path, mtype))
+
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    graph_outputs = [a for a in output_node.all_input_nodes if a.op != "get_attr"]
+    consumers: dict[Node, list[str]] = defaultdict(list)
+    for node, name in layer_of.items():
+        for arg in node.all_input_nodes:
+            if arg.op != "get_attr" and layer_of.get(arg) != name and name not in consumers[arg]:
+                consumers[arg].append(name)
+    for node in graph_outputs:
+        consumers[node].append(OUTPUT)
+
+    tensors: dict[str, TensorInfo] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in placeholders:
+        tensors[node.name] = _tensor_info(node, INPUT, consumers.get(node, []))
+    layers = []
+    for index, (name, anchor, nodes, path, mtype) in enumerate(drafts):
+        layers.append(_make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers,
+                                  attrs, tensors))
+    numel = {k: v.numel() for k, v in attrs.items()}
+    nbytes = {k: v.numel() * v.element_size() for k, v in attrs.items()}
+    return LayerGraph(
+        model=model,
+        layers=layers,
+        tensors=tensors,
+        inputs=tuple(n.name for n in placeholders),
+        outputs=tuple(n.name for n in graph_outputs),
+        optimized=optimize,
+        program=gm,
+        example_inputs=example_inputs,
+        attribute_numel=numel,
+        attribute_bytes=nbytes,
+    )
+
+
+def _make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers, attrs, tensors
+                ) -> Layer:
+    inputs: list[str] = []
+    param_names: list[str] = []
+    macs = flops = 0
+    fused: list[str] = []
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            if arg.op == "get_attr":
+                if str(arg.target) not in param_names:
+                    param_names.append(str(arg.target))
+            elif layer_of.get(arg) != name and arg.name not in inputs:
+                inputs.append(arg.name)
+        cost = op_cost(node) if node.op == "call_function" else None
+        node.meta["edgesplit_cost"] = cost
+        node.meta["edgesplit_layer"] = name
+        if cost is not None:
+            macs, flops = macs + cost.macs, flops + cost.flops
+        if node is anchor:
+            fused.extend(node.meta.get("edgesplit_folded", ()))
+        elif _category(node) is not OpCategory.VIEW and op_name(node) not in fused:
+            fused.append(op_name(node))
+    outputs = [n for n in nodes if any(c != name for c in consumers.get(n, []))]
+    for node in outputs:
+        tensors[node.name] = _tensor_info(node, name, consumers[node])
+    params = [attrs[p] for p in param_names if p in attrs]
+    return Layer(
+        index=index,
+        name=name,
+        op=op_name(anchor) if anchor.op == "call_function" else str(anchor.target),
+        fused=tuple(fused),
+        inputs=tuple(inputs),
+        outputs=tuple(n.name for n in outputs),
+        macs=macs,
+        flops=flops,
+        params=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        param_names=tuple(param_names),
+        nodes=tuple(n.name for n in nodes),
+        module_path=path,
+        module_type=mtype,
+    )

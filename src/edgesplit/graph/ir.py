@@ -1,0 +1,263 @@
+"""The LayerGraph IR: a model as a DAG of layers (after inference-graph optimisation) and the
+tensors that flow between them.
+
+A *layer* is a group of FX nodes of the captured program that an inference engine would run as
+one kernel (a convolution with its folded batch-norm and fused activation, say). A *tensor* is a
+value produced by one layer (or the model input) and read by other layers (or the model output):
+exactly the values that can cross a cut. Every layer keeps the names of its FX nodes, so any
+set of layers maps back to a sub-program of ``LayerGraph.program``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import networkx as nx
+
+from edgesplit.errors import GraphError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import GraphModule
+
+    from edgesplit.graph.cuts import Cut
+    from edgesplit.graph.memory import MemoryReport
+
+__all__ = ["INPUT", "OUTPUT", "TensorInfo", "Layer", "LayerGraph", "SCHEMA_VERSION"]
+
+INPUT = "input"  # producer of the model's inputs
+OUTPUT = "output"  # consumer of the model's outputs
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A value that flows between layers. ``bytes`` is at the tensor's own dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    elements: int
+    bytes: int
+    producer: str
+    consumers: tuple[str, ...]
+
+    def bytes_at(self, bits: int) -> int:
+        """Size when each element is stored in ``bits`` bits, packed densely."""
+        return math.ceil(self.elements * bits / 8)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One fused layer. Costs are for one call at the captured input shape."""
+
+    index: int
+    name: str
+    op: str
+    fused: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    macs: int
+    flops: int
+    params: int
+    param_bytes: int
+    param_names: tuple[str, ...]
+    nodes: tuple[str, ...]
+    module_path: str
+    module_type: str
+
+    @property
+    def kind(self) -> str:
+        """The op with its fused epilogue, e.g. ``conv2d+relu``."""
+        return "+".join((self.op, *self.fused))
+
+
+@dataclass
+class LayerGraph:
+    """Layers in topological order, the tensors between them, and the program they came from."""
+
+    model: str
+    layers: list[Layer]
+    tensors: dict[str, TensorInfo]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    optimized: bool
+    program: "GraphModule | None" = field(default=None, repr=False, compare=False)
+    example_inputs: "tuple[torch.Tensor, ...]" = field(default=(), repr=False, compare=False)
+    # Weights, buffers and folded constants by attribute name: layers may share them (tied
+    # embeddings), so memory queries take the union over a set of layers.
+    attribute_numel: dict[str, int] = field(default_factory=dict, repr=False)
+    attribute_bytes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    # ---- lookups -------------------------------------------------------------------------
+    @cached_property
+    def _by_name(self) -> dict[str, Layer]:
+        return {layer.name: layer for layer in self.layers}
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def layer(self, name: str) -> Layer:
+        """The layer called ``name``; an unknown name raises GraphError with close matches."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(name, self._by_name, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise GraphError(f"no layer named {name!r} in {self.model}.{hint}") from None
+
+    def index_of(self, name: str) -> int:
+        return self.layer(name).index
+
+    @property
+    def total_macs(self) -> int:
+        return sum(layer.macs for layer in self.layers)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(layer.flops for layer in self.layers)
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.attribute_numel.values())
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(self.attribute_bytes.values())
+
+    # ---- structure -----------------------------------------------------------------------
+    def predecessors(self, name: str) -> list[str]:
+        """Layers whose outputs ``name`` reads (not the model input), in topological order."""
+        preds = {self.tensors[t].producer for t in self.layer(name).inputs}
+        preds.discard(INPUT)
+        return sorted(preds, key=self.index_of)
+
+    def successors(self, name: str) -> list[str]:
+        succ = {c for t in self.layer(name).outputs for c in self.tensors[t].consumers}
+        succ.discard(OUTPUT)
+        return sorted(succ, key=self.index_of)
+
+    def to_networkx(self) -> nx.DiGraph:
+        """Layer-level DAG with ``input``/``output`` terminals; edges carry ``tensor``/``bytes``
+        (several tensors between the same pair of layers are summed)."""
+        g = nx.DiGraph()
+        g.add_node(INPUT)
+        g.add_nodes_from(layer.name for layer in self.layers)
+        g.add_node(OUTPUT)
+        for tensor in self.tensors.values():
+            for consumer in tensor.consumers:
+                if g.has_edge(tensor.producer, consumer):
+                    g[tensor.producer][consumer]["bytes"] += tensor.bytes
+                    g[tensor.producer][consumer]["tensors"].append(tensor.name)
+                else:
+                    g.add_edge(tensor.producer, consumer, bytes=tensor.bytes, tensors=[tensor.name])
+        return g
+
+    def ancestors_closure(self, names: Iterable[str]) -> list[str]:
+        """The smallest down-set containing ``names``: them and everything they depend on."""
+        seen: set[str] = set()
+        stack = [self.layer(n).name for n in names]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.extend(self.predecessors(name))
+        return sorted(seen, key=self.index_of)
+
+    def check_down_set(self, names: Iterable[str]) -> frozenset[str]:
+        """Validate that ``names`` is closed under predecessors; returns it as a frozenset."""
+        edge = frozenset(self.layer(n).name for n in names)
+        for name in edge:
+            missing = [p for p in self.predecessors(name) if p not in edge]
+            if missing:
+                raise GraphError(
+                    f"layer {name!r} is on the edge but its input from {missing[0]!r} is not: an "
+                    "edge part must contain every layer its layers depend on (use "
+                    "LayerGraph.ancestors_closure to complete it)."
+                )
+        return edge
+
+    # ---- analyses (see cuts.py and memory.py) --------------------------------------------
+    def crossing_tensors(self, edge_layers: Iterable[str], *, include_outputs: bool = True
+                         ) -> list[TensorInfo]:
+        from edgesplit.graph.cuts import crossing_tensors
+
+        return crossing_tensors(self, edge_layers, include_outputs=include_outputs)
+
+    def cuts(self) -> "list[Cut]":
+        from edgesplit.graph.cuts import topological_cuts
+
+        return topological_cuts(self)
+
+    def single_tensor_cuts(self) -> "list[Cut]":
+        return [cut for cut in self.cuts() if len(cut.tensors) == 1]
+
+    def peak_memory(self, edge_layers: Iterable[str], *,
+                    tensor_bytes: Mapping[str, int] | None = None,
+                    attribute_bytes: Mapping[str, int] | None = None) -> "MemoryReport":
+        from edgesplit.graph.memory import peak_memory
+
+        return peak_memory(self, edge_layers, tensor_bytes=tensor_bytes,
+                           attribute_bytes=attribute_bytes)
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self, *, with_cuts: bool = True) -> dict[str, Any]:
+        """The JSON document of ``edgesplit inspect --json`` (schema in the README)."""
+        doc: dict[str, Any] = {
+            "version": SCHEMA_VERSION,
+            "model": self.model,
+            "optimized": self.optimized,
+            "inputs": [_tensor_dict(self.tensors[t]) for t in self.inputs],
+            "outputs": list(self.outputs),
+            "totals": {
+                "layers": len(self.layers),
+                "macs": self.total_macs,
+                "flops": self.total_flops,
+                "params": self.total_params,
+                "param_bytes": self.total_param_bytes,
+            },
+            "layers": [_layer_dict(layer, self.tensors) for layer in self.layers],
+            "tensors": [_tensor_dict(t) for t in self.tensors.values()],
+        }
+        if with_cuts:
+            doc["cuts"] = [cut.to_dict() for cut in self.single_tensor_cuts()]
+        return doc
+
+
+def _tensor_dict(t: TensorInfo) -> dict[str, Any]:
+    d = asdict(t)
+    d["shape"] = list(t.shape)
+    d["consumers"] = list(t.consumers)
+    return d
+
+
+def _layer_dict(layer: Layer, tensors: Mapping[str, TensorInfo]) -> dict[str, Any]:
+    outs: Sequence[TensorInfo] = [tensors[t] for t in layer.outputs]
+    return {
+        "index": layer.index,
+        "name": layer.name,
+        "op": layer.op,
+        "fused": list(layer.fused),
+        "module": layer.module_path,
+        "module_type": layer.module_type,
+        "macs": layer.macs,
+        "flops": layer.flops,
+        "params": layer.params,
+        "param_bytes": layer.param_bytes,
+        "out_shape": list(outs[0].shape) if outs else [],
+        "out_elements": sum(t.elements for t in outs),
+        "out_bytes": sum(t.bytes for t in outs),
+        "out_dtype": outs[0].dtype if outs else None,
+        "inputs": list(layer.inputs),
+        "outputs": list(layer.outputs),
+        "nodes": list(layer.nodes),
+    }

@@ -1,0 +1,164 @@
+"""Rewrite passes on the unlifted, functional ATen graph of an exported program.
+
+Each pass takes a ``torch.fx.GraphModule`` whose nodes carry ``meta['val']`` (as
+``ExportedProgram.module()`` produces), rewrites it in place and keeps the program's numerical
+behaviour: after any pass, running the module gives the same outputs as before (up to float
+rounding for batch-norm folding).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+
+from edgesplit.graph.ops import OpCategory, op_category, op_name
+
+__all__ = ["strip_checks", "fold_constants", "fold_batchnorm", "remove_unused_attributes"]
+
+# Operators kept by export only to check the input at run time; they produce no tensor.
+_CHECK_OPS = {"_assert_tensor_metadata", "_assert_async", "sym_constrain_range",
+              "sym_constrain_range_for_size", "_assert_scalar", "_functional_assert_async"}
+
+
+def strip_checks(gm: GraphModule) -> GraphModule:
+    """Drop export's run-time guard calls and assertion nodes (they compute nothing)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        is_guard = node.op == "call_module" and str(node.target).startswith("_guards")
+        is_check = node.op == "call_function" and op_name(node) in _CHECK_OPS
+        if (is_guard or is_check) and not node.users:
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _attr(gm: GraphModule, target: str) -> torch.Tensor:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _new_attr(gm: GraphModule, hint: str, value: torch.Tensor) -> str:
+    base = "_es_" + hint.replace(".", "_")
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    gm.register_buffer(name, value.detach().clone())
+    return name
+
+
+def fold_constants(gm: GraphModule) -> GraphModule:
+    """Evaluate nodes that depend on no model input and store their results as constants.
+
+    Mask construction, position ids and weight transposes are not layers an inference engine runs
+    per request; leaving them in would add spurious sources to the layer graph.
+    """
+    graph = gm.graph
+    values: dict[Node, object] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            values[node] = _attr(gm, str(node.target))
+        elif node.op == "call_function" and all(a in values for a in node.all_input_nodes):
+            if "rand" in op_name(node):  # never freeze randomness
+                continue
+            args = torch.fx.node.map_arg(node.args, lambda a: values[a])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: values[a])
+            with torch.no_grad():
+                values[node] = node.target(*args, **kwargs)
+    for node, value in values.items():
+        if node.op == "get_attr" or not isinstance(value, torch.Tensor):
+            continue
+        if not any(user not in values for user in node.users):
+            continue  # only used by other folded nodes
+        with graph.inserting_before(node):
+            const = graph.get_attr(_new_attr(gm, node.name, value))
+        const.meta = dict(node.meta)
+        node.replace_all_uses_with(const)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    return remove_unused_attributes(gm)
+
+
+def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
+    producer = bn.args[0]
+    if not (isinstance(producer, Node) and len(producer.users) == 1):
+        return False
+    name = op_name(producer)
+    if name not in {"conv1d", "conv2d", "conv3d", "linear"}:
+        return False
+    weight_node = producer.args[1]
+    bias_node = producer.args[2] if len(producer.args) > 2 else None
+    bn_args = list(bn.args) + [None] * 8
+    gamma, beta, mean, var = bn_args[1:5]
+    eps = bn.args[-1]
+    if not all(isinstance(n, Node) and n.op == "get_attr" for n in (weight_node, mean, var)):
+        return False
+    if bias_node is not None and not (isinstance(bias_node, Node) and bias_node.op == "get_attr"):
+        return False
+    weight = _attr(gm, str(weight_node.target))
+    out_channels = weight.shape[0]
+    out_val = producer.meta.get("val")
+    # Linear layers fold only when BN normalises their feature dim (2-d output).
+    if name == "linear" and (out_val is None or out_val.dim() != 2):
+        return False
+    running_var = _attr(gm, str(var.target))
+    if running_var.numel() != out_channels:
+        return False
+    running_mean = _attr(gm, str(mean.target))
+    g = _attr(gm, str(gamma.target)) if isinstance(gamma, Node) else torch.ones_like(running_var)
+    b = _attr(gm, str(beta.target)) if isinstance(beta, Node) else torch.zeros_like(running_var)
+    bias = _attr(gm, str(bias_node.target)) if bias_node is not None else torch.zeros_like(running_var)
+    with torch.no_grad():
+        scale = g / torch.sqrt(running_var + eps)
+        new_w = weight * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+        new_b = (bias - running_mean) * scale + b
+    graph = gm.graph
+    with graph.inserting_before(producer):
+        w_node = graph.get_attr(_new_attr(gm, f"{weight_node.target}_bnfold", new_w))
+        b_node = graph.get_attr(_new_attr(gm, f"{weight_node.target}_bnfold_bias", new_b))
+    w_node.meta = dict(weight_node.meta)
+    b_node.meta = {"val": out_val.new_empty(out_channels) if out_val is not None else None}
+    args = list(producer.args) + [None] * (3 - len(producer.args))
+    args[1], args[2] = w_node, b_node
+    producer.args = tuple(args)
+    producer.meta["edgesplit_folded"] = [*producer.meta.get("edgesplit_folded", ()), "batch_norm"]
+    # The no-training op returns (out, mean, invstd); the plain op returns the output itself.
+    if op_name(bn) == "batch_norm" and isinstance(bn.meta.get("val"), (list, tuple)):
+        for user in list(bn.users):
+            user.replace_all_uses_with(producer)
+            graph.erase_node(user)
+    bn.replace_all_uses_with(producer)
+    graph.erase_node(bn)
+    return True
+
+
+def fold_batchnorm(gm: GraphModule) -> GraphModule:
+    """Fold inference-mode batch-norm into the preceding convolution or linear layer.
+
+    W' = W * gamma / sqrt(var + eps) per output channel; b' = (b - mean) * gamma / sqrt(var + eps)
+    + beta. Only batch-norms whose producer feeds nothing else are folded.
+    """
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and op_category(node) is OpCategory.BATCHNORM:
+            _fold_one_batchnorm(gm, node)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return remove_unused_attributes(gm)
+
+
+def remove_unused_attributes(gm: GraphModule) -> GraphModule:
+    """Delete parameters and buffers no ``get_attr`` node reads any more (memory, and honest
+    parameter counts after folding)."""
+    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
+        if name in used:
+            continue
+        owner_path, _, leaf = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        delattr(owner, leaf)
+    return gm

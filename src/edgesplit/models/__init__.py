@@ -1,0 +1,134 @@
+"""Built-in models: a registry in the style of timm (`register_model`, `create_model`,
+`list_models`).
+
+Each entry is a factory returning a :class:`BuiltinModel`: an ``nn.Module`` in eval mode with
+random (or packaged) weights, and a function that makes example inputs for a given input shape.
+Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from edgesplit.errors import ConfigError, UnknownNameError
+
+__all__ = [
+    "BuiltinModel",
+    "ModelSpec",
+    "register_model",
+    "create_model",
+    "list_models",
+    "get_model_spec",
+    "image_inputs",
+    "token_inputs",
+]
+
+
+def image_inputs(shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Deterministic float input of ``shape`` (N, C, H, W)."""
+    if len(shape) != 4:
+        raise ConfigError(f"image models take a 4-d input shape N,C,H,W; got {','.join(map(str, shape))}")
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(*shape, generator=gen),)
+
+
+def token_inputs(shape: Sequence[int], vocab_size: int = 1000) -> tuple[torch.Tensor, ...]:
+    """Deterministic int64 token ids of ``shape`` (batch, sequence length)."""
+    if len(shape) != 2:
+        raise ConfigError(f"token models take a 2-d input shape batch,seq_len; got {','.join(map(str, shape))}")
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randint(0, vocab_size, tuple(shape), generator=gen),)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the registry knows about a built-in model before building it."""
+
+    name: str
+    factory: Callable[[], torch.nn.Module]
+    input_shape: tuple[int, ...]
+    make_inputs: Callable[[Sequence[int]], tuple[torch.Tensor, ...]] = image_inputs
+    family: str = "vision"
+    source: str = "edgesplit"  # where the definition comes from: "transformers" or "edgesplit"
+    description: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class BuiltinModel:
+    """A built model and the example inputs for the requested shape."""
+
+    name: str
+    module: torch.nn.Module
+    example_inputs: tuple[torch.Tensor, ...]
+    spec: ModelSpec
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(
+    name: str,
+    *,
+    input_shape: Sequence[int],
+    make_inputs: Callable[[Sequence[int]], tuple[torch.Tensor, ...]] = image_inputs,
+    family: str = "vision",
+    source: str = "edgesplit",
+    description: str = "",
+) -> Callable[[Callable[[], torch.nn.Module]], Callable[[], torch.nn.Module]]:
+    """Decorator registering a zero-argument factory under ``name``."""
+
+    def deco(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+        if name in _REGISTRY:
+            warnings.warn(f"model {name!r} registered twice; the later definition wins", stacklevel=2)
+        _REGISTRY[name] = ModelSpec(
+            name=name,
+            factory=factory,
+            input_shape=tuple(input_shape),
+            make_inputs=make_inputs,
+            family=family,
+            source=source,
+            description=description,
+        )
+        return factory
+
+    return deco
+
+
+def _ensure_loaded() -> None:
+    # Definitions register themselves on import; importing here keeps `import edgesplit` light.
+    from edgesplit.models import _hf, _vision  # noqa: F401
+
+
+def list_models() -> list[str]:
+    """Names of all built-in models, sorted."""
+    _ensure_loaded()
+    return sorted(_REGISTRY)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The registry entry for ``name``; an unknown name lists the close matches and all choices."""
+    _ensure_loaded()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, _REGISTRY, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownNameError(
+            f"unknown model {name!r}.{hint} Built-in models: {', '.join(sorted(_REGISTRY))} "
+            "(or pass a .pt2 file saved with torch.export.save)."
+        ) from None
+
+
+def create_model(name: str, input_shape: Sequence[int] | None = None) -> BuiltinModel:
+    """Build the model ``name`` in eval mode with deterministic weights and example inputs."""
+    spec = get_model_spec(name)
+    shape = tuple(input_shape) if input_shape is not None else spec.input_shape
+    torch.manual_seed(0)
+    module = spec.factory().eval()
+    return BuiltinModel(name=name, module=module, example_inputs=spec.make_inputs(shape), spec=spec)

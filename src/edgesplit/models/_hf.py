@@ -1,0 +1,142 @@
+"""Built-in models defined by Hugging Face ``transformers`` classes, with random weights.
+
+Configs are built in code, never fetched: the classes are instantiated from a config object, so
+nothing touches the hub. Each wrapper returns plain tensors so `torch.export` sees a simple
+signature.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from edgesplit.models import register_model, token_inputs
+
+__all__: list[str] = []
+
+
+class _Logits(nn.Module):
+    """Unwraps a transformers ``ModelOutput`` to the tensor an inference engine would return.
+
+    The wrapped model is registered as ``model``; capture strips that prefix from module paths
+    (``edgesplit_strip_prefix``) so layer names read as in the transformers model."""
+
+    edgesplit_strip_prefix = "model."
+
+    def __init__(self, model: nn.Module, key: str = "logits") -> None:
+        super().__init__()
+        self.model = model
+        self.key = key
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(pixel_values), self.key)
+
+
+class _TokenLogits(_Logits):
+    """The same for text models, whose input is token ids."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(input_ids), self.key)
+
+
+def _resnet(depths: list[int], layer_type: str, hidden_sizes: list[int]) -> nn.Module:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(
+        depths=depths, layer_type=layer_type, hidden_sizes=hidden_sizes, num_labels=1000
+    )
+    return _Logits(ResNetForImageClassification(cfg))
+
+
+@register_model("resnet18", input_shape=(1, 3, 224, 224), source="transformers",
+                description="ResNet-18 (He et al. 2016), transformers ResNetForImageClassification")
+def resnet18() -> nn.Module:
+    return _resnet([2, 2, 2, 2], "basic", [64, 128, 256, 512])
+
+
+@register_model("resnet34", input_shape=(1, 3, 224, 224), source="transformers",
+                description="ResNet-34 (He et al. 2016), transformers ResNetForImageClassification")
+def resnet34() -> nn.Module:
+    return _resnet([3, 4, 6, 3], "basic", [64, 128, 256, 512])
+
+
+@register_model("resnet50", input_shape=(1, 3, 224, 224), source="transformers",
+                description="ResNet-50 v1.5 (He et al. 2016), transformers ResNetForImageClassification")
+def resnet50() -> nn.Module:
+    return _resnet([3, 4, 6, 3], "bottleneck", [256, 512, 1024, 2048])
+
+
+@register_model("resnet101", input_shape=(1, 3, 224, 224), source="transformers",
+                description="ResNet-101 v1.5 (He et al. 2016), transformers ResNetForImageClassification")
+def resnet101() -> nn.Module:
+    return _resnet([3, 4, 23, 3], "bottleneck", [256, 512, 1024, 2048])
+
+
+@register_model("mobilenet_v2", input_shape=(1, 3, 224, 224), source="transformers",
+                description="MobileNetV2 1.0 (Sandler et al. 2018), transformers MobileNetV2ForImageClassification")
+def mobilenet_v2() -> nn.Module:
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    # tf_padding=False gives the symmetric padding of the reference PyTorch model (no pad ops).
+    cfg = MobileNetV2Config(num_labels=1000, tf_padding=False)
+    return _Logits(MobileNetV2ForImageClassification(cfg))
+
+
+@register_model("efficientnet_b0", input_shape=(1, 3, 224, 224), source="transformers",
+                description="EfficientNet-B0 (Tan & Le 2019), transformers EfficientNetForImageClassification")
+def efficientnet_b0() -> nn.Module:
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    cfg = EfficientNetConfig(image_size=224, num_labels=1000)
+    return _Logits(EfficientNetForImageClassification(cfg))
+
+
+@register_model("vit_tiny", input_shape=(1, 3, 224, 224), source="transformers",
+                description="ViT-Ti/16 (Touvron et al. 2021 sizes), transformers ViTForImageClassification")
+def vit_tiny() -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
+                    intermediate_size=768, image_size=224, patch_size=16, num_labels=1000)
+    return _Logits(ViTForImageClassification(cfg))
+
+
+def _bert(layers: int, hidden: int, heads: int) -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=4 * hidden)
+    return _TokenLogits(BertModel(cfg, add_pooling_layer=False), key="last_hidden_state")
+
+
+@register_model("bert_mini", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
+                family="text", source="transformers",
+                description="BERT-mini L=4 H=256 (Turc et al. 2019), transformers BertModel")
+def bert_mini() -> nn.Module:
+    return _bert(4, 256, 4)
+
+
+@register_model("minilm", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
+                family="text", source="transformers",
+                description="MiniLM-L6-H384 shape (all-MiniLM-L6-v2), transformers BertModel")
+def minilm() -> nn.Module:
+    return _bert(6, 384, 12)
+
+
+@register_model("bert_large", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
+                family="text", source="transformers",
+                description="BERT-large L=24 H=1024 (Devlin et al. 2019), transformers BertModel")
+def bert_large() -> nn.Module:
+    return _bert(24, 1024, 16)
+
+
+@register_model("gpt2_small", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=50257),
+                family="text", source="transformers",
+                description="GPT-2 small 124M (Radford et al. 2019), transformers GPT2LMHeadModel")
+def gpt2_small() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(use_cache=False)
+    return _TokenLogits(GPT2LMHeadModel(cfg))

@@ -1,0 +1,6 @@
+"""Rendering results for people: number formatting and rich tables."""
+
+from edgesplit.report.format import human_bytes, human_count
+from edgesplit.report.tables import cuts_table, layers_table, models_table
+
+__all__ = ["human_bytes", "human_count", "cuts_table", "layers_table", "models_table"]
