@@ -89,7 +89,9 @@ def mobilenet_v2() -> nn.Module:
 def efficientnet_b0() -> nn.Module:
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
-    cfg = EfficientNetConfig(image_size=224, num_labels=1000)
+    # The config defaults describe B7; B0 is width 1.0, depth 1.0, 224 px, 1280 head channels.
+    cfg = EfficientNetConfig(image_size=224, width_coefficient=1.0, depth_coefficient=1.0,
+                             hidden_dim=1280, dropout_rate=0.2, num_labels=1000)
     return _Logits(EfficientNetForImageClassification(cfg))
 
 

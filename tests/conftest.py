@@ -1,0 +1,19 @@
+"""Shared fixtures: captures of built-in models are slow (seconds), so each is made once."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from edgesplit.graph import LayerGraph, capture
+
+
+@functools.lru_cache(maxsize=None)
+def captured(name: str, optimize: bool = True) -> LayerGraph:
+    return capture(name, optimize=optimize)
+
+
+@pytest.fixture(scope="session")
+def resnet50() -> LayerGraph:
+    return captured("resnet50")
