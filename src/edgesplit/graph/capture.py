@@ -48,11 +48,17 @@ def load_program(path: str | Path) -> ExportedProgram:
     if not path.is_file():
         raise CaptureError(f"model file {str(path)!r} does not exist (pass a built-in model name "
                            "or a .pt2 file saved with torch.export.save)")
+    # torch logs a traceback before re-raising for archives it cannot parse; our error says it.
+    torch_log = logging.getLogger("torch.export")
+    level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)
     try:
         return torch.export.load(str(path))
     except Exception as exc:  # torch raises many types for corrupt archives
         raise CaptureError(f"cannot read {str(path)!r} as a torch.export program: "
                            f"{_first_line(exc)}") from exc
+    finally:
+        torch_log.setLevel(level)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -96,11 +102,23 @@ def _example_inputs_of(ep: ExportedProgram) -> tuple[torch.Tensor, ...]:
     return tuple(inputs)
 
 
+def _is_functional(ep: ExportedProgram) -> bool:
+    """True when no operator of the program mutates its inputs (export's default IR keeps
+    in-place ops such as ``add_``; the analyses and partitioning need a functional graph)."""
+    for node in ep.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable:
+            return False
+    return True
+
+
 def optimize_program(ep: ExportedProgram, *, optimize: bool = True) -> torch.fx.GraphModule:
     """The runnable, functional, unlifted program that the LayerGraph maps onto."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gm = ep.run_decompositions({}).module()
+        if not _is_functional(ep):  # functionalising costs ~10 ms per node: only when needed
+            ep = ep.run_decompositions({})
+        gm = ep.module()
     for param in gm.parameters():
         param.requires_grad_(False)
     strip_checks(gm)

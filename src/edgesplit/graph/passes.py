@@ -83,6 +83,17 @@ def fold_constants(gm: GraphModule) -> GraphModule:
     return remove_unused_attributes(gm)
 
 
+def _arg(node: Node, name: str) -> object:
+    """Argument ``name`` of an ATen call, positional or keyword (the batch-norm variants put
+    ``eps`` at different positions)."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.name == name:
+            return node.args[i] if i < len(node.args) else arg.default_value
+    raise KeyError(name)
+
+
 def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
     producer = bn.args[0]
     if not (isinstance(producer, Node) and len(producer.users) == 1):
@@ -92,9 +103,9 @@ def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
         return False
     weight_node = producer.args[1]
     bias_node = producer.args[2] if len(producer.args) > 2 else None
-    bn_args = list(bn.args) + [None] * 8
-    gamma, beta, mean, var = bn_args[1:5]
-    eps = bn.args[-1]
+    gamma, beta, mean, var = (_arg(bn, key) for key in ("weight", "bias", "running_mean",
+                                                         "running_var"))
+    eps = _arg(bn, "eps")
     if not all(isinstance(n, Node) and n.op == "get_attr" for n in (weight_node, mean, var)):
         return False
     if bias_node is not None and not (isinstance(bias_node, Node) and bias_node.op == "get_attr"):

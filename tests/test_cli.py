@@ -1,0 +1,81 @@
+"""The command line: JSON contract of `inspect`, listings, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from edgesplit.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_inspect_json_contract():
+    result = _run("inspect", "resnet18", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["version"] == 1 and doc["model"] == "resnet18"
+    layer = doc["layers"][0]
+    for key in ("name", "op", "macs", "param_bytes", "out_shape", "out_elements", "inputs"):
+        assert key in layer
+    assert layer["inputs"] == ["pixel_values"] and layer["out_shape"] == [1, 64, 112, 112]
+    assert [l["index"] for l in doc["layers"]] == list(range(len(doc["layers"])))
+    assert doc["totals"]["macs"] == sum(l["macs"] for l in doc["layers"])
+    first, last = doc["cuts"][0], doc["cuts"][-1]
+    assert (first["index"], first["tensors"], first["elements"]) == (-1, ["pixel_values"], 150_528)
+    assert (last["index"], last["elements"]) == (len(doc["layers"]) - 1, 1000)
+    by_name = {t["name"]: t for t in doc["tensors"]}
+    assert by_name["pixel_values"]["producer"] == "input"
+    assert by_name[doc["layers"][-1]["outputs"][0]]["consumers"] == ["output"]
+
+
+def test_inspect_input_shape_and_split_after():
+    result = _run("inspect", "resnet18", "--input-shape", "1,3,112,112", "--json",
+                  "--split-after", "resnet.embedder.pooler")
+    doc = json.loads(result.stdout)
+    assert doc["cuts"][0]["elements"] == 3 * 112 * 112
+    assert doc["split"]["edge_layers"] == 2
+    assert doc["split"]["crossing_elements"] == 64 * 28 * 28
+    assert doc["split"]["memory"]["weight_bytes"] > 0
+
+
+def test_inspect_table_and_models_listing():
+    result = _run("inspect", "resnet18", "--limit", "3")
+    assert result.exit_code == 0
+    assert "single-tensor cut points" in result.stdout and "first 3 of" in result.stdout
+    listing = json.loads(_run("models", "--json").stdout)
+    names = {m["name"] for m in listing["models"]}
+    assert {"alexnet", "vgg16", "resnet18", "resnet34", "resnet50", "mobilenet_v2", "googlenet",
+            "mnasnet", "resnext50", "yolov3_tiny", "bert_mini", "gpt2_small"} <= names
+
+
+@pytest.mark.parametrize("args, message", [
+    (["inspect", "resnet999"], "unknown model 'resnet999'"),
+    (["inspect", "/nonexistent/model.pt2"], "does not exist"),
+    (["inspect", "resnet18", "--input-shape", "1,3,224"], "4-d input shape"),
+    (["inspect", "resnet18", "--input-shape", "1,1,64,64"], "could not capture resnet18"),
+    (["inspect", "resnet18", "--split-after", "nope"], "no layer named 'nope'"),
+])
+def test_user_errors_are_one_line_with_exit_2(args, message):
+    proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_unreadable_file(tmp_path):
+    bad = tmp_path / "garbage.pt2"
+    bad.write_text("hello")
+    proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "inspect", str(bad)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "cannot read" in proc.stderr and "Traceback" not in proc.stderr
