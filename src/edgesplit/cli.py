@@ -27,6 +27,21 @@ out = Console() if Console().is_terminal else Console(width=200)
 err = Console(stderr=True)
 
 
+@app.callback()
+def _setup(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details.")
+           ) -> None:
+    """The one logging setup: library modules log, only the CLI configures handlers."""
+    if verbose:
+        import logging
+
+        from rich.logging import RichHandler
+
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s",
+                            handlers=[RichHandler(console=err, show_path=False)])
+        for noisy in ("torch", "transformers", "filelock"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -117,6 +117,7 @@ def optimize_program(ep: ExportedProgram, *, optimize: bool = True) -> torch.fx.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if not _is_functional(ep):  # functionalising costs ~10 ms per node: only when needed
+            log.debug("functionalising in-place operators")
             ep = ep.run_decompositions({})
         gm = ep.module()
     for param in gm.parameters():
