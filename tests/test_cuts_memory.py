@@ -190,3 +190,21 @@ def test_multi_consumer_tensor_crosses_once():
     assert len(crossing) == 1 and crossing[0].consumers == ("b", "c")
     for edge in itertools.chain([["a"]], [["a", "b"]]):
         assert sum(t.bytes for t in graph.crossing_tensors(edge)) == 2 * 16 * 4 * (len(edge))
+
+
+def test_raw_input_read_late_crosses_with_the_cut():
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 1)
+
+        def forward(self, x, y):
+            return self.conv(x) + y
+
+    graph = capture(TwoInputs(), (torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)))
+    assert graph.inputs == ("x", "y")
+    crossing = graph.crossing_tensors(["conv"])
+    assert [(t.name, t.producer) for t in crossing] == [("y", INPUT), ("conv2d", "conv")]
+    assert graph.crossing_bytes(["conv"]) == 2 * 32 * 4
+    # y is never read on the edge, so the edge does not hold it.
+    assert graph.peak_memory(["conv"]).activation_bytes == 2 * 32 * 4

@@ -193,6 +193,11 @@ class LayerGraph:
 
         return crossing_tensors(self, edge_layers, include_outputs=include_outputs)
 
+    def crossing_bytes(self, edge_layers: Iterable[str], *, include_outputs: bool = True) -> int:
+        """Total bytes of :meth:`crossing_tensors` at their own dtypes."""
+        return sum(t.bytes for t in self.crossing_tensors(edge_layers,
+                                                          include_outputs=include_outputs))
+
     def cuts(self) -> "list[Cut]":
         from edgesplit.graph.cuts import topological_cuts
 
