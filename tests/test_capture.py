@@ -159,3 +159,35 @@ def test_layer_nodes_map_back_to_the_program(resnet50):
     assert len(covered) == len(set(covered)) and set(covered) <= fx_names
     ops = [n for n in resnet50.program.graph.nodes if n.op == "call_function"]
     assert set(covered) == {n.name for n in ops}
+
+
+def test_any_down_set_executes_as_its_own_partition():
+    """The layer -> FX node mapping is enough to run an edge part and a cloud part separately
+    (torch.fx's split_module does the mechanics) with the same result as the whole program."""
+    from torch.fx.passes.split_module import split_module
+
+    graph = captured("resnet18")
+    x = graph.example_inputs
+    with torch.no_grad():
+        expected = graph.program(*x)
+    for after in ("resnet.embedder.pooler", "resnet.encoder.stages.1.layers.0.add",
+                  "resnet.encoder.stages.2.layers.0.shortcut.convolution"):
+        edge = set(graph.ancestors_closure([after]))
+        parts = split_module(graph.program, graph.program,
+                             lambda node: 0 if node.meta["edgesplit_layer"] in edge else 1)
+        with torch.no_grad():
+            (got,) = parts(*x)  # split_module returns the flat output tuple
+        torch.testing.assert_close(got, expected)
+        sent = next(n for n in parts.submod_0.graph.nodes if n.op == "output").args[0]
+        sent = sent if isinstance(sent, (tuple, list)) else (sent,)
+        assert len(sent) == len(graph.crossing_tensors(edge))  # split_module renames nodes
+
+
+def test_folded_weights_keep_their_module_names():
+    graph = captured("resnet18")
+    assert graph.layers[0].param_names == (
+        "model.resnet.embedder.embedder.convolution.weight",
+        "model.resnet.embedder.embedder.convolution.bias")
+    assert graph.total_params == sum(
+        p.numel() for p in graph.program.parameters()) + sum(
+        b.numel() for b in graph.program.buffers())

@@ -41,11 +41,7 @@ def _attr(gm: GraphModule, target: str) -> torch.Tensor:
 
 
 def _new_attr(gm: GraphModule, hint: str, value: torch.Tensor) -> str:
-    base = "_es_" + hint.replace(".", "_")
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
+    name = _new_attr_name(gm, hint)
     gm.register_buffer(name, value.detach().clone())
     return name
 
@@ -128,9 +124,12 @@ def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
         new_w = weight * scale.reshape(-1, *([1] * (weight.dim() - 1)))
         new_b = (bias - running_mean) * scale + b
     graph = gm.graph
+    w_target, b_target = _folded_targets(gm, producer, weight_node, bias_node)
+    _set_attr(gm, w_target, new_w)
+    _set_attr(gm, b_target, new_b)
     with graph.inserting_before(producer):
-        w_node = graph.get_attr(_new_attr(gm, f"{weight_node.target}_bnfold", new_w))
-        b_node = graph.get_attr(_new_attr(gm, f"{weight_node.target}_bnfold_bias", new_b))
+        w_node = graph.get_attr(w_target)
+        b_node = graph.get_attr(b_target)
     w_node.meta = dict(weight_node.meta)
     b_node.meta = {"val": out_val.new_empty(out_channels) if out_val is not None else None}
     args = list(producer.args) + [None] * (3 - len(producer.args))
@@ -145,6 +144,51 @@ def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
     bn.replace_all_uses_with(producer)
     graph.erase_node(bn)
     return True
+
+
+def _folded_targets(gm: GraphModule, producer: Node, weight: Node, bias: Node | None
+                    ) -> tuple[str, str]:
+    """Where the folded weight and bias go: over the layer's own attributes (so names stay
+    ``conv.weight``/``conv.bias``) unless another node reads them too."""
+    readers = {t: 0 for t in (str(weight.target), str(bias.target) if bias else "")}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target) in readers:
+            readers[str(node.target)] += len(node.users)
+    w_target = str(weight.target)
+    if readers[w_target] != 1:
+        return _new_attr_name(gm, w_target + "_bnfold"), _new_attr_name(gm, w_target + "_bnfold_bias")
+    if bias is not None:
+        b_target = str(bias.target)
+        return w_target, b_target if readers[b_target] == 1 else _new_attr_name(gm, b_target + "_bnfold")
+    b_target = w_target.rsplit(".", 1)[0] + ".bias" if "." in w_target else "bias"
+    return w_target, b_target if not _has_attr(gm, b_target) else _new_attr_name(gm, b_target)
+
+
+def _has_attr(gm: GraphModule, target: str) -> bool:
+    try:
+        _attr(gm, target)
+        return True
+    except AttributeError:
+        return False
+
+
+def _new_attr_name(gm: GraphModule, hint: str) -> str:
+    base = "_es_" + hint.replace(".", "_")
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _set_attr(gm: GraphModule, target: str, value: torch.Tensor) -> None:
+    owner_path, _, leaf = target.rpartition(".")
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    if leaf in owner._buffers:
+        del owner._buffers[leaf]
+    # Folded weights stay parameters (frozen), so later passes treat them as weights.
+    owner._parameters.pop(leaf, None)
+    owner.register_parameter(leaf, torch.nn.Parameter(value.detach().clone(), requires_grad=False))
 
 
 def fold_batchnorm(gm: GraphModule) -> GraphModule:
