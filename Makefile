@@ -22,12 +22,15 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit models
 	$(VENV)/bin/edgesplit inspect resnet50 --cuts-only
 	$(VENV)/bin/edgesplit inspect mobilenet_v2 --limit 12
+	$(VENV)/bin/edgesplit topologies
+	$(VENV)/bin/edgesplit profile resnet18 --repeats 10 --validate
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_estimators.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

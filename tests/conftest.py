@@ -17,3 +17,14 @@ def captured(name: str, optimize: bool = True) -> LayerGraph:
 @pytest.fixture(scope="session")
 def resnet50() -> LayerGraph:
     return captured("resnet50")
+
+
+@pytest.fixture(scope="session")
+def block_graph() -> LayerGraph:
+    """The hand-computed inverted-residual block of test_cuts_memory (stem, expand, dw,
+    project, add)."""
+    import torch
+
+    from test_cuts_memory import InvertedResidual
+
+    return capture(InvertedResidual(), torch.randn(1, 3, 8, 8))

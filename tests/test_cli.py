@@ -79,3 +79,41 @@ def test_unreadable_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "inspect", str(bad)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_hardware_listings_json():
+    devices = json.loads(_run("devices", "--json").stdout)["devices"]
+    by_name = {d["name"]: d for d in devices}
+    assert by_name["eyeriss"]["compute"]["peak_gops"] == {"8": 68.0}  # 34 G MAC/s
+    assert by_name["this-machine"]["compute"]["peak_gops"]["32"] > 0
+    links = {l["name"]: l for l in json.loads(_run("links", "--json").stdout)["links"]}
+    assert links["dads-cat1"]["bandwidth_mbps"] == 0.13
+    topos = {t["name"]: t for t in json.loads(_run("topologies", "--json").stdout)["topologies"]}
+    assert [d["name"] for d in topos["jmsnas-chain"]["devices"]] == ["ue", "sbs", "mbs", "cloud"]
+
+
+def test_profile_writes_a_file_and_validates(tmp_path):
+    path = tmp_path / "p.json"
+    result = _run("profile", "resnet18", "--input-shape", "1,3,64,64", "--repeats", "3",
+                  "--warmup", "1", "--out", str(path), "--validate")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "edgesplit-profile" and doc["version"] == 1
+    assert len(doc["layers"]) == 31 and doc["input_shapes"] == [[1, 3, 64, 64]]
+    row = doc["layers"][0]
+    assert row["eager_ms"]["repeats"] == 3 and row["eager_ms"]["p10"] <= row["eager_ms"]["p90"]
+    assert row["onnx_ms"]["median"] > 0  # conv layers export to ONNX
+    assert doc["whole_model"]["eager_ms"]["median"] > 0
+    estimators = doc["validation"]["estimators"]
+    assert {"profile-sum", "regression (this model's layers)", "roofline (this-machine)"} <= set(
+        estimators)
+    assert doc["validation"]["targets"][0]["target"] == "whole model"
+    assert "estimator error" in result.stdout
+
+
+def test_profile_batch_size_replaces_the_first_dimension():
+    result = _run("profile", "alexnet", "--batch-size", "2", "--repeats", "1", "--warmup", "0",
+                  "--no-onnx", "--json")
+    doc = json.loads(result.stdout)
+    assert doc["input_shapes"] == [[2, 3, 224, 224]]
+    assert all(r["onnx_ms"] is None for r in doc["layers"])

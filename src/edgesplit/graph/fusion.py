@@ -22,7 +22,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, TensorInfo
-from edgesplit.graph.ops import OpCategory, op_category, op_cost, op_name, tensor_meta
+from edgesplit.graph.ops import (OpCategory, op_category, op_class, op_cost, op_name,
+                                 tensor_meta)
 
 __all__ = ["group_nodes", "build_layer_graph"]
 
@@ -213,6 +214,7 @@ def _make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers, at
         index=index,
         name=name,
         op=op_name(anchor) if anchor.op == "call_function" else str(anchor.target),
+        op_class=op_class(anchor) if anchor.op == "call_function" else "other",
         fused=tuple(fused),
         inputs=tuple(inputs),
         outputs=tuple(n.name for n in outputs),

@@ -57,6 +57,7 @@ class Layer:
     index: int
     name: str
     op: str
+    op_class: str  # coarse class for latency models (graph.ops.op_class)
     fused: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -251,6 +252,7 @@ def _layer_dict(layer: Layer, tensors: Mapping[str, TensorInfo]) -> dict[str, An
         "index": layer.index,
         "name": layer.name,
         "op": layer.op,
+        "op_class": layer.op_class,
         "fused": list(layer.fused),
         "module": layer.module_path,
         "module_type": layer.module_type,

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.fx import Node
 
-__all__ = ["OpCategory", "OpCost", "op_name", "op_category", "op_cost", "tensor_meta"]
+__all__ = ["OpCategory", "OpCost", "op_name", "op_category", "op_class", "op_cost", "tensor_meta"]
 
 
 class OpCategory(str, Enum):
@@ -227,3 +227,37 @@ def op_cost(node: Node) -> OpCost:
     if category is OpCategory.ELEMENTWISE:
         return OpCost(0, _ELEMENTWISE_FLOPS.get(name, 1) * out)
     return OpCost(0, out if category is not OpCategory.PAD else 0)
+
+
+_CLASS_BY_NAME = {
+    **dict.fromkeys(["linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "addbmm", "einsum"],
+                    "matmul"),
+    "sdpa": "attention",
+    **dict.fromkeys(["layer_norm", "group_norm", "batch_norm", "instance_norm", "rms_norm",
+                     "softmax", "log_softmax"], "norm"),
+    **dict.fromkeys(["embedding", "gather", "index", "index_select"], "embedding"),
+    **dict.fromkeys(["mean", "sum", "amax", "amin"], "pool"),
+}
+
+
+def op_class(node: Node) -> str:
+    """The coarse class latency models distinguish: ``conv``, ``dwconv``, ``matmul``,
+    ``attention``, ``pool``, ``norm``, ``elementwise``, ``embedding``, ``view`` or ``other``."""
+    name = op_name(node)
+    if name in _MAC_RULES and name.startswith(("conv", "_conv")):
+        weight = _arg_meta(node.args[1])
+        inp = _arg_meta(node.args[0])
+        # depthwise: one input channel per group (weight dim 1 == 1) and groups == C_in > 1
+        if weight is not None and inp is not None and weight.shape[1] == 1 and inp.shape[1] > 1:
+            return "dwconv"
+        return "conv"
+    if name in _CLASS_BY_NAME:
+        return _CLASS_BY_NAME[name]
+    if "pool" in name:
+        return "pool"
+    category = op_category(node)
+    if category is OpCategory.VIEW:
+        return "view"
+    if category in (OpCategory.ELEMENTWISE, OpCategory.BATCHNORM, OpCategory.PAD):
+        return "elementwise" if category is not OpCategory.BATCHNORM else "norm"
+    return "other"

@@ -127,6 +127,13 @@ def minilm() -> nn.Module:
     return _bert(6, 384, 12)
 
 
+@register_model("bert_base", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
+                family="text", source="transformers",
+                description="BERT-base L=12 H=768 (Devlin et al. 2019), transformers BertModel")
+def bert_base() -> nn.Module:
+    return _bert(12, 768, 12)
+
+
 @register_model("bert_large", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
                 family="text", source="transformers",
                 description="BERT-large L=24 H=1024 (Devlin et al. 2019), transformers BertModel")

@@ -1,0 +1,101 @@
+"""Devices: what a processor can compute, how fast, at which precisions, with how much memory.
+
+Two compute models. *Analytical*: a roofline from peak operations per second per bit-width and
+off-chip memory bandwidth, with a per-op-class efficiency and a fixed per-layer overhead.
+*Measured*: a per-layer profile table written by ``edgesplit profile``.
+
+Bit-widths (AUTO-SPLIT section 5.1): a layer computed at b bits runs at the peak of the narrowest
+native precision that holds b bits, so sub-8-bit layers on INT8 hardware gain nothing in MACs;
+they do move fewer bytes, which the memory term of the roofline sees.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
+
+__all__ = ["AnalyticalCompute", "MeasuredCompute", "Device", "DEVICE_KINDS", "OP_CLASSES"]
+
+DEVICE_KINDS = ("cpu", "gpu", "npu", "accelerator", "soc", "mcu")
+# Op classes the efficiency table and the regression estimator distinguish (see graph.ops).
+OP_CLASSES = ("conv", "dwconv", "matmul", "attention", "pool", "norm", "elementwise",
+              "embedding", "view", "other")
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class AnalyticalCompute(BaseModel):
+    """Roofline model: latency = max(ops / (peak x efficiency), bytes / bandwidth) + overhead."""
+
+    model_config = _STRICT
+
+    model: Literal["analytical"] = "analytical"
+    peak_gops: dict[PositiveInt, PositiveFloat] = Field(
+        description="peak giga-operations per second (1 MAC = 2 ops) by native bit-width, "
+                    "e.g. {8: 34.0} for an INT8 accelerator or {16: 1800, 32: 900} for a GPU")
+    memory_bandwidth_gb_per_s: PositiveFloat = Field(
+        description="off-chip memory bandwidth in gigabytes per second")
+    efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict,
+        description=f"fraction of peak reached per op class ({', '.join(OP_CLASSES)})")
+    default_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="fraction of peak for op classes not listed in `efficiency`")
+    layer_overhead_ms: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="fixed cost per layer (kernel launch, dispatch)")
+
+    @model_validator(mode="after")
+    def _known_classes(self) -> "AnalyticalCompute":
+        unknown = sorted(set(self.efficiency) - set(OP_CLASSES))
+        if unknown:
+            raise ValueError(f"unknown op class(es) {unknown} in efficiency; known: "
+                             f"{', '.join(OP_CLASSES)}")
+        return self
+
+    def compute_bits(self, bits: int) -> int:
+        """The native precision a ``bits``-bit layer runs at (narrowest native width >= bits,
+        else the widest)."""
+        wide_enough = [b for b in self.peak_gops if b >= bits]
+        return min(wide_enough) if wide_enough else max(self.peak_gops)
+
+
+class MeasuredCompute(BaseModel):
+    """Per-layer latencies measured on the device (a profile written by ``edgesplit profile``)."""
+
+    model_config = _STRICT
+
+    model: Literal["measured"] = "measured"
+    profile: str = Field(description="path to a profile JSON file; relative paths are resolved "
+                                     "against the device file's folder")
+
+
+class Device(BaseModel):
+    """A processor that can run layers. Memory sizes are in bytes."""
+
+    model_config = _STRICT
+
+    name: str = Field(min_length=1)
+    kind: Literal["cpu", "gpu", "npu", "accelerator", "soc", "mcu"]
+    compute: Union[AnalyticalCompute, MeasuredCompute] = Field(discriminator="model")
+    memory_bytes: PositiveInt | None = Field(
+        None, description="memory available to run a model (off-chip DRAM); None = unbounded")
+    on_chip_memory_bytes: PositiveInt | None = Field(None, description="on-chip SRAM/buffer")
+    supported_bits: tuple[PositiveInt, ...] = Field(
+        (8, 16, 32), description="bit-widths weights and activations may be quantized to")
+    description: str = ""
+    source: str = Field("", description="where the numbers come from")
+
+    @field_validator("compute", mode="before")
+    @classmethod
+    def _default_model(cls, value: object) -> object:
+        # Files may leave out `model`: a table with a profile is measured, else analytical.
+        if isinstance(value, dict) and "model" not in value:
+            return {**value, "model": "measured" if "profile" in value else "analytical"}
+        return value
+
+    @model_validator(mode="after")
+    def _bits_sorted(self) -> "Device":
+        if any(b > 32 for b in self.supported_bits):
+            raise ValueError("supported_bits must be at most 32")
+        return self

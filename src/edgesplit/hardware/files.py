@@ -1,0 +1,94 @@
+"""Load devices, links and topologies from YAML, TOML or JSON files, with one-line errors.
+
+A device file holds one device (the fields of :class:`Device`); a link file one link; a topology
+file has ``name``, ``devices`` and ``links``, where a device or a link may be a preset name
+instead of a table, and a device entry may rename a preset: ``{preset: jetson-nano, name: cam1}``.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgesplit.errors import ConfigError
+from edgesplit.hardware._validation import build
+from edgesplit.hardware.device import Device
+from edgesplit.hardware.link import Link
+from edgesplit.hardware.topology import Topology
+
+__all__ = ["read_config", "load_device", "load_link", "load_topology"]
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML/TOML/JSON file into a mapping; unreadable or malformed files -> ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"file {str(path)!r} does not exist")
+    try:
+        text = path.read_text()
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError,
+            yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot parse {str(path)!r}: {first}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(path)!r} must contain a mapping of fields, not "
+                          f"{type(data).__name__}")
+    return data
+
+
+def _device_data(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    compute = data.get("compute")
+    if isinstance(compute, dict) and compute.get("model", "measured") == "measured" \
+            and "profile" in compute:
+        profile = Path(compute["profile"])
+        if not profile.is_absolute():
+            data = {**data, "compute": {**compute, "profile": str(base / profile)}}
+    return data
+
+
+def load_device(path: str | Path) -> Device:
+    path = Path(path)
+    return build(Device, _device_data(read_config(path), path.parent), f"device file {str(path)!r}")
+
+
+def load_link(path: str | Path) -> Link:
+    return build(Link, read_config(path), f"link file {str(path)!r}")
+
+
+def _resolve_device_entry(entry: Any, base: Path) -> Any:
+    from edgesplit.hardware.catalog import get_device
+
+    if isinstance(entry, str):
+        return get_device(entry)
+    if isinstance(entry, dict) and "preset" in entry:
+        rest = {k: v for k, v in entry.items() if k != "preset"}
+        return get_device(entry["preset"]).model_copy(update=rest)
+    return _device_data(entry, base) if isinstance(entry, dict) else entry
+
+
+def load_topology(path: str | Path) -> Topology:
+    from edgesplit.hardware.catalog import get_link
+
+    path = Path(path)
+    data = read_config(path)
+    devices = data.get("devices")
+    if isinstance(devices, list):
+        data["devices"] = [_resolve_device_entry(d, path.parent) for d in devices]
+    links = data.get("links")
+    if isinstance(links, list):
+        data["links"] = [
+            {**tl, "link": get_link(tl["link"])} if isinstance(tl, dict)
+            and isinstance(tl.get("link"), str) else tl
+            for tl in links
+        ]
+    return build(Topology, data, f"topology file {str(path)!r}")
