@@ -3,8 +3,10 @@
 The schedule is the graph's topological order restricted to the edge layers (AUTO-SPLIT eq. 3
 and Fig. 4; SplitNets PeakMem). While layer k runs, live activations are its inputs and outputs
 and every tensor produced earlier that a later edge layer still reads, or that must be sent off
-the edge (kept until the edge part finishes and its outputs are transmitted). Weights are the
-union of the attributes the edge layers read, so tied weights count once.
+the edge (kept until the edge part finishes and its outputs are transmitted). A raw input that no edge layer reads
+is held only until it is sent, before the first edge layer runs (so an empty edge part still
+needs room for the input). Weights are the union of the attributes the edge layers read, so
+tied weights count once.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def peak_memory(graph: "LayerGraph", edge_layers: Iterable[str], *,
     size = dict(tensor_bytes or {})
 
     deltas = [0] * (len(schedule) + 1)
+    sent_first = 0
     intervals: dict[str, tuple[int, int]] = {}
     for tensor in graph.tensors.values():
         if tensor.producer != INPUT and tensor.producer not in edge:
@@ -62,14 +65,15 @@ def peak_memory(graph: "LayerGraph", edge_layers: Iterable[str], *,
             continue
         start = 0 if tensor.producer == INPUT else step[tensor.producer]
         end = last_step if leaves else max(readers)
-        if tensor.producer == INPUT and not readers:
-            continue  # the raw input goes straight to the cloud; the edge never holds it
         nbytes = size.get(tensor.name, tensor.bytes)
+        if tensor.producer == INPUT and not readers:
+            sent_first += nbytes  # held only until sent, before the first edge layer runs
+            continue
         deltas[start] += nbytes
         deltas[end + 1] -= nbytes
         intervals[tensor.name] = (start, end)
 
-    peak, peak_step, running = 0, None, 0
+    peak, peak_step, running = sent_first, None, 0
     for k in range(len(schedule)):
         running += deltas[k]
         if running > peak:

@@ -1,0 +1,140 @@
+"""The edge-cloud cost model every two-device planner optimises and every plan is checked with.
+
+total = edge compute + uplink transfer of every crossing tensor (each once, whatever its number
+of cloud readers) + cloud compute + downlink return of results computed on the cloud (when the
+result is needed on the edge) + one round trip when anything crosses the link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.graph import INPUT, OUTPUT, LayerGraph
+from edgesplit.hardware import Device, LatencyEstimator, LayerWork, Link, estimator_for
+
+__all__ = ["EdgeCloudSetting", "CostTable", "Breakdown"]
+
+
+@dataclass(frozen=True)
+class EdgeCloudSetting:
+    """The two-device problem: devices, the link, and constraints."""
+
+    edge: Device
+    cloud: Device
+    link: Link
+    edge_memory_bytes: int | None = None  # None: the edge device's own memory_bytes
+    privacy_layer: str | None = None  # L2S eq. 1: no cut before this layer
+    result_at: Literal["edge", "cloud"] = "edge"
+
+    def __post_init__(self) -> None:
+        if self.edge_memory_bytes is not None and self.edge_memory_bytes <= 0:
+            raise ConfigError(f"edge_memory_bytes must be positive, got {self.edge_memory_bytes}")
+        if self.result_at not in ("edge", "cloud"):
+            raise ConfigError(f"result_at must be 'edge' or 'cloud', got {self.result_at!r}")
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return self.edge_memory_bytes if self.edge_memory_bytes is not None \
+            else self.edge.memory_bytes
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    edge_ms: float
+    transfer_ms: float  # uplink of crossing tensors + downlink of results
+    cloud_ms: float
+    rtt_ms: float
+    sent_bytes: int
+    crossing: tuple[str, ...]
+
+    @property
+    def total_ms(self) -> float:
+        return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms
+
+
+@dataclass
+class CostTable:
+    """Per-layer latency on each device and per-tensor transfer time for one graph."""
+
+    graph: LayerGraph
+    setting: EdgeCloudSetting
+    edge_ms: dict[str, float]
+    cloud_ms: dict[str, float]
+    up_ms: dict[str, float]  # per tensor, uplink
+    down_ms: dict[str, float] = field(default_factory=dict)  # per output tensor, downlink
+
+    @classmethod
+    def build(cls, graph: LayerGraph, setting: EdgeCloudSetting, *,
+              edge_estimator: LatencyEstimator | None = None,
+              cloud_estimator: LatencyEstimator | None = None) -> "CostTable":
+        edge_est = edge_estimator or estimator_for(setting.edge)
+        cloud_est = cloud_estimator or estimator_for(setting.cloud)
+        works = [LayerWork.of(graph, layer) for layer in graph.layers]
+        link = setting.link
+        return cls(
+            graph=graph,
+            setting=setting,
+            edge_ms={w.name: edge_est.layer_ms(w, setting.edge) for w in works},
+            cloud_ms={w.name: cloud_est.layer_ms(w, setting.cloud) for w in works},
+            up_ms={t.name: link.transfer_ms(t.bytes) for t in graph.tensors.values()},
+            down_ms={t: link.transfer_ms(graph.tensors[t].bytes, direction="down")
+                     for t in graph.outputs},
+        )
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def crossing(self, edge: frozenset[str]) -> list[str]:
+        result_on_cloud = self.setting.result_at == "cloud"
+        return [t.name for t in self.graph.crossing_tensors(edge, include_outputs=result_on_cloud)]
+
+    def returned(self, edge: frozenset[str]) -> list[str]:
+        """Result tensors computed on the cloud that travel back to the edge."""
+        if self.setting.result_at != "edge":
+            return []
+        return [t for t in self.graph.outputs
+                if self.graph.tensors[t].producer not in edge
+                and self.graph.tensors[t].producer != INPUT]
+
+    def evaluate(self, edge_layers: Iterable[str]) -> Breakdown:
+        edge = self.graph.check_down_set(edge_layers)
+        crossing = self.crossing(edge)
+        returned = self.returned(edge)
+        link_used = bool(crossing or returned)
+        return Breakdown(
+            edge_ms=sum(self.edge_ms[n] for n in edge),
+            transfer_ms=sum(self.up_ms[t] for t in crossing) + sum(self.down_ms[t] for t in returned),
+            cloud_ms=sum(ms for n, ms in self.cloud_ms.items() if n not in edge),
+            rtt_ms=self.setting.link.rtt_ms if link_used else 0.0,
+            sent_bytes=sum(self.graph.tensors[t].bytes for t in crossing),
+            crossing=tuple(crossing),
+        )
+
+    # ---- constraints -----------------------------------------------------------------------
+    def forced_edge(self) -> frozenset[str]:
+        """Layers the privacy constraint keeps on the edge (the privacy layer and its
+        ancestors); empty without one."""
+        name = self.setting.privacy_layer
+        if name is None:
+            return frozenset()
+        if name not in {layer.name for layer in self.graph.layers}:
+            raise InfeasibleError(
+                f"privacy constraint: layer {name!r} is not a layer of {self.graph.model} (it "
+                "must name a layer before the output; `edgesplit inspect` lists them)")
+        return frozenset(self.graph.ancestors_closure([name]))
+
+    def memory_bytes(self, edge: frozenset[str]) -> int:
+        return self.graph.peak_memory(edge).total_bytes
+
+    def violation(self, edge: frozenset[str]) -> str | None:
+        """Why ``edge`` breaks a constraint, or None."""
+        missing = self.forced_edge() - edge
+        if missing:
+            return (f"privacy constraint: layer {self.setting.privacy_layer!r} and the layers "
+                    "before it must run on the edge")
+        limit = self.setting.memory_limit_bytes
+        if limit is not None:
+            need = self.memory_bytes(edge)
+            if need > limit:
+                return f"edge memory: needs {need:,} bytes, limit is {limit:,} bytes"
+        return None

@@ -1,0 +1,162 @@
+"""The Plan: the versioned JSON contract between planning and running.
+
+A plan says which device runs which layers, which tensors cross which link (shapes, bytes,
+bits), the predicted latency broken down per device and per link, and the edge memory. It also
+carries the per-layer latency on every candidate device and the per-tensor sizes, so anyone can
+re-check the prediction (:func:`recompute_total`) and the runtime can execute it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from edgesplit.errors import ConfigError
+from edgesplit.hardware import Device, Link
+from edgesplit.hardware._validation import build
+
+__all__ = ["PLAN_VERSION", "ModelRef", "PlanDevice", "PlanLink", "PlanLayer", "PlanTensor",
+           "Transfer", "Prediction", "Plan", "recompute_total", "load_plan"]
+
+PLAN_VERSION = 1
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelRef(BaseModel):
+    """Enough to capture the same program again: a built-in name or a .pt2 path, the input
+    shapes, and whether the plan refers to the optimised or the raw layer graph."""
+
+    model_config = _STRICT
+    name: str
+    source: str  # built-in name or path to a .pt2 file
+    input_shapes: list[list[int]]
+    graph: Literal["optimized", "raw"] = "optimized"
+
+
+class PlanDevice(BaseModel):
+    model_config = _STRICT
+    name: str
+    role: Literal["edge", "cloud", "hop"]
+    device: Device
+    layers: list[str]
+    compute_ms: float
+
+
+class PlanLink(BaseModel):
+    model_config = _STRICT
+    src: str
+    dst: str
+    link: Link
+
+
+class PlanTensor(BaseModel):
+    model_config = _STRICT
+    name: str
+    producer: str
+    consumers: list[str]
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+class PlanLayer(BaseModel):
+    """A layer with its latency on every candidate device (to re-check any placement)."""
+
+    model_config = _STRICT
+    name: str
+    latency_ms: dict[str, float]
+    param_bytes: int
+    w_bits: int | None = None
+    a_bits: int | None = None
+
+
+class Transfer(BaseModel):
+    model_config = _STRICT
+    src: str
+    dst: str
+    tensors: list[str]
+    bits: dict[str, int] = Field(default_factory=dict)  # per tensor, when sent quantized
+    bytes: int
+    ms: float
+
+
+class Prediction(BaseModel):
+    model_config = _STRICT
+    compute_ms: dict[str, float]
+    transfer_ms: float
+    rtt_ms: float
+    total_ms: float
+
+
+class Plan(BaseModel):
+    model_config = _STRICT
+
+    version: int = PLAN_VERSION
+    method: str
+    model: ModelRef
+    devices: list[PlanDevice]
+    links: list[PlanLink]
+    layers: list[PlanLayer]
+    tensors: list[PlanTensor]
+    transfers: list[Transfer]
+    predicted: Prediction
+    edge_memory_bytes: int
+    feasible: bool = True
+    reason: str | None = None  # why infeasible, or a note from the planner
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Plan":
+        if self.version != PLAN_VERSION:
+            raise ValueError(f"plan version {self.version} is not supported (this edgesplit "
+                             f"reads version {PLAN_VERSION})")
+        placed = [n for d in self.devices for n in d.layers]
+        names = [layer.name for layer in self.layers]
+        if sorted(placed) != sorted(names):
+            raise ValueError("every layer must be placed on exactly one device")
+        devices = {d.name for d in self.devices}
+        for t in self.transfers:
+            if t.src not in devices or t.dst not in devices:
+                raise ValueError(f"transfer {t.src}->{t.dst} names an unknown device")
+        return self
+
+    # ---- convenience -----------------------------------------------------------------------
+    def device_of(self, layer: str) -> str:
+        for d in self.devices:
+            if layer in d.layers:
+                return d.name
+        raise KeyError(layer)
+
+    @property
+    def edge_layers(self) -> list[str]:
+        return [n for d in self.devices if d.role == "edge" for n in d.layers]
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(t.bytes for t in self.transfers if t.src != t.dst and t.tensors)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+def recompute_total(plan: Plan) -> float:
+    """The total latency recomputed from the plan's own per-layer and per-transfer numbers."""
+    compute = sum(layer.latency_ms[plan.device_of(layer.name)] for layer in plan.layers)
+    return compute + sum(t.ms for t in plan.transfers) + plan.predicted.rtt_ms
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan file; malformed files and unknown versions raise ConfigError."""
+    try:
+        data: Any = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read plan {str(path)!r}: {exc}") from None
+    if isinstance(data, dict) and data.get("version") not in (None, PLAN_VERSION):
+        raise ConfigError(f"plan {str(path)!r} has version {data.get('version')!r}; this "
+                          f"edgesplit reads version {PLAN_VERSION}")
+    return build(Plan, data, f"plan file {str(path)!r}")

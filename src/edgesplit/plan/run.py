@@ -1,0 +1,107 @@
+"""Run several planners on one problem, pick the best feasible plan, build the JSON document of
+``edgesplit plan --json``, and sweep the link bandwidth."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from edgesplit.errors import InfeasibleError
+from edgesplit.plan.cost import EdgeCloudSetting
+from edgesplit.plan.model import PLAN_VERSION, Plan
+from edgesplit.plan.planners import BASELINE_METHODS, PlanningProblem, get_planner
+from edgesplit.plan.planners import Manual
+
+__all__ = ["compare_methods", "best_plan", "plan_document", "sweep_link"]
+
+
+def compare_methods(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS,
+                    *, split_after: Sequence[str] = ()) -> dict[str, Plan]:
+    """One plan per method (``manual`` when ``split_after`` is given)."""
+    plans = {}
+    for method in methods:
+        planner = Manual(split_after) if method == "manual" else get_planner(method)
+        plans[method] = planner.plan(problem)
+    if split_after and "manual" not in plans:
+        plans["manual"] = Manual(split_after).plan(problem)
+    return plans
+
+
+def best_plan(plans: dict[str, Plan]) -> tuple[str, Plan]:
+    """The lowest-latency feasible plan; InfeasibleError naming the constraints otherwise."""
+    feasible = {m: p for m, p in plans.items() if p.feasible}
+    if not feasible:
+        reasons = sorted({p.reason or "infeasible" for p in plans.values()})
+        raise InfeasibleError("no method found a plan that meets the constraints: "
+                              + "; ".join(reasons))
+    return min(feasible.items(), key=lambda kv: kv[1].predicted.total_ms)
+
+
+def plan_document(problem: PlanningProblem, plans: dict[str, Plan]) -> dict[str, Any]:
+    """The ``edgesplit plan --json`` document (schema in the README)."""
+    costs = problem.costs("optimized")
+    graph = costs.graph
+    link = problem.setting.link
+    best = min((p for p in plans.values() if p.feasible), key=lambda p: p.predicted.total_ms,
+               default=None)
+    return {
+        "version": PLAN_VERSION,
+        "model": graph.model,
+        "layers": [{"name": layer.name, "edge_ms": costs.edge_ms[layer.name],
+                    "cloud_ms": costs.cloud_ms[layer.name], "param_bytes": layer.param_bytes}
+                   for layer in graph.layers],
+        "tensors": [{"name": t.name, "producer": t.producer, "consumers": list(t.consumers),
+                     "bytes": t.bytes} for t in graph.tensors.values()],
+        "link": {"name": link.name, "bandwidth_mbps": link.bandwidth_mbps,
+                 "down_bandwidth_mbps": link.down_bandwidth_mbps or link.bandwidth_mbps,
+                 "rtt_ms": link.rtt_ms},
+        "edge": problem.setting.edge.name,
+        "cloud": problem.setting.cloud.name,
+        "edge_memory_limit_bytes": problem.setting.memory_limit_bytes,
+        "result_at": problem.setting.result_at,
+        "best": next((m for m, p in plans.items() if p is best), None),
+        "methods": {method: _method_entry(plan) for method, plan in plans.items()},
+    }
+
+
+def _method_entry(plan: Plan) -> dict[str, Any]:
+    return {
+        "feasible": plan.feasible,
+        "reason": plan.reason,
+        "graph": plan.model.graph,
+        "edge_layers": plan.edge_layers,
+        "sent_bytes": plan.transfers[0].bytes if plan.transfers else 0,
+        "edge_ms": plan.predicted.compute_ms.get("edge", 0.0),
+        "transfer_ms": plan.predicted.transfer_ms,
+        "cloud_ms": plan.predicted.compute_ms.get("cloud", 0.0),
+        "rtt_ms": plan.predicted.rtt_ms,
+        "total_ms": plan.predicted.total_ms,
+        "edge_memory_bytes": plan.edge_memory_bytes,
+        "plan": plan.model_dump(mode="json"),
+    }
+
+
+def sweep_link(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS, *,
+               low_mbps: float = 0.1, high_mbps: float = 1000.0, points: int = 25
+               ) -> dict[str, Any]:
+    """How each method's plan moves as the uplink goes from ``low_mbps`` to ``high_mbps``
+    (log-spaced); the downlink scales with it."""
+    link = problem.setting.link
+    ratio = (link.down_bandwidth_mbps or link.bandwidth_mbps) / link.bandwidth_mbps
+    rows = []
+    for mbps in np.geomspace(low_mbps, high_mbps, points):
+        swept = link.model_copy(update={"bandwidth_mbps": float(mbps),
+                                        "down_bandwidth_mbps": float(mbps * ratio)})
+        setting = EdgeCloudSetting(**{**problem.setting.__dict__, "link": swept})
+        sub = PlanningProblem(problem.model, setting, problem.example_inputs, problem.input_shape,
+                              _graphs=problem._graphs)
+        plans = compare_methods(sub, methods)
+        rows.append({"bandwidth_mbps": float(mbps), "methods": {
+            m: {"total_ms": p.predicted.total_ms, "edge_layers": len(p.edge_layers),
+                "last_edge_layer": p.edge_layers[-1] if p.edge_layers else None,
+                "sent_bytes": p.transfers[0].bytes if p.transfers else 0,
+                "feasible": p.feasible}
+            for m, p in plans.items()}})
+    return {"version": PLAN_VERSION, "model": problem.graph.model, "link": link.name,
+            "points": rows}
