@@ -4,11 +4,12 @@ from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
 from edgesplit.plan.model import PLAN_VERSION, Plan, load_plan, recompute_total
 from edgesplit.plan.planners import (BASELINE_METHODS, Planner, PlanningProblem, get_planner,
                                      list_planners, make_plan, register_planner)
-from edgesplit.plan.run import compare_methods, plan_document, sweep_link
+from edgesplit.plan.run import (best_plan, compare_methods, cut_breakdown, plan_document,
+                                sweep_link)
 
 __all__ = [
     "Breakdown", "CostTable", "EdgeCloudSetting", "PLAN_VERSION", "Plan", "load_plan",
     "recompute_total", "BASELINE_METHODS", "Planner", "PlanningProblem", "get_planner",
-    "list_planners", "make_plan", "register_planner", "compare_methods", "plan_document",
-    "sweep_link",
+    "list_planners", "make_plan", "register_planner", "best_plan", "compare_methods",
+    "cut_breakdown", "plan_document", "sweep_link",
 ]

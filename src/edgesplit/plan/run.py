@@ -13,7 +13,7 @@ from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.plan.planners import BASELINE_METHODS, PlanningProblem, get_planner
 from edgesplit.plan.planners import Manual
 
-__all__ = ["compare_methods", "best_plan", "plan_document", "sweep_link"]
+__all__ = ["compare_methods", "best_plan", "plan_document", "sweep_link", "cut_breakdown"]
 
 
 def compare_methods(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS,
@@ -105,3 +105,20 @@ def sweep_link(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHO
             for m, p in plans.items()}})
     return {"version": PLAN_VERSION, "model": problem.graph.model, "link": link.name,
             "points": rows}
+
+
+def cut_breakdown(problem: PlanningProblem, *, single_tensor_only: bool = True
+                  ) -> list[dict[str, Any]]:
+    """Latency breakdown (edge, transfer, cloud, RTT) at every cut of the topological order
+    (L2S Fig. 1): -1 is cloud-only, the last index edge-only."""
+    costs = problem.costs("optimized")
+    layers = costs.graph.layers
+    rows = []
+    for cut in costs.graph.cuts():
+        if single_tensor_only and len(cut.tensors) != 1 and cut.index != len(layers) - 1:
+            continue
+        b = costs.evaluate([layer.name for layer in layers[: cut.index + 1]])
+        rows.append({"index": cut.index, "after": cut.after, "edge_ms": b.edge_ms,
+                     "transfer_ms": b.transfer_ms, "cloud_ms": b.cloud_ms, "rtt_ms": b.rtt_ms,
+                     "total_ms": b.total_ms, "sent_bytes": b.sent_bytes})
+    return rows

@@ -1,0 +1,293 @@
+"""PNG figures of planning results: link sweeps, per-cut latency breakdowns, layer profiles.
+
+Figures are built on :class:`matplotlib.figure.Figure` with an Agg canvas attached directly, so
+no display, no pyplot state and no global backend switch is involved; each figure is released
+after saving.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from edgesplit.errors import ConfigError
+
+__all__ = ["plot_link_sweep", "plot_cut_breakdown", "plot_profile", "short_layer_name"]
+
+DPI = 120
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf"]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
+_DASHES = ["-", "--", "-.", ":"]
+_MAX_TICK_LABELS = 40
+
+
+def short_layer_name(name: str | None, parts: int = 2) -> str:
+    """The last ``parts`` dotted components of a layer name; ``"input"`` for ``None``."""
+    if name is None:
+        return "input"
+    return ".".join(name.split(".")[-parts:])
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=DPI, format="png")
+    finally:
+        fig.clear()  # the figure is not registered with pyplot; dropping its artists frees it
+    return out
+
+
+def _finite_positive(value: Any) -> float:
+    """``value`` as a float, NaN where it cannot be drawn on a log axis."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) and v > 0 else math.nan
+
+
+def _method_names(points: Iterable[dict[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for point in points:
+        for name in point["methods"]:
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _geometric_edges(xs: Sequence[float]) -> list[float]:
+    """Step edges halfway (on a log axis) between consecutive samples, ends at the samples."""
+    if len(xs) == 1:
+        return [xs[0] / 1.15, xs[0] * 1.15]
+    mids = [math.sqrt(a * b) for a, b in zip(xs, xs[1:])]
+    return [xs[0], *mids, xs[-1]]
+
+
+def plot_link_sweep(sweep: dict[str, Any], path: str | Path, *, title: str | None = None
+                    ) -> Path:
+    """Latency (top) and layers kept on the edge (bottom) of each method against uplink
+    bandwidth, from the document of :func:`edgesplit.plan.sweep_link`; returns the PNG path."""
+    points = sorted(sweep.get("points") or [], key=lambda p: float(p["bandwidth_mbps"]))
+    if not points:
+        raise ConfigError("the link sweep has no points to plot")
+    methods = _method_names(points)
+    xs = [float(p["bandwidth_mbps"]) for p in points]
+
+    fig = _new_figure(9.0, 6.4)
+    ax_lat, ax_layers = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    handles: list[Line2D] = []
+    any_infeasible = False
+    n = len(methods)
+    for i, name in enumerate(methods):
+        color, marker = _COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]
+        dash = _DASHES[i % len(_DASHES)]
+        width = 1.2 + 1.6 * (n - 1 - i) / max(n - 1, 1)  # earlier methods thicker: overlaps show
+        rows = [p["methods"].get(name) for p in points]
+        total = [_finite_positive(r["total_ms"]) if r else math.nan for r in rows]
+        feasible = [bool(r.get("feasible", True)) if r else True for r in rows]
+        layers = [float(r["edge_layers"]) if r else math.nan for r in rows]
+
+        ax_lat.plot(xs, total, linestyle=dash, color=color, linewidth=width, zorder=2)
+        ok_x = [x for x, y, f in zip(xs, total, feasible) if f and not math.isnan(y)]
+        ok_y = [y for y, f in zip(total, feasible) if f and not math.isnan(y)]
+        bad_x = [x for x, y, f in zip(xs, total, feasible) if not f and not math.isnan(y)]
+        bad_y = [y for y, f in zip(total, feasible) if not f and not math.isnan(y)]
+        ax_lat.plot(ok_x, ok_y, linestyle="none", marker=marker, color=color, markersize=5,
+                    zorder=3)
+        if bad_x:
+            any_infeasible = True
+            ax_lat.plot(bad_x, bad_y, linestyle="none", marker=marker, markersize=8,
+                        markerfacecolor="white", markeredgecolor=color, markeredgewidth=1.5,
+                        zorder=4)
+
+        ax_layers.stairs(layers, _geometric_edges(xs), baseline=None, color=color,
+                         linestyle=dash, linewidth=width, zorder=2)
+        ax_layers.plot(xs, layers, linestyle="none", marker=marker, color=color, markersize=4,
+                       zorder=3)
+        handles.append(Line2D([], [], color=color, linestyle=dash, linewidth=width,
+                              marker=marker, markersize=5, label=name))
+    if any_infeasible:
+        handles.append(Line2D([], [], linestyle="none", marker="o", markersize=8,
+                              markerfacecolor="white", markeredgecolor="black",
+                              label="infeasible (hollow)"))
+
+    ax_lat.set_xscale("log")
+    ax_lat.set_yscale("log", nonpositive="mask")
+    ax_lat.set_ylabel("end-to-end latency (ms)")
+    ax_lat.grid(True, which="major", alpha=0.5)
+    ax_lat.grid(True, which="minor", alpha=0.15)
+    ax_layers.set_xlabel("uplink bandwidth (Mbps, log scale)")
+    ax_layers.set_ylabel("layers on the edge")
+    ax_layers.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_layers.set_ylim(bottom=-0.5)
+    ax_layers.grid(True, which="major", alpha=0.5)
+    ax_layers.grid(True, which="minor", axis="x", alpha=0.15)
+
+    model = sweep.get("model", "model")
+    fig.suptitle(title if title is not None else f"{model}: best split vs uplink bandwidth")
+    link = sweep.get("link")
+    fig.legend(handles=handles, loc="outside right upper", title=f"link: {link}" if link else
+               None, fontsize="small", title_fontsize="small", frameon=False)
+    return _save(fig, path)
+
+
+def _thinned_ticks(n: int, keep: Iterable[int]) -> list[int]:
+    """About ``_MAX_TICK_LABELS`` evenly spaced tick positions, plus the ends and ``keep``
+    (regular ticks too close to a kept one are dropped so labels do not collide)."""
+    step = max(1, math.ceil(n / _MAX_TICK_LABELS))
+    kept = {0, n - 1} | {k for k in keep if 0 <= k < n}
+    gap = max(1, (step + 1) // 2)
+    regular = {t for t in range(0, n, step) if all(t == k or abs(t - k) >= gap for k in kept)}
+    return sorted(regular | kept)
+
+
+def _bytes_scale(max_bytes: float) -> tuple[float, str]:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if max_bytes >= scale:
+            return float(scale), unit
+    return 1.0, "B"
+
+
+def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: str = ""
+                       ) -> Path:
+    """One stacked bar (edge, transfer + RTT, cloud, in ms) per cut point, the data sent over
+    the link on a second axis, and the fastest cut starred (L2S Fig. 1); returns the PNG path."""
+    rows = sorted(rows, key=lambda r: int(r["index"]))
+    if not rows:
+        raise ConfigError("the cut breakdown has no rows to plot")
+    n = len(rows)
+    xs = list(range(n))
+    edge = [float(r["edge_ms"]) for r in rows]
+    link = [float(r["transfer_ms"]) + float(r.get("rtt_ms", 0.0)) for r in rows]
+    cloud = [float(r["cloud_ms"]) for r in rows]
+    stacked = [e + t + c for e, t, c in zip(edge, link, cloud)]
+    total = [float(r.get("total_ms", s)) for r, s in zip(rows, stacked)]
+    best = min(xs, key=lambda i: total[i])
+
+    fig = _new_figure(min(max(7.0, 0.22 * n + 3.0), 18.0), 5.2)
+    ax = fig.subplots()
+    width = 0.8
+    edgecolor = "white" if n <= 60 else "none"
+    ax.bar(xs, edge, width, color="#4c72b0", edgecolor=edgecolor, linewidth=0.4,
+           label="edge compute")
+    ax.bar(xs, link, width, bottom=edge, color="#dd8452", edgecolor=edgecolor, linewidth=0.4,
+           label="transfer + RTT")
+    ax.bar(xs, cloud, width, bottom=[e + t for e, t in zip(edge, link)], color="#55a868",
+           edgecolor=edgecolor, linewidth=0.4, label="cloud compute")
+
+    top = max(max(stacked), max(total))
+    star_y = max(stacked[best], total[best]) + 0.03 * top
+    ax.plot([best], [star_y], linestyle="none", marker="*", markersize=16, color="gold",
+            markeredgecolor="black", zorder=5, label="fastest cut")
+    label_best = short_layer_name(rows[best]["after"])
+    ax.annotate(f"best: {label_best}\n{total[best]:.1f} ms", xy=(best, star_y),
+                xytext=(0, 12), textcoords="offset points", ha="center", va="bottom",
+                fontsize="small", bbox={"boxstyle": "round,pad=0.2", "fc": "white",
+                                        "ec": "0.6", "alpha": 0.9}, zorder=6)
+    ax.set_ylim(0, top * 1.28)
+    ax.set_xlim(-0.6, n - 0.4)
+
+    sent = [float(r.get("sent_bytes", 0)) for r in rows]
+    scale, unit = _bytes_scale(max(sent) if sent else 0.0)
+    ax_bytes = ax.twinx()
+    ax_bytes.plot(xs, [s / scale for s in sent], color="0.25", linewidth=1.0,
+                  marker="." if n <= 80 else None, markersize=4, alpha=0.8,
+                  label=f"data sent ({unit}, right axis)")
+    ax_bytes.set_ylim(0, (max(sent) / scale if max(sent) > 0 else 1.0) * 1.28)
+    ax_bytes.set_ylabel(f"data sent over the link ({unit})")
+
+    ticks = _thinned_ticks(n, [best])
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([short_layer_name(rows[i]["after"]) for i in ticks], rotation=60,
+                       ha="right", rotation_mode="anchor", fontsize="small")
+    for tick_index, label in zip(ticks, ax.get_xticklabels()):
+        if tick_index == best:
+            label.set_fontweight("bold")
+    ax.set_xlabel("cut after layer (left: cloud-only, right: edge-only)")
+    ax.set_ylabel("latency (ms)")
+    ax.grid(True, axis="y", alpha=0.4)
+    ax.set_axisbelow(True)
+
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = ax_bytes.get_legend_handles_labels()
+    fig.legend(handles + h2, labels + l2, loc="outside upper center", ncols=5,
+               fontsize="small", frameon=False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _shorten(text: str, limit: int = 42) -> str:
+    return text if len(text) <= limit else "…" + text[-(limit - 1):]
+
+
+def _error(stats: dict[str, float]) -> tuple[float, float]:
+    median = float(stats["median"])
+    low = max(0.0, median - float(stats.get("p10", median)))
+    high = max(0.0, float(stats.get("p90", median)) - median)
+    return low, high
+
+
+def plot_profile(profile: dict[str, Any], path: str | Path, *, top: int = 30) -> Path:
+    """Horizontal bars of the ``top`` slowest layers of a profile document: PyTorch eager
+    median with p10-p90 whiskers, ONNX Runtime median beside it when measured."""
+    if top < 1:
+        raise ConfigError(f"top must be at least 1, got {top}")
+    layers = profile.get("layers") or []
+    if not layers:
+        raise ConfigError("the profile has no layers to plot")
+    rows = sorted(layers, key=lambda r: -float(r["eager_ms"]["median"]))[:top]
+    k = len(rows)
+    has_onnx = any(r.get("onnx_ms") for r in rows)
+
+    fig = _new_figure(9.0, min(max(3.0, 0.32 * k + 1.6), 30.0))
+    ax = fig.subplots()
+    ys = list(range(k))
+    height = 0.4 if has_onnx else 0.7
+    offset = height / 2 if has_onnx else 0.0
+    eager = [float(r["eager_ms"]["median"]) for r in rows]
+    eager_err = [_error(r["eager_ms"]) for r in rows]
+    ax.barh([y - offset for y in ys], eager, height,
+            xerr=[[e[0] for e in eager_err], [e[1] for e in eager_err]],
+            color="#4c72b0", error_kw={"elinewidth": 0.9, "capsize": 2, "ecolor": "0.2"},
+            label="PyTorch eager (median, p10-p90)")
+    if has_onnx:
+        onnx_y = [y + offset for y, r in zip(ys, rows) if r.get("onnx_ms")]
+        onnx = [float(r["onnx_ms"]["median"]) for r in rows if r.get("onnx_ms")]
+        onnx_err = [_error(r["onnx_ms"]) for r in rows if r.get("onnx_ms")]
+        ax.barh(onnx_y, onnx, height,
+                xerr=[[e[0] for e in onnx_err], [e[1] for e in onnx_err]],
+                color="#dd8452", error_kw={"elinewidth": 0.9, "capsize": 2, "ecolor": "0.2"},
+                label="ONNX Runtime (median, p10-p90)")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{_shorten(str(r['name']))} [{r.get('op', '?')}]" for r in rows],
+                       fontsize="small")
+    ax.invert_yaxis()  # slowest on top
+    ax.set_xlabel("latency per layer (ms)")
+    ax.set_xlim(left=0)
+    ax.grid(True, axis="x", alpha=0.4)
+    ax.set_axisbelow(True)
+    ax.legend(loc="lower right", fontsize="small")
+
+    model = profile.get("model", "model")
+    title = f"{model}: slowest {k} of {len(layers)} layers"
+    whole = (profile.get("whole_model") or {}).get("eager_ms")
+    if whole and "median" in whole:
+        title += f" (whole model {float(whole['median']):.3g} ms eager)"
+    fig.suptitle(title)
+    return _save(fig, path)
