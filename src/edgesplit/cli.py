@@ -258,6 +258,111 @@ def _validate(graph, prof, warmup: int, repeats: int):
                                warmup=warmup, repeats=repeats)
 
 
+def _parse_bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    import re
+
+    from edgesplit.errors import ConfigError
+
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+             "gib": 2**30}
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in units:
+        raise ConfigError(f"--edge-memory {text!r} is not a size: use bytes or a unit, e.g. "
+                          "2097152, 2MiB, 64MB")
+    return int(float(match.group(1)) * units[match.group(2).lower()])
+
+
+@app.command()
+@_user_errors
+def plan(
+    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file."),
+    edge: str = typer.Option("jetson-nano", "--edge", help="Edge device: preset or file."),
+    cloud: str = typer.Option("v100-server", "--cloud", help="Cloud device: preset or file."),
+    link: str = typer.Option("wifi", "--link", help="Edge-cloud link: preset or file."),
+    method: str = typer.Option("all", "--method", "-m",
+                               help="neurosurgeon, dads, qdmp, cloud_only, edge_only, manual, "
+                                    "or all (comma-separated lists work too)."),
+    edge_memory: Optional[str] = typer.Option(None, "--edge-memory",
+                                              help="Edge memory limit (bytes, or 2MiB, 64MB); "
+                                                   "default: the edge device's memory."),
+    privacy_layer: Optional[str] = typer.Option(None, "--privacy-layer",
+                                                help="No cut before this layer (L2S eq. 1)."),
+    result_at: str = typer.Option("edge", "--result-at",
+                                  help="Where the result is needed: edge or cloud."),
+    split_after: Optional[str] = typer.Option(None, "--split-after",
+                                              help="Manual plan: these layers and all they "
+                                                   "depend on run on the edge."),
+    input_shape: Optional[str] = typer.Option(None, "--input-shape", "-s"),
+    sweep: bool = typer.Option(False, "--sweep-link", help="Sweep the uplink from 0.1 to 1000 "
+                                                           "Mbps and plot how the best split moves."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Where to write the sweep plot "
+                                                             "(default sweep-MODEL.png)."),
+    breakdown_plot: Optional[Path] = typer.Option(
+        None, "--breakdown-plot", help="Write an L2S Fig. 1 style latency breakdown at every "
+                                       "single-tensor cut."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o",
+                                            help="Write the chosen plan (best feasible, or the "
+                                                 "one --method names) as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Where to cut MODEL between an edge device and the cloud: compare the planners."""
+    from edgesplit.graph import parse_shape
+    from edgesplit.hardware import resolve_device, resolve_link
+    from edgesplit.plan import (BASELINE_METHODS, EdgeCloudSetting, PlanningProblem, best_plan,
+                                compare_methods, plan_document)
+
+    setting = EdgeCloudSetting(edge=resolve_device(edge), cloud=resolve_device(cloud),
+                               link=resolve_link(link), edge_memory_bytes=_parse_bytes(edge_memory),
+                               privacy_layer=privacy_layer, result_at=result_at)
+    problem = PlanningProblem(model, setting,
+                              input_shape=parse_shape(input_shape) if input_shape else None)
+    methods = list(BASELINE_METHODS) if method == "all" else [m.strip() for m in method.split(",")]
+    split = [s.strip() for s in split_after.split(",")] if split_after else []
+    with err.status(f"planning {model} ...", spinner="dots"):
+        plans = compare_methods(problem, methods, split_after=split)
+    named = method != "all" and len(methods) == 1
+    chosen_method, chosen = (methods[0], plans[methods[0]]) if named else best_plan(plans)
+    if out_path is not None:
+        chosen.save(out_path)
+    sweep_doc = _plan_sweep(problem, methods, model, plot) if sweep else None
+    if breakdown_plot is not None:
+        from edgesplit.plan import cut_breakdown
+        from edgesplit.report.plots import plot_cut_breakdown
+
+        plot_cut_breakdown(cut_breakdown(problem), breakdown_plot,
+                           title=f"{model}: latency at every cut ({setting.edge.name} -> "
+                                 f"{setting.link.name} -> {setting.cloud.name})")
+    if as_json:
+        doc = plan_document(problem, plans)
+        doc["chosen"] = chosen_method
+        if sweep_doc is not None:
+            doc["sweep"] = sweep_doc
+        _emit_json(doc)
+        return
+    from edgesplit.report.plan_tables import plans_table, sweep_table
+
+    out.print(plans_table(problem, plans, chosen_method))
+    if sweep_doc is not None:
+        out.print(sweep_table(sweep_doc))
+    for path in (out_path, breakdown_plot, sweep_doc and sweep_doc["plot"]):
+        if path:
+            err.print(f"wrote {path}")
+
+
+def _plan_sweep(problem, methods, model: str, plot: Optional[Path]) -> dict[str, Any]:
+    from edgesplit.plan import sweep_link
+    from edgesplit.report.plots import plot_link_sweep
+
+    with err.status("sweeping the link bandwidth ...", spinner="dots"):
+        doc = sweep_link(problem, [m for m in methods if m != "manual"])
+    path = plot or Path(f"sweep-{Path(model).stem}.png")
+    plot_link_sweep(doc, path)
+    doc["plot"] = str(path)
+    return doc
+
+
 def main() -> None:
     app()
 

@@ -36,6 +36,23 @@ def short_layer_name(name: str | None, parts: int = 2) -> str:
     return ".".join(name.split(".")[-parts:])
 
 
+def _unique_short_names(names: Sequence[str | None]) -> list[str]:
+    """:func:`short_layer_name` of each name, with more components kept for names whose two
+    last components collide (``stages.0.layers.1.add`` and ``stages.1.layers.1.add``)."""
+    parts = {name: 2 for name in names}
+    while True:
+        labels = {name: short_layer_name(name, parts[name]) for name in names}
+        seen: dict[str, list[str | None]] = {}
+        for name, label in labels.items():
+            seen.setdefault(label, []).append(name)
+        grow = [name for group in seen.values() if len(group) > 1 for name in group
+                if name is not None and parts[name] < len(name.split("."))]
+        if not grow:
+            return [labels[name] for name in names]
+        for name in grow:
+            parts[name] += 1
+
+
 def _new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -179,7 +196,7 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     total = [float(r.get("total_ms", s)) for r, s in zip(rows, stacked)]
     best = min(xs, key=lambda i: total[i])
 
-    fig = _new_figure(min(max(7.0, 0.22 * n + 3.0), 18.0), 5.2)
+    fig = _new_figure(min(max(8.5, 0.22 * n + 4.5), 20.0), 5.2)
     ax = fig.subplots()
     width = 0.8
     edgecolor = "white" if n <= 60 else "none"
@@ -191,30 +208,35 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
            edgecolor=edgecolor, linewidth=0.4, label="cloud compute")
 
     top = max(max(stacked), max(total))
-    star_y = max(stacked[best], total[best]) + 0.03 * top
-    ax.plot([best], [star_y], linestyle="none", marker="*", markersize=16, color="gold",
-            markeredgecolor="black", zorder=5, label="fastest cut")
-    label_best = short_layer_name(rows[best]["after"])
-    ax.annotate(f"best: {label_best}\n{total[best]:.1f} ms", xy=(best, star_y),
-                xytext=(0, 12), textcoords="offset points", ha="center", va="bottom",
-                fontsize="small", bbox={"boxstyle": "round,pad=0.2", "fc": "white",
-                                        "ec": "0.6", "alpha": 0.9}, zorder=6)
     ax.set_ylim(0, top * 1.28)
     ax.set_xlim(-0.6, n - 0.4)
 
     sent = [float(r.get("sent_bytes", 0)) for r in rows]
     scale, unit = _bytes_scale(max(sent) if sent else 0.0)
-    ax_bytes = ax.twinx()
-    ax_bytes.plot(xs, [s / scale for s in sent], color="0.25", linewidth=1.0,
-                  marker="." if n <= 80 else None, markersize=4, alpha=0.8,
-                  label=f"data sent ({unit}, right axis)")
+    ax_bytes = ax.twinx()  # drawn above the bars: the star and its label go on it too
+    sent_line, = ax_bytes.plot(xs, [s / scale for s in sent], color="0.25", linewidth=1.0,
+                               marker="." if n <= 80 else None, markersize=4, alpha=0.8,
+                               label=f"data sent ({unit}, right axis)")
     ax_bytes.set_ylim(0, (max(sent) / scale if max(sent) > 0 else 1.0) * 1.28)
     ax_bytes.set_ylabel(f"data sent over the link ({unit})")
 
+    names = _unique_short_names([r["after"] for r in rows])
+    star_y = max(stacked[best], total[best]) + 0.03 * top
+    star, = ax_bytes.plot([best], [star_y], transform=ax.transData, linestyle="none",
+                          marker="*", markersize=16, color="gold", markeredgecolor="black",
+                          zorder=5, label="fastest cut")
+    side = "left" if best < n / 3 else "right" if best > 2 * n / 3 else "center"
+    dx = {"left": -6, "right": 6, "center": 0}[side]
+    ax_bytes.annotate(f"best: {names[best]}\n{total[best]:.1f} ms", xy=(best, star_y),
+                      xycoords=ax.transData, xytext=(dx, 12), textcoords="offset points",
+                      ha=side, va="bottom", fontsize="small", zorder=6,
+                      bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6",
+                            "alpha": 0.95})
+
     ticks = _thinned_ticks(n, [best])
     ax.set_xticks(ticks)
-    ax.set_xticklabels([short_layer_name(rows[i]["after"]) for i in ticks], rotation=60,
-                       ha="right", rotation_mode="anchor", fontsize="small")
+    ax.set_xticklabels([names[i] for i in ticks], rotation=60, ha="right",
+                       rotation_mode="anchor", fontsize="small")
     for tick_index, label in zip(ticks, ax.get_xticklabels()):
         if tick_index == best:
             label.set_fontweight("bold")
@@ -223,9 +245,8 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     ax.grid(True, axis="y", alpha=0.4)
     ax.set_axisbelow(True)
 
-    handles, labels = ax.get_legend_handles_labels()
-    h2, l2 = ax_bytes.get_legend_handles_labels()
-    fig.legend(handles + h2, labels + l2, loc="outside upper center", ncols=5,
+    handles, _ = ax.get_legend_handles_labels()
+    fig.legend(handles=[*handles, sent_line, star], loc="outside right upper",
                fontsize="small", frameon=False)
     if title:
         fig.suptitle(title)
@@ -282,7 +303,8 @@ def plot_profile(profile: dict[str, Any], path: str | Path, *, top: int = 30) ->
     ax.set_xlim(left=0)
     ax.grid(True, axis="x", alpha=0.4)
     ax.set_axisbelow(True)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, fontsize="small",
+              frameon=False, borderaxespad=0.2)
 
     model = profile.get("model", "model")
     title = f"{model}: slowest {k} of {len(layers)} layers"

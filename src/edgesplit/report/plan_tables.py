@@ -1,0 +1,61 @@
+"""Rich tables for planning results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from edgesplit.plan import Plan, PlanningProblem
+from edgesplit.report.format import human_bytes
+
+__all__ = ["plans_table", "sweep_table"]
+
+
+def _split(plan: Plan, total_layers: int) -> str:
+    edge = plan.edge_layers
+    if not edge:
+        return "cloud-only"
+    if len(edge) == total_layers:
+        return "edge-only"
+    return f"after {edge[-1]}"
+
+
+def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -> Table:
+    s = problem.setting
+    limit = s.memory_limit_bytes
+    table = Table(title=f"{problem.graph.model}: {s.edge.name} -> {s.link.name} "
+                        f"({s.link.bandwidth_mbps:g} Mbps, RTT {s.link.rtt_ms:g} ms) -> "
+                        f"{s.cloud.name}; edge memory limit "
+                        f"{human_bytes(limit) if limit else 'none'}",
+                  caption=f"chosen: {chosen}")
+    for col in ("method", "graph", "split", "edge layers", "sent", "edge ms", "transfer ms",
+                "cloud ms", "total ms", "edge memory", "feasible"):
+        table.add_column(col, overflow="fold", justify="right" if "ms" in col else "left")
+    for method, plan in plans.items():
+        n = len(problem.graph_of(plan.model.graph).layers)
+        p = plan.predicted
+        table.add_row(
+            ("* " if method == chosen else "") + method, plan.model.graph, _split(plan, n),
+            f"{len(plan.edge_layers)}/{n}", human_bytes(plan.transfers[0].bytes),
+            f"{p.compute_ms['edge']:.2f}", f"{p.transfer_ms + p.rtt_ms:.2f}",
+            f"{p.compute_ms['cloud']:.2f}", f"{p.total_ms:.2f}",
+            human_bytes(plan.edge_memory_bytes), "yes" if plan.feasible else f"no: {plan.reason}")
+    return table
+
+
+def sweep_table(sweep: dict[str, Any]) -> Table:
+    table = Table(title=f"{sweep['model']}: best feasible plan as the uplink grows "
+                        f"(plot: {sweep.get('plot', '-')})")
+    for col in ("Mbps", "best method", "total ms", "split"):
+        table.add_column(col)
+    for row in sweep["points"]:
+        feasible = {m: r for m, r in row["methods"].items() if r["feasible"]}
+        if not feasible:
+            table.add_row(f"{row['bandwidth_mbps']:.3g}", "-", "-", "infeasible")
+            continue
+        method, best = min(feasible.items(), key=lambda kv: kv[1]["total_ms"])
+        split = ("cloud-only" if best["edge_layers"] == 0
+                 else f"{best['edge_layers']} layers, after {best['last_edge_layer']}")
+        table.add_row(f"{row['bandwidth_mbps']:.3g}", method, f"{best['total_ms']:.2f}", split)
+    return table
