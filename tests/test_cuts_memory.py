@@ -12,7 +12,7 @@ from torch import nn
 
 from dag_models import SpecDAG, dag_specs, example_input
 from edgesplit.errors import GraphError
-from edgesplit.graph import INPUT, LayerGraph, capture
+from edgesplit.graph import INPUT, LayerGraph, capture, prefix_peak_memory
 
 
 # ---- brute force, computed on the FX program directly, not on the LayerGraph's tensor table ----
@@ -88,6 +88,8 @@ def test_crossing_and_peak_memory_match_brute_force(spec, optimize: bool):
 @given(spec=dag_specs(max_nodes=9))
 def test_topological_cuts_match_prefix_brute_force(spec):
     graph = capture(SpecDAG(spec), example_input())
+    prefixes = [[layer.name for layer in graph.layers[:k]] for k in range(len(graph) + 1)]
+    assert prefix_peak_memory(graph) == [graph.peak_memory(p).total_bytes for p in prefixes]
     cuts = graph.cuts()
     assert [c.index for c in cuts] == list(range(-1, len(graph)))
     for cut in cuts:
@@ -212,3 +214,13 @@ def test_raw_input_read_late_crosses_with_the_cut():
     # y is never read on the edge: held only until sent, before conv runs
     assert graph.peak_memory(["conv"]).activation_bytes == 2 * 32 * 4
     assert graph.peak_memory([]).activation_bytes == 2 * 128  # both inputs, until sent
+
+
+def test_prefix_memory_sweep_on_real_models():
+    from conftest import captured
+
+    for name in ("resnet18", "bert_mini"):
+        graph = captured(name)
+        sweep = prefix_peak_memory(graph)
+        for k in range(0, len(graph) + 1, 7):
+            assert sweep[k] == graph.peak_memory([l.name for l in graph.layers[:k]]).total_bytes

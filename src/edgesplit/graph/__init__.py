@@ -3,7 +3,7 @@
 from edgesplit.graph.capture import capture, export_model, load_program, optimize_program, parse_shape
 from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, TensorInfo
-from edgesplit.graph.memory import MemoryReport, peak_memory
+from edgesplit.graph.memory import MemoryReport, peak_memory, prefix_peak_memory
 
 __all__ = [
     "capture",
@@ -21,4 +21,5 @@ __all__ = [
     "TensorInfo",
     "MemoryReport",
     "peak_memory",
+    "prefix_peak_memory",
 ]

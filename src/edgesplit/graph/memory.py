@@ -19,7 +19,7 @@ from edgesplit.graph.ir import INPUT, OUTPUT
 if TYPE_CHECKING:
     from edgesplit.graph.ir import LayerGraph
 
-__all__ = ["MemoryReport", "peak_memory"]
+__all__ = ["MemoryReport", "peak_memory", "prefix_peak_memory"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,47 @@ def peak_memory(graph: "LayerGraph", edge_layers: Iterable[str], *,
         peak_layer=schedule[peak_step].name if peak_step is not None else None,
         live_at_peak=live,
     )
+
+
+def prefix_peak_memory(graph: "LayerGraph") -> list[int]:
+    """``peak_memory(graph, first k layers).total_bytes`` for every k = 0..n, in one sweep.
+
+    For a prefix, a tensor read after the prefix is held to its end, so at any step j inside
+    the prefix a computed tensor is live exactly when it is live in the whole model: the
+    activation peak of a prefix is a running maximum. Raw inputs are the exception: they are
+    resident from step 0 once some prefix layer reads them, and held alone until sent before
+    that."""
+    n = len(graph.layers)
+    index = {layer.name: i for i, layer in enumerate(graph.layers)}
+    deltas = [0] * (n + 1)
+    inputs: list[tuple[int, int, int]] = []  # (first reader, last reader, bytes)
+    for tensor in graph.tensors.values():
+        readers = [n if c == OUTPUT else index[c] for c in tensor.consumers]
+        if not readers:
+            continue
+        last = min(max(readers), n - 1)
+        if tensor.producer == INPUT:
+            inputs.append((min(readers), last, tensor.bytes))
+        else:
+            deltas[index[tensor.producer]] += tensor.bytes
+            deltas[last + 1] -= tensor.bytes
+    live, running = [], 0
+    for k in range(n):
+        running += deltas[k]
+        live.append(running)
+    result = [sum(b for _, _, b in inputs)]  # empty edge part: the inputs, until sent
+    seen: set[str] = set()
+    weights = best = 0
+    for k, layer in enumerate(graph.layers):
+        for name in layer.param_names:
+            if name not in seen:
+                seen.add(name)
+                weights += graph.attribute_bytes.get(name, 0)
+        newly_read = [(last, b) for first, last, b in inputs if first == k]
+        for last, nbytes in newly_read:  # resident from step 0 up to its last read
+            for j in range(last + 1):
+                live[j] += nbytes
+        best = max(live[: k + 1]) if newly_read else max(best, live[k])
+        unread = sum(b for first, _, b in inputs if first > k)
+        result.append(weights + max(best, unread))
+    return result

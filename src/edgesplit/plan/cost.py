@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from edgesplit.errors import ConfigError, InfeasibleError
-from edgesplit.graph import INPUT, OUTPUT, LayerGraph
+from edgesplit.graph import INPUT, LayerGraph, prefix_peak_memory
 from edgesplit.hardware import Device, LatencyEstimator, LayerWork, Link, estimator_for
 
 __all__ = ["EdgeCloudSetting", "CostTable", "Breakdown"]
@@ -125,6 +125,24 @@ class CostTable:
 
     def memory_bytes(self, edge: frozenset[str]) -> int:
         return self.graph.peak_memory(edge).total_bytes
+
+    def prefix_violations(self) -> list[str | None]:
+        """:meth:`violation` of every prefix of the topological order (k = 0..n layers), in
+        one sweep (Neurosurgeon's search space)."""
+        forced = self.forced_edge()
+        index = {layer.name: i for i, layer in enumerate(self.graph.layers)}
+        need = max((index[n] + 1 for n in forced), default=0)
+        limit = self.setting.memory_limit_bytes
+        out: list[str | None] = []
+        for k, memory in enumerate(prefix_peak_memory(self.graph)):
+            if k < need:
+                out.append(f"privacy constraint: layer {self.setting.privacy_layer!r} and the "
+                           "layers before it must run on the edge")
+            elif limit is not None and memory > limit:
+                out.append(f"edge memory: needs {memory:,} bytes, limit is {limit:,} bytes")
+            else:
+                out.append(None)
+        return out
 
     def violation(self, edge: frozenset[str]) -> str | None:
         """Why ``edge`` breaks a constraint, or None."""

@@ -155,8 +155,8 @@ class Neurosurgeon(Planner):
 
     def choose(self, costs: CostTable) -> frozenset[str]:
         names = [layer.name for layer in costs.graph.layers]
-        positions = [i for i in range(-1, len(names))
-                     if costs.violation(frozenset(names[: i + 1])) is None]
+        violations = costs.prefix_violations()
+        positions = [i for i in range(-1, len(names)) if violations[i + 1] is None]
         if not positions:  # nothing feasible: the plan will say why
             positions = list(range(-1, len(names)))
         best = min(positions, key=lambda i: (self.chain_cost_ms(costs, i), i))

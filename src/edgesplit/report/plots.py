@@ -7,6 +7,7 @@ after saving.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["plot_link_sweep", "plot_cut_breakdown", "plot_profile", "short_layer_name"]
+__all__ = ["plot_cut_breakdown", "plot_link_sweep", "plot_profile", "short_layer_name"]
 
 DPI = 120
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -91,7 +92,7 @@ def _geometric_edges(xs: Sequence[float]) -> list[float]:
     """Step edges halfway (on a log axis) between consecutive samples, ends at the samples."""
     if len(xs) == 1:
         return [xs[0] / 1.15, xs[0] * 1.15]
-    mids = [math.sqrt(a * b) for a, b in zip(xs, xs[1:])]
+    mids = [math.sqrt(a * b) for a, b in itertools.pairwise(xs)]
     return [xs[0], *mids, xs[-1]]
 
 
@@ -120,22 +121,21 @@ def plot_link_sweep(sweep: dict[str, Any], path: str | Path, *, title: str | Non
         layers = [float(r["edge_layers"]) if r else math.nan for r in rows]
 
         ax_lat.plot(xs, total, linestyle=dash, color=color, linewidth=width, zorder=2)
-        ok_x = [x for x, y, f in zip(xs, total, feasible) if f and not math.isnan(y)]
-        ok_y = [y for y, f in zip(total, feasible) if f and not math.isnan(y)]
-        bad_x = [x for x, y, f in zip(xs, total, feasible) if not f and not math.isnan(y)]
-        bad_y = [y for y, f in zip(total, feasible) if not f and not math.isnan(y)]
-        ax_lat.plot(ok_x, ok_y, linestyle="none", marker=marker, color=color, markersize=5,
-                    zorder=3)
-        if bad_x:
-            any_infeasible = True
-            ax_lat.plot(bad_x, bad_y, linestyle="none", marker=marker, markersize=8,
-                        markerfacecolor="white", markeredgecolor=color, markeredgewidth=1.5,
-                        zorder=4)
-
         ax_layers.stairs(layers, _geometric_edges(xs), baseline=None, color=color,
                          linestyle=dash, linewidth=width, zorder=2)
-        ax_layers.plot(xs, layers, linestyle="none", marker=marker, color=color, markersize=4,
-                       zorder=3)
+        for ax, ys, size in ((ax_lat, total, 5), (ax_layers, layers, 4)):
+            drawn = [(x, y, f) for x, y, f in zip(xs, ys, feasible, strict=True)
+                     if not math.isnan(y)]
+            ok = [(x, y) for x, y, f in drawn if f]
+            bad = [(x, y) for x, y, f in drawn if not f]
+            if ok:
+                ax.plot(*zip(*ok, strict=True), linestyle="none", marker=marker, color=color,
+                        markersize=size, zorder=3)
+            if bad:
+                any_infeasible = True
+                ax.plot(*zip(*bad, strict=True), linestyle="none", marker=marker,
+                        markersize=size + 3, markerfacecolor="white", markeredgecolor=color,
+                        markeredgewidth=1.5, zorder=4)
         handles.append(Line2D([], [], color=color, linestyle=dash, linewidth=width,
                               marker=marker, markersize=5, label=name))
     if any_infeasible:
@@ -192,8 +192,8 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     edge = [float(r["edge_ms"]) for r in rows]
     link = [float(r["transfer_ms"]) + float(r.get("rtt_ms", 0.0)) for r in rows]
     cloud = [float(r["cloud_ms"]) for r in rows]
-    stacked = [e + t + c for e, t, c in zip(edge, link, cloud)]
-    total = [float(r.get("total_ms", s)) for r, s in zip(rows, stacked)]
+    stacked = [e + t + c for e, t, c in zip(edge, link, cloud, strict=True)]
+    total = [float(r.get("total_ms", s)) for r, s in zip(rows, stacked, strict=True)]
     best = min(xs, key=lambda i: total[i])
 
     fig = _new_figure(min(max(8.5, 0.22 * n + 4.5), 20.0), 5.2)
@@ -204,8 +204,8 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
            label="edge compute")
     ax.bar(xs, link, width, bottom=edge, color="#dd8452", edgecolor=edgecolor, linewidth=0.4,
            label="transfer + RTT")
-    ax.bar(xs, cloud, width, bottom=[e + t for e, t in zip(edge, link)], color="#55a868",
-           edgecolor=edgecolor, linewidth=0.4, label="cloud compute")
+    ax.bar(xs, cloud, width, bottom=[e + t for e, t in zip(edge, link, strict=True)],
+           color="#55a868", edgecolor=edgecolor, linewidth=0.4, label="cloud compute")
 
     top = max(max(stacked), max(total))
     ax.set_ylim(0, top * 1.28)
@@ -237,7 +237,7 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     ax.set_xticks(ticks)
     ax.set_xticklabels([names[i] for i in ticks], rotation=60, ha="right",
                        rotation_mode="anchor", fontsize="small")
-    for tick_index, label in zip(ticks, ax.get_xticklabels()):
+    for tick_index, label in zip(ticks, ax.get_xticklabels(), strict=True):
         if tick_index == best:
             label.set_fontweight("bold")
     ax.set_xlabel("cut after layer (left: cloud-only, right: edge-only)")
@@ -288,7 +288,7 @@ def plot_profile(profile: dict[str, Any], path: str | Path, *, top: int = 30) ->
             color="#4c72b0", error_kw={"elinewidth": 0.9, "capsize": 2, "ecolor": "0.2"},
             label="PyTorch eager (median, p10-p90)")
     if has_onnx:
-        onnx_y = [y + offset for y, r in zip(ys, rows) if r.get("onnx_ms")]
+        onnx_y = [y + offset for y, r in zip(ys, rows, strict=True) if r.get("onnx_ms")]
         onnx = [float(r["onnx_ms"]["median"]) for r in rows if r.get("onnx_ms")]
         onnx_err = [_error(r["onnx_ms"]) for r in rows if r.get("onnx_ms")]
         ax.barh(onnx_y, onnx, height,
