@@ -60,9 +60,20 @@ def test_neurosurgeon_equals_brute_force_over_prefixes(spec, data):
     graph = capture(SpecDAG(spec), example_input())
     costs = _random_costs(graph, data, _setting(2.0))
     planner = Neurosurgeon()
-    own_best = min(planner.chain_cost_ms(costs, i) for i in range(-1, len(graph.layers)))
+    layers = graph.layers
+
+    def own_estimate(i: int) -> float:  # by hand: edge prefix + layer i's output + cloud rest
+        sent = sum(costs.up_ms[t] for t in (layers[i].outputs if i >= 0 else graph.inputs)) \
+            if i < len(layers) - 1 else 0.0
+        rtt = costs.setting.link.rtt_ms if i < len(layers) - 1 else 0.0
+        return (sum(costs.edge_ms[l.name] for l in layers[: i + 1]) + sent + rtt
+                + sum(costs.cloud_ms[l.name] for l in layers[i + 1:]))
+
+    assert planner.chain_costs_ms(costs) == pytest.approx(
+        [own_estimate(i) for i in range(-1, len(layers))])
+    own_best = min(own_estimate(i) for i in range(-1, len(layers)))
     chosen = planner.choose(costs)
-    assert planner.chain_cost_ms(costs, len(chosen) - 1) == pytest.approx(own_best)
+    assert own_estimate(len(chosen) - 1) == pytest.approx(own_best)
     assert chosen == frozenset(l.name for l in graph.layers[: len(chosen)])
     # its plan is charged the true cost, which the DAG optimum never exceeds
     assert costs.evaluate(Qdmp().choose(costs)).total_ms <= costs.evaluate(chosen).total_ms + 1e-6

@@ -135,11 +135,18 @@ class LayerGraph:
         return sum(self.attribute_bytes.values())
 
     # ---- structure -----------------------------------------------------------------------
+    @cached_property
+    def _predecessors(self) -> dict[str, tuple[str, ...]]:
+        index = {layer.name: layer.index for layer in self.layers}
+        result = {}
+        for layer in self.layers:
+            preds = {self.tensors[t].producer for t in layer.inputs} - {INPUT}
+            result[layer.name] = tuple(sorted(preds, key=index.__getitem__))
+        return result
+
     def predecessors(self, name: str) -> list[str]:
         """Layers whose outputs ``name`` reads (not the model input), in topological order."""
-        preds = {self.tensors[t].producer for t in self.layer(name).inputs}
-        preds.discard(INPUT)
-        return sorted(preds, key=self.index_of)
+        return list(self._predecessors[self.layer(name).name])
 
     def successors(self, name: str) -> list[str]:
         succ = {c for t in self.layer(name).outputs for c in self.tensors[t].consumers}
@@ -178,7 +185,7 @@ class LayerGraph:
         """Validate that ``names`` is closed under predecessors; returns it as a frozenset."""
         edge = frozenset(self.layer(n).name for n in names)
         for name in edge:
-            missing = [p for p in self.predecessors(name) if p not in edge]
+            missing = [p for p in self._predecessors[name] if p not in edge]
             if missing:
                 raise GraphError(
                     f"layer {name!r} is on the edge but its input from {missing[0]!r} is not: an "

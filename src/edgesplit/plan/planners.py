@@ -139,19 +139,30 @@ class Neurosurgeon(Planner):
 
     graph_kind = "raw"
 
-    def chain_cost_ms(self, costs: CostTable, i: int) -> float:
-        """Neurosurgeon's own estimate for the cut after layer ``i`` (-1: cloud-only)."""
+    def chain_costs_ms(self, costs: CostTable) -> list[float]:
+        """Neurosurgeon's own estimate for the cut after every layer i = -1 (cloud-only) .. n-1
+        (edge-only), from running sums."""
         layers = costs.graph.layers
-        edge = sum(costs.edge_ms[layer.name] for layer in layers[: i + 1])
-        cloud = sum(costs.cloud_ms[layer.name] for layer in layers[i + 1:])
-        if i == len(layers) - 1:
-            sent = sum(costs.up_ms[t] for t in costs.graph.outputs) \
-                if costs.setting.result_at == "cloud" else 0.0
-        else:
-            sent = sum(costs.up_ms[t] for t in (layers[i].outputs if i >= 0
-                                                 else costs.graph.inputs))
-        crosses = sent > 0 or i < len(layers) - 1
-        return edge + sent + cloud + (costs.setting.link.rtt_ms if crosses else 0.0)
+        n = len(layers)
+        edge = [0.0]
+        for layer in layers:
+            edge.append(edge[-1] + costs.edge_ms[layer.name])
+        cloud = [0.0]
+        for layer in reversed(layers):
+            cloud.append(cloud[-1] + costs.cloud_ms[layer.name])
+        cloud.reverse()  # cloud[k]: layers k.. on the cloud
+        result = []
+        for i in range(-1, n):
+            if i == n - 1:
+                sent = sum(costs.up_ms[t] for t in costs.graph.outputs) \
+                    if costs.setting.result_at == "cloud" else 0.0
+            else:
+                sent = sum(costs.up_ms[t] for t in (layers[i].outputs if i >= 0
+                                                     else costs.graph.inputs))
+            crosses = sent > 0 or i < n - 1
+            result.append(edge[i + 1] + sent + cloud[i + 1]
+                          + (costs.setting.link.rtt_ms if crosses else 0.0))
+        return result
 
     def choose(self, costs: CostTable) -> frozenset[str]:
         names = [layer.name for layer in costs.graph.layers]
@@ -159,7 +170,8 @@ class Neurosurgeon(Planner):
         positions = [i for i in range(-1, len(names)) if violations[i + 1] is None]
         if not positions:  # nothing feasible: the plan will say why
             positions = list(range(-1, len(names)))
-        best = min(positions, key=lambda i: (self.chain_cost_ms(costs, i), i))
+        own = self.chain_costs_ms(costs)
+        best = min(positions, key=lambda i: (own[i + 1], i))
         return frozenset(names[: best + 1])
 
 

@@ -99,6 +99,7 @@ def sweep_link(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHO
         plans = compare_methods(sub, methods)
         rows.append({"bandwidth_mbps": float(mbps), "methods": {
             m: {"total_ms": p.predicted.total_ms, "edge_layers": len(p.edge_layers),
+                "total_layers": len(p.layers),
                 "last_edge_layer": p.edge_layers[-1] if p.edge_layers else None,
                 "sent_bytes": p.transfers[0].bytes if p.transfers else 0,
                 "feasible": p.feasible}

@@ -56,6 +56,7 @@ def sweep_table(sweep: dict[str, Any]) -> Table:
             continue
         method, best = min(feasible.items(), key=lambda kv: kv[1]["total_ms"])
         split = ("cloud-only" if best["edge_layers"] == 0
+                 else "edge-only" if best["edge_layers"] == best.get("total_layers")
                  else f"{best['edge_layers']} layers, after {best['last_edge_layer']}")
         table.add_row(f"{row['bandwidth_mbps']:.3g}", method, f"{best['total_ms']:.2f}", split)
     return table

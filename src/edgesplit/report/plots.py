@@ -118,7 +118,9 @@ def plot_link_sweep(sweep: dict[str, Any], path: str | Path, *, title: str | Non
         rows = [p["methods"].get(name) for p in points]
         total = [_finite_positive(r["total_ms"]) if r else math.nan for r in rows]
         feasible = [bool(r.get("feasible", True)) if r else True for r in rows]
-        layers = [float(r["edge_layers"]) if r else math.nan for r in rows]
+        # Share of the method's own graph (raw-graph methods count BN/ReLU as layers too).
+        layers = [100.0 * r["edge_layers"] / r["total_layers"] if r and r.get("total_layers")
+                  else float(r["edge_layers"]) if r else math.nan for r in rows]
 
         ax_lat.plot(xs, total, linestyle=dash, color=color, linewidth=width, zorder=2)
         ax_layers.stairs(layers, _geometric_edges(xs), baseline=None, color=color,
@@ -149,7 +151,7 @@ def plot_link_sweep(sweep: dict[str, Any], path: str | Path, *, title: str | Non
     ax_lat.grid(True, which="major", alpha=0.5)
     ax_lat.grid(True, which="minor", alpha=0.15)
     ax_layers.set_xlabel("uplink bandwidth (Mbps, log scale)")
-    ax_layers.set_ylabel("layers on the edge")
+    ax_layers.set_ylabel("% of layers on the edge")
     ax_layers.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_layers.set_ylim(bottom=-0.5)
     ax_layers.grid(True, which="major", alpha=0.5)
