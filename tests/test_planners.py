@@ -13,7 +13,7 @@ from dag_models import SpecDAG, dag_specs, example_input
 from edgesplit.errors import InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.hardware import AnalyticalCompute, Device, Link, get_device, get_link
-from edgesplit.plan import (CostTable, EdgeCloudSetting, Plan, PlanningProblem, best_plan,
+from edgesplit.plan import (CostTable, EdgeCloudSetting, PlanningProblem, best_plan,
                             compare_methods, get_planner, load_plan, make_plan, recompute_total)
 from edgesplit.plan.planners import Neurosurgeon, Qdmp
 
@@ -178,3 +178,19 @@ def test_memory_limit_is_met_or_named(nano_v100):
     tiny = nano_v100("vgg16", "dads-3g", edge_memory_bytes=1000)  # smaller than the input
     with pytest.raises(InfeasibleError, match="edge memory"):
         best_plan(compare_methods(tiny, ["neurosurgeon", "qdmp", "cloud_only", "edge_only"]))
+
+
+def test_plans_a_saved_program_including_its_raw_graph(tmp_path):
+    import torch
+
+    path = tmp_path / "dag.pt2"
+    module = SpecDAG([("conv", 0, 0), ("conv", 1, 1), ("add", 1, 2), ("cat", 3, 0)], bn=True)
+    torch.export.save(torch.export.export(module.eval(), (example_input(),)), str(path))
+    problem = PlanningProblem(str(path), _setting(1.0))
+    plans = compare_methods(problem, ["neurosurgeon", "dads", "qdmp"])
+    assert plans["dads"].model.graph == "raw" and plans["qdmp"].model.graph == "optimized"
+    assert plans["qdmp"].model.source == str(path)
+    raw = problem.graph_of("raw")
+    assert [layer.name for layer in plans["dads"].layers] == [l.name for l in raw.layers]
+    assert sum(l.op == "batch_norm" for l in raw.layers) == 2  # BN kept in the raw graph
+    assert not any(l.op == "batch_norm" for l in problem.graph.layers)
