@@ -1,0 +1,281 @@
+"""Multi-split over a chain of devices (JMSNAS eq. 1), exact by dynamic programming, for a
+latency or a streaming-throughput objective.
+
+Device m of the chain runs a contiguous range [b_{m-1}, b_m) of the layers' topological order
+(possibly empty). The link after device m carries every tensor live across position b_m (skip
+connections and the raw input included; a tensor produced on device i and read on device j
+travels every link in between; the model's outputs travel to the last device, where JMSNAS
+collects the result). A link that carries data also costs half its round trip (one way).
+
+Latency  = sum of device compute + sum of link transfers.
+Period   = the slowest stage (a device's compute or a link's transfer) when frames stream
+           through the pipeline; throughput = 1000 / period per second.
+
+The DP is O(devices x layers): F_m[b] = P_m[b] + min_{a in window_m(b)} (F_{m-1}[a] + link(a) -
+P_m[a]) with P_m the prefix sums of device m's layer latencies; a device's memory (and, for the
+throughput objective, its compute bound) only rules out ranges that are too long, so the
+feasible a form a sliding window and a monotone deque gives the minimum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.graph import LayerGraph
+from edgesplit.hardware import LatencyEstimator, LayerWork, Topology, estimator_for
+
+if TYPE_CHECKING:
+    from edgesplit.plan.model import Plan
+
+__all__ = ["ChainCosts", "ChainAssignment", "solve_chain_latency", "solve_chain_throughput",
+           "linear_search", "evaluate_boundaries", "chain_plan"]
+
+
+@dataclass
+class ChainCosts:
+    """Everything the chain DP needs, per device and per cut position (0..n layers done)."""
+
+    graph: LayerGraph
+    devices: list[str]
+    layer_ms: np.ndarray  # [M, n]
+    link_ms: np.ndarray  # [M-1, n+1]: link m carrying the cut at position b
+    cut_bytes: list[int]  # [n+1]
+    live_bytes: np.ndarray  # [n]: activation bytes live while layer j runs (whole schedule)
+    weight_prefix: np.ndarray  # [n+1]
+    memory_limits: list[int | None]  # [M]
+
+    @classmethod
+    def build(cls, graph: LayerGraph, topology: Topology, *,
+              estimators: dict[str, LatencyEstimator] | None = None) -> "ChainCosts":
+        try:
+            order = topology.chain_order()
+        except ValueError:
+            raise ConfigError(f"topology {topology.name!r} is not a chain; use the mesh planner "
+                              "or a chain topology") from None
+        devices = [topology.device(name) for name in order]
+        works = [LayerWork.of(graph, layer) for layer in graph.layers]
+        layer_ms = np.array([[(estimators or {}).get(d.name, estimator_for(d)).layer_ms(w, d)
+                              for w in works] for d in devices])
+        cuts = graph.cuts()
+        cut_bytes = [c.bytes for c in cuts]
+        links = [topology.link(a, b) for a, b in zip(order[:-1], order[1:], strict=True)]
+        link_ms = np.array([[link.transfer_ms(nb) + (link.rtt_ms / 2 if nb else 0.0)
+                             for nb in cut_bytes] for link in links]).reshape(len(links),
+                                                                               len(cut_bytes))
+        return cls(graph, order, layer_ms, link_ms, cut_bytes, _live_bytes(graph),
+                   np.concatenate([[0], np.cumsum([l.param_bytes for l in graph.layers])]),
+                   [d.memory_bytes for d in devices])
+
+    @property
+    def n(self) -> int:
+        return self.layer_ms.shape[1]
+
+    def range_memory(self, a: int, b: int) -> int:
+        """Memory of running layers [a, b) on one device: their weights plus the largest live
+        set while they run (an empty range still buffers what it relays)."""
+        act = int(self.live_bytes[a:b].max()) if b > a else self.cut_bytes[a]
+        return int(self.weight_prefix[b] - self.weight_prefix[a]) + act
+
+
+def _live_bytes(graph: LayerGraph) -> np.ndarray:
+    n = len(graph.layers)
+    index = {layer.name: i for i, layer in enumerate(graph.layers)}
+    deltas = np.zeros(n + 1, dtype=np.int64)
+    for tensor in graph.tensors.values():
+        readers = [n if c == "output" else index[c] for c in tensor.consumers]
+        if not readers:
+            continue
+        start = 0 if tensor.producer == "input" else index[tensor.producer]
+        deltas[start] += tensor.bytes
+        deltas[min(max(readers), n - 1) + 1] -= tensor.bytes
+    return np.cumsum(deltas[:n])
+
+
+@dataclass(frozen=True)
+class ChainAssignment:
+    """Boundaries b_0=0 <= b_1 <= ... <= b_M=n and the resulting numbers."""
+
+    boundaries: tuple[int, ...]
+    compute_ms: tuple[float, ...]
+    link_ms: tuple[float, ...]
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.compute_ms) + sum(self.link_ms)
+
+    @property
+    def period_ms(self) -> float:
+        return max((*self.compute_ms, *self.link_ms), default=0.0)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self.boundaries[:-1], self.boundaries[1:], strict=True))
+
+
+def evaluate_boundaries(costs: ChainCosts, boundaries: Sequence[int]) -> ChainAssignment:
+    """The numbers of one assignment (also the brute-force oracle of the tests)."""
+    b = list(boundaries)
+    prefix = np.concatenate([np.zeros((costs.layer_ms.shape[0], 1)),
+                             np.cumsum(costs.layer_ms, axis=1)], axis=1)
+    compute = tuple(float(prefix[m, b[m + 1]] - prefix[m, b[m]]) for m in range(len(b) - 1))
+    links = tuple(float(costs.link_ms[m, b[m + 1]]) for m in range(len(b) - 2))
+    return ChainAssignment(tuple(b), compute, links)
+
+
+def _feasible_memory(costs: ChainCosts, m: int, a: int, b: int) -> bool:
+    limit = costs.memory_limits[m]
+    return limit is None or costs.range_memory(a, b) <= limit
+
+
+def _solve(costs: ChainCosts, period_bound: float = math.inf) -> ChainAssignment | None:
+    """Minimum-latency assignment whose every stage is at most ``period_bound``; None if none."""
+    M, n = costs.layer_ms.shape
+    prefix = np.concatenate([np.zeros((M, 1)), np.cumsum(costs.layer_ms, axis=1)], axis=1)
+    inf = math.inf
+    best = [[inf] * (n + 1) for _ in range(M)]
+    arg = [[-1] * (n + 1) for _ in range(M)]
+    for b in range(n + 1):  # device 0 runs [0, b)
+        if prefix[0, b] <= period_bound and _feasible_memory(costs, 0, 0, b):
+            best[0][b] = float(prefix[0, b])
+            arg[0][b] = 0
+    for m in range(1, M):
+        link = costs.link_ms[m - 1]
+        window: deque[int] = deque()  # candidate a's, increasing G
+        lo = 0
+        for b in range(n + 1):
+            if best[m - 1][b] < inf and link[b] <= period_bound:
+                g = best[m - 1][b] + link[b] - prefix[m, b]
+                while window and (best[m - 1][window[-1]] + link[window[-1]]
+                                  - prefix[m, window[-1]]) >= g:
+                    window.pop()
+                window.append(b)
+            # the range [a, b) must fit: memory and stage bound grow as a moves left
+            while lo <= b and not (_feasible_memory(costs, m, lo, b)
+                                   and prefix[m, b] - prefix[m, lo] <= period_bound):
+                lo += 1
+            while window and window[0] < lo:
+                window.popleft()
+            if window:
+                a = window[0]
+                best[m][b] = best[m - 1][a] + link[a] + prefix[m, b] - prefix[m, a]
+                arg[m][b] = a
+    if best[M - 1][n] == inf:
+        return None
+    bounds = [n]
+    for m in range(M - 1, 0, -1):
+        bounds.append(arg[m][bounds[-1]])
+    bounds.append(0)
+    return evaluate_boundaries(costs, bounds[::-1])
+
+
+def solve_chain_latency(costs: ChainCosts) -> ChainAssignment:
+    """JMSNAS eq. (1) minimum over all contiguous assignments, under device memory limits."""
+    result = _solve(costs)
+    if result is None:
+        raise InfeasibleError("device memory: no assignment of the layers to the chain fits every "
+                              "device's memory_bytes")
+    return result
+
+
+def solve_chain_throughput(costs: ChainCosts, *, max_latency_ms: float | None = None,
+                           rel_tol: float = 1e-9) -> ChainAssignment:
+    """Minimum period (slowest stage) subject to latency <= ``max_latency_ms``; among
+    assignments with that period, the lowest latency."""
+    fastest = _solve(costs)
+    if fastest is None:
+        raise InfeasibleError("device memory: no assignment of the layers to the chain fits every "
+                              "device's memory_bytes")
+    if max_latency_ms is not None and fastest.total_ms > max_latency_ms * (1 + 1e-12):
+        raise InfeasibleError(f"latency bound: the fastest assignment takes "
+                              f"{fastest.total_ms:.3f} ms > {max_latency_ms:.3f} ms")
+    bound = max_latency_ms if max_latency_ms is not None else math.inf
+
+    def ok(period: float) -> ChainAssignment | None:
+        found = _solve(costs, period)
+        return found if found is not None and found.total_ms <= bound * (1 + 1e-12) else None
+
+    lo, hi, best = 0.0, fastest.period_ms, fastest
+    while hi - lo > rel_tol * max(hi, 1e-12):
+        mid = (lo + hi) / 2
+        found = ok(mid)
+        if found is not None:
+            hi, best = found.period_ms, found
+        else:
+            lo = mid
+    return best
+
+
+def linear_search(costs: ChainCosts) -> ChainAssignment:
+    """A HiveMind-style linear search: hop by hop, each device keeps the range that minimises
+    its own compute, its outgoing transfer and the rest of the model run on the next device
+    (one step of look-ahead), never revisiting earlier hops."""
+    M, n = costs.layer_ms.shape
+    prefix = np.concatenate([np.zeros((M, 1)), np.cumsum(costs.layer_ms, axis=1)], axis=1)
+    bounds = [0]
+    for m in range(M - 1):
+        a = bounds[-1]
+        options = [b for b in range(a, n + 1) if _feasible_memory(costs, m, a, b)
+                   and (m < M - 2 or _feasible_memory(costs, M - 1, b, n))] or [a]
+        bounds.append(min(options, key=lambda b: (prefix[m, b] - prefix[m, a]
+                                                  + costs.link_ms[m, b]
+                                                  + prefix[m + 1, n] - prefix[m + 1, b])))
+    bounds.append(n)
+    return evaluate_boundaries(costs, bounds)
+
+
+def chain_plan(costs: ChainCosts, assignment: ChainAssignment, topology: Topology, *,
+               method: str, source: str, objective: str = "latency") -> "Plan":
+    """A Plan with one device per chain hop and one transfer per link."""
+    from edgesplit.plan.model import (ModelRef, Plan, PlanDevice, PlanLayer, PlanLink,
+                                      PlanTensor, Prediction, Transfer)
+
+    graph = costs.graph
+    names = [layer.name for layer in graph.layers]
+    cuts = graph.cuts()
+    M = len(costs.devices)
+    roles = ["edge"] + ["hop"] * (M - 2) + ["cloud"] if M > 1 else ["edge"]
+    devices = [PlanDevice(name=d, role=roles[m], device=topology.device(d),
+                          layers=names[a:b], compute_ms=assignment.compute_ms[m])
+               for m, (d, (a, b)) in enumerate(zip(costs.devices, assignment.ranges(),
+                                                    strict=True))]
+    transfers = []
+    for m, b in enumerate(assignment.boundaries[1:-1]):
+        crossing = cuts[b].tensors  # cuts[b]: after b layers
+        transfers.append(Transfer(src=costs.devices[m], dst=costs.devices[m + 1],
+                                  tensors=[t.name for t in crossing],
+                                  bytes=sum(t.bytes for t in crossing),
+                                  ms=assignment.link_ms[m]))
+    memory = [costs.range_memory(a, b) for a, b in assignment.ranges()]
+    limits = costs.memory_limits
+    over = [f"device memory: {d} needs {need:,} bytes, has {lim:,}"
+            for d, need, lim in zip(costs.devices, memory, limits, strict=True)
+            if lim is not None and need > lim]
+    return Plan(
+        method=method,
+        model=ModelRef(name=graph.model, source=source,
+                       input_shapes=[list(x.shape) for x in graph.example_inputs]),
+        devices=devices,
+        links=[PlanLink(src=a, dst=b, link=topology.link(a, b))
+               for a, b in zip(costs.devices[:-1], costs.devices[1:], strict=True)],
+        layers=[PlanLayer(name=n, latency_ms={d: float(costs.layer_ms[m, i])
+                                              for m, d in enumerate(costs.devices)},
+                          param_bytes=graph.layers[i].param_bytes)
+                for i, n in enumerate(names)],
+        tensors=[PlanTensor(name=t.name, producer=t.producer, consumers=list(t.consumers),
+                            shape=list(t.shape), dtype=t.dtype, bytes=t.bytes)
+                 for t in graph.tensors.values()],
+        transfers=transfers,
+        predicted=Prediction(compute_ms=dict(zip(costs.devices, assignment.compute_ms,
+                                                 strict=True)),
+                             transfer_ms=sum(assignment.link_ms), rtt_ms=0.0,
+                             total_ms=assignment.total_ms),
+        edge_memory_bytes=memory[0],
+        feasible=not over,
+        reason="; ".join(over) or (f"period {assignment.period_ms:.4f} ms"
+                                   if objective == "throughput" else None),
+    )
