@@ -165,3 +165,42 @@ def test_plan_errors_name_the_problem(tmp_path):
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plan_over_a_topology_json_contract(tmp_path):
+    drawing = tmp_path / "assign.png"
+    result = _run("plan", "mobilenet_v2", "--topology", "jmsnas-chain", "--json", "--draw",
+                  str(drawing))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["topology"]["devices"] == ["ue", "sbs", "mbs", "cloud"]
+    assert [l["bandwidth_mbps"] for l in doc["topology"]["links"]] == [25, 50, 200]
+    assert set(doc["layers"][0]["latency_ms"]) == {"ue", "sbs", "mbs", "cloud"}
+    best = doc["methods"][doc["best"]]
+    # re-check by hand: compute from the per-layer table, transfers from the tensors' bytes
+    layer_ms = {l["name"]: l["latency_ms"] for l in doc["layers"]}
+    compute = sum(layer_ms[n][d] for d, names in best["assignment"].items() for n in names)
+    placed = {n: d for d, names in best["assignment"].items() for n in names}
+    order = doc["topology"]["devices"]
+    link_bytes = [0] * len(doc["topology"]["links"])
+    for t in doc["tensors"]:
+        src = 0 if t["producer"] == "input" else order.index(placed[t["producer"]])
+        dst = max(len(order) - 1 if c == "output" else order.index(placed[c])
+                  for c in t["consumers"])
+        for hop in range(src, dst):  # a tensor travels every link between its devices
+            link_bytes[hop] += t["bytes"]
+    transfer = sum(b * 8 / (l["bandwidth_mbps"] * 1e3) + (l["rtt_ms"] / 2 if b else 0)
+                   for b, l in zip(link_bytes, doc["topology"]["links"]))
+    assert best["total_ms"] == pytest.approx(compute + transfer)
+    assert best["total_ms"] <= doc["methods"]["sink_only"]["total_ms"]
+    assert drawing.read_bytes()[:4] == b"\x89PNG"
+    throughput = json.loads(_run("plan", "mobilenet_v2", "--topology", "jmsnas-chain", "--json",
+                                 "--objective", "throughput").stdout)
+    assert throughput["methods"]["multisplit"]["period_ms"] <= best["period_ms"] + 1e-9
+
+
+def test_mesh_topology_is_named_as_unsupported():
+    proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "plan", "resnet18",
+                           "--topology", "jmsnas-mesh"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "not a chain" in proc.stderr

@@ -295,6 +295,16 @@ def plan(
                                               help="Manual plan: these layers and all they "
                                                    "depend on run on the edge."),
     input_shape: Optional[str] = typer.Option(None, "--input-shape", "-s"),
+    topology: Optional[str] = typer.Option(
+        None, "--topology", "-t", help="Plan over a chain of devices (preset such as "
+                                       "jmsnas-chain, or a file) instead of edge/cloud/link."),
+    objective: str = typer.Option("latency", "--objective",
+                                  help="With --topology: latency, or throughput (the slowest "
+                                       "stage when frames stream through)."),
+    max_latency_ms: Optional[float] = typer.Option(
+        None, "--max-latency-ms", help="With --objective throughput: latency bound."),
+    draw: Optional[Path] = typer.Option(None, "--draw", help="With --topology: draw the chosen "
+                                                            "assignment over the topology."),
     sweep: bool = typer.Option(False, "--sweep-link", help="Sweep the uplink from 0.1 to 1000 "
                                                            "Mbps and plot how the best split moves."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Where to write the sweep plot "
@@ -307,8 +317,14 @@ def plan(
                                                  "one --method names) as JSON."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Where to cut MODEL between an edge device and the cloud: compare the planners."""
+    """Where to cut MODEL between an edge device and the cloud (or over a --topology of
+    devices): compare the planners."""
     from edgesplit.graph import parse_shape
+
+    if topology is not None:
+        _plan_topology(model, topology, objective, max_latency_ms, input_shape, draw, out_path,
+                       as_json)
+        return
     from edgesplit.hardware import resolve_device, resolve_link
     from edgesplit.plan import (BASELINE_METHODS, EdgeCloudSetting, PlanningProblem, best_plan,
                                 compare_methods, plan_document)
@@ -347,6 +363,43 @@ def plan(
     if sweep_doc is not None:
         out.print(sweep_table(sweep_doc))
     for path in (out_path, breakdown_plot, sweep_doc and sweep_doc["plot"]):
+        if path:
+            err.print(f"wrote {path}")
+
+
+def _plan_topology(model: str, topology: str, objective: str, max_latency_ms, input_shape,
+                   draw: Optional[Path], out_path: Optional[Path], as_json: bool) -> None:
+    from edgesplit.graph import capture, parse_shape
+    from edgesplit.hardware import resolve_topology
+    from edgesplit.plan.topology_run import compare_topology_methods, topology_document
+
+    topo = resolve_topology(topology)
+    with err.status(f"planning {model} over {topo.name} ...", spinner="dots"):
+        graph = capture(model, input_shape=parse_shape(input_shape) if input_shape else None)
+        costs, plans = compare_topology_methods(graph, topo, source=model,
+                                                objective=objective,  # type: ignore[arg-type]
+                                                max_latency_ms=max_latency_ms)
+    doc = topology_document(costs, topo, plans, objective=objective)
+    if doc["best"] is None:
+        from edgesplit.errors import InfeasibleError
+
+        raise InfeasibleError("no method found a plan that meets the constraints: "
+                              + "; ".join(sorted({p.reason or "" for p in plans.values()})))
+    chosen = plans[doc["best"]]
+    if out_path is not None:
+        chosen.save(out_path)
+    if draw is not None:
+        from edgesplit.report.plots import plot_assignment
+
+        plot_assignment(chosen, draw, title=f"{graph.model} over {topo.name}: {doc['best']} "
+                                            f"({objective})")
+    if as_json:
+        _emit_json(doc)
+        return
+    from edgesplit.report.plan_tables import topology_table
+
+    out.print(topology_table(doc, plans))
+    for path in (out_path, draw):
         if path:
             err.print(f"wrote {path}")
 

@@ -9,7 +9,7 @@ from rich.table import Table
 from edgesplit.plan import Plan, PlanningProblem
 from edgesplit.report.format import human_bytes
 
-__all__ = ["plans_table", "sweep_table"]
+__all__ = ["plans_table", "sweep_table", "topology_table"]
 
 
 def _split(plan: Plan, total_layers: int) -> str:
@@ -59,4 +59,25 @@ def sweep_table(sweep: dict[str, Any]) -> Table:
                  else "edge-only" if best["edge_layers"] == best.get("total_layers")
                  else f"{best['edge_layers']} layers, after {best['last_edge_layer']}")
         table.add_row(f"{row['bandwidth_mbps']:.3g}", method, f"{best['total_ms']:.2f}", split)
+    return table
+
+
+def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
+    topo = doc["topology"]
+    hops = " -> ".join(
+        [topo["devices"][0]] + [f"({l['bandwidth_mbps']:g} Mbps) {l['dst']}" for l in topo["links"]])
+    table = Table(title=f"{doc['model']} over {topo['name']}: {hops}; objective "
+                        f"{doc['objective']}", caption=f"chosen: {doc['best']}")
+    table.add_column("method")
+    for device in topo["devices"]:
+        table.add_column(f"{device} layers / ms", justify="right")
+    for col in ("sent per link", "total ms", "period ms", "feasible"):
+        table.add_column(col, justify="right")
+    for method, plan in plans.items():
+        entry = doc["methods"][method]
+        cells = [f"{len(d.layers)} / {d.compute_ms:.2f}" for d in plan.devices]
+        sent = ", ".join(human_bytes(t.bytes) for t in plan.transfers)
+        table.add_row(("* " if method == doc["best"] else "") + method, *cells, sent,
+                      f"{entry['total_ms']:.2f}", f"{entry['period_ms']:.2f}",
+                      "yes" if plan.feasible else f"no: {plan.reason}")
     return table

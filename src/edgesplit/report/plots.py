@@ -20,7 +20,8 @@ from matplotlib.ticker import MaxNLocator
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["plot_cut_breakdown", "plot_link_sweep", "plot_profile", "short_layer_name"]
+__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_link_sweep", "plot_profile",
+           "short_layer_name"]
 
 DPI = 120
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -314,4 +315,41 @@ def plot_profile(profile: dict[str, Any], path: str | Path, *, top: int = 30) ->
     if whole and "median" in whole:
         title += f" (whole model {float(whole['median']):.3g} ms eager)"
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_assignment(plan: Any, path: str | Path, *, title: str = "") -> Path:
+    """The devices of a Plan as boxes in their order (layers held, first and last layer,
+    compute time) with the links between them (tensors, bytes, transfer time)."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    devices = list(plan.devices)
+    if not devices:
+        raise ConfigError("the plan has no devices to draw")
+    fig = _new_figure(max(6.0, 3.2 * len(devices)), 3.6)
+    ax = fig.add_subplot()
+    ax.set_xlim(0, len(devices))
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    for i, device in enumerate(devices):
+        layers = device.layers
+        span = (f"{short_layer_name(layers[0])}\n... {short_layer_name(layers[-1])}"
+                if layers else "(idle: relays)")
+        ax.add_patch(FancyBboxPatch((i + 0.1, 0.3), 0.8, 0.5, boxstyle="round,pad=0.02",
+                                    facecolor=_COLORS[i % len(_COLORS)], alpha=0.25,
+                                    edgecolor=_COLORS[i % len(_COLORS)]))
+        what = device.device.description or device.device.name
+        ax.text(i + 0.5, 0.72, f"{device.name}\n({_shorten(what, 30)})", ha="center",
+                va="top", fontsize=9, weight="bold")
+        ax.text(i + 0.5, 0.5, f"{len(layers)} layers, {device.compute_ms:.2f} ms\n{span}",
+                ha="center", va="center", fontsize=8)
+    position = {d.name: i for i, d in enumerate(devices)}
+    for transfer in plan.transfers:
+        a, b = position[transfer.src], position[transfer.dst]
+        ax.add_patch(FancyArrowPatch((a + 0.9, 0.55), (b + 0.1, 0.55), arrowstyle="-|>",
+                                     mutation_scale=14, color="black"))
+        ax.text((a + b + 1) / 2, 0.2, f"{len(transfer.tensors)} tensor(s)\n"
+                f"{transfer.bytes / 1024:.1f} KiB, {transfer.ms:.2f} ms", ha="center",
+                va="top", fontsize=8)
+    fig.suptitle(title or f"{plan.model.name}: {plan.method}, {plan.predicted.total_ms:.2f} ms")
     return _save(fig, path)

@@ -1,0 +1,90 @@
+"""Planning over a topology of several devices: compare methods and build the JSON document of
+``edgesplit plan MODEL --topology T``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from edgesplit.errors import ConfigError
+from edgesplit.graph import LayerGraph
+from edgesplit.hardware import Topology
+from edgesplit.plan.model import PLAN_VERSION, Plan
+from edgesplit.plan.multisplit import (ChainCosts, chain_plan, evaluate_boundaries,
+                                       linear_search, solve_chain_latency,
+                                       solve_chain_throughput)
+
+__all__ = ["TOPOLOGY_METHODS", "compare_topology_methods", "topology_document"]
+
+TOPOLOGY_METHODS = ("multisplit", "linear", "source_only", "sink_only")
+
+
+def compare_topology_methods(graph: LayerGraph, topology: Topology, *, source: str,
+                             objective: Literal["latency", "throughput"] = "latency",
+                             max_latency_ms: float | None = None,
+                             methods: tuple[str, ...] = TOPOLOGY_METHODS
+                             ) -> tuple[ChainCosts, dict[str, Plan]]:
+    """One plan per method over a chain topology."""
+    if objective not in ("latency", "throughput"):
+        raise ConfigError(f"objective must be 'latency' or 'throughput', got {objective!r}")
+    if not topology.is_chain:
+        raise ConfigError(
+            f"topology {topology.name!r} is not a chain: multi-split supports chains of devices "
+            "(JMSNAS Fig. 2a); mesh topologies (Fig. 2b) are not supported yet")
+    costs = ChainCosts.build(graph, topology)
+    n, m = len(graph.layers), len(costs.devices)
+    plans = {}
+    for method in methods:
+        if method == "multisplit":
+            found = (solve_chain_latency(costs) if objective == "latency"
+                     else solve_chain_throughput(costs, max_latency_ms=max_latency_ms))
+        elif method == "linear":
+            found = linear_search(costs)
+        elif method == "source_only":
+            found = evaluate_boundaries(costs, (0, *([n] * m)))
+        elif method == "sink_only":
+            found = evaluate_boundaries(costs, (0, *([0] * (m - 1)), n))
+        else:
+            raise ConfigError(f"unknown multi-split method {method!r}; methods: "
+                              f"{', '.join(TOPOLOGY_METHODS)}")
+        plans[method] = chain_plan(costs, found, topology, method=method, source=source,
+                                   objective=objective)
+    return costs, plans
+
+
+def _period(plan: Plan) -> float:
+    stages = [*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)]
+    return max(stages, default=0.0)
+
+
+def topology_document(costs: ChainCosts, topology: Topology, plans: dict[str, Plan], *,
+                      objective: str) -> dict[str, Any]:
+    graph = costs.graph
+    key = "total_ms" if objective == "latency" else "period_ms"
+    value = {m: (p.predicted.total_ms if objective == "latency" else _period(p))
+             for m, p in plans.items()}
+    feasible = [m for m, p in plans.items() if p.feasible]
+    return {
+        "version": PLAN_VERSION,
+        "model": graph.model,
+        "objective": objective,
+        "layers": [{"name": layer.name,
+                    "latency_ms": {d: float(costs.layer_ms[i, j])
+                                   for i, d in enumerate(costs.devices)}}
+                   for j, layer in enumerate(graph.layers)],
+        "tensors": [{"name": t.name, "producer": t.producer, "consumers": list(t.consumers),
+                     "bytes": t.bytes} for t in graph.tensors.values()],
+        "topology": {
+            "name": topology.name,
+            "devices": list(costs.devices),
+            "links": [{"src": a, "dst": b, "bandwidth_mbps": topology.link(a, b).bandwidth_mbps,
+                       "rtt_ms": topology.link(a, b).rtt_ms}
+                      for a, b in zip(costs.devices[:-1], costs.devices[1:], strict=True)],
+        },
+        "best": min(feasible, key=value.__getitem__) if feasible else None,
+        "methods": {
+            m: {"feasible": p.feasible, "assignment": {d.name: d.layers for d in p.devices},
+                key: value[m], "total_ms": p.predicted.total_ms, "period_ms": _period(p),
+                "plan": p.model_dump(mode="json")}
+            for m, p in plans.items()
+        },
+    }
