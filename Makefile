@@ -31,6 +31,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_planning.py
+	$(PY) benchmarks/bench_multisplit.py
 	$(PY) benchmarks/bench_estimators.py
 
 clean:
