@@ -199,8 +199,10 @@ def test_plan_over_a_topology_json_contract(tmp_path):
     assert throughput["methods"]["multisplit"]["period_ms"] <= best["period_ms"] + 1e-9
 
 
-def test_mesh_topology_is_named_as_unsupported():
-    proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "plan", "resnet18",
-                           "--topology", "jmsnas-mesh"], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2 and "not a chain" in proc.stderr
+def test_unsupported_topology_shapes_are_named():
+    for args, message in [(["--topology", "hmd-star"], "not a supported mesh"),
+                          (["--topology", "jmsnas-mesh", "--objective", "throughput"],
+                           "throughput objective supports chains")]:
+        proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "plan", "resnet18", *args],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr

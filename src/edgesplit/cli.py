@@ -379,7 +379,7 @@ def _plan_topology(model: str, topology: str, objective: str, max_latency_ms, in
         costs, plans = compare_topology_methods(graph, topo, source=model,
                                                 objective=objective,  # type: ignore[arg-type]
                                                 max_latency_ms=max_latency_ms)
-    doc = topology_document(costs, topo, plans, objective=objective)
+    doc = topology_document(graph, topo, plans, objective=objective)
     if doc["best"] is None:
         from edgesplit.errors import InfeasibleError
 

@@ -104,6 +104,9 @@ class Plan(BaseModel):
     transfers: list[Transfer]
     predicted: Prediction
     edge_memory_bytes: int
+    # Devices that run side by side between a root and an aggregator (JMSNAS eq. 2): the total
+    # counts only the slowest of them, with its incoming and outgoing transfers.
+    parallel_devices: list[str] = Field(default_factory=list)
     feasible: bool = True
     reason: str | None = None  # why infeasible, or a note from the planner
 
@@ -145,9 +148,24 @@ class Plan(BaseModel):
 
 
 def recompute_total(plan: Plan) -> float:
-    """The total latency recomputed from the plan's own per-layer and per-transfer numbers."""
-    compute = sum(layer.latency_ms[plan.device_of(layer.name)] for layer in plan.layers)
-    return compute + sum(t.ms for t in plan.transfers) + plan.predicted.rtt_ms
+    """The total latency recomputed from the plan's own per-layer and per-transfer numbers
+    (parallel devices: only the slowest, with its transfers, counts)."""
+    parallel = set(plan.parallel_devices)
+    per_device = {d.name: 0.0 for d in plan.devices}
+    for layer in plan.layers:
+        device = plan.device_of(layer.name)
+        per_device[device] += layer.latency_ms[device]
+    serial = sum(ms for d, ms in per_device.items() if d not in parallel)
+    branch = dict.fromkeys(parallel, 0.0)
+    for t in plan.transfers:
+        touched = {t.src, t.dst} & parallel
+        if touched:
+            branch[touched.pop()] += t.ms
+        else:
+            serial += t.ms
+    for d in parallel:
+        branch[d] += per_device[d]
+    return serial + max(branch.values(), default=0.0) + plan.predicted.rtt_ms
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -132,8 +132,10 @@ def _feasible_memory(costs: ChainCosts, m: int, a: int, b: int) -> bool:
     return limit is None or costs.range_memory(a, b) <= limit
 
 
-def _solve(costs: ChainCosts, period_bound: float = math.inf) -> ChainAssignment | None:
-    """Minimum-latency assignment whose every stage is at most ``period_bound``; None if none."""
+def _solve(costs: ChainCosts, period_bound: float = math.inf, *, return_table: bool = False):
+    """Minimum-latency assignment whose every stage is at most ``period_bound``; None if none.
+    With ``return_table`` also the best latency of finishing exactly at every position and a
+    function rebuilding the assignment that does (used by the mesh planner)."""
     M, n = costs.layer_ms.shape
     prefix = np.concatenate([np.zeros((M, 1)), np.cumsum(costs.layer_ms, axis=1)], axis=1)
     inf = math.inf
@@ -164,13 +166,15 @@ def _solve(costs: ChainCosts, period_bound: float = math.inf) -> ChainAssignment
                 a = window[0]
                 best[m][b] = best[m - 1][a] + link[a] + prefix[m, b] - prefix[m, a]
                 arg[m][b] = a
-    if best[M - 1][n] == inf:
-        return None
-    bounds = [n]
-    for m in range(M - 1, 0, -1):
-        bounds.append(arg[m][bounds[-1]])
-    bounds.append(0)
-    return evaluate_boundaries(costs, bounds[::-1])
+    def rebuild(end: int) -> ChainAssignment:
+        bounds = [end]
+        for m in range(M - 1, 0, -1):
+            bounds.append(arg[m][bounds[-1]])
+        bounds.append(0)
+        return evaluate_boundaries(costs, bounds[::-1])
+
+    result = None if best[M - 1][n] == inf else rebuild(n)
+    return (result, best[M - 1], rebuild) if return_table else result
 
 
 def solve_chain_latency(costs: ChainCosts) -> ChainAssignment:

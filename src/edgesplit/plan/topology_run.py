@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from edgesplit.errors import ConfigError
 from edgesplit.graph import LayerGraph
-from edgesplit.hardware import Topology
+from edgesplit.hardware import Topology, chain
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.plan.multisplit import (ChainCosts, chain_plan, evaluate_boundaries,
                                        linear_search, solve_chain_latency,
@@ -27,9 +27,7 @@ def compare_topology_methods(graph: LayerGraph, topology: Topology, *, source: s
     if objective not in ("latency", "throughput"):
         raise ConfigError(f"objective must be 'latency' or 'throughput', got {objective!r}")
     if not topology.is_chain:
-        raise ConfigError(
-            f"topology {topology.name!r} is not a chain: multi-split supports chains of devices "
-            "(JMSNAS Fig. 2a); mesh topologies (Fig. 2b) are not supported yet")
+        return _mesh_methods(graph, topology, source=source, objective=objective)
     costs = ChainCosts.build(graph, topology)
     n, m = len(graph.layers), len(costs.devices)
     plans = {}
@@ -51,14 +49,48 @@ def compare_topology_methods(graph: LayerGraph, topology: Topology, *, source: s
     return costs, plans
 
 
+def _mesh_methods(graph: LayerGraph, topology: Topology, *, source: str, objective: str
+                  ) -> tuple[None, dict[str, Plan]]:
+    from edgesplit.plan.mesh import mesh_shape, solve_mesh
+
+    if objective != "latency":
+        raise ConfigError("the throughput objective supports chains of devices; mesh topologies "
+                          "are planned for latency (JMSNAS eq. 2)")
+    shape = mesh_shape(topology)
+    first = [*shape.chain, shape.branches[0], shape.aggregator]
+    path = chain(f"{topology.name}-via-{shape.branches[0]}", [topology.device(d) for d in first],
+                 [topology.link(a, b) for a, b in zip(first[:-1], first[1:], strict=True)])
+    costs = ChainCosts.build(graph, path)
+    n, m = len(graph.layers), len(first)
+    plans = {
+        "multisplit": solve_mesh(graph, topology, source=source).plan,
+        "best_chain": solve_mesh(graph, topology, source=source, parallel=False).plan,
+        "source_only": chain_plan(costs, evaluate_boundaries(costs, (0, *([n] * m))), path,
+                                  method="source_only", source=source),
+        "sink_only": chain_plan(costs, evaluate_boundaries(costs, (0, *([0] * (m - 1)), n)),
+                                path, method="sink_only", source=source),
+    }
+    plans = {k: p.model_copy(update={"method": k}) for k, p in plans.items()}
+    return None, plans
+
+
+def _latency_by_device(plans: dict[str, Plan], name: str) -> dict[str, float]:
+    merged: dict[str, float] = {}
+    for plan in plans.values():
+        for layer in plan.layers:
+            if layer.name == name:
+                merged.update(layer.latency_ms)
+                break
+    return merged
+
+
 def _period(plan: Plan) -> float:
     stages = [*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)]
     return max(stages, default=0.0)
 
 
-def topology_document(costs: ChainCosts, topology: Topology, plans: dict[str, Plan], *,
+def topology_document(graph: LayerGraph, topology: Topology, plans: dict[str, Plan], *,
                       objective: str) -> dict[str, Any]:
-    graph = costs.graph
     key = "total_ms" if objective == "latency" else "period_ms"
     value = {m: (p.predicted.total_ms if objective == "latency" else _period(p))
              for m, p in plans.items()}
@@ -67,18 +99,15 @@ def topology_document(costs: ChainCosts, topology: Topology, plans: dict[str, Pl
         "version": PLAN_VERSION,
         "model": graph.model,
         "objective": objective,
-        "layers": [{"name": layer.name,
-                    "latency_ms": {d: float(costs.layer_ms[i, j])
-                                   for i, d in enumerate(costs.devices)}}
-                   for j, layer in enumerate(graph.layers)],
+        "layers": [{"name": layer.name, "latency_ms": _latency_by_device(plans, layer.name)}
+                   for layer in graph.layers],
         "tensors": [{"name": t.name, "producer": t.producer, "consumers": list(t.consumers),
                      "bytes": t.bytes} for t in graph.tensors.values()],
         "topology": {
             "name": topology.name,
-            "devices": list(costs.devices),
-            "links": [{"src": a, "dst": b, "bandwidth_mbps": topology.link(a, b).bandwidth_mbps,
-                       "rtt_ms": topology.link(a, b).rtt_ms}
-                      for a, b in zip(costs.devices[:-1], costs.devices[1:], strict=True)],
+            "devices": [d.name for d in topology.devices],
+            "links": [{"src": tl.src, "dst": tl.dst, "bandwidth_mbps": tl.link.bandwidth_mbps,
+                       "rtt_ms": tl.link.rtt_ms} for tl in topology.links],
         },
         "best": min(feasible, key=value.__getitem__) if feasible else None,
         "methods": {

@@ -64,8 +64,7 @@ def sweep_table(sweep: dict[str, Any]) -> Table:
 
 def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
     topo = doc["topology"]
-    hops = " -> ".join(
-        [topo["devices"][0]] + [f"({l['bandwidth_mbps']:g} Mbps) {l['dst']}" for l in topo["links"]])
+    hops = ", ".join(f"{l['src']}->{l['dst']} {l['bandwidth_mbps']:g} Mbps" for l in topo["links"])
     table = Table(title=f"{doc['model']} over {topo['name']}: {hops}; objective "
                         f"{doc['objective']}", caption=f"chosen: {doc['best']}")
     table.add_column("method")
@@ -75,8 +74,10 @@ def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
         table.add_column(col, justify="right")
     for method, plan in plans.items():
         entry = doc["methods"][method]
-        cells = [f"{len(d.layers)} / {d.compute_ms:.2f}" for d in plan.devices]
-        sent = ", ".join(human_bytes(t.bytes) for t in plan.transfers)
+        held = {d.name: d for d in plan.devices}
+        cells = [f"{len(held[n].layers)} / {held[n].compute_ms:.2f}" if n in held else "-"
+                 for n in topo["devices"]]
+        sent = ", ".join(f"{t.src}->{t.dst} {human_bytes(t.bytes)}" for t in plan.transfers)
         table.add_row(("* " if method == doc["best"] else "") + method, *cells, sent,
                       f"{entry['total_ms']:.2f}", f"{entry['period_ms']:.2f}",
                       "yes" if plan.feasible else f"no: {plan.reason}")

@@ -1,0 +1,269 @@
+"""Multi-split over a mesh (JMSNAS Fig. 2b, eq. 2): a chain of devices up to a root, which
+broadcasts to parallel branch devices, whose results an aggregator joins.
+
+    T = chain part (compute + links, up to the root)
+        + max over branch devices (root->branch transfer + branch compute + branch->aggregator)
+        + aggregator compute.
+
+Which models fit: the parallel devices run the *parallel branches of the model* between two
+single-tensor cuts (a fork tensor and the join layer that merges them): the branches of an
+inception block, a ResNet block's main path and projection shortcut, the heads of a multi-head
+model. Branches go to branch devices (several may share one, some devices may idle); the join
+and everything after it run on the aggregator. A region whose join also reads the fork tensor
+directly (an identity skip) is skipped. Besides the parallel options, the planner also
+considers every plain chain through one branch device (no parallelism), so a model without
+parallel branches still gets the best chain plan over the mesh.
+
+Search: one chain DP gives the best chain part ending at every fork position; every parallel
+region and every assignment of its branches to branch devices is then evaluated (exhaustively
+up to 4,096 assignments, greedily by longest branch first beyond that).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.graph import INPUT, LayerGraph
+from edgesplit.hardware import LayerWork, Topology, chain, estimator_for
+from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan, solve_chain_latency
+
+__all__ = ["MeshShape", "Region", "mesh_shape", "parallel_regions", "solve_mesh", "MeshSolution"]
+
+_EXHAUSTIVE = 4096
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    chain: tuple[str, ...]  # source ... root
+    branches: tuple[str, ...]
+    aggregator: str
+
+
+def mesh_shape(topology: Topology) -> MeshShape:
+    """Read the chain -> root -> branches -> aggregator shape off a topology."""
+    g = topology.graph()
+    roots = [n for n in g if g.out_degree(n) >= 2]
+    sources = [n for n in g if g.in_degree(n) == 0]
+    if len(roots) != 1 or len(sources) != 1:
+        raise ConfigError(f"topology {topology.name!r} is not a supported mesh: expected one "
+                          "source, a chain to one root that fans out to parallel devices, and "
+                          "one aggregator they all send to (JMSNAS Fig. 2b)")
+    root, source = roots[0], sources[0]
+    path = nx.shortest_path(g, source, root)
+    branches = tuple(g.successors(root))
+    aggs = {s for b in branches for s in g.successors(b)}
+    if len(aggs) != 1 or any(g.out_degree(b) != 1 or g.in_degree(b) != 1 for b in branches) \
+            or any(g.out_degree(n) != 1 for n in path[:-1]):
+        raise ConfigError(f"topology {topology.name!r} is not a supported mesh: every branch "
+                          "device must receive from the root and send to one common aggregator")
+    aggregator = aggs.pop()
+    if g.out_degree(aggregator) != 0:
+        raise ConfigError(f"topology {topology.name!r}: the aggregator must be the last device")
+    return MeshShape(tuple(path), branches, aggregator)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Layers [fork, join] in topological order: parallel components, then the join layer."""
+
+    fork: int  # position: layers before it are done; one tensor crosses it
+    join: int  # index of the layer that merges the components
+    components: tuple[tuple[int, ...], ...]
+
+
+def parallel_regions(graph: LayerGraph) -> list[Region]:
+    """Stretches between consecutive single-tensor cuts whose layers (but the last) split into
+    at least two independent components, the last layer joining them."""
+    positions = [c.index + 1 for c in graph.single_tensor_cuts()]
+    names = [layer.name for layer in graph.layers]
+    regions = []
+    for p, q in zip(positions[:-1], positions[1:], strict=True):
+        if q - p < 3:
+            continue
+        inner = set(range(p, q - 1))
+        fork_tensors = {t.name for t in graph.cuts()[p].tensors}
+        if fork_tensors & set(graph.layers[q - 1].inputs):
+            continue  # an identity skip straight to the join: nothing to run in parallel with it
+        undirected = nx.Graph()
+        undirected.add_nodes_from(inner)
+        for i in inner:
+            for pred in graph.predecessors(names[i]):
+                if graph.index_of(pred) in inner:
+                    undirected.add_edge(i, graph.index_of(pred))
+        parts = sorted(tuple(sorted(c)) for c in nx.connected_components(undirected))
+        if len(parts) >= 2:
+            regions.append(Region(p, q - 1, tuple(parts)))
+    return regions
+
+
+@dataclass
+class MeshSolution:
+    total_ms: float
+    plan: object  # Plan
+    description: str
+
+
+def _branch_ms(graph: LayerGraph, layer_ms: np.ndarray, comps, fork_bytes: int, link_in, link_out
+               ) -> float:
+    if not comps:
+        return 0.0
+    layers = [i for comp in comps for i in comp]
+    names = {graph.layers[i].name for i in layers}
+    out_bytes = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
+                    if any(c not in names for c in graph.tensors[t].consumers))
+    return (link_in.transfer_ms(fork_bytes) + link_in.rtt_ms / 2 + float(layer_ms[layers].sum())
+            + link_out.transfer_ms(out_bytes) + link_out.rtt_ms / 2)
+
+
+def _assignments(costs: list[list[float]], k: int, r: int):
+    """Ways to give k components to r devices: all of them when few, else greedy."""
+    if r ** k <= _EXHAUSTIVE:
+        yield from itertools.product(range(r), repeat=k)
+        return
+    order = sorted(range(k), key=lambda c: -min(costs[d][c] for d in range(r)))
+    load = [0.0] * r
+    choice = [0] * k
+    for c in order:
+        d = min(range(r), key=lambda d: load[d] + costs[d][c])
+        choice[c] = d
+        load[d] += costs[d][c]
+    yield tuple(choice)
+
+
+def solve_mesh(graph: LayerGraph, topology: Topology, *, source: str,
+               parallel: bool = True) -> MeshSolution:
+    """The best plan over a mesh: every chain through one branch device, and (``parallel``)
+    every parallel region of the model spread over the branch devices (eq. 2)."""
+    shape = mesh_shape(topology)
+    best: MeshSolution | None = None
+    for branch in shape.branches:  # plain chains through one branch device
+        path = [*shape.chain, branch, shape.aggregator]
+        sub = chain(f"{topology.name}-via-{branch}", [topology.device(d) for d in path],
+                    [topology.link(a, b) for a, b in zip(path[:-1], path[1:], strict=True)])
+        costs = ChainCosts.build(graph, sub)
+        try:
+            found = solve_chain_latency(costs)
+        except InfeasibleError:
+            continue
+        if best is None or found.total_ms < best.total_ms:
+            best = MeshSolution(found.total_ms, chain_plan(costs, found, sub, method="multisplit",
+                                                           source=source), f"chain via {branch}")
+    spread = _best_parallel(graph, topology, shape, source) if parallel else None
+    if spread is not None and (best is None or spread.total_ms < best.total_ms):
+        best = spread
+    if best is None:
+        raise InfeasibleError("device memory: no assignment over the mesh fits the devices")
+    return best
+
+
+def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, source: str
+                   ) -> MeshSolution | None:
+    regions = parallel_regions(graph)
+    if not regions:
+        return None
+    prefix_topo = chain(f"{topology.name}-prefix", [topology.device(d) for d in shape.chain],
+                        [topology.link(a, b) for a, b in zip(shape.chain[:-1], shape.chain[1:],
+                                                              strict=True)])
+    prefix = ChainCosts.build(graph, prefix_topo)
+    _, best_end, rebuild = _solve(prefix, return_table=True)
+    works = [LayerWork.of(graph, layer) for layer in graph.layers]
+    layer_ms = {d: np.array([estimator_for(topology.device(d)).layer_ms(w, topology.device(d))
+                             for w in works]) for d in (*shape.branches, shape.aggregator)}
+    agg_suffix = np.concatenate([np.cumsum(layer_ms[shape.aggregator][::-1])[::-1], [0.0]])
+    cuts = graph.cuts()
+    found = None
+    for region in regions:
+        chain_ms = best_end[region.fork]
+        if chain_ms == float("inf"):
+            continue
+        fork_bytes = cuts[region.fork].bytes
+        branch_costs = [[float(layer_ms[d][list(c)].sum()) for c in region.components]
+                        for d in shape.branches]
+        for choice in _assignments(branch_costs, len(region.components), len(shape.branches)):
+            per_device = []
+            for j, d in enumerate(shape.branches):
+                comps = [c for c, dev in zip(region.components, choice, strict=True) if dev == j]
+                per_device.append(_branch_ms(graph, layer_ms[d], comps, fork_bytes,
+                                             topology.link(shape.chain[-1], d),
+                                             topology.link(d, shape.aggregator)))
+            total = chain_ms + max(per_device) + float(agg_suffix[region.join])
+            if found is None or total < found[0]:
+                found = (total, region, choice)
+    if found is None:
+        return None
+    total, region, choice = found
+    plan = _mesh_plan(graph, topology, shape, prefix, rebuild(region.fork), region, choice,
+                      layer_ms, source, total)
+    return MeshSolution(total, plan, f"parallel region at layer {region.join}")
+
+
+def _mesh_plan(graph, topology, shape, prefix, chain_part, region, choice, layer_ms, source,
+               total):
+    from edgesplit.plan.model import (ModelRef, Plan, PlanDevice, PlanLayer, PlanLink,
+                                      PlanTensor, Prediction, Transfer)
+
+    names = [layer.name for layer in graph.layers]
+    cuts = graph.cuts()
+    root = shape.chain[-1]
+    devices, transfers, compute = [], [], {}
+    for m, (d, (a, b)) in enumerate(zip(shape.chain, chain_part.ranges(), strict=True)):
+        compute[d] = chain_part.compute_ms[m]
+        devices.append(PlanDevice(name=d, role="edge" if m == 0 else "hop",
+                                  device=topology.device(d), layers=names[a:b],
+                                  compute_ms=compute[d]))
+    for m, b in enumerate(chain_part.boundaries[1:-1]):
+        transfers.append(Transfer(src=shape.chain[m], dst=shape.chain[m + 1],
+                                  tensors=[t.name for t in cuts[b].tensors], bytes=cuts[b].bytes,
+                                  ms=chain_part.link_ms[m]))
+    fork = cuts[region.fork]
+    for j, d in enumerate(shape.branches):
+        layers = sorted(i for c, dev in zip(region.components, choice, strict=True) if dev == j
+                        for i in c)
+        held = {names[i] for i in layers}
+        compute[d] = float(layer_ms[d][layers].sum()) if layers else 0.0
+        devices.append(PlanDevice(name=d, role="hop", device=topology.device(d),
+                                  layers=[names[i] for i in layers], compute_ms=compute[d]))
+        if not layers:
+            continue
+        link_in, link_out = topology.link(root, d), topology.link(d, shape.aggregator)
+        outs = [graph.tensors[t] for i in layers for t in graph.layers[i].outputs
+                if any(c not in held for c in graph.tensors[t].consumers)]
+        transfers.append(Transfer(src=root, dst=d, tensors=[t.name for t in fork.tensors],
+                                  bytes=fork.bytes, ms=link_in.transfer_ms(fork.bytes)
+                                  + link_in.rtt_ms / 2))
+        out_bytes = sum(t.bytes for t in outs)
+        transfers.append(Transfer(src=d, dst=shape.aggregator, tensors=[t.name for t in outs],
+                                  bytes=out_bytes, ms=link_out.transfer_ms(out_bytes)
+                                  + link_out.rtt_ms / 2))
+    agg_layers = names[region.join:]
+    compute[shape.aggregator] = float(layer_ms[shape.aggregator][region.join:].sum())
+    devices.append(PlanDevice(name=shape.aggregator, role="cloud",
+                              device=topology.device(shape.aggregator), layers=agg_layers,
+                              compute_ms=compute[shape.aggregator]))
+    all_devices = [*shape.chain, *shape.branches, shape.aggregator]
+    chain_ms = dict(zip(shape.chain, range(len(shape.chain)), strict=True))
+    return Plan(
+        method="multisplit",
+        model=ModelRef(name=graph.model, source=source,
+                       input_shapes=[list(x.shape) for x in graph.example_inputs]),
+        devices=devices,
+        links=[PlanLink(src=tl.src, dst=tl.dst, link=tl.link) for tl in topology.links],
+        layers=[PlanLayer(name=n, latency_ms={
+            d: (float(prefix.layer_ms[chain_ms[d], i]) if d in chain_ms else float(layer_ms[d][i]))
+            for d in all_devices}, param_bytes=graph.layers[i].param_bytes)
+            for i, n in enumerate(names)],
+        tensors=[PlanTensor(name=t.name, producer=t.producer, consumers=list(t.consumers),
+                            shape=list(t.shape), dtype=t.dtype, bytes=t.bytes)
+                 for t in graph.tensors.values()],
+        transfers=transfers,
+        predicted=Prediction(compute_ms=compute, transfer_ms=sum(t.ms for t in transfers),
+                             rtt_ms=0.0, total_ms=total),
+        edge_memory_bytes=prefix.range_memory(*chain_part.ranges()[0]),
+        parallel_devices=list(shape.branches),
+        reason=f"parallel branches of the layers before {names[region.join]}",
+    )

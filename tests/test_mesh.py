@@ -1,0 +1,128 @@
+"""Mesh topologies (JMSNAS Fig. 2b, eq. 2): parallel branches of a model on parallel devices,
+checked against brute force over the same search space computed by hand."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from edgesplit.graph import capture
+from edgesplit.hardware import AnalyticalCompute, Device, Link, LayerWork, estimator_for, mesh
+from edgesplit.hardware import get_topology
+from edgesplit.plan.mesh import mesh_shape, parallel_regions, solve_mesh
+from edgesplit.plan.model import recompute_total
+from edgesplit.plan.multisplit import ChainCosts, evaluate_boundaries
+
+
+class TwoHeads(nn.Module):
+    """A stem, then two independent heavy branches joined by a sum (like an inception block or
+    the heads of a multi-head model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.left = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+        self.right = nn.Sequential(nn.Conv2d(8, 8, 5, padding=2), nn.ReLU())
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(self.left(h) + self.right(h))
+
+
+def _device(name: str, gops: float) -> Device:
+    return Device(name=name, kind="npu", compute=AnalyticalCompute(
+        peak_gops={32: gops}, memory_bandwidth_gb_per_s=1000.0, default_efficiency=1.0))
+
+
+def _mesh(branch_gops: float = 50.0, root_gops: float = 1.0, rtt_ms: float = 0.2):
+    fast = Link(name="fast", bandwidth_mbps=10_000.0, rtt_ms=rtt_ms)
+    return mesh("test-mesh", [_device("ue", 0.5)], [fast], _device("root", root_gops),
+                [_device(f"b{i}", branch_gops) for i in range(2)], fast, _device("agg", 0.5),
+                fast)
+
+
+def _by_hand(graph, topo) -> float:
+    """Every plain chain via one branch, and every region x branch assignment x chain split."""
+    shape = mesh_shape(topo)
+    n = len(graph.layers)
+    best = float("inf")
+    for branch in shape.branches:
+        from edgesplit.hardware import chain
+
+        path = [*shape.chain, branch, shape.aggregator]
+        costs = ChainCosts.build(graph, chain("p", [topo.device(d) for d in path],
+                                              [topo.link(a, b) for a, b in zip(path, path[1:])]))
+        for inner in itertools.combinations_with_replacement(range(n + 1), len(path) - 1):
+            best = min(best, evaluate_boundaries(costs, (0, *inner, n)).total_ms)
+    prefix = ChainCosts.build(graph, chain("c", [topo.device(d) for d in shape.chain],
+                                           [topo.link(a, b) for a, b in
+                                            zip(shape.chain, shape.chain[1:])]))
+    ms = {d: [estimator_for(topo.device(d)).layer_ms(LayerWork.of(graph, l), topo.device(d))
+              for l in graph.layers] for d in (*shape.branches, shape.aggregator)}
+    for region in parallel_regions(graph):
+        fork_bytes = graph.cuts()[region.fork].bytes
+        chains = [evaluate_boundaries(prefix, (0, *inner, region.fork)).total_ms
+                  for inner in itertools.combinations_with_replacement(range(region.fork + 1),
+                                                                       len(shape.chain) - 1)]
+        for choice in itertools.product(range(len(shape.branches)), repeat=len(region.components)):
+            loads = []
+            for j, d in enumerate(shape.branches):
+                layers = [i for c, dev in zip(region.components, choice) if dev == j for i in c]
+                if not layers:
+                    loads.append(0.0)
+                    continue
+                names = {graph.layers[i].name for i in layers}
+                out = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
+                          if any(c not in names for c in graph.tensors[t].consumers))
+                lin, lout = topo.link(shape.chain[-1], d), topo.link(d, shape.aggregator)
+                loads.append(lin.transfer_ms(fork_bytes) + lin.rtt_ms / 2
+                             + sum(ms[d][i] for i in layers)
+                             + lout.transfer_ms(out) + lout.rtt_ms / 2)
+            agg = sum(ms[shape.aggregator][region.join:])
+            best = min(best, min(chains) + max(loads) + agg)
+    return best
+
+
+@pytest.fixture(scope="module")
+def two_heads():
+    return capture(TwoHeads(), torch.randn(1, 3, 16, 16))
+
+
+def test_parallel_regions_find_the_branches(two_heads):
+    (region,) = parallel_regions(two_heads)
+    names = [[two_heads.layers[i].name for i in comp] for comp in region.components]
+    assert sorted(names) == [["left.0", "left.2"], ["right.0"]]
+    assert two_heads.layers[region.join].op == "add"
+
+
+@pytest.mark.parametrize("branch_gops, root_gops, rtt_ms", [
+    (2.0, 1.0, 0.0), (50.0, 1.0, 0.2), (0.2, 1.0, 0.2), (50.0, 100.0, 0.0)])
+def test_mesh_plan_equals_brute_force(two_heads, branch_gops, root_gops, rtt_ms):
+    topo = _mesh(branch_gops, root_gops, rtt_ms)
+    solution = solve_mesh(two_heads, topo, source="two-heads")
+    assert solution.total_ms == pytest.approx(_by_hand(two_heads, topo))
+    assert recompute_total(solution.plan) == pytest.approx(solution.total_ms)
+
+
+def test_fast_parallel_devices_run_the_branches_side_by_side(two_heads):
+    topo = _mesh(2.0, 1.0, rtt_ms=0.0)  # branches compute-bound, links free
+    solution = solve_mesh(two_heads, topo, source="two-heads")
+    placed = {d.name: d.layers for d in solution.plan.devices}
+    assert sorted([placed["b0"], placed["b1"]]) == [["left.0", "left.2"], ["right.0"]]
+    assert solution.plan.parallel_devices == ["b0", "b1"]
+    sequential = solve_mesh(two_heads, topo, source="x", parallel=False)
+    assert solution.total_ms < sequential.total_ms
+
+
+def test_jmsnas_mesh_runs_for_googlenet():
+    from conftest import captured
+
+    graph = captured("googlenet")
+    assert len(parallel_regions(graph)) == 9  # the nine inception blocks
+    solution = solve_mesh(graph, get_topology("jmsnas-mesh"), source="googlenet")
+    assert recompute_total(solution.plan) == pytest.approx(solution.total_ms)
+    assert sum(len(d.layers) for d in solution.plan.devices) == len(graph.layers)
