@@ -201,8 +201,8 @@ def test_plan_over_a_topology_json_contract(tmp_path):
 
 def test_unsupported_topology_shapes_are_named():
     for args, message in [(["--topology", "hmd-star"], "not a supported mesh"),
-                          (["--topology", "jmsnas-mesh", "--objective", "throughput"],
-                           "throughput objective supports chains")]:
+                          (["--topology", "jmsnas-mesh", "--objective", "speed"],
+                           "objective must be 'latency' or 'throughput'")]:
         proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "plan", "resnet18", *args],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr

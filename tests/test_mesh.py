@@ -12,7 +12,8 @@ from torch import nn
 from edgesplit.graph import capture
 from edgesplit.hardware import AnalyticalCompute, Device, Link, LayerWork, estimator_for, mesh
 from edgesplit.hardware import get_topology
-from edgesplit.plan.mesh import mesh_shape, parallel_regions, solve_mesh
+from edgesplit.plan.mesh import (mesh_shape, parallel_regions, plan_period_ms, solve_mesh,
+                                 solve_mesh_throughput)
 from edgesplit.plan.model import recompute_total
 from edgesplit.plan.multisplit import ChainCosts, evaluate_boundaries
 
@@ -45,11 +46,12 @@ def _mesh(branch_gops: float = 50.0, root_gops: float = 1.0, rtt_ms: float = 0.2
                 fast)
 
 
-def _by_hand(graph, topo) -> float:
-    """Every plain chain via one branch, and every region x branch assignment x chain split."""
+def _by_hand(graph, topo) -> list[tuple[float, float]]:
+    """(latency, period) of every plain chain via one branch, and of every region x branch
+    assignment x chain split."""
     shape = mesh_shape(topo)
     n = len(graph.layers)
-    best = float("inf")
+    options = []
     for branch in shape.branches:
         from edgesplit.hardware import chain
 
@@ -57,7 +59,8 @@ def _by_hand(graph, topo) -> float:
         costs = ChainCosts.build(graph, chain("p", [topo.device(d) for d in path],
                                               [topo.link(a, b) for a, b in zip(path, path[1:])]))
         for inner in itertools.combinations_with_replacement(range(n + 1), len(path) - 1):
-            best = min(best, evaluate_boundaries(costs, (0, *inner, n)).total_ms)
+            found = evaluate_boundaries(costs, (0, *inner, n))
+            options.append((found.total_ms, found.period_ms))
     prefix = ChainCosts.build(graph, chain("c", [topo.device(d) for d in shape.chain],
                                            [topo.link(a, b) for a, b in
                                             zip(shape.chain, shape.chain[1:])]))
@@ -65,11 +68,11 @@ def _by_hand(graph, topo) -> float:
               for l in graph.layers] for d in (*shape.branches, shape.aggregator)}
     for region in parallel_regions(graph):
         fork_bytes = graph.cuts()[region.fork].bytes
-        chains = [evaluate_boundaries(prefix, (0, *inner, region.fork)).total_ms
+        chains = [evaluate_boundaries(prefix, (0, *inner, region.fork))
                   for inner in itertools.combinations_with_replacement(range(region.fork + 1),
                                                                        len(shape.chain) - 1)]
         for choice in itertools.product(range(len(shape.branches)), repeat=len(region.components)):
-            loads = []
+            loads, stages = [], []
             for j, d in enumerate(shape.branches):
                 layers = [i for c, dev in zip(region.components, choice) if dev == j for i in c]
                 if not layers:
@@ -79,12 +82,14 @@ def _by_hand(graph, topo) -> float:
                 out = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
                           if any(c not in names for c in graph.tensors[t].consumers))
                 lin, lout = topo.link(shape.chain[-1], d), topo.link(d, shape.aggregator)
-                loads.append(lin.transfer_ms(fork_bytes) + lin.rtt_ms / 2
-                             + sum(ms[d][i] for i in layers)
-                             + lout.transfer_ms(out) + lout.rtt_ms / 2)
+                parts = (lin.transfer_ms(fork_bytes) + lin.rtt_ms / 2,
+                         sum(ms[d][i] for i in layers), lout.transfer_ms(out) + lout.rtt_ms / 2)
+                loads.append(sum(parts))
+                stages.extend(parts)
             agg = sum(ms[shape.aggregator][region.join:])
-            best = min(best, min(chains) + max(loads) + agg)
-    return best
+            for c in chains:
+                options.append((c.total_ms + max(loads) + agg, max(c.period_ms, *stages, agg)))
+    return options
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +109,15 @@ def test_parallel_regions_find_the_branches(two_heads):
 def test_mesh_plan_equals_brute_force(two_heads, branch_gops, root_gops, rtt_ms):
     topo = _mesh(branch_gops, root_gops, rtt_ms)
     solution = solve_mesh(two_heads, topo, source="two-heads")
-    assert solution.total_ms == pytest.approx(_by_hand(two_heads, topo))
+    options = _by_hand(two_heads, topo)
+    assert solution.total_ms == pytest.approx(min(lat for lat, _ in options))
     assert recompute_total(solution.plan) == pytest.approx(solution.total_ms)
+    for slack in (None, 1.0, 1.5):  # throughput: min period under a latency bound
+        bound = None if slack is None else solution.total_ms * slack
+        allowed = [per for lat, per in options if bound is None or lat <= bound * (1 + 1e-9)]
+        got = solve_mesh_throughput(two_heads, topo, source="x", max_latency_ms=bound)
+        assert plan_period_ms(got.plan) == pytest.approx(min(allowed), rel=1e-6)
+        assert bound is None or got.total_ms <= bound * (1 + 1e-9)
 
 
 def test_fast_parallel_devices_run_the_branches_side_by_side(two_heads):

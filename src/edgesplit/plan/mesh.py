@@ -32,7 +32,8 @@ from edgesplit.graph import INPUT, LayerGraph
 from edgesplit.hardware import LayerWork, Topology, chain, estimator_for
 from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan, solve_chain_latency
 
-__all__ = ["MeshShape", "Region", "mesh_shape", "parallel_regions", "solve_mesh", "MeshSolution"]
+__all__ = ["MeshShape", "Region", "mesh_shape", "parallel_regions", "solve_mesh",
+           "solve_mesh_throughput", "MeshSolution", "plan_period_ms"]
 
 _EXHAUSTIVE = 4096
 
@@ -108,16 +109,23 @@ class MeshSolution:
     description: str
 
 
-def _branch_ms(graph: LayerGraph, layer_ms: np.ndarray, comps, fork_bytes: int, link_in, link_out
-               ) -> float:
+def _branch_stages(graph: LayerGraph, layer_ms: np.ndarray, comps, fork_bytes: int, link_in,
+                   link_out) -> tuple[float, float, float]:
+    """(incoming transfer, compute, outgoing transfer) of one branch device."""
     if not comps:
-        return 0.0
+        return (0.0, 0.0, 0.0)
     layers = [i for comp in comps for i in comp]
     names = {graph.layers[i].name for i in layers}
     out_bytes = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
                     if any(c not in names for c in graph.tensors[t].consumers))
-    return (link_in.transfer_ms(fork_bytes) + link_in.rtt_ms / 2 + float(layer_ms[layers].sum())
-            + link_out.transfer_ms(out_bytes) + link_out.rtt_ms / 2)
+    return (link_in.transfer_ms(fork_bytes) + link_in.rtt_ms / 2, float(layer_ms[layers].sum()),
+            link_out.transfer_ms(out_bytes) + link_out.rtt_ms / 2)
+
+
+def plan_period_ms(plan) -> float:
+    """The slowest pipeline stage of a plan: one device's compute or one transfer."""
+    return max((*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)),
+               default=0.0)
 
 
 def _assignments(costs: list[list[float]], k: int, r: int):
@@ -135,10 +143,18 @@ def _assignments(costs: list[list[float]], k: int, r: int):
     yield tuple(choice)
 
 
-def solve_mesh(graph: LayerGraph, topology: Topology, *, source: str,
-               parallel: bool = True) -> MeshSolution:
-    """The best plan over a mesh: every chain through one branch device, and (``parallel``)
-    every parallel region of the model spread over the branch devices (eq. 2)."""
+def solve_mesh(graph: LayerGraph, topology: Topology, *, source: str, parallel: bool = True,
+               period_bound: float = float("inf")) -> MeshSolution:
+    """The lowest-latency plan over a mesh whose every stage is at most ``period_bound``:
+    every chain through one branch device, and (``parallel``) every parallel region of the
+    model spread over the branch devices (eq. 2)."""
+    found = _solve_mesh(graph, topology, source, parallel, period_bound)
+    if found is None:
+        raise InfeasibleError("device memory: no assignment over the mesh fits the devices")
+    return found
+
+
+def _solve_mesh(graph, topology, source, parallel, period_bound) -> MeshSolution | None:
     shape = mesh_shape(topology)
     best: MeshSolution | None = None
     for branch in shape.branches:  # plain chains through one branch device
@@ -146,23 +162,39 @@ def solve_mesh(graph: LayerGraph, topology: Topology, *, source: str,
         sub = chain(f"{topology.name}-via-{branch}", [topology.device(d) for d in path],
                     [topology.link(a, b) for a, b in zip(path[:-1], path[1:], strict=True)])
         costs = ChainCosts.build(graph, sub)
-        try:
-            found = solve_chain_latency(costs)
-        except InfeasibleError:
-            continue
-        if best is None or found.total_ms < best.total_ms:
+        found = _solve(costs, period_bound)
+        if found is not None and (best is None or found.total_ms < best.total_ms):
             best = MeshSolution(found.total_ms, chain_plan(costs, found, sub, method="multisplit",
                                                            source=source), f"chain via {branch}")
-    spread = _best_parallel(graph, topology, shape, source) if parallel else None
+    spread = _best_parallel(graph, topology, shape, source, period_bound) if parallel else None
     if spread is not None and (best is None or spread.total_ms < best.total_ms):
         best = spread
-    if best is None:
-        raise InfeasibleError("device memory: no assignment over the mesh fits the devices")
     return best
 
 
-def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, source: str
-                   ) -> MeshSolution | None:
+def solve_mesh_throughput(graph: LayerGraph, topology: Topology, *, source: str,
+                          max_latency_ms: float | None = None, rel_tol: float = 1e-9
+                          ) -> MeshSolution:
+    """Minimum period (slowest stage) over the mesh subject to latency <= ``max_latency_ms``,
+    by bisection on the period with the latency search restricted to stages under it."""
+    fastest = solve_mesh(graph, topology, source=source)
+    if max_latency_ms is not None and fastest.total_ms > max_latency_ms * (1 + 1e-12):
+        raise InfeasibleError(f"latency bound: the fastest plan takes {fastest.total_ms:.3f} ms "
+                              f"> {max_latency_ms:.3f} ms")
+    bound = max_latency_ms if max_latency_ms is not None else float("inf")
+    lo, hi, best = 0.0, plan_period_ms(fastest.plan), fastest
+    while hi - lo > rel_tol * max(hi, 1e-12):
+        mid = (lo + hi) / 2
+        found = _solve_mesh(graph, topology, source, True, mid)
+        if found is not None and found.total_ms <= bound * (1 + 1e-12):
+            hi, best = plan_period_ms(found.plan), found
+        else:
+            lo = mid
+    return best
+
+
+def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, source: str,
+                   period_bound: float = float("inf")) -> MeshSolution | None:
     regions = parallel_regions(graph)
     if not regions:
         return None
@@ -170,7 +202,7 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
                         [topology.link(a, b) for a, b in zip(shape.chain[:-1], shape.chain[1:],
                                                               strict=True)])
     prefix = ChainCosts.build(graph, prefix_topo)
-    _, best_end, rebuild = _solve(prefix, return_table=True)
+    _, best_end, rebuild = _solve(prefix, period_bound, return_table=True)
     works = [LayerWork.of(graph, layer) for layer in graph.layers]
     layer_ms = {d: np.array([estimator_for(topology.device(d)).layer_ms(w, topology.device(d))
                              for w in works]) for d in (*shape.branches, shape.aggregator)}
@@ -184,14 +216,19 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
         fork_bytes = cuts[region.fork].bytes
         branch_costs = [[float(layer_ms[d][list(c)].sum()) for c in region.components]
                         for d in shape.branches]
+        agg_ms = float(agg_suffix[region.join])
+        if agg_ms > period_bound:
+            continue
         for choice in _assignments(branch_costs, len(region.components), len(shape.branches)):
-            per_device = []
+            stages = []
             for j, d in enumerate(shape.branches):
                 comps = [c for c, dev in zip(region.components, choice, strict=True) if dev == j]
-                per_device.append(_branch_ms(graph, layer_ms[d], comps, fork_bytes,
+                stages.append(_branch_stages(graph, layer_ms[d], comps, fork_bytes,
                                              topology.link(shape.chain[-1], d),
                                              topology.link(d, shape.aggregator)))
-            total = chain_ms + max(per_device) + float(agg_suffix[region.join])
+            if max(max(st) for st in stages) > period_bound:
+                continue
+            total = chain_ms + max(sum(st) for st in stages) + agg_ms
             if found is None or total < found[0]:
                 found = (total, region, choice)
     if found is None:

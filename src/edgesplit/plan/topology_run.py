@@ -27,7 +27,8 @@ def compare_topology_methods(graph: LayerGraph, topology: Topology, *, source: s
     if objective not in ("latency", "throughput"):
         raise ConfigError(f"objective must be 'latency' or 'throughput', got {objective!r}")
     if not topology.is_chain:
-        return _mesh_methods(graph, topology, source=source, objective=objective)
+        return _mesh_methods(graph, topology, source=source, objective=objective,
+                             max_latency_ms=max_latency_ms)
     costs = ChainCosts.build(graph, topology)
     n, m = len(graph.layers), len(costs.devices)
     plans = {}
@@ -49,13 +50,10 @@ def compare_topology_methods(graph: LayerGraph, topology: Topology, *, source: s
     return costs, plans
 
 
-def _mesh_methods(graph: LayerGraph, topology: Topology, *, source: str, objective: str
-                  ) -> tuple[None, dict[str, Plan]]:
-    from edgesplit.plan.mesh import mesh_shape, solve_mesh
+def _mesh_methods(graph: LayerGraph, topology: Topology, *, source: str, objective: str,
+                  max_latency_ms: float | None) -> tuple[None, dict[str, Plan]]:
+    from edgesplit.plan.mesh import mesh_shape, solve_mesh, solve_mesh_throughput
 
-    if objective != "latency":
-        raise ConfigError("the throughput objective supports chains of devices; mesh topologies "
-                          "are planned for latency (JMSNAS eq. 2)")
     shape = mesh_shape(topology)
     first = [*shape.chain, shape.branches[0], shape.aggregator]
     path = chain(f"{topology.name}-via-{shape.branches[0]}", [topology.device(d) for d in first],
@@ -63,7 +61,9 @@ def _mesh_methods(graph: LayerGraph, topology: Topology, *, source: str, objecti
     costs = ChainCosts.build(graph, path)
     n, m = len(graph.layers), len(first)
     plans = {
-        "multisplit": solve_mesh(graph, topology, source=source).plan,
+        "multisplit": (solve_mesh(graph, topology, source=source) if objective == "latency"
+                       else solve_mesh_throughput(graph, topology, source=source,
+                                                  max_latency_ms=max_latency_ms)).plan,
         "best_chain": solve_mesh(graph, topology, source=source, parallel=False).plan,
         "source_only": chain_plan(costs, evaluate_boundaries(costs, (0, *([n] * m))), path,
                                   method="source_only", source=source),
@@ -85,8 +85,9 @@ def _latency_by_device(plans: dict[str, Plan], name: str) -> dict[str, float]:
 
 
 def _period(plan: Plan) -> float:
-    stages = [*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)]
-    return max(stages, default=0.0)
+    from edgesplit.plan.mesh import plan_period_ms
+
+    return plan_period_ms(plan)
 
 
 def topology_document(graph: LayerGraph, topology: Topology, plans: dict[str, Plan], *,
