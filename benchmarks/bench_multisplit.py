@@ -19,6 +19,7 @@ from rich.progress import Progress
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
 from edgesplit.plan.multisplit import ChainCosts, solve_chain_latency, solve_chain_throughput
+from edgesplit.plan.mesh import plan_period_ms
 from edgesplit.plan.topology_run import compare_topology_methods
 
 RESULTS = Path(__file__).parent / "results"
@@ -36,18 +37,22 @@ def _median_ms(fn, repeats: int = 3) -> float:
 
 
 def jmsnas_rows(progress) -> list[dict]:
-    topo = get_topology("jmsnas-chain")
     rows = []
-    for model in ("mobilenet_v2", "resnet50"):
-        graph = capture(model)
-        for objective in ("latency", "throughput"):
-            _, plans = compare_topology_methods(graph, topo, source=model, objective=objective)
-            for method, plan in plans.items():
-                stages = [*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)]
-                rows.append({"model": model, "objective": objective, "method": method,
-                             "total_ms": plan.predicted.total_ms, "period_ms": max(stages),
-                             "layers_per_device": [len(d.layers) for d in plan.devices]})
-        progress()
+    for topology, models in (("jmsnas-chain", ("mobilenet_v2", "resnet50")),
+                             ("jmsnas-mesh", ("mobilenet_v2", "resnet50", "googlenet"))):
+        topo = get_topology(topology)
+        for model in models:
+            graph = capture(model)
+            for objective in ("latency", "throughput"):
+                _, plans = compare_topology_methods(graph, topo, source=model,
+                                                    objective=objective)
+                for method, plan in plans.items():
+                    rows.append({"topology": topology, "model": model, "objective": objective,
+                                 "method": method, "total_ms": plan.predicted.total_ms,
+                                 "period_ms": plan_period_ms(plan),
+                                 "layers_per_device": {d.name: len(d.layers)
+                                                       for d in plan.devices}})
+            progress()
     return rows
 
 
@@ -71,21 +76,22 @@ def scaling_rows(progress) -> list[dict]:
 
 def main() -> None:
     with Progress() as bar:
-        task = bar.add_task("multi-split", total=6)
+        task = bar.add_task("multi-split", total=9)
         advance = lambda: bar.advance(task)  # noqa: E731
         jmsnas = jmsnas_rows(advance)
         scaling = scaling_rows(advance)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "multisplit.json").write_text(json.dumps(
         {"version": 1, "jmsnas": jmsnas, "scaling": scaling}, indent=2) + "\n")
-    lines = ["# Multi-split over device chains", "",
+    lines = ["# Multi-split over chains and meshes of devices", "",
              "## JMSNAS setting (Table I links; UE Raspberry Pi 4, SBS RTX 3050 laptop, MBS "
-             "Jetson AGX Xavier, cloud V100; roofline estimates)", "",
-             "| model | objective | method | latency ms | period ms | layers on ue/sbs/mbs/cloud |",
-             "|---|---|---|---:|---:|---|"]
+             "Jetson AGX Xavier (three of them in the mesh), cloud V100; roofline estimates)", "",
+             "| topology | model | objective | method | latency ms | period ms | layers per device |",
+             "|---|---|---|---|---:|---:|---|"]
     for r in jmsnas:
-        lines.append(f"| {r['model']} | {r['objective']} | {r['method']} | {r['total_ms']:.2f} | "
-                     f"{r['period_ms']:.2f} | {'/'.join(map(str, r['layers_per_device']))} |")
+        placed = ", ".join(f"{d} {k}" for d, k in r["layers_per_device"].items() if k)
+        lines.append(f"| {r['topology']} | {r['model']} | {r['objective']} | {r['method']} | "
+                     f"{r['total_ms']:.2f} | {r['period_ms']:.2f} | {placed} |")
     lines += ["", "## Planning time (ms, one run on a shared 2-core machine)", "",
               "| model | layers | devices | cost tables | latency DP | throughput (bisection) |",
               "|---|---:|---:|---:|---:|---:|"]

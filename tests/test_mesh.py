@@ -138,3 +138,11 @@ def test_jmsnas_mesh_runs_for_googlenet():
     solution = solve_mesh(graph, get_topology("jmsnas-mesh"), source="googlenet")
     assert recompute_total(solution.plan) == pytest.approx(solution.total_ms)
     assert sum(len(d.layers) for d in solution.plan.devices) == len(graph.layers)
+
+
+def test_mesh_assignment_drawing(two_heads, tmp_path):
+    from edgesplit.report.plots import plot_assignment
+
+    solution = solve_mesh(two_heads, _mesh(2.0, 1.0, rtt_ms=0.0), source="two-heads")
+    path = plot_assignment(solution.plan, tmp_path / "mesh.png")
+    assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 5000

@@ -28,9 +28,9 @@ import networkx as nx
 import numpy as np
 
 from edgesplit.errors import ConfigError, InfeasibleError
-from edgesplit.graph import INPUT, LayerGraph
+from edgesplit.graph import LayerGraph
 from edgesplit.hardware import LayerWork, Topology, chain, estimator_for
-from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan, solve_chain_latency
+from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan
 
 __all__ = ["MeshShape", "Region", "mesh_shape", "parallel_regions", "solve_mesh",
            "solve_mesh_throughput", "MeshSolution", "plan_period_ms"]

@@ -319,37 +319,52 @@ def plot_profile(profile: dict[str, Any], path: str | Path, *, top: int = 30) ->
 
 
 def plot_assignment(plan: Any, path: str | Path, *, title: str = "") -> Path:
-    """The devices of a Plan as boxes in their order (layers held, first and last layer,
-    compute time) with the links between them (tensors, bytes, transfer time)."""
+    """The devices of a Plan laid out by hop from the source (parallel devices stacked), each
+    box with its layers and compute time, each arrow with the tensors, bytes and time it
+    carries."""
+    import networkx as nx
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    devices = list(plan.devices)
+    devices = {d.name: d for d in plan.devices}
     if not devices:
         raise ConfigError("the plan has no devices to draw")
-    fig = _new_figure(max(6.0, 3.2 * len(devices)), 3.6)
+    g = nx.DiGraph()
+    g.add_nodes_from(devices)
+    g.add_edges_from((l.src, l.dst) for l in plan.links if l.src in devices and l.dst in devices)
+    levels = list(nx.topological_generations(g)) if nx.is_directed_acyclic_graph(g) \
+        else [[n] for n in devices]
+    where: dict[str, tuple[float, float]] = {}
+    for x, level in enumerate(levels):
+        for k, name in enumerate(sorted(level, key=list(devices).index)):
+            where[name] = (x + 0.5, (k + 0.5) / len(level))
+    tallest = max(len(level) for level in levels)
+    fig = _new_figure(max(6.0, 3.2 * len(levels)), max(3.6, 2.2 * tallest))
     ax = fig.add_subplot()
-    ax.set_xlim(0, len(devices))
+    ax.set_xlim(0, len(levels))
     ax.set_ylim(0, 1)
     ax.axis("off")
-    for i, device in enumerate(devices):
+    box_h = 0.7 / tallest
+    for i, (name, device) in enumerate(devices.items()):
+        x, y = where[name]
         layers = device.layers
-        span = (f"{short_layer_name(layers[0])}\n... {short_layer_name(layers[-1])}"
+        span = (f"{short_layer_name(layers[0])} ... {short_layer_name(layers[-1])}"
                 if layers else "(idle: relays)")
-        ax.add_patch(FancyBboxPatch((i + 0.1, 0.3), 0.8, 0.5, boxstyle="round,pad=0.02",
-                                    facecolor=_COLORS[i % len(_COLORS)], alpha=0.25,
-                                    edgecolor=_COLORS[i % len(_COLORS)]))
+        color = _COLORS[i % len(_COLORS)]
+        ax.add_patch(FancyBboxPatch((x - 0.4, y - box_h / 2), 0.8, box_h,
+                                    boxstyle="round,pad=0.01", facecolor=color, alpha=0.25,
+                                    edgecolor=color))
         what = device.device.description or device.device.name
-        ax.text(i + 0.5, 0.72, f"{device.name}\n({_shorten(what, 30)})", ha="center",
-                va="top", fontsize=9, weight="bold")
-        ax.text(i + 0.5, 0.5, f"{len(layers)} layers, {device.compute_ms:.2f} ms\n{span}",
-                ha="center", va="center", fontsize=8)
-    position = {d.name: i for i, d in enumerate(devices)}
+        ax.text(x, y + box_h * 0.25, f"{name} ({_shorten(what, 26)})", ha="center",
+                va="center", fontsize=8, weight="bold")
+        ax.text(x, y - box_h * 0.15, f"{len(layers)} layers, {device.compute_ms:.2f} ms\n{span}",
+                ha="center", va="center", fontsize=7)
     for transfer in plan.transfers:
-        a, b = position[transfer.src], position[transfer.dst]
-        ax.add_patch(FancyArrowPatch((a + 0.9, 0.55), (b + 0.1, 0.55), arrowstyle="-|>",
-                                     mutation_scale=14, color="black"))
-        ax.text((a + b + 1) / 2, 0.2, f"{len(transfer.tensors)} tensor(s)\n"
-                f"{transfer.bytes / 1024:.1f} KiB, {transfer.ms:.2f} ms", ha="center",
-                va="top", fontsize=8)
+        (x0, y0), (x1, y1) = where[transfer.src], where[transfer.dst]
+        ax.add_patch(FancyArrowPatch((x0 + 0.4, y0), (x1 - 0.4, y1), arrowstyle="-|>",
+                                     mutation_scale=12, color="black", linewidth=0.8))
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.02,
+                f"{transfer.bytes / 1024:.1f} KiB\n{transfer.ms:.2f} ms", ha="center",
+                va="bottom", fontsize=7, bbox={"facecolor": "white", "edgecolor": "none",
+                                               "alpha": 0.8, "pad": 1})
     fig.suptitle(title or f"{plan.model.name}: {plan.method}, {plan.predicted.total_ms:.2f} ms")
     return _save(fig, path)
