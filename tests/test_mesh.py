@@ -146,3 +146,17 @@ def test_mesh_assignment_drawing(two_heads, tmp_path):
     solution = solve_mesh(two_heads, _mesh(2.0, 1.0, rtt_ms=0.0), source="two-heads")
     path = plot_assignment(solution.plan, tmp_path / "mesh.png")
     assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 5000
+
+
+def test_branch_devices_memory_limits_exclude_parallel_use(two_heads):
+    topo = _mesh(2.0, 1.0, rtt_ms=0.0)
+    small = [d.model_copy(update={"memory_bytes": 20_000}) if d.name.startswith("b") else d
+             for d in topo.devices]
+    limited = topo.model_copy(update={"devices": tuple(small)})
+    solution = solve_mesh(two_heads, limited, source="x")
+    assert solution.plan.parallel_devices == []  # no branch can hold a whole model branch
+    for device in solution.plan.devices:
+        if device.name.startswith("b"):
+            weights = sum(two_heads.layer(n).param_bytes for n in device.layers)
+            assert weights <= 20_000
+    assert solution.total_ms > solve_mesh(two_heads, topo, source="x").total_ms

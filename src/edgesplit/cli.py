@@ -376,7 +376,7 @@ def _plan_topology(model: str, topology: str, objective: str, max_latency_ms, in
     topo = resolve_topology(topology)
     with err.status(f"planning {model} over {topo.name} ...", spinner="dots"):
         graph = capture(model, input_shape=parse_shape(input_shape) if input_shape else None)
-        costs, plans = compare_topology_methods(graph, topo, source=model,
+        _, plans = compare_topology_methods(graph, topo, source=model,
                                                 objective=objective,  # type: ignore[arg-type]
                                                 max_latency_ms=max_latency_ms)
     doc = topology_document(graph, topo, plans, objective=objective)

@@ -122,6 +122,16 @@ def _branch_stages(graph: LayerGraph, layer_ms: np.ndarray, comps, fork_bytes: i
             link_out.transfer_ms(out_bytes) + link_out.rtt_ms / 2)
 
 
+def _fits(costs: ChainCosts, device, layers) -> bool:
+    """Memory check for a set of layers on one device: their weights plus the largest live set
+    of the whole schedule at their steps (conservative: other branches' tensors count too)."""
+    layers = list(layers)
+    if device.memory_bytes is None or not layers:
+        return True
+    weights = sum(costs.graph.layers[i].param_bytes for i in layers)
+    return weights + int(costs.live_bytes[layers].max()) <= device.memory_bytes
+
+
 def plan_period_ms(plan) -> float:
     """The slowest pipeline stage of a plan: one device's compute or one transfer."""
     return max((*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)),
@@ -217,7 +227,8 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
         branch_costs = [[float(layer_ms[d][list(c)].sum()) for c in region.components]
                         for d in shape.branches]
         agg_ms = float(agg_suffix[region.join])
-        if agg_ms > period_bound:
+        if agg_ms > period_bound or not _fits(prefix, topology.device(shape.aggregator),
+                                               range(region.join, len(graph.layers))):
             continue
         for choice in _assignments(branch_costs, len(region.components), len(shape.branches)):
             stages = []
@@ -226,7 +237,11 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
                 stages.append(_branch_stages(graph, layer_ms[d], comps, fork_bytes,
                                              topology.link(shape.chain[-1], d),
                                              topology.link(d, shape.aggregator)))
-            if max(max(st) for st in stages) > period_bound:
+            if max(max(st) for st in stages) > period_bound or not all(
+                    _fits(prefix, topology.device(d),
+                          [i for c, dev in zip(region.components, choice, strict=True)
+                           if dev == j for i in c])
+                    for j, d in enumerate(shape.branches)):
                 continue
             total = chain_ms + max(sum(st) for st in stages) + agg_ms
             if found is None or total < found[0]:

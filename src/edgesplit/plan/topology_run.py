@@ -22,8 +22,8 @@ def compare_topology_methods(graph: LayerGraph, topology: Topology, *, source: s
                              objective: Literal["latency", "throughput"] = "latency",
                              max_latency_ms: float | None = None,
                              methods: tuple[str, ...] = TOPOLOGY_METHODS
-                             ) -> tuple[ChainCosts, dict[str, Plan]]:
-    """One plan per method over a chain topology."""
+                             ) -> tuple[ChainCosts | None, dict[str, Plan]]:
+    """One plan per method over a chain or mesh topology (the chain's cost tables too)."""
     if objective not in ("latency", "throughput"):
         raise ConfigError(f"objective must be 'latency' or 'throughput', got {objective!r}")
     if not topology.is_chain:
