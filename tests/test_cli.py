@@ -201,6 +201,9 @@ def test_plan_over_a_topology_json_contract(tmp_path):
 
 def test_unsupported_topology_shapes_are_named():
     for args, message in [(["--topology", "hmd-star"], "not a supported mesh"),
+                          (["--topology", "jmsnas-chain", "--sweep-link"],
+                           "--sweep-link apply to the edge-cloud planner"),
+                          (["--objective", "throughput"], "apply to --topology planning"),
                           (["--topology", "jmsnas-mesh", "--objective", "speed"],
                            "objective must be 'latency' or 'throughput'")]:
         proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "plan", "resnet18", *args],

@@ -322,9 +322,23 @@ def plan(
     from edgesplit.graph import parse_shape
 
     if topology is not None:
+        two_tier = {"--sweep-link": sweep, "--breakdown-plot": breakdown_plot,
+                    "--split-after": split_after, "--privacy-layer": privacy_layer,
+                    "--edge-memory": edge_memory, "--method": method != "all"}
+        used = [flag for flag, value in two_tier.items() if value]
+        if used:
+            from edgesplit.errors import ConfigError
+
+            raise ConfigError(f"{', '.join(used)} apply to the edge-cloud planner, not to "
+                              "--topology (device memory comes from each device's memory_bytes; "
+                              "--draw plots the chosen assignment)")
         _plan_topology(model, topology, objective, max_latency_ms, input_shape, draw, out_path,
                        as_json)
         return
+    if objective != "latency" or max_latency_ms is not None or draw is not None:
+        from edgesplit.errors import ConfigError
+
+        raise ConfigError("--objective, --max-latency-ms and --draw apply to --topology planning")
     from edgesplit.hardware import resolve_device, resolve_link
     from edgesplit.plan import (BASELINE_METHODS, EdgeCloudSetting, PlanningProblem, best_plan,
                                 compare_methods, plan_document)
