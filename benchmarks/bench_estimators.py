@@ -23,8 +23,8 @@ from pathlib import Path
 from rich.progress import Progress
 
 from edgesplit.graph import capture
-from edgesplit.hardware import RegressionEstimator, get_device
-from edgesplit.hardware.profile import machine_info, profile_graph, works_and_latencies
+from edgesplit.hardware import get_device
+from edgesplit.hardware.profile import machine_info, profile_graph
 from edgesplit.hardware.validate import default_estimators, validate_estimators
 
 RESULTS = Path(__file__).parent / "results"
@@ -54,15 +54,8 @@ def main() -> None:
             # Re-profile right before measuring the targets: this machine drifts by tens of
             # percent over minutes, which would otherwise be charged to the estimators.
             profiles[name] = profile_graph(graphs[name], repeats=args.repeats, onnx=False)
-            estimators = default_estimators(profiles[name], device)
             others = [profiles[m] for m in profiles if m != name]
-            works, latencies = [], []
-            for p in others:
-                w, lat = works_and_latencies(p)
-                works += w
-                latencies += lat
-            estimators["regression (other models)"] = (RegressionEstimator().fit(works, latencies),
-                                                       device)
+            estimators = default_estimators(profiles[name], device, train_profiles=others)
             reports[name] = validate_estimators(graphs[name], estimators,
                                                 partitions=args.partitions, repeats=args.repeats)
             progress.advance(task)

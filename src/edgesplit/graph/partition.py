@@ -17,9 +17,9 @@ from edgesplit.errors import GraphError
 from edgesplit.graph.ir import INPUT, OUTPUT
 
 if TYPE_CHECKING:
-    from edgesplit.graph.ir import LayerGraph
+    from edgesplit.graph.ir import Layer, LayerGraph
 
-__all__ = ["Partition", "extract_partition", "record_tensors"]
+__all__ = ["Partition", "extract_partition", "record_tensors", "copy_layer"]
 
 
 @dataclass
@@ -64,15 +64,22 @@ def extract_partition(graph: "LayerGraph", layers: Iterable[str]) -> Partition:
         placeholder.meta = dict(fx_nodes[name].meta)
         env[fx_nodes[name]] = placeholder
     for layer in order:
-        for node_name in layer.nodes:
-            node = fx_nodes[node_name]
-            for arg in node.all_input_nodes:
-                if arg.op == "get_attr" and arg not in env:
-                    env[arg] = new.node_copy(arg)
-            env[node] = new.node_copy(node, lambda n: env[n])
+        copy_layer(layer, fx_nodes, new, env)
     new.output(tuple(env[fx_nodes[t]] for t in outputs))
     module = GraphModule(graph.program, new, class_name="Partition")
     return Partition(tuple(layer.name for layer in order), tuple(inputs), tuple(outputs), module)
+
+
+def copy_layer(layer: "Layer", fx_nodes: dict[str, Node], new: Graph, env: dict[Node, Node]
+               ) -> None:
+    """Copy one layer's FX nodes (and the weights they read) into ``new``; ``env`` maps the
+    program's nodes to their copies and must already hold the layer's inputs."""
+    for name in layer.nodes:
+        node = fx_nodes[name]
+        for arg in node.all_input_nodes:
+            if arg.op == "get_attr" and arg not in env:
+                env[arg] = new.node_copy(arg)
+        env[node] = new.node_copy(node, lambda n: env[n])
 
 
 class _Recorder(Interpreter):

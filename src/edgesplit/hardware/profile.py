@@ -23,7 +23,7 @@ import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.graph import LayerGraph
-from edgesplit.graph.partition import Partition, extract_partition, record_tensors
+from edgesplit.graph.partition import Partition, copy_layer, extract_partition, record_tensors
 from edgesplit.hardware.work import LayerWork
 
 __all__ = ["PROFILE_VERSION", "time_call", "profile_graph", "save_profile", "load_profile",
@@ -126,12 +126,7 @@ def _ticked_program(graph: LayerGraph, clock: _Clock) -> torch.fx.GraphModule:
             env[node] = new.node_copy(node)
     new.call_function(clock.tick, (0,))
     for i, layer in enumerate(graph.layers, start=1):
-        for name in layer.nodes:
-            node = fx_nodes[name]
-            for arg in node.all_input_nodes:
-                if arg.op == "get_attr" and arg not in env:
-                    env[arg] = new.node_copy(arg)
-            env[node] = new.node_copy(node, lambda n: env[n])
+        copy_layer(layer, fx_nodes, new, env)
         new.call_function(clock.tick, (i, *(env[fx_nodes[t]] for t in layer.outputs)))
     output = next(n for n in program.graph.nodes if n.op == "output")
     new.output(torch.fx.node.map_arg(output.args[0], lambda n: env[n]))
