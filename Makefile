@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_planning.py
 	$(PY) benchmarks/bench_multisplit.py
+	$(PY) benchmarks/bench_wire.py
 	$(PY) benchmarks/bench_estimators.py
 
 clean:

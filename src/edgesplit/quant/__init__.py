@@ -1,0 +1,12 @@
+"""Quantization of the edge part and the wire format of tensors crossing a link.
+
+So far: the wire format (``encode_tensor`` / ``decode_tensor``) with dense sub-8-bit packing.
+Bit allocation and AUTO-SPLIT's planner are the rest of their issue.
+"""
+
+from edgesplit.quant.pack import pack_bits, packed_size, unpack_bits
+from edgesplit.quant.wire import (MAX_ELEMENTS, WIRE_VERSION, decode_tensor, encode_tensor,
+                                  message_info)
+
+__all__ = ["pack_bits", "packed_size", "unpack_bits", "MAX_ELEMENTS", "WIRE_VERSION",
+           "decode_tensor", "encode_tensor", "message_info"]
