@@ -120,3 +120,14 @@ def test_hostile_sizes_do_not_allocate():
         decode_tensor("ESW1")  # type: ignore[arg-type]
     with pytest.raises(WireError, match="bits must be"):
         encode_tensor(torch.randn(3), 12)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 6])
+def test_fast_paths_share_the_general_layout(bits):
+    """The byte layout is value k of a group of eight at bit k * bits of a little-endian word,
+    whichever route packs it."""
+    values = np.random.default_rng(bits).integers(0, 1 << bits, 64, dtype=np.uint8)
+    words = [sum(int(v) << (k * bits) for k, v in enumerate(values[g:g + 8]))
+             for g in range(0, 64, 8)]
+    expected = b"".join(w.to_bytes(8, "little")[:bits] for w in words)
+    assert pack_bits(values, bits) == expected
