@@ -1,0 +1,164 @@
+"""Post-training quantization of an edge part, executed as fake-quant in PyTorch, and the
+per-layer distortion tables AUTO-SPLIT allocates bits with (section 3.1: D_i^w, D_i^a).
+
+Weights: asymmetric uniform quantization per output channel. Activations: asymmetric per
+tensor, with ranges calibrated on sample inputs. Fake-quant rounds values to the grid and maps
+them back to float, so running the program shows the exact numerical effect of the bit-widths;
+the cloud part stays at full precision.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import torch
+from torch.fx import GraphModule
+
+from edgesplit.errors import ConfigError
+from edgesplit.graph import LayerGraph
+from edgesplit.graph.partition import record_tensors
+
+__all__ = ["fake_quantize", "quantize_weight", "calibrate", "Calibration", "fake_quant_program",
+           "DistortionTable", "distortion_table", "DEFAULT_BITS"]
+
+DEFAULT_BITS = (2, 4, 6, 8, 16)
+
+
+def fake_quantize(x: torch.Tensor, bits: int, lo: torch.Tensor | float,
+                  hi: torch.Tensor | float) -> torch.Tensor:
+    """Round ``x`` to the 2^bits-level grid spanning [lo, hi] and back to float (>= 16 bits:
+    float16 rounding, 32: unchanged)."""
+    if bits >= 32:
+        return x
+    if bits == 16:
+        return x.half().to(x.dtype)
+    levels = (1 << bits) - 1
+    lo_t = torch.as_tensor(lo, dtype=x.dtype)
+    hi_t = torch.as_tensor(hi, dtype=x.dtype)
+    scale = torch.clamp((hi_t - lo_t) / levels, min=torch.finfo(x.dtype).tiny)
+    q = torch.clamp(torch.round((x - lo_t) / scale), 0, levels)
+    return q * scale + lo_t
+
+
+def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per-output-channel asymmetric fake-quant of a weight (dim 0 is the output channel)."""
+    if bits >= 16 or w.dim() == 0:
+        return fake_quantize(w, bits, 0.0, 0.0) if bits == 16 else w
+    flat = w.reshape(w.shape[0], -1)
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    lo = flat.min(dim=1).values.reshape(shape)
+    hi = flat.max(dim=1).values.reshape(shape)
+    return fake_quantize(w, bits, lo, hi)
+
+
+@dataclass
+class Calibration:
+    """Observed range of every tensor of a LayerGraph over sample inputs."""
+
+    ranges: dict[str, tuple[float, float]]
+    samples: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)
+
+
+def calibrate(graph: LayerGraph, inputs: Iterable[Sequence[torch.Tensor]], *,
+              keep_samples: bool = True) -> Calibration:
+    """Run ``graph``'s program on each batch of ``inputs`` and record every tensor's range
+    (and, for distortion tables, the tensors themselves)."""
+    ranges: dict[str, tuple[float, float]] = {}
+    samples: dict[str, list[torch.Tensor]] = {}
+    count = 0
+    for batch in inputs:
+        count += 1
+        values = record_tensors(graph, *batch)
+        for name, value in values.items():
+            if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+                continue
+            lo, hi = float(value.min()), float(value.max())
+            old = ranges.get(name)
+            ranges[name] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
+            if keep_samples:
+                samples.setdefault(name, []).append(value.detach())
+    if count == 0:
+        raise ConfigError("calibration needs at least one batch of sample inputs")
+    return Calibration(ranges, samples)
+
+
+def _set_attr(module: torch.nn.Module, target: str, value: torch.Tensor) -> None:
+    owner_path, _, leaf = target.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[leaf] = value
+
+
+def fake_quant_program(graph: LayerGraph, bits: Mapping[str, tuple[int, int]],
+                       calibration: Calibration) -> GraphModule:
+    """A copy of ``graph.program`` where each layer named in ``bits`` (``(w_bits, a_bits)``)
+    has fake-quantized weights and fake-quantized outputs; other layers stay float."""
+    if graph.program is None:
+        raise ConfigError("the LayerGraph has no program to quantize")
+    program = copy.deepcopy(graph.program)
+    nodes = {n.name: n for n in program.graph.nodes}
+    for name, (w_bits, a_bits) in bits.items():
+        layer = graph.layer(name)
+        for target in layer.param_names:
+            owner = program
+            for part in target.split("."):
+                owner = getattr(owner, part)
+            if owner.is_floating_point() and owner.dim() >= 2:  # weights, not biases or masks
+                _set_attr(program, target, quantize_weight(owner.detach(), w_bits))
+        if a_bits >= 32:
+            continue
+        for tensor in layer.outputs:
+            if tensor not in calibration.ranges:
+                continue
+            lo, hi = calibration.ranges[tensor]
+            node = nodes[tensor]
+            with program.graph.inserting_after(node):
+                quantized = program.graph.call_function(fake_quantize, (node, a_bits, lo, hi))
+            node.replace_all_uses_with(quantized, delete_user_cb=lambda u: u is not quantized)
+    program.graph.lint()
+    program.recompile()
+    return program
+
+
+@dataclass
+class DistortionTable:
+    """Mean squared error per layer and bit-width: ``weight[layer][bits]`` over its weights,
+    ``activation[layer][bits]`` over its calibrated outputs (AUTO-SPLIT D_i^w, D_i^a)."""
+
+    bits: tuple[int, ...]
+    weight: dict[str, dict[int, float]]
+    activation: dict[str, dict[int, float]]
+
+
+def _mse(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.mean((a.float() - b.float()) ** 2))
+
+
+def distortion_table(graph: LayerGraph, calibration: Calibration,
+                     bits: Sequence[int] = DEFAULT_BITS) -> DistortionTable:
+    """D_i^w and D_i^a for every layer and bit-width (computed once; reuse the table)."""
+    attrs = {**dict(graph.program.named_parameters()), **dict(graph.program.named_buffers())}
+    weight: dict[str, dict[int, float]] = {}
+    activation: dict[str, dict[int, float]] = {}
+    for layer in graph.layers:
+        ws = [attrs[p].detach() for p in layer.param_names
+              if p in attrs and attrs[p].is_floating_point() and attrs[p].dim() >= 2]
+        weight[layer.name] = {b: (sum(_mse(w, quantize_weight(w, b)) * w.numel() for w in ws)
+                                  / max(1, sum(w.numel() for w in ws))) for b in bits}
+        outs = [(t, calibration.samples.get(t, [])) for t in layer.outputs]
+        activation[layer.name] = {}
+        for b in bits:
+            errs, n = 0.0, 0
+            for tensor, values in outs:
+                if tensor not in calibration.ranges:
+                    continue
+                lo, hi = calibration.ranges[tensor]
+                for v in values:
+                    errs += _mse(v, fake_quantize(v, b, lo, hi)) * v.numel()
+                    n += v.numel()
+            activation[layer.name][b] = errs / n if n else 0.0
+    return DistortionTable(tuple(bits), weight, activation)
