@@ -4,6 +4,7 @@ from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
 from edgesplit.plan.model import PLAN_VERSION, Plan, load_plan, recompute_total
 from edgesplit.plan.planners import (BASELINE_METHODS, Planner, PlanningProblem, get_planner,
                                      list_planners, make_plan, register_planner)
+from edgesplit.plan import autosplit as _autosplit  # noqa: F401  (registers "autosplit")
 from edgesplit.plan.run import (best_plan, compare_methods, cut_breakdown, plan_document,
                                 sweep_link)
 

@@ -5,19 +5,20 @@ fits the budget. Such a choice is optimal for the memory it uses (Everett's theo
 leave budget unused, so the result is the best of: that choice with the leftover spent greedily,
 the choice just over budget repaired by the cheapest downgrades, and every uniform width that
 fits (the points of AUTO-SPLIT's budget grid). Before that, an exact dynamic program over
-layers keeping the Pareto frontier of (memory, distortion) answers whenever the frontier stays
-small (it does for the layer counts of an edge part in practice); the Lagrangian search is the
-fallback for larger problems.
+layers keeping the Pareto frontier of (memory, distortion) answers exactly for up to
+``EXACT_LAYERS`` layers; the Lagrangian search answers larger problems.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from edgesplit.errors import InfeasibleError
 
-__all__ = ["Allocation", "allocate_bits", "choice_at_price"]
+__all__ = ["Allocation", "allocate_bits", "choice_at_price", "EXACT_LAYERS"]
+
+EXACT_LAYERS = 12  # up to this many layers the Pareto dynamic program answers (exact)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def allocate_bits(distortion: Mapping[str, Mapping[int, float]], sizes: Mapping[
     free = choice_at_price(distortion, sizes, 0.0)
     if _cost(sizes, free) <= budget_bits:
         return _evaluate(distortion, sizes, free)
-    exact = _pareto(distortion, sizes, budget_bits)
+    exact = _pareto(distortion, sizes, budget_bits) if len(sizes) <= EXACT_LAYERS else None
     if exact is not None:
         return _evaluate(distortion, sizes, exact)
     span = max(max(d.values()) for d in distortion.values()) or 1.0
@@ -115,7 +116,7 @@ def _repair(distortion, sizes, bits: dict[str, int], budget_bits: int) -> dict[s
     return _fill(distortion, sizes, bits, budget_bits)
 
 
-def _pareto(distortion, sizes, budget_bits: int, cap: int = 3_000) -> dict[str, int] | None:
+def _pareto(distortion, sizes, budget_bits: int, cap: int = 5_000) -> dict[str, int] | None:
     """Exact: dynamic programming over layers keeping only the (memory, distortion) pairs no
     other pair beats on both. None when the frontier outgrows ``cap`` (then the Lagrangian
     search answers)."""
