@@ -10,14 +10,13 @@ Writes benchmarks/results/multisplit.md and multisplit.json.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 
 from rich.progress import Progress
 
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
+from edgesplit.hardware.profile import time_call
 from edgesplit.plan.multisplit import ChainCosts, solve_chain_latency, solve_chain_throughput
 from edgesplit.plan.mesh import plan_period_ms
 from edgesplit.plan.topology_run import compare_topology_methods
@@ -28,12 +27,7 @@ LINKS = ["jmsnas-ue-sbs", "jmsnas-sbs-mbs", "wifi", "jmsnas-mbs-cloud"]
 
 
 def _median_ms(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return time_call(fn, warmup=0, repeats=repeats)["median"]
 
 
 def jmsnas_rows(progress) -> list[dict]:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 from rich.progress import Progress
 
 from edgesplit.hardware import get_device, get_link
+from edgesplit.hardware.profile import time_call
 from edgesplit.models import list_models
 from edgesplit.plan import CostTable, EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.mincut import min_cut_edge_set
@@ -27,26 +26,21 @@ RESULTS = Path(__file__).parent / "results"
 METHODS = ("neurosurgeon", "dads", "qdmp")
 
 
-def _ms(fn, repeats: int = 5):
+def _ms(fn, repeats: int = 5) -> float:
     """Median of a few calls: single calls catch garbage-collector pauses of the big graphs."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        value = fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return value, statistics.median(times)
+    return time_call(fn, warmup=0, repeats=repeats)["median"]
 
 
 def bench(name: str, setting: EdgeCloudSetting) -> dict:
     problem = PlanningProblem(name, setting)
     row = {"model": name, "layers": len(problem.graph),
            "raw_layers": len(problem.graph_of("raw"))}
-    _, row["cost_table_ms"] = _ms(lambda: CostTable.build(problem.graph, setting))
+    row["cost_table_ms"] = _ms(lambda: CostTable.build(problem.graph, setting))
     problem.costs("raw")
     for method in METHODS:
         planner = get_planner(method)
-        _, row[f"{method}_ms"] = _ms(lambda: planner.choose(problem.costs(planner.graph_kind)))
-    _, row["min_cut_only_ms"] = _ms(lambda: min_cut_edge_set(problem.costs("optimized")))
+        row[f"{method}_ms"] = _ms(lambda: planner.choose(problem.costs(planner.graph_kind)))
+    row["min_cut_only_ms"] = _ms(lambda: min_cut_edge_set(problem.costs("optimized")))
     return row
 
 

@@ -8,13 +8,12 @@ benchmarks/results/wire.md and wire.json.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from edgesplit.hardware.profile import time_call
 from edgesplit.quant import decode_tensor, encode_tensor, pack_bits, unpack_bits
 
 RESULTS = Path(__file__).parent / "results"
@@ -24,12 +23,7 @@ SIZES = {"AUTO-SPLIT Table 6 (288 KB of 8-bit values)": 288 * 1024,
 
 
 def _best_ms(fn, repeats: int = 15) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return time_call(fn, warmup=1, repeats=repeats)["median"]
 
 
 def main() -> None:
