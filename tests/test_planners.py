@@ -141,7 +141,7 @@ def test_plan_json_round_trip_and_version_check(nano_v100, tmp_path):
     with pytest.raises(Exception, match="version 7"):
         load_plan(path)
     data["version"] = 1
-    data["devices"][0]["layers"] = []
+    data["devices"][0]["layers"].append(data["layers"][-1]["name"])  # placed twice, or on both
     path.write_text(json.dumps(data))
     with pytest.raises(Exception, match="exactly one device"):
         load_plan(path)

@@ -11,10 +11,22 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from edgesplit.errors import ConfigError, InfeasibleError
-from edgesplit.graph import INPUT, LayerGraph, prefix_peak_memory
+from edgesplit.graph import INPUT, LayerGraph, TensorInfo, prefix_peak_memory
 from edgesplit.hardware import Device, LatencyEstimator, LayerWork, Link, estimator_for
 
-__all__ = ["EdgeCloudSetting", "CostTable", "Breakdown"]
+__all__ = ["EdgeCloudSetting", "CostTable", "Breakdown", "wire_size"]
+
+
+def _is_float(tensor: TensorInfo) -> bool:
+    return tensor.dtype.startswith(("float", "bfloat", "torch.float", "torch.bfloat"))
+
+
+def wire_size(tensor: TensorInfo, input_bits: int) -> int:
+    """Bytes ``tensor`` takes on the link: raw floating inputs at ``input_bits``, everything
+    else (activations of a float part, integer token ids) as captured."""
+    if tensor.producer == INPUT and _is_float(tensor) and input_bits < 32:
+        return tensor.bytes_at(input_bits)
+    return tensor.bytes
 
 
 @dataclass(frozen=True)
@@ -27,8 +39,13 @@ class EdgeCloudSetting:
     edge_memory_bytes: int | None = None  # None: the edge device's own memory_bytes
     privacy_layer: str | None = None  # L2S eq. 1: no cut before this layer
     result_at: Literal["edge", "cloud"] = "edge"
+    # Raw floating-point model inputs cross the link at this width: a camera frame or sensor
+    # sample is 8-bit data (AUTO-SPLIT's T_0); 32 sends the captured float32 tensor as it is.
+    input_bits: int = 8
 
     def __post_init__(self) -> None:
+        if self.input_bits not in (1, 2, 3, 4, 5, 6, 7, 8, 16, 32):
+            raise ConfigError(f"input_bits must be 1-8, 16 or 32, got {self.input_bits}")
         if self.edge_memory_bytes is not None and self.edge_memory_bytes <= 0:
             raise ConfigError(f"edge_memory_bytes must be positive, got {self.edge_memory_bytes}")
         if self.result_at not in ("edge", "cloud"):
@@ -64,6 +81,12 @@ class CostTable:
     cloud_ms: dict[str, float]
     up_ms: dict[str, float]  # per tensor, uplink
     down_ms: dict[str, float] = field(default_factory=dict)  # per output tensor, downlink
+    wire_bytes: dict[str, int] = field(default_factory=dict)  # per tensor, as sent uplink
+
+    def __post_init__(self) -> None:
+        if not self.wire_bytes:
+            self.wire_bytes = {t.name: wire_size(t, self.setting.input_bits)
+                               for t in self.graph.tensors.values()}
 
     @classmethod
     def build(cls, graph: LayerGraph, setting: EdgeCloudSetting, *,
@@ -73,15 +96,24 @@ class CostTable:
         cloud_est = cloud_estimator or estimator_for(setting.cloud)
         works = [LayerWork.of(graph, layer) for layer in graph.layers]
         link = setting.link
+        wire = {t.name: wire_size(t, setting.input_bits) for t in graph.tensors.values()}
         return cls(
             graph=graph,
             setting=setting,
             edge_ms={w.name: edge_est.layer_ms(w, setting.edge) for w in works},
             cloud_ms={w.name: cloud_est.layer_ms(w, setting.cloud) for w in works},
-            up_ms={t.name: link.transfer_ms(t.bytes) for t in graph.tensors.values()},
+            up_ms={name: link.transfer_ms(size) for name, size in wire.items()},
             down_ms={t: link.transfer_ms(graph.tensors[t].bytes, direction="down")
                      for t in graph.outputs},
+            wire_bytes=wire,
         )
+
+    def wire_bits(self, tensor: str) -> int | None:
+        """The width ``tensor`` is sent at when it is not the captured dtype's, else None."""
+        info = self.graph.tensors[tensor]
+        if info.producer == INPUT and _is_float(info) and self.setting.input_bits < 32:
+            return self.setting.input_bits
+        return None
 
     # ---- evaluation ------------------------------------------------------------------------
     def crossing(self, edge: frozenset[str]) -> list[str]:
@@ -106,7 +138,7 @@ class CostTable:
             transfer_ms=sum(self.up_ms[t] for t in crossing) + sum(self.down_ms[t] for t in returned),
             cloud_ms=sum(ms for n, ms in self.cloud_ms.items() if n not in edge),
             rtt_ms=self.setting.link.rtt_ms if link_used else 0.0,
-            sent_bytes=sum(self.graph.tensors[t].bytes for t in crossing),
+            sent_bytes=sum(self.wire_bytes[t] for t in crossing),
             crossing=tuple(crossing),
         )
 

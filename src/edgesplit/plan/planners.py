@@ -247,8 +247,9 @@ def make_plan(costs: CostTable, edge: frozenset[str], *, method: str, source: st
     edge_layers = [n for n in order if n in edge]
     cloud_layers = [n for n in order if n not in edge]
     returned = costs.returned(edge)
+    bits = {t: b for t in breakdown.crossing if (b := costs.wire_bits(t)) is not None}
     transfers = [Transfer(src=edge_name, dst=cloud_name, tensors=list(breakdown.crossing),
-                          bytes=breakdown.sent_bytes,
+                          bits=bits, bytes=breakdown.sent_bytes,
                           ms=sum(costs.up_ms[t] for t in breakdown.crossing))]
     if returned:
         transfers.append(Transfer(src=cloud_name, dst=edge_name, tensors=returned,
