@@ -7,7 +7,7 @@ import pytest
 
 from edgesplit.hardware import get_device, get_link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, compare_methods, recompute_total
-from edgesplit.plan.autosplit import RAW_INPUT_BITS, AutoSplit, potential_splits
+from edgesplit.plan.autosplit import AutoSplit, potential_splits
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +20,29 @@ def eyeriss_problem():
 
 
 def test_potential_splits_follow_eq_6(block_graph):
+    from edgesplit.plan import CostTable
+
     graph = block_graph
-    raw = graph.tensors["x"].bytes_at(RAW_INPUT_BITS)
-    splits = potential_splits(graph, (2, 4, 8), memory_limit=None)
+    setting = EdgeCloudSetting(edge=get_device("eyeriss"), cloud=get_device("tpu"),
+                               link=get_link("autosplit-3mbps"), input_bits=8)
+    costs = CostTable.build(graph, setting)
+    raw = graph.tensors["x"].bytes_at(8)
+    splits = potential_splits(costs, (2, 4, 8))
     cuts = graph.cuts()
     for n in range(len(graph.layers) + 1):
         sent = 0 if n == len(graph.layers) else sum(
-            t.bytes_at(RAW_INPUT_BITS if t.producer == "input" else 2) for t in cuts[n].tensors)
+            t.bytes_at(8 if t.producer == "input" else 2) for t in cuts[n].tensors)
         assert (n in splits) == (sent <= raw)
-    assert potential_splits(graph, (2, 4, 8), memory_limit=1) == []
+    tiny = CostTable.build(graph, EdgeCloudSetting(**{**setting.__dict__,
+                                                      "edge_memory_bytes": 1}))
+    assert potential_splits(tiny, (2, 4, 8)) == []
 
 
 def test_candidates_respect_memory_and_threshold(eyeriss_problem):
     limit = 2 * 2**20
     problem = eyeriss_problem("mobilenet_v2", edge_memory_bytes=limit)
-    best, candidates, threshold = AutoSplit().select(problem.costs())
+    sel = AutoSplit().select(problem)
+    best, candidates, threshold = sel.best, sel.candidates, sel.threshold
     assert all(c.memory_bytes <= limit for c in candidates)
     assert best.memory_bytes <= limit and best.distortion <= threshold
     allowed = [c for c in candidates if c.distortion <= threshold]
@@ -43,7 +51,8 @@ def test_candidates_respect_memory_and_threshold(eyeriss_problem):
 
 def test_remark_5_never_worse_than_cloud_or_edge_only(eyeriss_problem):
     problem = eyeriss_problem("resnet50")
-    best, candidates, _ = AutoSplit().select(problem.costs())
+    candidates = AutoSplit().select(problem).candidates
+    best = AutoSplit().select(problem).best
     cloud_only = next(c for c in candidates if c.split == 0)
     assert best.total_ms <= cloud_only.total_ms
     plans = compare_methods(problem, ["edge_only", "autosplit"])
@@ -51,8 +60,8 @@ def test_remark_5_never_worse_than_cloud_or_edge_only(eyeriss_problem):
 
 
 def test_zero_threshold_leaves_only_exact_candidates(eyeriss_problem):
-    best, _, threshold = AutoSplit(max_distortion=0.0).select(
-        eyeriss_problem("resnet18").costs())
+    sel = AutoSplit(max_distortion=0.0).select(eyeriss_problem("resnet18"))
+    best, threshold = sel.best, sel.threshold
     assert threshold == 0.0 and best.distortion == 0.0 and best.split == 0
 
 

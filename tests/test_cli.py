@@ -131,7 +131,7 @@ def test_plan_json_contract(tmp_path):
     assert {"producer", "consumers", "bytes"} <= set(doc["tensors"][0])
     assert doc["link"]["bandwidth_mbps"] == 10.0 and doc["link"]["rtt_ms"] == 50.0
     assert set(doc["methods"]) == {"neurosurgeon", "dads", "qdmp", "cloud_only", "edge_only",
-                                   "manual"}
+                                   "qdmp_e", "qdmp_e_u4", "u8", "cloud16", "autosplit", "manual"}
     for entry in doc["methods"].values():
         assert {"feasible", "edge_layers", "sent_bytes", "edge_ms", "transfer_ms", "cloud_ms",
                 "total_ms", "edge_memory_bytes", "plan"} <= set(entry)

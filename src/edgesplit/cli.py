@@ -282,8 +282,9 @@ def plan(
     cloud: str = typer.Option("v100-server", "--cloud", help="Cloud device: preset or file."),
     link: str = typer.Option("wifi", "--link", help="Edge-cloud link: preset or file."),
     method: str = typer.Option("all", "--method", "-m",
-                               help="neurosurgeon, dads, qdmp, cloud_only, edge_only, manual, "
-                                    "or all (comma-separated lists work too)."),
+                               help="neurosurgeon, dads, qdmp, cloud_only, edge_only, qdmp_e, "
+                                    "qdmp_e_u4, u8, cloud16, autosplit, manual, or all "
+                                    "(comma-separated lists work too)."),
     edge_memory: Optional[str] = typer.Option(None, "--edge-memory",
                                               help="Edge memory limit (bytes, or 2MiB, 64MB); "
                                                    "default: the edge device's memory."),
@@ -315,16 +316,39 @@ def plan(
     out_path: Optional[Path] = typer.Option(None, "--out", "-o",
                                             help="Write the chosen plan (best feasible, or the "
                                                  "one --method names) as JSON."),
+    eval_data: Optional[str] = typer.Option(
+        None, "--eval-data", help="Measure quantized plans' accuracy on this data: a built-in "
+                                  "data set (digits, sentences) or a .pt/.npz file of inputs "
+                                  "and labels."),
+    max_acc_drop: Optional[float] = typer.Option(
+        None, "--max-acc-drop", help="AUTO-SPLIT: largest accuracy drop allowed, in percentage "
+                                     "points (default 1; needs --eval-data)."),
+    calibration_samples: Optional[int] = typer.Option(
+        None, "--calibration-samples", help="Samples taken from the front of --eval-data to "
+                                            "calibrate activation ranges (default: a fifth, at "
+                                            "most 128); the rest are held out."),
+    bits: Optional[str] = typer.Option(None, "--bits", help="AUTO-SPLIT bit-widths to search, "
+                                                            "e.g. 2,4,8 (default: the edge "
+                                                            "device's)."),
+    input_bits: int = typer.Option(8, "--input-bits", help="Width the raw float input is sent "
+                                                           "at (8: a camera frame; 32: float)."),
+    pareto_plot: Optional[Path] = typer.Option(
+        None, "--pareto-plot", help="AUTO-SPLIT: plot its candidates' latency against accuracy "
+                                    "drop (or distortion) with the baselines (Fig. 5)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Where to cut MODEL between an edge device and the cloud (or over a --topology of
-    devices): compare the planners."""
+    devices): compare the planners, AUTO-SPLIT and its quantized baselines included."""
     from edgesplit.graph import parse_shape
 
     if topology is not None:
         two_tier = {"--sweep-link": sweep, "--breakdown-plot": breakdown_plot,
                     "--split-after": split_after, "--privacy-layer": privacy_layer,
-                    "--edge-memory": edge_memory, "--method": method != "all"}
+                    "--edge-memory": edge_memory, "--method": method != "all",
+                    "--eval-data": eval_data, "--max-acc-drop": max_acc_drop is not None,
+                    "--bits": bits, "--pareto-plot": pareto_plot,
+                    "--calibration-samples": calibration_samples is not None,
+                    "--input-bits": input_bits != 8}
         used = [flag for flag, value in two_tier.items() if value]
         if used:
             from edgesplit.errors import ConfigError
@@ -340,22 +364,28 @@ def plan(
 
         raise ConfigError("--objective, --max-latency-ms and --draw apply to --topology planning")
     from edgesplit.hardware import resolve_device, resolve_link
-    from edgesplit.plan import (BASELINE_METHODS, EdgeCloudSetting, PlanningProblem, best_plan,
+    from edgesplit.plan import (ALL_METHODS, EdgeCloudSetting, PlanningProblem, best_plan,
                                 compare_methods, plan_document)
 
     setting = EdgeCloudSetting(edge=resolve_device(edge), cloud=resolve_device(cloud),
                                link=resolve_link(link), edge_memory_bytes=_parse_bytes(edge_memory),
-                               privacy_layer=privacy_layer, result_at=result_at)
+                               privacy_layer=privacy_layer, result_at=result_at,
+                               input_bits=input_bits)
     problem = PlanningProblem(model, setting,
-                              input_shape=parse_shape(input_shape) if input_shape else None)
-    methods = list(BASELINE_METHODS) if method == "all" else [m.strip() for m in method.split(",")]
+                              input_shape=parse_shape(input_shape) if input_shape else None,
+                              eval_data=_eval_data(eval_data),
+                              calibration_samples=calibration_samples)
+    methods = list(ALL_METHODS) if method == "all" else [m.strip() for m in method.split(",")]
     split = [s.strip() for s in split_after.split(",")] if split_after else []
-    with err.status(f"planning {model} ...", spinner="dots"):
-        plans = compare_methods(problem, methods, split_after=split)
+    options = {"autosplit": {"max_acc_drop": max_acc_drop,
+                             "bits": [int(b) for b in parse_shape(bits)] if bits else None}}
+    plans = _compare_with_progress(problem, methods, split, options, model)
     named = method != "all" and len(methods) == 1
     chosen_method, chosen = (methods[0], plans[methods[0]]) if named else best_plan(plans)
     if out_path is not None:
         chosen.save(out_path)
+    if pareto_plot is not None:
+        _pareto_plot(plans, pareto_plot, model, setting)
     sweep_doc = _plan_sweep(problem, methods, model, plot) if sweep else None
     if breakdown_plot is not None:
         from edgesplit.plan import cut_breakdown
@@ -376,9 +406,46 @@ def plan(
     out.print(plans_table(problem, plans, chosen_method))
     if sweep_doc is not None:
         out.print(sweep_table(sweep_doc))
-    for path in (out_path, breakdown_plot, sweep_doc and sweep_doc["plot"]):
+    for path in (out_path, breakdown_plot, pareto_plot, sweep_doc and sweep_doc["plot"]):
         if path:
             err.print(f"wrote {path}")
+
+
+def _eval_data(spec: Optional[str]):
+    if spec is None:
+        return None
+    from edgesplit.data import load_eval_data
+
+    return load_eval_data(spec)
+
+
+def _compare_with_progress(problem, methods, split, options, model: str):
+    """Plan every method; a progress bar while AUTO-SPLIT measures its candidates."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+    from edgesplit.plan import compare_methods
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               MofNCompleteColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task(f"planning {model}", total=None)
+
+        def report(what: str, done: int, total: int) -> None:
+            progress.update(task, description=f"{model}: {what}", completed=done, total=total)
+
+        problem.progress = report
+        return compare_methods(problem, methods, split_after=split, options=options)
+
+
+def _pareto_plot(plans, path: Path, model: str, setting) -> None:
+    from edgesplit.errors import ConfigError
+    from edgesplit.report.plots import plot_pareto
+
+    if "autosplit" not in plans:
+        raise ConfigError("--pareto-plot shows AUTO-SPLIT's candidates: include autosplit in "
+                          "--method")
+    plot_pareto(plans, path, title=f"{model}: {setting.edge.name} -> {setting.link.name} -> "
+                                   f"{setting.cloud.name}")
 
 
 def _plan_topology(model: str, topology: str, objective: str, max_latency_ms, input_shape,

@@ -19,7 +19,8 @@ from edgesplit.hardware import Device, Link
 from edgesplit.hardware._validation import build
 
 __all__ = ["PLAN_VERSION", "ModelRef", "PlanDevice", "PlanLink", "PlanLayer", "PlanTensor",
-           "Transfer", "Prediction", "Plan", "recompute_total", "load_plan"]
+           "Transfer", "Prediction", "PlanQuality", "PlanAlternative", "Plan", "recompute_total",
+           "load_plan"]
 
 PLAN_VERSION = 1
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -91,6 +92,35 @@ class Prediction(BaseModel):
     total_ms: float
 
 
+class PlanQuality(BaseModel):
+    """The plan's measured quality on held-out data (AUTO-SPLIT's accuracy drop)."""
+
+    model_config = _STRICT
+    metric: Literal["top1", "cosine"]  # accuracy, or cosine similarity to float outputs (%)
+    value: float
+    reference: float  # the float model on the same samples
+    drop: float  # reference - value, percentage points
+    samples: int
+    data: str
+
+
+class PlanAlternative(BaseModel):
+    """Another solution the planner weighed (AUTO-SPLIT's candidate list): enough to compare
+    and to ask for it again (``split`` edge layers of the topological order at these bits)."""
+
+    model_config = _STRICT
+    split: int
+    split_after: str | None
+    total_ms: float
+    edge_memory_bytes: int
+    sent_bytes: int
+    distortion: float
+    drop: float | None = None  # measured accuracy drop, percentage points; None: not measured
+    pareto: bool = False  # on the latency / drop (or distortion) Pareto front
+    w_bits: dict[str, int] = Field(default_factory=dict)
+    a_bits: dict[str, int] = Field(default_factory=dict)
+
+
 class Plan(BaseModel):
     model_config = _STRICT
 
@@ -109,6 +139,8 @@ class Plan(BaseModel):
     parallel_devices: list[str] = Field(default_factory=list)
     feasible: bool = True
     reason: str | None = None  # why infeasible, or a note from the planner
+    quality: PlanQuality | None = None  # measured on held-out data, when there was any
+    alternatives: list[PlanAlternative] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError, UnknownNameError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.plan.cost import CostTable, EdgeCloudSetting
@@ -37,8 +38,15 @@ class PlanningProblem:
     setting: EdgeCloudSetting
     example_inputs: Any = None
     input_shape: Sequence[int] | None = None
+    # Held-out data to measure quantized plans' accuracy on (AUTO-SPLIT and its quantized
+    # baselines); without it they are judged by distortion and say accuracy was not measured.
+    eval_data: EvalData | None = None
+    calibration_samples: int | None = None  # taken from the front of eval_data
+    eval_batch_size: int = 64
+    progress: Callable[[str, int, int], None] | None = None  # (task, done, total)
     _graphs: dict[str, LayerGraph] = field(default_factory=dict, repr=False)
     _costs: dict[str, CostTable] = field(default_factory=dict, repr=False)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)  # planners' shared work
 
     @property
     def source(self) -> str:
@@ -92,13 +100,14 @@ def register_planner(name: str) -> Callable[[type[Planner]], type[Planner]]:
     return deco
 
 
-def get_planner(name: str) -> Planner:
+def get_planner(name: str, **options: Any) -> Planner:
+    """A planner by name; ``options`` go to its constructor (e.g. AUTO-SPLIT's thresholds)."""
     if name not in _PLANNERS:
         close = difflib.get_close_matches(name, _PLANNERS, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise UnknownNameError(f"unknown planning method {name!r}.{hint} Methods: "
                                f"{', '.join(sorted(_PLANNERS))}, all")
-    return _PLANNERS[name]()
+    return _PLANNERS[name](**options)
 
 
 def list_planners() -> list[str]:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -17,11 +18,15 @@ __all__ = ["compare_methods", "best_plan", "plan_document", "sweep_link", "cut_b
 
 
 def compare_methods(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS,
-                    *, split_after: Sequence[str] = ()) -> dict[str, Plan]:
-    """One plan per method (``manual`` when ``split_after`` is given)."""
+                    *, split_after: Sequence[str] = (),
+                    options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Plan]:
+    """One plan per method (``manual`` when ``split_after`` is given); ``options[method]``
+    goes to that planner's constructor."""
     plans = {}
+    options = options or {}
     for method in methods:
-        planner = Manual(split_after) if method == "manual" else get_planner(method)
+        planner = Manual(split_after) if method == "manual" else \
+            get_planner(method, **options.get(method, {}))
         plans[method] = planner.plan(problem)
     if split_after and "manual" not in plans:
         plans["manual"] = Manual(split_after).plan(problem)
@@ -78,6 +83,7 @@ def _method_entry(plan: Plan) -> dict[str, Any]:
         "rtt_ms": plan.predicted.rtt_ms,
         "total_ms": plan.predicted.total_ms,
         "edge_memory_bytes": plan.edge_memory_bytes,
+        "quality": plan.quality.model_dump(mode="json") if plan.quality else None,
         "plan": plan.model_dump(mode="json"),
     }
 
@@ -94,8 +100,8 @@ def sweep_link(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHO
         swept = link.model_copy(update={"bandwidth_mbps": float(mbps),
                                         "down_bandwidth_mbps": float(mbps * ratio)})
         setting = EdgeCloudSetting(**{**problem.setting.__dict__, "link": swept})
-        sub = PlanningProblem(problem.model, setting, problem.example_inputs, problem.input_shape,
-                              _graphs=problem._graphs)
+        # same graphs and quantization work (neither depends on the link), fresh cost tables
+        sub = dataclasses.replace(problem, setting=setting, _costs={})
         plans = compare_methods(sub, methods)
         rows.append({"bandwidth_mbps": float(mbps), "methods": {
             m: {"total_ms": p.predicted.total_ms, "edge_layers": len(p.edge_layers),

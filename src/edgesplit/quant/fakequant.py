@@ -10,6 +10,7 @@ the cloud part stays at full precision.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -99,7 +100,9 @@ def fake_quant_program(graph: LayerGraph, bits: Mapping[str, tuple[int, int]],
     has fake-quantized weights and fake-quantized outputs; other layers stay float."""
     if graph.program is None:
         raise ConfigError("the LayerGraph has no program to quantize")
-    program = copy.deepcopy(graph.program)
+    with warnings.catch_warnings():  # torch's own deprecation noise from copying the spec
+        warnings.simplefilter("ignore", FutureWarning)
+        program = copy.deepcopy(graph.program)
     nodes = {n.name: n for n in program.graph.nodes}
     for name, (w_bits, a_bits) in bits.items():
         layer = graph.layer(name)

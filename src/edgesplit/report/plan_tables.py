@@ -29,19 +29,42 @@ def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -
                         f"{s.cloud.name}; edge memory limit "
                         f"{human_bytes(limit) if limit else 'none'}",
                   caption=f"chosen: {chosen}")
-    for col in ("method", "graph", "split", "edge layers", "sent", "edge ms", "transfer ms",
-                "cloud ms", "total ms", "edge memory", "feasible"):
+    for col in ("method", "graph", "split", "edge layers", "bits", "sent", "edge ms",
+                "transfer ms", "cloud ms", "total ms", "edge memory", "accuracy drop",
+                "feasible"):
         table.add_column(col, overflow="fold", justify="right" if "ms" in col else "left")
     for method, plan in plans.items():
         n = len(problem.graph_of(plan.model.graph).layers)
         p = plan.predicted
         table.add_row(
             ("* " if method == chosen else "") + method, plan.model.graph, _split(plan, n),
-            f"{len(plan.edge_layers)}/{n}", human_bytes(plan.transfers[0].bytes),
+            f"{len(plan.edge_layers)}/{n}", _bits(plan), human_bytes(plan.transfers[0].bytes),
             f"{p.compute_ms['edge']:.2f}", f"{p.transfer_ms + p.rtt_ms:.2f}",
             f"{p.compute_ms['cloud']:.2f}", f"{p.total_ms:.2f}",
-            human_bytes(plan.edge_memory_bytes), "yes" if plan.feasible else f"no: {plan.reason}")
+            human_bytes(plan.edge_memory_bytes), _drop(plan),
+            "yes" if plan.feasible else f"no: {plan.reason}")
+    notes = {m: p.reason for m, p in plans.items() if p.feasible and p.reason}
+    if notes:
+        table.caption += "".join(f"\n{m}: {r}" for m, r in notes.items())
     return table
+
+
+def _bits(plan: Plan) -> str:
+    """Weight/activation widths of the quantized layers, e.g. ``w4-8 a8``; ``float`` if none."""
+    ws = sorted({layer.w_bits for layer in plan.layers if layer.w_bits is not None})
+    acts = sorted({layer.a_bits for layer in plan.layers if layer.a_bits is not None})
+    if not ws:
+        return "fp16 cloud" if plan.method == "cloud16" else "float"
+    span = lambda v: f"{v[0]}" if len(v) == 1 else f"{v[0]}-{v[-1]}"  # noqa: E731
+    return f"w{span(ws)} a{span(acts)}"
+
+
+def _drop(plan: Plan) -> str:
+    if plan.quality is not None:
+        return f"{plan.quality.drop:.2f} pts"
+    if any(layer.w_bits is not None for layer in plan.layers) or plan.method == "cloud16":
+        return "not measured"
+    return "0 (float)"
 
 
 def sweep_table(sweep: dict[str, Any]) -> Table:

@@ -20,8 +20,8 @@ from matplotlib.ticker import MaxNLocator
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_link_sweep", "plot_profile",
-           "short_layer_name"]
+__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_link_sweep", "plot_pareto",
+           "plot_profile", "short_layer_name"]
 
 DPI = 120
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -368,3 +368,55 @@ def plot_assignment(plan: Any, path: str | Path, *, title: str = "") -> Path:
                                                "alpha": 0.8, "pad": 1})
     fig.suptitle(title or f"{plan.model.name}: {plan.method}, {plan.predicted.total_ms:.2f} ms")
     return _save(fig, path)
+
+
+def plot_pareto(plans: dict[str, Any], path: str | Path, *, title: str | None = None) -> Path:
+    """AUTO-SPLIT Fig. 5: every AUTO-SPLIT candidate's end-to-end latency (normalised to
+    cloud-only) against its accuracy drop (or, unmeasured, its total distortion), the Pareto
+    front, the chosen plan, and the other methods' plans as labelled points."""
+    auto = plans["autosplit"]
+    alts = auto.alternatives
+    if not alts:
+        raise ConfigError("the AUTO-SPLIT plan carries no candidates to plot")
+    measured = auto.quality is not None
+    base = next((a.total_ms for a in alts if a.split == 0), None) or auto.predicted.total_ms
+
+    def err(alt_drop: float | None, distortion: float) -> float:
+        return alt_drop if measured and alt_drop is not None else distortion
+
+    fig = _new_figure(8.0, 5.6)
+    ax = fig.subplots()
+    xs = [err(a.drop, a.distortion) for a in alts]
+    ys = [a.total_ms / base for a in alts]
+    ax.scatter(xs, ys, s=14, color="#9aa5b1", label="AUTO-SPLIT candidates", zorder=2)
+    front = sorted((x, y) for x, y, a in zip(xs, ys, alts, strict=True) if a.pareto)
+    ax.step(*zip(*front, strict=True), where="post", color=_COLORS[0], linewidth=1.6,
+            label="Pareto front", zorder=3)
+    for i, (name, plan) in enumerate(p for p in plans.items() if p[0] != "autosplit"):
+        q = getattr(plan, "quality", None)
+        x = (q.drop if q is not None else 0.0) if measured else 0.0
+        if q is None and any(layer.w_bits for layer in plan.layers):
+            continue  # a quantized plan whose accuracy was not measured has no place here
+        ax.scatter([x], [plan.predicted.total_ms / base], marker=_MARKERS[(i + 1) % len(_MARKERS)],
+                   color=_COLORS[(i + 1) % len(_COLORS)], s=46, zorder=4, label=name)
+    chosen_x = auto.quality.drop if measured else auto_distortion(auto)
+    ax.scatter([chosen_x], [auto.predicted.total_ms / base], marker="*", s=220, color="#d6336c",
+               edgecolor="black", zorder=5, label="AUTO-SPLIT choice")
+    ax.set_xscale("symlog", linthresh=0.1 if measured else 1e-4)
+    ax.set_xlabel("accuracy drop (percentage points)" if measured
+                  else "total distortion (sum of weight and activation MSE; accuracy not measured)")
+    ax.set_ylabel("end-to-end latency / cloud-only")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or "AUTO-SPLIT: latency vs accuracy", fontsize=10)
+    return _save(fig, path)
+
+
+def auto_distortion(plan: Any) -> float:
+    """The chosen AUTO-SPLIT plan's total distortion (from its entry among the candidates)."""
+    for alt in plan.alternatives:
+        bits = {layer.name: layer.w_bits for layer in plan.layers if layer.w_bits is not None}
+        if alt.split == len(plan.edge_layers) and alt.w_bits == bits and \
+                abs(alt.total_ms - plan.predicted.total_ms) < 1e-9:
+            return alt.distortion
+    return 0.0

@@ -1,0 +1,347 @@
+"""Plans whose edge part (or cloud) runs quantized: the shared machinery of AUTO-SPLIT and of
+its quantized baselines (U8, QDMP_E, QDMP_E + U4, CLOUD16).
+
+- ``quant_setup(problem, bits)``: the distortion table (D_i^w, D_i^a) and, with evaluation
+  data, a ``QualityMeter`` on a copy of the model captured at the evaluation batch size;
+  computed once per problem and shared by every method.
+- ``evaluate(costs, edge, w_bits, a_bits)``: latency and memory of one solution. Edge layers
+  take the roofline at their bits (sub-8-bit computes at INT8 speed and moves fewer bytes),
+  crossing tensors travel at their producer's activation bits (raw inputs at the setting's
+  ``input_bits``), the cloud computes at ``cloud_bits``.
+- ``quantized_plan``: that solution as a Plan, with its measured quality when there is data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from edgesplit.data import EvalData
+from edgesplit.errors import ConfigError, GraphError
+from edgesplit.graph import INPUT, LayerGraph, capture
+from edgesplit.hardware import LayerWork, estimator_for
+from edgesplit.plan.cost import CostTable
+from edgesplit.plan.model import Plan, PlanLayer, PlanQuality, Prediction, Transfer
+from edgesplit.plan.mincut import min_cut_edge_set
+from edgesplit.plan.planners import Planner, PlanningProblem, make_plan, register_planner
+from edgesplit.quant.accuracy import QualityMeter
+from edgesplit.quant.fakequant import DEFAULT_BITS, DistortionTable, calibrate, distortion_table
+
+__all__ = ["QuantSetup", "quant_setup", "Solution", "evaluate", "quantized_plan",
+           "device_bits", "float_min_cut", "U8", "QdmpE", "QdmpEU4", "Cloud16"]
+
+
+@dataclass
+class QuantSetup:
+    bits: tuple[int, ...]
+    table: DistortionTable
+    meter: QualityMeter | None  # None: no evaluation data, accuracy is not measured
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class Solution:
+    """One way to run the model: the first layers (a down-set) on the edge at these bits."""
+
+    edge: tuple[str, ...]  # topological order
+    w_bits: dict[str, int]
+    a_bits: dict[str, int]
+    distortion: float
+    memory_bytes: int
+    edge_ms: float
+    transfer_ms: float
+    cloud_ms: float
+    rtt_ms: float
+    sent: dict[str, int] = field(default_factory=dict)  # crossing tensor -> bits
+    sent_bytes: int = 0
+    layer_ms: dict[str, float] = field(default_factory=dict)  # edge layers at their bits
+    cloud_layer_ms: dict[str, float] = field(default_factory=dict)
+    drop: float | None = None  # measured accuracy drop (percentage points)
+
+    @property
+    def split(self) -> int:
+        return len(self.edge)
+
+    @property
+    def total_ms(self) -> float:
+        return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms
+
+    def bits(self) -> dict[str, tuple[int, int]]:
+        return {n: (self.w_bits[n], self.a_bits[n]) for n in self.edge}
+
+
+def device_bits(problem_bits: Sequence[int] | None, supported: Iterable[int]) -> tuple[int, ...]:
+    """The bit-widths to search: the user's, else the device's supported ones that fake-quant
+    models, else the default {2, 4, 6, 8, 16}."""
+    chosen = [b for b in supported if b in DEFAULT_BITS]
+    return tuple(sorted(set(problem_bits or chosen or DEFAULT_BITS)))
+
+
+# ---- latency and memory of a solution ----------------------------------------------------
+def tensor_bits(costs: CostTable, name: str, a_bits: dict[str, int]) -> int:
+    info = costs.graph.tensors[name]
+    if info.producer == INPUT:
+        return costs.wire_bits(name) or 32
+    return a_bits.get(info.producer, 32)
+
+
+def memory_bytes(costs: CostTable, edge: Sequence[str], w_bits: dict[str, int],
+                 a_bits: dict[str, int]) -> int:
+    """Edge working set (AUTO-SPLIT 5b): weights at their bits + the live activations."""
+    graph = costs.graph
+    if not edge:
+        return costs.memory_bytes(frozenset())
+    tensor_bytes = {t: graph.tensors[t].bytes_at(tensor_bits(costs, t, a_bits))
+                    for t in graph.tensors}
+    attribute_bytes = {}
+    for name in edge:
+        for attr in graph.layer(name).param_names:
+            attribute_bytes[attr] = math.ceil(graph.attribute_numel.get(attr, 0)
+                                              * w_bits.get(name, 32) / 8)
+    return graph.peak_memory(list(edge), tensor_bytes=tensor_bytes,
+                             attribute_bytes=attribute_bytes).total_bytes
+
+
+def evaluate(costs: CostTable, edge: Sequence[str], w_bits: dict[str, int],
+             a_bits: dict[str, int], distortion: float = 0.0, cloud_bits: int = 32
+             ) -> Solution:
+    graph, setting = costs.graph, costs.setting
+    edge_set = frozenset(edge)
+    order = [layer.name for layer in graph.layers if layer.name in edge_set]
+    estimator = estimator_for(setting.edge)
+    layer_ms = {n: estimator.layer_ms(LayerWork.of(graph, n, w_bits=w_bits.get(n, 32),
+                                                   a_bits=a_bits.get(n, 32)), setting.edge)
+                for n in order}
+    cloud_layers = [layer.name for layer in graph.layers if layer.name not in edge_set]
+    if cloud_bits >= 32:
+        cloud_layer_ms = {n: costs.cloud_ms[n] for n in cloud_layers}
+    else:
+        cloud_est = estimator_for(setting.cloud)
+        cloud_layer_ms = {n: cloud_est.layer_ms(LayerWork.of(graph, n, w_bits=cloud_bits,
+                                                             a_bits=cloud_bits), setting.cloud)
+                          for n in cloud_layers}
+    sent = {t: tensor_bits(costs, t, a_bits) for t in costs.crossing(edge_set)}
+    sent_bytes = sum(graph.tensors[t].bytes_at(b) for t, b in sent.items())
+    returned = costs.returned(edge_set)
+    transfer = sum(setting.link.transfer_ms(graph.tensors[t].bytes_at(b)) for t, b in sent.items())
+    transfer += sum(costs.down_ms[t] for t in returned)
+    return Solution(
+        edge=tuple(order), w_bits={n: w_bits.get(n, 32) for n in order},
+        a_bits={n: a_bits.get(n, 32) for n in order}, distortion=distortion,
+        memory_bytes=memory_bytes(costs, order, w_bits, a_bits), edge_ms=sum(layer_ms.values()),
+        transfer_ms=transfer, cloud_ms=sum(cloud_layer_ms.values()),
+        rtt_ms=setting.link.rtt_ms if (sent or returned) else 0.0, sent=sent,
+        sent_bytes=sent_bytes, layer_ms=layer_ms, cloud_layer_ms=cloud_layer_ms)
+
+
+def total_distortion(table: DistortionTable, solution_bits: dict[str, tuple[int, int]]) -> float:
+    """Sum of D_i^w + D_i^a over the quantized layers (32 bits: no distortion)."""
+    return sum(table.weight[n].get(w, 0.0) + table.activation[n].get(a, 0.0)
+               for n, (w, a) in solution_bits.items())
+
+
+# ---- distortion table and quality meter, once per problem --------------------------------
+def _eval_graph(problem: PlanningProblem, data: EvalData, batch: int) -> LayerGraph:
+    """The model captured again at the evaluation batch size, with the same layer names."""
+    base = problem.graph
+    for i, (x, sample) in enumerate(zip(base.example_inputs, data.inputs, strict=False)):
+        if tuple(x.shape[1:]) != tuple(sample.shape[1:]) or x.dtype != sample.dtype:
+            raise ConfigError(
+                f"evaluation data input {i} has samples of shape {list(sample.shape[1:])} "
+                f"({sample.dtype}); {base.model} takes {list(x.shape[1:])} ({x.dtype})")
+    if len(data.inputs) != len(base.example_inputs):
+        raise ConfigError(f"evaluation data has {len(data.inputs)} input(s); {base.model} takes "
+                          f"{len(base.example_inputs)}")
+    model = problem.model
+    if isinstance(model, (str, Path)) and str(model).endswith(".pt2"):
+        if batch != base.example_inputs[0].shape[0]:
+            raise ConfigError(f"a saved program runs at its exported batch size "
+                              f"({base.example_inputs[0].shape[0]}); set the evaluation batch "
+                              "size to that")
+        return base
+    if isinstance(model, str):
+        shape = (batch, *base.example_inputs[0].shape[1:])
+        graph = capture(model, input_shape=shape, name=base.model)
+    else:
+        example = tuple(t[:1].expand(batch, *t.shape[1:]).clone() for t in data.inputs)
+        graph = capture(model, example, name=base.model)
+    if [layer.name for layer in graph.layers] != [layer.name for layer in base.layers]:
+        raise GraphError(f"{base.model} captured at batch {batch} has different layers than at "
+                         f"batch {base.example_inputs[0].shape[0]}; use --eval-batch-size "
+                         f"{base.example_inputs[0].shape[0]}")
+    return graph
+
+
+def quant_setup(problem: PlanningProblem, bits: Sequence[int]) -> QuantSetup:
+    key = f"quant:{tuple(bits)}"
+    if key in problem.cache:
+        return problem.cache[key]
+    data = problem.eval_data
+    if data is None:
+        graph = problem.graph
+        calibration = calibrate(graph, [graph.example_inputs])
+        setup = QuantSetup(tuple(bits), distortion_table(graph, calibration, bits), None)
+    else:
+        n_cal = problem.calibration_samples or max(1, min(128, len(data) // 5))
+        cal, held = data.split(n_cal)
+        batch = min(problem.eval_batch_size, len(held))
+        if isinstance(problem.model, (str, Path)) and str(problem.model).endswith(".pt2"):
+            batch = int(problem.graph.example_inputs[0].shape[0])
+        graph = _eval_graph(problem, data, batch)
+        calibration = calibrate(graph, [b for b, _ in cal.batches(batch)])
+        table = distortion_table(graph, calibration, bits)
+        setup = QuantSetup(tuple(bits), table, QualityMeter(graph, held, calibration, batch),
+                           data.name)
+    problem.cache[key] = setup
+    return setup
+
+
+def measure(setup: QuantSetup, solution: Solution) -> Solution:
+    """The solution with its measured accuracy drop (unchanged without a meter)."""
+    if setup.meter is None:
+        return solution
+    quality = setup.meter.measure({n: b for n, b in solution.bits().items() if b != (32, 32)})
+    return _replace(solution, drop=quality.drop)
+
+
+def _replace(solution: Solution, **changes) -> Solution:
+    return dataclasses.replace(solution, **changes)
+
+
+def plan_quality(setup: QuantSetup, solution: Solution, cloud_bits: int = 32
+                 ) -> PlanQuality | None:
+    if setup.meter is None:
+        return None
+    bits = {n: b for n, b in solution.bits().items() if b != (32, 32)}
+    if cloud_bits < 32:
+        bits.update({n: (cloud_bits, cloud_bits) for n in solution.cloud_layer_ms})
+    q = setup.meter.measure(bits)
+    return PlanQuality(metric=q.metric, value=q.value, reference=q.reference, drop=q.drop,
+                       samples=q.samples, data=setup.data or "")
+
+
+# ---- a solution as a Plan -----------------------------------------------------------------
+def _quantized(bits: int | None) -> int | None:
+    return bits if bits is not None and bits < 32 else None  # 32: the layer stays float
+
+
+def quantized_plan(costs: CostTable, solution: Solution, *, method: str, source: str,
+                   quality: PlanQuality | None = None, note: str | None = None,
+                   feasible: bool | None = None) -> Plan:
+    graph = costs.graph
+    edge = frozenset(solution.edge)
+    base = make_plan(costs, edge, method=method, source=source)
+    layers = [PlanLayer(
+        name=layer.name,
+        latency_ms={"edge": solution.layer_ms.get(layer.name, layer.latency_ms["edge"]),
+                    "cloud": solution.cloud_layer_ms.get(layer.name, layer.latency_ms["cloud"])},
+        param_bytes=layer.param_bytes, w_bits=_quantized(solution.w_bits.get(layer.name)),
+        a_bits=_quantized(solution.a_bits.get(layer.name))) for layer in base.layers]
+    returned = costs.returned(edge)
+    transfers = [Transfer(src="edge", dst="cloud", tensors=list(solution.sent),
+                          bits={t: b for t, b in solution.sent.items() if b < 32},
+                          bytes=solution.sent_bytes,
+                          ms=solution.transfer_ms - sum(costs.down_ms[t] for t in returned))]
+    transfers += base.transfers[1:]
+    devices = [d.model_copy(update={"compute_ms": solution.edge_ms if d.role == "edge"
+                                    else solution.cloud_ms}) for d in base.devices]
+    limit = costs.setting.memory_limit_bytes
+    fits = limit is None or solution.memory_bytes <= limit
+    privacy = costs.forced_edge() <= edge
+    reason = note
+    if not fits:
+        reason = (f"edge memory: needs {solution.memory_bytes:,} bytes, limit is {limit:,} bytes"
+                  + (f"; {note}" if note else ""))
+    elif not privacy:
+        reason = base.reason
+    return base.model_copy(update={
+        "layers": layers, "transfers": transfers, "devices": devices,
+        "edge_memory_bytes": solution.memory_bytes,
+        "predicted": Prediction(compute_ms={"edge": solution.edge_ms, "cloud": solution.cloud_ms},
+                                transfer_ms=solution.transfer_ms, rtt_ms=solution.rtt_ms,
+                                total_ms=solution.total_ms),
+        "feasible": (fits and privacy) if feasible is None else feasible,
+        "reason": reason, "quality": quality})
+
+
+# ---- the quantized baselines -------------------------------------------------------------
+class _Quantized(Planner):
+    """A fixed edge part at uniform bits; accuracy measured when the problem has data."""
+
+    w_bits = a_bits = 32
+    cloud_bits = 32
+
+    def choose(self, costs: CostTable) -> frozenset[str]:
+        return frozenset()
+
+    def edge_part(self, problem: PlanningProblem, costs: CostTable) -> frozenset[str]:
+        return self.choose(costs)
+
+    def plan(self, problem: PlanningProblem) -> Plan:
+        costs = problem.costs("optimized")
+        edge = self.edge_part(problem, costs)
+        order = [layer.name for layer in costs.graph.layers if layer.name in edge]
+        w = dict.fromkeys(order, self.w_bits)
+        a = dict.fromkeys(order, self.a_bits)
+        bits = device_bits(None, costs.setting.edge.supported_bits)
+        needs_table = self.w_bits < 32 or self.cloud_bits < 32 or problem.eval_data is not None
+        setup = quant_setup(problem, bits if self.w_bits in bits else (*bits, self.w_bits)) \
+            if needs_table else None
+        distortion = total_distortion(setup.table, {n: (self.w_bits, self.a_bits) for n in order}
+                                      ) if setup and self.w_bits < 32 else 0.0
+        solution = evaluate(costs, order, w, a, distortion, cloud_bits=self.cloud_bits)
+        quality = plan_quality(setup, solution, self.cloud_bits) if setup else None
+        note = None if quality else self.note(setup)
+        return quantized_plan(costs, solution, method=self.name, source=problem.source,
+                              quality=quality, note=note)
+
+    def note(self, setup: QuantSetup | None) -> str | None:
+        if self.w_bits >= 32 and self.cloud_bits >= 32:
+            return None
+        return "accuracy not measured (no evaluation data)"
+
+
+@register_planner("u8")
+class U8(_Quantized):
+    """U8 (AUTO-SPLIT's baseline): the whole model on the edge, weights and activations at
+    uniform 8 bits."""
+
+    w_bits = a_bits = 8
+
+    def choose(self, costs: CostTable) -> frozenset[str]:
+        return frozenset(layer.name for layer in costs.graph.layers)
+
+
+@register_planner("cloud16")
+class Cloud16(_Quantized):
+    """CLOUD16: everything on the cloud in FP16; the edge only sends the raw input."""
+
+    cloud_bits = 16
+
+
+def float_min_cut(costs: CostTable) -> frozenset[str]:
+    """QDMP's float split (min-cut or edge-only, whichever is faster), ignoring the edge
+    memory limit: QDMP_E keeps the split and is infeasible when its edge part does not fit."""
+    everything = frozenset(layer.name for layer in costs.graph.layers)
+    cut = min_cut_edge_set(costs, forced_edge=costs.forced_edge())
+    return min((cut, everything), key=lambda e: (costs.evaluate(e).total_ms, len(e)))
+
+
+@register_planner("qdmp_e")
+class QdmpE(_Quantized):
+    """QDMP_E (AUTO-SPLIT 5.3): QDMP's float split with only the edge part stored on the edge;
+    the memory limit does not move the split, it can only make the plan infeasible."""
+
+    def edge_part(self, problem: PlanningProblem, costs: CostTable) -> frozenset[str]:
+        return float_min_cut(costs)
+
+
+@register_planner("qdmp_e_u4")
+class QdmpEU4(QdmpE):
+    """QDMP_E + U4 (AUTO-SPLIT 5.4): QDMP_E's split with its edge part at uniform 4 bits
+    (weights, activations, and the tensors it sends)."""
+
+    w_bits = a_bits = 4
