@@ -88,3 +88,27 @@ def test_distortion_falls_with_bits(resnet18_calibrated):
         assert all(x >= y - 1e-12 for x, y in zip(w, w[1:])), layer.name
         assert all(x >= y - 1e-12 for x, y in zip(a, a[1:])), layer.name
     assert table.weight["classifier.1"][2] > 0
+
+
+@pytest.mark.parametrize("model", ["digits_cnn", "bert_mini"])
+def test_switchable_program_equals_a_fresh_fake_quant_copy(model):
+    """The meter's one-copy program gives exactly fake_quant_program's numbers for any mix of
+    widths, and switching back to float restores the float outputs."""
+    import random
+
+    from edgesplit.quant import QuantizableProgram
+
+    graph = captured(model)
+    cal = calibrate(graph, [graph.example_inputs])
+    switchable = QuantizableProgram(graph, cal)
+    rng = random.Random(0)
+    for _ in range(3):
+        bits = {l.name: (rng.choice((2, 4, 8, 16, 32)), rng.choice((2, 4, 8, 16, 32)))
+                for l in graph.layers if rng.random() < 0.6}
+        with torch.no_grad():
+            expected = fake_quant_program(graph, bits, cal)(*graph.example_inputs)
+            got = switchable.configure(bits)(*graph.example_inputs)
+        assert torch.equal(got, expected)
+    with torch.no_grad():
+        assert torch.equal(switchable.configure({})(*graph.example_inputs),
+                           graph.program(*graph.example_inputs))

@@ -17,7 +17,7 @@ import torch
 
 from edgesplit.data import EvalData
 from edgesplit.graph import LayerGraph
-from edgesplit.quant.fakequant import Calibration, fake_quant_program
+from edgesplit.quant.fakequant import Calibration, QuantizableProgram
 
 __all__ = ["QualityMeter", "Quality"]
 
@@ -55,6 +55,7 @@ class QualityMeter:
                            for batch, real in self._batches]
         self.reference = self._score(self._reference)
         self._cache: dict[tuple, float] = {}
+        self._program: QuantizableProgram | None = None  # built on the first quantized run
 
     def _run(self, program: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         with torch.no_grad():
@@ -75,7 +76,9 @@ class QualityMeter:
             if not bits:
                 value = self.reference
             else:
-                program = fake_quant_program(self.graph, bits, self.calibration)
+                if self._program is None:
+                    self._program = QuantizableProgram(self.graph, self.calibration)
+                program = self._program.configure(bits)
                 value = self._score([self._run(program, batch)[:real]
                                      for batch, real in self._batches])
             self._cache[key] = value

@@ -22,6 +22,7 @@ from edgesplit.graph import LayerGraph
 from edgesplit.graph.partition import record_tensors
 
 __all__ = ["fake_quantize", "quantize_weight", "calibrate", "Calibration", "fake_quant_program",
+           "QuantizableProgram",
            "DistortionTable", "distortion_table", "DEFAULT_BITS"]
 
 DEFAULT_BITS = (2, 4, 6, 8, 16)
@@ -39,8 +40,9 @@ def fake_quantize(x: torch.Tensor, bits: int, lo: torch.Tensor | float,
     lo_t = torch.as_tensor(lo, dtype=x.dtype)
     hi_t = torch.as_tensor(hi, dtype=x.dtype)
     scale = torch.clamp((hi_t - lo_t) / levels, min=torch.finfo(x.dtype).tiny)
-    q = torch.clamp(torch.round((x - lo_t) / scale), 0, levels)
-    return q * scale + lo_t
+    # one temporary, updated in place: this runs on every activation of every candidate
+    q = (x - lo_t).div_(scale).round_().clamp_(0, levels)
+    return q.mul_(scale).add_(lo_t)
 
 
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
@@ -165,3 +167,83 @@ def distortion_table(graph: LayerGraph, calibration: Calibration,
                     n += v.numel()
             activation[layer.name][b] = errs / n if n else 0.0
     return DistortionTable(tuple(bits), weight, activation)
+
+
+class _FakeQuantOutput(torch.nn.Module):
+    """Fake-quant of one tensor at a switchable width (32: pass through)."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        super().__init__()
+        self.lo, self.hi, self.bits = lo, hi, 32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.bits >= 32 else fake_quantize(x, self.bits, self.lo, self.hi)
+
+
+class QuantizableProgram:
+    """One copy of the program whose layers' bit-widths can be switched without copying again:
+    the same numbers as :func:`fake_quant_program` for the same ``bits``, at the cost of a
+    forward pass per configuration (quantized weights are computed once per width)."""
+
+    def __init__(self, graph: LayerGraph, calibration: Calibration) -> None:
+        if graph.program is None:
+            raise ConfigError("the LayerGraph has no program to quantize")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self.program = copy.deepcopy(graph.program)
+        self.graph = graph
+        self._outputs: dict[str, list[_FakeQuantOutput]] = {}
+        self._weights: dict[str, list[str]] = {}
+        self._float: dict[str, torch.Tensor] = {}
+        self._cache: dict[tuple[str, int], torch.Tensor] = {}
+        self._insert_observers(calibration)
+
+    def _insert_observers(self, calibration: Calibration) -> None:
+        nodes = {n.name: n for n in self.program.graph.nodes}
+        for layer in self.graph.layers:
+            self._weights[layer.name] = [t for t in layer.param_names if self._is_weight(t)]
+            mods = []
+            for tensor in layer.outputs:
+                if tensor not in calibration.ranges:
+                    continue
+                mod = _FakeQuantOutput(*calibration.ranges[tensor])
+                name = f"_es_fq_{tensor}"
+                self.program.add_submodule(name, mod)
+                node = nodes[tensor]
+                with self.program.graph.inserting_after(node):
+                    quantized = self.program.graph.call_module(name, (node,))
+                node.replace_all_uses_with(quantized, delete_user_cb=lambda u, q=quantized: u is not q)
+                mods.append(mod)
+            self._outputs[layer.name] = mods
+        self.program.graph.lint()
+        self.program.recompile()
+
+    def _is_weight(self, target: str) -> bool:
+        value = self._get(target)
+        if value.is_floating_point() and value.dim() >= 2:  # weights, not biases or masks
+            self._float[target] = value.detach()
+            return True
+        return False
+
+    def _get(self, target: str) -> torch.Tensor:
+        owner = self.program
+        for part in target.split("."):
+            owner = getattr(owner, part)
+        return owner
+
+    def configure(self, bits: Mapping[str, tuple[int, int]]) -> torch.nn.Module:
+        """Set every layer to its ``(w_bits, a_bits)`` (layers not named: float)."""
+        for layer, mods in self._outputs.items():
+            w_bits, a_bits = bits.get(layer, (32, 32))
+            for mod in mods:
+                mod.bits = a_bits
+            for target in self._weights[layer]:
+                if w_bits >= 32:
+                    value = self._float[target]
+                else:
+                    key = (target, w_bits)
+                    if key not in self._cache:
+                        self._cache[key] = quantize_weight(self._float[target], w_bits)
+                    value = self._cache[key]
+                _set_attr(self.program, target, value)
+        return self.program
