@@ -209,3 +209,42 @@ def test_unsupported_topology_shapes_are_named():
         proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "plan", "resnet18", *args],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_plan_measures_accuracy_on_an_eval_file_and_plots_the_front(tmp_path):
+    import numpy as np
+
+    from edgesplit.data import load_dataset
+
+    digits = load_dataset("digits")
+    data = tmp_path / "digits.npz"
+    np.savez(data, inputs=digits.inputs[0][:150].numpy(), labels=digits.labels[:150].numpy())
+    plot = tmp_path / "front.png"
+    result = _run("plan", "digits_cnn", "--edge", "eyeriss", "--cloud", "tpu", "--link",
+                  "autosplit-3mbps", "--method", "autosplit,u8,cloud16,qdmp",
+                  "--eval-data", str(data), "--calibration-samples", "30",
+                  "--max-acc-drop", "0.5", "--pareto-plot", str(plot), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    auto = doc["methods"]["autosplit"]
+    assert auto["quality"]["samples"] == 120 and auto["quality"]["metric"] == "top1"
+    assert auto["quality"]["drop"] <= 0.5
+    assert doc["methods"]["u8"]["quality"]["samples"] == 120
+    assert doc["methods"]["qdmp"]["quality"] is None  # float: nothing to measure
+    alts = auto["plan"]["alternatives"]
+    assert any(a["pareto"] for a in alts) and all(a["drop"] is not None for a in alts)
+    assert plot.stat().st_size > 10_000
+
+
+def test_plan_accuracy_options_explain_mistakes(tmp_path):
+    for args, message in [
+        (["--method", "autosplit", "--max-acc-drop", "1"], "--eval-data"),
+        (["--method", "autosplit", "--eval-data", "digit"], "unknown data set 'digit'"),
+        (["--method", "autosplit", "--eval-data", str(tmp_path / "x.npz")], "does not exist"),
+        (["--method", "u8", "--pareto-plot", str(tmp_path / "p.png")], "include autosplit"),
+        (["--input-bits", "12"], "input_bits"),
+    ]:
+        result = _run("plan", "resnet18", "--edge", "eyeriss", "--cloud", "tpu", *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+        assert "Traceback" not in result.output

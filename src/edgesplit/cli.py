@@ -376,6 +376,7 @@ def plan(
                               eval_data=_eval_data(eval_data),
                               calibration_samples=calibration_samples)
     methods = list(ALL_METHODS) if method == "all" else [m.strip() for m in method.split(",")]
+    _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot)
     split = [s.strip() for s in split_after.split(",")] if split_after else []
     options = {"autosplit": {"max_acc_drop": max_acc_drop,
                              "bits": [int(b) for b in parse_shape(bits)] if bits else None}}
@@ -411,6 +412,18 @@ def plan(
             err.print(f"wrote {path}")
 
 
+def _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot) -> None:
+    """Fail before any planning work on options that cannot apply."""
+    from edgesplit.errors import ConfigError
+
+    if max_acc_drop is not None and eval_data is None:
+        raise ConfigError("--max-acc-drop needs evaluation data to measure accuracy on: pass "
+                          "--eval-data (a built-in data set or a .pt/.npz file)")
+    if pareto_plot is not None and "autosplit" not in methods:
+        raise ConfigError("--pareto-plot shows AUTO-SPLIT's candidates: include autosplit in "
+                          "--method")
+
+
 def _eval_data(spec: Optional[str]):
     if spec is None:
         return None
@@ -438,12 +451,8 @@ def _compare_with_progress(problem, methods, split, options, model: str):
 
 
 def _pareto_plot(plans, path: Path, model: str, setting) -> None:
-    from edgesplit.errors import ConfigError
     from edgesplit.report.plots import plot_pareto
 
-    if "autosplit" not in plans:
-        raise ConfigError("--pareto-plot shows AUTO-SPLIT's candidates: include autosplit in "
-                          "--method")
     plot_pareto(plans, path, title=f"{model}: {setting.edge.name} -> {setting.link.name} -> "
                                    f"{setting.cloud.name}")
 
