@@ -24,6 +24,8 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit inspect mobilenet_v2 --limit 12
 	$(VENV)/bin/edgesplit topologies
 	$(VENV)/bin/edgesplit profile resnet18 --repeats 10 --validate
+	$(VENV)/bin/edgesplit plan digits_cnn --edge eyeriss --cloud tpu --link autosplit-3mbps \
+		--method neurosurgeon,qdmp,qdmp_e_u4,u8,cloud16,autosplit --eval-data digits
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
@@ -34,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_multisplit.py
 	$(PY) benchmarks/bench_wire.py
 	$(PY) benchmarks/bench_estimators.py
+	$(PY) benchmarks/bench_autosplit.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
