@@ -194,3 +194,21 @@ def test_plans_a_saved_program_including_its_raw_graph(tmp_path):
     assert [layer.name for layer in plans["dads"].layers] == [l.name for l in raw.layers]
     assert sum(l.op == "batch_norm" for l in raw.layers) == 2  # BN kept in the raw graph
     assert not any(l.op == "batch_norm" for l in problem.graph.layers)
+
+
+@pytest.mark.parametrize("bits, expected", [(8, 150_528), (4, 75_264), (32, 602_112)])
+def test_raw_input_crosses_at_input_bits_for_every_method(nano_v100, bits, expected):
+    problem = nano_v100("resnet18", "wifi", input_bits=bits)
+    for method in ("cloud_only", "cloud16"):
+        plan = get_planner(method).plan(problem)
+        assert plan.transfers[0].tensors == ["pixel_values"]
+        assert plan.transfers[0].bytes == expected
+        assert plan.transfers[0].bits == ({} if bits == 32 else {"pixel_values": bits})
+        link = problem.setting.link
+        assert plan.transfers[0].ms == pytest.approx(link.transfer_ms(expected))
+
+
+def test_integer_inputs_travel_unchanged(nano_v100):
+    problem = nano_v100("bert_mini", "wifi")  # int64 token ids: input_bits does not apply
+    plan = get_planner("cloud_only").plan(problem)
+    assert plan.transfers[0].bytes == 128 * 8 and plan.transfers[0].bits == {}

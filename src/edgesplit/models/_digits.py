@@ -105,11 +105,15 @@ def _load_or_train() -> DigitsCNN:
             log.warning("ignoring unreadable cached weights %s (%s); retraining", path, exc)
     log.info("training digits_cnn on scikit-learn digits (cached at %s)", path)
     model = train_digits_cnn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # write-then-rename so concurrent test workers never read half a file
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        torch.save(model.state_dict(), tmp.name)
-    os.replace(tmp.name, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # write-then-rename so concurrent test workers never read half a file
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as tmp:
+            torch.save(model.state_dict(), tmp.name)
+        os.replace(tmp.name, path)
+    except OSError as exc:  # a read-only home still gets a (freshly trained) model
+        log.warning("could not cache digits_cnn weights at %s (%s); set EDGESPLIT_CACHE_DIR "
+                    "to a writable folder to avoid retraining", path, exc)
     return model
 
 
