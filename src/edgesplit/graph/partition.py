@@ -53,7 +53,8 @@ def extract_partition(graph: "LayerGraph", layers: Iterable[str]) -> Partition:
         raise GraphError("this LayerGraph has no program to extract from (capture it again)")
     chosen = {graph.layer(name).name for name in layers}
     order = [layer for layer in graph.layers if layer.name in chosen]
-    inputs = list(dict.fromkeys(t for layer in order for t in layer.inputs))
+    inputs = list(dict.fromkeys(t for layer in order for t in layer.inputs
+                                if graph.tensors[t].producer not in chosen))
     outputs = [t for layer in order for t in layer.outputs
                if any(c == OUTPUT or c not in chosen for c in graph.tensors[t].consumers)]
     fx_nodes = {n.name: n for n in graph.program.graph.nodes}

@@ -1,0 +1,247 @@
+"""A Plan made executable: one partition per device, what each receives and sends, at which
+bits, in the plan's chain order.
+
+``PlanProgram.load(plan)`` captures the plan's model again (its built-in name or ``.pt2`` and
+input shapes), checks that the layers are the plan's, and extracts every device's layers as a
+runnable :class:`~edgesplit.graph.Partition` taking exactly the tensors that cross into it.
+Quantized plans run their edge layers with weights quantized at ``w_bits`` (per output channel,
+as planned) and outputs rounded at ``a_bits`` (per tensor, over each tensor's own range: the
+plan does not carry calibration ranges); tensors crossing a link travel at the transfer's bits
+through the wire format.
+
+Devices form a chain (the plan's device order): device 0 holds the model inputs, each later
+device receives what its predecessor sends and forwards what later devices need; the model
+outputs travel back along the chain to device 0. Parallel (mesh) plans are not executable yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from edgesplit.errors import ConfigError
+from edgesplit.graph import LayerGraph, capture
+from edgesplit.graph.partition import Partition, extract_partition
+from edgesplit.plan.model import Plan
+from edgesplit.quant.fakequant import fake_quantize, quantize_weight
+from edgesplit.quant.wire import decode_tensor, encode_tensor
+
+__all__ = ["DeviceStep", "PlanProgram", "plan_id", "dynamic_fake_quant"]
+
+
+def plan_id(plan: Plan) -> str:
+    """A short, stable fingerprint of a plan: both ends must run the same one."""
+    return hashlib.sha256(plan.model_dump_json().encode()).hexdigest()[:16]
+
+
+def dynamic_fake_quant(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round ``x`` to ``bits`` over its own range (per tensor, asymmetric)."""
+    if not x.is_floating_point() or bits >= 32:
+        return x
+    return fake_quantize(x, bits, float(x.min()), float(x.max()))
+
+
+@dataclass
+class DeviceStep:
+    """One device's share of a plan."""
+
+    index: int
+    name: str
+    partition: Partition | None  # None: the device only relays
+    receives: tuple[str, ...]  # tensors arriving from the previous device (device 0: inputs)
+    sends: tuple[str, ...]  # tensors for the next device
+    send_bits: dict[str, int] = field(default_factory=dict)  # per tensor; absent: as computed
+    returns: tuple[str, ...] = ()  # model outputs this device and those after it answer with
+
+    def compute(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the partition on ``values`` (by name); returns ``values`` plus its outputs."""
+        if self.partition is None:
+            return dict(values)
+        missing = [t for t in self.partition.inputs if t not in values]
+        if missing:
+            raise ConfigError(f"device {self.name!r} needs tensor(s) {missing} it did not get")
+        with torch.no_grad():
+            out = self.partition.run(values)
+        return {**values, **out}
+
+
+def _capture_for(plan: Plan) -> LayerGraph:
+    source = plan.model.source
+    optimize = plan.model.graph == "optimized"
+    if str(source).endswith(".pt2"):
+        if not Path(source).is_file():
+            raise ConfigError(f"the plan's model file {source!r} is not here; run from the "
+                              "folder the plan was made in, or copy the .pt2 next to it")
+        return capture(source, optimize=optimize)
+    shape = plan.model.input_shapes[0] if plan.model.input_shapes else None
+    return capture(source, input_shape=shape, optimize=optimize)
+
+
+def _chain(plan: Plan) -> list[str]:
+    if plan.parallel_devices:
+        raise ConfigError("this plan runs devices in parallel (a mesh); the runtime executes "
+                          "chains of devices: plan with a chain topology or edge/cloud")
+    order = [d.name for d in plan.devices]
+    for t in plan.transfers:
+        if not t.tensors:
+            continue
+        i, j = order.index(t.src), order.index(t.dst)
+        if abs(i - j) != 1:
+            raise ConfigError(f"transfer {t.src}->{t.dst} skips devices; the runtime executes "
+                              "chains where each device talks to the next")
+    return order
+
+
+def _quantize(partition: Partition, graph: LayerGraph, plan: Plan) -> None:
+    """Quantize a partition's weights and outputs in place, at the plan's per-layer bits."""
+    bits = {layer.name: layer for layer in plan.layers}
+    nodes = {n.name: n for n in partition.module.graph.nodes}
+    for name in partition.layers:
+        planned = bits[name]
+        if planned.w_bits is not None and planned.w_bits < 32:
+            for target in graph.layer(name).param_names:
+                value = partition.module.get_parameter(target) if _is_param(partition, target) \
+                    else partition.module.get_buffer(target)
+                if value.is_floating_point() and value.dim() >= 2:
+                    _set(partition.module, target, quantize_weight(value.detach(), planned.w_bits))
+        if planned.a_bits is not None and planned.a_bits < 32:
+            for tensor in graph.layer(name).outputs:
+                node = nodes.get(tensor)
+                if node is None:
+                    continue
+                g = partition.module.graph
+                with g.inserting_after(node):
+                    q = g.call_function(dynamic_fake_quant, (node, planned.a_bits))
+                node.replace_all_uses_with(q, delete_user_cb=lambda u, q=q: u is not q)
+    partition.module.graph.lint()
+    partition.module.recompile()
+
+
+def _is_param(partition: Partition, target: str) -> bool:
+    try:
+        partition.module.get_parameter(target)
+        return True
+    except AttributeError:
+        return False
+
+
+def _set(module: torch.nn.Module, target: str, value: torch.Tensor) -> None:
+    owner_path, _, leaf = target.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[leaf] = value
+
+
+@dataclass
+class PlanProgram:
+    plan: Plan
+    graph: LayerGraph
+    steps: list[DeviceStep]
+    plan_id: str
+
+    @classmethod
+    def load(cls, plan: Plan, graph: LayerGraph | None = None) -> "PlanProgram":
+        order = _chain(plan)
+        graph = graph or _capture_for(plan)
+        if [layer.name for layer in graph.layers] != [layer.name for layer in plan.layers]:
+            raise ConfigError(f"the plan's layers do not match {graph.model} as captured here "
+                              "(different edgesplit or model version?): plan it again")
+        sends = {t.src: t for t in plan.transfers if order.index(t.dst) == order.index(t.src) + 1}
+        steps, arriving = [], tuple(graph.inputs)
+        for i, name in enumerate(order):
+            device = next(d for d in plan.devices if d.name == name)
+            partition = extract_partition(graph, device.layers) if device.layers else None
+            if partition is not None:
+                _quantize(partition, graph, plan)
+            out = sends.get(name)
+            steps.append(DeviceStep(i, name, partition, arriving,
+                                    tuple(out.tensors) if out else (),
+                                    dict(out.bits) if out else {}))
+            arriving = tuple(out.tensors) if out else ()
+        program = cls(plan, graph, steps, plan_id(plan))
+        program._assign_returns()
+        program._check_flow()
+        return program
+
+    def _assign_returns(self) -> None:
+        """Each device answers with the model outputs computed on it or after it."""
+        later: list[str] = []
+        for step in reversed(self.steps):
+            own = [t for t in self.graph.outputs
+                   if step.partition is not None and t in step.partition.outputs]
+            later = own + [t for t in later if t not in own]
+            step.returns = tuple(t for t in self.graph.outputs if t in later)
+
+    def _check_flow(self) -> None:
+        available = set(self.graph.inputs)
+        for step in self.steps:
+            have = set(step.receives) | (set(self.graph.inputs) if step.index == 0 else set())
+            if step.partition is not None:
+                missing = set(step.partition.inputs) - have
+                if missing:
+                    raise ConfigError(f"plan sends device {step.name!r} too little: it needs "
+                                      f"{sorted(missing)}")
+                have |= set(step.partition.outputs)
+            available |= have
+            if not set(step.sends) <= have:
+                raise ConfigError(f"device {step.name!r} is to send {sorted(set(step.sends) - have)}"
+                                  " which it does not have")
+
+    # ---- helpers used by the transport and by tests ------------------------------------------
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    def step(self, device: str) -> DeviceStep:
+        for s in self.steps:
+            if s.name == device:
+                return s
+        raise ConfigError(f"device {device!r} is not in the plan; its devices are "
+                          f"{', '.join(s.name for s in self.steps)}")
+
+    def input_values(self, inputs: Sequence[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        xs = tuple(inputs) if inputs is not None else self.graph.example_inputs
+        if len(xs) != len(self.graph.inputs):
+            raise ConfigError(f"{self.graph.model} takes {len(self.graph.inputs)} input(s), got "
+                              f"{len(xs)}")
+        for name, x, ref in zip(self.graph.inputs, xs, self.graph.example_inputs, strict=True):
+            if tuple(x.shape) != tuple(ref.shape) or x.dtype != ref.dtype:
+                raise ConfigError(f"input {name!r} must be {tuple(ref.shape)} {ref.dtype}, got "
+                                  f"{tuple(x.shape)} {x.dtype}")
+        return dict(zip(self.graph.inputs, xs, strict=True))
+
+    def encode(self, step: DeviceStep, values: Mapping[str, torch.Tensor],
+               names: Sequence[str], default_bits: int = 32) -> dict[str, bytes]:
+        return {t: encode_tensor(values[t], step.send_bits.get(t, default_bits)) for t in names}
+
+    def run_local(self, inputs: Sequence[torch.Tensor] | None = None
+                  ) -> tuple[tuple[torch.Tensor, ...], dict[str, float]]:
+        """The whole chain in this process, every hop through the wire format: the reference
+        the networked run must equal, and the baseline of the overhead benchmark."""
+        timings = {"compute": 0.0, "serialize": 0.0}
+        values = self.input_values(inputs)
+        results: dict[str, torch.Tensor] = {}
+        for step in self.steps:
+            t0 = time.perf_counter()
+            values = step.compute(values)
+            t1 = time.perf_counter()
+            results.update({t: values[t] for t in self.outputs if t in values})
+            # the next device gets exactly what the plan sends, through the wire format
+            values = {t: decode_tensor(b) for t, b in self.encode(step, values, step.sends).items()}
+            timings["compute"] += (t1 - t0) * 1e3
+            timings["serialize"] += (time.perf_counter() - t1) * 1e3
+        return tuple(results[t] for t in self.outputs), timings
+
+    def unsplit(self, inputs: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+        """The float model on the same inputs."""
+        xs = tuple(self.input_values(inputs).values())
+        with torch.no_grad():
+            out = self.graph.program(*xs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
