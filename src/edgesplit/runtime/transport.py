@@ -1,0 +1,365 @@
+"""gRPC transport for split inference: a server per device (``PartitionServer``) and the
+client that runs device 0 and drives the chain (``ChainClient``).
+
+The service (``proto/edgesplit_runtime.proto``) carries wire-format tensor messages. Every
+request names its plan (``plan_id`` and schema version) so both ends provably run the same
+plan; a bearer token (metadata ``authorization: Bearer ...``) and TLS are optional. A request
+that is malformed (unknown or missing tensors, wrong shape or dtype, corrupt bytes) fails alone
+with INVALID_ARGUMENT and a message naming the problem; the server keeps serving others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+import grpc
+import torch
+
+from edgesplit.errors import ConfigError, RemoteError, WireError
+from edgesplit.plan.model import PLAN_VERSION
+from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.runtime.program import DeviceStep, PlanProgram
+from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
+from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.shaping import LinkShaper
+
+__all__ = ["PartitionServer", "ChainClient", "RequestResult", "max_message_bytes", "TlsFiles",
+           "serve_forever"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: bytes | None = None  # server: certificate chain (PEM)
+    key: bytes | None = None  # server: private key (PEM)
+    ca: bytes | None = None  # client: root certificate to trust (PEM)
+
+
+def max_message_bytes(program: PlanProgram) -> int:
+    """The largest message the plan can need: every tensor that may travel, at float32, plus
+    headers. Anything larger is refused by gRPC itself (RESOURCE_EXHAUSTED)."""
+    names = {t for s in program.steps for t in (*s.receives, *s.sends, *s.returns)}
+    payload = sum(program.graph.tensors[t].elements * 4 + 256 for t in names)
+    return max(64 * 1024, int(payload * 1.25) + 16 * 1024)
+
+
+def _channel_options(limit: int) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+
+
+def _open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
+    if tls is not None and tls.ca is not None:
+        creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
+        return grpc.secure_channel(address, creds, options=_channel_options(limit))
+    return grpc.insecure_channel(address, options=_channel_options(limit))
+
+
+def _link_before(program: PlanProgram, device_index: int):
+    """The plan's link between device i-1 and i (None for device 0)."""
+    if device_index == 0:
+        return None
+    names = [s.name for s in program.steps]
+    a, b = names[device_index - 1], names[device_index]
+    for link in program.plan.links:
+        if {link.src, link.dst} == {a, b}:
+            return link.link
+    raise ConfigError(f"the plan has no link between {a!r} and {b!r}")
+
+
+# ---- server ---------------------------------------------------------------------------------
+class _Servicer(pb_grpc.PartitionServiceServicer):
+    def __init__(self, server: "PartitionServer") -> None:
+        self.s = server
+
+    def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
+        self.s.check_token(context)
+        try:
+            return self.s.handle(request, context.invocation_metadata())
+        except _BadRequest as exc:
+            context.abort(exc.code, str(exc))
+        except RemoteError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
+                  ) -> Iterator[pb.Bundle]:
+        self.s.check_token(context)
+        for request in request_iterator:
+            try:
+                yield self.s.handle(request, context.invocation_metadata())
+            except (_BadRequest, RemoteError) as exc:  # one bad request ends only itself
+                yield pb.Bundle(request_id=request.request_id, error=str(exc),
+                                plan_id=self.s.program.plan_id)
+
+    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
+                 ) -> pb.Description:
+        self.s.check_token(context)
+        step = self.s.step
+        return pb.Description(plan_id=self.s.program.plan_id, plan_version=PLAN_VERSION,
+                              device=step.name, inputs=list(step.receives),
+                              outputs=list(step.returns), max_message_bytes=self.s.limit)
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PartitionServer:
+    """Serves one device's partition; a middle hop forwards to ``next_address``."""
+
+    def __init__(self, program: PlanProgram, device: str, *, next_address: str | None = None,
+                 token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
+                 max_workers: int = 32, next_timeout_s: float = 60.0) -> None:
+        self.program, self.step = program, program.step(device)
+        if self.step.index == 0:
+            raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
+                              "client (`edgesplit run`), not as a server")
+        if self.step.sends and next_address is None:
+            nxt = program.steps[self.step.index + 1].name
+            raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
+                              "--next HOST:PORT")
+        self.token, self.tls = token, tls
+        self.limit = max_message_bytes(program)
+        self.upstream = LinkShaper(_link_before(program, self.step.index), shape)  # replies
+        self.downstream = LinkShaper(_link_before(program, self.step.index + 1)
+                                     if self.step.sends else None, shape)
+        self.next_timeout_s = next_timeout_s
+        self._next = None
+        if next_address is not None:
+            channel = _open_channel(next_address, self.limit, tls)
+            self._next = pb_grpc.PartitionServiceStub(channel)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                   options=_channel_options(self.limit))
+        pb_grpc.add_PartitionServiceServicer_to_server(_Servicer(self), self._server)
+        self._add_health()
+        self.port: int | None = None
+
+    def _add_health(self) -> None:
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        address = f"{host}:{port}"
+        if self.tls is not None and self.tls.cert is not None:
+            if self.tls.key is None:
+                raise ConfigError("TLS needs both --tls-cert and --tls-key")
+            creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
+            self.port = self._server.add_secure_port(address, creds)
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if not self.port:
+            raise ConfigError(f"cannot listen on {address} (in use, or not a local address?)")
+        self._server.start()
+        return self.port
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Finish requests in flight (up to ``grace_s``), refuse new ones."""
+        from grpc_health.v1 import health_pb2
+
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server.stop(grace_s).wait()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def check_token(self, context: grpc.ServicerContext) -> None:
+        if self.token is None:
+            return
+        sent = dict(context.invocation_metadata()).get("authorization", "")
+        if sent != f"Bearer {self.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token (pass --token on both sides)")
+
+    def _decode(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
+        if request.plan_id != self.program.plan_id or request.plan_version != PLAN_VERSION:
+            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"plan mismatch: this server runs plan {self.program.plan_id} "
+                              f"(version {PLAN_VERSION}), the request is for "
+                              f"{request.plan_id or '?'} (version {request.plan_version}); "
+                              "start both sides from the same plan file")
+        names = [t.name for t in request.tensors]
+        expected = set(self.step.receives)
+        if set(names) != expected or len(names) != len(expected):
+            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"device {self.step.name!r} expects tensors {sorted(expected)}, "
+                              f"got {names}")
+        values = {}
+        for t in request.tensors:
+            try:
+                value = decode_tensor(t.data)
+            except WireError as exc:
+                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"tensor {t.name!r}: {exc}") from None
+            info = self.program.graph.tensors[t.name]
+            if list(value.shape) != list(info.shape):
+                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"tensor {t.name!r} has shape {list(value.shape)}, the plan "
+                                  f"says {list(info.shape)}")
+            values[t.name] = value
+        return values
+
+    def handle(self, request: pb.Bundle, metadata: Sequence[tuple[str, str]]) -> pb.Bundle:
+        values = self._decode(request)
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        values = self.step.compute(values)
+        timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
+        downstream: dict[str, bytes] = {}
+        if self.step.sends:
+            downstream, more = self._forward(request, values, metadata, timings)
+            timings.update(more)
+        t1 = time.perf_counter()
+        reply = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
+                          request_id=request.request_id)
+        for name in self.step.returns:
+            data = downstream.get(name)
+            if data is None:
+                data = encode_tensor(values[name], 32)
+            reply.tensors.add(name=name, data=data)
+        timings[f"{self.step.name}.serialize_ms"] = \
+            timings.get(f"{self.step.name}.serialize_ms", 0.0) + (time.perf_counter() - t1) * 1e3
+        reply.timings_ms.update(timings)
+        self.upstream.send(reply.ByteSize(), "down")
+        return reply
+
+    def _forward(self, request: pb.Bundle, values: Mapping[str, torch.Tensor],
+                 metadata: Sequence[tuple[str, str]], timings: dict[str, float]
+                 ) -> tuple[dict[str, bytes], dict[str, float]]:
+        t0 = time.perf_counter()
+        out = pb.Bundle(plan_id=request.plan_id, plan_version=request.plan_version,
+                        request_id=request.request_id)
+        for name, data in self.program.encode(self.step, values, self.step.sends).items():
+            out.tensors.add(name=name, data=data)
+        timings[f"{self.step.name}.serialize_ms"] = (time.perf_counter() - t0) * 1e3
+        self.downstream.send(out.ByteSize(), "up")
+        auth = [(k, v) for k, v in metadata if k == "authorization"]
+        try:
+            reply = self._next.Run(out, timeout=self.next_timeout_s, metadata=auth)
+        except grpc.RpcError as exc:
+            raise RemoteError(f"next hop after {self.step.name!r} failed: "
+                              f"{exc.code().name}: {exc.details()}") from None
+        return {t.name: t.data for t in reply.tensors}, dict(reply.timings_ms)
+
+
+# ---- client ---------------------------------------------------------------------------------
+@dataclass
+class RequestResult:
+    request_id: int
+    outputs: tuple[torch.Tensor, ...]
+    breakdown_ms: dict[str, float]  # edge, serialize, transfer, remote, total
+    hops_ms: dict[str, float] = field(default_factory=dict)  # what each server reported
+
+
+class ChainClient:
+    """Runs device 0's partition and sends the rest of the chain to ``address``."""
+
+    def __init__(self, program: PlanProgram, address: str, *, token: str | None = None,
+                 tls: TlsFiles | None = None, shape: bool = True, timeout_s: float = 60.0,
+                 retries: int = 0, retry_backoff_s: float = 0.2) -> None:
+        self.program, self.step = program, program.steps[0]
+        self.address = address
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
+        self.limit = max_message_bytes(program)
+        self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
+                                 shape)
+        self._channel = _open_channel(address, self.limit, tls)
+        self._stub = pb_grpc.PartitionServiceStub(self._channel)
+        self._ids = iter(range(1, 1 << 62))
+        self._id_lock = threading.Lock()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "ChainClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> pb.Description:
+        return self._call(self._stub.Describe, pb.DescribeRequest())
+
+    def _call(self, method, request):
+        for attempt in range(self.retries + 1):
+            try:
+                return method(request, timeout=self.timeout_s, metadata=self.metadata)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                retryable = code in (grpc.StatusCode.UNAVAILABLE,
+                                     grpc.StatusCode.DEADLINE_EXCEEDED)
+                if retryable and attempt < self.retries:
+                    time.sleep(self.backoff_s * (2 ** attempt))
+                    continue
+                raise RemoteError(_explain(code, exc.details(), self.address)) from None
+        raise AssertionError("unreachable")
+
+    def request(self, inputs: Sequence[torch.Tensor] | None = None) -> RequestResult:
+        with self._id_lock:
+            request_id = next(self._ids)
+        start = time.perf_counter()
+        values = self.step.compute(self.program.input_values(inputs))
+        edge_ms = (time.perf_counter() - start) * 1e3
+        local = {t: values[t] for t in self.program.outputs if t in values}
+        if not self.step.sends:  # edge-only: nothing crosses
+            total = (time.perf_counter() - start) * 1e3
+            return RequestResult(request_id, tuple(local[t] for t in self.program.outputs),
+                                 {"edge": edge_ms, "serialize": 0.0, "transfer": 0.0,
+                                  "remote": 0.0, "total": total})
+        t0 = time.perf_counter()
+        bundle = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
+                           request_id=request_id)
+        for name, data in self.program.encode(self.step, values, self.step.sends).items():
+            bundle.tensors.add(name=name, data=data)
+        serialize_ms = (time.perf_counter() - t0) * 1e3
+        self.shaper.send(bundle.ByteSize(), "up")
+        reply = self._call(self._stub.Run, bundle)
+        if reply.request_id != request_id:
+            raise RemoteError(f"reply for request {reply.request_id} arrived for request "
+                              f"{request_id}")
+        t1 = time.perf_counter()
+        remote = {t.name: decode_tensor(t.data) for t in reply.tensors}
+        serialize_ms += (time.perf_counter() - t1) * 1e3
+        total = (time.perf_counter() - start) * 1e3
+        hops = dict(reply.timings_ms)
+        remote_ms = sum(v for k, v in hops.items() if k.endswith(".compute_ms"))
+        serialize_ms += sum(v for k, v in hops.items() if k.endswith(".serialize_ms"))
+        outputs = tuple(local.get(t, remote.get(t)) for t in self.program.outputs)
+        if any(o is None for o in outputs):
+            raise RemoteError("the chain did not return every model output")
+        return RequestResult(request_id, outputs, {
+            "edge": edge_ms, "serialize": serialize_ms, "remote": remote_ms,
+            "transfer": max(0.0, total - edge_ms - serialize_ms - remote_ms), "total": total},
+            hops)
+
+
+def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return (f"server {address} is unavailable ({details}); is `edgesplit serve` running "
+                "there? (--retries N retries with backoff)")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"server {address} did not answer in time (raise --timeout-s)"
+    return f"server {address} refused the request: {code.name}: {details}"
+
+
+def serve_forever(server: PartitionServer) -> None:  # pragma: no cover - exercised via the CLI
+    """Block until SIGINT/SIGTERM, then stop gracefully."""
+    import signal
+
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.stop()
