@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install clean proto
 
 # torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
 # resolution of "torch" would pull gigabytes of CUDA wheels.
@@ -37,6 +37,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_wire.py
 	$(PY) benchmarks/bench_estimators.py
 	$(PY) benchmarks/bench_autosplit.py
+
+# Regenerate the gRPC code from the checked-in .proto (needs the dev extra: grpcio-tools).
+proto: $(STAMP)
+	$(PIP) install --quiet -e '.[dev]'
+	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --grpc_python_out=src \
+		src/edgesplit/runtime/proto/edgesplit_runtime.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

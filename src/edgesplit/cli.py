@@ -506,6 +506,98 @@ def _plan_sweep(problem, methods, model: str, plot: Optional[Path]) -> dict[str,
     return doc
 
 
+def _tls(cert: Optional[Path], key: Optional[Path], ca: Optional[Path]):
+    if cert is None and key is None and ca is None:
+        return None
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.transport import TlsFiles
+
+    def read(path: Optional[Path]) -> bytes | None:
+        if path is None:
+            return None
+        if not path.is_file():
+            raise ConfigError(f"TLS file {str(path)!r} does not exist")
+        return path.read_bytes()
+
+    return TlsFiles(cert=read(cert), key=read(key), ca=read(ca))
+
+
+def _load_program(plan_path: Path):
+    from edgesplit.plan import load_plan
+    from edgesplit.runtime import PlanProgram
+
+    with err.status(f"loading {plan_path} ...", spinner="dots"):
+        return PlanProgram.load(load_plan(plan_path))
+
+
+@app.command()
+@_user_errors
+def serve(
+    plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
+    device: str = typer.Option(..., "--device", "-d", help="The plan device this server runs "
+                                                           "(e.g. cloud, or a middle hop)."),
+    port: int = typer.Option(50051, "--port", "-p", help="Port (0: any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
+    next_hop: Optional[str] = typer.Option(None, "--next", help="HOST:PORT of the next device "
+                                                                "(middle hops of a chain)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Require this bearer token."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
+    workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
+) -> None:
+    """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
+    gracefully)."""
+    from edgesplit.runtime.transport import PartitionServer, serve_forever
+
+    program = _load_program(plan_path)
+    server = PartitionServer(program, device, next_address=next_hop, token=token,
+                             tls=_tls(tls_cert, tls_key, None), shape=not no_shape,
+                             max_workers=workers)
+    bound = server.start(host, port)
+    # one machine-readable line on stdout: scripts and tests wait for it
+    print(f"listening on {host}:{bound} device={device} plan={program.plan_id}", flush=True)
+    serve_forever(server)
+
+
+@app.command()
+@_user_errors
+def run(
+    plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
+    server: str = typer.Option(..., "--server", help="HOST:PORT of the second device's server."),
+    input_path: Optional[Path] = typer.Option(None, "--input", help=".pt/.npz of inputs "
+                                                                    "(default: the example)."),
+    requests: int = typer.Option(1, "--requests", "-n", help="Requests per client."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients."),
+    token: Optional[str] = typer.Option(None, "--token", help="Bearer token for the server."),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
+    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
+    retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
+    timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),
+    warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Run the first device's part of PLAN here and the rest on the served chain; report
+    measured against predicted latency and the difference from the unsplit model."""
+    from edgesplit.runtime.session import load_inputs, run_requests
+
+    program = _load_program(plan_path)
+    batches = load_inputs(input_path, program) if input_path else None
+    options = {"token": token, "tls": _tls(None, None, tls_ca), "shape": not no_shape,
+               "retries": retries, "timeout_s": timeout_s}
+    with err.status(f"{requests * concurrency} request(s) to {server} ...", spinner="dots"):
+        report = run_requests(program, server, requests=requests, concurrency=concurrency,
+                              inputs=batches, client_options=options, warmup=warmup)
+    if as_json:
+        _emit_json(report)
+    else:
+        from edgesplit.report.plan_tables import run_table
+
+        out.print(run_table(report))
+    if report["errors"]:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -105,3 +105,21 @@ def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
                       f"{entry['total_ms']:.2f}", f"{entry['period_ms']:.2f}",
                       "yes" if plan.feasible else f"no: {plan.reason}")
     return table
+
+
+def run_table(report: dict[str, Any]) -> Table:
+    """Measured (mean) against predicted latency of `edgesplit run`."""
+    lat = report["latency_ms"]
+    table = Table(title=f"{report['model']} ({report['method']}) over "
+                        f"{' -> '.join(report['devices'])}: {report['ok']}/{report['requests']} "
+                        f"ok, max |output - unsplit| {report['max_abs_diff']:.3g}",
+                  caption=f"latency p50 {lat['p50']:.2f} ms, p95 {lat['p95']:.2f} ms, max "
+                          f"{lat['max']:.2f} ms; {report['throughput_rps']:.1f} requests/s")
+    table.add_column("part")
+    table.add_column("measured ms (mean)", justify="right")
+    for key in ("edge", "serialize", "transfer", "remote", "total"):
+        table.add_row(key, f"{report['breakdown_ms'][key]:.2f}")
+    table.add_row("predicted total", f"{report['predicted_ms']:.2f}")
+    for message in report.get("error_messages", []):
+        table.add_row("error", message)
+    return table

@@ -1,0 +1,123 @@
+"""Drive a served chain with many requests (optionally from many concurrent clients) and
+report measured against predicted latency: the document behind ``edgesplit run --json``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from edgesplit.errors import ConfigError, EdgesplitError
+from edgesplit.runtime.program import PlanProgram
+from edgesplit.runtime.transport import ChainClient, RequestResult
+
+__all__ = ["load_inputs", "run_requests", "REPORT_VERSION"]
+
+REPORT_VERSION = 1
+BREAKDOWN_KEYS = ("edge", "serialize", "transfer", "remote", "total")
+
+
+def load_inputs(path: str | Path, program: PlanProgram) -> list[tuple[torch.Tensor, ...]]:
+    """Request inputs from a .pt/.npz file (``inputs`` as in evaluation data files): samples
+    along dimension 0, cut into the plan's batch size; each request takes the next batch."""
+    from edgesplit.data import load_eval_data
+
+    data = load_eval_data(str(path))
+    refs = program.graph.example_inputs
+    if len(data.inputs) != len(refs):
+        raise ConfigError(f"{path}: the model takes {len(refs)} input(s), the file has "
+                          f"{len(data.inputs)}")
+    batch = int(refs[0].shape[0])
+    for x, ref in zip(data.inputs, refs, strict=True):
+        if tuple(x.shape[1:]) != tuple(ref.shape[1:]):
+            raise ConfigError(f"{path}: samples of shape {tuple(x.shape[1:])}, the plan's model "
+                              f"takes {tuple(ref.shape[1:])}")
+    if len(data) % batch:
+        raise ConfigError(f"{path}: {len(data)} samples do not divide into batches of {batch}")
+    return [tuple(x[i:i + batch].to(ref.dtype) for x, ref in zip(data.inputs, refs, strict=True))
+            for i in range(0, len(data), batch)]
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": float("nan"), "p50": float("nan"), "p95": float("nan"),
+                "max": float("nan")}
+    arr = np.asarray(values)
+    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)),
+            "p95": float(np.percentile(arr, 95)), "max": float(arr.max())}
+
+
+def run_requests(program: PlanProgram, address: str, *, requests: int = 1,
+                 concurrency: int = 1, inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
+                 client_options: dict[str, Any] | None = None, warmup: int = 0,
+                 on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Send ``requests`` requests from each of ``concurrency`` clients; check every output
+    against the unsplit model on the same input and that every reply matches its request."""
+    if requests < 1 or concurrency < 1:
+        raise ConfigError("--requests and --concurrency must be at least 1")
+    batches = list(inputs) if inputs else [tuple(program.graph.example_inputs)]
+    references = [program.unsplit(b) for b in batches]
+    lock = threading.Lock()
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+
+    def client_loop(client_index: int) -> None:
+        with ChainClient(program, address, **(client_options or {})) as client:
+            for _ in range(warmup):
+                client.request(batches[0])
+            for k in range(requests):
+                which = (client_index * requests + k) % len(batches)
+                try:
+                    r = client.request(batches[which])
+                except EdgesplitError as exc:
+                    with lock:
+                        errors.append(str(exc))
+                    continue
+                row = _row(r, references[which])
+                with lock:
+                    results.append(row)
+                if on_done:
+                    on_done(1)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for f in [pool.submit(client_loop, i) for i in range(concurrency)]:
+            f.result()
+    wall_s = time.perf_counter() - start
+    return _report(program, results, errors, requests * concurrency, concurrency, wall_s)
+
+
+def _row(r: RequestResult, reference: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    diff = max(float((o.float() - ref.float()).abs().max()) for o, ref in
+               zip(r.outputs, reference, strict=True))
+    return {"request_id": r.request_id, "max_abs_diff": diff, "breakdown_ms": r.breakdown_ms,
+            "hops_ms": r.hops_ms}
+
+
+def _report(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str], sent: int,
+            concurrency: int, wall_s: float) -> dict[str, Any]:
+    totals = [r["breakdown_ms"]["total"] for r in rows]
+    return {
+        "version": REPORT_VERSION,
+        "plan_id": program.plan_id,
+        "method": program.plan.method,
+        "model": program.graph.model,
+        "devices": [s.name for s in program.steps],
+        "requests": sent,
+        "concurrency": concurrency,
+        "ok": len(rows),
+        "errors": len(errors),
+        "error_messages": sorted(set(errors))[:10],
+        "max_abs_diff": max((r["max_abs_diff"] for r in rows), default=float("nan")),
+        "latency_ms": _percentiles(totals),
+        "breakdown_ms": {k: float(np.mean([r["breakdown_ms"][k] for r in rows])) if rows
+                         else float("nan") for k in BREAKDOWN_KEYS},
+        "predicted_ms": program.plan.predicted.total_ms,
+        "throughput_rps": len(rows) / wall_s if wall_s > 0 else float("nan"),
+        "per_request": rows,
+    }
