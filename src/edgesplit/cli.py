@@ -522,12 +522,39 @@ def _tls(cert: Optional[Path], key: Optional[Path], ca: Optional[Path]):
     return TlsFiles(cert=read(cert), key=read(key), ca=read(ca))
 
 
-def _load_program(plan_path: Path):
+def _load_program(plan_path: Path, backend: str = "torch"):
     from edgesplit.plan import load_plan
     from edgesplit.runtime import PlanProgram
 
     with err.status(f"loading {plan_path} ...", spinner="dots"):
-        return PlanProgram.load(load_plan(plan_path))
+        return PlanProgram.load(load_plan(plan_path), backend=backend)
+
+
+_BACKEND_HELP = "torch (the captured program) or onnxruntime (each part exported to ONNX)."
+
+
+@app.command()
+@_user_errors
+def export(
+    plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
+    out_dir: Path = typer.Option(Path("export"), "--out", "-o", help="Folder to write into."),
+    fmt: str = typer.Option("onnx", "--format", help="onnx (one file per device)."),
+) -> None:
+    """Write every device's part of PLAN as its own ONNX model (inputs and outputs named by
+    tensor), plus manifest.json saying what each device receives, sends and at which bits."""
+    from edgesplit.errors import ConfigError
+
+    if fmt != "onnx":
+        raise ConfigError(f"unknown export format {fmt!r}: use onnx")
+    program = _load_program(plan_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with err.status("exporting ...", spinner="dots"):
+        models = program.export_onnx()
+    for device, data in models.items():
+        (out_dir / f"{device}.onnx").write_bytes(data)
+        err.print(f"wrote {out_dir / f'{device}.onnx'} ({len(data):,} bytes)")
+    _emit_json(program.manifest(), out_dir / "manifest.json")
+    err.print(f"wrote {out_dir / 'manifest.json'}")
 
 
 @app.command()
@@ -545,12 +572,13 @@ def serve(
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
+    backend: str = typer.Option("torch", "--backend", help=_BACKEND_HELP),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully)."""
     from edgesplit.runtime.transport import PartitionServer, serve_forever
 
-    program = _load_program(plan_path)
+    program = _load_program(plan_path, backend)
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=_tls(tls_cert, tls_key, None), shape=not no_shape,
                              max_workers=workers)
@@ -575,13 +603,14 @@ def run(
     retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),
     warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
+    backend: str = typer.Option("torch", "--backend", help=_BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Run the first device's part of PLAN here and the rest on the served chain; report
     measured against predicted latency and the difference from the unsplit model."""
     from edgesplit.runtime.session import load_inputs, run_requests
 
-    program = _load_program(plan_path)
+    program = _load_program(plan_path, backend)
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": _tls(None, None, tls_ca), "shape": not no_shape,
                "retries": retries, "timeout_s": timeout_s}

@@ -43,7 +43,8 @@ def dynamic_fake_quant(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Round ``x`` to ``bits`` over its own range (per tensor, asymmetric)."""
     if not x.is_floating_point() or bits >= 32:
         return x
-    return fake_quantize(x, bits, float(x.min()), float(x.max()))
+    # tensors, not Python floats, so an ONNX export keeps the range a function of the input
+    return fake_quantize(x, bits, x.amin(), x.amax())
 
 
 @dataclass
@@ -58,6 +59,8 @@ class DeviceStep:
     send_bits: dict[str, int] = field(default_factory=dict)  # per tensor; absent: as computed
     returns: tuple[str, ...] = ()  # model outputs this device and those after it answer with
 
+    session: object | None = None  # an ONNX Runtime session, when that backend is chosen
+
     def compute(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the partition on ``values`` (by name); returns ``values`` plus its outputs."""
         if self.partition is None:
@@ -65,9 +68,30 @@ class DeviceStep:
         missing = [t for t in self.partition.inputs if t not in values]
         if missing:
             raise ConfigError(f"device {self.name!r} needs tensor(s) {missing} it did not get")
+        if self.session is not None:
+            feeds = {t: values[t].numpy() for t in self.partition.inputs}
+            outs = self.session.run(list(self.partition.outputs), feeds)
+            return {**values, **{t: torch.from_numpy(o) for t, o in
+                                 zip(self.partition.outputs, outs, strict=True)}}
         with torch.no_grad():
             out = self.partition.run(values)
         return {**values, **out}
+
+    def to_onnx(self, example: dict[str, torch.Tensor]) -> bytes:
+        """The partition as an ONNX model whose inputs and outputs are named by tensor."""
+        import io
+        import warnings
+
+        assert self.partition is not None
+        buffer = io.BytesIO()
+        args = tuple(example[t] for t in self.partition.inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # the TorchScript exporter: milliseconds per layer (dynamo's takes seconds)
+            torch.onnx.export(self.partition.module, args, buffer, dynamo=False,
+                              input_names=list(self.partition.inputs),
+                              output_names=list(self.partition.outputs))
+        return buffer.getvalue()
 
 
 def _capture_for(plan: Plan) -> LayerGraph:
@@ -147,7 +171,12 @@ class PlanProgram:
     plan_id: str
 
     @classmethod
-    def load(cls, plan: Plan, graph: LayerGraph | None = None) -> "PlanProgram":
+    def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch"
+             ) -> "PlanProgram":
+        """``backend``: ``torch`` (the captured program) or ``onnxruntime`` (each partition
+        exported to ONNX and run by ONNX Runtime)."""
+        if backend not in ("torch", "onnxruntime"):
+            raise ConfigError(f"unknown backend {backend!r}: use torch or onnxruntime")
         order = _chain(plan)
         graph = graph or _capture_for(plan)
         if [layer.name for layer in graph.layers] != [layer.name for layer in plan.layers]:
@@ -168,7 +197,40 @@ class PlanProgram:
         program = cls(plan, graph, steps, plan_id(plan))
         program._assign_returns()
         program._check_flow()
+        if backend == "onnxruntime":
+            program._attach_onnx_sessions()
         return program
+
+    def example_values(self) -> dict[str, torch.Tensor]:
+        """Every tensor of one run on the example inputs (shapes for exports)."""
+        from edgesplit.graph.partition import record_tensors
+
+        return record_tensors(self.graph, *self.graph.example_inputs)
+
+    def export_onnx(self) -> dict[str, bytes]:
+        """One ONNX model per device that computes something, by device name."""
+        values = self.example_values()
+        return {s.name: s.to_onnx(values) for s in self.steps if s.partition is not None}
+
+    def _attach_onnx_sessions(self) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.log_severity_level = 3
+        for name, model in self.export_onnx().items():
+            self.step(name).session = ort.InferenceSession(model, options,
+                                                           providers=["CPUExecutionProvider"])
+
+    def manifest(self) -> dict:
+        """What an export writes next to the ONNX files: who receives and sends what."""
+        return {"version": 1, "plan_id": self.plan_id, "model": self.graph.model,
+                "devices": [{"name": s.name, "onnx": f"{s.name}.onnx" if s.partition else None,
+                             "inputs": list(s.partition.inputs) if s.partition else [],
+                             "outputs": list(s.partition.outputs) if s.partition else [],
+                             "receives": list(s.receives), "sends": list(s.sends),
+                             "send_bits": s.send_bits, "returns": list(s.returns)}
+                            for s in self.steps]}
 
     def _assign_returns(self) -> None:
         """Each device answers with the model outputs computed on it or after it."""
