@@ -26,6 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit profile resnet18 --repeats 10 --validate
 	$(VENV)/bin/edgesplit plan digits_cnn --edge eyeriss --cloud tpu --link autosplit-3mbps \
 		--method neurosurgeon,qdmp,qdmp_e_u4,u8,cloud16,autosplit --eval-data digits
+	$(PY) scripts/runtime_demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

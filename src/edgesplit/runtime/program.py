@@ -40,11 +40,15 @@ def plan_id(plan: Plan) -> str:
 
 
 def dynamic_fake_quant(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Round ``x`` to ``bits`` over its own range (per tensor, asymmetric)."""
+    """Round ``x`` to ``bits`` over its own range, per sample (dimension 0), asymmetric: a
+    sample's result never depends on what else shares its batch."""
     if not x.is_floating_point() or bits >= 32:
         return x
+    dims = tuple(range(1, x.dim())) or None
     # tensors, not Python floats, so an ONNX export keeps the range a function of the input
-    return fake_quantize(x, bits, x.amin(), x.amax())
+    lo = x.amin(dim=dims, keepdim=True) if dims else x.amin()
+    hi = x.amax(dim=dims, keepdim=True) if dims else x.amax()
+    return fake_quantize(x, bits, lo, hi)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import time
 
 from edgesplit.hardware import Link
 
-__all__ = ["LinkShaper"]
+__all__ = ["LinkShaper", "tc_commands"]
 
 
 class LinkShaper:
@@ -54,3 +54,19 @@ def _sleep_until(deadline: float) -> None:
         if left <= 0:
             return
         time.sleep(left - 0.001 if left > 0.002 else 0)
+
+
+def tc_commands(link: Link, interface: str = "veth-edge") -> list[str]:
+    """Linux ``tc``/netem commands that make ``interface`` behave like ``link`` (for users
+    with root who prefer kernel shaping to the transport's; see the README recipe). netem
+    delays every packet by half the RTT in this direction; the other end's interface takes
+    the other half (and the down rate)."""
+    half_rtt = link.rtt_ms / 2
+    up = link.bandwidth_mbps
+    down = link.down_bandwidth_mbps or link.bandwidth_mbps
+    loss = f" loss {link.loss * 100:g}%" if link.loss else ""
+    return [
+        f"tc qdisc replace dev {interface} root netem delay {half_rtt:g}ms rate {up:g}mbit{loss}",
+        "# on the peer interface (the cloud side of the veth pair):",
+        f"tc qdisc replace dev {interface}-peer root netem delay {half_rtt:g}ms rate {down:g}mbit",
+    ]
