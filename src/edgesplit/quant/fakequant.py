@@ -22,7 +22,7 @@ from edgesplit.graph import LayerGraph
 from edgesplit.graph.partition import record_tensors
 
 __all__ = ["fake_quantize", "quantize_weight", "calibrate", "Calibration", "fake_quant_program",
-           "QuantizableProgram",
+           "QuantizableProgram", "set_tensor_attr",
            "DistortionTable", "distortion_table", "DEFAULT_BITS"]
 
 DEFAULT_BITS = (2, 4, 6, 8, 16)
@@ -87,7 +87,8 @@ def calibrate(graph: LayerGraph, inputs: Iterable[Sequence[torch.Tensor]], *,
     return Calibration(ranges, samples)
 
 
-def _set_attr(module: torch.nn.Module, target: str, value: torch.Tensor) -> None:
+def set_tensor_attr(module: torch.nn.Module, target: str, value: torch.Tensor) -> None:
+    """Replace the parameter or buffer at dotted ``target`` with ``value`` (frozen)."""
     owner_path, _, leaf = target.rpartition(".")
     owner = module.get_submodule(owner_path) if owner_path else module
     if leaf in owner._parameters:
@@ -113,7 +114,7 @@ def fake_quant_program(graph: LayerGraph, bits: Mapping[str, tuple[int, int]],
             for part in target.split("."):
                 owner = getattr(owner, part)
             if owner.is_floating_point() and owner.dim() >= 2:  # weights, not biases or masks
-                _set_attr(program, target, quantize_weight(owner.detach(), w_bits))
+                set_tensor_attr(program, target, quantize_weight(owner.detach(), w_bits))
         if a_bits >= 32:
             continue
         for tensor in layer.outputs:
@@ -245,5 +246,5 @@ class QuantizableProgram:
                     if key not in self._cache:
                         self._cache[key] = quantize_weight(self._float[target], w_bits)
                     value = self._cache[key]
-                _set_attr(self.program, target, value)
+                set_tensor_attr(self.program, target, value)
         return self.program

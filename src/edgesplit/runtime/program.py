@@ -28,7 +28,7 @@ from edgesplit.errors import ConfigError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
 from edgesplit.plan.model import Plan
-from edgesplit.quant.fakequant import fake_quantize, quantize_weight
+from edgesplit.quant.fakequant import fake_quantize, quantize_weight, set_tensor_attr
 from edgesplit.quant.wire import decode_tensor, encode_tensor
 
 __all__ = ["DeviceStep", "PlanProgram", "plan_id", "dynamic_fake_quant"]
@@ -132,11 +132,13 @@ def _quantize(partition: Partition, graph: LayerGraph, plan: Plan) -> None:
     for name in partition.layers:
         planned = bits[name]
         if planned.w_bits is not None and planned.w_bits < 32:
+            tensors = dict(partition.module.named_parameters()) | \
+                dict(partition.module.named_buffers())
             for target in graph.layer(name).param_names:
-                value = partition.module.get_parameter(target) if _is_param(partition, target) \
-                    else partition.module.get_buffer(target)
-                if value.is_floating_point() and value.dim() >= 2:
-                    _set(partition.module, target, quantize_weight(value.detach(), planned.w_bits))
+                value = tensors.get(target)
+                if value is not None and value.is_floating_point() and value.dim() >= 2:
+                    set_tensor_attr(partition.module, target,
+                                    quantize_weight(value.detach(), planned.w_bits))
         if planned.a_bits is not None and planned.a_bits < 32:
             for tensor in graph.layer(name).outputs:
                 node = nodes.get(tensor)
@@ -148,23 +150,6 @@ def _quantize(partition: Partition, graph: LayerGraph, plan: Plan) -> None:
                 node.replace_all_uses_with(q, delete_user_cb=lambda u, q=q: u is not q)
     partition.module.graph.lint()
     partition.module.recompile()
-
-
-def _is_param(partition: Partition, target: str) -> bool:
-    try:
-        partition.module.get_parameter(target)
-        return True
-    except AttributeError:
-        return False
-
-
-def _set(module: torch.nn.Module, target: str, value: torch.Tensor) -> None:
-    owner_path, _, leaf = target.rpartition(".")
-    owner = module.get_submodule(owner_path) if owner_path else module
-    if leaf in owner._parameters:
-        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
-    else:
-        owner._buffers[leaf] = value
 
 
 @dataclass
