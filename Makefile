@@ -29,7 +29,7 @@ demo: $(STAMP)
 	$(PY) scripts/runtime_demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_capture.py

@@ -570,9 +570,15 @@ def serve(
     token: Optional[str] = typer.Option(None, "--token", help="Require this bearer token."),
     tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
+                                                                 "trusting this CA."),
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
     backend: str = typer.Option("torch", "--backend", help=_BACKEND_HELP),
+    max_batch: int = typer.Option(1, "--max-batch", help="Batch up to this many concurrent "
+                                                          "requests (1: no batching)."),
+    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="With --max-batch: longest "
+                                                                 "wait for a batch to fill."),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully)."""
@@ -580,8 +586,9 @@ def serve(
 
     program = _load_program(plan_path, backend)
     server = PartitionServer(program, device, next_address=next_hop, token=token,
-                             tls=_tls(tls_cert, tls_key, None), shape=not no_shape,
-                             max_workers=workers)
+                             tls=_tls(tls_cert, tls_key, tls_ca), shape=not no_shape,
+                             max_workers=workers, max_batch=max_batch,
+                             max_wait_ms=max_wait_ms)
     bound = server.start(host, port)
     # one machine-readable line on stdout: scripts and tests wait for it
     print(f"listening on {host}:{bound} device={device} plan={program.plan_id}", flush=True)

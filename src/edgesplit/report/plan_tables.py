@@ -107,19 +107,27 @@ def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
     return table
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def run_table(report: dict[str, Any]) -> Table:
     """Measured (mean) against predicted latency of `edgesplit run`."""
     lat = report["latency_ms"]
+    diff = report["max_abs_diff"]
     table = Table(title=f"{report['model']} ({report['method']}) over "
                         f"{' -> '.join(report['devices'])}: {report['ok']}/{report['requests']} "
-                        f"ok, max |output - unsplit| {report['max_abs_diff']:.3g}",
-                  caption=f"latency p50 {lat['p50']:.2f} ms, p95 {lat['p95']:.2f} ms, max "
-                          f"{lat['max']:.2f} ms; {report['throughput_rps']:.1f} requests/s")
+                        f"ok, max |output - unsplit| "
+                        f"{'-' if diff is None else format(diff, '.3g')}",
+                  caption=f"latency p50 {_ms(lat['p50'])} ms, p95 {_ms(lat['p95'])} ms, max "
+                          f"{_ms(lat['max'])} ms; {_ms(report['throughput_rps'])} requests/s",
+                  min_width=72)
     table.add_column("part")
     table.add_column("measured ms (mean)", justify="right")
+    table.add_column("predicted ms", justify="right")
+    predicted = report.get("predicted_breakdown_ms", {})
     for key in ("edge", "serialize", "transfer", "remote", "total"):
-        table.add_row(key, f"{report['breakdown_ms'][key]:.2f}")
-    table.add_row("predicted total", f"{report['predicted_ms']:.2f}")
+        table.add_row(key, _ms(report["breakdown_ms"][key]), _ms(predicted.get(key)))
     for message in report.get("error_messages", []):
-        table.add_row("error", message)
+        table.add_row("error", message, "")
     return table

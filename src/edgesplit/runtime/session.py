@@ -92,6 +92,16 @@ def run_requests(program: PlanProgram, address: str, *, requests: int = 1,
     return _report(program, results, errors, requests * concurrency, concurrency, wall_s)
 
 
+def _predicted(program: PlanProgram) -> dict[str, float]:
+    """The plan's own breakdown in the measured one's terms (it has no serialisation)."""
+    p = program.plan.predicted
+    first = program.steps[0].name
+    return {"edge": p.compute_ms.get(first, 0.0), "serialize": 0.0,
+            "transfer": p.transfer_ms + p.rtt_ms,
+            "remote": sum(ms for d, ms in p.compute_ms.items() if d != first),
+            "total": p.total_ms}
+
+
 def _row(r: RequestResult, reference: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     diff = max(float((o.float() - ref.float()).abs().max()) for o, ref in
                zip(r.outputs, reference, strict=True))
@@ -101,6 +111,22 @@ def _row(r: RequestResult, reference: tuple[torch.Tensor, ...]) -> dict[str, Any
 
 def _report(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str], sent: int,
             concurrency: int, wall_s: float) -> dict[str, Any]:
+    return _no_nan(_document(program, rows, errors, sent, concurrency, wall_s))
+
+
+def _no_nan(value: Any) -> Any:
+    """JSON has no NaN: a statistic over zero successful requests is null."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _document(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str], sent: int,
+              concurrency: int, wall_s: float) -> dict[str, Any]:
     totals = [r["breakdown_ms"]["total"] for r in rows]
     return {
         "version": REPORT_VERSION,
@@ -118,6 +144,7 @@ def _report(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str],
         "breakdown_ms": {k: float(np.mean([r["breakdown_ms"][k] for r in rows])) if rows
                          else float("nan") for k in BREAKDOWN_KEYS},
         "predicted_ms": program.plan.predicted.total_ms,
+        "predicted_breakdown_ms": _predicted(program),
         "throughput_rps": len(rows) / wall_s if wall_s > 0 else float("nan"),
         "per_request": rows,
     }

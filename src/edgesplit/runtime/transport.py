@@ -33,6 +33,8 @@ __all__ = ["PartitionServer", "ChainClient", "RequestResult", "max_message_bytes
 
 log = logging.getLogger(__name__)
 
+MAX_BACKOFF_S = 5.0  # the longest wait between two retries (the backoff doubles up to it)
+
 
 @dataclass(frozen=True)
 class TlsFiles:
@@ -45,12 +47,16 @@ def max_message_bytes(program: PlanProgram) -> int:
     """The largest message the plan can need: every tensor that may travel, at float32, plus
     headers. Anything larger is refused by gRPC itself (RESOURCE_EXHAUSTED)."""
     names = {t for s in program.steps for t in (*s.receives, *s.sends, *s.returns)}
-    payload = sum(program.graph.tensors[t].elements * 4 + 256 for t in names)
+    tensors = program.graph.tensors
+    payload = sum(max(tensors[t].bytes, tensors[t].elements * 4) + 256 for t in names)
     return max(64 * 1024, int(payload * 1.25) + 16 * 1024)
 
 
 def _channel_options(limit: int) -> list[tuple[str, int]]:
-    return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+            # gRPC's own reconnect backoff grows to 120 s, which would outlast --retries
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(MAX_BACKOFF_S * 1000))]
 
 
 def _open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
@@ -85,6 +91,8 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
             context.abort(exc.code, str(exc))
         except RemoteError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Exception as exc:  # noqa: BLE001 - this request fails, the server goes on
+            context.abort(grpc.StatusCode.INTERNAL, self.s.failure(exc))
 
     def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
                   ) -> Iterator[pb.Bundle]:
@@ -94,6 +102,9 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
                 yield self.s.handle(request, context.invocation_metadata())
             except (_BadRequest, RemoteError) as exc:  # one bad request ends only itself
                 yield pb.Bundle(request_id=request.request_id, error=str(exc),
+                                plan_id=self.s.program.plan_id)
+            except Exception as exc:  # noqa: BLE001 - likewise for a failure while computing
+                yield pb.Bundle(request_id=request.request_id, error=self.s.failure(exc),
                                 plan_id=self.s.program.plan_id)
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
@@ -116,7 +127,8 @@ class PartitionServer:
 
     def __init__(self, program: PlanProgram, device: str, *, next_address: str | None = None,
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
-                 max_workers: int = 32, next_timeout_s: float = 60.0) -> None:
+                 max_workers: int = 32, next_timeout_s: float = 60.0,
+                 max_batch: int = 1, max_wait_ms: float = 2.0) -> None:
         self.program, self.step = program, program.step(device)
         if self.step.index == 0:
             raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
@@ -126,6 +138,12 @@ class PartitionServer:
             raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
                               "--next HOST:PORT")
         self.token, self.tls = token, tls
+        self.batcher = None
+        if max_batch > 1 and self.step.partition is not None:
+            from edgesplit.runtime.batching import Batcher, batched_step
+
+            self.batcher = Batcher(self.step, batched_step(program, device, max_batch),
+                                   max_batch, max_wait_ms)
         self.limit = max_message_bytes(program)
         self.upstream = LinkShaper(_link_before(program, self.step.index), shape)  # replies
         self.downstream = LinkShaper(_link_before(program, self.step.index + 1)
@@ -169,11 +187,17 @@ class PartitionServer:
 
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server.stop(grace_s).wait()
+        if self.batcher is not None:
+            self.batcher.close()
 
     def wait(self) -> None:
         self._server.wait_for_termination()
 
     # ---- requests ----------------------------------------------------------------------------
+    def failure(self, exc: BaseException) -> str:
+        log.exception("device %s failed on a request", self.step.name)
+        return f"device {self.step.name!r} failed on this request: {type(exc).__name__}: {exc}"
+
     def check_token(self, context: grpc.ServicerContext) -> None:
         if self.token is None:
             return
@@ -207,6 +231,11 @@ class PartitionServer:
                 raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"tensor {t.name!r} has shape {list(value.shape)}, the plan "
                                   f"says {list(info.shape)}")
+            dtype = str(value.dtype).removeprefix("torch.")
+            if dtype != info.dtype:
+                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"tensor {t.name!r} has dtype {dtype}, the plan says "
+                                  f"{info.dtype}")
             values[t.name] = value
         return values
 
@@ -214,7 +243,7 @@ class PartitionServer:
         values = self._decode(request)
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        values = self.step.compute(values)
+        values = (self.batcher or self.step).compute(values)
         timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
         downstream: dict[str, bytes] = {}
         if self.step.sends:
@@ -301,7 +330,7 @@ class ChainClient:
                 retryable = code in (grpc.StatusCode.UNAVAILABLE,
                                      grpc.StatusCode.DEADLINE_EXCEEDED)
                 if retryable and attempt < self.retries:
-                    time.sleep(self.backoff_s * (2 ** attempt))
+                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
                     continue
                 raise RemoteError(_explain(code, exc.details(), self.address)) from None
         raise AssertionError("unreachable")
@@ -346,6 +375,9 @@ class ChainClient:
 
 
 def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
+    if code == grpc.StatusCode.UNAVAILABLE and (details or "").startswith("next hop after"):
+        # a middle hop answered: it is the chain behind it that failed
+        return f"server {address} is up, but the chain behind it failed: {details}"
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"server {address} is unavailable ({details}); is `edgesplit serve` running "
                 "there? (--retries N retries with backoff)")
