@@ -14,8 +14,9 @@ bit-widths, chosen together under the edge memory limit and an accuracy-drop thr
    points when measured); cloud-only is always a candidate (Remark 5), and so is edge-only at
    every uniform width that fits.
 
-Without evaluation data the threshold is on total distortion (default: that of uniform 8-bit
-quantization of the whole model, the U8 baseline), and the plan says accuracy was not measured.
+Without evaluation data the threshold is on total distortion (default: each candidate's edge
+part may distort no more than uniform 8-bit quantization of the same layers, the U8 baseline's
+choice), and the plan says accuracy was not measured.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def autosplit_candidates(costs: CostTable, table: DistortionTable, bits: Sequenc
     graph = costs.graph
     limit = costs.setting.memory_limit_bytes
     weights = _weight_elements(graph)
-    candidates = [evaluate(costs, [], {}, {})]
+    # cloud-only, in float and in FP16 (the paper's CLOUD16): never worse than either
+    fp16 = total_distortion(table, {layer.name: (16, 16) for layer in graph.layers})
+    candidates = [evaluate(costs, [], {}, {}),
+                  evaluate(costs, [], {}, {}, distortion=fp16, cloud_bits=16)]
     for n in potential_splits(costs, bits):
         if n == 0:
             continue
@@ -163,13 +167,18 @@ class AutoSplit(Planner):
         if self.max_acc_drop is not None:
             raise ConfigError("--max-acc-drop needs evaluation data to measure accuracy on: "
                               "pass --eval-data (a built-in data set or a .pt/.npz file)")
-        threshold = self.max_distortion
-        if threshold is None:  # the U8 baseline's distortion over the whole model
-            u8 = 8 if 8 in bits else max(b for b in bits if b <= 16)
-            threshold = total_distortion(setup.table, {n: (u8, u8) for n in setup.table.weight})
-        allowed = [c for c in candidates if c.distortion <= threshold * (1 + 1e-9)]
+        u8 = 8 if 8 in bits else max(b for b in bits if b <= 16)
+
+        def limit(c: Solution) -> float:
+            """The user's threshold, else uniform 8-bit's distortion on the same layers (a
+            whole-model figure would let a short prefix at 2 bits pass)."""
+            if self.max_distortion is not None:
+                return self.max_distortion
+            return total_distortion(setup.table, {n: (u8, u8) for n in c.bits()})
+
+        allowed = [c for c in candidates if c.distortion <= limit(c) * (1 + 1e-9)]
         best = min(allowed, key=lambda c: (c.total_ms, c.distortion))
-        return Selection(best, candidates, threshold, False, setup)
+        return Selection(best, candidates, limit(best), False, setup)
 
     def _by_accuracy(self, problem: PlanningProblem, setup: QuantSetup,
                      candidates: list[Solution]) -> Selection:
@@ -192,7 +201,8 @@ class AutoSplit(Planner):
         alternatives = [PlanAlternative(
             split=c.split, split_after=c.edge[-1] if c.edge else None, total_ms=c.total_ms,
             edge_memory_bytes=c.memory_bytes, sent_bytes=c.sent_bytes, distortion=c.distortion,
-            drop=c.drop, pareto=id(c) in on_front, w_bits=c.w_bits, a_bits=c.a_bits)
+            drop=c.drop, pareto=id(c) in on_front, w_bits=c.w_bits, a_bits=c.a_bits,
+            cloud_bits=c.cloud_bits)
             for c in sorted(sel.candidates, key=lambda c: (c.total_ms, _error(c)))]
         if sel.measured:
             note = (f"accuracy measured on {sel.setup.meter.data.name} "
@@ -201,7 +211,8 @@ class AutoSplit(Planner):
         else:
             note = (f"accuracy not measured: selected by total distortion "
                     f"{sel.best.distortion:.3g} <= {sel.threshold:.3g}"
-                    + (" (uniform 8-bit)" if self.max_distortion is None else ""))
+                    + (" (uniform 8-bit on the same layers)" if self.max_distortion is None
+                       else ""))
         note += (f"; {len(sel.candidates)} candidates over {len(graph.layers)} layers, "
                  f"{len(front)} on the latency/accuracy Pareto front")
         return quantized_plan(costs, sel.best, method=self.name, source=problem.source,

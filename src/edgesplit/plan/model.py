@@ -119,6 +119,7 @@ class PlanAlternative(BaseModel):
     pareto: bool = False  # on the latency / drop (or distortion) Pareto front
     w_bits: dict[str, int] = Field(default_factory=dict)
     a_bits: dict[str, int] = Field(default_factory=dict)
+    cloud_bits: int = 32  # 16: the cloud part runs in FP16
 
 
 class Plan(BaseModel):

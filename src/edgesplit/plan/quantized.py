@@ -60,6 +60,7 @@ class Solution:
     layer_ms: dict[str, float] = field(default_factory=dict)  # edge layers at their bits
     cloud_layer_ms: dict[str, float] = field(default_factory=dict)
     drop: float | None = None  # measured accuracy drop (percentage points)
+    cloud_bits: int = 32  # the cloud part's width (16: CLOUD16's FP16)
 
     @property
     def split(self) -> int:
@@ -70,7 +71,12 @@ class Solution:
         return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms
 
     def bits(self) -> dict[str, tuple[int, int]]:
-        return {n: (self.w_bits[n], self.a_bits[n]) for n in self.edge}
+        """Every layer that does not run in float, with its (weight, activation) width."""
+        out = {n: (self.w_bits[n], self.a_bits[n]) for n in self.edge
+               if (self.w_bits[n], self.a_bits[n]) != (32, 32)}
+        if self.cloud_bits < 32:
+            out.update({n: (self.cloud_bits, self.cloud_bits) for n in self.cloud_layer_ms})
+        return out
 
 
 def device_bits(problem_bits: Sequence[int] | None, supported: Iterable[int]) -> tuple[int, ...]:
@@ -83,8 +89,8 @@ def device_bits(problem_bits: Sequence[int] | None, supported: Iterable[int]) ->
 # ---- latency and memory of a solution ----------------------------------------------------
 def tensor_bits(costs: CostTable, name: str, a_bits: dict[str, int]) -> int:
     info = costs.graph.tensors[name]
-    if info.producer == INPUT:
-        return costs.wire_bits(name) or 32
+    if info.producer == INPUT:  # at the setting's input width, or as captured (token ids)
+        return costs.wire_bits(name) or info.bytes * 8 // max(1, info.elements)
     return a_bits.get(info.producer, 32)
 
 
@@ -134,7 +140,8 @@ def evaluate(costs: CostTable, edge: Sequence[str], w_bits: dict[str, int],
         memory_bytes=memory_bytes(costs, order, w_bits, a_bits), edge_ms=sum(layer_ms.values()),
         transfer_ms=transfer, cloud_ms=sum(cloud_layer_ms.values()),
         rtt_ms=setting.link.rtt_ms if (sent or returned) else 0.0, sent=sent,
-        sent_bytes=sent_bytes, layer_ms=layer_ms, cloud_layer_ms=cloud_layer_ms)
+        sent_bytes=sent_bytes, layer_ms=layer_ms, cloud_layer_ms=cloud_layer_ms,
+        cloud_bits=cloud_bits)
 
 
 def total_distortion(table: DistortionTable, solution_bits: dict[str, tuple[int, int]]) -> float:
@@ -203,22 +210,17 @@ def measure(setup: QuantSetup, solution: Solution) -> Solution:
     """The solution with its measured accuracy drop (unchanged without a meter)."""
     if setup.meter is None:
         return solution
-    quality = setup.meter.measure({n: b for n, b in solution.bits().items() if b != (32, 32)})
-    return _replace(solution, drop=quality.drop)
+    return _replace(solution, drop=setup.meter.measure(solution.bits()).drop)
 
 
 def _replace(solution: Solution, **changes) -> Solution:
     return dataclasses.replace(solution, **changes)
 
 
-def plan_quality(setup: QuantSetup, solution: Solution, cloud_bits: int = 32
-                 ) -> PlanQuality | None:
+def plan_quality(setup: QuantSetup, solution: Solution) -> PlanQuality | None:
     if setup.meter is None:
         return None
-    bits = {n: b for n, b in solution.bits().items() if b != (32, 32)}
-    if cloud_bits < 32:
-        bits.update({n: (cloud_bits, cloud_bits) for n in solution.cloud_layer_ms})
-    q = setup.meter.measure(bits)
+    q = setup.meter.measure(solution.bits())
     return PlanQuality(metric=q.metric, value=q.value, reference=q.reference, drop=q.drop,
                        samples=q.samples, data=setup.data or "")
 
@@ -288,15 +290,23 @@ class _Quantized(Planner):
         a = dict.fromkeys(order, self.a_bits)
         bits = device_bits(None, costs.setting.edge.supported_bits)
         needs_table = self.w_bits < 32 or self.cloud_bits < 32 or problem.eval_data is not None
-        setup = quant_setup(problem, bits if self.w_bits in bits else (*bits, self.w_bits)) \
-            if needs_table else None
+        # share the setup AUTO-SPLIT builds unless this method needs a width it lacks
+        wanted = bits if self.w_bits >= 32 or self.w_bits in bits \
+            else tuple(sorted({*bits, self.w_bits}))
+        setup = quant_setup(problem, wanted) if needs_table else None
         distortion = total_distortion(setup.table, {n: (self.w_bits, self.a_bits) for n in order}
                                       ) if setup and self.w_bits < 32 else 0.0
         solution = evaluate(costs, order, w, a, distortion, cloud_bits=self.cloud_bits)
-        quality = plan_quality(setup, solution, self.cloud_bits) if setup else None
+        quality = plan_quality(setup, solution) if setup else None
         note = None if quality else self.note(setup)
+        supported = costs.setting.edge.supported_bits
+        unsupported = order and self.w_bits < 32 and supported and self.w_bits not in supported
+        if unsupported:
+            note = (f"{costs.setting.edge.name} does not support {self.w_bits}-bit arithmetic "
+                    f"(it supports {', '.join(map(str, supported))} bits)")
         return quantized_plan(costs, solution, method=self.name, source=problem.source,
-                              quality=quality, note=note)
+                              quality=quality, note=note,
+                              feasible=False if unsupported else None)
 
     def note(self, setup: QuantSetup | None) -> str | None:
         if self.w_bits >= 32 and self.cloud_bits >= 32:

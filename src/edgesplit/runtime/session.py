@@ -65,11 +65,22 @@ def run_requests(program: PlanProgram, address: str, *, requests: int = 1,
     lock = threading.Lock()
     results: list[dict[str, Any]] = []
     errors: list[str] = []
+    # the clock starts when every client has connected and warmed up
+    ready = threading.Barrier(concurrency, action=lambda: started.append(time.perf_counter()))
+    started: list[float] = []
 
     def client_loop(client_index: int) -> None:
         with ChainClient(program, address, **(client_options or {})) as client:
-            for _ in range(warmup):
-                client.request(batches[0])
+            try:  # a chain that fails its warm-up is unusable: the run stops with its error
+                for _ in range(warmup):
+                    client.request(batches[0])
+            except BaseException:
+                ready.abort()
+                raise
+            try:
+                ready.wait()
+            except threading.BrokenBarrierError:
+                return  # another client's warm-up failed; its error ends the run
             for k in range(requests):
                 which = (client_index * requests + k) % len(batches)
                 try:
@@ -78,17 +89,16 @@ def run_requests(program: PlanProgram, address: str, *, requests: int = 1,
                     with lock:
                         errors.append(str(exc))
                     continue
-                row = _row(r, references[which])
+                row = {"client": client_index, **_row(r, references[which])}
                 with lock:
                     results.append(row)
                 if on_done:
                     on_done(1)
 
-    start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for f in [pool.submit(client_loop, i) for i in range(concurrency)]:
             f.result()
-    wall_s = time.perf_counter() - start
+    wall_s = time.perf_counter() - started[0]
     return _report(program, results, errors, requests * concurrency, concurrency, wall_s)
 
 

@@ -240,8 +240,10 @@ class PartitionServer:
         return values
 
     def handle(self, request: pb.Bundle, metadata: Sequence[tuple[str, str]]) -> pb.Bundle:
+        t_in = time.perf_counter()
         values = self._decode(request)
-        timings: dict[str, float] = {}
+        timings: dict[str, float] = {f"{self.step.name}.serialize_ms":
+                                     (time.perf_counter() - t_in) * 1e3}
         t0 = time.perf_counter()
         values = (self.batcher or self.step).compute(values)
         timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
@@ -271,7 +273,8 @@ class PartitionServer:
                         request_id=request.request_id)
         for name, data in self.program.encode(self.step, values, self.step.sends).items():
             out.tensors.add(name=name, data=data)
-        timings[f"{self.step.name}.serialize_ms"] = (time.perf_counter() - t0) * 1e3
+        key = f"{self.step.name}.serialize_ms"
+        timings[key] = timings.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
         self.downstream.send(out.ByteSize(), "up")
         auth = [(k, v) for k, v in metadata if k == "authorization"]
         try:
