@@ -1,4 +1,4 @@
-"""Dynamic batching on a served device: same answers as one by one, isolation of failures."""
+"""Serving in process: dynamic batching (same answers, isolated failures) and TLS + token."""
 
 from __future__ import annotations
 
@@ -63,3 +63,35 @@ def test_a_failing_request_does_not_fail_its_batch(program):
                                   step.compute(good)[step.partition.outputs[0]], atol=1e-5)
     finally:
         batcher.close()
+
+
+def test_tls_with_a_token_end_to_end(program, tmp_path):
+    """A self-signed certificate (made with the openssl command line) secures the hop."""
+    import subprocess
+
+    from edgesplit.errors import RemoteError
+    from edgesplit.runtime.transport import TlsFiles
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    tls = TlsFiles(cert=cert.read_bytes(), key=key.read_bytes())
+    server = PartitionServer(program, "cloud", shape=False, tls=tls, token="s3cret")
+    port = server.start()
+    try:
+        ca = TlsFiles(ca=cert.read_bytes())
+        with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
+                         token="s3cret") as client:
+            out = client.request(_inputs(1)).outputs[0]
+        assert torch.allclose(out, program.unsplit(_inputs(1))[0], atol=1e-5)
+        with ChainClient(program, f"localhost:{port}", shape=False, timeout_s=5) as plain:
+            with pytest.raises(RemoteError):
+                plain.request(_inputs(1))  # plaintext against a TLS server
+        with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
+                         token="wrong") as wrong:
+            with pytest.raises(RemoteError, match="UNAUTHENTICATED"):
+                wrong.request(_inputs(1))
+    finally:
+        server.stop(0)
