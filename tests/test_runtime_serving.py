@@ -95,3 +95,23 @@ def test_tls_with_a_token_end_to_end(program, tmp_path):
                 wrong.request(_inputs(1))
     finally:
         server.stop(0)
+
+
+def test_a_foreign_plan_is_named_as_such_even_when_its_messages_are_too_big(program):
+    """The client checks the server's plan first, so a mismatch is not reported as a message
+    size error when the foreign plan sends more than this server accepts."""
+    from edgesplit.errors import RemoteError
+
+    problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
+        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
+    foreign = PlanProgram.load(Manual(["stem.0"]).plan(problem))  # 64 KiB cut, over the limit
+    server = PartitionServer(program, "cloud", shape=False)
+    port = server.start()
+    try:
+        with ChainClient(foreign, f"127.0.0.1:{port}", shape=False) as client:
+            with pytest.raises(RemoteError, match="plan mismatch"):
+                client.request()
+        with ChainClient(program, f"127.0.0.1:{port}", shape=False) as client:
+            assert client.request().outputs[0].shape == (1, 10)  # still serving
+    finally:
+        server.stop(0)

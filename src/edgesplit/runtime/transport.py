@@ -311,6 +311,7 @@ class ChainClient:
         self._stub = pb_grpc.PartitionServiceStub(self._channel)
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
+        self._plan_checked = False
 
     def close(self) -> None:
         self._channel.close()
@@ -338,7 +339,21 @@ class ChainClient:
                 raise RemoteError(_explain(code, exc.details(), self.address)) from None
         raise AssertionError("unreachable")
 
+    def check_plan(self) -> None:
+        """Ask the server which plan it runs before sending it tensors: a mismatch is then
+        reported as such even when this plan's messages exceed the server's size limit."""
+        described = self.describe()
+        if described.plan_id != self.program.plan_id or described.plan_version != PLAN_VERSION:
+            raise RemoteError(
+                f"server {self.address} refused the request: FAILED_PRECONDITION: plan "
+                f"mismatch: the server runs plan {described.plan_id} (version "
+                f"{described.plan_version}), this client {self.program.plan_id} (version "
+                f"{PLAN_VERSION}); start both sides from the same plan file")
+        self._plan_checked = True
+
     def request(self, inputs: Sequence[torch.Tensor] | None = None) -> RequestResult:
+        if self.step.sends and not self._plan_checked:
+            self.check_plan()
         with self._id_lock:
             request_id = next(self._ids)
         start = time.perf_counter()
