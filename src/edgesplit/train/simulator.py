@@ -1,0 +1,189 @@
+"""Trace-driven simulator of L2S split training: per-round delays from the model's layer
+costs on the device and the server, and a link whose bandwidth follows a trace, with noise.
+
+The per-round delay of partition p (L2S Section III) is d_p = d_p^dev + d_p^e: the device
+runs the front layers forward and backward (known to the device: it measures it), the edge
+part d_p^e = uplink of the activation and labels + the server's forward and backward + downlink
+of the gradient at the cut (what the bandit learns; 0 for pure on-device training, p = P).
+Backward costs twice the forward (the usual 1:2 rule for MAC-dominated layers). Weight
+synchronisation adds the moved layers' bytes on the link when it happens.
+
+Policies only see what L2S sees: ``select(t)`` a partition index, then ``update(p, d_e)`` with
+the observed edge delay. The Oracle is the exception: it is told the expected delays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from edgesplit.errors import ConfigError
+from edgesplit.graph import LayerGraph
+from edgesplit.hardware import Device, LayerWork, estimator_for
+
+__all__ = ["CutCost", "BandwidthTrace", "training_costs", "Policy", "FixedPolicy",
+           "OraclePolicy", "RoundLog", "simulate", "BACKWARD_FACTOR"]
+
+BACKWARD_FACTOR = 2.0  # backward ~ 2x forward MACs; forward + backward = 3x forward
+
+
+@dataclass(frozen=True)
+class CutCost:
+    """One partition point: layers [0, split) on the device, the rest on the server."""
+
+    split: int  # layers on the device (len(layers): pure on-device, p = P)
+    after: str | None  # last device layer
+    device_ms: float  # forward + backward of the front part
+    server_ms: float  # forward + backward of the back part
+    up_bytes: int  # activation + labels
+    down_bytes: int  # gradient at the cut
+    layer_param_bytes: tuple[int, ...] = ()  # per layer of the whole model, for sync costs
+
+
+@dataclass(frozen=True)
+class BandwidthTrace:
+    """Uplink/downlink bandwidth over rounds: ``mbps`` until ``drop_at``, then ``drop_to``."""
+
+    mbps: float
+    rtt_ms: float = 5.0
+    drop_at: int | None = None
+    drop_to: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mbps <= 0 or (self.drop_to is not None and self.drop_to <= 0):
+            raise ConfigError("bandwidths must be positive (Mbps)")
+        if (self.drop_at is None) != (self.drop_to is None):
+            raise ConfigError("a bandwidth drop needs both --drop-at and --drop-to")
+
+    def at(self, t: int) -> float:
+        return self.drop_to if self.drop_at is not None and t >= self.drop_at else self.mbps
+
+
+def _train_ms(graph: LayerGraph, names: Sequence[str], device: Device) -> float:
+    estimator = estimator_for(device)
+    forward = sum(estimator.layer_ms(LayerWork.of(graph, n), device) for n in names)
+    return forward * (1 + BACKWARD_FACTOR)
+
+
+def training_costs(graph: LayerGraph, device: Device, server: Device,
+                   label_bytes: int | None = None) -> list[CutCost]:
+    """Every single-tensor cut of ``graph`` (a chain point, as in L2S) plus pure on-device."""
+    names = [layer.name for layer in graph.layers]
+    batch = int(graph.example_inputs[0].shape[0]) if graph.example_inputs else 1
+    labels = label_bytes if label_bytes is not None else batch * 8  # int64 class ids
+    params = tuple(layer.param_bytes for layer in graph.layers)
+    costs = []
+    for cut in graph.single_tensor_cuts():
+        split = cut.index + 1
+        if split == 0:
+            continue  # L2S keeps the raw data on the device: cloud-only is not a partition
+        last = split == len(names)
+        crossing = 0 if last else sum(t.bytes for t in cut.tensors)
+        costs.append(CutCost(
+            split=split, after=cut.after, device_ms=_train_ms(graph, names[:split], device),
+            server_ms=_train_ms(graph, names[split:], server),
+            up_bytes=0 if last else crossing + labels, down_bytes=crossing,
+            layer_param_bytes=params))
+    if not costs or costs[-1].split != len(names):
+        costs.append(CutCost(len(names), names[-1], _train_ms(graph, names, device), 0.0, 0, 0,
+                             params))
+    return costs
+
+
+def edge_ms(cost: CutCost, mbps: float, rtt_ms: float) -> float:
+    """d_p^e: the part of a round the bandit learns (0 for pure on-device)."""
+    if cost.up_bytes == 0 and cost.server_ms == 0:
+        return 0.0
+    bits_per_ms = mbps * 1e3
+    return (cost.up_bytes + cost.down_bytes) * 8 / bits_per_ms + cost.server_ms + rtt_ms
+
+
+class Policy(Protocol):
+    def select(self, t: int) -> int: ...
+
+    def update(self, arm: int, edge_delay_ms: float) -> None: ...
+
+
+@dataclass
+class FixedPolicy:
+    """FPT (fixed at the privacy point) or PDT (pure on-device): never changes its mind."""
+
+    arm: int
+
+    def select(self, t: int) -> int:
+        return self.arm
+
+    def update(self, arm: int, edge_delay_ms: float) -> None:
+        return None
+
+
+@dataclass
+class OraclePolicy:
+    """Knows every partition's expected delay at every round (the regret baseline)."""
+
+    costs: Sequence[CutCost]
+    trace: BandwidthTrace
+    allowed: Sequence[int]
+
+    def select(self, t: int) -> int:
+        mbps = self.trace.at(t)
+        return min(self.allowed, key=lambda p: self.costs[p].device_ms
+                   + edge_ms(self.costs[p], mbps, self.trace.rtt_ms))
+
+    def update(self, arm: int, edge_delay_ms: float) -> None:
+        return None
+
+
+@dataclass
+class RoundLog:
+    delays_ms: list[float] = field(default_factory=list)
+    partitions: list[int] = field(default_factory=list)  # index into the cost list
+    sync_bytes: list[int] = field(default_factory=list)
+
+
+def _moved_bytes(costs: Sequence[CutCost], a: int, b: int) -> int:
+    lo, hi = sorted((costs[a].split, costs[b].split))
+    return sum(costs[a].layer_param_bytes[lo:hi])
+
+
+def simulate(costs: Sequence[CutCost], trace: BandwidthTrace, policy: Policy, rounds: int, *,
+             noise: float = 0.05, seed: int = 0, sync_every: int | None = 100) -> RoundLog:
+    """Run ``policy`` for ``rounds`` rounds. ``noise`` is the relative standard deviation of
+    each observed delay. ``sync_every``: layers that changed sides are synchronised every so
+    many rounds (L2S) or, with ``None``, at every change (L2S-FWS); their bytes cross the link
+    and count in that round's delay."""
+    if rounds < 1:
+        raise ConfigError("rounds must be at least 1")
+    rng = np.random.default_rng(seed)
+    log = RoundLog()
+    synced = None  # the partition whose weights both sides last agreed on
+    for t in range(1, rounds + 1):
+        arm = policy.select(t)
+        cost, mbps = costs[arm], trace.at(t)
+        scale = max(0.0, 1 + noise * rng.standard_normal())
+        d_edge = edge_ms(cost, mbps, trace.rtt_ms) * scale
+        d_dev = cost.device_ms * max(0.0, 1 + noise * rng.standard_normal())
+        moved = 0
+        if synced is None:
+            synced = arm
+        elif arm != synced and (sync_every is None or t % sync_every == 0):
+            moved, synced = _moved_bytes(costs, synced, arm), arm
+        sync_ms = moved * 8 / (mbps * 1e3) if moved else 0.0
+        policy.update(arm, d_edge)
+        log.delays_ms.append(d_dev + d_edge + sync_ms)
+        log.partitions.append(arm)
+        log.sync_bytes.append(moved)
+    return log
+
+
+def regret_ms(log: RoundLog, oracle: RoundLog) -> list[float]:
+    """Cumulative extra delay against the Oracle, round by round."""
+    return list(np.cumsum(np.asarray(log.delays_ms) - np.asarray(oracle.delays_ms)))
+
+
+def mean_tail(values: Sequence[float], fraction: float = 0.5) -> float:
+    tail = values[-max(1, math.ceil(len(values) * fraction)):]
+    return float(np.mean(tail))

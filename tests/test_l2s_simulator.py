@@ -1,0 +1,68 @@
+"""The L2S trace-driven simulator: delay model, the Oracle, bandwidth drops, sync bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import captured
+from edgesplit.errors import ConfigError
+from edgesplit.hardware import get_device
+from edgesplit.train.simulator import (BandwidthTrace, CutCost, FixedPolicy, OraclePolicy,
+                                       edge_ms, simulate, training_costs)
+
+
+@pytest.fixture(scope="module")
+def costs():
+    return training_costs(captured("alexnet"), get_device("raspberry-pi-4"),
+                          get_device("gtx1080ti-server"))
+
+
+def test_costs_cover_every_chain_point_and_pure_on_device(costs):
+    graph = captured("alexnet")
+    assert costs[-1].split == len(graph.layers) and costs[-1].up_bytes == 0
+    assert [c.split for c in costs] == sorted({c.split for c in costs})
+    for c in costs[:-1]:
+        assert c.up_bytes == c.down_bytes + 8  # activation + one int64 label, gradient back
+    device = [c.device_ms for c in costs]
+    assert device == sorted(device)  # more layers on the device, more device time
+
+
+def test_edge_delay_is_transfer_plus_server_plus_rtt():
+    cost = CutCost(split=1, after="a", device_ms=1.0, server_ms=2.0, up_bytes=1_000_008,
+                   down_bytes=1_000_000)
+    assert edge_ms(cost, 8.0, 5.0) == pytest.approx((2_000_008 * 8) / 8_000 + 2.0 + 5.0)
+    assert edge_ms(CutCost(9, "z", 4.0, 0.0, 0, 0), 8.0, 5.0) == 0.0
+
+
+def test_oracle_is_never_worse_than_a_fixed_partition_without_noise(costs):
+    trace = BandwidthTrace(60.0, drop_at=50, drop_to=2.0)
+    oracle = simulate(costs, trace, OraclePolicy(costs, trace, range(len(costs))), 100, noise=0)
+    assert len(set(oracle.partitions)) == 2  # it follows the drop
+    for arm in range(len(costs)):
+        fixed = simulate(costs, trace, FixedPolicy(arm), 100, noise=0)
+        assert all(o <= f + 1e-9 for o, f, s in zip(oracle.delays_ms, fixed.delays_ms,
+                                                    oracle.sync_bytes) if not s)
+
+
+def test_weight_sync_is_periodic_or_on_every_change(costs):
+    class Alternate:
+        def select(self, t):
+            return 0 if t % 2 else 3
+
+        def update(self, arm, d):
+            return None
+
+    moved = sum(costs[0].layer_param_bytes[costs[0].split:costs[3].split])
+    trace = BandwidthTrace(60.0)
+    every = simulate(costs, trace, Alternate(), 10, noise=0, sync_every=None)
+    assert every.sync_bytes == [0] + [moved] * 9  # FWS: each change moves the layers
+    periodic = simulate(costs, trace, Alternate(), 10, noise=0, sync_every=4)
+    # synchronised at round 4 (to partition 3); at round 8 it is at 3 again: nothing to move
+    assert periodic.sync_bytes == [0, 0, 0, moved, 0, 0, 0, 0, 0, 0]
+
+
+def test_bad_traces_say_what_is_wrong():
+    with pytest.raises(ConfigError, match="positive"):
+        BandwidthTrace(0.0)
+    with pytest.raises(ConfigError, match="--drop-to"):
+        BandwidthTrace(10.0, drop_at=5)
