@@ -66,3 +66,25 @@ def test_bad_traces_say_what_is_wrong():
         BandwidthTrace(0.0)
     with pytest.raises(ConfigError, match="--drop-to"):
         BandwidthTrace(10.0, drop_at=5)
+
+
+def test_simulate_l2s_json_contract(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgesplit.cli import app
+
+    plot = tmp_path / "l2s.png"
+    result = CliRunner().invoke(app, ["simulate-l2s", "--model", "alexnet", "--rounds", "60",
+                                      "--drop-at", "30", "--drop-to", "5", "--privacy-split",
+                                      "3", "--plot", str(plot), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc["policies"]) == {"oracle", "fpt", "pdt", "linucb", "l2s", "l2s_fws"}
+    assert doc["privacy_point"] >= 3
+    for run in doc["policies"].values():
+        assert len(run["delays_ms"]) == len(run["partitions"]) == 60
+        assert min(run["partitions"]) >= doc["privacy_point"]
+    assert set(doc["policies"]["fpt"]["partitions"]) == {doc["privacy_point"]}
+    assert plot.stat().st_size > 10_000

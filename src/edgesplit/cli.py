@@ -634,6 +634,59 @@ def run(
         raise typer.Exit(1)
 
 
+@app.command("simulate-l2s")
+@_user_errors
+def simulate_l2s(
+    model: str = typer.Option("alexnet", "--model", help="Built-in model name or .pt2 file."),
+    bandwidth_mbps: float = typer.Option(60.0, "--bandwidth-mbps", help="Link bandwidth."),
+    rounds: int = typer.Option(500, "--rounds", help="Training rounds to simulate."),
+    drop_at: Optional[int] = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
+    drop_to: Optional[float] = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
+    device: str = typer.Option("raspberry-pi-4", "--device", help="End device preset or file."),
+    server: str = typer.Option("gtx1080ti-server", "--server", help="Edge server."),
+    rtt_ms: float = typer.Option(5.0, "--rtt-ms", help="Round-trip time of the link."),
+    privacy_split: Optional[int] = typer.Option(
+        None, "--privacy-split", help="P^c: at least this many layers stay on the device."),
+    seed: int = typer.Option(0, "--seed"),
+    noise: float = typer.Option(0.05, "--noise", help="Relative noise of each delay."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and partition per round."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Simulate L2S split training (trace-driven): Oracle, FPT, PDT, LinUCB, L2S and L2S-FWS
+    on the same model, devices and bandwidth trace."""
+    from edgesplit.graph import capture
+    from edgesplit.hardware import resolve_device
+    from edgesplit.train.l2s import compare_policies
+    from edgesplit.train.simulator import BandwidthTrace
+
+    trace = BandwidthTrace(bandwidth_mbps, rtt_ms, drop_at, drop_to)
+    with err.status(f"simulating {rounds} rounds of {model} ...", spinner="dots"):
+        graph = capture(model, optimize=False)  # L2S splits the framework's own layers
+        doc = compare_policies(graph, resolve_device(device), resolve_device(server), trace,
+                               rounds, privacy_split=privacy_split, seed=seed, noise=noise)
+    if plot is not None:
+        from edgesplit.report.plots import plot_l2s
+
+        plot_l2s(doc, plot)
+    if as_json:
+        _emit_json(doc)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{model}: {doc['device']} -> {doc['server']}, {bandwidth_mbps:g} Mbps"
+                        + (f", {drop_to:g} Mbps from round {drop_at}" if drop_at else "")
+                        + f"; privacy point {doc['privacy_point']} layers")
+    for col in ("policy", "mean delay ms", "last 20 % ms", "final partition", "sync MB"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, run in doc["policies"].items():
+        tail = run["delays_ms"][-max(1, rounds // 5):]
+        table.add_row(name, f"{run['mean_delay_ms']:.1f}", f"{sum(tail) / len(tail):.1f}",
+                      str(run["partitions"][-1]), f"{sum(run['sync_bytes']) / 1e6:.1f}")
+    out.print(table)
+    if plot is not None:
+        err.print(f"wrote {plot}")
+
+
 def main() -> None:
     app()
 

@@ -20,8 +20,8 @@ from matplotlib.ticker import MaxNLocator
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_link_sweep", "plot_pareto",
-           "plot_profile", "short_layer_name"]
+__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_l2s", "plot_link_sweep",
+           "plot_pareto", "plot_profile", "short_layer_name"]
 
 DPI = 120
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -420,3 +420,41 @@ def auto_distortion(plan: Any) -> float:
                 abs(alt.total_ms - plan.predicted.total_ms) < 1e-9:
             return alt.distortion
     return 0.0
+
+
+def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path:
+    """L2S Figs. 11 and 17: per-round delay (moving average over ``window`` rounds) and the
+    chosen partition of every policy, from :func:`edgesplit.train.l2s.compare_policies`."""
+    policies = doc.get("policies") or {}
+    if not policies:
+        raise ConfigError("the simulation has no policies to plot")
+    fig = _new_figure(9.0, 6.4)
+    ax_delay, ax_part = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    for i, (name, run) in enumerate(policies.items()):
+        delays = [float(d) for d in run["delays_ms"]]
+        k = max(1, min(window, len(delays)))
+        kernel = [1.0 / k] * k
+        import numpy as np  # local: plots stays importable without the simulation
+
+        smooth = np.convolve(delays, kernel, mode="valid")
+        rounds = range(k, len(delays) + 1)
+        color = _COLORS[i % len(_COLORS)]
+        ax_delay.plot(list(rounds), smooth, color=color, label=name, linewidth=1.4)
+        ax_part.step(range(1, len(delays) + 1), run["partitions"], where="post", color=color,
+                     linewidth=1.0)
+    drop = doc.get("trace", {}).get("drop_at")
+    for ax in (ax_delay, ax_part):
+        if drop:
+            ax.axvline(drop, color="black", linestyle=":", linewidth=1)
+        ax.grid(True, alpha=0.3)
+    ax_delay.set_yscale("log")
+    ax_delay.set_ylabel(f"delay per round, ms ({window}-round mean)")
+    ax_part.set_ylabel("layers on the device")
+    ax_part.set_xlabel("training round")
+    ax_delay.legend(fontsize=8)
+    trace = doc.get("trace", {})
+    ax_delay.set_title(f"{doc.get('model')}: {doc.get('device')} -> {doc.get('server')}, "
+                       f"{trace.get('mbps')} Mbps"
+                       + (f" -> {trace.get('drop_to')} Mbps at round {drop}" if drop else ""),
+                       fontsize=10)
+    return _save(fig, path)
