@@ -38,6 +38,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_wire.py
 	$(PY) benchmarks/bench_estimators.py
 	$(PY) benchmarks/bench_autosplit.py
+	$(PY) benchmarks/bench_runtime.py
+	$(PY) benchmarks/bench_l2s.py
 
 # Regenerate the gRPC code from the checked-in .proto (needs the dev extra: grpcio-tools).
 proto: $(STAMP)
