@@ -209,3 +209,11 @@ def test_qdmp_e_keeps_its_split_and_becomes_infeasible_where_qdmp_adapts(eyeriss
     assert plans["qdmp_e"].edge_memory_bytes > limit and not plans["qdmp_e"].feasible
     assert "edge memory" in plans["qdmp_e"].reason
     assert plans["autosplit"].feasible and plans["autosplit"].edge_memory_bytes <= limit
+
+
+def test_exactly_one_alternative_is_the_chosen_plan(eyeriss_problem):
+    plan = compare_methods(eyeriss_problem("mobilenet_v2"), ["autosplit"])["autosplit"]
+    chosen = [a for a in plan.alternatives if a.chosen]
+    assert len(chosen) == 1
+    assert chosen[0].total_ms == pytest.approx(plan.predicted.total_ms)
+    assert chosen[0].split == len(plan.edge_layers)

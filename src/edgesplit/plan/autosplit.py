@@ -201,8 +201,8 @@ class AutoSplit(Planner):
         alternatives = [PlanAlternative(
             split=c.split, split_after=c.edge[-1] if c.edge else None, total_ms=c.total_ms,
             edge_memory_bytes=c.memory_bytes, sent_bytes=c.sent_bytes, distortion=c.distortion,
-            drop=c.drop, pareto=id(c) in on_front, w_bits=c.w_bits, a_bits=c.a_bits,
-            cloud_bits=c.cloud_bits)
+            drop=c.drop, pareto=id(c) in on_front, chosen=c is sel.best, w_bits=c.w_bits,
+            a_bits=c.a_bits, cloud_bits=c.cloud_bits)
             for c in sorted(sel.candidates, key=lambda c: (c.total_ms, _error(c)))]
         if sel.measured:
             note = (f"accuracy measured on {sel.setup.meter.data.name} "

@@ -117,6 +117,7 @@ class PlanAlternative(BaseModel):
     distortion: float
     drop: float | None = None  # measured accuracy drop, percentage points; None: not measured
     pareto: bool = False  # on the latency / drop (or distortion) Pareto front
+    chosen: bool = False  # the candidate the plan is
     w_bits: dict[str, int] = Field(default_factory=dict)
     a_bits: dict[str, int] = Field(default_factory=dict)
     cloud_bits: int = 32  # 16: the cloud part runs in FP16

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -413,13 +414,8 @@ def plot_pareto(plans: dict[str, Any], path: str | Path, *, title: str | None = 
 
 
 def auto_distortion(plan: Any) -> float:
-    """The chosen AUTO-SPLIT plan's total distortion (from its entry among the candidates)."""
-    for alt in plan.alternatives:
-        bits = {layer.name: layer.w_bits for layer in plan.layers if layer.w_bits is not None}
-        if alt.split == len(plan.edge_layers) and alt.w_bits == bits and \
-                abs(alt.total_ms - plan.predicted.total_ms) < 1e-9:
-            return alt.distortion
-    return 0.0
+    """The chosen AUTO-SPLIT plan's total distortion (its entry among the candidates)."""
+    return next((alt.distortion for alt in plan.alternatives if alt.chosen), 0.0)
 
 
 def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path:
@@ -433,10 +429,7 @@ def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path
     for i, (name, run) in enumerate(policies.items()):
         delays = [float(d) for d in run["delays_ms"]]
         k = max(1, min(window, len(delays)))
-        kernel = [1.0 / k] * k
-        import numpy as np  # local: plots stays importable without the simulation
-
-        smooth = np.convolve(delays, kernel, mode="valid")
+        smooth = np.convolve(delays, np.full(k, 1.0 / k), mode="valid")
         rounds = range(k, len(delays) + 1)
         color = _COLORS[i % len(_COLORS)]
         ax_delay.plot(list(rounds), smooth, color=color, label=name, linewidth=1.4)
