@@ -57,3 +57,28 @@ def test_bad_mode_settings():
         ModeConfig(horizon=10, n_th=20)
     with pytest.raises(ConfigError):
         ModeConfig(r_d=1.5)
+
+
+def test_settles_on_pure_on_device_training_despite_forced_sampling():
+    # P (20 ms) beats p0 (1 + 40) and p1 (3 + 30): forced rounds keep offloading during
+    # adaptation, but the learner's decision is P, so it settles there and stops forcing
+    policy = _policy(horizon=40, n_th=10)
+    chosen = _run(policy, 150, lambda t: np.array([40.0, 30.0]))
+    assert policy.mode == "regular" and policy.partition == 2
+    assert set(chosen[:40]) != {2} and set(chosen[40:]) == {2}
+
+
+def test_sync_is_requested_when_settling_and_when_a_drift_restarts_adaptation():
+    policy = _policy(horizon=30, n_th=5, r=5, r_th=0.3)
+    due = []
+    for t in range(1, 121):
+        arm = policy.select(t)
+        theta = np.array([2.0, 10.0]) if t < 60 else np.array([40.0, 1.0])
+        edge = float(FEATURES[arm] @ theta)
+        policy.update(arm, edge)
+        policy.observe(t, DEVICE[arm] + edge)
+        if policy.sync_due:
+            due.append(t)
+    assert due[0] == 30  # settled after the first phase
+    assert policy.reasons[:2] == ["start", "drift"]
+    assert policy.adaptations[1] - 1 in due  # the drift's round asks for a sync

@@ -35,7 +35,9 @@ def test_later_cuts_reveal_less(digits):
 
 
 def test_privacy_point_is_the_first_cut_over_the_threshold():
-    assert privacy_point([0.1, 0.5, 2.0, 1.0, 3.0], 1.5) == 3
+    assert privacy_point([0.1, 0.5, 2.0, 2.5, 3.0], 1.5) == 3
+    # every cut of the domain must be private enough: a dip after a private cut moves P^c on
+    assert privacy_point([0.1, 0.5, 2.0, 1.0, 3.0], 1.5) == 5
     with pytest.raises(ConfigError, match="lower the threshold"):
         privacy_point([0.1, 0.2], 5.0)
 
@@ -44,3 +46,19 @@ def test_non_image_inputs_are_refused(digits):
     model, _ = digits
     with pytest.raises(ConfigError, match="image"):
         kl_per_cut(as_chain(model), model, torch.zeros(4, 10))
+
+
+def test_privacy_analysis_maps_the_chain_point_onto_the_captured_graph():
+    from edgesplit.graph import capture
+    from edgesplit.train.privacy import analyse_privacy
+
+    graph = capture("digits_cnn", optimize=False)
+    doc = analyse_privacy("digits_cnn", 1.0, graph, samples=100)
+    kl, point = doc["kl_per_cut"], doc["chain_point"]
+    assert all(v >= 1.0 for v in kl[point - 1:]) and kl[point - 2] < 1.0
+    # the graph layers of the first `point` chain elements, and not one more
+    names = {layer.module_path.split(".")[0] for layer in graph.layers[:doc["privacy_split"]]}
+    chain_names = ["stem", "down1", "block1", "down2", "block2", "reduce", "expand", "pool"]
+    assert names == set(chain_names[:point])
+    with pytest.raises(ConfigError, match="--privacy-split"):
+        analyse_privacy("alexnet", 1.0)

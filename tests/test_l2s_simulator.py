@@ -46,7 +46,10 @@ def test_oracle_is_never_worse_than_a_fixed_partition_without_noise(costs):
 
 def test_weight_sync_is_periodic_or_on_every_change(costs):
     class Alternate:
+        sync_due = False
+
         def select(self, t):
+            self.sync_due = t == 6  # e.g. L2S leaving adaptation mode
             return 0 if t % 2 else 3
 
         def update(self, arm, d):
@@ -55,10 +58,19 @@ def test_weight_sync_is_periodic_or_on_every_change(costs):
     moved = sum(costs[0].layer_param_bytes[costs[0].split:costs[3].split])
     trace = BandwidthTrace(60.0)
     every = simulate(costs, trace, Alternate(), 10, noise=0, sync_every=None)
-    assert every.sync_bytes == [0] + [moved] * 9  # FWS: each change moves the layers
+    assert every.sync_bytes == [0] + [moved] * 9  # FWS: each change moves the layers once
     periodic = simulate(costs, trace, Alternate(), 10, noise=0, sync_every=4)
-    # synchronised at round 4 (to partition 3); at round 8 it is at 3 again: nothing to move
-    assert periodic.sync_bytes == [0, 0, 0, moved, 0, 0, 0, 0, 0, 0]
+    # rounds 1-4 trained the layers between the two cuts on both sides: both updates cross
+    # (merge) at round 4; again at the requested sync after round 6 and at round 8; rounds
+    # 9-10 are not synchronised yet
+    assert periodic.sync_bytes == [0, 0, 0, 2 * moved, 0, 2 * moved, 0, 2 * moved, 0, 0]
+    assert sum(periodic.delays_ms) > sum(simulate(costs, trace, Alternate(), 10, noise=0,
+                                                  sync_every=1000).delays_ms)
+
+
+def test_no_sync_while_the_partition_stays_put(costs):
+    log = simulate(costs, BandwidthTrace(60.0), FixedPolicy(2), 250, noise=0, sync_every=100)
+    assert log.sync_bytes == [0] * 250
 
 
 def test_bad_traces_say_what_is_wrong():
@@ -88,3 +100,23 @@ def test_simulate_l2s_json_contract(tmp_path):
         assert min(run["partitions"]) >= doc["privacy_point"]
     assert set(doc["policies"]["fpt"]["partitions"]) == {doc["privacy_point"]}
     assert plot.stat().st_size > 10_000
+
+
+def test_simulate_l2s_privacy_point_from_the_kl_analysis():
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgesplit.cli import app
+
+    result = CliRunner().invoke(app, ["simulate-l2s", "--model", "digits_cnn", "--rounds", "80",
+                                      "--privacy-kl", "1.0", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["privacy"]["threshold"] == 1.0 and len(doc["privacy"]["kl_per_cut"]) == 10
+    assert doc["privacy_point"] == doc["privacy"]["privacy_split"]
+    for name in ("linucb", "l2s", "l2s_fws"):
+        errors = doc["policies"][name]["prediction_error"]
+        assert len(errors) == 80 and all(e is None or e >= 0 for e in errors)
+    both = CliRunner().invoke(app, ["simulate-l2s", "--privacy-kl", "1", "--privacy-split", "3"])
+    assert both.exit_code == 2 and "not both" in both.output

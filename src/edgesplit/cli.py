@@ -647,8 +647,15 @@ def simulate_l2s(
     rtt_ms: float = typer.Option(5.0, "--rtt-ms", help="Round-trip time of the link."),
     privacy_split: Optional[int] = typer.Option(
         None, "--privacy-split", help="P^c: at least this many layers stay on the device."),
+    privacy_kl: Optional[float] = typer.Option(
+        None, "--privacy-kl", help="P^c from the KL privacy analysis: every cut sent must "
+        "reach this divergence (pre-trained models with built-in data, e.g. digits_cnn)."),
     seed: int = typer.Option(0, "--seed"),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise of each delay."),
+    alpha: Optional[float] = typer.Option(
+        None, "--alpha", help="Exploration weight, in units of the on-device delay."),
+    random_reentry: float = typer.Option(
+        0.0, "--random-reentry", help="r_d: chance per regular round to re-enter adaptation."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and partition per round."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
@@ -656,14 +663,26 @@ def simulate_l2s(
     on the same model, devices and bandwidth trace."""
     from edgesplit.graph import capture
     from edgesplit.hardware import resolve_device
-    from edgesplit.train.l2s import compare_policies
+    from edgesplit.errors import ConfigError
+    from edgesplit.train.l2s import L2S_ALPHA, compare_policies
+    from edgesplit.train.modes import ModeConfig
+    from edgesplit.train.privacy import analyse_privacy
     from edgesplit.train.simulator import BandwidthTrace
 
+    if privacy_split is not None and privacy_kl is not None:
+        raise ConfigError("give --privacy-split or --privacy-kl, not both")
     trace = BandwidthTrace(bandwidth_mbps, rtt_ms, drop_at, drop_to)
+    modes = ModeConfig(r_d=random_reentry, seed=seed)
     with err.status(f"simulating {rounds} rounds of {model} ...", spinner="dots"):
         graph = capture(model, optimize=False)  # L2S splits the framework's own layers
+        privacy = None
+        if privacy_kl is not None:
+            privacy = analyse_privacy(model, privacy_kl, graph)
+            privacy_split = privacy["privacy_split"]
         doc = compare_policies(graph, resolve_device(device), resolve_device(server), trace,
-                               rounds, privacy_split=privacy_split, seed=seed, noise=noise)
+                               rounds, privacy_split=privacy_split, seed=seed, noise=noise,
+                               alpha=L2S_ALPHA if alpha is None else alpha, modes=modes,
+                               privacy=privacy)
     if plot is not None:
         from edgesplit.report.plots import plot_l2s
 

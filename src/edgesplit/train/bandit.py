@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 DEFAULT_ALPHA = 1.0
-"""Exploration weight alpha of eq. (2); the paper gives no value, 1.0 is the LinUCB custom."""
+"""Exploration weight alpha of eq. (2), in units of ``delay_scale``; the paper gives no value,
+1.0 is the LinUCB custom."""
 
 DEFAULT_MU = 0.25
 """Forced-sampling exponent mu; 0.25 minimises the regret bound of Theorem 1 (O(T^0.75 log T))."""
@@ -184,6 +185,12 @@ class LinUCB:
         indexed by p); all zero if omitted, and then the learner is a plain edge-delay LinUCB.
     min_partition:
         P^c: partition points p < P^c are outside the privacy domain and never chosen.
+    delay_scale:
+        The unit of ``alpha`` in milliseconds: the bonus is alpha * delay_scale * width. The
+        width sqrt(x^T A^-1 x) is a pure number (features are scaled), while delays are in ms
+        and span 1 ms to minutes between settings, so a fixed alpha in ms explores far too much
+        on one model and not at all on another. Callers pass a delay the device knows, e.g.
+        its pure on-device delay d_P^m; the default 1.0 keeps alpha in ms as in eq. (2).
 
     Attributes ``A`` (d x d) and ``b`` (d) are the paper's auxiliary variables A_t, b_t;
     ``theta`` is theta_hat = A^{-1} b. Ties in the argmin go to the lowest partition point
@@ -191,9 +198,13 @@ class LinUCB:
     """
 
     def __init__(self, features: FeatureInput, alpha: float = DEFAULT_ALPHA, ridge: float = 1.0,
-                 *, device_delays: DelayInput = None, min_partition: int | None = None) -> None:
+                 *, device_delays: DelayInput = None, min_partition: int | None = None,
+                 delay_scale: float = 1.0) -> None:
         table = _domain(_check_vectors(_as_arm_table(features)), min_partition)
         self.alpha = _check_nonneg("alpha", alpha)
+        self.delay_scale = _check_nonneg("delay_scale", delay_scale)
+        if self.delay_scale == 0:
+            raise ConfigError("delay_scale must be > 0 ms (the unit of alpha)")
         self.ridge = _check_nonneg("ridge (beta of A_0 = beta I)", ridge)
         if self.ridge == 0:
             raise ConfigError("ridge must be > 0: A_0 = beta I has to be invertible for "
@@ -239,8 +250,8 @@ class LinUCB:
 
     def score(self, arm: int) -> float:
         """Lower confidence bound minimised by eq. (2) / Algorithm 1 lines 9-14:
-        d_p^m + theta_hat^T x_p - alpha sqrt(x_p^T A^{-1} x_p)."""
-        return self.predict(arm) - self.alpha * self.confidence(arm)
+        d_p^m + theta_hat^T x_p - alpha sqrt(x_p^T A^{-1} x_p) (alpha in ``delay_scale`` units)."""
+        return self.predict(arm) - self.alpha * self.delay_scale * self.confidence(arm)
 
     def scores(self) -> dict[int, float]:
         """score(p) for every p in the domain."""
@@ -248,18 +259,31 @@ class LinUCB:
 
     # --- decisions ---------------------------------------------------------------------------
     def _argmin(self, candidates: Sequence[int]) -> int:
-        # Candidates are in increasing p; strict '<' keeps the lowest p on ties.
-        best, best_score = candidates[0], self.score(candidates[0])
-        for p in candidates[1:]:
-            s = self.score(p)
-            if s < best_score:
-                best, best_score = p, s
-        return best
+        # One solve for theta and one for A^-1 X per round (not two per arm): the decision
+        # overhead is a benchmark figure. np.argmin keeps the lowest p on ties.
+        arms = list(candidates)
+        x = np.stack([self.features[p] for p in arms])
+        theta = np.linalg.solve(self.A, self.b)
+        width = np.sqrt(np.maximum(np.einsum("ij,ji->i", x, np.linalg.solve(self.A, x.T)), 0.0))
+        edge = x @ theta - self.alpha * self.delay_scale * width
+        edge[[p == self.on_device_arm for p in arms]] = 0.0  # no edge part at p = P
+        scores = np.array([self.device_delays[p] for p in arms]) + edge
+        return arms[int(np.argmin(scores))]
 
     def select(self, round_index: int) -> int:
         """Partition point for round t (eq. (2)); t only matters to LinUCB-E."""
         _check_round(round_index)
         return self._argmin(self.arms)
+
+    def best_estimate(self) -> int:
+        """The partition with the lowest *predicted* delay d_p^m + theta_hat^T x_p (no
+        exploration bonus): what the learner currently believes is optimal. L2S's mode switch
+        judges convergence on these decisions and trains on the last one in regular mode."""
+        x = np.stack([self.features[p] for p in self.arms])
+        edge = x @ np.linalg.solve(self.A, self.b)
+        edge[-1] = 0.0  # the last arm is P: no edge part
+        delays = np.array([self.device_delays[p] for p in self.arms]) + edge
+        return self.arms[int(np.argmin(delays))]
 
     def update(self, arm: int, delay_ms: float) -> None:
         """Feed back the observed *edge* training delay d_{p_t}^e of the round played with arm.
@@ -299,9 +323,9 @@ class LinUCBE(LinUCB):
 
     def __init__(self, features: FeatureInput, horizon: int, alpha: float = DEFAULT_ALPHA,
                  ridge: float = 1.0, *, mu: float = DEFAULT_MU, device_delays: DelayInput = None,
-                 min_partition: int | None = None) -> None:
+                 min_partition: int | None = None, delay_scale: float = 1.0) -> None:
         super().__init__(features, alpha, ridge, device_delays=device_delays,
-                         min_partition=min_partition)
+                         min_partition=min_partition, delay_scale=delay_scale)
         if len(self.arms) < 2:
             raise ConfigError(f"LinUCB-E needs at least one offloading partition point besides "
                               f"pure on-device p={self.on_device_arm}; lower min_partition (P^c)")

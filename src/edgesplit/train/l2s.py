@@ -3,11 +3,13 @@ and bandwidth trace, with the same noise for all (the document behind
 ``edgesplit simulate-l2s --json``).
 
 Policies (L2S Section V): ``oracle`` (knows the expected delays), ``fpt`` (fixed at the privacy
-point P^c), ``pdt`` (pure on-device), ``linucb`` (plain LinUCB), ``l2s`` (LinUCB-E with weight
-synchronisation every 100 rounds) and ``l2s_fws`` (LinUCB-E synchronising at every change).
+point P^c), ``pdt`` (pure on-device), ``linucb`` (plain LinUCB, no modes), ``l2s`` (LinUCB-E
+inside the adaptation/regular modes of Fig. 9, weight sync every 100 rounds and at mode
+changes) and ``l2s_fws`` (the same, synchronising at every partition change).
 The bandits see each partition's context features x_p, scaled per feature to [0, 1] (the
 linear model absorbs the scale; raw MACs and bytes differ by orders of magnitude), and the
-device delay of each partition, which the device measures itself.
+device delay of each partition, which the device measures itself. Their exploration weight
+alpha is in units of the pure on-device delay d_P^m (see ``LinUCB``'s ``delay_scale``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from edgesplit.graph import LayerGraph
 from edgesplit.hardware import Device
 from edgesplit.train.bandit import LinUCB, LinUCBE
 from edgesplit.train.features import partition_features
+from edgesplit.train.modes import AdaptiveL2S, ModeConfig
 from edgesplit.train.simulator import (BandwidthTrace, CutCost, FixedPolicy, OraclePolicy,
                                        simulate, training_costs)
 
-__all__ = ["POLICIES", "scaled_features", "compare_policies", "SIM_VERSION"]
+__all__ = ["POLICIES", "scaled_features", "compare_policies", "SIM_VERSION", "L2S_ALPHA",
+           "L2S_RIDGE"]
 
-SIM_VERSION = 1
+SIM_VERSION = 2
+L2S_ALPHA = 0.3
+"""Default exploration weight, in units of d_P^m: chosen by the sweep in benchmarks/bench_l2s.py
+(the paper gives no value)."""
+L2S_RIDGE = 0.03
+"""Default beta of A_0 = beta I (Algorithm 1 line 5), chosen by the same sweep."""
 POLICIES = ("oracle", "fpt", "pdt", "linucb", "l2s", "l2s_fws")
 
 
@@ -50,9 +59,12 @@ def _privacy_index(costs: list[CutCost], privacy_split: int | None) -> int:
     raise ConfigError(f"no partition keeps {privacy_split} layers on the device")
 
 
-def _policy(name: str, costs, trace, features, rounds, p_c, alpha: float):
+def _policy(name: str, costs, trace, features, p_c, alpha: float, ridge: float,
+            modes: ModeConfig):
     allowed = range(p_c, len(costs))
     delays = [c.device_ms for c in costs]
+    learner = dict(ridge=ridge, device_delays=delays, min_partition=p_c,
+                   delay_scale=costs[-1].device_ms)
     if name == "oracle":
         return OraclePolicy(costs, trace, list(allowed))
     if name == "fpt":
@@ -60,21 +72,32 @@ def _policy(name: str, costs, trace, features, rounds, p_c, alpha: float):
     if name == "pdt":
         return FixedPolicy(len(costs) - 1)
     if name == "linucb":
-        return LinUCB(features, alpha, device_delays=delays, min_partition=p_c)
-    return LinUCBE(features, rounds, alpha, device_delays=delays, min_partition=p_c)
+        return LinUCB(features, alpha, **learner)
+    return AdaptiveL2S(lambda horizon: LinUCBE(features, horizon, alpha, **learner), modes)
+
+
+def _prediction_error(log) -> list[float | None]:
+    """|predicted - observed| / observed edge delay per round (L2S Fig. 10); None in rounds
+    that offload nothing."""
+    return [None if pred is None or obs <= 0 else abs(pred - obs) / obs
+            for pred, obs in zip(log.predicted_edge_ms, log.edge_ms)]
 
 
 def compare_policies(graph: LayerGraph, device: Device, server: Device, trace: BandwidthTrace,
                      rounds: int, *, privacy_split: int | None = None, seed: int = 0,
-                     noise: float = 0.05, alpha: float = 1.0, sync_every: int = 100
+                     noise: float = 0.05, alpha: float = L2S_ALPHA, sync_every: int = 100,
+                     ridge: float = L2S_RIDGE, modes: ModeConfig | None = None,
+                     privacy: dict | None = None
                      ) -> dict[str, Any]:
-    """Run every policy on the same trace and noise; per-round delays and partitions."""
+    """Run every policy on the same trace and noise; per-round delays and partitions.
+    ``privacy`` (e.g. the KL analysis behind ``privacy_split``) is copied into the document."""
+    modes = modes or ModeConfig(seed=seed)
     costs = training_costs(graph, device, server)
     features = scaled_features(graph, costs)
     p_c = _privacy_index(costs, privacy_split)
     out: dict[str, Any] = {}
     for name in POLICIES:
-        policy = _policy(name, costs, trace, features, rounds, p_c, alpha)
+        policy = _policy(name, costs, trace, features, p_c, alpha, ridge, modes)
         start = time.perf_counter()
         log = simulate(costs, trace, policy, rounds, noise=noise, seed=seed,
                        sync_every=None if name == "l2s_fws" else sync_every)
@@ -83,6 +106,11 @@ def compare_policies(graph: LayerGraph, device: Device, server: Device, trace: B
                      "partitions": [costs[i].split for i in log.partitions],
                      "sync_bytes": log.sync_bytes, "simulated_us_per_round": per_round_us,
                      "mean_delay_ms": float(np.mean(log.delays_ms))}
+        if name in ("linucb", "l2s", "l2s_fws"):
+            out[name]["prediction_error"] = _prediction_error(log)
+        if isinstance(policy, AdaptiveL2S):
+            out[name]["adaptations"] = [{"round": t, "reason": r}
+                                        for t, r in zip(policy.adaptations, policy.reasons)]
     return {"version": SIM_VERSION, "model": graph.model, "device": device.name,
             "server": server.name, "rounds": rounds, "seed": seed,
             "trace": {"mbps": trace.mbps, "rtt_ms": trace.rtt_ms, "drop_at": trace.drop_at,
@@ -90,4 +118,7 @@ def compare_policies(graph: LayerGraph, device: Device, server: Device, trace: B
             "partitions": [{"split": c.split, "after": c.after, "device_ms": c.device_ms,
                             "server_ms": c.server_ms, "up_bytes": c.up_bytes,
                             "down_bytes": c.down_bytes} for c in costs],
-            "privacy_point": costs[p_c].split, "policies": out}
+            "privacy_point": costs[p_c].split, "privacy": privacy, "alpha": alpha,
+            "modes": {"horizon": modes.horizon, "n_th": modes.n_th, "r": modes.r,
+                      "r_th": modes.r_th, "r_d": modes.r_d},
+            "policies": out}

@@ -1,15 +1,26 @@
 """L2S's two modes and the delay monitor that switches between them (Section IV-D, Fig. 9).
 
-- Adaptation: a fresh LinUCB-E learns the partition for ``horizon`` rounds; it ends when the
-  last ``n_th`` decisions agree (else adaptation goes on for another ``horizon``).
-- Regular training: the partition found is used as it is.
+- Adaptation: LinUCB-E learns the partition for ``horizon`` rounds; the phase ends when the
+  learner's last ``n_th`` *decisions* agree (else another phase of ``horizon`` rounds follows).
+  A decision is the partition the learner believes best after the round, the argmin of its
+  predicted delay without the exploration bonus. (Judging convergence on the partitions
+  played would never settle where pure on-device training is best, since every T^mu-th round
+  is forced away, and rarely where exploration keeps two close partitions alternating.)
+- Regular training: the partition found is used as it is; no forced sampling.
 - Re-entry: the delay monitor compares the mean delay of the last ``r`` rounds with the mean
-  over the ``r`` rounds that followed the last adaptation; a relative change above ``r_th`` is
-  a concept drift and starts adaptation again. Independently, each regular round re-enters
-  with probability ``r_d`` (seeded).
+  over the first ``r`` regular rounds; a relative change above ``r_th`` is a concept drift and
+  starts adaptation with a *fresh* learner (what it knew describes the old environment).
+  Independently, each regular round re-enters with probability ``r_d`` (seeded); such a random
+  check keeps what the learner knows (nothing is known to have changed), so it costs little
+  when nothing has.
+- Weight sync: entering adaptation (Section IV-D: "L2S first synchronizes weights") and
+  settling on a partition set ``sync_due`` for that round, so the caller synchronises the layers
+  that changed sides before training on.
 
+The learner keeps receiving the edge delays of regular rounds too (free feedback).
 ``AdaptiveL2S`` has the simulator's policy interface: ``select(t)``, then ``update(p, d_edge)``
-and ``observe(total_ms)`` with the whole round's delay the device measures.
+and ``observe(t, total_ms)`` with the round's training delay the device measures (without the
+sync transfer, which would otherwise look like a drift).
 """
 
 from __future__ import annotations
@@ -28,11 +39,19 @@ __all__ = ["ModeConfig", "AdaptiveL2S"]
 
 @dataclass(frozen=True)
 class ModeConfig:
-    horizon: int = 100  # T: rounds of one adaptation phase
-    n_th: int = 20  # the last n_th decisions of a phase must agree to leave adaptation
-    r: int = 20  # delay-monitor window (rounds)
-    r_th: float = 0.3  # relative change of the mean delay that counts as a drift
-    r_d: float = 0.0  # probability of re-entering adaptation in any regular round
+    """Mode switching of Fig. 9. The paper gives no values; these make the simulated L2S settle
+    within 50 rounds in its setting (Fig. 11 converges in ~50) and catch a drift within ``r``
+    rounds (Fig. 17 compares the last 10 rounds)."""
+
+    horizon: int = 50  # T: rounds of one adaptation phase (also the forced-sampling horizon)
+    n_th: int = 10  # the last n_th decisions of a phase must agree to leave adaptation
+    r: int = 10  # delay-monitor window (rounds)
+    r_th: float = 0.2  # relative change of the mean delay that counts as a drift
+    # probability of re-entering adaptation in any regular round. Off by default: every
+    # re-entry explores again, and exploring a cut that puts large layers on the other side
+    # costs a weight merge (AlexNet's fc6/fc7: 436 MB) that the learner does not see coming;
+    # benchmarks/results/l2s.md measures the price of r_d = 0.001.
+    r_d: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -45,44 +64,53 @@ class ModeConfig:
 @dataclass
 class AdaptiveL2S:
     """LinUCB-E in adaptation mode, a fixed partition in regular mode (see module docstring).
-    ``make_learner(horizon)`` builds a fresh LinUCB-E for each adaptation phase."""
+    ``make_learner(horizon)`` builds a fresh LinUCB-E."""
 
     make_learner: Callable[[int], LinUCBE]
     config: ModeConfig = field(default_factory=ModeConfig)
     mode: str = "adaptation"
     partition: int | None = None
     adaptations: list[int] = field(default_factory=list)  # rounds where adaptation began
+    reasons: list[str] = field(default_factory=list)  # "start", "drift" or "random"
+    sync_due: bool = False  # the caller should synchronise weights after this round
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.config.seed)
-        self._start(1)
-
-    def _start(self, t: int) -> None:
-        self.mode = "adaptation"
         self.learner = self.make_learner(self.config.horizon)
+        self._start(1, "start")
+
+    def _start(self, t: int, reason: str) -> None:
+        if reason == "drift":
+            self.learner = self.make_learner(self.config.horizon)
+        self.mode = "adaptation"
         self._phase_start = t
         self._decisions: list[int] = []
         self._recent: deque[float] = deque(maxlen=self.config.r)
         self._baseline: list[float] = []
         self.adaptations.append(t)
+        self.reasons.append(reason)
+        self.sync_due = reason != "start"  # at round 1 both sides hold the same weights
 
     def select(self, t: int) -> int:
+        self.sync_due = False
         if self.mode == "regular" and self._rng.random() < self.config.r_d:
-            self._start(t)
+            self._start(t, "random")
         if self.mode == "adaptation":
-            arm = self.learner.select(t - self._phase_start + 1)
-            self._decisions.append(arm)
-            return arm
+            return self.learner.select(t - self._phase_start + 1)
         assert self.partition is not None
         return self.partition
 
     def update(self, arm: int, edge_delay_ms: float) -> None:
-        if self.mode == "adaptation":
-            self.learner.update(arm, edge_delay_ms)
+        self.learner.update(arm, edge_delay_ms)
+
+    def predict_edge(self, arm: int) -> float:
+        """The learner's current prediction of d_p^e (L2S Fig. 10 plots its error)."""
+        return self.learner.predict_edge(arm)
 
     def observe(self, t: int, total_ms: float) -> None:
-        """The whole round's delay: ends adaptation phases and watches for drift."""
+        """The round's training delay: ends adaptation phases and watches for drift."""
         if self.mode == "adaptation":
+            self._decisions.append(self.learner.best_estimate())
             self._maybe_settle(t)
             return
         self._recent.append(total_ms)
@@ -92,7 +120,7 @@ class AdaptiveL2S:
         base = float(np.mean(self._baseline))
         if len(self._recent) == self.config.r and \
                 abs(float(np.mean(self._recent)) - base) > self.config.r_th * base:
-            self._start(t + 1)
+            self._start(t + 1, "drift")
 
     def _maybe_settle(self, t: int) -> None:
         if len(self._decisions) < self.config.horizon:
@@ -102,6 +130,7 @@ class AdaptiveL2S:
             self.mode, self.partition = "regular", tail[0]
             self._recent.clear()
             self._baseline = []
+            self.sync_due = True
         else:  # no consensus: another phase with the same model, forced sampling restarting
             self._decisions = []
             self._phase_start = t + 1

@@ -20,7 +20,8 @@ from torch import nn
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["render_like_input", "kl_per_cut", "privacy_point"]
+__all__ = ["render_like_input", "kl_per_cut", "privacy_point", "graph_split_for_chain",
+           "analyse_privacy"]
 
 
 def render_like_input(ir: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -61,10 +62,51 @@ def kl_per_cut(chain: Sequence[nn.Module], reference: nn.Module, x: torch.Tensor
 
 
 def privacy_point(divergences: Sequence[float], threshold: float) -> int:
-    """P^c: the number of chain elements that must stay on the device so that the first IR
-    sent has KL divergence >= ``threshold`` (cuts after it are allowed too)."""
-    for i, value in enumerate(divergences):
-        if value >= threshold:
-            return i + 1
-    raise ConfigError(f"no cut reaches a KL divergence of {threshold}: the largest is "
-                      f"{max(divergences):.3g}; lower the threshold or train on the device")
+    """P^c: the number of chain elements that must stay on the device so that *every* cut in
+    the domain {P^c, ..., P} has KL divergence >= ``threshold``. (Divergence is not monotone
+    in the depth on real models, e.g. a stride-2 convolution can reveal more than the stem
+    before it; the paper's domain assumes every later cut is at least as private.)"""
+    point = len(divergences)
+    for i in range(len(divergences) - 1, -1, -1):
+        if divergences[i] < threshold:
+            break
+        point = i
+    if point == len(divergences):
+        raise ConfigError(f"no cut reaches a KL divergence of {threshold} with every later cut "
+                          f"as well (the last is {divergences[-1]:.3g}); lower the threshold or "
+                          "train on the device")
+    return point + 1
+
+
+def graph_split_for_chain(graph, model: nn.Module, chain_elements: int) -> int:
+    """How many layers of ``graph`` (captured from ``model``) the first ``chain_elements``
+    elements of the model's chain cover: the privacy split in the graph's terms."""
+    from edgesplit.train.split import as_chain
+
+    chain = as_chain(model)[:chain_elements]
+    names = {n for n, m in model.named_children() if any(m is c for c in chain)}
+    covered = [layer.index for layer in graph.layers if layer.module_path.split(".")[0] in names]
+    return max(covered) + 1 if covered else 0
+
+
+def analyse_privacy(model_name: str, threshold: float, graph=None, samples: int = 200) -> dict:
+    """The KL analysis of a built-in pre-trained model on its built-in data: divergence per
+    chain cut, P^c in chain elements and (given its ``graph``) in graph layers."""
+    from edgesplit.data import load_dataset
+    from edgesplit.models import create_model
+    from edgesplit.train.split import as_chain
+
+    built = create_model(model_name)
+    try:
+        data = load_dataset(model_name.removesuffix("_cnn"))
+    except Exception as exc:  # no built-in data for this model
+        raise ConfigError(f"the KL privacy analysis needs a pre-trained model with built-in data "
+                          f"(digits_cnn); for {model_name!r} pass --privacy-split") from exc
+    chain = as_chain(built.module)
+    kl = kl_per_cut(chain, built.module, data.inputs[0][:samples])
+    point = privacy_point(kl, threshold)
+    out = {"kl_per_cut": kl, "threshold": threshold, "chain_point": point,
+           "samples": min(samples, len(data))}
+    if graph is not None:
+        out["privacy_split"] = graph_split_for_chain(graph, built.module, point)
+    return out

@@ -6,10 +6,11 @@ runs the front layers forward and backward (known to the device: it measures it)
 part d_p^e = uplink of the activation and labels + the server's forward and backward + downlink
 of the gradient at the cut (what the bandit learns; 0 for pure on-device training, p = P).
 Backward costs twice the forward (the usual 1:2 rule for MAC-dominated layers). Weight
-synchronisation adds the moved layers' bytes on the link when it happens.
+synchronisation adds the moved layers' bytes on the link when it happens (see ``simulate``).
 
 Policies only see what L2S sees: ``select(t)`` a partition index, then ``update(p, d_e)`` with
-the observed edge delay. The Oracle is the exception: it is told the expected delays.
+the observed edge delay (and ``observe(t, d)`` with the whole round's, if they have it). The
+Oracle is the exception: it is told the expected delays.
 """
 
 from __future__ import annotations
@@ -142,40 +143,73 @@ class RoundLog:
     delays_ms: list[float] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)  # index into the cost list
     sync_bytes: list[int] = field(default_factory=list)
+    edge_ms: list[float] = field(default_factory=list)  # observed d_p^e (0 on the device)
+    predicted_edge_ms: list[float | None] = field(default_factory=list)  # learners only
 
 
-def _moved_bytes(costs: Sequence[CutCost], a: int, b: int) -> int:
-    lo, hi = sorted((costs[a].split, costs[b].split))
-    return sum(costs[a].layer_param_bytes[lo:hi])
+def _layer_bytes(cost: CutCost, lo: int, hi: int) -> int:
+    return sum(cost.layer_param_bytes[lo:hi])
+
+
+@dataclass
+class _SyncState:
+    """Which layers the two sides trained since the last sync (layer l trains on the device
+    iff l < split): those in [min split, max split) were trained on both."""
+
+    lo: int
+    hi: int
+
+    def see(self, split: int) -> None:
+        self.lo, self.hi = min(self.lo, split), max(self.hi, split)
 
 
 def simulate(costs: Sequence[CutCost], trace: BandwidthTrace, policy: Policy, rounds: int, *,
              noise: float = 0.05, seed: int = 0, sync_every: int | None = 100) -> RoundLog:
     """Run ``policy`` for ``rounds`` rounds. ``noise`` is the relative standard deviation of
-    each observed delay. ``sync_every``: layers that changed sides are synchronised every so
-    many rounds (L2S) or, with ``None``, at every change (L2S-FWS); their bytes cross the link
-    and count in that round's delay."""
+    each observed delay.
+
+    Weight sync (the protocol of :mod:`edgesplit.train.remote`): both sides keep a copy of every
+    layer. With ``sync_every=None`` (L2S-FWS) every partition change first sends the layers that
+    change sides from their old owner to the new one. Otherwise (L2S) a change sends nothing
+    and each side trains its own copy; every ``sync_every`` rounds, and after any round where
+    the policy sets ``sync_due``, the layers trained on *both* sides since the last sync are
+    merged: each side sends its update (2x their weight bytes). Sync bytes count in that
+    round's delay. Policies with ``observe(t, total_ms)`` get the round's training delay
+    (without the sync transfer)."""
     if rounds < 1:
         raise ConfigError("rounds must be at least 1")
     rng = np.random.default_rng(seed)
     log = RoundLog()
-    synced = None  # the partition whose weights both sides last agreed on
+    state: _SyncState | None = None
+    previous: int | None = None
+    observe = getattr(policy, "observe", None)
+    predict = getattr(policy, "predict_edge", None)
     for t in range(1, rounds + 1):
         arm = policy.select(t)
+        log.predicted_edge_ms.append(None if predict is None else float(predict(arm)))
         cost, mbps = costs[arm], trace.at(t)
-        scale = max(0.0, 1 + noise * rng.standard_normal())
-        d_edge = edge_ms(cost, mbps, trace.rtt_ms) * scale
+        d_edge = edge_ms(cost, mbps, trace.rtt_ms) * max(0.0, 1 + noise * rng.standard_normal())
         d_dev = cost.device_ms * max(0.0, 1 + noise * rng.standard_normal())
         moved = 0
-        if synced is None:
-            synced = arm
-        elif arm != synced and (sync_every is None or t % sync_every == 0):
-            moved, synced = _moved_bytes(costs, synced, arm), arm
-        sync_ms = moved * 8 / (mbps * 1e3) if moved else 0.0
+        if sync_every is None:
+            if previous is not None and arm != previous:
+                lo, hi = sorted((costs[previous].split, cost.split))
+                moved = _layer_bytes(cost, lo, hi)
+        else:
+            state = state or _SyncState(cost.split, cost.split)
+            state.see(cost.split)
         policy.update(arm, d_edge)
+        if observe is not None:
+            observe(t, d_dev + d_edge)
+        if state is not None and (t % sync_every == 0 or getattr(policy, "sync_due", False)):
+            moved += 2 * _layer_bytes(cost, state.lo, state.hi)
+            state = _SyncState(cost.split, cost.split)
+        sync_ms = moved * 8 / (mbps * 1e3) if moved else 0.0
         log.delays_ms.append(d_dev + d_edge + sync_ms)
         log.partitions.append(arm)
         log.sync_bytes.append(moved)
+        log.edge_ms.append(d_edge)
+        previous = arm
     return log
 
 
