@@ -642,6 +642,8 @@ def simulate_l2s(
     rounds: int = typer.Option(500, "--rounds", help="Training rounds to simulate."),
     drop_at: Optional[int] = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
     drop_to: Optional[float] = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
+    restore_at: Optional[int] = typer.Option(
+        None, "--restore-at", help="Round where the bandwidth returns to --bandwidth-mbps."),
     device: str = typer.Option("raspberry-pi-4", "--device", help="End device preset or file."),
     server: str = typer.Option("gtx1080ti-server", "--server", help="Edge server."),
     rtt_ms: float = typer.Option(5.0, "--rtt-ms", help="Round-trip time of the link."),
@@ -671,7 +673,7 @@ def simulate_l2s(
 
     if privacy_split is not None and privacy_kl is not None:
         raise ConfigError("give --privacy-split or --privacy-kl, not both")
-    trace = BandwidthTrace(bandwidth_mbps, rtt_ms, drop_at, drop_to)
+    trace = BandwidthTrace(bandwidth_mbps, rtt_ms, drop_at, drop_to, restore_at)
     modes = ModeConfig(r_d=random_reentry, seed=seed)
     with err.status(f"simulating {rounds} rounds of {model} ...", spinner="dots"):
         graph = capture(model, optimize=False)  # L2S splits the framework's own layers

@@ -21,8 +21,8 @@ from matplotlib.ticker import MaxNLocator
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_l2s", "plot_link_sweep",
-           "plot_pareto", "plot_profile", "short_layer_name"]
+__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_l2s", "plot_l2s_curves",
+           "plot_link_sweep", "plot_pareto", "plot_profile", "short_layer_name"]
 
 DPI = 120
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -435,19 +435,66 @@ def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path
         ax_delay.plot(list(rounds), smooth, color=color, label=name, linewidth=1.4)
         ax_part.step(range(1, len(delays) + 1), run["partitions"], where="post", color=color,
                      linewidth=1.0)
-    drop = doc.get("trace", {}).get("drop_at")
+    trace = doc.get("trace", {})
+    speeds = trace.get("mbps_per_round")
+    if speeds:  # Fig. 17: the network speed next to the delay
+        ax_speed = ax_delay.twinx()
+        ax_speed.step(range(1, len(speeds) + 1), speeds, where="post", color="black",
+                      linestyle=":", linewidth=1.2, label="bandwidth")
+        ax_speed.set_ylabel("bandwidth, Mbps")
+        ax_speed.set_ylim(0, max(speeds) * 1.15)
+    for entry in (policies.get("l2s") or {}).get("adaptations", [])[1:]:
+        ax_part.axvline(entry["round"], color=_COLORS[4], linewidth=0.8, alpha=0.6)
     for ax in (ax_delay, ax_part):
-        if drop:
-            ax.axvline(drop, color="black", linestyle=":", linewidth=1)
         ax.grid(True, alpha=0.3)
     ax_delay.set_yscale("log")
     ax_delay.set_ylabel(f"delay per round, ms ({window}-round mean)")
     ax_part.set_ylabel("layers on the device")
-    ax_part.set_xlabel("training round")
-    ax_delay.legend(fontsize=8)
-    trace = doc.get("trace", {})
+    ax_part.set_xlabel("training round (vertical lines: L2S re-enters adaptation)")
+    ax_delay.legend(fontsize=8, loc="upper left")
+    drop = trace.get("drop_at")
     ax_delay.set_title(f"{doc.get('model')}: {doc.get('device')} -> {doc.get('server')}, "
                        f"{trace.get('mbps')} Mbps"
-                       + (f" -> {trace.get('drop_to')} Mbps at round {drop}" if drop else ""),
+                       + (f" -> {trace.get('drop_to')} Mbps at round {drop}" if drop else "")
+                       + (f", back at {trace['restore_at']}" if trace.get("restore_at") else ""),
                        fontsize=10)
     return _save(fig, path)
+
+
+def plot_l2s_curves(series: dict[str, list[float | None]], path: str | Path, *, ylabel: str,
+                    title: str, window: int = 10, log: bool = False,
+                    reference: dict[str, list[float]] | None = None) -> Path:
+    """L2S Figs. 10 and 11: one curve per label over training rounds, a ``window``-round mean
+    (rounds without a value, None, are skipped). ``reference`` curves (e.g. the Oracle's)
+    are drawn dashed in the same colour as the label they belong to."""
+    if not series:
+        raise ConfigError("nothing to plot")
+    fig = _new_figure(8.0, 4.4)
+    ax = fig.subplots()
+    for i, (label, values) in enumerate(series.items()):
+        color = _COLORS[i % len(_COLORS)]
+        rounds, smooth = _moving_mean(values, window)
+        ax.plot(rounds, smooth, color=color, label=label, linewidth=1.4)
+        if reference and label in reference:
+            r_rounds, r_smooth = _moving_mean(reference[label], window)
+            ax.plot(r_rounds, r_smooth, color=color, linestyle="--", linewidth=1.0)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("training round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _moving_mean(values: list[float | None], window: int) -> tuple[list[int], list[float]]:
+    """(round, mean of the last ``window`` values that exist) at every round with a value."""
+    rounds, out, recent = [], [], []
+    for t, v in enumerate(values, start=1):
+        if v is None:
+            continue
+        recent = (recent + [float(v)])[-window:]
+        rounds.append(t)
+        out.append(sum(recent) / len(recent))
+    return rounds, out

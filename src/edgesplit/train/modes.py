@@ -46,7 +46,7 @@ class ModeConfig:
     horizon: int = 50  # T: rounds of one adaptation phase (also the forced-sampling horizon)
     n_th: int = 10  # the last n_th decisions of a phase must agree to leave adaptation
     r: int = 10  # delay-monitor window (rounds)
-    r_th: float = 0.2  # relative change of the mean delay that counts as a drift
+    r_th: float = 0.1  # relative change of the mean delay that counts as a drift
     # probability of re-entering adaptation in any regular round. Off by default: every
     # re-entry explores again, and exploring a cut that puts large layers on the other side
     # costs a weight merge (AlexNet's fc6/fc7: 436 MB) that the learner does not see coming;

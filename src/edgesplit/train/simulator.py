@@ -46,21 +46,30 @@ class CutCost:
 
 @dataclass(frozen=True)
 class BandwidthTrace:
-    """Uplink/downlink bandwidth over rounds: ``mbps`` until ``drop_at``, then ``drop_to``."""
+    """Uplink/downlink bandwidth over rounds: ``mbps`` until ``drop_at``, then ``drop_to``,
+    and ``mbps`` again from ``restore_at`` (L2S Fig. 17 drops and restores the speed)."""
 
     mbps: float
     rtt_ms: float = 5.0
     drop_at: int | None = None
     drop_to: float | None = None
+    restore_at: int | None = None
 
     def __post_init__(self) -> None:
         if self.mbps <= 0 or (self.drop_to is not None and self.drop_to <= 0):
             raise ConfigError("bandwidths must be positive (Mbps)")
         if (self.drop_at is None) != (self.drop_to is None):
             raise ConfigError("a bandwidth drop needs both --drop-at and --drop-to")
+        if self.restore_at is not None and (self.drop_at is None or
+                                            self.restore_at <= self.drop_at):
+            raise ConfigError("--restore-at needs a drop (--drop-at, --drop-to) before it")
 
     def at(self, t: int) -> float:
-        return self.drop_to if self.drop_at is not None and t >= self.drop_at else self.mbps
+        if self.drop_at is None or t < self.drop_at:
+            return self.mbps
+        if self.restore_at is not None and t >= self.restore_at:
+            return self.mbps
+        return self.drop_to
 
 
 def _train_ms(graph: LayerGraph, names: Sequence[str], device: Device) -> float:
