@@ -1,0 +1,1 @@
+"""Generated gRPC code of the split-training protocol (``edgesplit_train.proto``)."""

@@ -1,0 +1,868 @@
+"""Real two-process split training over gRPC, as in L2S (paper 002, Sec. III-A and IV-C).
+
+The end device (:class:`RemoteSplitTrainer`) holds chain elements ``[0..cut]`` of the model, the
+edge server (:class:`TrainServer`) the rest; cut ``len(chain) - 1`` is pure on-device training
+(no RPC). Each round the device runs the front forward, sends the activation and the labels
+(``Step``), the server runs the back forward, backward and update and returns the gradient at
+the cut (computed before its update), and the device finishes the backward pass and updates.
+
+Both sides keep a full copy of the chain, built from the same factory and seed (``Hello``
+checks a SHA-256 fingerprint), and a ``base`` snapshot of the parameters taken at the last
+sync. A sync over chain elements S sends, per element, ``params - base`` from each side that
+trained it since the last sync; both sides then set ``params = base + delta_device +
+delta_server`` (no update is lost; both compute it in the same order, so the copies stay
+bit-identical; a side that alone trained an element sends its parameters themselves, i.e.
+base + delta without float32 rounding, at the same size) and the element's owner under the
+last round's cut sends its buffers (batch-norm statistics). Optimizer state (momentum) is
+never synced: each side keeps its own per parameter, as a real device and server would (so
+with momentum, even FWS differs from unsplit training after a cut change). Two policies:
+
+* ``fws`` (L2S-FWS): when the cut changes, the elements that change sides are synced before
+  the round. No element is then trained on both sides between syncs, so with plain SGD this is
+  exactly unsplit training.
+* ``periodic`` (L2S): cut changes send nothing, each side trains its possibly stale copy;
+  every ``sync_every`` rounds and on :meth:`RemoteSplitTrainer.sync_now`, the elements trained
+  on both sides since the last sync are merged.
+
+The device emulates the link for both directions (:class:`LinkShaper`); the bandwidth may
+change at any round (:meth:`RemoteSplitTrainer.set_bandwidth_mbps`). The server serves one
+training session at a time: a ``Hello`` resets it to the initial model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import asdict, dataclass, field
+from typing import Self
+
+import grpc
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgesplit.errors import ConfigError, RemoteError, WireError
+from edgesplit.hardware import Link
+from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.runtime.shaping import LinkShaper
+from edgesplit.runtime.transport import TlsFiles, _channel_options
+from edgesplit.train.proto import edgesplit_train_pb2 as pb
+from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
+from edgesplit.train.split import as_chain, tensor_bytes
+
+__all__ = ["PROTOCOL_VERSION", "SYNC_POLICIES", "FixedCutPolicy", "RemoteSplitTrainer",
+           "RoundStats", "SyncResult", "TrainServer", "TrainingLog", "epoch_batches",
+           "evaluate", "model_fingerprint", "profile_device_ms", "run_split_training",
+           "serve_training", "untrained_model"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+SYNC_POLICIES = ("periodic", "fws")
+MESSAGE_LIMIT = 512 * 1024 * 1024  # activations of a large batch; gRPC refuses bigger ones
+Tensors = dict[str, torch.Tensor]
+Update = tuple[Tensors, bool]  # (params or deltas by name, absolute)
+
+
+# ---- shared pieces -------------------------------------------------------------------------
+def model_fingerprint(chain: Sequence[nn.Module]) -> str:
+    """SHA-256 of every parameter and buffer of ``chain`` (names, dtypes, shapes, values)."""
+    h = hashlib.sha256()
+    for i, module in enumerate(chain):
+        for name, t in module.state_dict().items():
+            t = t.detach().cpu().contiguous()
+            h.update(f"{i}.{name}:{t.dtype}:{tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class _Replica:
+    """One side's copy of the chain: its optimizer, the base snapshot of the last sync and the
+    elements it trained since then."""
+
+    def __init__(self, model: nn.Module, lr: float, momentum: float) -> None:
+        self.model, self.chain = model, as_chain(model)
+        unique = {id(p): p for p in model.parameters() if p.requires_grad}
+        self.opt = torch.optim.SGD(list(unique.values()), lr=lr, momentum=momentum) \
+            if unique else None
+        self.base = {i: {n: p.detach().clone() for n, p in m.named_parameters()}
+                     for i, m in enumerate(self.chain)}
+        self.trained: set[int] = set()
+
+    def part(self, lo: int, hi: int) -> nn.Sequential:
+        return nn.Sequential(*self.chain[lo:hi]).train()
+
+    def backward_and_step(self, start: torch.Tensor, grad: torch.Tensor | None,
+                          elements: range) -> None:
+        """Back-propagate from ``start`` (with ``grad``, or a scalar loss) and update only the
+        parameters that got a gradient (SGD skips the others, momentum included)."""
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
+        if start.requires_grad:
+            start.backward(grad)
+        if self.opt is not None:
+            self.opt.step()
+        self.trained.update(elements)
+
+    def updates(self, indices: Iterable[int], other_trained: set[int]) -> dict[int, Update]:
+        """What this side sends for each element of ``indices`` it trained: params - base if
+        the other side trained it too, else the params themselves (= base + delta, exactly)."""
+        result = {}
+        for i in indices:
+            if i in self.trained:
+                both = i in other_trained
+                result[i] = ({n: p.detach() - self.base[i][n] if both else p.detach().clone()
+                              for n, p in self.chain[i].named_parameters()}, not both)
+        return result
+
+    def buffers(self, i: int) -> Tensors:
+        return {n: b.detach() for n, b in self.chain[i].named_buffers()}
+
+    def merge(self, i: int, updates: Sequence[Update | None], buffers: Tensors | None) -> None:
+        """params = base + delta_device + delta_server (in that order on both sides, so the
+        copies stay identical); one side's absolute params are taken as they are."""
+        sent = [u for u in updates if u is not None and u[0]]
+        with torch.no_grad():
+            for name, p in self.chain[i].named_parameters():
+                base = self.base[i][name]
+                if len(sent) == 1 and sent[0][1]:
+                    new = sent[0][0][name].clone()
+                else:
+                    new = base.clone()
+                    for values, absolute in sent:
+                        new += values[name] - base if absolute else values[name]
+                p.copy_(new)
+                self.base[i][name] = new
+            for name, b in self.chain[i].named_buffers() if buffers else ():
+                b.copy_(buffers[name])
+        self.trained.discard(i)
+
+    def check_state(self, i: int, params: Tensors, buffers: Tensors) -> str | None:
+        """Why (params, buffers) do not fit element ``i``, or None."""
+        for sent, own in ((params, dict(self.chain[i].named_parameters())),
+                          (buffers, self.buffers(i))):
+            if sent and set(sent) != set(own):
+                return f"element {i} has tensors {sorted(own)}, got {sorted(sent)}"
+            for name, t in sent.items():
+                if t.shape != own[name].shape:
+                    return (f"element {i} tensor {name!r} has shape {list(own[name].shape)}, "
+                            f"got {list(t.shape)}")
+        return None
+
+
+def _layer_msg(index: int, update: Update | None, buffers: Tensors | None) -> pb.LayerState:
+    params, absolute = update or ({}, False)
+    msg = pb.LayerState(index=index, absolute=absolute)
+    for name, t in params.items():
+        msg.params.add(name=name, data=encode_tensor(t, 32))
+    for name, t in (buffers or {}).items():
+        msg.buffers.add(name=name, data=encode_tensor(t, 32))
+    return msg
+
+
+def _read_layer(msg: pb.LayerState) -> tuple[Update, Tensors]:
+    return (({t.name: decode_tensor(t.data) for t in msg.params}, msg.absolute),
+            {t.name: decode_tensor(t.data) for t in msg.buffers})
+
+
+def _payload(states: Iterable[Tensors | None]) -> int:
+    return sum(tensor_bytes(t) for s in states if s for t in s.values())
+
+
+def _assign(module: nn.Module, params: Tensors, buffers: Tensors) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(params[name])
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
+
+
+# ---- server --------------------------------------------------------------------------------
+class _BadRequest(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _decode(data: bytes, what: str) -> torch.Tensor:
+    try:
+        return decode_tensor(data)
+    except WireError as exc:
+        raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}") from None
+
+
+class _Servicer(pb_grpc.SplitTrainServiceServicer):
+    def __init__(self, server: TrainServer) -> None:
+        self.s = server
+
+    def _handle(self, handler, request, context):
+        self.s.check_token(context)
+        try:
+            with self.s.lock:
+                return handler(request)
+        except _BadRequest as exc:
+            context.abort(exc.code, str(exc))
+        except Exception as exc:  # this request fails, the server goes on
+            log.exception("training server failed on a request")
+            context.abort(grpc.StatusCode.INTERNAL,
+                          f"training server failed: {type(exc).__name__}: {exc}")
+
+    def Hello(self, request, context):
+        return self._handle(self.s.hello, request, context)
+
+    def Step(self, request, context):
+        return self._handle(self.s.step, request, context)
+
+    def Sync(self, request, context):
+        return self._handle(self.s.sync, request, context)
+
+    def Fetch(self, request, context):
+        return self._handle(self.s.fetch, request, context)
+
+
+class TrainServer:
+    """The edge server of split training: trains the chain elements after the device's cut.
+
+    ``chain_factory`` is called after ``torch.manual_seed(seed)`` (a module is deep-copied
+    instead), exactly as the device builds its model, so both start from identical weights.
+    """
+
+    def __init__(self, chain_factory: Callable[[], nn.Module] | nn.Module, *, lr: float,
+                 momentum: float = 0.0, seed: int, token: str | None = None,
+                 tls: TlsFiles | None = None, max_workers: int = 4) -> None:
+        torch.manual_seed(seed)
+        model = copy.deepcopy(chain_factory) if isinstance(chain_factory, nn.Module) \
+            else chain_factory()
+        self.lr, self.momentum, self.seed = lr, momentum, seed
+        self.token, self.tls = token, tls
+        self._init_state = copy.deepcopy(model.state_dict())
+        self.replica = _Replica(model, lr, momentum)
+        self.fingerprint = model_fingerprint(self.replica.chain)
+        self.lock = threading.Lock()
+        self._session = False
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                   options=_channel_options(MESSAGE_LIMIT))
+        pb_grpc.add_SplitTrainServiceServicer_to_server(_Servicer(self), self._server)
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.port: int | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on host:port (0 = any free port); returns the port."""
+        address = f"{host}:{port}"
+        if self.tls is not None and self.tls.cert is not None:
+            if self.tls.key is None:
+                raise ConfigError("TLS needs both --tls-cert and --tls-key")
+            creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
+            self.port = self._server.add_secure_port(address, creds)
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if not self.port:
+            raise ConfigError(f"cannot listen on {address} (in use, or not a local address?)")
+        self._server.start()
+        return self.port
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        from grpc_health.v1 import health_pb2
+
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server.stop(grace_s).wait()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    def check_token(self, context: grpc.ServicerContext) -> None:
+        if self.token is None:
+            return
+        sent = dict(context.invocation_metadata()).get("authorization", "")
+        if sent != f"Bearer {self.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token (pass the same --token on both sides)")
+
+    # ---- handlers (called under self.lock) ---------------------------------------------------
+    def hello(self, req: pb.HelloRequest) -> pb.HelloReply:
+        """Check that the device starts from the same model, then start a fresh session."""
+        n = len(self.replica.chain)
+        if req.version != PROTOCOL_VERSION:
+            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"protocol version mismatch: server {PROTOCOL_VERSION}, device "
+                              f"{req.version}; run the same edgesplit version on both sides")
+        if req.model_fingerprint != self.fingerprint or req.chain_length != n:
+            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"model mismatch: the server's initial model has fingerprint "
+                              f"{self.fingerprint[:12]} ({n} chain elements, seed {self.seed}), "
+                              f"the device's {req.model_fingerprint[:12]} ({req.chain_length} "
+                              f"elements, seed {req.seed}); build both sides from the same "
+                              "model and seed")
+        self.replica.model.load_state_dict(self._init_state)
+        self.replica = _Replica(self.replica.model, self.lr, self.momentum)
+        self._session = True
+        log.info("training session started (%d chain elements)", n)
+        return pb.HelloReply(model_fingerprint=self.fingerprint, chain_length=n,
+                             version=PROTOCOL_VERSION, seed=self.seed)
+
+    def _require_session(self) -> None:
+        if not self._session:
+            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                              "no training session: the device must call Hello first")
+
+    def step(self, req: pb.StepRequest) -> pb.StepReply:
+        """Train chain[cut+1:] on the received activation; return the gradient at the cut."""
+        self._require_session()
+        t0 = time.perf_counter()
+        n, cut = len(self.replica.chain), req.cut
+        if not -1 <= cut <= n - 2:
+            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"cut {cut} is out of range: the server trains the elements after "
+                              f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
+                              "on-device training and sends nothing)")
+        act, y = _decode(req.activation, "activation"), _decode(req.labels, "labels")
+        if y.dtype != torch.int64 or y.dim() != 1 or act.dim() == 0 or len(y) != act.shape[0]:
+            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"labels must be int64 of shape [{act.shape[0] if act.dim() else '?'}"
+                              f"] (one per sample), got {y.dtype!s} {list(y.shape)}")
+        needs_grad = cut >= 0 and act.is_floating_point()
+        act.requires_grad_(needs_grad)
+        try:
+            loss = F.cross_entropy(self.replica.part(cut + 1, n)(act), y)
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"chain elements {cut + 1}..{n - 1} cannot train on an activation "
+                              f"of shape {list(act.shape)}: {str(exc).splitlines()[0]}") from None
+        self.replica.backward_and_step(loss, None, range(cut + 1, n))
+        grad = encode_tensor(act.grad, 32) if needs_grad and act.grad is not None else b""
+        return pb.StepReply(round=req.round, gradient=grad, loss=float(loss.detach()),
+                            server_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _indices(self, indices: Iterable[int]) -> list[int]:
+        n, result = len(self.replica.chain), list(indices)
+        bad = [i for i in result if i >= n]
+        if bad or len(set(result)) != len(result):
+            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"chain indices must be distinct and 0 to {n - 1}, got {result}")
+        return result
+
+    def sync(self, req: pb.SyncRequest) -> pb.SyncReply:
+        """Merge S = req.indices: reply with this side's deltas (and buffers it owns)."""
+        self._require_session()
+        indices = self._indices(req.indices)
+        device: dict[int, tuple[Update, Tensors]] = {}
+        for layer in req.layers:
+            if layer.index not in indices:
+                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"sync sends element {layer.index}, not in {indices}")
+            update, buffers = _decode_layer(layer)
+            problem = self.replica.check_state(layer.index, update[0], buffers)
+            if problem:
+                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"sync: {problem}")
+            device[layer.index] = (update, buffers)
+        device_trained = {i for i, (update, _) in device.items() if update[0]}
+        own = self.replica.updates(indices, device_trained)
+        reply = pb.SyncReply(round=req.round)
+        for i in indices:
+            server_owns = i > req.cut
+            reply.layers.append(_layer_msg(i, own.get(i),
+                                           self.replica.buffers(i) if server_owns else None))
+        for i in indices:
+            update, buffers = device.get(i, (None, {}))
+            self.replica.merge(i, (update, own.get(i)), None if i > req.cut else buffers)
+        return reply
+
+    def fetch(self, req: pb.FetchRequest) -> pb.FetchReply:
+        """The current parameters and buffers of the requested chain elements."""
+        self._require_session()
+        reply = pb.FetchReply()
+        for i in self._indices(req.indices):
+            module = self.replica.chain[i]
+            params = {n: p.detach() for n, p in module.named_parameters()}
+            reply.layers.append(_layer_msg(i, (params, True), self.replica.buffers(i)))
+        return reply
+
+
+def _decode_layer(msg: pb.LayerState) -> tuple[Update, Tensors]:
+    try:
+        return _read_layer(msg)
+    except WireError as exc:
+        raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"element {msg.index}: {exc}") from None
+
+
+_UNTRAINED: dict[str, Callable[[], nn.Module]] = {}
+
+
+def untrained_model(name: str, seed: int) -> nn.Module:
+    """A freshly initialised model to train (never cached trained weights), built after
+    ``torch.manual_seed(seed)`` so that device and server get identical weights."""
+    from edgesplit.models._digits import DigitsCNN
+
+    factories = {"digits_cnn": DigitsCNN, **_UNTRAINED}
+    if name not in factories:
+        raise ConfigError(f"model {name!r} cannot be trained from scratch; supported: "
+                          f"{', '.join(sorted(factories))}")
+    torch.manual_seed(seed)
+    return factories[name]()
+
+
+def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 0,
+                   host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                   tls: TlsFiles | None = None,
+                   on_ready: Callable[[int], None] | None = None) -> None:
+    """Serve split training of ``model`` (untrained, built with ``seed``) until SIGINT/SIGTERM;
+    ``on_ready`` gets the port once listening."""
+    from edgesplit.runtime.transport import serve_forever
+
+    untrained_model(model, seed)  # fail fast on an unknown name
+    server = TrainServer(lambda: untrained_model(model, seed), lr=lr, momentum=momentum,
+                         seed=seed, token=token, tls=tls)
+    bound = server.start(host, port)
+    log.info("split-training server for %s listening on %s:%d", model, host, bound)
+    if on_ready is not None:
+        on_ready(bound)
+    serve_forever(server)
+
+
+# ---- device (client) -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SyncResult:
+    """One sync: the elements merged and what it cost on the emulated link."""
+
+    indices: tuple[int, ...]
+    bytes_up: int = 0       # SyncRequest size
+    bytes_down: int = 0     # SyncReply size
+    payload_bytes: int = 0  # raw tensor bytes of the deltas and buffers, both ways
+    sync_ms: float = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_up + self.bytes_down
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One training round as the device measured it (L2S: d_p^m = device_ms, d_p^e = edge_ms)."""
+
+    round: int
+    cut: int
+    loss: float
+    device_ms: float   # front forward + backward + update, incl. the emulated slowdown
+    edge_ms: float     # request sent -> gradient decoded: link both ways + server + gRPC
+    server_ms: float   # as the server reported it
+    sync_ms: float
+    bytes_up: int
+    bytes_down: int
+    sync_bytes: int
+    synced: tuple[int, ...] = ()
+
+    @property
+    def total_ms(self) -> float:
+        return self.device_ms + self.edge_ms + self.sync_ms
+
+
+def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return (f"training server {address} is unavailable ({details}); is the split-training "
+                "server running there?")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"training server {address} did not answer in time (raise timeout_s)"
+    return f"training server {address} refused the request: {code.name}: {details}"
+
+
+def _sleep_slowdown(elapsed_s: float, slowdown: float) -> float:
+    """Sleep (slowdown - 1) x elapsed; returns the emulated device time in seconds."""
+    if slowdown > 1.0:
+        time.sleep((slowdown - 1.0) * elapsed_s)
+    return elapsed_s * max(slowdown, 1.0)
+
+
+class RemoteSplitTrainer:
+    """The end device of split training: trains chain[0..cut] and drives the server.
+
+    ``model`` must be built like the server's (same factory, same seed); it is copied, so the
+    caller's module is left untouched. ``link_mbps`` None disables link emulation (``rtt_ms``
+    applies only with a bandwidth).
+    """
+
+    def __init__(self, model: nn.Module, address: str, *, lr: float, momentum: float = 0.0,
+                 seed: int, sync: str = "periodic", sync_every: int = 100,
+                 link_mbps: float | None = None, rtt_ms: float = 0.0,
+                 device_slowdown: float = 1.0, token: str | None = None,
+                 tls: TlsFiles | None = None, timeout_s: float = 60.0) -> None:
+        if sync not in SYNC_POLICIES:
+            raise ConfigError(f"sync policy {sync!r} is unknown: use one of "
+                              f"{', '.join(SYNC_POLICIES)}")
+        if sync_every < 1:
+            raise ConfigError(f"sync_every must be at least 1 round, got {sync_every}")
+        if device_slowdown < 1.0:
+            raise ConfigError(f"device_slowdown must be >= 1 (x the measured time), got "
+                              f"{device_slowdown}")
+        if rtt_ms < 0:
+            raise ConfigError(f"rtt_ms must be >= 0, got {rtt_ms}")
+        self.model = copy.deepcopy(model)
+        self.replica = _Replica(self.model, lr, momentum)
+        self.n = len(self.replica.chain)
+        self.address, self.seed, self.policy, self.sync_every = address, seed, sync, sync_every
+        self.device_slowdown, self.rtt_ms, self.timeout_s = device_slowdown, rtt_ms, timeout_s
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.cut: int | None = None  # the cut of the last round
+        self.round = 0
+        self._server_trained: set[int] = set()
+        self.bandwidth_mbps: float | None = None
+        self._shaper = LinkShaper(None)
+        if link_mbps is not None:
+            self.set_bandwidth_mbps(link_mbps)
+        options = _channel_options(MESSAGE_LIMIT)
+        if tls is not None and tls.ca is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
+        try:
+            self._hello()
+        except BaseException:
+            self._channel.close()
+            raise
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout_s, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise RemoteError(_explain(exc.code(), exc.details(), self.address)) from None
+
+    def _hello(self) -> None:
+        fp = model_fingerprint(self.replica.chain)
+        self._call(self._stub.Hello, pb.HelloRequest(model_fingerprint=fp, chain_length=self.n,
+                                                     version=PROTOCOL_VERSION, seed=self.seed))
+
+    def set_bandwidth_mbps(self, mbps: float) -> None:
+        """Emulate a link of ``mbps`` (both directions) from the next message on."""
+        if not mbps > 0:
+            raise ConfigError(f"link bandwidth must be > 0 Mbps, got {mbps}")
+        self.bandwidth_mbps = float(mbps)
+        self._shaper = LinkShaper(Link(name="emulated", bandwidth_mbps=mbps, rtt_ms=self.rtt_ms))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_cut(self, cut: int) -> int:
+        if isinstance(cut, bool) or not isinstance(cut, int) or not -1 <= cut <= self.n - 1:
+            raise ConfigError(f"cut {cut!r} is not valid for a chain of {self.n} elements: "
+                              f"allowed are -1 (all on the server) to {self.n - 1} (all on the "
+                              "device)")
+        return cut
+
+    # ---- one round ---------------------------------------------------------------------------
+    def step(self, x: torch.Tensor, y: torch.Tensor, cut: int) -> RoundStats:
+        """One training round on (x, y) with the device holding chain[0..cut]."""
+        cut = self._check_cut(cut)
+        self.round += 1
+        syncs: list[SyncResult] = []
+        if self.policy == "fws" and self.cut is not None and cut != self.cut:
+            lo, hi = sorted((self.cut, cut))
+            syncs.append(self._sync(range(lo + 1, hi + 1)))
+        self.cut = cut
+        if cut == self.n - 1:
+            (device_ms, loss), edge = self._local_round(x, y), (0.0, 0.0, 0, 0)
+        else:
+            device_ms, loss, edge = self._split_round(x, y, cut)
+        if self.policy == "periodic" and self.round % self.sync_every == 0:
+            syncs.append(self.sync_now())
+        edge_ms, server_ms, up, down = edge
+        return RoundStats(self.round, cut, loss, device_ms, edge_ms, server_ms,
+                          sum(s.sync_ms for s in syncs), up, down,
+                          sum(s.total_bytes for s in syncs),
+                          tuple(i for s in syncs for i in s.indices))
+
+    def _local_round(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(self.replica.part(0, self.n)(x), y)
+        self.replica.backward_and_step(loss, None, range(self.n))
+        seconds = _sleep_slowdown(time.perf_counter() - t0, self.device_slowdown)
+        return seconds * 1e3, float(loss.detach())
+
+    def _split_round(self, x: torch.Tensor, y: torch.Tensor, cut: int
+                     ) -> tuple[float, float, tuple[float, float, int, int]]:
+        t0 = time.perf_counter()
+        act = self.replica.part(0, cut + 1)(x) if cut >= 0 else x
+        forward_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        request = pb.StepRequest(round=self.round, cut=cut, activation=encode_tensor(act, 32),
+                                 labels=encode_tensor(y.to(torch.int64), 32))
+        up = request.ByteSize()
+        self._shaper.send(up, "up")
+        reply = self._call(self._stub.Step, request)
+        down = reply.ByteSize()
+        self._shaper.send(down, "down")
+        grad = None
+        if cut >= 0:
+            try:
+                grad = decode_tensor(reply.gradient)
+            except WireError as exc:
+                raise RemoteError(f"training server {self.address} sent a corrupt gradient: "
+                                  f"{exc}") from None
+        edge_ms = (time.perf_counter() - t1) * 1e3
+        self._server_trained.update(range(cut + 1, self.n))
+        t2 = time.perf_counter()
+        if cut >= 0:
+            self.replica.backward_and_step(act, grad, range(cut + 1))
+        device_s = _sleep_slowdown(forward_s + time.perf_counter() - t2, self.device_slowdown)
+        return device_s * 1e3, reply.loss, (edge_ms, reply.server_ms, up, down)
+
+    # ---- syncing -----------------------------------------------------------------------------
+    def sync_now(self) -> SyncResult:
+        """Merge every chain element trained on both sides since the last sync."""
+        return self._sync(sorted(self.replica.trained & self._server_trained))
+
+    def _sync(self, indices: Iterable[int]) -> SyncResult:
+        indices = list(indices)
+        if not indices or self.cut is None:
+            return SyncResult(())
+        t0, cut = time.perf_counter(), self.cut
+        own = self.replica.updates(indices, self._server_trained)
+        request = pb.SyncRequest(round=self.round, cut=cut, indices=indices)
+        mine = {i: self.replica.buffers(i) for i in indices if i <= cut}
+        for i in indices:
+            request.layers.append(_layer_msg(i, own.get(i), mine.get(i)))
+        up = request.ByteSize()
+        self._shaper.send(up, "up")
+        reply = self._call(self._stub.Sync, request)
+        down = reply.ByteSize()
+        self._shaper.send(down, "down")
+        theirs = self._read_reply(reply.layers, indices)
+        for i in indices:
+            update, buffers = theirs.get(i, (None, {}))
+            self.replica.merge(i, (own.get(i), update), buffers if i > cut else None)
+        self._server_trained.difference_update(indices)
+        payload = _payload([*(u[0] for u in own.values()), *mine.values()]) + \
+            _payload(s for update, buffers in theirs.values() for s in (update[0], buffers))
+        log.debug("synced elements %s: %d bytes up, %d down", indices, up, down)
+        return SyncResult(tuple(indices), up, down, payload, (time.perf_counter() - t0) * 1e3)
+
+    def _read_reply(self, layers, indices: list[int]) -> dict[int, tuple[Update, Tensors]]:
+        result = {}
+        for layer in layers:
+            try:
+                update, buffers = _read_layer(layer)
+            except WireError as exc:
+                raise RemoteError(f"training server {self.address} sent a corrupt state of "
+                                  f"element {layer.index}: {exc}") from None
+            problem = None if layer.index in indices else f"unexpected element {layer.index}"
+            problem = problem or self.replica.check_state(layer.index, update[0], buffers)
+            if problem:
+                raise RemoteError(f"training server {self.address} answered a sync with a "
+                                  f"state that does not fit this model: {problem}")
+            result[layer.index] = (update, buffers)
+        return result
+
+    def final_model(self) -> nn.Module:
+        """The trained model: sync what both sides trained, then take the device's copy of
+        chain[0..cut] and the server's of the rest (the owners under the last cut)."""
+        self.sync_now()
+        model = copy.deepcopy(self.model)
+        chain = as_chain(model)
+        if self.cut is not None and self.cut < self.n - 1:
+            indices = list(range(self.cut + 1, self.n))
+            reply = self._call(self._stub.Fetch, pb.FetchRequest(indices=indices))
+            for i, (update, buffers) in self._read_reply(reply.layers, indices).items():
+                _assign(chain[i], update[0], buffers)
+        return model.eval()
+
+
+# ---- measuring, driving, evaluating --------------------------------------------------------
+def profile_device_ms(chain: nn.Module | Sequence[nn.Module], x: torch.Tensor,
+                      y: torch.Tensor, cuts: Sequence[int], repeats: int = 3,
+                      slowdown: float = 1.0) -> list[float]:
+    """Measured device training time per cut (front forward + backward + SGD update, median of
+    ``repeats`` after a warm-up) x ``slowdown``: L2S's known d_p^m. Runs on a copy."""
+    layers = copy.deepcopy(as_chain(chain) if isinstance(chain, nn.Module) else list(chain))
+    n, result = len(layers), []
+    for cut in cuts:
+        if not -1 <= cut <= n - 1:
+            raise ConfigError(f"cut {cut} is not valid for a chain of {n} elements")
+        front = nn.Sequential(*layers[:cut + 1]).train()
+        params = [p for p in front.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=1e-4) if params else None
+        times = []
+        for _ in range(max(repeats, 1) + 1):
+            t0 = time.perf_counter()
+            if cut >= 0:
+                out = front(x)
+                start = F.cross_entropy(out, y) if cut == n - 1 else out
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+                if start.requires_grad:
+                    start.backward(None if cut == n - 1 else torch.ones_like(out) / out.numel())
+                if opt is not None:
+                    opt.step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        result.append(statistics.median(times[1:]) * slowdown)
+    return result
+
+
+class FixedCutPolicy:
+    """A policy that always picks the same arm (for tests and fixed-cut runs)."""
+
+    def __init__(self, arm: int) -> None:
+        self.arm = arm
+
+    def select(self, t: int) -> int:
+        return self.arm
+
+    def update(self, arm: int, edge_delay_ms: float) -> None:
+        pass
+
+
+@dataclass
+class TrainingLog:
+    """Per-round measurements of a split-training run."""
+
+    delays_ms: list[float] = field(default_factory=list)  # device + edge + sync
+    partitions: list[int] = field(default_factory=list)   # the cut of each round
+    edge_ms: list[float] = field(default_factory=list)
+    device_ms: list[float] = field(default_factory=list)
+    server_ms: list[float] = field(default_factory=list)
+    sync_ms: list[float] = field(default_factory=list)
+    sync_bytes: list[int] = field(default_factory=list)
+    bytes_up: list[int] = field(default_factory=list)
+    bytes_down: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    bandwidth_mbps: list[float | None] = field(default_factory=list)
+    synced: list[list[int]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def append(self, s: RoundStats, mbps: float | None) -> None:
+        for name, value in (("delays_ms", s.total_ms), ("partitions", s.cut),
+                            ("edge_ms", s.edge_ms), ("device_ms", s.device_ms),
+                            ("server_ms", s.server_ms), ("sync_ms", s.sync_ms),
+                            ("sync_bytes", s.sync_bytes), ("bytes_up", s.bytes_up),
+                            ("bytes_down", s.bytes_down), ("loss", s.loss),
+                            ("bandwidth_mbps", mbps), ("synced", list(s.synced))):
+            getattr(self, name).append(value)
+
+    def add_sync(self, result: SyncResult) -> None:
+        """Charge a sync the driver made after the last round to that round."""
+        if self.delays_ms and result.indices:
+            self.delays_ms[-1] += result.sync_ms
+            self.sync_ms[-1] += result.sync_ms
+            self.sync_bytes[-1] += result.total_bytes
+            self.synced[-1].extend(result.indices)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "rounds": len(self.delays_ms)}
+
+
+def epoch_batches(images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int = 0
+                  ) -> Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Batches for epoch e, shuffled by a generator seeded with ``seed + e`` (reproducible:
+    a split and an unsplit run see the same batches)."""
+    def batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))
+        return [(images[i], labels[i]) for i in order.split(batch_size)]
+    return batches
+
+
+def run_split_training(trainer: RemoteSplitTrainer, batches, policy, cuts: Sequence[int], *,
+                       epochs: int = 1, rounds_per_epoch: int | None = None,
+                       bandwidth_schedule: Callable[[int], float] | None = None,
+                       progress: bool = False) -> TrainingLog:
+    """Train for ``epochs`` over ``batches`` (an iterable of (x, y), re-iterated each epoch,
+    or a callable epoch -> iterable), the ``policy`` choosing each round's cut among ``cuts``.
+
+    Round t = 1, 2, ...: set the bandwidth (``bandwidth_schedule(t)``), ``arm =
+    policy.select(t)``, train, ``policy.update(arm, edge_ms)``, ``policy.observe(t, total_ms)``
+    if it has one; a true ``policy.sync_due`` afterwards makes the trainer sync before the
+    next round (charged to round t).
+    """
+    if not cuts:
+        raise ConfigError("cuts must list at least one partition point")
+    if epochs > 1 and not callable(batches) and iter(batches) is batches:
+        raise ConfigError("batches is a one-shot iterator: pass a list or a callable "
+                          "epoch -> batches to train more than one epoch")
+    log_ = TrainingLog()
+    total = None
+    if rounds_per_epoch is not None:
+        total = rounds_per_epoch * epochs
+    elif hasattr(batches, "__len__"):
+        total = len(batches) * epochs
+    start, t = time.perf_counter(), 0
+    with _progress(progress, total) as advance:
+        for epoch in range(epochs):
+            source = batches(epoch) if callable(batches) else batches
+            for k, (x, y) in enumerate(source):
+                if rounds_per_epoch is not None and k >= rounds_per_epoch:
+                    break
+                t += 1
+                stats = _one_round(trainer, policy, cuts, t, x, y, bandwidth_schedule)
+                log_.append(stats, trainer.bandwidth_mbps)
+                if getattr(policy, "sync_due", False):
+                    log_.add_sync(trainer.sync_now())
+                advance(f"epoch {epoch + 1}/{epochs} cut {stats.cut} loss {stats.loss:.3f}")
+    log_.wall_s = time.perf_counter() - start
+    return log_
+
+
+def _one_round(trainer: RemoteSplitTrainer, policy, cuts: Sequence[int], t: int,
+               x: torch.Tensor, y: torch.Tensor,
+               bandwidth_schedule: Callable[[int], float] | None) -> RoundStats:
+    if bandwidth_schedule is not None:
+        trainer.set_bandwidth_mbps(bandwidth_schedule(t))
+    arm = policy.select(t)
+    if not 0 <= arm < len(cuts):
+        raise ConfigError(f"policy chose arm {arm}, but there are {len(cuts)} cuts")
+    stats = trainer.step(x, y, cuts[arm])
+    policy.update(arm, stats.edge_ms)
+    observe = getattr(policy, "observe", None)
+    if callable(observe):
+        observe(t, stats.total_ms)
+    return stats
+
+
+class _progress:
+    """A rich progress bar on stderr when enabled; otherwise a no-op ``advance``."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.enabled, self.total, self._bar = enabled, total, None
+
+    def __enter__(self) -> Callable[[str], None]:
+        if not self.enabled:
+            return lambda _text: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                             MofNCompleteColumn(), console=Console(stderr=True), transient=True)
+        self._bar.__enter__()
+        task = self._bar.add_task("split training", total=self.total)
+        return lambda text: self._bar.update(task, advance=1, description=text)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+             batch: int = 256) -> float:
+    """Top-1 accuracy in percent, in eval mode (batch-norm on its running statistics)."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(labels), batch):
+            correct += int((model(images[i:i + batch]).argmax(1) == labels[i:i + batch]).sum())
+    return 100.0 * correct / max(len(labels), 1)
