@@ -14,16 +14,9 @@ from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.quant.wire import encode_tensor
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
-from edgesplit.train.remote import (
-    FixedCutPolicy,
-    RemoteSplitTrainer,
-    TrainServer,
-    epoch_batches,
-    evaluate,
-    profile_device_ms,
-    run_split_training,
-    untrained_model,
-)
+from edgesplit.train.remote import RemoteSplitTrainer, TrainServer, untrained_model
+from edgesplit.train.session import (FixedCutPolicy, epoch_batches, evaluate,
+                                     profile_device_ms, run_split_training)
 from edgesplit.train.split import as_chain, tensor_bytes
 
 SEED = 0
@@ -85,17 +78,20 @@ def _fetch(trainer: RemoteSplitTrainer, indices):
 
 
 # ---- the sync protocol ---------------------------------------------------------------------
-def test_fws_equals_unsplit_sgd(digits, serve):
-    """L2S-FWS syncs the elements that change sides: with plain SGD it is unsplit training."""
-    batches = _batches(digits, 16, 6)
-    cuts = [2, 5, 9, 0, 6, 3]
-    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED, sync="fws") as trainer:
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fws_equals_unsplit_sgd(digits, serve, momentum):
+    """L2S-FWS syncs the elements that change sides, with their momentum: it is unsplit
+    training."""
+    batches = _batches(digits, 16, 8)
+    cuts = [2, 5, 9, 0, 6, 3, 9, 2]
+    with RemoteSplitTrainer(_model(), serve(momentum=momentum), lr=0.05, momentum=momentum,
+                            seed=SEED, sync="fws") as trainer:
         stats = [trainer.step(x, y, cut) for (x, y), cut in zip(batches, cuts, strict=True)]
         trained = trainer.final_model()
     assert stats[0].synced == ()
     assert stats[1].synced == (3, 4, 5) and stats[1].sync_bytes > 0
     assert stats[3].synced == tuple(range(1, 10))
-    _assert_same_state(trained, _unsplit(batches, lr=0.05))
+    _assert_same_state(trained, _unsplit(batches, lr=0.05, momentum=momentum))
 
 
 def test_periodic_merges_both_sides(digits, serve):

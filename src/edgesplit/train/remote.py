@@ -13,13 +13,13 @@ trained it since the last sync; both sides then set ``params = base + delta_devi
 delta_server`` (no update is lost; both compute it in the same order, so the copies stay
 bit-identical; a side that alone trained an element sends its parameters themselves, i.e.
 base + delta without float32 rounding, at the same size) and the element's owner under the
-last round's cut sends its buffers (batch-norm statistics). Optimizer state (momentum) is
-never synced: each side keeps its own per parameter, as a real device and server would (so
-with momentum, even FWS differs from unsplit training after a cut change). Two policies:
+last round's cut sends its buffers (batch-norm statistics) and its SGD momentum, which only
+the owner keeps current (a side taking over an element with a momentum from long ago would
+push it with stale gradients). Two policies:
 
 * ``fws`` (L2S-FWS): when the cut changes, the elements that change sides are synced before
-  the round. No element is then trained on both sides between syncs, so with plain SGD this is
-  exactly unsplit training.
+  the round. No element is then trained on both sides between syncs, so this is exactly
+  unsplit training (SGD with or without momentum).
 * ``periodic`` (L2S): cut changes send nothing, each side trains its possibly stale copy;
   every ``sync_every`` rounds and on :meth:`RemoteSplitTrainer.sync_now`, the elements trained
   on both sides since the last sync are merged.
@@ -34,12 +34,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Self
 
 import grpc
@@ -56,15 +55,14 @@ from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.split import as_chain, tensor_bytes
 
-__all__ = ["PROTOCOL_VERSION", "SYNC_POLICIES", "FixedCutPolicy", "RemoteSplitTrainer",
-           "RoundStats", "SyncResult", "TrainServer", "TrainingLog", "epoch_batches",
-           "evaluate", "model_fingerprint", "profile_device_ms", "run_split_training",
-           "serve_training", "untrained_model"]
+__all__ = ["PROTOCOL_VERSION", "SYNC_POLICIES", "RemoteSplitTrainer", "RoundStats",
+           "SyncResult", "TrainServer", "model_fingerprint", "serve_training", "untrained_model"]
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 SYNC_POLICIES = ("periodic", "fws")
+OPTIM_PREFIX = "optim:"  # buffer entries that carry an element's SGD momentum
 MESSAGE_LIMIT = 512 * 1024 * 1024  # activations of a large batch; gRPC refuses bigger ones
 Tensors = dict[str, torch.Tensor]
 Update = tuple[Tensors, bool]  # (params or deltas by name, absolute)
@@ -122,7 +120,25 @@ class _Replica:
         return result
 
     def buffers(self, i: int) -> Tensors:
-        return {n: b.detach() for n, b in self.chain[i].named_buffers()}
+        """Element ``i``'s buffers and its optimizer momentum (``optim:<param>``): the state
+        that only its owner keeps current, sent with it so training continues exactly."""
+        state = {n: b.detach() for n, b in self.chain[i].named_buffers()}
+        for name, p in self.chain[i].named_parameters():
+            buf = self.opt.state.get(p, {}).get("momentum_buffer") if self.opt else None
+            if buf is not None:
+                state[OPTIM_PREFIX + name] = buf.detach()
+        return state
+
+    def _set_momentum(self, i: int, state: Tensors) -> None:
+        """Take the owner's momentum for element ``i`` (none sent: the owner has none)."""
+        if self.opt is None:
+            return
+        for name, p in self.chain[i].named_parameters():
+            buf = state.get(OPTIM_PREFIX + name)
+            if buf is None:
+                self.opt.state.pop(p, None)
+            else:
+                self.opt.state[p]["momentum_buffer"] = buf.clone()
 
     def merge(self, i: int, updates: Sequence[Update | None], buffers: Tensors | None) -> None:
         """params = base + delta_device + delta_server (in that order on both sides, so the
@@ -141,13 +157,22 @@ class _Replica:
                 self.base[i][name] = new
             for name, b in self.chain[i].named_buffers() if buffers else ():
                 b.copy_(buffers[name])
+        if buffers is not None:
+            self._set_momentum(i, buffers)
         self.trained.discard(i)
 
     def check_state(self, i: int, params: Tensors, buffers: Tensors) -> str | None:
         """Why (params, buffers) do not fit element ``i``, or None."""
-        for sent, own in ((params, dict(self.chain[i].named_parameters())),
-                          (buffers, self.buffers(i))):
-            if sent and set(sent) != set(own):
+        named = dict(self.chain[i].named_parameters())
+        momentum = {k: v for k, v in buffers.items() if k.startswith(OPTIM_PREFIX)}
+        buffers = {k: v for k, v in buffers.items() if not k.startswith(OPTIM_PREFIX)}
+        own_buffers = {n: b for n, b in self.chain[i].named_buffers()}
+        unknown = {k.removeprefix(OPTIM_PREFIX) for k in momentum} - set(named)
+        if unknown:
+            return f"element {i} has no parameters {sorted(unknown)} for optimizer state"
+        momentum = {k.removeprefix(OPTIM_PREFIX): v for k, v in momentum.items()}
+        for sent, own in ((params, named), (buffers, own_buffers), (momentum, named)):
+            if sent is not momentum and sent and set(sent) != set(own):
                 return f"element {i} has tensors {sorted(own)}, got {sorted(sent)}"
             for name, t in sent.items():
                 if t.shape != own[name].shape:
@@ -180,7 +205,7 @@ def _assign(module: nn.Module, params: Tensors, buffers: Tensors) -> None:
         for name, p in module.named_parameters():
             p.copy_(params[name])
         for name, b in module.named_buffers():
-            b.copy_(buffers[name])
+            b.copy_(buffers[name])  # optimizer state (OPTIM_PREFIX) is not part of a model
 
 
 # ---- server --------------------------------------------------------------------------------
@@ -683,186 +708,3 @@ class RemoteSplitTrainer:
             for i, (update, buffers) in self._read_reply(reply.layers, indices).items():
                 _assign(chain[i], update[0], buffers)
         return model.eval()
-
-
-# ---- measuring, driving, evaluating --------------------------------------------------------
-def profile_device_ms(chain: nn.Module | Sequence[nn.Module], x: torch.Tensor,
-                      y: torch.Tensor, cuts: Sequence[int], repeats: int = 3,
-                      slowdown: float = 1.0) -> list[float]:
-    """Measured device training time per cut (front forward + backward + SGD update, median of
-    ``repeats`` after a warm-up) x ``slowdown``: L2S's known d_p^m. Runs on a copy."""
-    layers = copy.deepcopy(as_chain(chain) if isinstance(chain, nn.Module) else list(chain))
-    n, result = len(layers), []
-    for cut in cuts:
-        if not -1 <= cut <= n - 1:
-            raise ConfigError(f"cut {cut} is not valid for a chain of {n} elements")
-        front = nn.Sequential(*layers[:cut + 1]).train()
-        params = [p for p in front.parameters() if p.requires_grad]
-        opt = torch.optim.SGD(params, lr=1e-4) if params else None
-        times = []
-        for _ in range(max(repeats, 1) + 1):
-            t0 = time.perf_counter()
-            if cut >= 0:
-                out = front(x)
-                start = F.cross_entropy(out, y) if cut == n - 1 else out
-                if opt is not None:
-                    opt.zero_grad(set_to_none=True)
-                if start.requires_grad:
-                    start.backward(None if cut == n - 1 else torch.ones_like(out) / out.numel())
-                if opt is not None:
-                    opt.step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        result.append(statistics.median(times[1:]) * slowdown)
-    return result
-
-
-class FixedCutPolicy:
-    """A policy that always picks the same arm (for tests and fixed-cut runs)."""
-
-    def __init__(self, arm: int) -> None:
-        self.arm = arm
-
-    def select(self, t: int) -> int:
-        return self.arm
-
-    def update(self, arm: int, edge_delay_ms: float) -> None:
-        pass
-
-
-@dataclass
-class TrainingLog:
-    """Per-round measurements of a split-training run."""
-
-    delays_ms: list[float] = field(default_factory=list)  # device + edge + sync
-    partitions: list[int] = field(default_factory=list)   # the cut of each round
-    edge_ms: list[float] = field(default_factory=list)
-    device_ms: list[float] = field(default_factory=list)
-    server_ms: list[float] = field(default_factory=list)
-    sync_ms: list[float] = field(default_factory=list)
-    sync_bytes: list[int] = field(default_factory=list)
-    bytes_up: list[int] = field(default_factory=list)
-    bytes_down: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    bandwidth_mbps: list[float | None] = field(default_factory=list)
-    synced: list[list[int]] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    def append(self, s: RoundStats, mbps: float | None) -> None:
-        for name, value in (("delays_ms", s.total_ms), ("partitions", s.cut),
-                            ("edge_ms", s.edge_ms), ("device_ms", s.device_ms),
-                            ("server_ms", s.server_ms), ("sync_ms", s.sync_ms),
-                            ("sync_bytes", s.sync_bytes), ("bytes_up", s.bytes_up),
-                            ("bytes_down", s.bytes_down), ("loss", s.loss),
-                            ("bandwidth_mbps", mbps), ("synced", list(s.synced))):
-            getattr(self, name).append(value)
-
-    def add_sync(self, result: SyncResult) -> None:
-        """Charge a sync the driver made after the last round to that round."""
-        if self.delays_ms and result.indices:
-            self.delays_ms[-1] += result.sync_ms
-            self.sync_ms[-1] += result.sync_ms
-            self.sync_bytes[-1] += result.total_bytes
-            self.synced[-1].extend(result.indices)
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "rounds": len(self.delays_ms)}
-
-
-def epoch_batches(images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int = 0
-                  ) -> Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Batches for epoch e, shuffled by a generator seeded with ``seed + e`` (reproducible:
-    a split and an unsplit run see the same batches)."""
-    def batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))
-        return [(images[i], labels[i]) for i in order.split(batch_size)]
-    return batches
-
-
-def run_split_training(trainer: RemoteSplitTrainer, batches, policy, cuts: Sequence[int], *,
-                       epochs: int = 1, rounds_per_epoch: int | None = None,
-                       bandwidth_schedule: Callable[[int], float] | None = None,
-                       progress: bool = False) -> TrainingLog:
-    """Train for ``epochs`` over ``batches`` (an iterable of (x, y), re-iterated each epoch,
-    or a callable epoch -> iterable), the ``policy`` choosing each round's cut among ``cuts``.
-
-    Round t = 1, 2, ...: set the bandwidth (``bandwidth_schedule(t)``), ``arm =
-    policy.select(t)``, train, ``policy.update(arm, edge_ms)``, ``policy.observe(t, total_ms)``
-    if it has one; a true ``policy.sync_due`` afterwards makes the trainer sync before the
-    next round (charged to round t).
-    """
-    if not cuts:
-        raise ConfigError("cuts must list at least one partition point")
-    if epochs > 1 and not callable(batches) and iter(batches) is batches:
-        raise ConfigError("batches is a one-shot iterator: pass a list or a callable "
-                          "epoch -> batches to train more than one epoch")
-    log_ = TrainingLog()
-    total = None
-    if rounds_per_epoch is not None:
-        total = rounds_per_epoch * epochs
-    elif hasattr(batches, "__len__"):
-        total = len(batches) * epochs
-    start, t = time.perf_counter(), 0
-    with _progress(progress, total) as advance:
-        for epoch in range(epochs):
-            source = batches(epoch) if callable(batches) else batches
-            for k, (x, y) in enumerate(source):
-                if rounds_per_epoch is not None and k >= rounds_per_epoch:
-                    break
-                t += 1
-                stats = _one_round(trainer, policy, cuts, t, x, y, bandwidth_schedule)
-                log_.append(stats, trainer.bandwidth_mbps)
-                if getattr(policy, "sync_due", False):
-                    log_.add_sync(trainer.sync_now())
-                advance(f"epoch {epoch + 1}/{epochs} cut {stats.cut} loss {stats.loss:.3f}")
-    log_.wall_s = time.perf_counter() - start
-    return log_
-
-
-def _one_round(trainer: RemoteSplitTrainer, policy, cuts: Sequence[int], t: int,
-               x: torch.Tensor, y: torch.Tensor,
-               bandwidth_schedule: Callable[[int], float] | None) -> RoundStats:
-    if bandwidth_schedule is not None:
-        trainer.set_bandwidth_mbps(bandwidth_schedule(t))
-    arm = policy.select(t)
-    if not 0 <= arm < len(cuts):
-        raise ConfigError(f"policy chose arm {arm}, but there are {len(cuts)} cuts")
-    stats = trainer.step(x, y, cuts[arm])
-    policy.update(arm, stats.edge_ms)
-    observe = getattr(policy, "observe", None)
-    if callable(observe):
-        observe(t, stats.total_ms)
-    return stats
-
-
-class _progress:
-    """A rich progress bar on stderr when enabled; otherwise a no-op ``advance``."""
-
-    def __init__(self, enabled: bool, total: int | None) -> None:
-        self.enabled, self.total, self._bar = enabled, total, None
-
-    def __enter__(self) -> Callable[[str], None]:
-        if not self.enabled:
-            return lambda _text: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                             MofNCompleteColumn(), console=Console(stderr=True), transient=True)
-        self._bar.__enter__()
-        task = self._bar.add_task("split training", total=self.total)
-        return lambda text: self._bar.update(task, advance=1, description=text)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
-
-
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch: int = 256) -> float:
-    """Top-1 accuracy in percent, in eval mode (batch-norm on its running statistics)."""
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(labels), batch):
-            correct += int((model(images[i:i + batch]).argmax(1) == labels[i:i + batch]).sum())
-    return 100.0 * correct / max(len(labels), 1)

@@ -1,0 +1,368 @@
+"""Driving a split-training run (L2S, paper 002): the round loop that lets a policy pick
+each round's cut and feeds it the measured delays, the device-side profile of d_p^m, reproducible
+epochs, evaluation, and :func:`train_split`, the whole real run behind ``edgesplit
+train-split`` (server process, privacy domain, features, the L2S policy, accuracy against
+unsplit training).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgesplit.errors import ConfigError
+from edgesplit.train.remote import RemoteSplitTrainer, RoundStats, SyncResult
+from edgesplit.train.split import as_chain
+
+__all__ = [
+    "RUN_POLICIES",
+    "FixedCutPolicy",
+    "TrainSplitConfig",
+    "TrainingLog",
+    "epoch_batches",
+    "evaluate",
+    "profile_device_ms",
+    "run_split_training",
+    "train_split",
+    "train_unsplit",
+]
+
+
+def profile_device_ms(chain: nn.Module | Sequence[nn.Module], x: torch.Tensor,
+                      y: torch.Tensor, cuts: Sequence[int], repeats: int = 3,
+                      slowdown: float = 1.0) -> list[float]:
+    """Measured device training time per cut (front forward + backward + SGD update, median of
+    ``repeats`` after a warm-up) x ``slowdown``: L2S's known d_p^m. Runs on a copy."""
+    layers = copy.deepcopy(as_chain(chain) if isinstance(chain, nn.Module) else list(chain))
+    n, result = len(layers), []
+    for cut in cuts:
+        if not -1 <= cut <= n - 1:
+            raise ConfigError(f"cut {cut} is not valid for a chain of {n} elements")
+        front = nn.Sequential(*layers[:cut + 1]).train()
+        params = [p for p in front.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=1e-4) if params else None
+        times = []
+        for _ in range(max(repeats, 1) + 1):
+            t0 = time.perf_counter()
+            if cut >= 0:
+                out = front(x)
+                start = F.cross_entropy(out, y) if cut == n - 1 else out
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+                if start.requires_grad:
+                    start.backward(None if cut == n - 1 else torch.ones_like(out) / out.numel())
+                if opt is not None:
+                    opt.step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        result.append(statistics.median(times[1:]) * slowdown)
+    return result
+
+
+class FixedCutPolicy:
+    """A policy that always picks the same arm (for tests and fixed-cut runs)."""
+
+    def __init__(self, arm: int) -> None:
+        self.arm = arm
+
+    def select(self, t: int) -> int:
+        return self.arm
+
+    def update(self, arm: int, edge_delay_ms: float) -> None:
+        pass
+
+
+@dataclass
+class TrainingLog:
+    """Per-round measurements of a split-training run."""
+
+    delays_ms: list[float] = field(default_factory=list)  # device + edge + sync
+    partitions: list[int] = field(default_factory=list)   # the cut of each round
+    edge_ms: list[float] = field(default_factory=list)
+    device_ms: list[float] = field(default_factory=list)
+    server_ms: list[float] = field(default_factory=list)
+    sync_ms: list[float] = field(default_factory=list)
+    sync_bytes: list[int] = field(default_factory=list)
+    bytes_up: list[int] = field(default_factory=list)
+    bytes_down: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    bandwidth_mbps: list[float | None] = field(default_factory=list)
+    synced: list[list[int]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def append(self, s: RoundStats, mbps: float | None) -> None:
+        for name, value in (("delays_ms", s.total_ms), ("partitions", s.cut),
+                            ("edge_ms", s.edge_ms), ("device_ms", s.device_ms),
+                            ("server_ms", s.server_ms), ("sync_ms", s.sync_ms),
+                            ("sync_bytes", s.sync_bytes), ("bytes_up", s.bytes_up),
+                            ("bytes_down", s.bytes_down), ("loss", s.loss),
+                            ("bandwidth_mbps", mbps), ("synced", list(s.synced))):
+            getattr(self, name).append(value)
+
+    def add_sync(self, result: SyncResult) -> None:
+        """Charge a sync the driver made after the last round to that round."""
+        if self.delays_ms and result.indices:
+            self.delays_ms[-1] += result.sync_ms
+            self.sync_ms[-1] += result.sync_ms
+            self.sync_bytes[-1] += result.total_bytes
+            self.synced[-1].extend(result.indices)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "rounds": len(self.delays_ms)}
+
+
+def epoch_batches(images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int = 0
+                  ) -> Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Batches for epoch e, shuffled by a generator seeded with ``seed + e`` (reproducible:
+    a split and an unsplit run see the same batches)."""
+    def batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))
+        return [(images[i], labels[i]) for i in order.split(batch_size)]
+    return batches
+
+
+def run_split_training(trainer: RemoteSplitTrainer, batches, policy, cuts: Sequence[int], *,
+                       epochs: int = 1, rounds_per_epoch: int | None = None,
+                       bandwidth_schedule: Callable[[int], float] | None = None,
+                       progress: bool = False) -> TrainingLog:
+    """Train for ``epochs`` over ``batches`` (an iterable of (x, y), re-iterated each epoch,
+    or a callable epoch -> iterable), the ``policy`` choosing each round's cut among ``cuts``.
+
+    Round t = 1, 2, ...: set the bandwidth (``bandwidth_schedule(t)``), ``arm =
+    policy.select(t)``, train, ``policy.update(arm, edge_ms)``, ``policy.observe(t, total_ms)``
+    if it has one; a true ``policy.sync_due`` afterwards makes the trainer sync before the
+    next round (charged to round t).
+    """
+    if not cuts:
+        raise ConfigError("cuts must list at least one partition point")
+    if epochs > 1 and not callable(batches) and iter(batches) is batches:
+        raise ConfigError("batches is a one-shot iterator: pass a list or a callable "
+                          "epoch -> batches to train more than one epoch")
+    log_ = TrainingLog()
+    total = None
+    if rounds_per_epoch is not None:
+        total = rounds_per_epoch * epochs
+    elif hasattr(batches, "__len__"):
+        total = len(batches) * epochs
+    start, t = time.perf_counter(), 0
+    with _progress(progress, total) as advance:
+        for epoch in range(epochs):
+            source = batches(epoch) if callable(batches) else batches
+            for k, (x, y) in enumerate(source):
+                if rounds_per_epoch is not None and k >= rounds_per_epoch:
+                    break
+                t += 1
+                stats = _one_round(trainer, policy, cuts, t, x, y, bandwidth_schedule)
+                log_.append(stats, trainer.bandwidth_mbps)
+                if getattr(policy, "sync_due", False):
+                    log_.add_sync(trainer.sync_now())
+                advance(f"epoch {epoch + 1}/{epochs} cut {stats.cut} loss {stats.loss:.3f}")
+    log_.wall_s = time.perf_counter() - start
+    return log_
+
+
+def _one_round(trainer: RemoteSplitTrainer, policy, cuts: Sequence[int], t: int,
+               x: torch.Tensor, y: torch.Tensor,
+               bandwidth_schedule: Callable[[int], float] | None) -> RoundStats:
+    if bandwidth_schedule is not None:
+        trainer.set_bandwidth_mbps(bandwidth_schedule(t))
+    arm = policy.select(t)
+    if not 0 <= arm < len(cuts):
+        raise ConfigError(f"policy chose arm {arm}, but there are {len(cuts)} cuts")
+    stats = trainer.step(x, y, cuts[arm])
+    policy.update(arm, stats.edge_ms)
+    observe = getattr(policy, "observe", None)
+    if callable(observe):
+        observe(t, stats.total_ms)
+    return stats
+
+
+class _progress:
+    """A rich progress bar on stderr when enabled; otherwise a no-op ``advance``."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.enabled, self.total, self._bar = enabled, total, None
+
+    def __enter__(self) -> Callable[[str], None]:
+        if not self.enabled:
+            return lambda _text: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                             MofNCompleteColumn(), console=Console(stderr=True), transient=True)
+        self._bar.__enter__()
+        task = self._bar.add_task("split training", total=self.total)
+        return lambda text: self._bar.update(task, advance=1, description=text)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+             batch: int = 256) -> float:
+    """Top-1 accuracy in percent, in eval mode (batch-norm on its running statistics)."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(labels), batch):
+            correct += int((model(images[i:i + batch]).argmax(1) == labels[i:i + batch]).sum())
+    return 100.0 * correct / max(len(labels), 1)
+
+
+# ---- the whole real run ------------------------------------------------------------------
+RUN_VERSION = 1
+RUN_POLICIES = ("l2s", "l2s_fws", "fixed")
+
+
+@dataclass(frozen=True)
+class TrainSplitConfig:
+    """A real split-training run (``edgesplit train-split``). Bandwidths are emulated by the
+    device's link shaper; ``device_slowdown`` makes the device that much slower than the
+    server (both share this machine), as an end device is next to an edge GPU."""
+
+    model: str = "digits_cnn"
+    epochs: int = 6
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    bandwidth_mbps: float = 400.0
+    rtt_ms: float = 2.0
+    drop_at: int | None = None
+    drop_to: float | None = None
+    restore_at: int | None = None
+    device_slowdown: float = 10.0
+    policy: str = "l2s"
+    cut: int | None = None  # the fixed policy's cut (chain elements on the device - 1)
+    privacy_kl: float | None = 1.0  # P^c from the KL analysis (None: every cut allowed)
+    sync_every: int = 100
+    horizon: int = 30
+    n_th: int = 10
+    random_reentry: float = 0.0
+    baseline: bool = True  # also train unsplit on the same batches, for the accuracy check
+
+    def __post_init__(self) -> None:
+        if self.policy not in RUN_POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}: choose one of "
+                              f"{', '.join(RUN_POLICIES)}")
+        if self.policy == "fixed" and self.cut is None:
+            raise ConfigError("the fixed policy needs --cut (chain elements on the device - 1)")
+        if self.epochs < 1 or self.batch_size < 1 or self.device_slowdown < 1:
+            raise ConfigError("need epochs >= 1, batch size >= 1 and device slowdown >= 1")
+        from edgesplit.train.simulator import BandwidthTrace
+
+        BandwidthTrace(self.bandwidth_mbps, self.rtt_ms, self.drop_at, self.drop_to,
+                       self.restore_at)  # validates the schedule
+
+    def trace(self):
+        from edgesplit.train.simulator import BandwidthTrace
+
+        return BandwidthTrace(self.bandwidth_mbps, self.rtt_ms, self.drop_at, self.drop_to,
+                              self.restore_at)
+
+
+def _domain(config: TrainSplitConfig, chain_length: int) -> tuple[list[int], dict | None]:
+    """The cuts L2S may choose ({P^c, ..., P} as chain cuts) and the privacy analysis."""
+    if config.privacy_kl is None:
+        return list(range(chain_length)), None
+    from edgesplit.train.privacy import analyse_privacy
+
+    privacy = analyse_privacy(config.model, config.privacy_kl)
+    return list(range(privacy["chain_point"] - 1, chain_length)), privacy
+
+
+def _features(model: nn.Module, x: torch.Tensor, cuts: Sequence[int]) -> dict[int, object]:
+    """x_p of each chain cut from the LayerGraph (Section IV-A), scaled per feature to [0, 1]
+    as in the simulator; keyed by arm (index into ``cuts``)."""
+    import numpy as np
+
+    from edgesplit.graph import capture
+    from edgesplit.train.features import partition_features
+    from edgesplit.train.privacy import graph_split_for_chain
+
+    graph = capture(copy.deepcopy(model).eval(), (x,), optimize=False, name="train-split")
+    rows = np.stack([partition_features(graph, graph_split_for_chain(graph, model, c + 1) - 1)
+                     for c in cuts])
+    scale = rows.max(axis=0)
+    scale[scale == 0] = 1.0
+    return {i: rows[i] / scale for i in range(len(cuts))}
+
+
+def _make_policy(config: TrainSplitConfig, features, device_ms: list[float]):
+    from edgesplit.train.bandit import LinUCBE
+    from edgesplit.train.l2s import L2S_ALPHA, L2S_RIDGE
+    from edgesplit.train.modes import AdaptiveL2S, ModeConfig
+
+    if config.policy == "fixed":
+        return None
+    modes = ModeConfig(horizon=config.horizon, n_th=config.n_th, r_d=config.random_reentry,
+                       seed=config.seed)
+    return AdaptiveL2S(lambda h: LinUCBE(features, h, L2S_ALPHA, L2S_RIDGE,
+                                         device_delays=device_ms,
+                                         delay_scale=device_ms[-1]), modes)
+
+
+def train_unsplit(model: nn.Module, batches: Callable[[int], list], epochs: int, lr: float,
+                  momentum: float) -> nn.Module:
+    """The reference: the same model, batches and optimizer without a split."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for epoch in range(epochs):
+        for x, y in batches(epoch):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return model.eval()
+
+
+def train_split(config: TrainSplitConfig, address: str, *, token: str | None = None,
+                progress: bool = False) -> dict:
+    """Train ``config.model`` on the digits split between this process and the server at
+    ``address``; L2S picks each round's cut. Returns the run's JSON document."""
+    from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
+    from edgesplit.train.remote import untrained_model
+
+    images, labels = digits_arrays()
+    x_train, y_train = images[:TRAIN_SAMPLES], labels[:TRAIN_SAMPLES]
+    x_test, y_test = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
+    batches = epoch_batches(x_train, y_train, config.batch_size, config.seed)
+    model = untrained_model(config.model, config.seed)
+    chain = as_chain(model)
+    cuts, privacy = _domain(config, len(chain))
+    if config.policy == "fixed" and config.cut not in cuts:
+        raise ConfigError(f"--cut {config.cut} is outside the allowed cuts {cuts} (privacy)")
+    x0, y0 = batches(0)[0]
+    device_ms = profile_device_ms(chain, x0, y0, cuts, slowdown=config.device_slowdown)
+    features = _features(model, x0, cuts)
+    policy = _make_policy(config, features, device_ms) or FixedCutPolicy(cuts.index(config.cut))
+    trace = config.trace()
+    with RemoteSplitTrainer(model, address, lr=config.lr, momentum=config.momentum,
+                            seed=config.seed, token=token,
+                            sync="fws" if config.policy == "l2s_fws" else "periodic",
+                            sync_every=config.sync_every, link_mbps=config.bandwidth_mbps,
+                            rtt_ms=config.rtt_ms, device_slowdown=config.device_slowdown
+                            ) as trainer:
+        run = run_split_training(trainer, batches, policy, cuts, epochs=config.epochs,
+                                 bandwidth_schedule=trace.at, progress=progress)
+        trained = trainer.final_model()
+    doc = {"version": RUN_VERSION, "config": asdict(config), "cuts": cuts, "privacy": privacy,
+           "device_ms_profile": device_ms, "rounds": run.to_json(),
+           "accuracy": evaluate(trained, x_test, y_test), "test_samples": len(y_test)}
+    if isinstance(policy, FixedCutPolicy):
+        doc["adaptations"] = []
+    else:
+        doc["adaptations"] = [{"round": t, "reason": r}
+                              for t, r in zip(policy.adaptations, policy.reasons)]
+    if config.baseline:
+        reference = train_unsplit(untrained_model(config.model, config.seed), batches,
+                                  config.epochs, config.lr, config.momentum)
+        doc["baseline_accuracy"] = evaluate(reference, x_test, y_test)
+    return doc
