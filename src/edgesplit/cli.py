@@ -708,6 +708,125 @@ def simulate_l2s(
         err.print(f"wrote {plot}")
 
 
+@app.command("serve-training")
+@_user_errors
+def serve_training_cmd(
+    model: str = typer.Option("digits_cnn", "--model", help="Model to train (untrained)."),
+    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate of the server's layers."),
+    momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
+    seed: int = typer.Option(0, "--seed", help="Initial weights (the device must match)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(50052, "--port", "-p", help="Port (0: any free port)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Require this bearer token."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+) -> None:
+    """Serve the edge-server side of split training (L2S) until interrupted."""
+    from edgesplit.train.remote import serve_training
+
+    serve_training(model, lr=lr, momentum=momentum, seed=seed, host=host, port=port,
+                   token=token, tls=_tls(tls_cert, tls_key, None),
+                   on_ready=lambda bound: print(f"listening on {host}:{bound} model={model}",
+                                                flush=True))
+
+
+@app.command("train-split")
+@_user_errors
+def train_split_cmd(
+    model: str = typer.Option("digits_cnn", "--model", help="Model to train from scratch."),
+    server: Optional[str] = typer.Option(
+        None, "--server", help="HOST:PORT of `edgesplit serve-training` (default: start one)."),
+    epochs: int = typer.Option(6, "--epochs"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    lr: float = typer.Option(0.05, "--lr"),
+    momentum: float = typer.Option(0.9, "--momentum"),
+    seed: int = typer.Option(0, "--seed"),
+    bandwidth_mbps: float = typer.Option(400.0, "--bandwidth-mbps", help="Emulated link."),
+    rtt_ms: float = typer.Option(2.0, "--rtt-ms"),
+    drop_at: Optional[int] = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
+    drop_to: Optional[float] = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
+    restore_at: Optional[int] = typer.Option(None, "--restore-at",
+                                             help="Round where the bandwidth comes back."),
+    device_slowdown: float = typer.Option(
+        20.0, "--device-slowdown", help="How much slower the device computes than the server."),
+    policy: str = typer.Option("l2s", "--policy", help="l2s (learn the cut) or fixed."),
+    cut: Optional[int] = typer.Option(None, "--cut", help="Fixed policy: last device element."),
+    sync: str = typer.Option("fws", "--sync", help="Weight sync: fws or periodic."),
+    sync_every: int = typer.Option(100, "--sync-every", help="Periodic sync interval."),
+    privacy_kl: Optional[float] = typer.Option(
+        1.0, "--privacy-kl", help="P^c: every cut sent must reach this KL divergence."),
+    no_privacy: bool = typer.Option(False, "--no-privacy", help="Allow every cut."),
+    horizon: int = typer.Option(30, "--horizon", help="Rounds of one adaptation phase."),
+    random_reentry: float = typer.Option(0.0, "--random-reentry", help="r_d per round."),
+    baseline: bool = typer.Option(True, "--baseline/--no-baseline",
+                                  help="Also train unsplit, to compare accuracy."),
+    token: Optional[str] = typer.Option(None, "--token", help="Bearer token for the server."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and cut per round."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Split training over two processes (L2S): the device trains the front layers on the
+    digits, the server the back ones; L2S learns the cut as the emulated link changes."""
+    from contextlib import nullcontext
+
+    from edgesplit.train.session import TrainSplitConfig, local_training_server, train_split
+
+    config = TrainSplitConfig(
+        model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
+        bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms, drop_at=drop_at, drop_to=drop_to,
+        restore_at=restore_at, device_slowdown=device_slowdown, policy=policy, cut=cut,
+        sync=sync, sync_every=sync_every, privacy_kl=None if no_privacy else privacy_kl,
+        horizon=horizon, random_reentry=random_reentry, baseline=baseline)
+    spawn = local_training_server(model, lr=lr, momentum=momentum, seed=seed, token=token) \
+        if server is None else nullcontext(server)
+    with spawn as address:
+        doc = train_split(config, address, token=token, progress=not as_json)
+    if plot is not None:
+        from edgesplit.report.plots import plot_train_split
+
+        plot_train_split(doc, plot)
+    if as_json:
+        _emit_json(doc)
+        return
+    _print_train_split(doc)
+    if plot is not None:
+        err.print(f"wrote {plot}")
+
+
+def _print_train_split(doc: dict) -> None:
+    from rich.table import Table
+
+    rounds, cfg = doc["rounds"], doc["config"]
+    table = Table(title=f"split training of {cfg['model']}: cuts {doc['cuts'][0]}.."
+                        f"{doc['cuts'][-1]} allowed (privacy), sync {cfg['sync']}")
+    for col in ("rounds", "Mbps", "cuts played (count)", "mean delay ms", "mean loss"):
+        table.add_column(col, justify="left" if col.startswith("cuts") else "right")
+    for lo, hi in _segments(rounds["bandwidth_mbps"], len(rounds["delays_ms"])):
+        played: dict[int, int] = {}
+        for c in rounds["partitions"][lo:hi]:
+            played[c] = played.get(c, 0) + 1
+        table.add_row(f"{lo + 1}-{hi}", f"{rounds['bandwidth_mbps'][lo]:g}",
+                      ", ".join(f"{c} ({n})" for c, n in sorted(played.items())),
+                      f"{sum(rounds['delays_ms'][lo:hi]) / (hi - lo):.1f}",
+                      f"{sum(rounds['loss'][lo:hi]) / (hi - lo):.3f}")
+    out.print(table)
+    line = f"held-out accuracy {doc['accuracy']:.2f} % on {doc['test_samples']} digits"
+    if "baseline_accuracy" in doc:
+        line += f" (unsplit training: {doc['baseline_accuracy']:.2f} %)"
+    out.print(line)
+    out.print("adaptation phases began at rounds "
+              + ", ".join(f"{a['round']} ({a['reason']})" for a in doc["adaptations"]))
+
+
+def _segments(mbps: list, n: int, size: int = 25) -> list[tuple[int, int]]:
+    """Row ranges: a new row at every bandwidth change and every ``size`` rounds."""
+    bounds, lo = [], 0
+    for t in range(1, n + 1):
+        if t == n or mbps[t] != mbps[lo] or t - lo == size:
+            bounds.append((lo, t))
+            lo = t
+    return bounds
+
+
 def main() -> None:
     app()
 

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from edgesplit.errors import ConfigError
 
 __all__ = ["plot_assignment", "plot_cut_breakdown", "plot_l2s", "plot_l2s_curves",
-           "plot_link_sweep", "plot_pareto", "plot_profile", "short_layer_name"]
+           "plot_link_sweep", "plot_train_split", "plot_pareto", "plot_profile", "short_layer_name"]
 
 DPI = 120
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -498,3 +498,39 @@ def _moving_mean(values: list[float | None], window: int) -> tuple[list[int], li
         rounds.append(t)
         out.append(sum(recent) / len(recent))
     return rounds, out
+
+
+def plot_train_split(doc: dict[str, Any], path: str | Path, *, window: int = 5) -> Path:
+    """A real split-training run (``edgesplit train-split``): measured delay per round with
+    the emulated bandwidth, the cut L2S chose, and the training loss."""
+    rounds = doc["rounds"]
+    delays = rounds["delays_ms"]
+    if not delays:
+        raise ConfigError("the run has no rounds to plot")
+    fig = _new_figure(9.0, 7.0)
+    ax_delay, ax_cut, ax_loss = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 2])
+    t = list(range(1, len(delays) + 1))
+    ax_delay.plot(t, delays, color=_COLORS[0], alpha=0.3, linewidth=0.8)
+    r, smooth = _moving_mean(delays, window)
+    ax_delay.plot(r, smooth, color=_COLORS[0], linewidth=1.5, label=f"{window}-round mean")
+    ax_speed = ax_delay.twinx()
+    ax_speed.step(t, rounds["bandwidth_mbps"], where="post", color="black", linestyle=":",
+                  linewidth=1.2)
+    ax_speed.set_ylabel("emulated bandwidth, Mbps (dotted)")
+    ax_speed.set_ylim(0, max(b or 0 for b in rounds["bandwidth_mbps"]) * 1.15 or 1)
+    ax_cut.step(t, rounds["partitions"], where="post", color=_COLORS[1])
+    for entry in doc.get("adaptations", [])[1:]:
+        ax_cut.axvline(entry["round"], color=_COLORS[4], linewidth=0.8, alpha=0.6)
+    ax_loss.plot(t, rounds["loss"], color=_COLORS[2], linewidth=0.9)
+    ax_delay.set_ylabel("delay per round, ms")
+    ax_cut.set_ylabel("cut (last device\nelement)")
+    ax_loss.set_ylabel("training loss")
+    ax_loss.set_xlabel("training round (vertical lines: L2S re-enters adaptation)")
+    for ax in (ax_delay, ax_cut, ax_loss):
+        ax.grid(True, alpha=0.3)
+    title = f"{doc['config']['model']}: split training, held-out accuracy {doc['accuracy']:.1f} %"
+    if "baseline_accuracy" in doc:
+        title += f" (unsplit {doc['baseline_accuracy']:.1f} %)"
+    ax_delay.set_title(title, fontsize=10)
+    ax_delay.legend(fontsize=8, loc="upper left")
+    return _save(fig, path)

@@ -8,16 +8,20 @@ unsplit training).
 from __future__ import annotations
 
 import copy
+import select
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.train.remote import RemoteSplitTrainer, RoundStats, SyncResult
 from edgesplit.train.split import as_chain
 
@@ -219,7 +223,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
 
 # ---- the whole real run ------------------------------------------------------------------
 RUN_VERSION = 1
-RUN_POLICIES = ("l2s", "l2s_fws", "fixed")
+RUN_POLICIES = ("l2s", "fixed")
 
 
 @dataclass(frozen=True)
@@ -239,13 +243,18 @@ class TrainSplitConfig:
     drop_at: int | None = None
     drop_to: float | None = None
     restore_at: int | None = None
-    device_slowdown: float = 10.0
+    device_slowdown: float = 20.0
     policy: str = "l2s"
     cut: int | None = None  # the fixed policy's cut (chain elements on the device - 1)
+    # Weight sync: "fws" at every change (L2S-FWS: exact, and the digits CNN's 0.5 MB of
+    # weights cost less than one round's activations) or "periodic" (every sync_every rounds
+    # and at mode changes: for large models, at an accuracy cost on short runs, see README)
+    sync: str = "fws"
     privacy_kl: float | None = 1.0  # P^c from the KL analysis (None: every cut allowed)
     sync_every: int = 100
     horizon: int = 30
     n_th: int = 10
+    drift_threshold: float = 0.25  # r_th: measured delays on a shared machine are noisy
     random_reentry: float = 0.0
     baseline: bool = True  # also train unsplit on the same batches, for the accuracy check
 
@@ -253,6 +262,8 @@ class TrainSplitConfig:
         if self.policy not in RUN_POLICIES:
             raise ConfigError(f"unknown policy {self.policy!r}: choose one of "
                               f"{', '.join(RUN_POLICIES)}")
+        if self.sync not in ("fws", "periodic"):
+            raise ConfigError(f"unknown sync {self.sync!r}: choose fws or periodic")
         if self.policy == "fixed" and self.cut is None:
             raise ConfigError("the fixed policy needs --cut (chain elements on the device - 1)")
         if self.epochs < 1 or self.batch_size < 1 or self.device_slowdown < 1:
@@ -303,8 +314,8 @@ def _make_policy(config: TrainSplitConfig, features, device_ms: list[float]):
 
     if config.policy == "fixed":
         return None
-    modes = ModeConfig(horizon=config.horizon, n_th=config.n_th, r_d=config.random_reentry,
-                       seed=config.seed)
+    modes = ModeConfig(horizon=config.horizon, n_th=config.n_th, r_th=config.drift_threshold,
+                       r_d=config.random_reentry, seed=config.seed)
     return AdaptiveL2S(lambda h: LinUCBE(features, h, L2S_ALPHA, L2S_RIDGE,
                                          device_delays=device_ms,
                                          delay_scale=device_ms[-1]), modes)
@@ -346,7 +357,7 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
     trace = config.trace()
     with RemoteSplitTrainer(model, address, lr=config.lr, momentum=config.momentum,
                             seed=config.seed, token=token,
-                            sync="fws" if config.policy == "l2s_fws" else "periodic",
+                            sync=config.sync,
                             sync_every=config.sync_every, link_mbps=config.bandwidth_mbps,
                             rtt_ms=config.rtt_ms, device_slowdown=config.device_slowdown
                             ) as trainer:
@@ -366,3 +377,29 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
                                   config.epochs, config.lr, config.momentum)
         doc["baseline_accuracy"] = evaluate(reference, x_test, y_test)
     return doc
+
+
+@contextmanager
+def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
+                          token: str | None = None, timeout_s: float = 60.0) -> Iterator[str]:
+    """An ``edgesplit serve-training`` process on a free local port for the duration; yields
+    its address. The second process of a real run when no ``--server`` is given."""
+    cmd = [sys.executable, "-m", "edgesplit.cli", "serve-training", "--model", model,
+           "--lr", str(lr), "--momentum", str(momentum), "--seed", str(seed), "--port", "0"]
+    if token:
+        cmd += ["--token", token]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = select.select([proc.stdout], [], [], timeout_s)[0]
+        line = proc.stdout.readline() if ready else ""
+        if not line.startswith("listening on "):
+            proc.kill()
+            raise RemoteError(f"the local training server did not start: "
+                              f"{(line + proc.stderr.read()).strip()[-500:] or 'no output'}")
+        yield line.split()[2]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

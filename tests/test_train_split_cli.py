@@ -1,0 +1,51 @@
+"""`edgesplit train-split`: a real two-process run (the CLI starts `edgesplit serve-training`)
+on the digits, with the emulated bandwidth dropping mid-run."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("train_split")
+
+DROP_AT = 39  # the second epoch's first round (38 rounds of 32 per epoch)
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgesplit.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_l2s_moves_the_cut_when_the_bandwidth_drops_and_training_matches_unsplit(tmp_path):
+    plot = tmp_path / "run.png"
+    done = _cli("train-split", "--epochs", "2", "--bandwidth-mbps", "400", "--drop-at",
+                str(DROP_AT), "--drop-to", "20", "--horizon", "20", "--json", "--plot",
+                str(plot))
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    rounds = doc["rounds"]
+    assert rounds["rounds"] == 76 == len(rounds["partitions"]) == len(rounds["delays_ms"])
+    assert set(rounds["partitions"]) <= set(doc["cuts"])
+    assert doc["cuts"][0] == doc["privacy"]["chain_point"] - 1  # nothing before P^c is sent
+    # FWS keeps split training equal to unsplit training: same held-out accuracy
+    assert abs(doc["accuracy"] - doc["baseline_accuracy"]) <= 2.0
+    # at 400 Mbps L2S offloads early; at 20 Mbps sending activations costs more than the
+    # slow device saves, so it keeps (almost) everything on the device
+    before = statistics.mode(rounds["partitions"][20:DROP_AT - 1])
+    after = statistics.mode(rounds["partitions"][DROP_AT + 20:])
+    assert after > before, (before, after, rounds["partitions"])
+    assert rounds["bandwidth_mbps"][DROP_AT - 2:DROP_AT] == [400.0, 20.0]
+    assert any(a["reason"] == "drift" and a["round"] > DROP_AT for a in doc["adaptations"])
+    assert all(d > 0 for d in rounds["delays_ms"]) and plot.stat().st_size > 10_000
+
+
+def test_train_split_user_errors_are_one_line():
+    fixed = _cli("train-split", "--policy", "fixed", "--epochs", "1")
+    assert fixed.returncode == 2 and "--cut" in fixed.stderr and "Traceback" not in fixed.stderr
+    nowhere = _cli("train-split", "--server", "127.0.0.1:9", "--epochs", "1", timeout=120)
+    assert nowhere.returncode == 2 and "Traceback" not in nowhere.stderr
+    assert "127.0.0.1:9" in nowhere.stderr
