@@ -1,5 +1,10 @@
 """Collaborative (split) training between an end device and an edge server, as in L2S:
-the context features of partition points (``features``) and the split trainer (``split``)."""
+the split trainer (``split``, in-process; ``remote``, over gRPC between two processes), the
+context features of partition points (``features``), the online learners (``bandit``:
+LinUCB, LinUCB-E) and their modes (``modes``), the privacy analysis (``privacy``), the
+trace-driven simulator (``simulator``, ``l2s``) and the real run (``session``)."""
+
+from edgesplit.train.bandit import LinUCB, LinUCBE, forced_sampling_rounds
 
 from edgesplit.train.features import (
     FEATURE_NAMES,
@@ -9,6 +14,12 @@ from edgesplit.train.features import (
     layer_type,
     partition_features,
 )
+from edgesplit.train.l2s import POLICIES, compare_policies
+from edgesplit.train.modes import AdaptiveL2S, ModeConfig
+from edgesplit.train.privacy import analyse_privacy, kl_per_cut, privacy_point
+from edgesplit.train.remote import RemoteSplitTrainer, TrainServer
+from edgesplit.train.session import TrainSplitConfig, run_split_training, train_split
+from edgesplit.train.simulator import BandwidthTrace, simulate, training_costs
 from edgesplit.train.split import (
     OptimizerFactory,
     SplitTrainer,
@@ -20,6 +31,24 @@ from edgesplit.train.split import (
 )
 
 __all__ = [
+    "POLICIES",
+    "AdaptiveL2S",
+    "BandwidthTrace",
+    "LinUCB",
+    "LinUCBE",
+    "ModeConfig",
+    "RemoteSplitTrainer",
+    "TrainServer",
+    "TrainSplitConfig",
+    "analyse_privacy",
+    "compare_policies",
+    "forced_sampling_rounds",
+    "kl_per_cut",
+    "privacy_point",
+    "run_split_training",
+    "simulate",
+    "train_split",
+    "training_costs",
     "FEATURE_NAMES",
     "FEATURE_UNITS",
     "OptimizerFactory",

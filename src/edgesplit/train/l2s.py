@@ -111,6 +111,8 @@ def compare_policies(graph: LayerGraph, device: Device, server: Device, trace: B
         if isinstance(policy, AdaptiveL2S):
             out[name]["adaptations"] = [{"round": t, "reason": r}
                                         for t, r in zip(policy.adaptations, policy.reasons)]
+            out[name]["settled"] = [{"round": t, "partition": costs[arm].split}
+                                    for t, arm in policy.settled]
     return {"version": SIM_VERSION, "model": graph.model, "device": device.name,
             "server": server.name, "rounds": rounds, "seed": seed,
             "trace": {"mbps": trace.mbps, "rtt_ms": trace.rtt_ms, "drop_at": trace.drop_at,

@@ -72,6 +72,7 @@ class AdaptiveL2S:
     partition: int | None = None
     adaptations: list[int] = field(default_factory=list)  # rounds where adaptation began
     reasons: list[str] = field(default_factory=list)  # "start", "drift" or "random"
+    settled: list[tuple[int, int]] = field(default_factory=list)  # (round, partition)
     sync_due: bool = False  # the caller should synchronise weights after this round
 
     def __post_init__(self) -> None:
@@ -128,6 +129,7 @@ class AdaptiveL2S:
         tail = self._decisions[-self.config.n_th:]
         if len(set(tail)) == 1:
             self.mode, self.partition = "regular", tail[0]
+            self.settled.append((t, tail[0]))
             self._recent.clear()
             self._baseline = []
             self.sync_due = True

@@ -368,10 +368,11 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
            "device_ms_profile": device_ms, "rounds": run.to_json(),
            "accuracy": evaluate(trained, x_test, y_test), "test_samples": len(y_test)}
     if isinstance(policy, FixedCutPolicy):
-        doc["adaptations"] = []
+        doc["adaptations"], doc["settled"] = [], []
     else:
         doc["adaptations"] = [{"round": t, "reason": r}
                               for t, r in zip(policy.adaptations, policy.reasons)]
+        doc["settled"] = [{"round": t, "cut": cuts[arm]} for t, arm in policy.settled]
     if config.baseline:
         reference = train_unsplit(untrained_model(config.model, config.seed), batches,
                                   config.epochs, config.lr, config.momentum)
