@@ -27,6 +27,9 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit plan digits_cnn --edge eyeriss --cloud tpu --link autosplit-3mbps \
 		--method neurosurgeon,qdmp,qdmp_e_u4,u8,cloud16,autosplit --eval-data digits
 	$(PY) scripts/runtime_demo.py
+	$(VENV)/bin/edgesplit simulate-l2s --model resnet34 --device jetson-nano \
+		--bandwidth-mbps 100 --drop-at 300 --drop-to 60 --restore-at 600 --rounds 900
+	$(VENV)/bin/edgesplit train-split --epochs 2 --drop-at 39 --drop-to 20 --horizon 20
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup
@@ -45,7 +48,8 @@ bench: $(STAMP)
 proto: $(STAMP)
 	$(PIP) install --quiet -e '.[dev]'
 	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --grpc_python_out=src \
-		src/edgesplit/runtime/proto/edgesplit_runtime.proto
+		src/edgesplit/runtime/proto/edgesplit_runtime.proto \
+		src/edgesplit/train/proto/edgesplit_train.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -9,10 +9,12 @@
 - Regular training: the partition found is used as it is; no forced sampling.
 - Re-entry: the delay monitor compares the mean delay of the last ``r`` rounds with the mean
   over the first ``r`` regular rounds; a relative change above ``r_th`` is a concept drift and
-  starts adaptation with a *fresh* learner (what it knew describes the old environment).
-  Independently, each regular round re-enters with probability ``r_d`` (seeded); such a random
-  check keeps what the learner knows (nothing is known to have changed), so it costs little
-  when nothing has.
+  starts adaptation. Independently, each regular round re-enters with probability ``r_d``
+  (seeded): the monitor cannot see every change (at pure on-device training the link is never
+  used, and a change during an adaptation phase is in its baseline). Either way the learner
+  starts afresh, as the paper's adaptation mode learns "in a new network environment": a
+  learner that kept hundreds of rounds of the old environment was measured to settle back on
+  the old partition after a bandwidth drop (benchmarks/results/l2s.md, Fig. 17).
 - Weight sync: entering adaptation (Section IV-D: "L2S first synchronizes weights") and
   settling on a partition set ``sync_due`` for that round, so the caller synchronises the layers
   that changed sides before training on.
@@ -81,7 +83,7 @@ class AdaptiveL2S:
         self._start(1, "start")
 
     def _start(self, t: int, reason: str) -> None:
-        if reason == "drift":
+        if reason != "start":
             self.learner = self.make_learner(self.config.horizon)
         self.mode = "adaptation"
         self._phase_start = t
