@@ -813,8 +813,11 @@ def _print_train_split(doc: dict) -> None:
     if "baseline_accuracy" in doc:
         line += f" (unsplit training: {doc['baseline_accuracy']:.2f} %)"
     out.print(line)
-    out.print("adaptation phases began at rounds "
-              + ", ".join(f"{a['round']} ({a['reason']})" for a in doc["adaptations"]))
+    if doc["adaptations"]:
+        out.print("adaptation phases began at rounds "
+                  + ", ".join(f"{a['round']} ({a['reason']})" for a in doc["adaptations"])
+                  + "; settled at "
+                  + ", ".join(f"round {s['round']} on cut {s['cut']}" for s in doc["settled"]))
 
 
 def _segments(mbps: list, n: int, size: int = 25) -> list[tuple[int, int]]:
