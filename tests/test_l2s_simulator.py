@@ -120,3 +120,24 @@ def test_simulate_l2s_privacy_point_from_the_kl_analysis():
         assert len(errors) == 80 and all(e is None or e >= 0 for e in errors)
     both = CliRunner().invoke(app, ["simulate-l2s", "--privacy-kl", "1", "--privacy-split", "3"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_settling_sync_brings_the_layers_about_to_move_once(costs):
+    class Settles:
+        mode, partition, sync_due = "adaptation", None, False
+
+        def select(self, t):
+            self.sync_due = False
+            return 0 if self.mode == "adaptation" else 3
+
+        def update(self, arm, d):
+            return None
+
+        def observe(self, t, total):
+            if t == 3:  # settles on partition 3 after round 3, played at partition 0
+                self.mode, self.partition, self.sync_due = "regular", 3, True
+
+    moved = sum(costs[0].layer_param_bytes[costs[0].split:costs[3].split])
+    log = simulate(costs, BandwidthTrace(60.0), Settles(), 8, noise=0, sync_every=100)
+    # only the server trained them (partition 0 keeps them there): sent once, not merged
+    assert log.sync_bytes == [0, 0, moved, 0, 0, 0, 0, 0]

@@ -94,6 +94,24 @@ def test_fws_equals_unsplit_sgd(digits, serve, momentum):
     _assert_same_state(trained, _unsplit(batches, lr=0.05, momentum=momentum))
 
 
+def test_sync_before_a_settled_cut_brings_the_layers_that_will_move(digits, serve):
+    """When L2S settles on a cut, the elements about to change sides are sent by the side
+    that trained them, so the new owner starts from current weights."""
+    batches = _batches(digits, 16, 3)
+    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED) as trainer:
+        for x, y in batches:
+            trainer.step(x, y, 3)  # the server trains 4..9
+        result = trainer.sync_now(next_cut=6)
+        assert result.indices == (4, 5, 6) and result.bytes_down > result.bytes_up
+        server = _fetch(trainer, range(4, 7))
+        for i in range(4, 7):
+            for name, p in trainer.replica.chain[i].named_parameters():
+                assert torch.equal(p.detach(), server[i][0][0][name])
+        assert trainer.sync_now(next_cut=6).indices == ()  # nothing left to send
+        model = trainer.final_model()
+    _assert_same_state(model, _unsplit(batches, lr=0.05))
+
+
 def test_periodic_merges_both_sides(digits, serve):
     """Elements trained on both sides between syncs end as base + delta_dev + delta_srv on
     both sides, and the sync costs the tensors' bytes plus little overhead."""

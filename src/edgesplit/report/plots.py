@@ -419,14 +419,18 @@ def auto_distortion(plan: Any) -> float:
 
 
 def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path:
-    """L2S Figs. 11 and 17: per-round delay (moving average over ``window`` rounds) and the
-    chosen partition of every policy, from :func:`edgesplit.train.l2s.compare_policies`."""
+    """L2S Figs. 10, 11 and 17: per-round delay (moving average over ``window`` rounds) with
+    the bandwidth, the chosen partition of every policy, and the learners' relative error in
+    predicting the edge delay, from :func:`edgesplit.train.l2s.compare_policies`."""
     policies = doc.get("policies") or {}
     if not policies:
         raise ConfigError("the simulation has no policies to plot")
-    fig = _new_figure(9.0, 6.4)
-    ax_delay, ax_part = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    fig = _new_figure(9.0, 8.4)
+    ax_delay, ax_part, ax_err = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 2])
     for i, (name, run) in enumerate(policies.items()):
+        if run.get("prediction_error"):  # Fig. 10
+            r, err = _moving_mean(run["prediction_error"], 5)
+            ax_err.plot(r, err, color=_COLORS[i % len(_COLORS)], linewidth=1.0)
         delays = [float(d) for d in run["delays_ms"]]
         k = max(1, min(window, len(delays)))
         smooth = np.convolve(delays, np.full(k, 1.0 / k), mode="valid")
@@ -445,12 +449,14 @@ def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path
         ax_speed.set_ylim(0, max(speeds) * 1.15)
     for entry in (policies.get("l2s") or {}).get("adaptations", [])[1:]:
         ax_part.axvline(entry["round"], color=_COLORS[4], linewidth=0.8, alpha=0.6)
-    for ax in (ax_delay, ax_part):
+    for ax in (ax_delay, ax_part, ax_err):
         ax.grid(True, alpha=0.3)
     ax_delay.set_yscale("log")
+    ax_err.set_yscale("log")
     ax_delay.set_ylabel(f"delay per round, ms ({window}-round mean)")
     ax_part.set_ylabel("layers on the device")
-    ax_part.set_xlabel("training round (vertical lines: L2S re-enters adaptation)")
+    ax_err.set_ylabel("edge-delay prediction\nerror (5 offloads)")
+    ax_err.set_xlabel("training round (vertical lines: L2S re-enters adaptation)")
     ax_delay.legend(fontsize=8, loc="upper left")
     drop = trace.get("drop_at")
     ax_delay.set_title(f"{doc.get('model')}: {doc.get('device')} -> {doc.get('server')}, "

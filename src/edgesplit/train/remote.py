@@ -651,9 +651,16 @@ class RemoteSplitTrainer:
         return device_s * 1e3, reply.loss, (edge_ms, reply.server_ms, up, down)
 
     # ---- syncing -----------------------------------------------------------------------------
-    def sync_now(self) -> SyncResult:
-        """Merge every chain element trained on both sides since the last sync."""
-        return self._sync(sorted(self.replica.trained & self._server_trained))
+    def sync_now(self, next_cut: int | None = None) -> SyncResult:
+        """Merge every chain element trained on both sides since the last sync and, given the
+        cut of the rounds to come, the elements that will change sides (so that the side
+        taking them over starts from current weights, as at an FWS move)."""
+        indices = self.replica.trained & self._server_trained
+        if next_cut is not None and self.cut is not None:
+            lo, hi = sorted((self._check_cut(next_cut), self.cut))
+            changed = self.replica.trained | self._server_trained  # the others are in sync
+            indices |= set(range(lo + 1, hi + 1)) & changed
+        return self._sync(sorted(indices))
 
     def _sync(self, indices: Iterable[int]) -> SyncResult:
         indices = list(indices)

@@ -165,10 +165,17 @@ def run_split_training(trainer: RemoteSplitTrainer, batches, policy, cuts: Seque
                 stats = _one_round(trainer, policy, cuts, t, x, y, bandwidth_schedule)
                 log_.append(stats, trainer.bandwidth_mbps)
                 if getattr(policy, "sync_due", False):
-                    log_.add_sync(trainer.sync_now())
+                    log_.add_sync(trainer.sync_now(_next_cut(policy, cuts)))
                 advance(f"epoch {epoch + 1}/{epochs} cut {stats.cut} loss {stats.loss:.3f}")
     log_.wall_s = time.perf_counter() - start
     return log_
+
+
+def _next_cut(policy, cuts: Sequence[int]) -> int | None:
+    """The cut a policy that just settled will train at (L2S's regular mode), if any."""
+    if getattr(policy, "mode", None) == "regular" and policy.partition is not None:
+        return cuts[policy.partition]
+    return None
 
 
 def _one_round(trainer: RemoteSplitTrainer, policy, cuts: Sequence[int], t: int,

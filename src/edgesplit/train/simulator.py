@@ -182,7 +182,8 @@ def simulate(costs: Sequence[CutCost], trace: BandwidthTrace, policy: Policy, ro
     change sides from their old owner to the new one. Otherwise (L2S) a change sends nothing
     and each side trains its own copy; every ``sync_every`` rounds, and after any round where
     the policy sets ``sync_due``, the layers trained on *both* sides since the last sync are
-    merged: each side sends its update (2x their weight bytes). Sync bytes count in that
+    merged: each side sends its update (2x their weight bytes; the layers a settling policy
+    is about to move come along, sent once by their owner). Sync bytes count in that
     round's delay. Policies with ``observe(t, total_ms)`` get the round's training delay
     (without the sync transfer)."""
     if rounds < 1:
@@ -210,9 +211,17 @@ def simulate(costs: Sequence[CutCost], trace: BandwidthTrace, policy: Policy, ro
         policy.update(arm, d_edge)
         if observe is not None:
             observe(t, d_dev + d_edge)
-        if state is not None and (t % sync_every == 0 or getattr(policy, "sync_due", False)):
-            moved += 2 * _layer_bytes(cost, state.lo, state.hi)
-            state = _SyncState(cost.split, cost.split)
+        due = getattr(policy, "sync_due", False)
+        if state is not None and (t % sync_every == 0 or due):
+            both = 2 * _layer_bytes(cost, state.lo, state.hi)
+            settled = getattr(policy, "partition", None) if due else None
+            anchor = cost.split
+            if settled is not None and getattr(policy, "mode", None) == "regular":
+                anchor = costs[settled].split
+                state.see(anchor)  # layers about to change sides come along, sent one way
+                both += _layer_bytes(cost, state.lo, state.hi) - both // 2
+            moved += both
+            state = _SyncState(anchor, anchor)
         sync_ms = moved * 8 / (mbps * 1e3) if moved else 0.0
         log.delays_ms.append(d_dev + d_edge + sync_ms)
         log.partitions.append(arm)
