@@ -82,3 +82,13 @@ def test_sync_is_requested_when_settling_and_when_a_drift_restarts_adaptation():
     assert due[0] == 30  # settled after the first phase
     assert policy.reasons[:2] == ["start", "drift"]
     assert policy.adaptations[1] - 1 in due  # the drift's round asks for a sync
+
+
+def test_measured_device_delays_replace_the_profile():
+    policy = _policy(horizon=20, n_th=5)
+    policy.observe_device(0, 2.0)
+    policy.observe_device(0, 2.2)
+    # played: the mean of what was measured; not played: the profile x the measured ratio
+    assert policy.learner.device_delays == pytest.approx({0: 2.1, 1: 3.0 * 2.1, 2: 20.0 * 2.1})
+    policy._start(5, "drift")  # a fresh learner starts from the estimates, not the profile
+    assert policy.learner.device_delays[2] == pytest.approx(42.0)

@@ -768,7 +768,8 @@ def train_split_cmd(
     digits, the server the back ones; L2S learns the cut as the emulated link changes."""
     from contextlib import nullcontext
 
-    from edgesplit.train.session import TrainSplitConfig, local_training_server, train_split
+    from edgesplit.train.session import (TrainSplitConfig, local_training_server,
+                                         one_core_per_side, train_split)
 
     config = TrainSplitConfig(
         model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
@@ -776,6 +777,8 @@ def train_split_cmd(
         restore_at=restore_at, device_slowdown=device_slowdown, policy=policy, cut=cut,
         sync=sync, sync_every=sync_every, privacy_kl=None if no_privacy else privacy_kl,
         horizon=horizon, random_reentry=random_reentry, baseline=baseline)
+    if server is None:
+        one_core_per_side()
     spawn = local_training_server(model, lr=lr, momentum=momentum, seed=seed, token=token) \
         if server is None else nullcontext(server)
     with spawn as address:

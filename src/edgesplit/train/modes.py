@@ -27,6 +27,7 @@ sync transfer, which would otherwise look like a drift).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -80,11 +81,14 @@ class AdaptiveL2S:
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.config.seed)
         self.learner = self.make_learner(self.config.horizon)
+        self._profile = dict(self.learner.device_delays)
+        self._measured: dict[int, list[float]] = {}
         self._start(1, "start")
 
     def _start(self, t: int, reason: str) -> None:
         if reason != "start":
             self.learner = self.make_learner(self.config.horizon)
+            self.learner.device_delays.update(self._device_estimates())
         self.mode = "adaptation"
         self._phase_start = t
         self._decisions: list[int] = []
@@ -105,6 +109,21 @@ class AdaptiveL2S:
 
     def update(self, arm: int, edge_delay_ms: float) -> None:
         self.learner.update(arm, edge_delay_ms)
+
+    def observe_device(self, arm: int, device_ms: float) -> None:
+        """The device's own measured training time at ``arm`` (a real run). d_p^m becomes the
+        mean of the measurements where the partition was played; elsewhere the profile scaled
+        by the median measured/profiled ratio, since a profile taken before training misses
+        what the real loop costs (optimizer state, other processes on the machine)."""
+        if arm in self._profile and math.isfinite(device_ms) and device_ms >= 0:
+            self._measured.setdefault(arm, []).append(float(device_ms))
+            self.learner.device_delays.update(self._device_estimates())
+
+    def _device_estimates(self) -> dict[int, float]:
+        means = {a: float(np.mean(v[-50:])) for a, v in self._measured.items()}
+        ratios = [means[a] / self._profile[a] for a in means if self._profile[a] > 0]
+        scale = float(np.median(ratios)) if ratios else 1.0
+        return {a: means.get(a, p * scale) for a, p in self._profile.items()}
 
     def predict_edge(self, arm: int) -> float:
         """The learner's current prediction of d_p^e (L2S Fig. 10 plots its error)."""

@@ -8,6 +8,7 @@ unsplit training).
 from __future__ import annotations
 
 import copy
+import os
 import select
 import statistics
 import subprocess
@@ -187,6 +188,9 @@ def _one_round(trainer: RemoteSplitTrainer, policy, cuts: Sequence[int], t: int,
     if not 0 <= arm < len(cuts):
         raise ConfigError(f"policy chose arm {arm}, but there are {len(cuts)} cuts")
     stats = trainer.step(x, y, cuts[arm])
+    observe_device = getattr(policy, "observe_device", None)
+    if callable(observe_device):  # the device measures its own part of every round
+        observe_device(arm, stats.device_ms)
     policy.update(arm, stats.edge_ms)
     observe = getattr(policy, "observe", None)
     if callable(observe):
@@ -391,12 +395,19 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
 def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
                           token: str | None = None, timeout_s: float = 60.0) -> Iterator[str]:
     """An ``edgesplit serve-training`` process on a free local port for the duration; yields
-    its address. The second process of a real run when no ``--server`` is given."""
+    its address. The second process of a real run when no ``--server`` is given.
+
+    Both processes share this machine's cores, so each computes on one thread, and the
+    server's OpenMP threads sleep when idle: by default they spin for a while after every
+    round, which slowed the device's own compute 5-10x (measured) and made its profiled d_p^m
+    wrong. Call :func:`one_core_per_side` in the device process too."""
     cmd = [sys.executable, "-m", "edgesplit.cli", "serve-training", "--model", model,
            "--lr", str(lr), "--momentum", str(momentum), "--seed", str(seed), "--port", "0"]
     if token:
         cmd += ["--token", token]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     try:
         ready = select.select([proc.stdout], [], [], timeout_s)[0]
         line = proc.stdout.readline() if ready else ""
@@ -411,3 +422,8 @@ def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def one_core_per_side() -> None:
+    """The device side of a run whose server shares this machine: compute on one thread."""
+    torch.set_num_threads(1)
