@@ -31,7 +31,8 @@ from edgesplit.report.plots import plot_l2s, plot_l2s_curves, plot_train_split
 from edgesplit.train.bandit import LinUCBE
 from edgesplit.train.l2s import L2S_ALPHA, L2S_RIDGE, compare_policies, scaled_features
 from edgesplit.train.modes import AdaptiveL2S, ModeConfig
-from edgesplit.train.session import TrainSplitConfig, local_training_server, train_split
+from edgesplit.train.session import (TrainSplitConfig, local_training_server,
+                                     one_core_per_side, train_split)
 from edgesplit.train.simulator import BandwidthTrace, training_costs
 
 RESULTS = Path(__file__).parent / "results"
@@ -46,7 +47,7 @@ TARGET = 0.05
 SWEEP = {"alpha": (0.1, 0.3, 1.0), "ridge": (1.0, 0.1, 0.03, 0.01)}
 DRIFT = {"model": "resnet34", "device": "jetson-nano", "mbps": 100.0, "drop_to": 60.0,
          "drop_at": 1000, "restore_at": 2000, "rounds": 3000, "r_d": 0.0, "seed": 0}
-REAL = dict(epochs=4, bandwidth_mbps=400.0, drop_at=70, drop_to=20.0, device_slowdown=20.0)
+REAL = dict(epochs=8, bandwidth_mbps=400.0, drop_at=150, drop_to=20.0, device_slowdown=20.0)
 
 
 def _graph(name: str):
@@ -244,6 +245,7 @@ def _overhead(graphs) -> list[dict]:
 def _real_runs() -> list[dict]:
     """train-split on the digits: L2S with sync at every change (the default) and periodic."""
     runs = []
+    one_core_per_side()  # the server shares this machine (see local_training_server)
     for sync, every in (("fws", 100), ("periodic", 100), ("periodic", 10)):
         config = TrainSplitConfig(**REAL, sync=sync, sync_every=every)
         start = time.perf_counter()

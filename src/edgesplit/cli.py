@@ -712,7 +712,7 @@ def simulate_l2s(
 @_user_errors
 def serve_training_cmd(
     model: str = typer.Option("digits_cnn", "--model", help="Model to train (untrained)."),
-    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate of the server's layers."),
+    lr: float = typer.Option(0.01, "--lr", help="SGD learning rate of the server's layers."),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
     seed: int = typer.Option(0, "--seed", help="Initial weights (the device must match)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
@@ -736,9 +736,9 @@ def train_split_cmd(
     model: str = typer.Option("digits_cnn", "--model", help="Model to train from scratch."),
     server: Optional[str] = typer.Option(
         None, "--server", help="HOST:PORT of `edgesplit serve-training` (default: start one)."),
-    epochs: int = typer.Option(6, "--epochs"),
+    epochs: int = typer.Option(8, "--epochs"),
     batch_size: int = typer.Option(32, "--batch-size"),
-    lr: float = typer.Option(0.05, "--lr"),
+    lr: float = typer.Option(0.01, "--lr"),
     momentum: float = typer.Option(0.9, "--momentum"),
     seed: int = typer.Option(0, "--seed"),
     bandwidth_mbps: float = typer.Option(400.0, "--bandwidth-mbps", help="Emulated link."),
