@@ -696,6 +696,7 @@ def simulate_l2s(
 
     table = Table(title=f"{model}: {doc['device']} -> {doc['server']}, {bandwidth_mbps:g} Mbps"
                         + (f", {drop_to:g} Mbps from round {drop_at}" if drop_at else "")
+                        + (f", back at {restore_at}" if restore_at else "")
                         + f"; privacy point {doc['privacy_point']} layers")
     for col in ("policy", "mean delay ms", "last 20 % ms", "final partition", "sync MB"):
         table.add_column(col, justify="left" if col == "policy" else "right")
