@@ -124,18 +124,18 @@ def test_simulate_l2s_privacy_point_from_the_kl_analysis():
 
 def test_settling_sync_brings_the_layers_about_to_move_once(costs):
     class Settles:
-        mode, partition, sync_due = "adaptation", None, False
+        next_partition, sync_due = None, False
 
         def select(self, t):
             self.sync_due = False
-            return 0 if self.mode == "adaptation" else 3
+            return 0 if self.next_partition is None else 3
 
         def update(self, arm, d):
             return None
 
         def observe(self, t, total):
             if t == 3:  # settles on partition 3 after round 3, played at partition 0
-                self.mode, self.partition, self.sync_due = "regular", 3, True
+                self.next_partition, self.sync_due = 3, True
 
     moved = sum(costs[0].layer_param_bytes[costs[0].split:costs[3].split])
     log = simulate(costs, BandwidthTrace(60.0), Settles(), 8, noise=0, sync_every=100)

@@ -28,8 +28,8 @@ from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.shaping import LinkShaper
 
-__all__ = ["PartitionServer", "ChainClient", "RequestResult", "max_message_bytes", "TlsFiles",
-           "serve_forever"]
+__all__ = ["GrpcServer", "PartitionServer", "ChainClient", "RequestResult", "max_message_bytes",
+           "TlsFiles", "open_channel", "serve_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ def _channel_options(limit: int) -> list[tuple[str, int]]:
             ("grpc.max_reconnect_backoff_ms", int(MAX_BACKOFF_S * 1000))]
 
 
-def _open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
+def open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
+    """A client channel with our message limit and reconnect backoff, TLS when ``tls.ca``."""
     if tls is not None and tls.ca is not None:
         creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
         return grpc.secure_channel(address, creds, options=_channel_options(limit))
@@ -122,7 +123,60 @@ class _BadRequest(Exception):
         self.code = code
 
 
-class PartitionServer:
+class GrpcServer:
+    """What every edgesplit gRPC server shares: a thread pool with our message limit, the
+    standard health service, listening with or without TLS, graceful stop and the bearer-token
+    check. Subclasses call :meth:`_init_grpc` with a function registering their servicer."""
+
+    token: str | None = None
+    tls: TlsFiles | None = None
+
+    def _init_grpc(self, add_servicer, limit: int, max_workers: int) -> None:
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                   options=_channel_options(limit))
+        add_servicer(self._server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.port: int | None = None
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on host:port (0 = any free port); returns the port."""
+        address = f"{host}:{port}"
+        if self.tls is not None and self.tls.cert is not None:
+            if self.tls.key is None:
+                raise ConfigError("TLS needs both --tls-cert and --tls-key")
+            creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
+            self.port = self._server.add_secure_port(address, creds)
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if not self.port:
+            raise ConfigError(f"cannot listen on {address} (in use, or not a local address?)")
+        self._server.start()
+        return self.port
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Finish requests in flight (up to ``grace_s``), refuse new ones."""
+        from grpc_health.v1 import health_pb2
+
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server.stop(grace_s).wait()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    def check_token(self, context: grpc.ServicerContext) -> None:
+        if self.token is None:
+            return
+        sent = dict(context.invocation_metadata()).get("authorization", "")
+        if sent != f"Bearer {self.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token (pass the same --token on both sides)")
+
+
+class PartitionServer(GrpcServer):
     """Serves one device's partition; a middle hop forwards to ``next_address``."""
 
     def __init__(self, program: PlanProgram, device: str, *, next_address: str | None = None,
@@ -151,60 +205,21 @@ class PartitionServer:
         self.next_timeout_s = next_timeout_s
         self._next = None
         if next_address is not None:
-            channel = _open_channel(next_address, self.limit, tls)
+            channel = open_channel(next_address, self.limit, tls)
             self._next = pb_grpc.PartitionServiceStub(channel)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                   options=_channel_options(self.limit))
-        pb_grpc.add_PartitionServiceServicer_to_server(_Servicer(self), self._server)
-        self._add_health()
-        self.port: int | None = None
-
-    def _add_health(self) -> None:
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-
-    # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        address = f"{host}:{port}"
-        if self.tls is not None and self.tls.cert is not None:
-            if self.tls.key is None:
-                raise ConfigError("TLS needs both --tls-cert and --tls-key")
-            creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
-            self.port = self._server.add_secure_port(address, creds)
-        else:
-            self.port = self._server.add_insecure_port(address)
-        if not self.port:
-            raise ConfigError(f"cannot listen on {address} (in use, or not a local address?)")
-        self._server.start()
-        return self.port
+        self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
+            _Servicer(self), server), self.limit, max_workers)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Finish requests in flight (up to ``grace_s``), refuse new ones."""
-        from grpc_health.v1 import health_pb2
-
-        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server.stop(grace_s).wait()
+        super().stop(grace_s)
         if self.batcher is not None:
             self.batcher.close()
-
-    def wait(self) -> None:
-        self._server.wait_for_termination()
 
     # ---- requests ----------------------------------------------------------------------------
     def failure(self, exc: BaseException) -> str:
         log.exception("device %s failed on a request", self.step.name)
         return f"device {self.step.name!r} failed on this request: {type(exc).__name__}: {exc}"
-
-    def check_token(self, context: grpc.ServicerContext) -> None:
-        if self.token is None:
-            return
-        sent = dict(context.invocation_metadata()).get("authorization", "")
-        if sent != f"Bearer {self.token}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token (pass --token on both sides)")
 
     def _decode(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
         if request.plan_id != self.program.plan_id or request.plan_version != PLAN_VERSION:
@@ -307,7 +322,7 @@ class ChainClient:
         self.limit = max_message_bytes(program)
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
                                  shape)
-        self._channel = _open_channel(address, self.limit, tls)
+        self._channel = open_channel(address, self.limit, tls)
         self._stub = pb_grpc.PartitionServiceStub(self._channel)
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()

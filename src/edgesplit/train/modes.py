@@ -98,6 +98,12 @@ class AdaptiveL2S:
         self.reasons.append(reason)
         self.sync_due = reason != "start"  # at round 1 both sides hold the same weights
 
+    @property
+    def next_partition(self) -> int | None:
+        """The partition of the rounds to come when it is fixed (regular mode), else None: a
+        sync that is due can bring the layers about to change sides."""
+        return self.partition if self.mode == "regular" else None
+
     def select(self, t: int) -> int:
         self.sync_due = False
         if self.mode == "regular" and self._rng.random() < self.config.r_d:

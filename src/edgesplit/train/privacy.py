@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, EdgesplitError
 
 __all__ = ["render_like_input", "kl_per_cut", "privacy_point", "graph_split_for_chain",
            "analyse_privacy"]
@@ -99,7 +99,7 @@ def analyse_privacy(model_name: str, threshold: float, graph=None, samples: int 
     built = create_model(model_name)
     try:
         data = load_dataset(model_name.removesuffix("_cnn"))
-    except Exception as exc:  # no built-in data for this model
+    except EdgesplitError as exc:  # no built-in data for this model
         raise ConfigError(f"the KL privacy analysis needs a pre-trained model with built-in data "
                           f"(digits_cnn); for {model_name!r} pass --privacy-split") from exc
     chain = as_chain(built.module)

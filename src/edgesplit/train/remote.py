@@ -37,7 +37,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Self
 
@@ -50,7 +49,7 @@ from edgesplit.errors import ConfigError, RemoteError, WireError
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor
 from edgesplit.runtime.shaping import LinkShaper
-from edgesplit.runtime.transport import TlsFiles, _channel_options
+from edgesplit.runtime.transport import GrpcServer, TlsFiles, open_channel
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.split import as_chain, tensor_bytes
@@ -251,7 +250,7 @@ class _Servicer(pb_grpc.SplitTrainServiceServicer):
         return self._handle(self.s.fetch, request, context)
 
 
-class TrainServer:
+class TrainServer(GrpcServer):
     """The edge server of split training: trains the chain elements after the device's cut.
 
     ``chain_factory`` is called after ``torch.manual_seed(seed)`` (a module is deep-copied
@@ -271,48 +270,8 @@ class TrainServer:
         self.fingerprint = model_fingerprint(self.replica.chain)
         self.lock = threading.Lock()
         self._session = False
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                   options=_channel_options(MESSAGE_LIMIT))
-        pb_grpc.add_SplitTrainServiceServicer_to_server(_Servicer(self), self._server)
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.port: int | None = None
-
-    # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen on host:port (0 = any free port); returns the port."""
-        address = f"{host}:{port}"
-        if self.tls is not None and self.tls.cert is not None:
-            if self.tls.key is None:
-                raise ConfigError("TLS needs both --tls-cert and --tls-key")
-            creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
-            self.port = self._server.add_secure_port(address, creds)
-        else:
-            self.port = self._server.add_insecure_port(address)
-        if not self.port:
-            raise ConfigError(f"cannot listen on {address} (in use, or not a local address?)")
-        self._server.start()
-        return self.port
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        from grpc_health.v1 import health_pb2
-
-        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server.stop(grace_s).wait()
-
-    def wait(self) -> None:
-        self._server.wait_for_termination()
-
-    def check_token(self, context: grpc.ServicerContext) -> None:
-        if self.token is None:
-            return
-        sent = dict(context.invocation_metadata()).get("authorization", "")
-        if sent != f"Bearer {self.token}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token (pass the same --token on both sides)")
+        self._init_grpc(lambda server: pb_grpc.add_SplitTrainServiceServicer_to_server(
+            _Servicer(self), server), MESSAGE_LIMIT, max_workers)
 
     # ---- handlers (called under self.lock) ---------------------------------------------------
     def hello(self, req: pb.HelloRequest) -> pb.HelloReply:
@@ -545,12 +504,7 @@ class RemoteSplitTrainer:
         self._shaper = LinkShaper(None)
         if link_mbps is not None:
             self.set_bandwidth_mbps(link_mbps)
-        options = _channel_options(MESSAGE_LIMIT)
-        if tls is not None and tls.ca is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
-            self._channel = grpc.secure_channel(address, creds, options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = open_channel(address, MESSAGE_LIMIT, tls)
         self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
         try:
             self._hello()

@@ -174,9 +174,8 @@ def run_split_training(trainer: RemoteSplitTrainer, batches, policy, cuts: Seque
 
 def _next_cut(policy, cuts: Sequence[int]) -> int | None:
     """The cut a policy that just settled will train at (L2S's regular mode), if any."""
-    if getattr(policy, "mode", None) == "regular" and policy.partition is not None:
-        return cuts[policy.partition]
-    return None
+    arm = getattr(policy, "next_partition", None)
+    return None if arm is None else cuts[arm]
 
 
 def _one_round(trainer: RemoteSplitTrainer, policy, cuts: Sequence[int], t: int,

@@ -214,9 +214,9 @@ def simulate(costs: Sequence[CutCost], trace: BandwidthTrace, policy: Policy, ro
         due = getattr(policy, "sync_due", False)
         if state is not None and (t % sync_every == 0 or due):
             both = 2 * _layer_bytes(cost, state.lo, state.hi)
-            settled = getattr(policy, "partition", None) if due else None
+            settled = getattr(policy, "next_partition", None) if due else None
             anchor = cost.split
-            if settled is not None and getattr(policy, "mode", None) == "regular":
+            if settled is not None:
                 anchor = costs[settled].split
                 state.see(anchor)  # layers about to change sides come along, sent one way
                 both += _layer_bytes(cost, state.lo, state.hi) - both // 2
