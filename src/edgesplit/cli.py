@@ -531,6 +531,9 @@ def _load_program(plan_path: Path, backend: str = "torch"):
 
 
 _BACKEND_HELP = "torch (the captured program) or onnxruntime (each part exported to ONNX)."
+_TOKEN_HELP = ("Bearer token (both sides give the same). Visible in `ps`: prefer --token-file "
+               "or the EDGESPLIT_TOKEN environment variable.")
+_TOKEN_FILE_HELP = "Read the bearer token from this file (one line)."
 
 
 @app.command()
@@ -567,7 +570,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
     next_hop: Optional[str] = typer.Option(None, "--next", help="HOST:PORT of the next device "
                                                                 "(middle hops of a chain)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Require this bearer token."),
+    token: Optional[str] = typer.Option(None, "--token", help=_TOKEN_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help=_TOKEN_FILE_HELP),
     tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
     tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
@@ -582,8 +586,9 @@ def serve(
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully)."""
-    from edgesplit.runtime.transport import PartitionServer, serve_forever
+    from edgesplit.runtime.transport import PartitionServer, read_token, serve_forever
 
+    token = read_token(token, token_file)
     program = _load_program(plan_path, backend)
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=_tls(tls_cert, tls_key, tls_ca), shape=not no_shape,
@@ -604,7 +609,8 @@ def run(
                                                                     "(default: the example)."),
     requests: int = typer.Option(1, "--requests", "-n", help="Requests per client."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients."),
-    token: Optional[str] = typer.Option(None, "--token", help="Bearer token for the server."),
+    token: Optional[str] = typer.Option(None, "--token", help=_TOKEN_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help=_TOKEN_FILE_HELP),
     tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
@@ -616,7 +622,9 @@ def run(
     """Run the first device's part of PLAN here and the rest on the served chain; report
     measured against predicted latency and the difference from the unsplit model."""
     from edgesplit.runtime.session import load_inputs, run_requests
+    from edgesplit.runtime.transport import read_token
 
+    token = read_token(token, token_file)
     program = _load_program(plan_path, backend)
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": _tls(None, None, tls_ca), "shape": not no_shape,

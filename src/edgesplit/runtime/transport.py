@@ -10,11 +10,13 @@ with INVALID_ARGUMENT and a message naming the problem; the server keeps serving
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import grpc
@@ -29,7 +31,7 @@ from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.shaping import LinkShaper
 
 __all__ = ["GrpcServer", "PartitionServer", "ChainClient", "RequestResult", "max_message_bytes",
-           "TlsFiles", "open_channel", "serve_forever"]
+           "TlsFiles", "open_channel", "serve_forever", "check_tls_pair", "read_token"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,62 @@ def _channel_options(limit: int) -> list[tuple[str, int]]:
             # gRPC's own reconnect backoff grows to 120 s, which would outlast --retries
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", int(MAX_BACKOFF_S * 1000))]
+
+
+def check_tls_pair(tls: TlsFiles) -> None:
+    """Refuse a server certificate and key that are missing, unreadable or do not belong
+    together, with a message saying which (gRPC itself only says "Failed to bind")."""
+    import ssl
+    import tempfile
+
+    if tls.cert is None or tls.key is None:
+        raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and "
+                          "--tls-key)")
+    with tempfile.TemporaryDirectory() as tmp:  # ssl reads PEM from files only
+        cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+        cert.write_bytes(tls.cert)
+        key.write_bytes(tls.key)
+        key.chmod(0o600)
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        except ssl.SSLError as exc:
+            reason = "they do not belong together" if "mismatch" in str(exc) else \
+                "they are not a PEM certificate and private key"
+            raise ConfigError(f"TLS certificate and key refused: {reason} ({exc.reason or exc}); "
+                              "pass --tls-cert and --tls-key of the same key pair") from None
+
+
+TOKEN_ENV = "EDGESPLIT_TOKEN"
+
+
+def read_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
+    """The bearer token from exactly one place: ``token``, a file holding it (one line; a
+    command line is visible to every user in ``ps``), or else the environment variable
+    ``EDGESPLIT_TOKEN``. None when none is given."""
+    import os
+
+    if token is not None and token_file is not None:
+        raise ConfigError("give the token once: --token or --token-file, not both")
+    if token_file is not None:
+        path = Path(token_file)
+        if not path.is_file():
+            raise ConfigError(f"token file {str(path)!r} does not exist")
+        token = path.read_text().strip()
+        if not token:
+            raise ConfigError(f"token file {str(path)!r} is empty")
+    elif token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and (not token.isascii() or not token.isprintable()
+                              or token != token.strip()):
+        raise ConfigError("a token is printable ASCII without surrounding spaces (it travels "
+                          "in a gRPC metadata header)")
+    return token
+
+
+def _server_options(limit: int) -> list[tuple[str, int]]:
+    # SO_REUSEPORT (gRPC's default on Linux) would let a second server bind the same port and
+    # silently take a share of the connections: "port in use" must fire instead
+    return [*_channel_options(limit), ("grpc.so_reuseport", 0)]
 
 
 def open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
@@ -87,7 +145,7 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
     def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
         self.s.check_token(context)
         try:
-            return self.s.handle(request, context.invocation_metadata())
+            return self.s.handle(request, context)
         except _BadRequest as exc:
             context.abort(exc.code, str(exc))
         except RemoteError as exc:
@@ -100,7 +158,7 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
         self.s.check_token(context)
         for request in request_iterator:
             try:
-                yield self.s.handle(request, context.invocation_metadata())
+                yield self.s.handle(request, context)
             except (_BadRequest, RemoteError) as exc:  # one bad request ends only itself
                 yield pb.Bundle(request_id=request.request_id, error=str(exc),
                                 plan_id=self.s.program.plan_id)
@@ -135,7 +193,7 @@ class GrpcServer:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                   options=_channel_options(limit))
+                                   options=_server_options(limit))
         add_servicer(self._server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -145,15 +203,18 @@ class GrpcServer:
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on host:port (0 = any free port); returns the port."""
         address = f"{host}:{port}"
-        if self.tls is not None and self.tls.cert is not None:
-            if self.tls.key is None:
-                raise ConfigError("TLS needs both --tls-cert and --tls-key")
-            creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
-            self.port = self._server.add_secure_port(address, creds)
-        else:
-            self.port = self._server.add_insecure_port(address)
+        try:
+            if self.tls is not None and (self.tls.cert is not None or self.tls.key is not None):
+                check_tls_pair(self.tls)
+                creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
+                self.port = self._server.add_secure_port(address, creds)
+            else:
+                self.port = self._server.add_insecure_port(address)
+        except RuntimeError:  # grpc's "Failed to bind to address" (no port number returned)
+            self.port = 0
         if not self.port:
-            raise ConfigError(f"cannot listen on {address} (in use, or not a local address?)")
+            raise ConfigError(f"cannot listen on {address}: the port is in use (another server?) "
+                              "or the host is not a local address; pick another --port")
         self._server.start()
         return self.port
 
@@ -171,9 +232,10 @@ class GrpcServer:
         if self.token is None:
             return
         sent = dict(context.invocation_metadata()).get("authorization", "")
-        if sent != f"Bearer {self.token}":
+        # constant time: the comparison must not tell an attacker how much of a guess was right
+        if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token (pass the same --token on both sides)")
+                          "missing or wrong bearer token (give both sides the same token)")
 
 
 class PartitionServer(GrpcServer):
@@ -254,17 +316,21 @@ class PartitionServer(GrpcServer):
             values[t.name] = value
         return values
 
-    def handle(self, request: pb.Bundle, metadata: Sequence[tuple[str, str]]) -> pb.Bundle:
+    def handle(self, request: pb.Bundle, context: grpc.ServicerContext | None = None
+               ) -> pb.Bundle:
+        """Answer one request; ``context`` (the caller's call) gives the deadline and
+        cancellation that travel down the chain."""
         t_in = time.perf_counter()
         values = self._decode(request)
         timings: dict[str, float] = {f"{self.step.name}.serialize_ms":
                                      (time.perf_counter() - t_in) * 1e3}
+        _check_alive(context, self.step.name)  # the client may have given up while we queued
         t0 = time.perf_counter()
         values = (self.batcher or self.step).compute(values)
         timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
         downstream: dict[str, bytes] = {}
         if self.step.sends:
-            downstream, more = self._forward(request, values, metadata, timings)
+            downstream, more = self._forward(request, values, context, timings)
             timings.update(more)
         t1 = time.perf_counter()
         reply = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
@@ -281,7 +347,7 @@ class PartitionServer(GrpcServer):
         return reply
 
     def _forward(self, request: pb.Bundle, values: Mapping[str, torch.Tensor],
-                 metadata: Sequence[tuple[str, str]], timings: dict[str, float]
+                 context: grpc.ServicerContext | None, timings: dict[str, float]
                  ) -> tuple[dict[str, bytes], dict[str, float]]:
         t0 = time.perf_counter()
         out = pb.Bundle(plan_id=request.plan_id, plan_version=request.plan_version,
@@ -291,13 +357,44 @@ class PartitionServer(GrpcServer):
         key = f"{self.step.name}.serialize_ms"
         timings[key] = timings.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
         self.downstream.send(out.ByteSize(), "up")
+        return self._call_next(out, context)
+
+    def _call_next(self, out: pb.Bundle, context: grpc.ServicerContext | None
+                   ) -> tuple[dict[str, bytes], dict[str, float]]:
+        """Forward within what is left of the caller's deadline, and cancel the downstream
+        call when the caller gives up, so abandoned requests free every hop's workers."""
+        metadata = context.invocation_metadata() if context is not None else ()
         auth = [(k, v) for k, v in metadata if k == "authorization"]
+        _check_alive(context, self.step.name)
+        remaining = context.time_remaining() if context is not None else None
+        timeout = self.next_timeout_s if remaining is None else min(remaining,
+                                                                     self.next_timeout_s)
+        call = self._next.Run.future(out, timeout=timeout, metadata=auth)
+        if context is not None:
+            context.add_callback(call.cancel)  # runs when the caller's call ends, any way
         try:
-            reply = self._next.Run(out, timeout=self.next_timeout_s, metadata=auth)
+            reply = call.result()
+        except grpc.FutureCancelledError:
+            raise _BadRequest(grpc.StatusCode.CANCELLED, "the caller cancelled the request"
+                              ) from None
         except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                raise _BadRequest(exc.code(), f"next hop after {self.step.name!r}: "
+                                  f"{exc.code().name}: {exc.details()}") from None
             raise RemoteError(f"next hop after {self.step.name!r} failed: "
                               f"{exc.code().name}: {exc.details()}") from None
         return {t.name: t.data for t in reply.tensors}, dict(reply.timings_ms)
+
+
+def _check_alive(context: grpc.ServicerContext | None, device: str) -> None:
+    """Stop work nobody waits for: the caller cancelled, or its deadline has passed."""
+    if context is None:
+        return
+    remaining = context.time_remaining()
+    if not context.is_active() or (remaining is not None and remaining <= 0):
+        raise _BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"device {device!r} dropped the request: its caller's deadline passed "
+                          "or it was cancelled")
 
 
 # ---- client ---------------------------------------------------------------------------------
