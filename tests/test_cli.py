@@ -147,7 +147,28 @@ def test_plan_json_contract(tmp_path):
     assert manual["cloud_ms"] == pytest.approx(
         sum(l["cloud_ms"] for l in doc["layers"] if l["name"] not in edge))
     saved = json.loads(out.read_text())
-    assert saved["method"] == doc["chosen"] == doc["best"]
+    assert saved["method"] == doc["chosen"] == "manual"  # the split the user named is the plan
+    assert doc["methods"][doc["best"]]["lossless"]  # no --eval-data: nothing unmeasured wins
+
+
+def test_plan_chooses_a_lossless_plan_unless_accuracy_is_measured_or_accepted(tmp_path):
+    """Without evaluation data a quantized plan (here AUTO-SPLIT's, faster than any float
+    plan) must not silently become the plan: it is chosen only with --accept-unmeasured."""
+    args = ["plan", "digits_cnn", "--link", "4g", "--method", "qdmp,cloud_only,u8,autosplit"]
+    out = tmp_path / "plan.json"
+    result = _run(*args, "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    fastest = min((m for m, e in doc["methods"].items() if e["feasible"]),
+                  key=lambda m: doc["methods"][m]["total_ms"])
+    assert not doc["methods"][fastest]["lossless"]  # the trap: a faster, unmeasured plan
+    assert doc["chosen"] == doc["best"] == "qdmp"
+    assert json.loads(out.read_text())["method"] == "qdmp"
+    assert "note: chose qdmp" in result.stderr and fastest in result.stderr
+    accepted = _run(*args, "--accept-unmeasured", "--json")
+    assert json.loads(accepted.stdout)["chosen"] == fastest
+    only_lossy = _run("plan", "digits_cnn", "--link", "4g", "--method", "u8,autosplit")
+    assert only_lossy.exit_code == 2 and "--accept-unmeasured" in only_lossy.output
 
 
 def test_plan_errors_name_the_problem(tmp_path):

@@ -192,3 +192,22 @@ def test_a_chain_serves_again_after_abandoned_requests(three_hops):
     finally:
         hop.stop(0)
         last.stop(0)
+
+
+def test_serve_accepts_the_preset_a_plan_device_was_planned_with(program):
+    from edgesplit.runtime.transport import plan_device
+
+    assert plan_device(program, "cloud") == "cloud"
+    assert plan_device(program, "v100-server") == "cloud"  # one plan device uses that preset
+    nano = get_device("jetson-nano")
+    same = PlanProgram.load(Manual(["down1.0"]).plan(PlanningProblem("digits_cnn", EdgeCloudSetting(
+        edge=nano, cloud=nano, link=get_link("4g")))), program.graph)
+    with pytest.raises(ConfigError, match="2 plan devices use 'jetson-nano'"):
+        plan_device(same, "jetson-nano")
+    with pytest.raises(ConfigError, match=r"cloud \(v100-server\)"):
+        plan_device(program, "tpu")
+    server = PartitionServer(program, "v100-server", shape=False)
+    try:
+        assert server.step.name == "cloud"
+    finally:
+        server.stop(0)

@@ -314,8 +314,12 @@ def plan(
         None, "--breakdown-plot", help="Write an L2S Fig. 1 style latency breakdown at every "
                                        "single-tensor cut."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o",
-                                            help="Write the chosen plan (best feasible, or the "
-                                                 "one --method names) as JSON."),
+                                            help="Write the chosen plan as JSON: the manual "
+                                                 "split with --split-after, the one --method "
+                                                 "names, or else the fastest feasible one."),
+    accept_unmeasured: bool = typer.Option(
+        False, "--accept-unmeasured", help="Let a quantized plan whose accuracy was not "
+                                           "measured (no --eval-data) be chosen."),
     eval_data: Optional[str] = typer.Option(
         None, "--eval-data", help="Measure quantized plans' accuracy on this data: a built-in "
                                   "data set (digits, sentences) or a .pt/.npz file of inputs "
@@ -348,7 +352,7 @@ def plan(
                     "--eval-data": eval_data, "--max-acc-drop": max_acc_drop is not None,
                     "--bits": bits, "--pareto-plot": pareto_plot,
                     "--calibration-samples": calibration_samples is not None,
-                    "--input-bits": input_bits != 8}
+                    "--input-bits": input_bits != 8, "--accept-unmeasured": accept_unmeasured}
         used = [flag for flag, value in two_tier.items() if value]
         if used:
             from edgesplit.errors import ConfigError
@@ -364,8 +368,7 @@ def plan(
 
         raise ConfigError("--objective, --max-latency-ms and --draw apply to --topology planning")
     from edgesplit.hardware import resolve_device, resolve_link
-    from edgesplit.plan import (ALL_METHODS, EdgeCloudSetting, PlanningProblem, best_plan,
-                                compare_methods, plan_document)
+    from edgesplit.plan import ALL_METHODS, EdgeCloudSetting, PlanningProblem, plan_document
 
     setting = EdgeCloudSetting(edge=resolve_device(edge), cloud=resolve_device(cloud),
                                link=resolve_link(link), edge_memory_bytes=_parse_bytes(edge_memory),
@@ -381,8 +384,7 @@ def plan(
     options = {"autosplit": {"max_acc_drop": max_acc_drop,
                              "bits": [int(b) for b in parse_shape(bits)] if bits else None}}
     plans = _compare_with_progress(problem, methods, split, options, model)
-    named = method != "all" and len(methods) == 1
-    chosen_method, chosen = (methods[0], plans[methods[0]]) if named else best_plan(plans)
+    chosen_method, chosen = _choose(plans, methods, method, split, accept_unmeasured)
     if out_path is not None:
         chosen.save(out_path)
     if pareto_plot is not None:
@@ -396,7 +398,7 @@ def plan(
                            title=f"{model}: latency at every cut ({setting.edge.name} -> "
                                  f"{setting.link.name} -> {setting.cloud.name})")
     if as_json:
-        doc = plan_document(problem, plans)
+        doc = plan_document(problem, plans, accept_unmeasured=accept_unmeasured)
         doc["chosen"] = chosen_method
         if sweep_doc is not None:
             doc["sweep"] = sweep_doc
@@ -410,6 +412,24 @@ def plan(
     for path in (out_path, breakdown_plot, pareto_plot, sweep_doc and sweep_doc["plot"]):
         if path:
             err.print(f"wrote {path}")
+
+
+def _choose(plans, methods, method: str, split, accept_unmeasured: bool):
+    """What the user asked for: the manual split when they named one, the one method they
+    named, or the fastest feasible plan that is lossless or was measured (saying which faster
+    ones were set aside)."""
+    from edgesplit.plan import best_plan, passed_over
+
+    if split:
+        return "manual", plans["manual"]
+    if method != "all" and len(methods) == 1:
+        return methods[0], plans[methods[0]]
+    chosen_method, chosen = best_plan(plans, accept_unmeasured=accept_unmeasured)
+    skipped = [] if accept_unmeasured else passed_over(plans, chosen)
+    if skipped:
+        err.print(f"note: chose {chosen_method}; faster {', '.join(skipped)} quantize without "
+                  "measured accuracy (measure with --eval-data, or --accept-unmeasured)")
+    return chosen_method, chosen
 
 
 def _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot) -> None:

@@ -14,7 +14,8 @@ from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.plan.planners import BASELINE_METHODS, PlanningProblem, get_planner
 from edgesplit.plan.planners import Manual
 
-__all__ = ["compare_methods", "best_plan", "plan_document", "sweep_link", "cut_breakdown"]
+__all__ = ["compare_methods", "best_plan", "is_lossless", "passed_over", "plan_document",
+           "sweep_link", "cut_breakdown"]
 
 
 def compare_methods(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS,
@@ -33,23 +34,60 @@ def compare_methods(problem: PlanningProblem, methods: Sequence[str] = BASELINE_
     return plans
 
 
-def best_plan(plans: dict[str, Plan]) -> tuple[str, Plan]:
-    """The lowest-latency feasible plan; InfeasibleError naming the constraints otherwise."""
+def is_lossless(plan: Plan) -> bool:
+    """Whether the plan computes what the float model computes: no layer at reduced precision
+    (edge bits, or a cloud part in FP16) and no intermediate tensor sent quantized. The raw
+    model input may travel at ``input_bits`` (a camera frame is 8-bit to begin with)."""
+    if any(layer.w_bits is not None or layer.a_bits is not None for layer in plan.layers):
+        return False
+    inputs = {t.name for t in plan.tensors if t.producer == "input"}
+    if any(name not in inputs for t in plan.transfers for name, b in t.bits.items() if b < 32):
+        return False
+    chosen = next((a for a in plan.alternatives if a.chosen), None)
+    return plan.method != "cloud16" and (chosen is None or chosen.cloud_bits >= 32)
+
+
+def _trusted(plan: Plan, accept_unmeasured: bool) -> bool:
+    """A lossy plan may be chosen only when its accuracy was measured, or the user says so."""
+    return accept_unmeasured or plan.quality is not None or is_lossless(plan)
+
+
+def best_plan(plans: dict[str, Plan], *, accept_unmeasured: bool = False) -> tuple[str, Plan]:
+    """The lowest-latency feasible plan; InfeasibleError naming the constraints otherwise.
+
+    A quantized plan whose accuracy was never measured (no evaluation data) is chosen only
+    with ``accept_unmeasured``: otherwise a plan that silently changes the model's outputs
+    could win on latency alone."""
     feasible = {m: p for m, p in plans.items() if p.feasible}
     if not feasible:
         reasons = sorted({p.reason or "infeasible" for p in plans.values()})
         raise InfeasibleError("no method found a plan that meets the constraints: "
                               + "; ".join(reasons))
-    return min(feasible.items(), key=lambda kv: kv[1].predicted.total_ms)
+    trusted = {m: p for m, p in feasible.items() if _trusted(p, accept_unmeasured)}
+    if not trusted:
+        raise InfeasibleError(
+            f"every feasible plan ({', '.join(feasible)}) quantizes the model without measured "
+            "accuracy: give evaluation data (--eval-data) to measure it, include a float method "
+            "(e.g. neurosurgeon, qdmp), or accept unmeasured plans (--accept-unmeasured)")
+    return min(trusted.items(), key=lambda kv: kv[1].predicted.total_ms)
 
 
-def plan_document(problem: PlanningProblem, plans: dict[str, Plan]) -> dict[str, Any]:
+def passed_over(plans: dict[str, Plan], chosen: Plan) -> list[str]:
+    """Feasible methods faster than ``chosen`` that were set aside as lossy and unmeasured."""
+    return [m for m, p in plans.items() if p.feasible and not _trusted(p, False)
+            and p.predicted.total_ms < chosen.predicted.total_ms]
+
+
+def plan_document(problem: PlanningProblem, plans: dict[str, Plan], *,
+                  accept_unmeasured: bool = False) -> dict[str, Any]:
     """The ``edgesplit plan --json`` document (schema in the README)."""
     costs = problem.costs("optimized")
     graph = costs.graph
     link = problem.setting.link
-    best = min((p for p in plans.values() if p.feasible), key=lambda p: p.predicted.total_ms,
-               default=None)
+    try:
+        best = best_plan(plans, accept_unmeasured=accept_unmeasured)[1]
+    except InfeasibleError:
+        best = None
     return {
         "version": PLAN_VERSION,
         "model": graph.model,
@@ -74,6 +112,7 @@ def _method_entry(plan: Plan) -> dict[str, Any]:
     return {
         "feasible": plan.feasible,
         "reason": plan.reason,
+        "lossless": is_lossless(plan),
         "graph": plan.model.graph,
         "edge_layers": plan.edge_layers,
         "sent_bytes": plan.transfers[0].bytes if plan.transfers else 0,

@@ -31,7 +31,7 @@ from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.shaping import LinkShaper
 
 __all__ = ["GrpcServer", "PartitionServer", "ChainClient", "RequestResult", "max_message_bytes",
-           "TlsFiles", "open_channel", "serve_forever", "check_tls_pair", "read_token"]
+           "TlsFiles", "open_channel", "serve_forever", "check_tls_pair", "read_token", "plan_device"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,22 @@ def open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel
         creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
         return grpc.secure_channel(address, creds, options=_channel_options(limit))
     return grpc.insecure_channel(address, options=_channel_options(limit))
+
+
+def plan_device(program: PlanProgram, device: str) -> str:
+    """The plan's name for ``device``: a plan device's own name (edge, cloud, a hop), or the
+    preset it was planned with when exactly one plan device uses that preset."""
+    names = [s.name for s in program.steps]
+    if device in names:
+        return device
+    matches = [d.name for d in program.plan.devices if d.device.name == device]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ConfigError(f"{len(matches)} plan devices use {device!r} ({', '.join(matches)}): "
+                          "name one of them")
+    presets = ", ".join(f"{d.name} ({d.device.name})" for d in program.plan.devices)
+    raise ConfigError(f"device {device!r} is not in the plan; its devices are {presets}")
 
 
 def _link_before(program: PlanProgram, device_index: int):
@@ -245,7 +261,8 @@ class PartitionServer(GrpcServer):
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
                  max_workers: int = 32, next_timeout_s: float = 60.0,
                  max_batch: int = 1, max_wait_ms: float = 2.0) -> None:
-        self.program, self.step = program, program.step(device)
+        self.program, self.step = program, program.step(plan_device(program, device))
+        device = self.step.name
         if self.step.index == 0:
             raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
                               "client (`edgesplit run`), not as a server")
