@@ -347,7 +347,7 @@ def test_three_device_chain_equals_unsplit_model_and_retries_wait_for_its_hub(se
     with ChainClient(program, hub.address, shape=False, timeout_s=30) as c:
         r = c.request()
         assert {"hub.compute_ms", "server.compute_ms"} <= set(r.hops_ms)
-        assert r.breakdown_ms["edge"] < 5  # the camera runs nothing
+        assert program.step("cam").partition is None  # the camera runs nothing, relays
         _assert_float_equal(program, c)
         # the last device dies: the middle hop answers with a clear error and keeps running
         last.kill()
@@ -569,8 +569,9 @@ def test_shaping_takes_the_links_time(servers, programs):
     want, got = float(np.median(expected)), float(np.median(transfers))
     print(f"\nshaping 4g: expected transfer {want:.1f} ms, measured {got:.1f} ms "
           f"(min {min(transfers):.1f})")
+    # a lower bound only: the shaper sleeps at least the link's time, and how much longer a
+    # loaded machine takes to wake it says nothing about the shaper (no timing upper bounds)
     assert min(t - e for t, e in zip(transfers, expected)) >= -0.5
-    assert got <= want * 1.3 + 20
 
 
 # ---- 4. a killed server: a clear error, no hang; retries back off ---------------------------
@@ -581,15 +582,12 @@ def test_killed_server_gives_a_clear_error_promptly(servers, programs, plans):
     with ChainClient(program, address, shape=False, timeout_s=5) as c:
         _assert_float_equal(program, c, n=1)
         server.kill()
-        start = time.perf_counter()
+        # "unavailable", not "did not answer in time": it failed at once, not at the deadline
         with pytest.raises(RemoteError, match="unavailable.*edgesplit serve"):
             c.request()
-        assert time.perf_counter() - start < 5
-    # the CLI: nonzero exit, one line, promptly
-    start = time.perf_counter()
+    # the CLI: nonzero exit, one line
     result = runner.invoke(app, ["run", str(plans["dag"]), "--server", address, "--no-shape",
                                  "--timeout-s", "3"])
-    assert time.perf_counter() - start < 15
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "unavailable" in lines[0], \
@@ -600,4 +598,4 @@ def test_killed_server_gives_a_clear_error_promptly(servers, programs, plans):
         start = time.perf_counter()
         with pytest.raises(RemoteError, match="unavailable"):
             c.request()
-        assert 0.7 <= time.perf_counter() - start < 10
+        assert time.perf_counter() - start >= 0.7  # slept at least the backoff (no bound above)

@@ -15,7 +15,7 @@ def test_a_send_takes_its_transfer_time_plus_half_the_rtt():
     link = Link(name="t", bandwidth_mbps=8.0, rtt_ms=20.0)
     shaper = LinkShaper(link)
     waited = shaper.send(10_000)  # 10 kB at 8 Mb/s: 10 ms, + 10 ms half RTT
-    assert 0.019 <= waited <= 0.035
+    assert waited >= 0.019  # at least the link's time; sleeping longer is the machine's doing
     assert shaper.delay_s(10_000) == pytest.approx(0.020)
     assert LinkShaper(link, enabled=False).send(10_000) == 0.0
 
