@@ -84,6 +84,18 @@ def models_table_for(specs):  # small indirection keeps rich imports out of `--j
     return models_table(specs)
 
 
+_TRUST_HELP = ("Load a .pt2 model file even if it holds pickled data, which runs code when "
+               "loaded: only for files whose author you trust.")
+
+
+def _model_ref(model: str, trust_model_file: bool) -> str:
+    """MODEL as given, marked trusted with --trust-model-file: the library captures it again
+    in several places and each inherits the decision."""
+    from edgesplit.graph import TrustedModelFile
+
+    return TrustedModelFile(model) if trust_model_file else model
+
+
 @app.command()
 @_user_errors
 def inspect(
@@ -99,13 +111,15 @@ def inspect(
     cuts_only: bool = typer.Option(False, "--cuts-only", help="Only the cut-point table."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Show only the first N layers."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Per-layer table (MACs, params, output shape and size) and the single-tensor cut points."""
     from edgesplit.graph import capture, parse_shape
 
     shape = parse_shape(input_shape) if input_shape else None
     with err.status(f"capturing {model} with torch.export ...", spinner="dots"):
-        graph = capture(model, input_shape=shape, optimize=not raw)
+        graph = capture(model, input_shape=shape, optimize=not raw,
+                        trust_model_file=trust_model_file)
     split = _split_report(graph, split_after) if split_after else None
     if as_json:
         doc = graph.to_dict()
@@ -204,6 +218,7 @@ def profile(
     validate: bool = typer.Option(False, "--validate", help="Also measure the whole model and "
                                   "partitions as one piece and report each estimator's error."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile JSON."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Measure each layer's latency on this machine (eager and ONNX Runtime)."""
     from rich.progress import BarColumn, Progress, TextColumn
@@ -213,7 +228,7 @@ def profile(
 
     shape = _batch_shape(model, parse_shape(input_shape) if input_shape else None, batch_size)
     with err.status(f"capturing {model} ...", spinner="dots"):
-        graph = capture(model, input_shape=shape)
+        graph = capture(model, input_shape=shape, trust_model_file=trust_model_file)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                   "{task.total}"), console=err, transient=True) as bar:
         task = bar.add_task("profiling", total=1)
@@ -340,6 +355,7 @@ def plan(
         None, "--pareto-plot", help="AUTO-SPLIT: plot its candidates' latency against accuracy "
                                     "drop (or distortion) with the baselines (Fig. 5)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Where to cut MODEL between an edge device and the cloud (or over a --topology of
     devices): compare the planners, AUTO-SPLIT and its quantized baselines included."""
@@ -360,8 +376,8 @@ def plan(
             raise ConfigError(f"{', '.join(used)} apply to the edge-cloud planner, not to "
                               "--topology (device memory comes from each device's memory_bytes; "
                               "--draw plots the chosen assignment)")
-        _plan_topology(model, topology, objective, max_latency_ms, input_shape, draw, out_path,
-                       as_json)
+        _plan_topology(_model_ref(model, trust_model_file), topology, objective, max_latency_ms,
+                       input_shape, draw, out_path, as_json)
         return
     if objective != "latency" or max_latency_ms is not None or draw is not None:
         from edgesplit.errors import ConfigError
@@ -374,7 +390,7 @@ def plan(
                                link=resolve_link(link), edge_memory_bytes=_parse_bytes(edge_memory),
                                privacy_layer=privacy_layer, result_at=result_at,
                                input_bits=input_bits)
-    problem = PlanningProblem(model, setting,
+    problem = PlanningProblem(_model_ref(model, trust_model_file), setting,
                               input_shape=parse_shape(input_shape) if input_shape else None,
                               eval_data=_eval_data(eval_data),
                               calibration_samples=calibration_samples)
@@ -542,12 +558,13 @@ def _tls(cert: Optional[Path], key: Optional[Path], ca: Optional[Path]):
     return TlsFiles(cert=read(cert), key=read(key), ca=read(ca))
 
 
-def _load_program(plan_path: Path, backend: str = "torch"):
+def _load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool = False):
     from edgesplit.plan import load_plan
     from edgesplit.runtime import PlanProgram
 
     with err.status(f"loading {plan_path} ...", spinner="dots"):
-        return PlanProgram.load(load_plan(plan_path), backend=backend)
+        return PlanProgram.load(load_plan(plan_path), backend=backend,
+                                trust_model_file=trust_model_file)
 
 
 _BACKEND_HELP = "torch (the captured program) or onnxruntime (each part exported to ONNX)."
@@ -562,6 +579,7 @@ def export(
     plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
     out_dir: Path = typer.Option(Path("export"), "--out", "-o", help="Folder to write into."),
     fmt: str = typer.Option("onnx", "--format", help="onnx (one file per device)."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Write every device's part of PLAN as its own ONNX model (inputs and outputs named by
     tensor), plus manifest.json saying what each device receives, sends and at which bits."""
@@ -569,7 +587,7 @@ def export(
 
     if fmt != "onnx":
         raise ConfigError(f"unknown export format {fmt!r}: use onnx")
-    program = _load_program(plan_path)
+    program = _load_program(plan_path, trust_model_file=trust_model_file)
     out_dir.mkdir(parents=True, exist_ok=True)
     with err.status("exporting ...", spinner="dots"):
         models = program.export_onnx()
@@ -603,13 +621,14 @@ def serve(
                                                           "requests (1: no batching)."),
     max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="With --max-batch: longest "
                                                                  "wait for a batch to fill."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully)."""
     from edgesplit.runtime.transport import PartitionServer, read_token, serve_forever
 
     token = read_token(token, token_file)
-    program = _load_program(plan_path, backend)
+    program = _load_program(plan_path, backend, trust_model_file)
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=_tls(tls_cert, tls_key, tls_ca), shape=not no_shape,
                              max_workers=workers, max_batch=max_batch,
@@ -638,6 +657,7 @@ def run(
     warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
     backend: str = typer.Option("torch", "--backend", help=_BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Run the first device's part of PLAN here and the rest on the served chain; report
     measured against predicted latency and the difference from the unsplit model."""
@@ -645,7 +665,7 @@ def run(
     from edgesplit.runtime.transport import read_token
 
     token = read_token(token, token_file)
-    program = _load_program(plan_path, backend)
+    program = _load_program(plan_path, backend, trust_model_file)
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": _tls(None, None, tls_ca), "shape": not no_shape,
                "retries": retries, "timeout_s": timeout_s}
@@ -688,6 +708,7 @@ def simulate_l2s(
         0.0, "--random-reentry", help="r_d: chance per regular round to re-enter adaptation."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and partition per round."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=_TRUST_HELP),
 ) -> None:
     """Simulate L2S split training (trace-driven): Oracle, FPT, PDT, LinUCB, L2S and L2S-FWS
     on the same model, devices and bandwidth trace."""
@@ -704,7 +725,8 @@ def simulate_l2s(
     trace = BandwidthTrace(bandwidth_mbps, rtt_ms, drop_at, drop_to, restore_at)
     modes = ModeConfig(r_d=random_reentry, seed=seed)
     with err.status(f"simulating {rounds} rounds of {model} ...", spinner="dots"):
-        graph = capture(model, optimize=False)  # L2S splits the framework's own layers
+        graph = capture(model, optimize=False,  # L2S splits the framework's own layers
+                        trust_model_file=trust_model_file)
         privacy = None
         if privacy_kl is not None:
             privacy = analyse_privacy(model, privacy_kl, graph)

@@ -1,8 +1,9 @@
 """Capture a model into the LayerGraph IR and query it: layers with costs, tensors, cuts, memory."""
 
 from edgesplit.graph.capture import capture, export_model, load_program, optimize_program, parse_shape
+from edgesplit.graph.model_file import TrustedModelFile, unsafe_payloads
 from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
-from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, TensorInfo
+from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
 from edgesplit.graph.memory import MemoryReport, peak_memory, prefix_peak_memory
 
 __all__ = [
@@ -11,6 +12,8 @@ __all__ = [
     "load_program",
     "optimize_program",
     "parse_shape",
+    "TrustedModelFile",
+    "unsafe_payloads",
     "Cut",
     "crossing_tensors",
     "topological_cuts",
@@ -18,6 +21,7 @@ __all__ = [
     "OUTPUT",
     "Layer",
     "LayerGraph",
+    "OutputLeaf",
     "TensorInfo",
     "MemoryReport",
     "peak_memory",

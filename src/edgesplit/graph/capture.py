@@ -10,6 +10,7 @@ checks -> fold input-independent constants -> [optimised: fold batch-norm] -> gr
 
 from __future__ import annotations
 
+import io
 import logging
 import warnings
 from pathlib import Path
@@ -21,9 +22,11 @@ from torch.export import ExportedProgram
 from edgesplit.errors import CaptureError, ConfigError
 from edgesplit.graph.fusion import build_layer_graph
 from edgesplit.graph.ir import LayerGraph
+from edgesplit.graph.model_file import TrustedModelFile, read_model_file, unsafe_payloads
 from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
 
-__all__ = ["capture", "export_model", "load_program", "parse_shape", "optimize_program"]
+__all__ = ["capture", "export_model", "load_program", "parse_shape", "optimize_program",
+           "TrustedModelFile"]
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +45,33 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def load_program(path: str | Path) -> ExportedProgram:
-    """Load a program saved with ``torch.export.save``; unreadable files raise CaptureError."""
+def load_program(path: str | Path, *, trust_model_file: bool = False) -> ExportedProgram:
+    """Load a program saved with ``torch.export.save``; unreadable files raise CaptureError.
+
+    A file whose loading would unpickle data (tensor subclasses, custom objects, sample inputs
+    that are not plain tensors, the pre-2.8 format) or load an AOTInductor library is refused
+    unless ``trust_model_file`` (or ``path`` is a :class:`TrustedModelFile`): unpickling runs
+    any code its author chose (see :mod:`edgesplit.graph.model_file`).
+    """
+    trusted = trust_model_file or isinstance(path, TrustedModelFile)
     path = Path(path)
     if not path.is_file():
         raise CaptureError(f"model file {str(path)!r} does not exist (pass a built-in model name "
                            "or a .pt2 file saved with torch.export.save)")
+    data = read_model_file(path)
+    unsafe = [] if trusted else unsafe_payloads(data)
+    if unsafe:
+        raise CaptureError(
+            f"model file {str(path)!r} holds pickled data that loading would execute as code: "
+            f"{'; '.join(unsafe[:3])}{' ...' if len(unsafe) > 3 else ''}. Load it only if you "
+            "trust who made it: pass --trust-model-file (Python: trust_model_file=True), or "
+            "re-save it with torch.export.save from a model with plain tensor weights")
     # torch logs a traceback before re-raising for archives it cannot parse; our error says it.
     torch_log = logging.getLogger("torch.export")
     level = torch_log.level
     torch_log.setLevel(logging.CRITICAL)
     try:
-        return torch.export.load(str(path))
+        return torch.export.load(io.BytesIO(data))
     except Exception as exc:  # torch raises many types for corrupt archives
         raise CaptureError(f"cannot read {str(path)!r} as a torch.export program: "
                            f"{_first_line(exc)}") from exc
@@ -62,8 +80,12 @@ def load_program(path: str | Path) -> ExportedProgram:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    """The exception's type and first non-empty line (torch's messages run to pages)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}".strip()
 
 
 def _as_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -112,14 +134,12 @@ def _is_functional(ep: ExportedProgram) -> bool:
     return True
 
 
-def optimize_program(ep: ExportedProgram, *, optimize: bool = True) -> torch.fx.GraphModule:
+def optimize_program(ep: ExportedProgram, *, optimize: bool = True, name: str = "the model"
+                     ) -> torch.fx.GraphModule:
     """The runnable, functional, unlifted program that the LayerGraph maps onto."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if not _is_functional(ep):  # functionalising costs ~10 ms per node: only when needed
-            log.debug("functionalising in-place operators")
-            ep = ep.run_decompositions({})
-        gm = ep.module()
+        gm = _unlift(ep, name)
     for param in gm.parameters():
         param.requires_grad_(False)
     strip_checks(gm)
@@ -129,6 +149,37 @@ def optimize_program(ep: ExportedProgram, *, optimize: bool = True) -> torch.fx.
     return gm
 
 
+def _unlift(ep: ExportedProgram, name: str) -> torch.fx.GraphModule:
+    """Functionalise when needed, then ``ep.module()``; torch's failures become CaptureError."""
+    _check_attribute_names(ep, name)
+    try:
+        if not _is_functional(ep):  # functionalising costs ~10 ms per node: only when needed
+            log.debug("functionalising in-place operators")
+            ep = ep.run_decompositions({})
+        return ep.module()
+    except Exception as exc:
+        raise CaptureError(f"torch.export captured {name} but could not make it a runnable "
+                           f"module: {_first_line(exc)}") from exc
+
+
+def _graph_module_attributes() -> frozenset[str]:
+    return frozenset(dir(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())))
+
+
+def _check_attribute_names(ep: ExportedProgram, name: str) -> None:
+    """``ep.module()`` hangs weights on a torch.fx.GraphModule by their module path; a top-level
+    submodule named like one of its own attributes (``meta``, ``graph``, ``code``...) resolves
+    to that attribute instead, and torch fails with "references nonexistent attribute"."""
+    reserved = _graph_module_attributes()
+    for spec in ep.graph_signature.input_specs:
+        top = str(spec.target or "").split(".")[0]
+        if top and top in reserved:
+            raise CaptureError(
+                f"{name} has a submodule or attribute named {top!r} (holding {spec.target!r}), "
+                f"which torch.export's unlifted module reserves (GraphModule.{top}): rename "
+                f"that attribute in the model (e.g. self.{top}_ = ...) and capture it again")
+
+
 def capture(
     model: Any,
     example_inputs: Any = None,
@@ -136,19 +187,22 @@ def capture(
     input_shape: Sequence[int] | None = None,
     optimize: bool = True,
     name: str | None = None,
+    trust_model_file: bool = False,
 ) -> LayerGraph:
     """Capture ``model`` into a :class:`LayerGraph`.
 
     ``optimize=True`` gives the graph an inference engine runs (batch-norm folded, element-wise
     operators fused: what QDMP and AUTO-SPLIT plan on); ``optimize=False`` keeps one layer per
     operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models.
+    ``trust_model_file`` lets a ``.pt2`` file run the pickled code it may hold (see
+    :func:`load_program`).
     """
     strip = ""
     if isinstance(model, (str, Path)) and _looks_like_file(model):
         if input_shape is not None:
             raise ConfigError("--input-shape does not apply to a saved program: its input shape "
                               "was fixed when it was exported")
-        ep = load_program(model)
+        ep = load_program(model, trust_model_file=trust_model_file)
         name = name or Path(model).stem
         example = _example_inputs_of(ep)
     elif isinstance(model, str):
@@ -171,7 +225,7 @@ def capture(
         raise CaptureError(f"cannot capture an object of type {type(model).__name__}: pass an "
                            "nn.Module with example inputs, an ExportedProgram, a .pt2 path or a "
                            "built-in model name")
-    gm = optimize_program(ep, optimize=optimize)
+    gm = optimize_program(ep, optimize=optimize, name=name)
     return build_layer_graph(gm, model=name, optimize=optimize, example_inputs=example,
                              strip_prefix=strip)
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 import torch
 from torch.fx import GraphModule, Node
 
-from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, TensorInfo
+from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
 from edgesplit.graph.ops import (OpCategory, op_category, op_class, op_cost, op_name,
                                  tensor_meta)
 
@@ -181,7 +181,31 @@ def build_layer_graph(gm: GraphModule, *, model: str, optimize: bool,
         example_inputs=example_inputs,
         attribute_numel=numel,
         attribute_bytes=nbytes,
+        output_leaves=_output_leaves(output_node),
+        out_spec=_out_spec(gm),
     )
+
+
+def _output_leaves(output_node: Node) -> tuple[OutputLeaf, ...]:
+    """The output node's flat arguments: the leaves of the model's output tree, in order."""
+    args = output_node.args[0] if output_node.args else ()
+    flat = args if isinstance(args, (tuple, list)) else (args,)
+    leaves = []
+    for arg in flat:
+        if not isinstance(arg, Node):
+            leaves.append(OutputLeaf("constant", arg))
+        elif arg.op == "get_attr":
+            leaves.append(OutputLeaf("attribute", str(arg.target)))
+        else:
+            leaves.append(OutputLeaf("tensor", arg.name))
+    return tuple(leaves)
+
+
+def _out_spec(gm: GraphModule):
+    """The pytree spec ``gm``'s forward rebuilds its result with (the exported program's
+    ``call_spec.out_spec``); None for a graph that returns its flat tuple."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    return info.out_spec if info is not None else None
 
 
 def _make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers, attrs, tensors

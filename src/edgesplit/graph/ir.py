@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from edgesplit.graph.cuts import Cut
     from edgesplit.graph.memory import MemoryReport
 
-__all__ = ["INPUT", "OUTPUT", "TensorInfo", "Layer", "LayerGraph", "SCHEMA_VERSION"]
+__all__ = ["INPUT", "OUTPUT", "TensorInfo", "Layer", "LayerGraph", "OutputLeaf",
+           "SCHEMA_VERSION"]
 
 INPUT = "input"  # producer of the model's inputs
 OUTPUT = "output"  # consumer of the model's outputs
@@ -76,6 +77,20 @@ class Layer:
         return "+".join((self.op, *self.fused))
 
 
+@dataclass(frozen=True)
+class OutputLeaf:
+    """One leaf of what the model returns, in the order of its output tree.
+
+    ``kind`` is ``tensor`` (``value`` names a tensor of ``LayerGraph.outputs``: computed by a
+    layer, or a model input returned as is), ``attribute`` (a weight or folded constant the
+    model returns: ``value`` is its name on the program) or ``constant`` (``value`` itself:
+    None, a number, a string that torch.export kept in the output).
+    """
+
+    kind: str
+    value: Any
+
+
 @dataclass
 class LayerGraph:
     """Layers in topological order, the tensors between them, and the program they came from."""
@@ -92,6 +107,10 @@ class LayerGraph:
     # embeddings), so memory queries take the union over a set of layers.
     attribute_numel: dict[str, int] = field(default_factory=dict, repr=False)
     attribute_bytes: dict[str, int] = field(default_factory=dict, repr=False)
+    # The model's output as torch.export saw it: the flat leaves and the pytree spec that
+    # rebuilds the dict / tuple / nested structure from them (None: a flat tuple).
+    output_leaves: tuple[OutputLeaf, ...] = field(default=(), repr=False)
+    out_spec: Any = field(default=None, repr=False, compare=False)
 
     # ---- lookups -------------------------------------------------------------------------
     @cached_property
@@ -193,6 +212,48 @@ class LayerGraph:
                     "LayerGraph.ancestors_closure to complete it)."
                 )
         return edge
+
+    # ---- outputs ---------------------------------------------------------------------------
+    def flat_outputs(self, result: Any) -> "tuple[torch.Tensor, ...]":
+        """``program``'s result, structured as the model returns it, as the tensors named by
+        :attr:`outputs`, in that order (what the runtime sends and compares)."""
+        if not self.output_leaves:
+            return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+        if self.out_spec is not None:
+            leaves = self.out_spec.flatten_up_to(result)
+        else:
+            leaves = list(result) if isinstance(result, (tuple, list)) else [result]
+        by_name: dict[str, Any] = {}
+        for leaf, value in zip(self.output_leaves, leaves, strict=True):
+            if leaf.kind == "tensor":
+                by_name.setdefault(leaf.value, value)
+        return tuple(by_name[t] for t in self.outputs)
+
+    def structured_outputs(self, outputs: "Sequence[torch.Tensor]") -> Any:
+        """The model's own output (dict, tuple, nested, with its None and constant leaves)
+        rebuilt from the tensors of :attr:`outputs`, e.g. what a split run returned."""
+        if len(outputs) != len(self.outputs):
+            raise GraphError(f"{self.model} returns {len(self.outputs)} tensor(s) "
+                             f"({', '.join(self.outputs)}), got {len(outputs)}")
+        values = dict(zip(self.outputs, outputs, strict=True))
+        if not self.output_leaves:
+            return tuple(outputs)
+        leaves = [self._leaf_value(leaf, values) for leaf in self.output_leaves]
+        if self.out_spec is not None:
+            import torch.utils._pytree as pytree
+
+            return pytree.tree_unflatten(leaves, self.out_spec)
+        return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+    def _leaf_value(self, leaf: OutputLeaf, values: Mapping[str, Any]) -> Any:
+        if leaf.kind == "tensor":
+            return values[leaf.value]
+        if leaf.kind == "attribute":
+            obj: Any = self.program
+            for part in str(leaf.value).split("."):
+                obj = getattr(obj, part)
+            return obj
+        return leaf.value
 
     # ---- analyses (see cuts.py and memory.py) --------------------------------------------
     def crossing_tensors(self, edge_layers: Iterable[str], *, include_outputs: bool = True

@@ -20,7 +20,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -98,14 +98,14 @@ class DeviceStep:
         return buffer.getvalue()
 
 
-def _capture_for(plan: Plan) -> LayerGraph:
+def _capture_for(plan: Plan, trust_model_file: bool = False) -> LayerGraph:
     source = plan.model.source
     optimize = plan.model.graph == "optimized"
     if str(source).endswith(".pt2"):
         if not Path(source).is_file():
             raise ConfigError(f"the plan's model file {source!r} is not here; run from the "
                               "folder the plan was made in, or copy the .pt2 next to it")
-        return capture(source, optimize=optimize)
+        return capture(source, optimize=optimize, trust_model_file=trust_model_file)
     shape = plan.model.input_shapes[0] if plan.model.input_shapes else None
     return capture(source, input_shape=shape, optimize=optimize)
 
@@ -160,14 +160,16 @@ class PlanProgram:
     plan_id: str
 
     @classmethod
-    def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch"
-             ) -> "PlanProgram":
+    def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
+             trust_model_file: bool = False) -> "PlanProgram":
         """``backend``: ``torch`` (the captured program) or ``onnxruntime`` (each partition
-        exported to ONNX and run by ONNX Runtime)."""
+        exported to ONNX and run by ONNX Runtime). ``trust_model_file`` lets the plan's
+        ``.pt2`` run the pickled code it may hold (a plan names any file: see
+        :func:`edgesplit.graph.load_program`)."""
         if backend not in ("torch", "onnxruntime"):
             raise ConfigError(f"unknown backend {backend!r}: use torch or onnxruntime")
         order = _chain(plan)
-        graph = graph or _capture_for(plan)
+        graph = graph or _capture_for(plan, trust_model_file)
         if [layer.name for layer in graph.layers] != [layer.name for layer in plan.layers]:
             raise ConfigError(f"the plan's layers do not match {graph.model} as captured here "
                               "(different edgesplit or model version?): plan it again")
@@ -291,8 +293,15 @@ class PlanProgram:
         return tuple(results[t] for t in self.outputs), timings
 
     def unsplit(self, inputs: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-        """The float model on the same inputs."""
+        """The float model on the same inputs, as the flat tensors of :attr:`outputs` (what a
+        split run returns; :meth:`structured` rebuilds the model's own output from them)."""
         xs = tuple(self.input_values(inputs).values())
         with torch.no_grad():
             out = self.graph.program(*xs)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return self.graph.flat_outputs(out)
+
+    def structured(self, outputs: Sequence[torch.Tensor]) -> Any:
+        """The model's output as the model returns it (a dict, a tuple, a nested structure,
+        None and constant leaves included) from the flat tensors of :attr:`outputs`, e.g.
+        ``program.structured(client.request(x).outputs)``."""
+        return self.graph.structured_outputs(tuple(outputs))

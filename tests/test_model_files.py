@@ -1,0 +1,204 @@
+""".pt2 files that would run code when loaded are refused unless the user trusts them.
+
+``torch.export.load`` unpickles weights and constants flagged ``use_pickle`` (with
+``weights_only=False``), object constants, and sample inputs that the safe unpickler refuses;
+each test crafts such an archive whose pickle would create a marker file, and checks that
+edgesplit refuses it (naming the file and ``--trust-model-file``) and that the marker was never
+created. Ordinary ``torch.export.save`` files load without the flag.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.export.pt2_archive._package import PT2ArchiveReader, PT2ArchiveWriter
+from typer.testing import CliRunner
+
+from edgesplit.cli import app
+from edgesplit.errors import CaptureError
+from edgesplit.graph import TrustedModelFile, capture, load_program, unsafe_payloads
+from edgesplit.hardware import get_device, get_link
+from edgesplit.plan import EdgeCloudSetting, PlanningProblem, load_plan
+from edgesplit.plan.planners import Manual
+from edgesplit.runtime import PlanProgram
+
+runner = CliRunner()
+WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
+CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
+
+
+class _CreatesFile:
+    """Unpickling this opens (creates) ``path``: a stand-in for any code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (builtins.open, (self.path, "w"))
+
+
+def _saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _tiny(tmp_path: Path) -> Path:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    path = tmp_path / "tiny.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(1, 4),)), str(path))
+    return path
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    """Copy a PT2 archive record by record, letting ``edit`` change the records."""
+    with PT2ArchiveReader(str(src)) as reader:
+        records = {name: reader.read_bytes(name) for name in reader.get_file_names()}
+    edit(records)
+    with PT2ArchiveWriter(str(dst)) as writer:
+        for name, data in records.items():
+            writer.write_bytes(name, data)
+    return dst
+
+
+def _pickle_first_weight(payload: bytes):
+    def edit(records: dict[str, bytes]) -> None:
+        config = json.loads(records[WEIGHTS_CONFIG])
+        first = next(iter(config["config"].values()))
+        first["use_pickle"] = True
+        records[WEIGHTS_CONFIG] = json.dumps(config).encode()
+        records["data/weights/" + first["path_name"]] = payload
+    return edit
+
+
+@pytest.fixture
+def marker(tmp_path) -> Path:
+    return tmp_path / "code-ran"
+
+
+@pytest.fixture
+def evil_weights(tmp_path, marker) -> Path:
+    return _rewrite(_tiny(tmp_path), tmp_path / "evil.pt2",
+                    _pickle_first_weight(_saved(_CreatesFile(marker))))
+
+
+def test_ordinary_saved_program_loads_without_the_flag(tmp_path):
+    path = _tiny(tmp_path)
+    assert unsafe_payloads(path.read_bytes()) == []
+    graph = capture(path)
+    assert [layer.op for layer in graph.layers] == ["linear", "linear"]
+
+
+def test_pickled_weight_is_refused_and_never_unpickled(evil_weights, marker):
+    with pytest.raises(CaptureError, match=r"evil\.pt2.*0\.weight.*--trust-model-file"):
+        capture(evil_weights)
+    with pytest.raises(CaptureError, match="trust_model_file=True"):
+        load_program(evil_weights)
+    assert not marker.exists()
+    # the check is what stopped it: torch itself runs the pickle
+    with pytest.raises(Exception):
+        torch.export.load(str(evil_weights))
+    assert marker.exists()
+
+
+def test_sample_inputs_that_need_the_unsafe_unpickler_are_refused(tmp_path, marker):
+    def edit(records):  # torch retries these with weights_only=False when the safe load fails
+        records["data/sample_inputs/model.pt"] = _saved(_CreatesFile(marker))
+
+    path = _rewrite(_tiny(tmp_path), tmp_path / "inputs.pt2", edit)
+    with pytest.raises(CaptureError, match="sample_inputs/model.pt"):
+        capture(path)
+    assert not marker.exists()
+
+
+def test_object_constants_are_refused_whatever_use_pickle_says(tmp_path, marker):
+    import pickle
+
+    def edit(records):  # torch picks pickle.loads by the opaque_obj_ file name alone
+        records[CONSTANTS_CONFIG] = json.dumps({"config": {"c": {
+            "path_name": "opaque_obj_0", "is_param": False, "use_pickle": False,
+            "tensor_meta": None}}}).encode()
+        records["data/constants/opaque_obj_0"] = pickle.dumps(_CreatesFile(marker))
+
+    path = _rewrite(_tiny(tmp_path), tmp_path / "const.pt2", edit)
+    with pytest.raises(CaptureError, match="opaque_obj_0"):
+        capture(path)
+    assert not marker.exists()
+
+
+def test_pre_2_8_archives_are_refused(tmp_path, marker):
+    path = tmp_path / "old.pt2"  # torch.export.load falls back to this format and unpickles it
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("version", "8.0")
+        zf.writestr("serialized_state_dict.pt", _saved(_CreatesFile(marker)))
+    with pytest.raises(CaptureError, match="pre-2.8"):
+        capture(path)
+    assert not marker.exists()
+
+
+def test_trusted_pickled_file_loads(tmp_path):
+    path = _tiny(tmp_path)
+    with PT2ArchiveReader(str(path)) as reader:
+        config = json.loads(reader.read_string(WEIGHTS_CONFIG))
+    first = next(iter(config["config"]))
+    weight = torch.export.load(str(path)).state_dict[first]
+    pickled = _rewrite(path, tmp_path / "pickled.pt2",
+                       _pickle_first_weight(_saved(nn.Parameter(weight.detach().clone()))))
+    with pytest.raises(CaptureError, match="--trust-model-file"):
+        capture(pickled)
+    graph = capture(pickled, trust_model_file=True)
+    assert len(graph.layers) == 2
+    assert len(capture(TrustedModelFile(str(pickled))).layers) == 2
+
+
+def _plan_for(source: str) -> Path:
+    setting = EdgeCloudSetting(edge=get_device("jetson-nano"), cloud=get_device("v100-server"),
+                               link=get_link("4g"))
+    problem = PlanningProblem(source, setting)
+    plan = Manual([problem.graph.layers[0].name]).plan(problem)
+    assert plan.model.source == str(source) and type(plan.model.source) is str  # trust: not kept
+    out = Path(source).with_suffix(".json")
+    plan.save(out)
+    return out
+
+
+def test_plans_pointing_at_a_pickled_file_need_the_flag_everywhere(tmp_path, evil_weights,
+                                                                  marker):
+    plan_path = _plan_for(str(_tiny(tmp_path)))
+    doc = json.loads(plan_path.read_text())
+    doc["model"]["source"] = str(evil_weights)  # a plan can name any file
+    plan_path.write_text(json.dumps(doc))
+    with pytest.raises(CaptureError, match="--trust-model-file"):
+        PlanProgram.load(load_plan(plan_path))
+    for args in (["inspect", str(evil_weights)], ["export", str(plan_path), "-o",
+                                                  str(tmp_path / "x")],
+                 ["serve", str(plan_path), "--device", "cloud", "--port", "0"],
+                 ["run", str(plan_path), "--server", "127.0.0.1:1"],
+                 ["plan", str(evil_weights), "--method", "neurosurgeon"],
+                 ["profile", str(evil_weights), "--no-onnx"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "--trust-model-file" in result.output and "Traceback" not in result.output
+    assert not marker.exists()
+
+
+def test_trust_flag_reaches_the_planners_and_the_runtime(tmp_path):
+    path = _tiny(tmp_path)
+    weight = torch.export.load(str(path)).state_dict["0.weight"]
+    pickled = _rewrite(path, tmp_path / "pickled.pt2",
+                       _pickle_first_weight(_saved(nn.Parameter(weight.detach().clone()))))
+    plan_path = _plan_for(TrustedModelFile(str(pickled)))
+    program = PlanProgram.load(load_plan(plan_path), trust_model_file=True)
+    out, _ = program.run_local()
+    assert torch.equal(out[0], program.unsplit()[0])
+    result = runner.invoke(app, ["plan", str(pickled), "--method", "neurosurgeon",
+                                 "--trust-model-file", "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "p.json").read_text())["model"]["source"] == str(pickled)
