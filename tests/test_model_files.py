@@ -202,3 +202,21 @@ def test_trust_flag_reaches_the_planners_and_the_runtime(tmp_path):
                                  "--trust-model-file", "--out", str(tmp_path / "p.json")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "p.json").read_text())["model"]["source"] == str(pickled)
+
+
+def test_output_types_of_unknown_packages_are_not_imported_for_an_untrusted_file(tmp_path):
+    import sys
+
+    def edit(records):  # the program's output spec names a class of some other package
+        doc = json.loads(records["models/model.json"])
+        entry = doc["graph_module"]["module_call_graph"][0]["signature"]
+        entry["out_spec"] = entry["out_spec"].replace('"type": null',
+                                                      '"type": "edgesplit_nowhere.mod.Out"', 1)
+        records["models/model.json"] = json.dumps(doc).encode()
+
+    path = _rewrite(_tiny(tmp_path), tmp_path / "typed.pt2", edit)
+    with pytest.raises(CaptureError, match="edgesplit_nowhere.mod.Out.*--trust-model-file"):
+        capture(path)
+    with pytest.raises(CaptureError, match="'edgesplit_nowhere.mod' cannot be imported"):
+        capture(path, trust_model_file=True)
+    assert "edgesplit_nowhere" not in sys.modules

@@ -22,7 +22,8 @@ from torch.export import ExportedProgram
 from edgesplit.errors import CaptureError, ConfigError
 from edgesplit.graph.fusion import build_layer_graph
 from edgesplit.graph.ir import LayerGraph
-from edgesplit.graph.model_file import TrustedModelFile, read_model_file, unsafe_payloads
+from edgesplit.graph.model_file import (TrustedModelFile, read_model_file, register_spec_types,
+                                        unsafe_payloads)
 from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
 
 __all__ = ["capture", "export_model", "load_program", "parse_shape", "optimize_program",
@@ -66,6 +67,7 @@ def load_program(path: str | Path, *, trust_model_file: bool = False) -> Exporte
             f"{'; '.join(unsafe[:3])}{' ...' if len(unsafe) > 3 else ''}. Load it only if you "
             "trust who made it: pass --trust-model-file (Python: trust_model_file=True), or "
             "re-save it with torch.export.save from a model with plain tensor weights")
+    register_spec_types(data, str(path), trusted=trusted)
     # torch logs a traceback before re-raising for archives it cannot parse; our error says it.
     torch_log = logging.getLogger("torch.export")
     level = torch_log.level

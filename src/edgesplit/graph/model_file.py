@@ -22,6 +22,7 @@ same bytes that are then given to torch (no window for the file to change in bet
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import zipfile
@@ -29,7 +30,13 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["TrustedModelFile", "unsafe_payloads", "read_model_file"]
+from edgesplit.errors import CaptureError
+
+__all__ = ["TrustedModelFile", "unsafe_payloads", "read_model_file", "register_spec_types"]
+
+# Packages whose output types (transformers' ModelOutput classes) edgesplit imports on its own
+# to rebuild a saved program's output structure; other packages only for a trusted file.
+_KNOWN_PACKAGES = ("transformers",)
 
 _OBJECT_PREFIXES = ("custom_obj_", "opaque_obj_")  # TorchScript pickler, pickle.loads
 
@@ -69,6 +76,66 @@ def unsafe_payloads(data: bytes) -> list[str]:
                      f"data/sample_inputs/{model}.pt"):
             if name in names and not _loads_weights_only(archive.read_bytes(name)):
                 found.append(f"{name} (a pickle torch.load refuses with weights_only=True)")
+    return found
+
+
+def register_spec_types(data: bytes, path: str, *, trusted: bool) -> None:
+    """Make the pytree types the archive's input and output specs name known to torch.
+
+    A program exported from a model returning, say, transformers' ``CausalLMOutputWithPast``
+    stores that type by name; ``torch.export.load`` can only rebuild it when the class is
+    registered, i.e. its module was imported (in a fresh ``edgesplit`` process it was not, and
+    torch fails with "We ran into an error when deserializing"). Modules of known packages are
+    imported here; any other only for a trusted file, since importing runs its code.
+    """
+    from torch.utils import _pytree as pytree
+
+    for name in sorted(_spec_types(data) - set(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)):
+        module = name.rpartition(".")[0]
+        if not (trusted or module.split(".")[0] in _KNOWN_PACKAGES):
+            raise CaptureError(f"model file {path!r} returns or takes values of type {name}; "
+                               f"to rebuild them edgesplit would import {module!r}, which runs "
+                               "its code: pass --trust-model-file if you trust the file")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise CaptureError(f"model file {path!r} uses type {name}, but {module!r} cannot "
+                               f"be imported here ({exc}): install the package it comes from"
+                               ) from None
+
+
+def _spec_types(data: bytes) -> set[str]:
+    """Type names in the module call graph's in/out specs (pytree JSON) of every program."""
+    from torch.export.pt2_archive._package import PT2ArchiveReader
+
+    try:
+        archive = PT2ArchiveReader(io.BytesIO(data))
+        names = archive.get_file_names()
+        docs = [json.loads(archive.read_string(f"models/{m}.json")) for m in _model_names(names)]
+    except Exception:
+        return set()  # unreadable: torch.export.load says why
+    found: set[str] = set()
+    for doc in docs:
+        for entry in doc.get("graph_module", {}).get("module_call_graph", []) or []:
+            signature = (entry or {}).get("signature") or {}
+            for key in ("in_spec", "out_spec"):
+                if isinstance(signature.get(key), str):
+                    found |= _types_in_spec(signature[key])
+    return found
+
+
+def _types_in_spec(text: str) -> set[str]:
+    try:
+        _, tree = json.loads(text)
+    except (ValueError, TypeError):
+        return set()
+    found, stack = set(), [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("type"), str):
+                found.add(node["type"])
+            stack.extend(node.get("children_spec") or [])
     return found
 
 
