@@ -768,15 +768,25 @@ def serve_training_cmd(
     seed: int = typer.Option(0, "--seed", help="Initial weights (the device must match)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(50052, "--port", "-p", help="Port (0: any free port)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Require this bearer token."),
+    token: Optional[str] = typer.Option(None, "--token", help=_TOKEN_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help=_TOKEN_FILE_HELP),
     tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    max_batch: int = typer.Option(256, "--max-batch", help="Most samples per training round "
+                                                           "(sizes the message limit)."),
+    session_timeout_s: float = typer.Option(
+        600.0, "--session-timeout-s", help="Idle time after which another device may start "
+                                           "a session."),
 ) -> None:
-    """Serve the edge-server side of split training (L2S) until interrupted."""
+    """Serve the edge-server side of split training (L2S) until interrupted: one device's
+    session at a time (another is refused until it closes, idles out, or a device takes it
+    over with `train-split --take-over`)."""
+    from edgesplit.runtime.transport import read_token
     from edgesplit.train.remote import serve_training
 
     serve_training(model, lr=lr, momentum=momentum, seed=seed, host=host, port=port,
-                   token=token, tls=_tls(tls_cert, tls_key, None),
+                   token=read_token(token, token_file), tls=_tls(tls_cert, tls_key, None),
+                   max_batch=max_batch, session_timeout_s=session_timeout_s,
                    on_ready=lambda bound: print(f"listening on {host}:{bound} model={model}",
                                                 flush=True))
 
@@ -811,7 +821,12 @@ def train_split_cmd(
     random_reentry: float = typer.Option(0.0, "--random-reentry", help="r_d per round."),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline",
                                   help="Also train unsplit, to compare accuracy."),
-    token: Optional[str] = typer.Option(None, "--token", help="Bearer token for the server."),
+    token: Optional[str] = typer.Option(None, "--token", help=_TOKEN_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help=_TOKEN_FILE_HELP),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Reach --server over TLS, "
+                                                                 "trusting this CA."),
+    take_over: bool = typer.Option(False, "--take-over", help="End the session the server "
+                                   "has open (this device's, before a crash) and start over."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and cut per round."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
@@ -819,8 +834,18 @@ def train_split_cmd(
     digits, the server the back ones; L2S learns the cut as the emulated link changes."""
     from contextlib import nullcontext
 
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.transport import read_token
+    from edgesplit.train.remote import DEFAULT_MAX_BATCH
     from edgesplit.train.session import (TrainSplitConfig, local_training_server,
                                          one_core_per_side, train_split)
+
+    if server is None and (tls_ca is not None or take_over):
+        raise ConfigError("--tls-ca and --take-over are for a server you started (--server "
+                          "HOST:PORT); without --server, train-split starts its own on "
+                          "127.0.0.1")
+    token = read_token(token, token_file)
+    tls = _tls(None, None, tls_ca)
 
     config = TrainSplitConfig(
         model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
@@ -830,10 +855,12 @@ def train_split_cmd(
         horizon=horizon, random_reentry=random_reentry, baseline=baseline)
     if server is None:
         one_core_per_side()
-    spawn = local_training_server(model, lr=lr, momentum=momentum, seed=seed, token=token) \
+    spawn = local_training_server(model, lr=lr, momentum=momentum, seed=seed, token=token,
+                                  max_batch=max(batch_size, DEFAULT_MAX_BATCH)) \
         if server is None else nullcontext(server)
     with spawn as address:
-        doc = train_split(config, address, token=token, progress=not as_json)
+        doc = train_split(config, address, token=token, tls=tls, take_over=take_over,
+                          progress=not as_json)
     if plot is not None:
         from edgesplit.report.plots import plot_train_split
 

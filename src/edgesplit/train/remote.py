@@ -25,8 +25,24 @@ push it with stale gradients). Two policies:
   on both sides since the last sync are merged.
 
 The device emulates the link for both directions (:class:`LinkShaper`); the bandwidth may
-change at any round (:meth:`RemoteSplitTrainer.set_bandwidth_mbps`). The server serves one
-training session at a time: a ``Hello`` resets it to the initial model.
+change at any round (:meth:`RemoteSplitTrainer.set_bandwidth_mbps`).
+
+**Sessions.** The server trains one model for one device at a time. ``Hello`` starts a session
+from the initial model and returns its id, which every later request carries; a request with
+another id fails with FAILED_PRECONDITION (the message says why: closed, taken over, or
+unknown). While a session is open, another ``Hello`` is refused, unless it sets ``take_over``
+(the same device restarting after a crash: its half of the model is lost, so it starts over)
+or the open session has been idle for ``session_timeout_s``. A device that only lost the
+connection keeps its session and goes on. :meth:`RemoteSplitTrainer.close` ends the session.
+
+**Requests are checked before anything changes.** The server knows what crosses each cut
+(shape and dtype per sample, from a forward pass at start-up), the number of classes, a batch
+limit and, from those, its gRPC message limit. A Step whose activation, labels or batch do not
+fit, or whose tensors are not finite, is refused with INVALID_ARGUMENT and leaves the server's
+parameters, buffers and momentum bit-identical; so does a Sync whose states do not fit (it is
+merged into copies and applied only when every element merged), and a Step whose training
+gave a non-finite loss or gradient (the batch-norm statistics its forward pass moved are put
+back).
 """
 
 from __future__ import annotations
@@ -34,8 +50,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
+import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Self
@@ -47,22 +66,27 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, WireError
 from edgesplit.hardware import Link
-from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.runtime.shaping import LinkShaper
 from edgesplit.runtime.transport import GrpcServer, TlsFiles, open_channel
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.split import as_chain, tensor_bytes
 
-__all__ = ["PROTOCOL_VERSION", "SYNC_POLICIES", "RemoteSplitTrainer", "RoundStats",
-           "SyncResult", "TrainServer", "model_fingerprint", "serve_training", "untrained_model"]
+__all__ = ["DEFAULT_MAX_BATCH", "PROTOCOL_VERSION", "SESSION_TIMEOUT_S", "SYNC_POLICIES",
+           "ChainShapes", "RemoteSplitTrainer", "RoundStats", "SyncResult", "TrainServer",
+           "chain_shapes", "model_fingerprint", "serve_training", "train_message_bytes",
+           "untrained_model"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: sessions, limits in HelloReply, Close
 SYNC_POLICIES = ("periodic", "fws")
 OPTIM_PREFIX = "optim:"  # buffer entries that carry an element's SGD momentum
-MESSAGE_LIMIT = 512 * 1024 * 1024  # activations of a large batch; gRPC refuses bigger ones
+DEFAULT_MAX_BATCH = 256
+SESSION_TIMEOUT_S = 600.0
+_HELLO_LIMIT = 1 << 20  # Hello and Close are tiny; the real limit comes with the HelloReply
+_ENDED_KEPT = 32  # ended sessions remembered, to tell their devices why
 Tensors = dict[str, torch.Tensor]
 Update = tuple[Tensors, bool]  # (params or deltas by name, absolute)
 
@@ -79,6 +103,148 @@ def model_fingerprint(chain: Sequence[nn.Module]) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class ChainShapes:
+    """What crosses each cut of a chain, per sample: ``cuts[c + 1]`` is the (shape, dtype)
+    element ``c`` outputs (``cuts[0]``: the model input), and the number of classes."""
+
+    cuts: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    classes: int
+
+
+def chain_shapes(chain: Sequence[nn.Module], sample_shape: Sequence[int],
+                 dtype: torch.dtype = torch.float32) -> ChainShapes:
+    """Run one zero sample through a copy of ``chain`` (eval mode: batch-norm needs no batch
+    and keeps its statistics) and record every cut's shape and dtype."""
+    layers = copy.deepcopy(list(chain))
+    x = torch.zeros(1, *sample_shape, dtype=dtype)
+    cuts = [(tuple(int(d) for d in sample_shape), dtype)]
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            try:
+                x = layer.eval()(x)
+            except (RuntimeError, ValueError, IndexError) as exc:
+                raise ConfigError(f"a sample of shape {list(sample_shape)} does not fit the "
+                                  f"model (chain element {i}: {str(exc).splitlines()[0]}); "
+                                  "give the shape of one input sample, without the batch "
+                                  "dimension") from None
+            cuts.append((tuple(x.shape[1:]), x.dtype))
+    if x.dim() != 2 or x.shape[1] < 1:
+        raise ConfigError(f"the model outputs {list(x.shape[1:])} per sample; split training "
+                          "needs class logits [classes] for the cross-entropy loss")
+    return ChainShapes(tuple(cuts), int(x.shape[1]))
+
+
+def train_message_bytes(chain: Sequence[nn.Module], shapes: ChainShapes, max_batch: int) -> int:
+    """The largest message split training of ``chain`` can need, like the inference server's
+    ``max_message_bytes``: a Step of ``max_batch`` samples at the widest cut (activation at
+    float32 and int64 labels; the gradient comes back at the activation's size), or a Sync or
+    Fetch of every element's parameters (or deltas), buffers and momentum. gRPC refuses
+    anything larger (RESOURCE_EXHAUSTED) before it reaches a handler."""
+    widest = max(math.prod(shape) * 4 for shape, _ in shapes.cuts[:-1])
+    step = max_batch * (widest + 8) + 2 * 256
+    state = 0
+    for module in chain:
+        for p in module.parameters():
+            state += 2 * (p.numel() * max(p.element_size(), 4) + 256)  # params + momentum
+        for b in module.buffers():
+            state += b.numel() * max(b.element_size(), 4) + 256
+        state += 64
+    return max(64 * 1024, int(max(step, state) * 1.25) + 16 * 1024)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_finite(t: torch.Tensor, what: str) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise WireError(f"{what} has NaN or infinite values (training diverged or the data is "
+                        "corrupt; lower the learning rate or clean the data)")
+
+
+def _decode_as(data: bytes, what: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Decode a tensor that must have ``shape`` and ``dtype`` and be finite; the header is
+    checked first, so a message claiming another shape is refused before its payload is
+    unpacked."""
+    try:
+        info = message_info(data)
+    except WireError as exc:
+        raise WireError(f"{what}: {exc}") from None
+    if info["shape"] != list(shape) or info["dtype"] != _dtype_name(dtype):
+        raise WireError(f"{what} must be {_dtype_name(dtype)} of shape {list(shape)}, got "
+                        f"{info['dtype']} of shape {info['shape']}")
+    try:
+        t = decode_tensor(data)
+    except WireError as exc:
+        raise WireError(f"{what}: {exc}") from None
+    _check_finite(t, what)
+    return t
+
+
+def _batch_size(data: bytes, what: str, sample: Sequence[int], dtype: torch.dtype,
+                max_batch: int, hint: str) -> int:
+    """The batch size of an activation message whose header must read [batch, *sample]."""
+    try:
+        info = message_info(data)
+    except WireError as exc:
+        raise WireError(f"{what}: {exc}") from None
+    shape = info["shape"]
+    if info["dtype"] != _dtype_name(dtype) or len(shape) != len(sample) + 1 \
+            or shape[1:] != list(sample):
+        raise WireError(f"{what} must be {_dtype_name(dtype)} of shape [batch, "
+                        f"{', '.join(map(str, sample))}] ({hint}), got {info['dtype']} of shape "
+                        f"{shape}; cut the same model at the same place on both sides")
+    if shape[0] == 0:
+        raise WireError(f"{what} is an empty batch: a round trains on at least one sample")
+    if shape[0] > max_batch:
+        raise WireError(f"{what} has a batch of {shape[0]} samples; this server trains on 1 to "
+                        f"{max_batch} per round (send smaller batches, or restart "
+                        "serve-training with a larger --max-batch)")
+    return shape[0]
+
+
+def _read_layer(msg: pb.LayerState, module: nn.Module) -> tuple[Update, Tensors]:
+    """The (update, buffers) a LayerState carries for ``module``, every tensor checked for
+    name, shape, dtype and finiteness; raises WireError naming the first problem."""
+    i, params_own = msg.index, dict(module.named_parameters())
+    buffers_own = dict(module.named_buffers())
+    params: Tensors = {}
+    for t in msg.params:
+        own = params_own.get(t.name)
+        if own is None or t.name in params:
+            raise WireError(f"element {i} has no parameter {t.name!r} (or it was sent twice); "
+                            f"its parameters are {sorted(params_own)}")
+        params[t.name] = _decode_as(t.data, f"element {i} parameter {t.name!r}", own.shape,
+                                    own.dtype)
+    if params and set(params) != set(params_own):
+        raise WireError(f"element {i} has parameters {sorted(params_own)}, got {sorted(params)}: "
+                        "send all of them or none")
+    buffers: Tensors = {}
+    for t in msg.buffers:
+        name = t.name.removeprefix(OPTIM_PREFIX)
+        own = params_own.get(name) if t.name.startswith(OPTIM_PREFIX) else buffers_own.get(name)
+        if own is None or t.name in buffers:
+            raise WireError(f"element {i} has no buffer {t.name!r} (or it was sent twice); its "
+                            f"buffers are {sorted(buffers_own)}, with optimizer state "
+                            f"{OPTIM_PREFIX}<parameter>")
+        buffers[t.name] = _decode_as(t.data, f"element {i} buffer {t.name!r}", own.shape,
+                                     own.dtype)
+    plain = {k for k in buffers if not k.startswith(OPTIM_PREFIX)}
+    if plain and plain != set(buffers_own):
+        raise WireError(f"element {i} has buffers {sorted(buffers_own)}, got {sorted(plain)}: "
+                        "send all of them or none")
+    return (params, msg.absolute), buffers
+
+
+@dataclass
+class _Merged:
+    """An element's state after a merge, computed into new tensors before anything changes."""
+
+    params: Tensors
+    buffers: Tensors | None  # None: keep this side's (it owns the element)
+
+
 class _Replica:
     """One side's copy of the chain: its optimizer, the base snapshot of the last sync and the
     elements it trained since then."""
@@ -86,8 +252,8 @@ class _Replica:
     def __init__(self, model: nn.Module, lr: float, momentum: float) -> None:
         self.model, self.chain = model, as_chain(model)
         unique = {id(p): p for p in model.parameters() if p.requires_grad}
-        self.opt = torch.optim.SGD(list(unique.values()), lr=lr, momentum=momentum) \
-            if unique else None
+        self.params = list(unique.values())
+        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum) if unique else None
         self.base = {i: {n: p.detach().clone() for n, p in m.named_parameters()}
                      for i, m in enumerate(self.chain)}
         self.trained: set[int] = set()
@@ -95,18 +261,40 @@ class _Replica:
     def part(self, lo: int, hi: int) -> nn.Sequential:
         return nn.Sequential(*self.chain[lo:hi]).train()
 
-    def backward_and_step(self, start: torch.Tensor, grad: torch.Tensor | None,
-                          elements: range) -> None:
-        """Back-propagate from ``start`` (with ``grad``, or a scalar loss) and update only the
-        parameters that got a gradient (SGD skips the others, momentum included)."""
+    # -- one round, refusable until the update --------------------------------------------------
+    def save_buffers(self, elements: Iterable[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the buffers a forward pass in train mode moves (batch-norm statistics)."""
+        return [(b, b.detach().clone()) for i in elements for b in self.chain[i].buffers()]
+
+    def undo(self, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put back the buffers of :meth:`save_buffers` and drop the gradients: a refused
+        round leaves no trace."""
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
+
+    def backward(self, start: torch.Tensor, grad: torch.Tensor | None) -> str | None:
+        """Back-propagate from ``start`` (with ``grad``, or a scalar loss); why the gradients
+        cannot be applied (not finite), or None."""
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
         if start.requires_grad:
             start.backward(grad)
+        if any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
+               for p in self.params):
+            return "gradient"
+        return None
+
+    def update(self, elements: range) -> None:
+        """Update only the parameters that got a gradient (SGD skips the others, momentum
+        included)."""
         if self.opt is not None:
             self.opt.step()
         self.trained.update(elements)
 
+    # -- syncing ---------------------------------------------------------------------------------
     def updates(self, indices: Iterable[int], other_trained: set[int]) -> dict[int, Update]:
         """What this side sends for each element of ``indices`` it trained: params - base if
         the other side trained it too, else the params themselves (= base + delta, exactly)."""
@@ -128,56 +316,44 @@ class _Replica:
                 state[OPTIM_PREFIX + name] = buf.detach()
         return state
 
-    def _set_momentum(self, i: int, state: Tensors) -> None:
-        """Take the owner's momentum for element ``i`` (none sent: the owner has none)."""
-        if self.opt is None:
-            return
-        for name, p in self.chain[i].named_parameters():
-            buf = state.get(OPTIM_PREFIX + name)
-            if buf is None:
-                self.opt.state.pop(p, None)
-            else:
-                self.opt.state[p]["momentum_buffer"] = buf.clone()
-
-    def merge(self, i: int, updates: Sequence[Update | None], buffers: Tensors | None) -> None:
+    def merged(self, i: int, updates: Sequence[Update | None], buffers: Tensors | None
+               ) -> _Merged:
         """params = base + delta_device + delta_server (in that order on both sides, so the
-        copies stay identical); one side's absolute params are taken as they are."""
+        copies stay identical; one side's absolute params are taken as they are), computed
+        into new tensors; raises WireError if the result is not finite."""
         sent = [u for u in updates if u is not None and u[0]]
+        params = {}
+        for name in dict(self.chain[i].named_parameters()):
+            base = self.base[i][name]
+            if len(sent) == 1 and sent[0][1]:
+                new = sent[0][0][name].clone()
+            else:
+                new = base.clone()
+                for values, absolute in sent:
+                    new += values[name] - base if absolute else values[name]
+            _check_finite(new, f"element {i} parameter {name!r} after the merge")
+            params[name] = new
+        return _Merged(params, buffers)
+
+    def apply(self, i: int, merged: _Merged) -> None:
+        """Take a merge's result: parameters and base, and the owner's buffers and momentum
+        when sent (no momentum sent: the owner has none)."""
         with torch.no_grad():
             for name, p in self.chain[i].named_parameters():
-                base = self.base[i][name]
-                if len(sent) == 1 and sent[0][1]:
-                    new = sent[0][0][name].clone()
+                p.copy_(merged.params[name])
+                self.base[i][name] = merged.params[name]
+            if merged.buffers is not None:
+                for name, b in self.chain[i].named_buffers():
+                    if name in merged.buffers:
+                        b.copy_(merged.buffers[name])
+        if merged.buffers is not None and self.opt is not None:
+            for name, p in self.chain[i].named_parameters():
+                buf = merged.buffers.get(OPTIM_PREFIX + name)
+                if buf is None:
+                    self.opt.state.pop(p, None)
                 else:
-                    new = base.clone()
-                    for values, absolute in sent:
-                        new += values[name] - base if absolute else values[name]
-                p.copy_(new)
-                self.base[i][name] = new
-            for name, b in self.chain[i].named_buffers() if buffers else ():
-                b.copy_(buffers[name])
-        if buffers is not None:
-            self._set_momentum(i, buffers)
+                    self.opt.state[p]["momentum_buffer"] = buf.clone()
         self.trained.discard(i)
-
-    def check_state(self, i: int, params: Tensors, buffers: Tensors) -> str | None:
-        """Why (params, buffers) do not fit element ``i``, or None."""
-        named = dict(self.chain[i].named_parameters())
-        momentum = {k: v for k, v in buffers.items() if k.startswith(OPTIM_PREFIX)}
-        buffers = {k: v for k, v in buffers.items() if not k.startswith(OPTIM_PREFIX)}
-        own_buffers = {n: b for n, b in self.chain[i].named_buffers()}
-        unknown = {k.removeprefix(OPTIM_PREFIX) for k in momentum} - set(named)
-        if unknown:
-            return f"element {i} has no parameters {sorted(unknown)} for optimizer state"
-        momentum = {k.removeprefix(OPTIM_PREFIX): v for k, v in momentum.items()}
-        for sent, own in ((params, named), (buffers, own_buffers), (momentum, named)):
-            if sent is not momentum and sent and set(sent) != set(own):
-                return f"element {i} has tensors {sorted(own)}, got {sorted(sent)}"
-            for name, t in sent.items():
-                if t.shape != own[name].shape:
-                    return (f"element {i} tensor {name!r} has shape {list(own[name].shape)}, "
-                            f"got {list(t.shape)}")
-        return None
 
 
 def _layer_msg(index: int, update: Update | None, buffers: Tensors | None) -> pb.LayerState:
@@ -188,11 +364,6 @@ def _layer_msg(index: int, update: Update | None, buffers: Tensors | None) -> pb
     for name, t in (buffers or {}).items():
         msg.buffers.add(name=name, data=encode_tensor(t, 32))
     return msg
-
-
-def _read_layer(msg: pb.LayerState) -> tuple[Update, Tensors]:
-    return (({t.name: decode_tensor(t.data) for t in msg.params}, msg.absolute),
-            {t.name: decode_tensor(t.data) for t in msg.buffers})
 
 
 def _payload(states: Iterable[Tensors | None]) -> int:
@@ -214,11 +385,15 @@ class _BadRequest(Exception):
         self.code = code
 
 
-def _decode(data: bytes, what: str) -> torch.Tensor:
-    try:
-        return decode_tensor(data)
-    except WireError as exc:
-        raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}") from None
+def _invalid(message: str) -> _BadRequest:
+    return _BadRequest(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+@dataclass
+class _Session:
+    id: str
+    peer: str
+    last_seen: float  # time.monotonic() of its last request
 
 
 class _Servicer(pb_grpc.SplitTrainServiceServicer):
@@ -228,17 +403,18 @@ class _Servicer(pb_grpc.SplitTrainServiceServicer):
     def _handle(self, handler, request, context):
         self.s.check_token(context)
         try:
-            with self.s.lock:
-                return handler(request)
+            return handler(request)
         except _BadRequest as exc:
             context.abort(exc.code, str(exc))
+        except WireError as exc:  # a tensor or state that does not fit: the request's fault
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # this request fails, the server goes on
             log.exception("training server failed on a request")
             context.abort(grpc.StatusCode.INTERNAL,
                           f"training server failed: {type(exc).__name__}: {exc}")
 
     def Hello(self, request, context):
-        return self._handle(self.s.hello, request, context)
+        return self._handle(lambda req: self.s.hello(req, context.peer()), request, context)
 
     def Step(self, request, context):
         return self._handle(self.s.step, request, context)
@@ -249,33 +425,50 @@ class _Servicer(pb_grpc.SplitTrainServiceServicer):
     def Fetch(self, request, context):
         return self._handle(self.s.fetch, request, context)
 
+    def Close(self, request, context):
+        return self._handle(self.s.close_session, request, context)
+
 
 class TrainServer(GrpcServer):
     """The edge server of split training: trains the chain elements after the device's cut.
 
     ``chain_factory`` is called after ``torch.manual_seed(seed)`` (a module is deep-copied
     instead), exactly as the device builds its model, so both start from identical weights.
+    ``sample_shape`` is one input sample's shape (no batch dimension): with it the server
+    knows what every cut sends, and sizes its message limit for ``max_batch`` samples.
     """
 
     def __init__(self, chain_factory: Callable[[], nn.Module] | nn.Module, *, lr: float,
-                 momentum: float = 0.0, seed: int, token: str | None = None,
+                 momentum: float = 0.0, seed: int, sample_shape: Sequence[int],
+                 max_batch: int = DEFAULT_MAX_BATCH,
+                 session_timeout_s: float = SESSION_TIMEOUT_S, token: str | None = None,
                  tls: TlsFiles | None = None, max_workers: int = 4) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch must be a whole number of samples >= 1, got "
+                              f"{max_batch!r}")
+        if not session_timeout_s > 0:
+            raise ConfigError(f"session_timeout_s must be > 0 seconds, got {session_timeout_s}")
         torch.manual_seed(seed)
         model = copy.deepcopy(chain_factory) if isinstance(chain_factory, nn.Module) \
             else chain_factory()
         self.lr, self.momentum, self.seed = lr, momentum, seed
+        self.max_batch, self.session_timeout_s = max_batch, float(session_timeout_s)
         self.token, self.tls = token, tls
         self._init_state = copy.deepcopy(model.state_dict())
         self.replica = _Replica(model, lr, momentum)
         self.fingerprint = model_fingerprint(self.replica.chain)
+        self.shapes = chain_shapes(self.replica.chain, sample_shape)
+        self.limit = train_message_bytes(self.replica.chain, self.shapes, max_batch)
         self.lock = threading.Lock()
-        self._session = False
+        self._session: _Session | None = None
+        self._ended: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended
         self._init_grpc(lambda server: pb_grpc.add_SplitTrainServiceServicer_to_server(
-            _Servicer(self), server), MESSAGE_LIMIT, max_workers)
+            _Servicer(self), server), self.limit, max_workers)
 
-    # ---- handlers (called under self.lock) ---------------------------------------------------
-    def hello(self, req: pb.HelloRequest) -> pb.HelloReply:
-        """Check that the device starts from the same model, then start a fresh session."""
+    # ---- sessions ------------------------------------------------------------------------------
+    def hello(self, req: pb.HelloRequest, peer: str = "?") -> pb.HelloReply:
+        """Check that the device starts from the same model, then start a fresh session (see
+        the module docstring for when an open session is taken over)."""
         n = len(self.replica.chain)
         if req.version != PROTOCOL_VERSION:
             raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
@@ -288,126 +481,214 @@ class TrainServer(GrpcServer):
                               f"the device's {req.model_fingerprint[:12]} ({req.chain_length} "
                               f"elements, seed {req.seed}); build both sides from the same "
                               "model and seed")
-        self.replica.model.load_state_dict(self._init_state)
-        self.replica = _Replica(self.replica.model, self.lr, self.momentum)
-        self._session = True
-        log.info("training session started (%d chain elements)", n)
-        return pb.HelloReply(model_fingerprint=self.fingerprint, chain_length=n,
-                             version=PROTOCOL_VERSION, seed=self.seed)
+        with self.lock:
+            now, current = time.monotonic(), self._session
+            if current is not None:
+                idle = now - current.last_seen
+                if not req.take_over and idle < self.session_timeout_s:
+                    raise _BadRequest(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"the server is training another session (device {current.peer}, last "
+                        f"request {idle:.0f} s ago; sessions expire after "
+                        f"{self.session_timeout_s:g} s idle): wait for it to finish, or, if it "
+                        "is yours and that device restarted, take it over (train-split "
+                        "--take-over; the session's training is lost)")
+                self._end(current, f"taken over by device {peer}" if req.take_over else
+                          f"expired after {idle:.0f} s idle and was taken by device {peer}")
+            self.replica.model.load_state_dict(self._init_state)
+            self.replica = _Replica(self.replica.model, self.lr, self.momentum)
+            self._session = _Session(secrets.token_hex(16), peer, now)
+            log.info("training session %s started for %s (%d chain elements)",
+                     self._session.id[:8], peer, n)
+            return pb.HelloReply(model_fingerprint=self.fingerprint, chain_length=n,
+                                 version=PROTOCOL_VERSION, seed=self.seed,
+                                 session_id=self._session.id, max_message_bytes=self.limit,
+                                 max_batch=self.max_batch, classes=self.shapes.classes,
+                                 session_timeout_s=self.session_timeout_s)
 
-    def _require_session(self) -> None:
-        if not self._session:
-            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                              "no training session: the device must call Hello first")
+    def _end(self, session: _Session, why: str) -> None:
+        self._ended[session.id] = why
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+        if self._session is session:
+            self._session = None
+        log.info("training session %s ended: %s", session.id[:8], why)
 
+    def _require_session(self, session_id: str) -> None:
+        """Called under the lock: the request belongs to the open session, or is refused."""
+        current = self._session
+        if current is not None and session_id == current.id:
+            current.last_seen = time.monotonic()
+            return
+        if not session_id:
+            why = "the request names no training session: the device must call Hello first"
+        elif session_id in self._ended:
+            why = (f"training session {session_id[:8]} has ended ({self._ended[session_id]}); "
+                   "start a new session (its training is lost)")
+        else:
+            why = (f"unknown training session {session_id[:8]} (did the server restart?); "
+                   "start a new session")
+        raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION, why)
+
+    def close_session(self, req: pb.CloseRequest) -> pb.CloseReply:
+        """End the session ``req`` names, if it is the open one (closing twice is fine)."""
+        with self.lock:
+            current = self._session
+            if current is None or req.session_id != current.id:
+                return pb.CloseReply(closed=False)
+            self._end(current, "closed by its device")
+            return pb.CloseReply(closed=True)
+
+    # ---- training --------------------------------------------------------------------------
     def step(self, req: pb.StepRequest) -> pb.StepReply:
-        """Train chain[cut+1:] on the received activation; return the gradient at the cut."""
-        self._require_session()
+        """Train chain[cut+1:] on the received activation; return the gradient at the cut.
+        Everything is checked before the lock is taken and the model is touched."""
         t0 = time.perf_counter()
         n, cut = len(self.replica.chain), req.cut
         if not -1 <= cut <= n - 2:
-            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"cut {cut} is out of range: the server trains the elements after "
-                              f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
-                              "on-device training and sends nothing)")
-        act, y = _decode(req.activation, "activation"), _decode(req.labels, "labels")
-        if y.dtype != torch.int64 or y.dim() != 1 or act.dim() == 0 or len(y) != act.shape[0]:
-            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"labels must be int64 of shape [{act.shape[0] if act.dim() else '?'}"
-                              f"] (one per sample), got {y.dtype!s} {list(y.shape)}")
-        needs_grad = cut >= 0 and act.is_floating_point()
+            raise _invalid(f"cut {cut} is out of range: the server trains the elements after "
+                           f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
+                           "on-device training and sends nothing)")
+        with self.lock:  # a device whose session ended hears that first, not about its data
+            self._require_session(req.session_id)
+        act, y = self._read_batch(req, cut)  # outside the lock: decoding takes time
+        needs_grad = cut >= 0
         act.requires_grad_(needs_grad)
-        try:
-            loss = F.cross_entropy(self.replica.part(cut + 1, n)(act), y)
-        except (RuntimeError, ValueError, IndexError) as exc:
-            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"chain elements {cut + 1}..{n - 1} cannot train on an activation "
-                              f"of shape {list(act.shape)}: {str(exc).splitlines()[0]}") from None
-        self.replica.backward_and_step(loss, None, range(cut + 1, n))
-        grad = encode_tensor(act.grad, 32) if needs_grad and act.grad is not None else b""
-        return pb.StepReply(round=req.round, gradient=grad, loss=float(loss.detach()),
+        with self.lock:
+            self._require_session(req.session_id)
+            loss = self._train(cut, act, y)
+        grad = encode_tensor(act.grad, 32) if needs_grad else b""
+        return pb.StepReply(round=req.round, gradient=grad, loss=loss,
                             server_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _read_batch(self, req: pb.StepRequest, cut: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sample, dtype = self.shapes.cuts[cut + 1]
+        what = "the model input" if cut < 0 else f"what chain element {cut} outputs"
+        batch = _batch_size(req.activation, "activation", sample, dtype, self.max_batch, what)
+        act = _decode_as(req.activation, "activation", (batch, *sample), dtype)
+        y = _decode_as(req.labels, f"labels (one per sample of the batch of {batch})", (batch,),
+                       torch.int64)
+        classes = self.shapes.classes
+        bad = (y < 0) | (y >= classes)
+        if bool(bad.any()):
+            raise _invalid(f"labels must be class indices 0 to {classes - 1}, got "
+                           f"{int(y[bad][0])} (ignore-index labels such as -100 are not "
+                           "supported: leave those samples out)")
+        return act, y
+
+    def _train(self, cut: int, act: torch.Tensor, y: torch.Tensor) -> float:
+        """One round on the server's part; refused (and undone) if it is not finite."""
+        replica, n = self.replica, len(self.replica.chain)
+        saved = replica.save_buffers(range(cut + 1, n))
+        try:
+            loss = F.cross_entropy(replica.part(cut + 1, n)(act), y)
+            problem = "loss" if not bool(torch.isfinite(loss)) else \
+                replica.backward(loss, None)
+            if problem is None and act.grad is not None \
+                    and not bool(torch.isfinite(act.grad).all()):
+                problem = "gradient at the cut"
+            if problem is not None:
+                raise _invalid(f"training on this batch gave a non-finite {problem} (values "
+                               "too large for float32); nothing was updated: lower the "
+                               "learning rate or scale the inputs")
+        except BaseException:
+            replica.undo(saved)
+            raise
+        replica.update(range(cut + 1, n))
+        return float(loss.detach())
 
     def _indices(self, indices: Iterable[int]) -> list[int]:
         n, result = len(self.replica.chain), list(indices)
         bad = [i for i in result if i >= n]
         if bad or len(set(result)) != len(result):
-            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"chain indices must be distinct and 0 to {n - 1}, got {result}")
+            raise _invalid(f"chain indices must be distinct and 0 to {n - 1}, got {result}")
         return result
 
     def sync(self, req: pb.SyncRequest) -> pb.SyncReply:
-        """Merge S = req.indices: reply with this side's deltas (and buffers it owns)."""
-        self._require_session()
+        """Merge S = req.indices: reply with this side's deltas (and buffers it owns). Every
+        element is merged into new tensors first and applied only when all merged."""
+        n = len(self.replica.chain)
         indices = self._indices(req.indices)
+        if not -1 <= req.cut <= n - 1:
+            raise _invalid(f"sync cut {req.cut} is out of range -1 to {n - 1}")
         device: dict[int, tuple[Update, Tensors]] = {}
         for layer in req.layers:
-            if layer.index not in indices:
-                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"sync sends element {layer.index}, not in {indices}")
-            update, buffers = _decode_layer(layer)
-            problem = self.replica.check_state(layer.index, update[0], buffers)
-            if problem:
-                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"sync: {problem}")
-            device[layer.index] = (update, buffers)
-        device_trained = {i for i, (update, _) in device.items() if update[0]}
-        own = self.replica.updates(indices, device_trained)
-        reply = pb.SyncReply(round=req.round)
-        for i in indices:
-            server_owns = i > req.cut
-            reply.layers.append(_layer_msg(i, own.get(i),
-                                           self.replica.buffers(i) if server_owns else None))
-        for i in indices:
-            update, buffers = device.get(i, (None, {}))
-            self.replica.merge(i, (update, own.get(i)), None if i > req.cut else buffers)
+            if layer.index not in indices or layer.index in device:
+                raise _invalid(f"sync sends element {layer.index} "
+                               f"{'twice' if layer.index in device else 'not in ' + str(indices)}")
+            if layer.buffers and layer.index > req.cut:
+                raise _invalid(f"sync sends buffers of element {layer.index}, which the server "
+                               f"owns under cut {req.cut}")
+            device[layer.index] = _read_layer(layer, self.replica.chain[layer.index])
+        missing = sorted(set(indices) - set(device))
+        if missing:  # an element left out would lose its owner's buffers and momentum
+            raise _invalid(f"sync of {indices} sends no state for elements {missing}: send a "
+                           "LayerState (possibly empty) for every element it merges")
+        with self.lock:
+            self._require_session(req.session_id)
+            device_trained = {i for i, (update, _) in device.items() if update[0]}
+            own = self.replica.updates(indices, device_trained)
+            reply = pb.SyncReply(round=req.round)
+            for i in indices:
+                reply.layers.append(_layer_msg(i, own.get(i), self.replica.buffers(i)
+                                               if i > req.cut else None))
+            merged = {}
+            for i in indices:
+                update, buffers = device[i]
+                merged[i] = self.replica.merged(i, (update, own.get(i)),
+                                                None if i > req.cut else buffers)
+            for i, state in merged.items():
+                self.replica.apply(i, state)
         return reply
 
     def fetch(self, req: pb.FetchRequest) -> pb.FetchReply:
         """The current parameters and buffers of the requested chain elements."""
-        self._require_session()
+        indices = self._indices(req.indices)
         reply = pb.FetchReply()
-        for i in self._indices(req.indices):
-            module = self.replica.chain[i]
-            params = {n: p.detach() for n, p in module.named_parameters()}
-            reply.layers.append(_layer_msg(i, (params, True), self.replica.buffers(i)))
+        with self.lock:
+            self._require_session(req.session_id)
+            for i in indices:
+                module = self.replica.chain[i]
+                params = {n: p.detach() for n, p in module.named_parameters()}
+                reply.layers.append(_layer_msg(i, (params, True), self.replica.buffers(i)))
         return reply
 
 
-def _decode_layer(msg: pb.LayerState) -> tuple[Update, Tensors]:
-    try:
-        return _read_layer(msg)
-    except WireError as exc:
-        raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"element {msg.index}: {exc}") from None
+_UNTRAINED: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {}
 
 
-_UNTRAINED: dict[str, Callable[[], nn.Module]] = {}
+def _trainable(name: str) -> tuple[Callable[[], nn.Module], tuple[int, ...]]:
+    """The factory and the input sample shape of a model that can be trained from scratch."""
+    from edgesplit.models._digits import DigitsCNN
+
+    models = {"digits_cnn": (DigitsCNN, (1, 32, 32)), **_UNTRAINED}
+    if name not in models:
+        raise ConfigError(f"model {name!r} cannot be trained from scratch; supported: "
+                          f"{', '.join(sorted(models))}")
+    return models[name]
 
 
 def untrained_model(name: str, seed: int) -> nn.Module:
     """A freshly initialised model to train (never cached trained weights), built after
     ``torch.manual_seed(seed)`` so that device and server get identical weights."""
-    from edgesplit.models._digits import DigitsCNN
-
-    factories = {"digits_cnn": DigitsCNN, **_UNTRAINED}
-    if name not in factories:
-        raise ConfigError(f"model {name!r} cannot be trained from scratch; supported: "
-                          f"{', '.join(sorted(factories))}")
+    factory, _ = _trainable(name)
     torch.manual_seed(seed)
-    return factories[name]()
+    return factory()
 
 
 def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 0,
                    host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                   tls: TlsFiles | None = None,
+                   tls: TlsFiles | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                   session_timeout_s: float = SESSION_TIMEOUT_S,
                    on_ready: Callable[[int], None] | None = None) -> None:
     """Serve split training of ``model`` (untrained, built with ``seed``) until SIGINT/SIGTERM;
     ``on_ready`` gets the port once listening."""
     from edgesplit.runtime.transport import serve_forever
 
-    untrained_model(model, seed)  # fail fast on an unknown name
+    _, sample_shape = _trainable(model)  # fail fast on an unknown name
     server = TrainServer(lambda: untrained_model(model, seed), lr=lr, momentum=momentum,
-                         seed=seed, token=token, tls=tls)
+                         seed=seed, sample_shape=sample_shape, max_batch=max_batch,
+                         session_timeout_s=session_timeout_s, token=token, tls=tls)
     bound = server.start(host, port)
     log.info("split-training server for %s listening on %s:%d", model, host, bound)
     if on_ready is not None:
@@ -453,11 +734,15 @@ class RoundStats:
 
 
 def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
+    details = " ".join((details or "").split())  # one line, whatever the server wrote
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"training server {address} is unavailable ({details}); is the split-training "
                 "server running there?")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"training server {address} did not answer in time (raise timeout_s)"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return (f"training server {address} refused a message as too large ({details}); send "
+                "smaller batches")
     return f"training server {address} refused the request: {code.name}: {details}"
 
 
@@ -473,14 +758,17 @@ class RemoteSplitTrainer:
 
     ``model`` must be built like the server's (same factory, same seed); it is copied, so the
     caller's module is left untouched. ``link_mbps`` None disables link emulation (``rtt_ms``
-    applies only with a bandwidth).
+    applies only with a bandwidth). ``take_over`` ends a session the server has open (this
+    device's own, from before a crash) instead of being refused; training restarts from the
+    initial model. :meth:`close` (or leaving the ``with`` block) ends the session.
     """
 
     def __init__(self, model: nn.Module, address: str, *, lr: float, momentum: float = 0.0,
                  seed: int, sync: str = "periodic", sync_every: int = 100,
                  link_mbps: float | None = None, rtt_ms: float = 0.0,
                  device_slowdown: float = 1.0, token: str | None = None,
-                 tls: TlsFiles | None = None, timeout_s: float = 60.0) -> None:
+                 tls: TlsFiles | None = None, timeout_s: float = 60.0,
+                 take_over: bool = False) -> None:
         if sync not in SYNC_POLICIES:
             raise ConfigError(f"sync policy {sync!r} is unknown: use one of "
                               f"{', '.join(SYNC_POLICIES)}")
@@ -504,13 +792,19 @@ class RemoteSplitTrainer:
         self._shaper = LinkShaper(None)
         if link_mbps is not None:
             self.set_bandwidth_mbps(link_mbps)
-        self._channel = open_channel(address, MESSAGE_LIMIT, tls)
-        self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
+        self._closed = False
+        self._channel = open_channel(address, _HELLO_LIMIT, tls)
         try:
-            self._hello()
+            self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
+            hello = self._hello(take_over)
+            # the server sized its limit from the model: reconnect with it for the big messages
+            self._channel.close()
+            self._channel = open_channel(address, self.limit, tls)
+            self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
         except BaseException:
             self._channel.close()
             raise
+        log.info("training session %s on %s", hello.session_id[:8], address)
 
     # ---- plumbing ----------------------------------------------------------------------------
     def _call(self, method, request):
@@ -519,10 +813,19 @@ class RemoteSplitTrainer:
         except grpc.RpcError as exc:
             raise RemoteError(_explain(exc.code(), exc.details(), self.address)) from None
 
-    def _hello(self) -> None:
+    def _hello(self, take_over: bool) -> pb.HelloReply:
         fp = model_fingerprint(self.replica.chain)
-        self._call(self._stub.Hello, pb.HelloRequest(model_fingerprint=fp, chain_length=self.n,
-                                                     version=PROTOCOL_VERSION, seed=self.seed))
+        reply = self._call(self._stub.Hello, pb.HelloRequest(
+            model_fingerprint=fp, chain_length=self.n, version=PROTOCOL_VERSION,
+            seed=self.seed, take_over=take_over))
+        if not reply.session_id or reply.max_batch < 1 or reply.classes < 1 \
+                or reply.max_message_bytes < 1024:
+            raise RemoteError(f"training server {self.address} answered Hello without a "
+                              "session or its limits; run the same edgesplit version on both "
+                              "sides")
+        self.session_id, self.max_batch = reply.session_id, reply.max_batch
+        self.classes, self.limit = reply.classes, reply.max_message_bytes
+        return reply
 
     def set_bandwidth_mbps(self, mbps: float) -> None:
         """Emulate a link of ``mbps`` (both directions) from the next message on."""
@@ -532,7 +835,19 @@ class RemoteSplitTrainer:
         self._shaper = LinkShaper(Link(name="emulated", bandwidth_mbps=mbps, rtt_ms=self.rtt_ms))
 
     def close(self) -> None:
-        self._channel.close()
+        """End the session on the server (so that another device may train) and disconnect.
+        A server that cannot be reached ends the session itself once it has been idle for
+        its session timeout."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._stub.Close(pb.CloseRequest(session_id=self.session_id),
+                             timeout=min(self.timeout_s, 5.0), metadata=self.metadata)
+        except grpc.RpcError as exc:
+            log.debug("could not close training session: %s", exc.details())
+        finally:
+            self._channel.close()
 
     def __enter__(self) -> Self:
         return self
@@ -547,20 +862,46 @@ class RemoteSplitTrainer:
                               "device)")
         return cut
 
+    def _check_batch(self, x: torch.Tensor, y: torch.Tensor, remote: bool) -> None:
+        """Refuse a batch the server would refuse, before this side changes anything."""
+        if x.dim() == 0 or y.dim() != 1 or len(y) != x.shape[0] or len(y) == 0:
+            raise ConfigError(f"a batch is x [samples, ...] with one label per sample, at "
+                              f"least one; got x {list(x.shape)} and labels {list(y.shape)}")
+        if remote and len(y) > self.max_batch:
+            raise ConfigError(f"a batch of {len(y)} samples is more than the training server "
+                              f"takes per round ({self.max_batch}); use smaller batches or "
+                              "restart serve-training with a larger --max-batch")
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise ConfigError(f"labels must be integer class indices, got {y.dtype}")
+        bad = (y < 0) | (y >= self.classes)
+        if bool(bad.any()):
+            raise ConfigError(f"labels must be class indices 0 to {self.classes - 1}, got "
+                              f"{int(y[bad][0])} (ignore-index labels such as -100 are not "
+                              "supported: leave those samples out)")
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise ConfigError("the input batch has NaN or infinite values; clean the data")
+
     # ---- one round ---------------------------------------------------------------------------
     def step(self, x: torch.Tensor, y: torch.Tensor, cut: int) -> RoundStats:
-        """One training round on (x, y) with the device holding chain[0..cut]."""
+        """One training round on (x, y) with the device holding chain[0..cut]. A round that
+        fails (refused by the server, not finite) leaves this side's model as it was."""
         cut = self._check_cut(cut)
-        self.round += 1
+        self._check_batch(x, y, remote=cut < self.n - 1)
         syncs: list[SyncResult] = []
         if self.policy == "fws" and self.cut is not None and cut != self.cut:
             lo, hi = sorted((self.cut, cut))
             syncs.append(self._sync(range(lo + 1, hi + 1)))
         self.cut = cut
-        if cut == self.n - 1:
-            (device_ms, loss), edge = self._local_round(x, y), (0.0, 0.0, 0, 0)
-        else:
-            device_ms, loss, edge = self._split_round(x, y, cut)
+        saved = self.replica.save_buffers(range(cut + 1))
+        try:
+            if cut == self.n - 1:
+                (device_ms, loss), edge = self._local_round(x, y), (0.0, 0.0, 0, 0)
+            else:
+                device_ms, loss, edge = self._split_round(x, y, cut)
+        except BaseException:
+            self.replica.undo(saved)
+            raise
+        self.round += 1
         if self.policy == "periodic" and self.round % self.sync_every == 0:
             syncs.append(self.sync_now())
         edge_ms, server_ms, up, down = edge
@@ -569,10 +910,18 @@ class RemoteSplitTrainer:
                           sum(s.total_bytes for s in syncs),
                           tuple(i for s in syncs for i in s.indices))
 
+    def _diverged(self, what: str) -> ConfigError:
+        return ConfigError(f"round {self.round + 1}: training on this batch gave a non-finite "
+                           f"{what}; nothing was updated: lower the learning rate or scale the "
+                           "inputs")
+
     def _local_round(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         t0 = time.perf_counter()
         loss = F.cross_entropy(self.replica.part(0, self.n)(x), y)
-        self.replica.backward_and_step(loss, None, range(self.n))
+        problem = "loss" if not bool(torch.isfinite(loss)) else self.replica.backward(loss, None)
+        if problem is not None:
+            raise self._diverged(problem)
+        self.replica.update(range(self.n))
         seconds = _sleep_slowdown(time.perf_counter() - t0, self.device_slowdown)
         return seconds * 1e3, float(loss.detach())
 
@@ -580,27 +929,34 @@ class RemoteSplitTrainer:
                      ) -> tuple[float, float, tuple[float, float, int, int]]:
         t0 = time.perf_counter()
         act = self.replica.part(0, cut + 1)(x) if cut >= 0 else x
+        if not bool(torch.isfinite(act).all()):
+            raise self._diverged(f"activation at cut {cut}")
         forward_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        request = pb.StepRequest(round=self.round, cut=cut, activation=encode_tensor(act, 32),
+        request = pb.StepRequest(session_id=self.session_id, round=self.round + 1, cut=cut,
+                                 activation=encode_tensor(act.float(), 32),
                                  labels=encode_tensor(y.to(torch.int64), 32))
         up = request.ByteSize()
         self._shaper.send(up, "up")
         reply = self._call(self._stub.Step, request)
+        self._server_trained.update(range(cut + 1, self.n))  # it trained, whatever comes next
         down = reply.ByteSize()
         self._shaper.send(down, "down")
         grad = None
         if cut >= 0:
             try:
-                grad = decode_tensor(reply.gradient)
+                grad = _decode_as(reply.gradient, "the gradient at the cut", act.shape,
+                                  torch.float32)
             except WireError as exc:
-                raise RemoteError(f"training server {self.address} sent a corrupt gradient: "
+                raise RemoteError(f"training server {self.address} sent an unusable gradient: "
                                   f"{exc}") from None
         edge_ms = (time.perf_counter() - t1) * 1e3
-        self._server_trained.update(range(cut + 1, self.n))
         t2 = time.perf_counter()
         if cut >= 0:
-            self.replica.backward_and_step(act, grad, range(cut + 1))
+            problem = self.replica.backward(act, grad)
+            if problem is not None:
+                raise self._diverged(problem)
+            self.replica.update(range(cut + 1))
         device_s = _sleep_slowdown(forward_s + time.perf_counter() - t2, self.device_slowdown)
         return device_s * 1e3, reply.loss, (edge_ms, reply.server_ms, up, down)
 
@@ -622,7 +978,8 @@ class RemoteSplitTrainer:
             return SyncResult(())
         t0, cut = time.perf_counter(), self.cut
         own = self.replica.updates(indices, self._server_trained)
-        request = pb.SyncRequest(round=self.round, cut=cut, indices=indices)
+        request = pb.SyncRequest(session_id=self.session_id, round=self.round, cut=cut,
+                                 indices=indices)
         mine = {i: self.replica.buffers(i) for i in indices if i <= cut}
         for i in indices:
             request.layers.append(_layer_msg(i, own.get(i), mine.get(i)))
@@ -632,29 +989,45 @@ class RemoteSplitTrainer:
         down = reply.ByteSize()
         self._shaper.send(down, "down")
         theirs = self._read_reply(reply.layers, indices)
-        for i in indices:
-            update, buffers = theirs.get(i, (None, {}))
-            self.replica.merge(i, (own.get(i), update), buffers if i > cut else None)
+        try:
+            merged = {i: self.replica.merged(i, (own.get(i), theirs[i][0]),
+                                             theirs[i][1] if i > cut else None)
+                      for i in indices}
+        except WireError as exc:
+            raise RemoteError(f"sync with training server {self.address} failed: {exc}"
+                              ) from None
+        for i, state in merged.items():
+            self.replica.apply(i, state)
         self._server_trained.difference_update(indices)
         payload = _payload([*(u[0] for u in own.values()), *mine.values()]) + \
             _payload(s for update, buffers in theirs.values() for s in (update[0], buffers))
         log.debug("synced elements %s: %d bytes up, %d down", indices, up, down)
         return SyncResult(tuple(indices), up, down, payload, (time.perf_counter() - t0) * 1e3)
 
-    def _read_reply(self, layers, indices: list[int]) -> dict[int, tuple[Update, Tensors]]:
+    def _read_reply(self, layers, indices: list[int], complete: bool = False
+                    ) -> dict[int, tuple[Update, Tensors]]:
+        """The server's state of every element of ``indices``, checked against this model
+        (``complete``: with all parameters and buffers, as a Fetch sends them)."""
         result = {}
         for layer in layers:
+            if layer.index not in indices or layer.index in result:
+                raise RemoteError(f"training server {self.address} answered with element "
+                                  f"{layer.index}, which was not asked for (or twice)")
             try:
-                update, buffers = _read_layer(layer)
+                (params, absolute), buffers = _read_layer(layer, self.replica.chain[layer.index])
             except WireError as exc:
-                raise RemoteError(f"training server {self.address} sent a corrupt state of "
-                                  f"element {layer.index}: {exc}") from None
-            problem = None if layer.index in indices else f"unexpected element {layer.index}"
-            problem = problem or self.replica.check_state(layer.index, update[0], buffers)
-            if problem:
-                raise RemoteError(f"training server {self.address} answered a sync with a "
-                                  f"state that does not fit this model: {problem}")
-            result[layer.index] = (update, buffers)
+                raise RemoteError(f"training server {self.address} sent a state that does not "
+                                  f"fit this model: {exc}") from None
+            module = self.replica.chain[layer.index]
+            if complete and (len(params) != len(dict(module.named_parameters()))
+                             or not set(dict(module.named_buffers())) <= set(buffers)):
+                raise RemoteError(f"training server {self.address} sent element "
+                                  f"{layer.index} without all its parameters and buffers")
+            result[layer.index] = ((params, absolute), buffers)
+        missing = sorted(set(indices) - set(result))
+        if missing:
+            raise RemoteError(f"training server {self.address} sent no state for elements "
+                              f"{missing}; run the same edgesplit version on both sides")
         return result
 
     def final_model(self) -> nn.Module:
@@ -665,7 +1038,9 @@ class RemoteSplitTrainer:
         chain = as_chain(model)
         if self.cut is not None and self.cut < self.n - 1:
             indices = list(range(self.cut + 1, self.n))
-            reply = self._call(self._stub.Fetch, pb.FetchRequest(indices=indices))
-            for i, (update, buffers) in self._read_reply(reply.layers, indices).items():
+            reply = self._call(self._stub.Fetch, pb.FetchRequest(session_id=self.session_id,
+                                                                 indices=indices))
+            for i, (update, buffers) in self._read_reply(reply.layers, indices,
+                                                         complete=True).items():
                 _assign(chain[i], update[0], buffers)
         return model.eval()

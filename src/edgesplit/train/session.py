@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError
-from edgesplit.train.remote import RemoteSplitTrainer, RoundStats, SyncResult
+from edgesplit.runtime.transport import TOKEN_ENV, TlsFiles
+from edgesplit.train.remote import DEFAULT_MAX_BATCH, RemoteSplitTrainer, RoundStats, SyncResult
 from edgesplit.train.split import as_chain
 
 __all__ = [
@@ -347,9 +348,12 @@ def train_unsplit(model: nn.Module, batches: Callable[[int], list], epochs: int,
 
 
 def train_split(config: TrainSplitConfig, address: str, *, token: str | None = None,
+                tls: TlsFiles | None = None, take_over: bool = False,
                 progress: bool = False) -> dict:
     """Train ``config.model`` on the digits split between this process and the server at
-    ``address``; L2S picks each round's cut. Returns the run's JSON document."""
+    ``address`` (over TLS trusting ``tls.ca``, if given; ``take_over`` ends a session the
+    server has open, see :class:`RemoteSplitTrainer`); L2S picks each round's cut. Returns the
+    run's JSON document."""
     from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
     from edgesplit.train.remote import untrained_model
 
@@ -368,7 +372,7 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
     policy = _make_policy(config, features, device_ms) or FixedCutPolicy(cuts.index(config.cut))
     trace = config.trace()
     with RemoteSplitTrainer(model, address, lr=config.lr, momentum=config.momentum,
-                            seed=config.seed, token=token,
+                            seed=config.seed, token=token, tls=tls, take_over=take_over,
                             sync=config.sync,
                             sync_every=config.sync_every, link_mbps=config.bandwidth_mbps,
                             rtt_ms=config.rtt_ms, device_slowdown=config.device_slowdown
@@ -394,7 +398,8 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
 
 @contextmanager
 def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
-                          token: str | None = None, timeout_s: float = 60.0) -> Iterator[str]:
+                          token: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                          timeout_s: float = 60.0) -> Iterator[str]:
     """An ``edgesplit serve-training`` process on a free local port for the duration; yields
     its address. The second process of a real run when no ``--server`` is given.
 
@@ -403,10 +408,12 @@ def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
     round, which slowed the device's own compute 5-10x (measured) and made its profiled d_p^m
     wrong. Call :func:`one_core_per_side` in the device process too."""
     cmd = [sys.executable, "-m", "edgesplit.cli", "serve-training", "--model", model,
-           "--lr", str(lr), "--momentum", str(momentum), "--seed", str(seed), "--port", "0"]
-    if token:
-        cmd += ["--token", token]
+           "--lr", str(lr), "--momentum", str(momentum), "--seed", str(seed), "--port", "0",
+           "--max-batch", str(max_batch)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    env.pop(TOKEN_ENV, None)
+    if token:  # in the environment: a command line is visible to every user in `ps`
+        env[TOKEN_ENV] = token
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:

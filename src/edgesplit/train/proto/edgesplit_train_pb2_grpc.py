@@ -54,6 +54,11 @@ class SplitTrainServiceStub:
                 request_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.FetchRequest.SerializeToString,
                 response_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.FetchReply.FromString,
                 _registered_method=True)
+        self.Close = channel.unary_unary(
+                '/edgesplit.train.v1.SplitTrainService/Close',
+                request_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseRequest.SerializeToString,
+                response_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseReply.FromString,
+                _registered_method=True)
 
 
 class SplitTrainServiceServicer:
@@ -83,6 +88,12 @@ class SplitTrainServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SplitTrainServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_SplitTrainServiceServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.FetchRequest.FromString,
                     response_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.FetchReply.SerializeToString,
+            ),
+            'Close': grpc.unary_unary_rpc_method_handler(
+                    servicer.Close,
+                    request_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseRequest.FromString,
+                    response_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +231,33 @@ class SplitTrainService:
             '/edgesplit.train.v1.SplitTrainService/Fetch',
             edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.FetchRequest.SerializeToString,
             edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.FetchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Close(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgesplit.train.v1.SplitTrainService/Close',
+            edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseRequest.SerializeToString,
+            edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseReply.FromString,
             options,
             channel_credentials,
             insecure,
