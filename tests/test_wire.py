@@ -3,7 +3,12 @@ malformed or hostile bytes."""
 
 from __future__ import annotations
 
+import json
+import re
 import struct
+import tracemalloc
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgesplit.errors import WireError
-from edgesplit.quant import (decode_tensor, encode_tensor, message_info, pack_bits, packed_size,
-                             unpack_bits)
+from edgesplit.quant import (MAX_DIM, WIRE_VERSION, decode_tensor, encode_tensor, message_info,
+                             pack_bits, packed_size, unpack_bits)
+
+SPEC = Path(__file__).resolve().parents[1] / "docs" / "wire-format.md"
 
 
 @settings(max_examples=200, deadline=None)
@@ -131,3 +138,261 @@ def test_fast_paths_share_the_general_layout(bits):
              for g in range(0, 64, 8)]
     expected = b"".join(w.to_bytes(8, "little")[:bits] for w in words)
     assert pack_bits(values, bits) == expected
+
+
+# ---- hostile messages with a valid CRC: each reaches the deep checks -----------------------------
+def build(*, version=WIRE_VERSION, dtype=1, bits=32, layout=0, axis=0, compression=0, shape=(),
+          params=(), raw_len=None, body=b"", reserved=0) -> bytes:
+    """A message from its fields, CRC included, whatever they say."""
+    head = struct.pack("<4sBBBBBBBB", b"ESW1", version, dtype, bits, layout, axis, compression,
+                       len(shape), reserved)
+    head += struct.pack(f"<{len(shape)}I", *shape) + struct.pack("<I", len(params))
+    head += b"".join(struct.pack("<ff", s, z) for s, z in params)
+    prefix = head + struct.pack("<QQ", len(body) if raw_len is None else raw_len, len(body))
+    return prefix + struct.pack("<I", zlib.crc32(prefix + body)) + body
+
+
+def zstd_rle_frame(total: int, content_size: int | None) -> bytes:
+    """A zstd frame of ``total`` zero bytes in RLE blocks (4 bytes per 128 KiB), stating
+    ``content_size`` (None: no size, a 128 KiB window): what a bomb looks like."""
+    if content_size is None:
+        head = b"\x28\xb5\x2f\xfd" + bytes([0x00, (17 - 10) << 3])  # window descriptor
+    else:
+        head = b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + struct.pack("<Q", content_size)
+    block, blocks = 1 << 17, []
+    for start in range(0, total, block):
+        size, last = min(block, total - start), start + block >= total
+        blocks.append(((size << 3) | (1 << 1) | last).to_bytes(3, "little") + b"\0")
+    return head + b"".join(blocks)
+
+
+def peak_bytes(fn) -> int:
+    """Bytes allocated (numpy and Python, as tracemalloc sees them) at the peak of fn()."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            fn()
+        except WireError:
+            pass
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_zstd_bomb_is_refused_before_allocating():
+    # 32 KiB on the wire, a 16 KiB tensor declared, a frame that holds 1 GiB of zeros
+    frame = zstd_rle_frame(1 << 30, content_size=1 << 30)
+    bomb = build(bits=32, shape=(4096,), compression=1, raw_len=16384, body=frame)
+    assert len(bomb) < 40_000
+    with pytest.raises(WireError, match="zstd frame states 1073741824 bytes"):
+        decode_tensor(bomb)
+    assert peak_bytes(lambda: decode_tensor(bomb)) < 4 * 16384
+    # the same frame claiming the declared size, or no size at all: bounded all the same
+    for claimed, error in ((16384, "decompress"), (None, "does not state its content size")):
+        bomb = build(bits=32, shape=(4096,), compression=1, raw_len=16384,
+                     body=zstd_rle_frame(1 << 30, content_size=claimed))
+        with pytest.raises(WireError, match=error):
+            decode_tensor(bomb)
+        assert peak_bytes(lambda: decode_tensor(bomb)) < 4 * 16384
+
+
+def test_lz4_body_too_small_for_its_raw_length_is_refused_before_allocating():
+    bomb = build(bits=32, shape=(1 << 18,), compression=2, raw_len=1 << 20, body=b"\x1f" * 64)
+    with pytest.raises(WireError, match="cannot expand"):
+        decode_tensor(bomb)
+    assert peak_bytes(lambda: decode_tensor(bomb)) < 1 << 16
+
+
+def test_expectations_refuse_from_the_header():
+    x = torch.randn(2, 3)
+    message = encode_tensor(x, 8)
+    assert torch.equal(decode_tensor(message, expect_shape=(2, 3), expect_dtype=torch.float32,
+                                     max_raw_bytes=24), decode_tensor(message))
+    with pytest.raises(WireError, match=r"tensor has shape \[2, 3\], expected \[3, 2\]"):
+        decode_tensor(message, expect_shape=[3, 2])
+    with pytest.raises(WireError, match="tensor has dtype torch.float32, expected torch.int64"):
+        decode_tensor(message, expect_dtype=torch.int64)
+    with pytest.raises(WireError, match="max_raw_bytes=23"):  # 6 float32 decoded: 24 bytes
+        decode_tensor(message, max_raw_bytes=23)
+    # a real zstd frame of 8 GiB of zeros (256 KiB on the wire) declaring 2^31 float32 values:
+    # well-formed, so only the caller's bound stops it, and it does before allocating
+    huge = build(bits=32, shape=(1 << 16, 1 << 15), compression=1, raw_len=1 << 33,
+                 body=zstd_rle_frame(1 << 33, content_size=1 << 33))
+    assert peak_bytes(lambda: decode_tensor(huge, max_raw_bytes=1 << 20)) < 1 << 16
+    with pytest.raises(WireError, match="max_raw_bytes"):
+        decode_tensor(huge, max_raw_bytes=1 << 20)
+    with pytest.raises(WireError, match="expected"):
+        decode_tensor(huge, expect_shape=(4, 4))
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(bits=0, shape=(4,), params=[(1.0, 0.0)]), "at 0 bits"),
+    (dict(bits=12, shape=(4,), raw_len=6, body=b"\0" * 6), "at 12 bits"),
+    (dict(bits=4, layout=1, shape=(), params=[(1.0, 0.0)], body=b"\0"), "axis 0 of a 0-d"),
+    (dict(bits=4, layout=1, axis=2, shape=(2, 2), params=[(1.0, 0.0)] * 2, body=b"\0\0"),
+     "axis 2 of a 2-d"),
+    (dict(bits=4, layout=0, axis=1, shape=(2, 2), params=[(1.0, 0.0)], body=b"\0\0"),
+     "per-tensor layout"),
+    (dict(dtype=5, bits=64, layout=1, shape=(2,), body=b"\0" * 16), "not quantized"),
+    (dict(bits=32, shape=(4,), raw_len=16, body=b"\0" * 12), "uncompressed payload of 12"),
+    (dict(bits=4, shape=(4,), params=[(1.0, 0.0)], raw_len=2, body=b"\0" * 3),
+     "uncompressed payload of 3"),
+    (dict(bits=32, shape=(0, MAX_DIM, MAX_DIM), body=b""), "elements"),
+    (dict(bits=32, shape=(0, 1 << 31), body=b""), "dimension above"),
+    (dict(bits=32, shape=(0,) + (MAX_DIM,) * 7, body=b""), "elements"),
+    (dict(bits=4, shape=(2,), params=[(1.0, float("inf"))], body=b"\0"), "not finite"),
+    (dict(bits=4, shape=(2,), params=[(float("nan"), 0.0)], body=b"\0"), "not finite"),
+    (dict(bits=4, shape=(2,), params=[(-1.0, 0.0)], body=b"\0"), "not positive"),
+    (dict(bits=4, shape=(2,), params=[(0.0, 0.0)], body=b"\0"), "not positive"),
+    (dict(bits=4, shape=(2,), params=[], body=b"\0"), "needs 1"),
+    (dict(bits=4, layout=1, shape=(3, 2), params=[(1.0, 0.0)], body=b"\0" * 3), "needs 3"),
+    (dict(bits=32, shape=(2,), params=[(1.0, 0.0)], body=b"\0" * 8), "needs 0"),
+    (dict(dtype=8, bits=8, shape=(3,), body=b"\0\1\2"), "bool byte"),
+    (dict(dtype=5, bits=32, shape=(2,), body=b"\0" * 8), "travels at 64"),
+    (dict(dtype=0, shape=(1,), body=b"\0" * 4), "dtype code"),
+    (dict(compression=3, shape=(1,), body=b"\0" * 4), "compression code"),
+    (dict(layout=2, shape=(1,), body=b"\0" * 4), "layout"),
+    (dict(reserved=1, shape=(1,), body=b"\0" * 4), "reserved"),
+    (dict(version=3, shape=(1,), body=b"\0" * 4), "version 3"),
+    (dict(compression=1, shape=(4,), raw_len=16, body=b"\0" * 8), "not a zstd frame"),
+    (dict(compression=1, shape=(4,), raw_len=16, body=b"\x28\xb5\x2f\xfd"), "frame header"),
+    (dict(compression=2, shape=(4,), raw_len=16, body=b"\xff" * 8), "lz4"),
+])
+def test_every_decode_failure_is_a_wire_error(fields, error):
+    """Messages with a valid CRC whose fields disagree: each a WireError naming the field."""
+    with pytest.raises(WireError, match=error):
+        decode_tensor(build(**fields))
+
+
+def test_a_memoryview_is_decoded_without_copying_the_message():
+    x = torch.randn(3, 4)
+    assert torch.equal(decode_tensor(memoryview(encode_tensor(x, 32))), x)
+    assert torch.equal(decode_tensor(bytearray(encode_tensor(x, 32))), x)
+    with pytest.raises(WireError, match="contiguous"):
+        decode_tensor(memoryview(encode_tensor(x, 32) * 2)[::2])
+
+
+# ---- round trips ------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_a_0d_tensor_stays_0d(bits):
+    y = decode_tensor(encode_tensor(torch.tensor(-2.5), bits))
+    assert y.shape == () and y.item() == -2.5
+    assert decode_tensor(encode_tensor(torch.tensor(7, dtype=torch.int32), bits)).shape == ()
+
+
+@pytest.mark.parametrize("bits", [1, 3, 4, 8, 16, 32])
+@pytest.mark.parametrize("shape, axis", [((0,), None), ((0,), 0), ((2, 0, 3), None),
+                                         ((2, 0, 3), 0), ((2, 0, 3), 1), ((2, 0, 3), -1)])
+def test_empty_tensors_round_trip(bits, shape, axis):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        y = decode_tensor(encode_tensor(torch.zeros(shape, dtype=dtype), bits, "auto",
+                                        per_channel_axis=axis))
+        assert y.shape == shape and y.dtype == dtype
+
+
+def test_bfloat16_at_16_bits_is_lossless():
+    x = torch.tensor([99_840.0, -3.0e38, 1e-30, 0.1, float("inf"), float("nan")],
+                     dtype=torch.bfloat16)
+    y = decode_tensor(encode_tensor(x, 16))
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y.view(torch.int16), x.view(torch.int16))  # bit for bit, NaN included
+    assert message_info(encode_tensor(x, 16))["version"] == WIRE_VERSION == 2
+
+
+def test_version_1_messages_keep_their_meaning():
+    """Version 1 sent bfloat16 at 16 bits as float16 words; a version-2 reader still reads them
+    so, and every other version-1 message as before."""
+    words = np.array([1.5, -2.0], dtype="<f2").tobytes()
+    old = build(version=1, dtype=3, bits=16, shape=(2,), body=words)
+    y = decode_tensor(old)
+    assert y.dtype == torch.bfloat16 and y.tolist() == [1.5, -2.0]
+    v1 = bytearray(encode_tensor(torch.randn(2, 3), 4, "zstd"))
+    v1[4] = 1  # the version byte; then re-seal the CRC (after shape, one parameter, lengths)
+    crc_at = 12 + 4 * 2 + 4 + 8 + 16
+    v1[crc_at:crc_at + 4] = struct.pack("<I", zlib.crc32(v1[:crc_at] + v1[crc_at + 4:]))
+    assert decode_tensor(bytes(v1)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("bits", [16, 32])
+def test_floats_at_16_and_32_bits(dtype, bits):
+    x = (torch.randn(4, 5, dtype=torch.float64) * 100).to(dtype)
+    y = decode_tensor(encode_tensor(x, bits, "auto"))
+    assert y.dtype == dtype and y.shape == x.shape
+    wire = torch.bfloat16 if (bits == 16 and dtype == torch.bfloat16) else \
+        torch.float16 if bits == 16 else torch.float32
+    assert torch.equal(y, x.to(wire).to(dtype))  # exactly one rounding to the wire's format
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8,
+                                   torch.bool])
+@pytest.mark.parametrize("compress", [None, "zstd", "lz4", "auto"])
+def test_integers_travel_as_they_are(dtype, compress):
+    if dtype == torch.bool:
+        x = torch.rand(3, 50) > 0.5
+    else:
+        info = torch.iinfo(dtype)
+        x = torch.randint(info.min, info.max, (3, 50), dtype=dtype)
+        x[0, :3] = torch.tensor([info.min, info.max, 0], dtype=dtype)
+    for bits in (1, 8, 16, 32):
+        y = decode_tensor(encode_tensor(x, bits, compress))
+        assert y.dtype == dtype and torch.equal(y, x)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("compress", [None, "zstd", "lz4", "auto"])
+def test_per_channel_on_every_axis(bits, compress):
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(bits))
+    x = x * torch.arange(1, 6)  # channels of different ranges along the last axis
+    for axis in (0, 1, 2, -1, -3):
+        message = encode_tensor(x, bits, compress, per_channel_axis=axis)
+        assert message_info(message)["axis"] == axis % 3
+        y = decode_tensor(message)
+        assert y.shape == x.shape
+        moved = x.movedim(axis, 0).reshape(x.shape[axis], -1)
+        step = (moved.amax(1) - moved.amin(1)) / ((1 << bits) - 1)
+        err = (y - x).movedim(axis, 0).reshape(x.shape[axis], -1).abs().amax(1)
+        assert (err <= step / 2 * (1 + 1e-4) + 1e-6).all()
+    with pytest.raises(WireError, match="not an axis"):
+        encode_tensor(x, bits, per_channel_axis=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_quantized_floats_come_back_in_their_dtype(dtype):
+    x = torch.randn(6, 7).to(dtype)
+    y = decode_tensor(encode_tensor(x, 5, "auto"))
+    assert y.dtype == dtype and y.shape == x.shape
+
+
+def test_encoding_what_cannot_be_quantized_says_so():
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(WireError, match="inf or NaN.*16 or 32 bits"):
+            encode_tensor(torch.tensor([1.0, bad]), 4)
+    with pytest.raises(WireError, match="send the tensor at 32 bits"):
+        encode_tensor(torch.tensor([-3e38, 3e38]), 1)
+    with pytest.raises(WireError, match="unknown compression"):
+        encode_tensor(torch.randn(3), 4, "gzip")  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="dimension above"):
+        encode_tensor(torch.zeros(0, 1 << 31), 32)
+
+
+# ---- the specification's worked example --------------------------------------------------------
+def _spec_block(kind: str) -> str:
+    match = re.search(rf"```{kind} wire-example\n(.*?)```", SPEC.read_text(), re.S)
+    assert match, f"docs/wire-format.md has no ```{kind} wire-example block"
+    return match.group(1)
+
+
+def test_the_specification_example_decodes_and_encodes_to_its_bytes():
+    hex_lines = [line.split("#")[0] for line in _spec_block("hex").splitlines()]
+    message = bytes.fromhex("".join(hex_lines))
+    example = json.loads(_spec_block("json"))
+    x = torch.tensor(example["input"], dtype=getattr(torch, example["dtype"]))
+    y = decode_tensor(message)
+    assert list(y.shape) == example["shape"] and y.tolist() == example["decoded"]
+    assert encode_tensor(x, example["bits"]) == message
+    assert len(message) == example["message_bytes"]
+    assert message.endswith(bytes.fromhex(example["payload_hex"]))
+    assert message[48:52] == struct.pack("<I", int(example["crc32"], 16))
+    assert zlib.crc32(message[:48] + message[52:]) == int(example["crc32"], 16)

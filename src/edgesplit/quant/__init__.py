@@ -13,11 +13,11 @@ from edgesplit.quant.fakequant import (Calibration, DistortionTable, Quantizable
                                        calibrate, distortion_table, fake_quant_program,
                                        fake_quantize, quantize_weight)
 from edgesplit.quant.pack import pack_bits, packed_size, unpack_bits
-from edgesplit.quant.wire import (MAX_ELEMENTS, WIRE_VERSION, decode_tensor, encode_tensor,
-                                  message_info)
+from edgesplit.quant.wire import (MAX_DIM, MAX_ELEMENTS, MAX_NDIM, WIRE_VERSION, decode_tensor,
+                                  encode_tensor, message_info)
 
 __all__ = ["Allocation", "allocate_bits", "Calibration", "DistortionTable",
            "QuantizableProgram", "calibrate", "distortion_table", "fake_quant_program",
            "fake_quantize", "quantize_weight", "Quality", "QualityMeter", "pack_bits",
-           "packed_size", "unpack_bits", "MAX_ELEMENTS", "WIRE_VERSION", "decode_tensor",
-           "encode_tensor", "message_info"]
+           "packed_size", "unpack_bits", "MAX_DIM", "MAX_ELEMENTS", "MAX_NDIM", "WIRE_VERSION",
+           "decode_tensor", "encode_tensor", "message_info"]
