@@ -164,20 +164,14 @@ def _check_finite(t: torch.Tensor, what: str) -> None:
 
 
 def _decode_as(data: bytes, what: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """Decode a tensor that must have ``shape`` and ``dtype`` and be finite; the header is
-    checked first, so a message claiming another shape is refused before its payload is
-    unpacked."""
+    """Decode a tensor that must have ``shape`` and ``dtype`` and be finite; the decoder checks
+    the header first, so a message claiming another shape is refused before anything of its
+    size is allocated."""
     try:
-        info = message_info(data)
+        t = decode_tensor(data, expect_shape=tuple(shape), expect_dtype=dtype)
     except WireError as exc:
-        raise WireError(f"{what}: {exc}") from None
-    if info["shape"] != list(shape) or info["dtype"] != _dtype_name(dtype):
-        raise WireError(f"{what} must be {_dtype_name(dtype)} of shape {list(shape)}, got "
-                        f"{info['dtype']} of shape {info['shape']}")
-    try:
-        t = decode_tensor(data)
-    except WireError as exc:
-        raise WireError(f"{what}: {exc}") from None
+        raise WireError(f"{what} must be {_dtype_name(dtype)} of shape {list(shape)}: {exc}"
+                        ) from None
     _check_finite(t, what)
     return t
 
