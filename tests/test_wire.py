@@ -258,6 +258,9 @@ def test_expectations_refuse_from_the_header():
     (dict(compression=1, shape=(4,), raw_len=16, body=b"\0" * 8), "not a zstd frame"),
     (dict(compression=1, shape=(4,), raw_len=16, body=b"\x28\xb5\x2f\xfd"), "frame header"),
     (dict(compression=2, shape=(4,), raw_len=16, body=b"\xff" * 8), "lz4"),
+    (dict(compression=1, shape=(0,), body=bytes.fromhex("28b52ffd2000010000") + b"junk",
+          raw_len=0), "empty payload is sent uncompressed"),
+    (dict(compression=2, shape=(0, 4), body=b"\0", raw_len=0), "empty payload"),
 ])
 def test_every_decode_failure_is_a_wire_error(fields, error):
     """Messages with a valid CRC whose fields disagree: each a WireError naming the field."""
@@ -356,6 +359,8 @@ def test_per_channel_on_every_axis(bits, compress):
         assert (err <= step / 2 * (1 + 1e-4) + 1e-6).all()
     with pytest.raises(WireError, match="not an axis"):
         encode_tensor(x, bits, per_channel_axis=3)
+    with pytest.raises(WireError, match=r"0-d tensor: use None \(per tensor\)$"):
+        encode_tensor(torch.tensor(1.0), bits, per_channel_axis=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])

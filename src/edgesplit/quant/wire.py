@@ -166,9 +166,9 @@ def _payload(t: torch.Tensor, bits: int, per_channel_axis: int | None
     layout, axis = 0, 0
     if per_channel_axis is not None:
         if not -t.dim() <= per_channel_axis < t.dim():
+            allowed = f" or {-t.dim()}..{t.dim() - 1}" if t.dim() else ""
             raise WireError(f"per_channel_axis {per_channel_axis} is not an axis of a "
-                            f"{t.dim()}-d tensor: use None (per tensor) or -{t.dim()}.."
-                            f"{t.dim() - 1}")
+                            f"{t.dim()}-d tensor: use None (per tensor){allowed}")
         layout, axis = 1, per_channel_axis % t.dim()
     q, scale, zero = _quantize(t.float(), bits, axis if layout else None)
     return bits, layout, axis, (scale, zero), pack_bits(q, bits)
@@ -178,8 +178,8 @@ def encode_tensor(t: torch.Tensor, bits: int, compress: Compress = None, *,
                   per_channel_axis: int | None = None) -> bytes:
     """Quantize (floating tensors at 1-8 bits) or convert (16/32 bits) and pack ``t``.
 
-    Integer and bool tensors travel as they are whatever ``bits`` says; ``per_channel_axis``
-    applies to quantized floats only."""
+    Integer and bool tensors travel as they are at any valid ``bits``; ``per_channel_axis``
+    applies to quantized floats only. docs/wire-format.md specifies the bytes."""
     t = t.detach().cpu().contiguous()
     if t.dtype not in _CODES:
         raise WireError(f"dtype {t.dtype} cannot be sent; supported: "
@@ -314,6 +314,9 @@ def _check_body_len(compression: str | None, raw_len: int, body_len: int) -> Non
     if compression is None and body_len != raw_len:
         raise WireError(f"uncompressed payload of {body_len} bytes, the header declares "
                         f"{raw_len}")
+    if compression is not None and raw_len == 0:
+        raise WireError(f"a {compression} payload declares 0 raw bytes: an empty payload is "
+                        f"sent uncompressed")
     if compression == "lz4" and raw_len > _LZ4_MAX_INPUT:
         raise WireError(f"lz4 payload declares {raw_len} raw bytes, more than an lz4 block holds")
     if compression == "lz4" and raw_len > _LZ4_MAX_RATIO * body_len:
@@ -387,8 +390,6 @@ def _unzstd(body: memoryview, raw_len: int) -> bytes:
         raise WireError(f"zstd frame states {size} bytes, the header declares {raw_len}")
     if dict_id:
         raise WireError(f"zstd frame needs dictionary {dict_id}; messages use none")
-    if raw_len == 0:
-        return b""
     try:
         return zstandard.ZstdDecompressor().decompress(body, allow_extra_data=False)
     except zstandard.ZstdError as exc:
@@ -414,9 +415,14 @@ def _decompress(body: memoryview, method: str | None, raw_len: int) -> memoryvie
     return out
 
 
-def _dequantize(payload: memoryview | bytes, h: _Header) -> torch.Tensor:
-    """x = (q - zero_point) * scale in float32, in place on one float32 array, then cast."""
-    q = unpack_bits(payload, h.bits, h.count)
+def _dequantize(body: memoryview, h: _Header) -> torch.Tensor:
+    """x = (q - zero_point) * scale in float32, in place on one float32 array, then cast.
+
+    The decompressed bytes and the unpacked values are freed before the cast allocates the
+    result, so the peak stays near 5 bytes a value plus the result."""
+    raw = _decompress(body, h.compression, h.raw_len)
+    q = np.frombuffer(raw, np.uint8) if h.bits == 8 else unpack_bits(raw, h.bits, h.count)
+    del raw
     x = torch.from_numpy(q.astype(np.float32).reshape(h.shape))
     del q
     view = [1] * len(h.shape)  # per tensor: broadcast everywhere, and a 0-d tensor stays 0-d
@@ -427,9 +433,11 @@ def _dequantize(payload: memoryview | bytes, h: _Header) -> torch.Tensor:
     return x if h.dtype == torch.float32 else x.to(h.dtype)
 
 
-def _unquantized(payload: memoryview | bytes, h: _Header) -> torch.Tensor:
+def _unquantized(body: memoryview, h: _Header) -> torch.Tensor:
     wire = np.dtype(_wire_numpy(h.dtype, h.bits, h.version))
+    payload = _decompress(body, h.compression, h.raw_len)
     words = np.frombuffer(payload, dtype=wire).astype(wire.newbyteorder("="))  # owned copy
+    del payload
     if h.dtype == torch.bool:
         if words.size and words.max() > 1:
             raise WireError("malformed payload: a bool byte other than 0 or 1")
@@ -450,10 +458,7 @@ def decode_tensor(data: bytes, *, expect_shape: Sequence[int] | None = None,
     allocated: ``expect_shape`` and ``expect_dtype`` must match exactly; ``max_raw_bytes`` bounds
     both the uncompressed payload and the decoded tensor (elements x element size)."""
     header, body = _parse(data, expect_shape, expect_dtype, max_raw_bytes)
-    payload = _decompress(body, header.compression, header.raw_len)
-    if header.quantized:
-        return _dequantize(payload, header)
-    return _unquantized(payload, header)
+    return _dequantize(body, header) if header.quantized else _unquantized(body, header)
 
 
 def message_info(data: bytes) -> dict:
