@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean proto
+.PHONY: demo test bench fuzz install clean proto
 
 # torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
 # resolution of "torch" would pull gigabytes of CUDA wheels.
@@ -43,6 +43,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_autosplit.py
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_l2s.py
+
+# 500,000 mutated wire messages through the decoder (a few minutes): every one must raise
+# WireError or decode as its header says, within 4x its declared size and 100 ms.
+fuzz: $(STAMP)
+	$(PY) scripts/fuzz_wire.py --inputs 500000
 
 # Regenerate the gRPC code from the checked-in .proto (needs the dev extra: grpcio-tools).
 proto: $(STAMP)
