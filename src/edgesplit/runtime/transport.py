@@ -31,7 +31,8 @@ from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.shaping import LinkShaper
 
 __all__ = ["GrpcServer", "PartitionServer", "ChainClient", "RequestResult", "max_message_bytes",
-           "TlsFiles", "open_channel", "serve_forever", "check_tls_pair", "read_token", "plan_device"]
+           "TlsFiles", "open_channel", "serve_forever", "check_tls_pair", "read_token", "plan_device",
+           "decode_planned", "TOKEN_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -315,22 +316,12 @@ class PartitionServer(GrpcServer):
                               f"got {names}")
         values = {}
         for t in request.tensors:
-            try:
-                value = decode_tensor(t.data)
+            try:  # shape and dtype checked from the header, before anything is allocated
+                values[t.name] = decode_planned(self.program, t.name, t.data)
             except WireError as exc:
                 raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"tensor {t.name!r}: {exc}") from None
-            info = self.program.graph.tensors[t.name]
-            if list(value.shape) != list(info.shape):
-                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"tensor {t.name!r} has shape {list(value.shape)}, the plan "
-                                  f"says {list(info.shape)}")
-            dtype = str(value.dtype).removeprefix("torch.")
-            if dtype != info.dtype:
-                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"tensor {t.name!r} has dtype {dtype}, the plan says "
-                                  f"{info.dtype}")
-            values[t.name] = value
+                                  f"tensor {t.name!r}: {exc}; the plan says "
+                                  f"{_planned(self.program, t.name)}") from None
         return values
 
     def handle(self, request: pb.Bundle, context: grpc.ServicerContext | None = None
@@ -506,7 +497,7 @@ class ChainClient:
             raise RemoteError(f"reply for request {reply.request_id} arrived for request "
                               f"{request_id}")
         t1 = time.perf_counter()
-        remote = {t.name: decode_tensor(t.data) for t in reply.tensors}
+        remote = self._decode_reply(reply)
         serialize_ms += (time.perf_counter() - t1) * 1e3
         total = (time.perf_counter() - start) * 1e3
         hops = dict(reply.timings_ms)
@@ -519,6 +510,40 @@ class ChainClient:
             "edge": edge_ms, "serialize": serialize_ms, "remote": remote_ms,
             "transfer": max(0.0, total - edge_ms - serialize_ms - remote_ms), "total": total},
             hops)
+
+
+    def _decode_reply(self, reply: pb.Bundle) -> dict[str, torch.Tensor]:
+        """The outputs a server answered with: only the ones this client waits for, each of
+        the plan's shape and dtype (a hostile or broken server cannot make it allocate more)."""
+        expected = set(self.program.steps[1].returns)
+        names = [t.name for t in reply.tensors]
+        if set(names) != expected or len(names) != len(expected):
+            raise RemoteError(f"server {self.address} answered with tensors {names}, the plan "
+                              f"expects {sorted(expected)}")
+        try:
+            return {t.name: decode_planned(self.program, t.name, t.data) for t in reply.tensors}
+        except WireError as exc:
+            raise RemoteError(f"server {self.address} answered with a bad tensor: {exc}"
+                              ) from None
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"the plan names an unknown dtype {name!r}")
+    return dtype
+
+
+def _planned(program: PlanProgram, name: str) -> str:
+    info = program.graph.tensors[name]
+    return f"shape {list(info.shape)}, dtype {info.dtype}"
+
+
+def decode_planned(program: PlanProgram, name: str, data: bytes) -> torch.Tensor:
+    """Decode tensor ``name`` of the plan, refusing (WireError) any other shape or dtype before
+    its payload is decompressed or allocated."""
+    info = program.graph.tensors[name]
+    return decode_tensor(data, expect_shape=info.shape, expect_dtype=_torch_dtype(info.dtype))
 
 
 def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
