@@ -1,0 +1,5 @@
+"""``python -m edgesplit.cli``."""
+
+from edgesplit.cli import main
+
+main()

@@ -1,0 +1,104 @@
+"""What every command module shares: the typer app, the consoles, one-line user errors, JSON
+output, and the options several commands take (model-file trust, TLS, tokens, backends)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from edgesplit.errors import EdgesplitError
+
+__all__ = ["app", "out", "err", "user_errors", "emit_json", "model_ref", "tls_files",
+           "load_program", "TRUST_HELP", "BACKEND_HELP", "TOKEN_HELP", "TOKEN_FILE_HELP"]
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Where to cut a PyTorch model across devices and links, and how to run it.")
+# Piped output is not a terminal and rich would wrap at 80 columns; tables need more room.
+out = Console() if Console().is_terminal else Console(width=200)
+err = Console(stderr=True)
+
+
+@app.callback()
+def _setup(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details.")
+           ) -> None:
+    """The one logging setup: library modules log, only the CLI configures handlers."""
+    if verbose:
+        import logging
+
+        from rich.logging import RichHandler
+
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s",
+                            handlers=[RichHandler(console=err, show_path=False)])
+        for noisy in ("torch", "transformers", "filelock"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EdgesplitError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def emit_json(doc: Any, path: Optional[Path] = None) -> None:
+    text = json.dumps(doc, indent=2)
+    if path is not None:
+        path.write_text(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+
+
+TRUST_HELP = ("Load a .pt2 model file even if it holds pickled data, which runs code when "
+              "loaded: only for files whose author you trust.")
+
+
+def model_ref(model: str, trust_model_file: bool) -> str:
+    """MODEL as given, marked trusted with --trust-model-file: the library captures it again
+    in several places and each inherits the decision."""
+    from edgesplit.graph import TrustedModelFile
+
+    return TrustedModelFile(model) if trust_model_file else model
+
+
+def tls_files(cert: Optional[Path], key: Optional[Path], ca: Optional[Path]):
+    """The TLS files given on the command line, read; None when none was given."""
+    if cert is None and key is None and ca is None:
+        return None
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.transport import TlsFiles
+
+    def read(path: Optional[Path]) -> bytes | None:
+        if path is None:
+            return None
+        if not path.is_file():
+            raise ConfigError(f"TLS file {str(path)!r} does not exist")
+        return path.read_bytes()
+
+    return TlsFiles(cert=read(cert), key=read(key), ca=read(ca))
+
+
+def load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool = False):
+    """The plan file made executable, with a spinner while the model is captured again."""
+    from edgesplit.plan import load_plan
+    from edgesplit.runtime import PlanProgram
+
+    with err.status(f"loading {plan_path} ...", spinner="dots"):
+        return PlanProgram.load(load_plan(plan_path), backend=backend,
+                                trust_model_file=trust_model_file)
+
+
+BACKEND_HELP = "torch (the captured program) or onnxruntime (each part exported to ONNX)."
+TOKEN_HELP = ("Bearer token (both sides give the same). Visible in `ps`: prefer --token-file "
+              "or the EDGESPLIT_TOKEN environment variable.")
+TOKEN_FILE_HELP = "Read the bearer token from this file (one line)."

@@ -1,0 +1,131 @@
+"""`edgesplit devices | links | topologies | profile`: the hardware presets and per-layer
+profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgesplit.cli._app import TRUST_HELP, app, emit_json, err, out, user_errors
+
+
+@app.command()
+@user_errors
+def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")
+            ) -> None:
+    """List the device presets (this-machine is measured live, about a second)."""
+    from edgesplit.hardware import get_device, list_devices
+
+    found = [get_device(name) for name in list_devices()]
+    if as_json:
+        emit_json({"version": 1, "devices": [d.model_dump(mode="json") for d in found]})
+        return
+    from edgesplit.report.hardware_tables import devices_table
+
+    out.print(devices_table(found))
+
+
+@app.command()
+@user_errors
+def links(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")
+          ) -> None:
+    """List the link presets."""
+    from edgesplit.hardware import get_link, list_links
+
+    found = [get_link(name) for name in list_links()]
+    if as_json:
+        emit_json({"version": 1, "links": [link.model_dump(mode="json") for link in found]})
+        return
+    from edgesplit.report.hardware_tables import links_table
+
+    out.print(links_table(found))
+
+
+@app.command()
+@user_errors
+def topologies(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the topology presets (devices and links, from source to sink)."""
+    from edgesplit.hardware import get_topology, list_topologies
+
+    found = [get_topology(name) for name in list_topologies()]
+    if as_json:
+        emit_json({"version": 1, "topologies": [t.model_dump(mode="json") for t in found]})
+        return
+    from edgesplit.report.hardware_tables import topologies_table
+
+    out.print(topologies_table(found))
+
+
+@app.command()
+@user_errors
+def profile(
+    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the profile JSON."),
+    input_shape: Optional[str] = typer.Option(None, "--input-shape", "-s",
+                                              help="Input shape for built-ins."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", min=1,
+                                             help="Batch size (built-ins: replaces the first "
+                                                  "dimension of the input shape)."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed runs first."),
+    repeats: int = typer.Option(20, "--repeats", min=1, help="Timed runs."),
+    no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip ONNX Runtime timings."),
+    validate: bool = typer.Option(False, "--validate", help="Also measure the whole model and "
+                                  "partitions as one piece and report each estimator's error."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile JSON."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+) -> None:
+    """Measure each layer's latency on this machine (eager and ONNX Runtime)."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from edgesplit.graph import capture, parse_shape
+    from edgesplit.hardware.profile import profile_graph, save_profile
+
+    shape = _batch_shape(model, parse_shape(input_shape) if input_shape else None, batch_size)
+    with err.status(f"capturing {model} ...", spinner="dots"):
+        graph = capture(model, input_shape=shape, trust_model_file=trust_model_file)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total}"), console=err, transient=True) as bar:
+        task = bar.add_task("profiling", total=1)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        prof = profile_graph(graph, warmup=warmup, repeats=repeats, onnx=not no_onnx,
+                             progress=progress)
+        report = _validate(graph, prof, warmup, repeats) if validate else None
+    if report is not None:
+        prof["validation"] = report
+    if out_path is not None:
+        save_profile(prof, out_path)
+    if as_json:
+        emit_json(prof)
+        return
+    from edgesplit.report.hardware_tables import profile_table, validation_table
+
+    out.print(profile_table(prof))
+    if report is not None:
+        out.print(validation_table(report))
+    if out_path is not None:
+        err.print(f"profile written to {out_path}")
+
+
+def _batch_shape(model: str, shape, batch_size):
+    if batch_size is None:
+        return shape
+    if shape is None:
+        from edgesplit.models import get_model_spec
+
+        shape = get_model_spec(model).input_shape
+    return (batch_size, *tuple(shape)[1:])
+
+
+def _validate(graph, prof, warmup: int, repeats: int):
+    from edgesplit.hardware import get_device
+    from edgesplit.hardware.validate import default_estimators, validate_estimators
+
+    return validate_estimators(graph, default_estimators(prof, get_device("this-machine")),
+                               warmup=warmup, repeats=repeats)

@@ -1,0 +1,121 @@
+"""`edgesplit export | serve | run`: a plan's parts as ONNX files, served over gRPC, and driven
+by a client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgesplit.cli._app import (BACKEND_HELP, TOKEN_FILE_HELP, TOKEN_HELP, TRUST_HELP, app,
+                                emit_json, err, load_program, out, tls_files, user_errors)
+
+
+@app.command()
+@user_errors
+def export(
+    plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
+    out_dir: Path = typer.Option(Path("export"), "--out", "-o", help="Folder to write into."),
+    fmt: str = typer.Option("onnx", "--format", help="onnx (one file per device)."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+) -> None:
+    """Write every device's part of PLAN as its own ONNX model (inputs and outputs named by
+    tensor), plus manifest.json saying what each device receives, sends and at which bits."""
+    from edgesplit.errors import ConfigError
+
+    if fmt != "onnx":
+        raise ConfigError(f"unknown export format {fmt!r}: use onnx")
+    program = load_program(plan_path, trust_model_file=trust_model_file)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with err.status("exporting ...", spinner="dots"):
+        models = program.export_onnx()
+    for device, data in models.items():
+        (out_dir / f"{device}.onnx").write_bytes(data)
+        err.print(f"wrote {out_dir / f'{device}.onnx'} ({len(data):,} bytes)")
+    emit_json(program.manifest(), out_dir / "manifest.json")
+    err.print(f"wrote {out_dir / 'manifest.json'}")
+
+
+@app.command()
+@user_errors
+def serve(
+    plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
+    device: str = typer.Option(..., "--device", "-d", help="The plan device this server runs "
+                                                           "(e.g. cloud, or a middle hop)."),
+    port: int = typer.Option(50051, "--port", "-p", help="Port (0: any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
+    next_hop: Optional[str] = typer.Option(None, "--next", help="HOST:PORT of the next device "
+                                                                "(middle hops of a chain)."),
+    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
+                                                                 "trusting this CA."),
+    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
+    workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
+    backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
+    max_batch: int = typer.Option(1, "--max-batch", help="Batch up to this many concurrent "
+                                                          "requests (1: no batching)."),
+    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="With --max-batch: longest "
+                                                                 "wait for a batch to fill."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+) -> None:
+    """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
+    gracefully)."""
+    from edgesplit.runtime.transport import PartitionServer, read_token, serve_forever
+
+    token = read_token(token, token_file)
+    program = load_program(plan_path, backend, trust_model_file)
+    server = PartitionServer(program, device, next_address=next_hop, token=token,
+                             tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
+                             max_workers=workers, max_batch=max_batch,
+                             max_wait_ms=max_wait_ms)
+    bound = server.start(host, port)
+    # one machine-readable line on stdout: scripts and tests wait for it
+    print(f"listening on {host}:{bound} device={device} plan={program.plan_id}", flush=True)
+    serve_forever(server)
+
+
+@app.command()
+@user_errors
+def run(
+    plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
+    server: str = typer.Option(..., "--server", help="HOST:PORT of the second device's server."),
+    input_path: Optional[Path] = typer.Option(None, "--input", help=".pt/.npz of inputs "
+                                                                    "(default: the example)."),
+    requests: int = typer.Option(1, "--requests", "-n", help="Requests per client."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients."),
+    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
+    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
+    retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
+    timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),
+    warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
+    backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+) -> None:
+    """Run the first device's part of PLAN here and the rest on the served chain; report
+    measured against predicted latency and the difference from the unsplit model."""
+    from edgesplit.runtime.session import load_inputs, run_requests
+    from edgesplit.runtime.transport import read_token
+
+    token = read_token(token, token_file)
+    program = load_program(plan_path, backend, trust_model_file)
+    batches = load_inputs(input_path, program) if input_path else None
+    options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": not no_shape,
+               "retries": retries, "timeout_s": timeout_s}
+    with err.status(f"{requests * concurrency} request(s) to {server} ...", spinner="dots"):
+        report = run_requests(program, server, requests=requests, concurrency=concurrency,
+                              inputs=batches, client_options=options, warmup=warmup)
+    if as_json:
+        emit_json(report)
+    else:
+        from edgesplit.report.plan_tables import run_table
+
+        out.print(run_table(report))
+    if report["errors"]:
+        raise typer.Exit(1)
