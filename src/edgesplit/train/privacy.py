@@ -83,8 +83,9 @@ def graph_split_for_chain(graph, model: nn.Module, chain_elements: int) -> int:
     elements of the model's chain cover: the privacy split in the graph's terms."""
     from edgesplit.train.split import as_chain
 
-    chain = as_chain(model)[:chain_elements]
-    names = {n for n, m in model.named_children() if any(m is c for c in chain)}
+    # a traced chain's element may be a GraphModule over several children: look inside it
+    held = {id(s) for c in as_chain(model)[:chain_elements] for s in c.modules()}
+    names = {n for n, m in model.named_children() if id(m) in held}
     covered = [layer.index for layer in graph.layers if layer.module_path.split(".")[0] in names]
     return max(covered) + 1 if covered else 0
 

@@ -309,12 +309,15 @@ def _features(model: nn.Module, x: torch.Tensor, cuts: Sequence[int]) -> dict[in
     import numpy as np
 
     from edgesplit.graph import capture
+    from edgesplit.train.chain import capturable
     from edgesplit.train.features import partition_features
-    from edgesplit.train.privacy import graph_split_for_chain
+    from edgesplit.train.split import graph_cut_for_chain
 
-    graph = capture(copy.deepcopy(model).eval(), (x,), optimize=False, name="train-split")
-    rows = np.stack([partition_features(graph, graph_split_for_chain(graph, model, c + 1) - 1)
-                     for c in cuts])
+    # captured as the chain itself, each layer's module path starts with its chain index: exact
+    # for any chain, also one whose element holds functions and several children
+    chain = capturable(copy.deepcopy(as_chain(model)))
+    graph = capture(chain.eval(), (x,), optimize=False, name="train-split")
+    rows = np.stack([partition_features(graph, graph_cut_for_chain(graph, c)) for c in cuts])
     scale = rows.max(axis=0)
     scale[scale == 0] = 1.0
     return {i: rows[i] / scale for i in range(len(cuts))}

@@ -3,9 +3,10 @@
 How training partitions are obtained. The LayerGraph programs are *inference* programs
 (exported in eval mode, parameters frozen, batch-norm using running statistics), so they cannot
 be trained. Instead we split the ``nn.Module`` itself: the model is given as a *chain* of modules
-(an ``nn.Sequential``, a module with a ``layers()`` method, or ``DigitsCNN``, see
-:func:`as_chain`), and the device/server parts are ``nn.Sequential`` slices of it. Batch-norm
-runs in train mode on whichever side holds it, exactly as in unsplit training. Cut indices use
+(an ``nn.Sequential``, a module with a ``layers()`` method, or any model torch.fx can trace, cut
+at its single-tensor points, see :func:`as_chain`), and the device/server parts are
+``nn.Sequential`` slices of it. Batch-norm runs in train mode on whichever side holds it,
+exactly as in unsplit training. Cut indices use
 the LayerGraph convention over the chain: cut i = after chain element i, -1 = before the first
 (p = i + 1 in the paper); :func:`graph_cut_for_chain` maps them onto a captured graph.
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
+from edgesplit.train.chain import chain_from_trace
 
 __all__ = [
     "OptimizerFactory",
@@ -70,25 +72,16 @@ class SyncReport:
         return self.weight_bytes + self.buffer_bytes + self.optimizer_state_bytes
 
 
-class _Flatten(nn.Flatten):
-    """``torch.flatten(x, 1)`` as a chain element."""
-
-
 def as_chain(model: nn.Module) -> list[nn.Module]:
     """The modules of ``model`` in execution order, such that applying them in turn is
-    ``model(x)``. Supports ``nn.Sequential``, modules with a ``layers()`` method and the
-    built-in ``DigitsCNN``; anything else raises ConfigError (its forward may not be a chain)."""
-    from edgesplit.models._digits import DigitsCNN
-
+    ``model(x)``: an ``nn.Sequential``'s modules, a ``layers()`` method's list, or else the
+    model's forward traced and cut wherever one tensor crosses (:func:`chain_from_trace`);
+    a model torch.fx cannot trace, or that is not one tensor in and out, raises ConfigError."""
     if isinstance(model, nn.Sequential):
         return list(model)
     if callable(getattr(model, "layers", None)):
         return list(model.layers())
-    if isinstance(model, DigitsCNN):  # its forward() is this chain (with flatten before fc)
-        return [model.stem, model.down1, model.block1, model.down2, model.block2, model.reduce,
-                model.expand, model.pool, _Flatten(1), model.fc]
-    raise ConfigError(f"cannot split {type(model).__name__} for training: pass an nn.Sequential "
-                      "or a module with a layers() method listing its chain of modules")
+    return chain_from_trace(model)
 
 
 def graph_cut_for_chain(graph, chain_cut: int) -> int:

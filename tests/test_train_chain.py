@@ -1,0 +1,160 @@
+"""Chains of trainable modules traced from any model (train/chain.py): forward, backward and
+split training equal the unsplit model's, with the model's own parameters."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from edgesplit.errors import ConfigError
+from edgesplit.graph import capture
+from edgesplit.models._digits import DigitsCNN
+from edgesplit.train import SplitTrainer, as_chain, graph_cut_for_chain, partition_features
+from edgesplit.train.chain import capturable, chain_from_trace
+
+
+class _Funky(nn.Module):
+    """Not a chain of children: functions between them, a residual around a child, a
+    parameter used outside any child, batch-norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.b, self.fc = nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.full((4,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.a(x)))
+        h = h + self.b(h)  # two tensors cross here: no cut inside the residual
+        return self.fc(h.mean((2, 3)) * self.scale)
+
+
+class _Wrapper(nn.Module):
+    """A wrapper whose only child holds every parameter: the chain is traced inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _Funky()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * 2.0
+
+
+def _models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    torch.manual_seed(0)
+    return {"digits_cnn": (DigitsCNN(), torch.randn(4, 1, 32, 32)),
+            "funky": (_Funky(), torch.randn(4, 1, 6, 6)),
+            "wrapper": (_Wrapper(), torch.randn(4, 1, 6, 6))}
+
+
+def _run(chain: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for element in chain:
+        x = element(x)
+    return x
+
+
+def test_digits_cnn_chain_is_its_children_and_the_flatten() -> None:
+    model = DigitsCNN()
+    chain = chain_from_trace(model)
+    children = dict(model.named_children())
+    assert len(chain) == 10
+    names = ["stem", "down1", "block1", "down2", "block2", "reduce", "expand", "pool"]
+    assert all(c is children[n] for c, n in zip(chain, names))
+    assert chain[9] is model.fc and not list(chain[8].parameters())  # the flatten
+
+
+def test_funky_chain_cuts_only_where_one_tensor_crosses() -> None:
+    chain = chain_from_trace(_Funky())
+    # conv | bn | relu | residual | mean | * scale | fc
+    assert len(chain) == 7
+    x = torch.randn(2, 4, 5, 5)
+    torch.testing.assert_close(chain[3](x), x + chain[3].b(x))
+
+
+def test_a_wrapper_is_traced_into() -> None:
+    model = _Wrapper()
+    chain = chain_from_trace(model)
+    assert len(chain) == 8  # _Funky's seven, then * 2
+    assert chain[0] is model.net.a
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "funky", "wrapper"])
+def test_chain_forward_and_backward_equal_the_model(name: str) -> None:
+    model, x = _models()[name]
+    reference = copy.deepcopy(model).train()
+    chain = chain_from_trace(model.train())
+    # the chain calls the model's own parameters and buffers, each once
+    chain_params = {id(p) for c in chain for p in c.parameters()}
+    assert chain_params == {id(p) for p in model.parameters()}
+    out, ref = _run(chain, x), reference(x)
+    torch.testing.assert_close(out, ref)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+    for (n, b), c in zip(model.named_buffers(), reference.buffers()):  # train-mode batch-norm
+        torch.testing.assert_close(b, c, msg=n)
+
+
+@pytest.mark.parametrize("name", ["funky", "wrapper"])
+def test_split_training_equals_unsplit_at_every_cut(name: str) -> None:
+    model, x = _models()[name]
+    y = torch.tensor([0, 1, 2, 1])
+    loss = nn.functional.cross_entropy
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    reference = copy.deepcopy(model).train()
+    ref_opt = sgd(list(reference.parameters()))
+    trainer = SplitTrainer(model, 0, loss, sgd)
+    for step, cut in enumerate([0, 3, -1, len(trainer.layers) - 1, 2]):
+        trainer.move_cut(cut)
+        trainer.step(x + step, y)
+        ref_opt.zero_grad()
+        loss(reference(x + step), y).backward()
+        ref_opt.step()
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, msg=n)
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + y
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if x.sum() > 0 else -x  # data-dependent: fx cannot trace it
+
+
+@pytest.mark.parametrize("model, match", [
+    (nn.Linear(2, 2), "no single tensor"),
+    (_TwoInputs(), "one tensor"),
+    (_Branchy(), "torch.fx cannot trace"),
+])
+def test_models_that_cannot_be_chained_raise_config_error(model: nn.Module, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        as_chain(model)
+
+
+@pytest.mark.parametrize("name", ["funky", "wrapper"])
+def test_every_chain_cut_has_l2s_features_on_the_captured_chain(name: str) -> None:
+    model, x = _models()[name]
+    chain = chain_from_trace(model)
+    graph = capture(capturable(copy.deepcopy(chain)).eval(), (x,), optimize=False)
+    h = x
+    for c, element in enumerate(chain):
+        h = element(h)
+        cut = graph_cut_for_chain(graph, c)
+        if c < len(chain) - 1:  # the graph cut is crossed by exactly this element's output
+            assert [t.shape for t in graph.cuts()[cut + 1].tensors] == [tuple(h.shape)]
+        assert partition_features(graph, cut).shape == (8,)
