@@ -219,3 +219,40 @@ def test_bad_calls_raise() -> None:
         LinUCBE({0: [1.0], 1: [0.0]}, horizon=10, mu=-0.1)
     with pytest.raises(ConfigError, match="offloading"):
         LinUCBE({0: [0.0]}, horizon=10)
+
+
+# --- 6. the estimator contract ------------------------------------------------------------------
+
+X_CONTRACT = np.array([[1.0, 0.0], [0.5, 0.0], [0.2, 1.0], [0.0, 0.0]])
+
+def test_parameters_are_stored_as_given_and_state_is_learned_later() -> None:
+    from sklearn.base import clone
+
+    delays = [0.0, 0.0, 0.0, 1.0]
+    E = LinUCBE(X_CONTRACT, horizon=16, alpha=2.0, device_delays=delays, min_partition=1)
+    assert E.get_params() == {"features": X_CONTRACT, "horizon": 16, "alpha": 2.0, "ridge": 1.0,
+                              "mu": 0.25, "device_delays": delays, "min_partition": 1,
+                              "delay_scale": 1.0}
+    assert E.get_params()["features"] is X_CONTRACT
+    assert not hasattr(E, "A_") and not hasattr(E, "arms_")  # nothing learned in __init__
+    E.select(1)
+    assert E.arms_ == (1, 2, 3) and E.device_delays_ == {1: 0.0, 2: 0.0, 3: 1.0}
+    twin = clone(E)  # scikit-learn can rebuild it from its parameters
+    assert type(twin) is LinUCBE and not hasattr(twin, "A_")
+    assert [twin.select(t) for t in range(1, 5)] == [LinUCBE(**E.get_params()).select(t)
+                                                     for t in range(1, 5)]
+
+
+def test_set_params_checks_and_new_device_delays_apply_at_once() -> None:
+    L = LinUCB(HAND_FEATURES, device_delays=HAND_DEVICE)
+    L.update(0, 3.0)
+    A = L.A.copy()
+    with pytest.raises(ConfigError, match="alpha"):
+        L.set_params(alpha=-1.0)
+    with pytest.raises(ConfigError, match="no parameter"):
+        L.set_params(beta=1.0)
+    assert L.alpha == 1.0 and L.device_delays is HAND_DEVICE  # a refused value changes nothing
+    L.set_params(device_delays={p: 100.0 * p for p in L.arms})
+    assert L.predict(2) == pytest.approx(200.0 + L.predict_edge(2))
+    np.testing.assert_array_equal(L.A, A)  # learning goes on
+    np.testing.assert_array_equal(L.reset().A, np.eye(2))

@@ -27,8 +27,10 @@ the two intermediate data sizes); this module never computes them.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -192,30 +194,101 @@ class LinUCB:
         on one model and not at all on another. Callers pass a delay the device knows, e.g.
         its pure on-device delay d_P^m; the default 1.0 keeps alpha in ms as in eq. (2).
 
-    Attributes ``A`` (d x d) and ``b`` (d) are the paper's auxiliary variables A_t, b_t;
-    ``theta`` is theta_hat = A^{-1} b. Ties in the argmin go to the lowest partition point
+    The parameters are stored as given (``get_params``) and checked at construction; the
+    learned state is created by :meth:`reset`, which the first decision or update calls:
+    ``A_`` (d x d) and ``b_`` (d), the paper's auxiliary variables A_t, b_t (also read as
+    ``A`` and ``b``), the domain's ``arms_``, its checked ``features_`` and the d_p^m in use
+    ``device_delays_`` (which L2S's modes refine as the device measures them). ``theta`` is
+    theta_hat = A^{-1} b. Ties in the argmin go to the lowest partition point
     (earliest cut), so the learner is deterministic.
     """
 
     def __init__(self, features: FeatureInput, alpha: float = DEFAULT_ALPHA, ridge: float = 1.0,
                  *, device_delays: DelayInput = None, min_partition: int | None = None,
                  delay_scale: float = 1.0) -> None:
-        table = _domain(_check_vectors(_as_arm_table(features)), min_partition)
-        self.alpha = _check_nonneg("alpha", alpha)
-        self.delay_scale = _check_nonneg("delay_scale", delay_scale)
-        if self.delay_scale == 0:
+        self.features = features
+        self.alpha = alpha
+        self.ridge = ridge
+        self.device_delays = device_delays
+        self.min_partition = min_partition
+        self.delay_scale = delay_scale
+        self._arm_table()  # a bad parameter fails here, where it was given
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The ``__init__`` parameters as given (the scikit-learn estimator contract)."""
+        names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
+        return {name: getattr(self, name) for name in names}
+
+    def set_params(self, **params: Any) -> LinUCB:
+        """Set ``__init__`` parameters, checked. ``alpha``, ``delay_scale`` and
+        ``device_delays`` (d_p^m, which L2S refines as the device measures them) apply from the
+        next decision on; the others from the next :meth:`reset`."""
+        unknown = sorted(set(params) - set(self.get_params()))
+        if unknown:
+            raise ConfigError(f"{type(self).__name__} has no parameter(s) {unknown}; "
+                              f"it has {sorted(self.get_params())}")
+        old = self.get_params()
+        self.__dict__.update(params)
+        try:
+            self._arm_table()
+        except ConfigError:
+            self.__dict__.update(old)  # a refused value changes nothing
+            raise
+        if hasattr(self, "A_") and "device_delays" in params:
+            self.device_delays_ = _device_delays(self.device_delays, self.arms_)
+        return self
+
+    def _arm_table(self) -> dict[int, np.ndarray]:
+        """The checked x_p of the privacy domain; checks every parameter."""
+        table = _domain(_check_vectors(_as_arm_table(self.features)), self.min_partition)
+        _check_nonneg("alpha", self.alpha)
+        if _check_nonneg("delay_scale", self.delay_scale) == 0:
             raise ConfigError("delay_scale must be > 0 ms (the unit of alpha)")
-        self.ridge = _check_nonneg("ridge (beta of A_0 = beta I)", ridge)
-        if self.ridge == 0:
+        if _check_nonneg("ridge (beta of A_0 = beta I)", self.ridge) == 0:
             raise ConfigError("ridge must be > 0: A_0 = beta I has to be invertible for "
                               "theta_hat = A^{-1} b before any feedback")
-        self.arms: tuple[int, ...] = tuple(sorted(table))
-        self.on_device_arm: int = self.arms[-1]  # P: everything trained on the end device
-        self.features: dict[int, np.ndarray] = table
-        self.device_delays = _device_delays(device_delays, self.arms)
-        self.dim = next(iter(table.values())).size
-        self.A = self.ridge * np.eye(self.dim)
-        self.b = np.zeros(self.dim)
+        _device_delays(self.device_delays, tuple(sorted(table)))
+        return table
+
+    def reset(self) -> LinUCB:
+        """Start learning afresh (Algorithm 1 line 5): A_0 = beta I, b_0 = 0. The first
+        decision or update does this; learned state ends with ``_``."""
+        table = self._arm_table()
+        self.features_: dict[int, np.ndarray] = table
+        self.arms_: tuple[int, ...] = tuple(sorted(table))
+        self.device_delays_: dict[int, float] = _device_delays(self.device_delays, self.arms_)
+        self.A_ = float(self.ridge) * np.eye(next(iter(table.values())).size)
+        self.b_ = np.zeros(self.A_.shape[0])
+        return self
+
+    def _learned(self) -> LinUCB:
+        return self if hasattr(self, "A_") else self.reset()
+
+    # read-only views of the learned state under the paper's names
+    @property
+    def A(self) -> np.ndarray:
+        """A_t (d x d)."""
+        return self._learned().A_
+
+    @property
+    def b(self) -> np.ndarray:
+        """b_t (d)."""
+        return self._learned().b_
+
+    @property
+    def arms(self) -> tuple[int, ...]:
+        """The partition points of the privacy domain, increasing."""
+        return self._learned().arms_
+
+    @property
+    def on_device_arm(self) -> int:
+        """P: everything trained on the end device (the last arm)."""
+        return self.arms[-1]
+
+    @property
+    def dim(self) -> int:
+        """d, the length of every x_p."""
+        return self.A.shape[0]
 
     # --- model -------------------------------------------------------------------------------
     @property
@@ -225,7 +298,7 @@ class LinUCB:
 
     def _arm(self, arm: int) -> int:
         if isinstance(arm, bool) or not isinstance(arm, (int, np.integer)) or arm not in \
-                self.device_delays:
+                self._learned().device_delays_:
             raise ConfigError(f"arm {arm!r} is not in the partition domain {list(self.arms)}")
         return int(arm)
 
@@ -234,7 +307,7 @@ class LinUCB:
         arm = self._arm(arm)
         if arm == self.on_device_arm:
             return 0.0
-        x = self.features[arm]
+        x = self.features_[arm]
         return float(math.sqrt(max(float(x @ np.linalg.solve(self.A, x)), 0.0)))
 
     def predict_edge(self, arm: int) -> float:
@@ -242,11 +315,12 @@ class LinUCB:
         arm = self._arm(arm)
         if arm == self.on_device_arm:
             return 0.0
-        return float(self.theta @ self.features[arm])
+        return float(self.theta @ self.features_[arm])
 
     def predict(self, arm: int) -> float:
         """Predicted end-to-end delay d_p^m + theta_hat^T x_p (no exploration bonus)."""
-        return self.device_delays[self._arm(arm)] + self.predict_edge(arm)
+        arm = self._arm(arm)
+        return self.device_delays_[arm] + self.predict_edge(arm)
 
     def score(self, arm: int) -> float:
         """Lower confidence bound minimised by eq. (2) / Algorithm 1 lines 9-14:
@@ -262,12 +336,12 @@ class LinUCB:
         # One solve for theta and one for A^-1 X per round (not two per arm): the decision
         # overhead is a benchmark figure. np.argmin keeps the lowest p on ties.
         arms = list(candidates)
-        x = np.stack([self.features[p] for p in arms])
-        theta = np.linalg.solve(self.A, self.b)
-        width = np.sqrt(np.maximum(np.einsum("ij,ji->i", x, np.linalg.solve(self.A, x.T)), 0.0))
+        x = np.stack([self.features_[p] for p in arms])
+        theta = np.linalg.solve(self.A_, self.b_)
+        width = np.sqrt(np.maximum(np.einsum("ij,ji->i", x, np.linalg.solve(self.A_, x.T)), 0.0))
         edge = x @ theta - self.alpha * self.delay_scale * width
         edge[[p == self.on_device_arm for p in arms]] = 0.0  # no edge part at p = P
-        scores = np.array([self.device_delays[p] for p in arms]) + edge
+        scores = np.array([self.device_delays_[p] for p in arms]) + edge
         return arms[int(np.argmin(scores))]
 
     def select(self, round_index: int) -> int:
@@ -279,10 +353,10 @@ class LinUCB:
         """The partition with the lowest *predicted* delay d_p^m + theta_hat^T x_p (no
         exploration bonus): what the learner currently believes is optimal. L2S's mode switch
         judges convergence on these decisions and trains on the last one in regular mode."""
-        x = np.stack([self.features[p] for p in self.arms])
+        x = np.stack([self.features_[p] for p in self.arms])
         edge = x @ np.linalg.solve(self.A, self.b)
         edge[-1] = 0.0  # the last arm is P: no edge part
-        delays = np.array([self.device_delays[p] for p in self.arms]) + edge
+        delays = np.array([self.device_delays_[p] for p in self.arms]) + edge
         return self.arms[int(np.argmin(delays))]
 
     def update(self, arm: int, delay_ms: float) -> None:
@@ -296,9 +370,9 @@ class LinUCB:
             raise ConfigError(f"delay_ms must be a finite number, got {delay_ms!r}")
         if arm == self.on_device_arm:
             return
-        x = self.features[arm]
-        self.A += np.outer(x, x)
-        self.b += x * float(delay_ms)
+        x = self.features_[arm]
+        self.A_ += np.outer(x, x)
+        self.b_ += x * float(delay_ms)
 
     def update_total(self, arm: int, total_delay_ms: float) -> None:
         """Same as :meth:`update` from a measured end-to-end delay: d^e = d - d_p^m."""
@@ -306,7 +380,7 @@ class LinUCB:
         if not (isinstance(total_delay_ms, (int, float, np.floating))
                 and math.isfinite(total_delay_ms)):
             raise ConfigError(f"total_delay_ms must be a finite number, got {total_delay_ms!r}")
-        self.update(arm, float(total_delay_ms) - self.device_delays[arm])
+        self.update(arm, float(total_delay_ms) - self.device_delays_[arm])
 
 
 class LinUCBE(LinUCB):
@@ -324,24 +398,33 @@ class LinUCBE(LinUCB):
     def __init__(self, features: FeatureInput, horizon: int, alpha: float = DEFAULT_ALPHA,
                  ridge: float = 1.0, *, mu: float = DEFAULT_MU, device_delays: DelayInput = None,
                  min_partition: int | None = None, delay_scale: float = 1.0) -> None:
+        self.horizon = horizon
+        self.mu = mu
         super().__init__(features, alpha, ridge, device_delays=device_delays,
                          min_partition=min_partition, delay_scale=delay_scale)
-        if len(self.arms) < 2:
+
+    def _arm_table(self) -> dict[int, np.ndarray]:
+        table = super()._arm_table()
+        if len(table) < 2:
             raise ConfigError(f"LinUCB-E needs at least one offloading partition point besides "
-                              f"pure on-device p={self.on_device_arm}; lower min_partition (P^c)")
-        self.mu = _check_mu(mu)
-        self._forced = frozenset(forced_sampling_rounds(horizon, self.mu))  # validates T
-        self.horizon = int(horizon)
+                              f"pure on-device p={max(table)}; lower min_partition (P^c)")
+        forced_sampling_rounds(self.horizon, _check_mu(self.mu))  # validates T and mu
+        return table
+
+    def reset(self) -> LinUCBE:
+        super().reset()
+        self.forced_: frozenset[int] = frozenset(forced_sampling_rounds(self.horizon, self.mu))
+        return self
 
     def forced_rounds(self, horizon: int | None = None) -> list[int]:
         """F for this learner's T (or for another T with the same mu), increasing."""
         if horizon is None:
-            return sorted(self._forced)
+            return sorted(self._learned().forced_)
         return forced_sampling_rounds(horizon, self.mu)
 
     def is_forced(self, round_index: int) -> bool:
         """Whether t is in F, i.e. p = P is not an option in round t."""
-        return _check_round(round_index) in self._forced
+        return _check_round(round_index) in self._learned().forced_
 
     def select(self, round_index: int) -> int:
         """Algorithm 1 lines 11-14."""

@@ -81,14 +81,14 @@ class AdaptiveL2S:
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.config.seed)
         self.learner = self.make_learner(self.config.horizon)
-        self._profile = dict(self.learner.device_delays)
+        self._profile = dict(self.learner.reset().device_delays_)
         self._measured: dict[int, list[float]] = {}
         self._start(1, "start")
 
     def _start(self, t: int, reason: str) -> None:
         if reason != "start":
             self.learner = self.make_learner(self.config.horizon)
-            self.learner.device_delays.update(self._device_estimates())
+            self.learner.set_params(device_delays=self._device_estimates())
         self.mode = "adaptation"
         self._phase_start = t
         self._decisions: list[int] = []
@@ -123,7 +123,7 @@ class AdaptiveL2S:
         what the real loop costs (optimizer state, other processes on the machine)."""
         if arm in self._profile and math.isfinite(device_ms) and device_ms >= 0:
             self._measured.setdefault(arm, []).append(float(device_ms))
-            self.learner.device_delays.update(self._device_estimates())
+            self.learner.set_params(device_delays=self._device_estimates())
 
     def _device_estimates(self) -> dict[int, float]:
         means = {a: float(np.mean(v[-50:])) for a, v in self._measured.items()}
