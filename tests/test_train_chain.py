@@ -158,3 +158,22 @@ def test_every_chain_cut_has_l2s_features_on_the_captured_chain(name: str) -> No
         if c < len(chain) - 1:  # the graph cut is crossed by exactly this element's output
             assert [t.shape for t in graph.cuts()[cut + 1].tensors] == [tuple(h.shape)]
         assert partition_features(graph, cut).shape == (8,)
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "funky"])
+def test_each_chain_cut_is_a_plan_whose_edge_holds_the_front(name: str) -> None:
+    from edgesplit.hardware import get_device, get_link
+    from edgesplit.plan import EdgeCloudSetting, recompute_total
+    from edgesplit.train.decision import chain_cut_plan
+
+    model, x = _models()[name]
+    setting = EdgeCloudSetting(edge=get_device("jetson-nano"), cloud=get_device("v100-server"),
+                               link=get_link("wifi"))
+    chain = as_chain(model)
+    graph = capture(capturable(copy.deepcopy(chain)).eval(), (x,), optimize=False)
+    for c in (-1, 0, 2, len(chain) - 2):
+        plan = chain_cut_plan(model, (x,), setting, c)
+        edge = next(d for d in plan.devices if d.role == "edge")
+        cut = graph_cut_for_chain(graph, c)
+        assert edge.layers == [layer.name for layer in graph.layers[:cut + 1]]
+        assert plan.predicted.total_ms == pytest.approx(recompute_total(plan))

@@ -5,6 +5,7 @@ LinUCB, LinUCB-E) and their modes (``modes``), the privacy analysis (``privacy``
 trace-driven simulator (``simulator``, ``l2s``) and the real run (``session``)."""
 
 from edgesplit.train.bandit import LinUCB, LinUCBE, forced_sampling_rounds
+from edgesplit.train.chain import capturable, chain_from_trace
 
 from edgesplit.train.features import (
     FEATURE_NAMES,
@@ -41,6 +42,8 @@ __all__ = [
     "TrainServer",
     "TrainSplitConfig",
     "analyse_privacy",
+    "capturable",
+    "chain_from_trace",
     "compare_policies",
     "forced_sampling_rounds",
     "kl_per_cut",
