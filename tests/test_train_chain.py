@@ -177,3 +177,34 @@ def test_each_chain_cut_is_a_plan_whose_edge_holds_the_front(name: str) -> None:
         cut = graph_cut_for_chain(graph, c)
         assert edge.layers == [layer.name for layer in graph.layers[:cut + 1]]
         assert plan.predicted.total_ms == pytest.approx(recompute_total(plan))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_traced_model_trains_split_over_grpc_exactly_as_unsplit(momentum: float) -> None:
+    from edgesplit.train import RemoteSplitTrainer, TrainServer
+
+    def build() -> nn.Module:
+        torch.manual_seed(3)
+        return _Funky()
+
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+               for _ in range(6)]
+    server = TrainServer(build, lr=0.05, momentum=momentum, seed=3, sample_shape=(1, 6, 6))
+    address = f"localhost:{server.start()}"
+    try:
+        with RemoteSplitTrainer(build(), address, lr=0.05, momentum=momentum, seed=3,
+                                sync="fws") as trainer:
+            for (x, y), cut in zip(batches, [2, 5, -1, 3, 6, 0], strict=True):
+                trainer.step(x, y, cut)
+            trained = trainer.final_model()
+    finally:
+        server.stop(0)
+    reference = build().train()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=momentum)
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        opt.step()
+    for (n, a), b in zip(trained.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=n)
