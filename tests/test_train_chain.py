@@ -104,7 +104,7 @@ def test_split_training_equals_unsplit_at_every_cut(name: str) -> None:
     model, x = _models()[name]
     y = torch.tensor([0, 1, 2, 1])
     loss = nn.functional.cross_entropy
-    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)
     reference = copy.deepcopy(model).train()
     ref_opt = sgd(list(reference.parameters()))
     trainer = SplitTrainer(model, 0, loss, sgd)

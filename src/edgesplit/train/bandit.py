@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -203,6 +203,13 @@ class LinUCB:
     (earliest cut), so the learner is deterministic.
     """
 
+    # learned state, created by reset()
+    features_: dict[int, np.ndarray]
+    arms_: tuple[int, ...]
+    device_delays_: dict[int, float]
+    A_: np.ndarray
+    b_: np.ndarray
+
     def __init__(self, features: FeatureInput, alpha: float = DEFAULT_ALPHA, ridge: float = 1.0,
                  *, device_delays: DelayInput = None, min_partition: int | None = None,
                  delay_scale: float = 1.0) -> None:
@@ -219,7 +226,7 @@ class LinUCB:
         names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
         return {name: getattr(self, name) for name in names}
 
-    def set_params(self, **params: Any) -> LinUCB:
+    def set_params(self, **params: Any) -> Self:
         """Set ``__init__`` parameters, checked. ``alpha``, ``delay_scale`` and
         ``device_delays`` (d_p^m, which L2S refines as the device measures them) apply from the
         next decision on; the others from the next :meth:`reset`."""
@@ -250,18 +257,18 @@ class LinUCB:
         _device_delays(self.device_delays, tuple(sorted(table)))
         return table
 
-    def reset(self) -> LinUCB:
+    def reset(self) -> Self:
         """Start learning afresh (Algorithm 1 line 5): A_0 = beta I, b_0 = 0. The first
         decision or update does this; learned state ends with ``_``."""
         table = self._arm_table()
-        self.features_: dict[int, np.ndarray] = table
-        self.arms_: tuple[int, ...] = tuple(sorted(table))
-        self.device_delays_: dict[int, float] = _device_delays(self.device_delays, self.arms_)
+        self.features_ = table
+        self.arms_ = tuple(sorted(table))
+        self.device_delays_ = _device_delays(self.device_delays, self.arms_)
         self.A_ = float(self.ridge) * np.eye(next(iter(table.values())).size)
         self.b_ = np.zeros(self.A_.shape[0])
         return self
 
-    def _learned(self) -> LinUCB:
+    def _learned(self) -> Self:
         return self if hasattr(self, "A_") else self.reset()
 
     # read-only views of the learned state under the paper's names
@@ -403,6 +410,8 @@ class LinUCBE(LinUCB):
         super().__init__(features, alpha, ridge, device_delays=device_delays,
                          min_partition=min_partition, delay_scale=delay_scale)
 
+    forced_: frozenset[int]  # learned state: F, created by reset()
+
     def _arm_table(self) -> dict[int, np.ndarray]:
         table = super()._arm_table()
         if len(table) < 2:
@@ -411,9 +420,9 @@ class LinUCBE(LinUCB):
         forced_sampling_rounds(self.horizon, _check_mu(self.mu))  # validates T and mu
         return table
 
-    def reset(self) -> LinUCBE:
+    def reset(self) -> Self:
         super().reset()
-        self.forced_: frozenset[int] = frozenset(forced_sampling_rounds(self.horizon, self.mu))
+        self.forced_ = frozenset(forced_sampling_rounds(self.horizon, self.mu))
         return self
 
     def forced_rounds(self, horizon: int | None = None) -> list[int]:

@@ -23,7 +23,7 @@ from torch import fx, nn
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["chain_from_trace", "capturable"]
+__all__ = ["capturable", "chain_from_trace"]
 
 _IO_OPS = ("placeholder", "output", "get_attr")  # not computation: never a cut position
 
@@ -98,11 +98,14 @@ def _cuts(source: fx.Node, nodes: list[fx.Node], output: fx.Node
     position = {n: i for i, n in enumerate(nodes)}
     last_use = {n: max((position.get(u, len(nodes)) for u in n.users), default=-1)
                 for n in (source, *nodes)}
-    cuts, live = [], {source}  # the input stays live while a later node reads it
+    cuts: list[tuple[int, fx.Node]] = []
+    live = {source}  # the input stays live while a later node reads it
+    result = output.args[0]
+    assert isinstance(result, fx.Node)  # checked by the caller
     for k, node in enumerate(nodes):
         live = {n for n in (*live, node) if last_use[n] > k}
         if k == len(nodes) - 1 or len(live) == 1:
-            cuts.append((k, output.args[0] if k == len(nodes) - 1 else next(iter(live))))
+            cuts.append((k, result if k == len(nodes) - 1 else next(iter(live))))
     return cuts
 
 
@@ -113,7 +116,7 @@ def _element(model: nn.Module, graph: fx.Graph, segment: list[fx.Node], source: 
     only = segment[0]
     if (len(segment) == 1 and only is result and only.op == "call_module"
             and only.args == (source,) and not only.kwargs):
-        return model.get_submodule(only.target)
+        return model.get_submodule(str(only.target))
     new = fx.Graph()
     env = {source: new.placeholder("x")}
     for node in segment:
