@@ -136,8 +136,18 @@ class _Branchy(nn.Module):
         return self.a(x) if x.sum() > 0 else -x  # data-dependent: fx cannot trace it
 
 
+class _Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(torch.relu(self.a(x)))  # one weight on both sides of a cut
+
+
 @pytest.mark.parametrize("model, match", [
     (nn.Linear(2, 2), "no single tensor"),
+    (_Twice(), "'a.weight' is used by chain elements 0 and 2"),
     (_TwoInputs(), "one tensor"),
     (_Branchy(), "torch.fx cannot trace"),
 ])

@@ -14,6 +14,10 @@ children therefore stays inside one element. An element that is just one child c
 previous element's output *is* that child (so the chain of a model whose forward calls its
 children in turn is those children); any other element is a ``GraphModule`` over the same
 submodules.
+
+Tracing records one path through ``forward``: a branch on ``self.training`` or on a
+configuration value is fixed as it was when :func:`chain_from_trace` ran (in the model's current
+mode), and a branch on the data cannot be traced at all (ConfigError).
 """
 
 from __future__ import annotations
@@ -62,7 +66,23 @@ def chain_from_trace(model: nn.Module) -> list[nn.Module]:
     if len(chain) < 2:
         raise ConfigError(f"cannot split {type(model).__name__} for training: no single tensor "
                           "crosses between its operations, so there is no cut to train across")
+    _check_unshared(model, chain)
     return chain
+
+
+def _check_unshared(model: nn.Module, chain: list[nn.Module]) -> None:
+    """Each parameter in one element: a cut between two users of a tied weight would leave
+    it on both sides, trained apart."""
+    owner: dict[int, int] = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for i, element in enumerate(chain):
+        for p in element.parameters():
+            if owner.setdefault(id(p), i) != i:
+                raise ConfigError(
+                    f"cannot split {type(model).__name__} for training: parameter "
+                    f"{names.get(id(p), '?')!r} is used by chain elements {owner[id(p)]} and "
+                    f"{i} (a module called twice or a tied weight); pass an nn.Sequential or "
+                    "a module with a layers() method that keeps its users together")
 
 
 def _chain(model: nn.Module, graph: fx.Graph) -> tuple[list[nn.Module], list[frozenset[str]]]:
