@@ -218,3 +218,13 @@ def test_a_traced_model_trains_split_over_grpc_exactly_as_unsplit(momentum: floa
         opt.step()
     for (n, a), b in zip(trained.state_dict().items(), reference.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=n)
+
+
+def test_privacy_split_counts_the_layers_the_first_elements_call() -> None:
+    from edgesplit.train.privacy import graph_split_for_chain
+
+    model = _Wrapper()  # every layer's path starts with "net": the children's own paths count
+    graph = capture(copy.deepcopy(model).eval(), torch.randn(4, 1, 6, 6), optimize=False)
+    splits = [graph_split_for_chain(graph, model, k) for k in range(len(as_chain(model)) + 1)]
+    assert splits[:3] == [0, 1, 2]  # nothing; net.a; net.bn
+    assert splits == sorted(splits) and splits[-1] == len(graph.layers) - 1  # the * 2 is no module

@@ -83,11 +83,19 @@ def graph_split_for_chain(graph, model: nn.Module, chain_elements: int) -> int:
     elements of the model's chain cover: the privacy split in the graph's terms."""
     from edgesplit.train.split import as_chain
 
-    # a traced chain's element may be a GraphModule over several children: look inside it
-    held = {id(s) for c in as_chain(model)[:chain_elements] for s in c.modules()}
-    names = {n for n, m in model.named_children() if id(m) in held}
-    covered = [layer.index for layer in graph.layers if layer.module_path.split(".")[0] in names]
+    # the module paths of everything the elements call (a traced element may call several
+    # children, or the grandchildren of a wrapper), as capture names them
+    paths = {id(m): name for name, m in model.named_modules() if name}
+    strip = getattr(model, "edgesplit_strip_prefix", "")
+    held = {paths[id(s)].removeprefix(strip) for c in as_chain(model)[:chain_elements]
+            for s in c.modules() if id(s) in paths}
+    covered = [layer.index for layer in graph.layers
+               if any(_within(layer.module_path, path) for path in held)]
     return max(covered) + 1 if covered else 0
+
+
+def _within(module_path: str, path: str) -> bool:
+    return module_path == path or module_path.startswith(path + ".")
 
 
 def analyse_privacy(model_name: str, threshold: float, graph=None, samples: int = 200) -> dict:
