@@ -86,8 +86,9 @@ def as_chain(model: nn.Module) -> list[nn.Module]:
 
 def graph_cut_for_chain(graph, chain_cut: int) -> int:
     """The LayerGraph cut index equal to chain cut ``chain_cut``, for a graph captured from
-    ``nn.Sequential(*chain)`` (its layers' module paths start with the chain index). Chain
-    elements without a graph layer (a fused flatten) map to the preceding layer's cut."""
+    ``capturable(chain)`` or ``nn.Sequential(*chain)`` of modules, not GraphModules (its
+    layers' module paths start with the chain index). Chain elements without a graph layer (a
+    fused flatten) map to the preceding layer's cut."""
     last = -1
     for layer in graph.layers:
         head = layer.module_path.split(".")[0]
