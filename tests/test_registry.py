@@ -1,0 +1,56 @@
+import warnings
+
+import pytest
+
+from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.registry import Registry
+
+
+def test_register_by_call_and_decorator():
+    reg: Registry[object] = Registry("model")
+    reg.register("a", 1)
+
+    @reg.register("f")
+    def f():
+        return 2
+
+    assert reg.get("a") == 1 and reg.get("f") is f
+    assert reg.names() == ["a", "f"] and "a" in reg and "zz" not in reg and len(reg) == 2
+
+
+def test_unknown_name_suggests_and_lists():
+    reg: Registry[int] = Registry("model", label="Built-in models", hint="(or pass a file).")
+    reg.register("resnet18", 1)
+    reg.register("vgg16", 2)
+    with pytest.raises(UnknownNameError) as info:
+        reg.get("resnt18")
+    assert str(info.value) == ("unknown model 'resnt18'. Did you mean 'resnet18'? "
+                               "Built-in models: resnet18, vgg16 (or pass a file).")
+    assert isinstance(info.value, ConfigError) and isinstance(info.value, KeyError)
+
+
+def test_unknown_name_without_close_match():
+    reg: Registry[int] = Registry("planner")
+    reg.register("dp", 1)
+    assert str(reg.unknown("zzzzz")) == "unknown planner 'zzzzz'. Known planners: dp"
+
+
+def test_duplicate_warns_unless_replace():
+    reg: Registry[int] = Registry("device")
+    reg.register("x", 1)
+    with pytest.warns(UserWarning, match="device 'x' registered twice"):
+        reg.register("x", 2)
+    assert reg.get("x") == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reg.register("x", 3, replace=True)
+    assert reg.get("x") == 3
+
+
+def test_loader_runs_once_on_first_lookup():
+    calls = []
+    reg: Registry[int] = Registry("link", loader=lambda: (calls.append(1), reg.register("l", 5),
+                                                          reg.names()))
+    assert calls == []
+    assert reg.get("l") == 5 and "l" in reg and reg.names() == ["l"]
+    assert calls == [1]
