@@ -24,7 +24,7 @@ def test_unknown_name_suggests_and_lists():
     reg.register("vgg16", 2)
     with pytest.raises(UnknownNameError) as info:
         reg.get("resnt18")
-    assert str(info.value) == ("unknown model 'resnt18'. Did you mean 'resnet18'? "
+    assert str(info.value) == ("unknown model 'resnt18'. Did you mean resnet18? "
                                "Built-in models: resnet18, vgg16 (or pass a file).")
     assert isinstance(info.value, ConfigError) and isinstance(info.value, KeyError)
 

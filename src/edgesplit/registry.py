@@ -40,7 +40,8 @@ class Registry(Generic[T]):
     @overload
     def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]: ...
 
-    def register(self, name: str, entry: T | None = None, *, replace: bool = False):  # type: ignore[no-untyped-def]
+    def register(self, name: str, entry: T | None = None, *,
+                 replace: bool = False) -> T | Callable[[T], T]:
         """Add ``entry`` under ``name``; without ``entry``, return a decorator that adds its target."""
         if entry is None:
             return lambda target: self._add(name, target, replace)
@@ -66,7 +67,7 @@ class Registry(Generic[T]):
         """The error for an unknown ``name``, for callers that look up more than one place."""
         self._load()
         close = difflib.get_close_matches(name, self._entries, n=3)
-        did_you_mean = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        did_you_mean = f" Did you mean {', '.join(close)}?" if close else ""
         tail = f" {self.hint}" if self.hint else ""
         return UnknownNameError(f"unknown {self.kind} {name!r}.{did_you_mean} "
                                 f"{self.label}: {', '.join(self.names())}{tail}")

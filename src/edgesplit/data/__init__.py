@@ -11,7 +11,6 @@ the outputs to the float model's outputs on the same inputs (e.g. sentence embed
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Literal
@@ -19,7 +18,8 @@ from typing import Callable, Iterator, Literal
 import numpy as np
 import torch
 
-from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.errors import ConfigError
+from edgesplit.registry import Registry
 
 __all__ = ["EvalData", "register_dataset", "load_dataset", "list_datasets", "load_eval_data",
            "dataset_model"]
@@ -91,7 +91,9 @@ class _Entry:
     description: str
 
 
-_DATASETS: dict[str, _Entry] = {}
+_DATASETS: Registry[_Entry] = Registry(
+    "data set", label="Built-in data sets", hint="(or pass a .pt / .npz file)",
+    loader=lambda: _ensure_loaded())
 
 
 def register_dataset(name: str, *, model: str, description: str
@@ -99,7 +101,7 @@ def register_dataset(name: str, *, model: str, description: str
     """Decorator registering a zero-argument loader under ``name``."""
 
     def deco(loader: Callable[[], EvalData]) -> Callable[[], EvalData]:
-        _DATASETS[name] = _Entry(name, loader, model, description)
+        _DATASETS.register(name, _Entry(name, loader, model, description))
         return loader
 
     return deco
@@ -111,18 +113,11 @@ def _ensure_loaded() -> None:
 
 def list_datasets() -> dict[str, str]:
     """Registered data set names and their descriptions."""
-    _ensure_loaded()
-    return {name: entry.description for name, entry in sorted(_DATASETS.items())}
+    return {name: entry.description for name, entry in _DATASETS.items()}
 
 
 def _entry(name: str) -> _Entry:
-    _ensure_loaded()
-    if name not in _DATASETS:
-        close = difflib.get_close_matches(name, _DATASETS, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownNameError(f"unknown data set {name!r}.{hint} Built-in data sets: "
-                               f"{', '.join(sorted(_DATASETS))} (or pass a .pt / .npz file)")
-    return _DATASETS[name]
+    return _DATASETS.get(name)
 
 
 def load_dataset(name: str) -> EvalData:
