@@ -8,14 +8,13 @@ Nothing here downloads anything.
 
 from __future__ import annotations
 
-import difflib
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
-from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.errors import ConfigError
+from edgesplit.registry import Registry
 
 __all__ = [
     "BuiltinModel",
@@ -69,7 +68,9 @@ class BuiltinModel:
     spec: ModelSpec
 
 
-_REGISTRY: dict[str, ModelSpec] = {}
+_REGISTRY: Registry[ModelSpec] = Registry(
+    "model", label="Built-in models",
+    hint="(or pass a .pt2 file saved with torch.export.save).", loader=lambda: _ensure_loaded())
 
 
 def register_model(
@@ -84,9 +85,7 @@ def register_model(
     """Decorator registering a zero-argument factory under ``name``."""
 
     def deco(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
-        if name in _REGISTRY:
-            warnings.warn(f"model {name!r} registered twice; the later definition wins", stacklevel=2)
-        _REGISTRY[name] = ModelSpec(
+        _REGISTRY.register(name, ModelSpec(
             name=name,
             factory=factory,
             input_shape=tuple(input_shape),
@@ -94,7 +93,7 @@ def register_model(
             family=family,
             source=source,
             description=description,
-        )
+        ))
         return factory
 
     return deco
@@ -107,22 +106,12 @@ def _ensure_loaded() -> None:
 
 def list_models() -> list[str]:
     """Names of all built-in models, sorted."""
-    _ensure_loaded()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_model_spec(name: str) -> ModelSpec:
     """The registry entry for ``name``; an unknown name lists the close matches and all choices."""
-    _ensure_loaded()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownNameError(
-            f"unknown model {name!r}.{hint} Built-in models: {', '.join(sorted(_REGISTRY))} "
-            "(or pass a .pt2 file saved with torch.export.save)."
-        ) from None
+    return _REGISTRY.get(name)
 
 
 def create_model(name: str, input_shape: Sequence[int] | None = None) -> BuiltinModel:
