@@ -3,12 +3,10 @@ resolution of a CLI argument that is either a preset name or a path to a YAML/TO
 
 from __future__ import annotations
 
-import difflib
-import warnings
 from pathlib import Path
 from typing import Callable
 
-from edgesplit.errors import UnknownNameError
+from edgesplit.registry import Registry
 from edgesplit.hardware.device import Device
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.topology import Topology
@@ -20,27 +18,19 @@ __all__ = [
     "resolve_device", "resolve_link", "resolve_topology",
 ]
 
-_DEVICES: dict[str, Callable[[], Device]] = {}
-_LINKS: dict[str, Link] = {}
-_TOPOLOGIES: dict[str, Callable[[], Topology]] = {}
+_DEVICES: Registry[Callable[[], Device]] = Registry(
+    "device", label="Presets", loader=lambda: _ensure_loaded(),
+    hint="(or pass a path to a YAML/TOML device file; `edgesplit devices` lists presets)")
+_LINKS: Registry[Link] = Registry(
+    "link", label="Presets", loader=lambda: _ensure_loaded(),
+    hint="(or pass a path to a YAML/TOML link file; `edgesplit links` lists presets)")
+_TOPOLOGIES: Registry[Callable[[], Topology]] = Registry(
+    "topology", label="Presets", loader=lambda: _ensure_loaded(),
+    hint="(or pass a path to a YAML/TOML topology file; `edgesplit topologies` lists presets)")
 
 
 def _ensure_loaded() -> None:
     from edgesplit.hardware import _presets, this_machine  # noqa: F401  (register on import)
-
-
-def _unknown(kind: str, name: str, choices: list[str], plural: str) -> UnknownNameError:
-    close = difflib.get_close_matches(name, choices, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return UnknownNameError(f"unknown {kind} {name!r}.{hint} Presets: {', '.join(sorted(choices))}"
-                            f" (or pass a path to a YAML/TOML {kind} file; `edgesplit {plural}` "
-                            "lists presets)")
-
-
-def _register(table: dict, name: str, value: object, kind: str) -> None:
-    if name in table:
-        warnings.warn(f"{kind} {name!r} registered twice; the later definition wins", stacklevel=3)
-    table[name] = value
 
 
 def register_device(device: Device | Callable[[], Device], name: str | None = None) -> None:
@@ -49,51 +39,39 @@ def register_device(device: Device | Callable[[], Device], name: str | None = No
     key = name or (device.name if isinstance(device, Device) else None)
     if key is None:
         raise ValueError("a device factory needs a name")
-    _register(_DEVICES, key, factory, "device")
+    _DEVICES.register(key, factory)
 
 
 def get_device(name: str) -> Device:
-    _ensure_loaded()
-    if name not in _DEVICES:
-        raise _unknown("device", name, list(_DEVICES), "devices")
-    return _DEVICES[name]()
+    return _DEVICES.get(name)()
 
 
 def list_devices() -> list[str]:
-    _ensure_loaded()
-    return sorted(_DEVICES)
+    return _DEVICES.names()
 
 
 def register_link(link: Link) -> None:
-    _register(_LINKS, link.name, link, "link")
+    _LINKS.register(link.name, link)
 
 
 def get_link(name: str) -> Link:
-    _ensure_loaded()
-    if name not in _LINKS:
-        raise _unknown("link", name, list(_LINKS), "links")
-    return _LINKS[name]
+    return _LINKS.get(name)
 
 
 def list_links() -> list[str]:
-    _ensure_loaded()
-    return sorted(_LINKS)
+    return _LINKS.names()
 
 
 def register_topology(name: str, factory: Callable[[], Topology]) -> None:
-    _register(_TOPOLOGIES, name, factory, "topology")
+    _TOPOLOGIES.register(name, factory)
 
 
 def get_topology(name: str) -> Topology:
-    _ensure_loaded()
-    if name not in _TOPOLOGIES:
-        raise _unknown("topology", name, list(_TOPOLOGIES), "topologies")
-    return _TOPOLOGIES[name]()
+    return _TOPOLOGIES.get(name)()
 
 
 def list_topologies() -> list[str]:
-    _ensure_loaded()
-    return sorted(_TOPOLOGIES)
+    return _TOPOLOGIES.names()
 
 
 def _is_path(spec: str | Path) -> bool:
