@@ -97,7 +97,7 @@ def test_ordinary_saved_program_loads_without_the_flag(tmp_path):
 
 
 def test_pickled_weight_is_refused_and_never_unpickled(evil_weights, marker):
-    with pytest.raises(CaptureError, match=r"evil\.pt2.*0\.weight.*--trust-model-file"):
+    with pytest.raises(CaptureError, match=r"evil\.pt2.*0\.weight.*trust_model_file=True"):
         capture(evil_weights)
     with pytest.raises(CaptureError, match="trust_model_file=True"):
         load_program(evil_weights)
@@ -151,7 +151,7 @@ def test_trusted_pickled_file_loads(tmp_path):
     weight = torch.export.load(str(path)).state_dict[first]
     pickled = _rewrite(path, tmp_path / "pickled.pt2",
                        _pickle_first_weight(_saved(nn.Parameter(weight.detach().clone()))))
-    with pytest.raises(CaptureError, match="--trust-model-file"):
+    with pytest.raises(CaptureError, match="trust_model_file=True"):
         capture(pickled)
     graph = capture(pickled, trust_model_file=True)
     assert len(graph.layers) == 2
@@ -175,7 +175,7 @@ def test_plans_pointing_at_a_pickled_file_need_the_flag_everywhere(tmp_path, evi
     doc = json.loads(plan_path.read_text())
     doc["model"]["source"] = str(evil_weights)  # a plan can name any file
     plan_path.write_text(json.dumps(doc))
-    with pytest.raises(CaptureError, match="--trust-model-file"):
+    with pytest.raises(CaptureError, match="trust_model_file=True"):
         PlanProgram.load(load_plan(plan_path))
     for args in (["inspect", str(evil_weights)], ["export", str(plan_path), "-o",
                                                   str(tmp_path / "x")],
@@ -215,7 +215,7 @@ def test_output_types_of_unknown_packages_are_not_imported_for_an_untrusted_file
         records["models/model.json"] = json.dumps(doc).encode()
 
     path = _rewrite(_tiny(tmp_path), tmp_path / "typed.pt2", edit)
-    with pytest.raises(CaptureError, match="edgesplit_nowhere.mod.Out.*--trust-model-file"):
+    with pytest.raises(CaptureError, match="edgesplit_nowhere.mod.Out.*trust_model_file=True"):
         capture(path)
     with pytest.raises(CaptureError, match="'edgesplit_nowhere.mod' cannot be imported"):
         capture(path, trust_model_file=True)

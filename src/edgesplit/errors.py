@@ -7,7 +7,13 @@ and exits non-zero. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
+
 __all__ = [
+    "option",
+    "cli_options",
     "EdgesplitError",
     "ConfigError",
     "UnknownNameError",
@@ -52,3 +58,32 @@ class WireError(EdgesplitError):
 
 class RemoteError(EdgesplitError):
     """A remote peer failed or could not be reached."""
+
+
+# How an error message names the setting that fixes it: Python users see the keyword argument
+# (``trust_model_file=True``), CLI users the flag (``--trust-model-file``). The CLI switches the
+# style for the duration of a command; the library never spells a flag itself.
+_CLI_STYLE: ContextVar[bool] = ContextVar("edgesplit_cli_style", default=False)
+
+
+def option(name: str, value: Any = None, *, flag: str | None = None) -> str:
+    """The setting ``name`` (a keyword argument) as the current caller would write it.
+
+    ``option("trust_model_file", True)`` is ``trust_model_file=True`` in Python and
+    ``--trust-model-file`` under the CLI; ``option("max_bytes", "2MiB")`` becomes
+    ``max_bytes='2MiB'`` or ``--max-bytes 2MiB``. ``flag`` names the CLI flag where it is not
+    the keyword with hyphens."""
+    if _CLI_STYLE.get():
+        cli = flag or "--" + name.replace("_", "-")
+        return cli if value is None or value is True else f"{cli} {value}"
+    return name if value is None else f"{name}={value!r}"
+
+
+@contextmanager
+def cli_options() -> Iterator[None]:
+    """Render :func:`option` as CLI flags inside this block (the CLI wraps each command)."""
+    token = _CLI_STYLE.set(True)
+    try:
+        yield
+    finally:
+        _CLI_STYLE.reset(token)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from edgesplit.errors import EdgesplitError
+from edgesplit.errors import EdgesplitError, cli_options
 
 __all__ = ["app", "out", "err", "user_errors", "emit_json", "model_ref", "tls_files",
            "load_program", "TRUST_HELP", "BACKEND_HELP", "TOKEN_HELP", "TOKEN_FILE_HELP"]
@@ -43,7 +43,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with cli_options():  # library messages name flags, not keyword arguments
+                return fn(*args, **kwargs)
         except EdgesplitError as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None

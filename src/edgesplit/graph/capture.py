@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch.export import ExportedProgram
 
-from edgesplit.errors import CaptureError, ConfigError
+from edgesplit.errors import CaptureError, ConfigError, option
 from edgesplit.graph.fusion import build_layer_graph
 from edgesplit.graph.ir import LayerGraph
 from edgesplit.graph.model_file import (TrustedModelFile, read_model_file, register_spec_types,
@@ -65,8 +65,8 @@ def load_program(path: str | Path, *, trust_model_file: bool = False) -> Exporte
         raise CaptureError(
             f"model file {str(path)!r} holds pickled data that loading would execute as code: "
             f"{'; '.join(unsafe[:3])}{' ...' if len(unsafe) > 3 else ''}. Load it only if you "
-            "trust who made it: pass --trust-model-file (Python: trust_model_file=True), or "
-            "re-save it with torch.export.save from a model with plain tensor weights")
+            f"trust who made it: pass {option('trust_model_file', True)}, or re-save it with "
+            "torch.export.save from a model with plain tensor weights")
     register_spec_types(data, str(path), trusted=trusted)
     # torch logs a traceback before re-raising for archives it cannot parse; our error says it.
     torch_log = logging.getLogger("torch.export")

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from edgesplit.errors import InfeasibleError
+from edgesplit.errors import InfeasibleError, option
 from edgesplit.plan.cost import EdgeCloudSetting
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.plan.planners import BASELINE_METHODS, PlanningProblem, get_planner
@@ -67,8 +67,9 @@ def best_plan(plans: dict[str, Plan], *, accept_unmeasured: bool = False) -> tup
     if not trusted:
         raise InfeasibleError(
             f"every feasible plan ({', '.join(feasible)}) quantizes the model without measured "
-            "accuracy: give evaluation data (--eval-data) to measure it, include a float method "
-            "(e.g. neurosurgeon, qdmp), or accept unmeasured plans (--accept-unmeasured)")
+            f"accuracy: give evaluation data ({option('eval_data')}) to measure it, include a "
+            "float method (e.g. neurosurgeon, qdmp), or accept unmeasured plans "
+            f"({option('accept_unmeasured', True)})")
     return min(trusted.items(), key=lambda kv: kv[1].predicted.total_ms)
 
 
