@@ -161,7 +161,8 @@ def test_max_acc_drop_needs_data_and_data_must_fit_the_model(eyeriss_problem):
     from edgesplit.data import load_dataset
     from edgesplit.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--eval-data"):
+    # Python callers see the keyword; the CLI test sees --eval-data
+    with pytest.raises(ConfigError, match="pass eval_data"):
         AutoSplit(max_acc_drop=1.0).plan(eyeriss_problem("resnet18"))
     wrong = PlanningProblem("resnet18", eyeriss_problem("resnet18").setting,
                             eval_data=load_dataset("digits"))

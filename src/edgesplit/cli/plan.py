@@ -219,17 +219,17 @@ def _pareto_plot(plans, path: Path, model: str, setting) -> None:
 
 def _plan_topology(model: str, topology: str, objective: str, max_latency_ms, input_shape,
                    draw: Optional[Path], out_path: Optional[Path], as_json: bool) -> None:
-    from edgesplit.graph import capture, parse_shape
+    from edgesplit.graph import parse_shape
     from edgesplit.hardware import resolve_topology
-    from edgesplit.plan.topology_run import compare_topology_methods, topology_document
+    from edgesplit.plan import PlanningProblem, compare_methods, plan_document
 
     topo = resolve_topology(topology)
+    problem = PlanningProblem(model, topo, input_shape=parse_shape(input_shape) if input_shape
+                              else None, objective=objective,  # type: ignore[arg-type]
+                              max_latency_ms=max_latency_ms)
     with err.status(f"planning {model} over {topo.name} ...", spinner="dots"):
-        graph = capture(model, input_shape=parse_shape(input_shape) if input_shape else None)
-        _, plans = compare_topology_methods(graph, topo, source=model,
-                                                objective=objective,  # type: ignore[arg-type]
-                                                max_latency_ms=max_latency_ms)
-    doc = topology_document(graph, topo, plans, objective=objective)
+        plans = compare_methods(problem)
+    doc = plan_document(problem, plans)
     if doc["best"] is None:
         from edgesplit.errors import InfeasibleError
 
@@ -241,8 +241,8 @@ def _plan_topology(model: str, topology: str, objective: str, max_latency_ms, in
     if draw is not None:
         from edgesplit.report.plots import plot_assignment
 
-        plot_assignment(chosen, draw, title=f"{graph.model} over {topo.name}: {doc['best']} "
-                                            f"({objective})")
+        plot_assignment(chosen, draw, title=f"{problem.graph.model} over {topo.name}: "
+                                            f"{doc['best']} ({objective})")
     if as_json:
         emit_json(doc)
         return

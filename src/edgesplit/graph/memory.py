@@ -19,7 +19,7 @@ from edgesplit.graph.ir import INPUT, OUTPUT
 if TYPE_CHECKING:
     from edgesplit.graph.ir import LayerGraph
 
-__all__ = ["MemoryReport", "peak_memory", "prefix_peak_memory"]
+__all__ = ["MemoryReport", "peak_memory", "prefix_peak_memory", "live_bytes"]
 
 
 @dataclass(frozen=True)
@@ -100,23 +100,11 @@ def prefix_peak_memory(graph: "LayerGraph") -> list[int]:
     resident from step 0 once some prefix layer reads them, and held alone until sent before
     that."""
     n = len(graph.layers)
-    index = {layer.name: i for i, layer in enumerate(graph.layers)}
-    deltas = [0] * (n + 1)
-    inputs: list[tuple[int, int, int]] = []  # (first reader, last reader, bytes)
-    for tensor in graph.tensors.values():
-        readers = [n if c == OUTPUT else index[c] for c in tensor.consumers]
-        if not readers:
-            continue
-        last = min(max(readers), n - 1)
-        if tensor.producer == INPUT:
-            inputs.append((min(readers), last, tensor.bytes))
-        else:
-            deltas[index[tensor.producer]] += tensor.bytes
-            deltas[last + 1] -= tensor.bytes
-    live, running = [], 0
-    for k in range(n):
-        running += deltas[k]
-        live.append(running)
+    spans = _lifetimes(graph)
+    inputs = [(first, last, nbytes) for producer, first, last, nbytes in spans
+              if producer is None]
+    live = _running([(start, last, nbytes) for start, _, last, nbytes in spans
+                     if start is not None], n)
     result = [sum(b for _, _, b in inputs)]  # empty edge part: the inputs, until sent
     seen: set[str] = set()
     weights = best = 0
@@ -133,3 +121,40 @@ def prefix_peak_memory(graph: "LayerGraph") -> list[int]:
         unread = sum(b for first, _, b in inputs if first > k)
         result.append(weights + max(best, unread))
     return result
+
+
+def _lifetimes(graph: "LayerGraph") -> list[tuple[int | None, int, int, int]]:
+    """(producer step or None for a raw input, first reader, last step live, bytes) of every
+    tensor someone reads, over the whole topological order (model outputs: to the end)."""
+    n = len(graph.layers)
+    index = {layer.name: i for i, layer in enumerate(graph.layers)}
+    out = []
+    for tensor in graph.tensors.values():
+        readers = [n if c == OUTPUT else index[c] for c in tensor.consumers]
+        if not readers:
+            continue
+        start = None if tensor.producer == INPUT else index[tensor.producer]
+        out.append((start, min(readers), min(max(readers), n - 1), tensor.bytes))
+    return out
+
+
+def _running(intervals: Iterable[tuple[int, int, int]], n: int) -> list[int]:
+    """Bytes live at each of ``n`` steps, from (first step, last step, bytes) intervals."""
+    deltas = [0] * (n + 1)
+    for start, last, nbytes in intervals:
+        deltas[start] += nbytes
+        deltas[last + 1] -= nbytes
+    live, running = [], 0
+    for k in range(n):
+        running += deltas[k]
+        live.append(running)
+    return live
+
+
+def live_bytes(graph: "LayerGraph") -> list[int]:
+    """Activation bytes live while each layer runs when the whole model runs in topological
+    order on one device: every tensor from its producer's step (raw inputs from step 0) to its
+    last reader (model outputs to the end). A device running layers [a, b) of the order holds
+    at most ``max(live_bytes[a:b])`` (the multi-split planners' memory check)."""
+    return _running([(start or 0, last, nbytes)
+                     for start, _, last, nbytes in _lifetimes(graph)], len(graph.layers))

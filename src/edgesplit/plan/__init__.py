@@ -1,22 +1,31 @@
-"""Planners that decide where a model is cut, and the Plan they return."""
+"""Planners that decide where a model is cut, and the Plan they return.
 
+Every planner is called the same way: ``get_planner(name, **options).plan(problem)``, with a
+:class:`PlanningProblem` on an edge-cloud setting or a topology; every Plan is built by
+:func:`assemble_plan` under one cost convention (docs/cost-model.md).
+"""
+
+from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
 from edgesplit.plan.model import PLAN_VERSION, Plan, load_plan, recompute_total
-from edgesplit.plan.planners import (BASELINE_METHODS, Planner, PlanningProblem, get_planner,
-                                     list_planners, make_plan, register_planner)
-from edgesplit.plan import quantized as _quantized  # noqa: F401  (registers u8, cloud16, ...)
-from edgesplit.plan import autosplit as _autosplit  # noqa: F401  (registers "autosplit")
-from edgesplit.plan.run import (best_plan, compare_methods, cut_breakdown, is_lossless,
-                                passed_over, plan_document, sweep_link)
+from edgesplit.plan.planners import (BASELINE_METHODS, PLANNERS, EdgeSetPlanner, Planner,
+                                     PlanningProblem, get_planner, list_planners, make_plan,
+                                     planners_for, register_planner)
+from edgesplit.plan.chain_planners import MESH_METHODS, TOPOLOGY_METHODS
+from edgesplit.plan.run import (best_plan, compare_methods, cut_breakdown, default_methods,
+                                is_lossless, passed_over, sweep_link)
+from edgesplit.plan.document import best_method, plan_document
 
 # Every edge-cloud method `edgesplit plan --method all` compares (AUTO-SPLIT's Fig. 6 set and
-# the float planners); `manual` needs --split-after.
+# the float planners); `manual` needs split_after.
 ALL_METHODS = (*BASELINE_METHODS, "qdmp_e", "qdmp_e_u4", "u8", "cloud16", "autosplit")
 
 __all__ = [
+    "Network", "assemble_plan", "one_way_latency_ms",
     "Breakdown", "CostTable", "EdgeCloudSetting", "PLAN_VERSION", "Plan", "load_plan",
-    "recompute_total", "BASELINE_METHODS", "Planner", "PlanningProblem", "get_planner",
-    "list_planners", "make_plan", "register_planner", "best_plan", "compare_methods",
-    "cut_breakdown", "is_lossless", "passed_over", "plan_document", "sweep_link",
-    "ALL_METHODS",
+    "recompute_total", "BASELINE_METHODS", "PLANNERS", "EdgeSetPlanner", "Planner",
+    "PlanningProblem", "get_planner", "list_planners", "make_plan", "planners_for",
+    "register_planner", "MESH_METHODS", "TOPOLOGY_METHODS", "best_plan", "compare_methods",
+    "cut_breakdown", "default_methods", "is_lossless", "passed_over", "sweep_link",
+    "best_method", "plan_document", "ALL_METHODS",
 ]

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 from edgesplit.graph import INPUT, LayerGraph
 from edgesplit.plan.cost import CostTable
 from edgesplit.plan.model import Plan, PlanAlternative
@@ -145,16 +145,17 @@ class AutoSplit(Planner):
     ``max_acc_drop`` (percentage points) applies when the problem has evaluation data;
     ``max_distortion`` when it has none."""
 
+    options = ("bits", "max_distortion", "max_acc_drop")
+    reads = ("eval_data", "calibration_samples", "eval_batch_size")
+
     def __init__(self, bits: Sequence[int] | None = None, max_distortion: float | None = None,
                  max_acc_drop: float | None = None) -> None:
         if max_acc_drop is not None and max_acc_drop < 0:
-            raise ConfigError(f"--max-acc-drop must be >= 0 percentage points, got {max_acc_drop}")
+            raise ConfigError(f"{option('max_acc_drop')} must be >= 0 percentage points, got "
+                              f"{max_acc_drop}")
         self.bits = bits
         self.max_distortion = max_distortion
         self.max_acc_drop = max_acc_drop
-
-    def choose(self, costs: CostTable) -> frozenset[str]:
-        raise ConfigError("AUTO-SPLIT plans from a PlanningProblem: use plan(problem)")
 
     def select(self, problem: PlanningProblem) -> Selection:
         """The chosen candidate, every candidate, and the threshold used."""
@@ -165,8 +166,9 @@ class AutoSplit(Planner):
         if setup.meter is not None:
             return self._by_accuracy(problem, setup, candidates)
         if self.max_acc_drop is not None:
-            raise ConfigError("--max-acc-drop needs evaluation data to measure accuracy on: "
-                              "pass --eval-data (a built-in data set or a .pt/.npz file)")
+            raise ConfigError(f"{option('max_acc_drop')} needs evaluation data to measure "
+                              f"accuracy on: pass {option('eval_data')} (a built-in data set "
+                              "or a .pt/.npz file)")
         u8 = 8 if 8 in bits else max(b for b in bits if b <= 16)
 
         def limit(c: Solution) -> float:
@@ -193,6 +195,7 @@ class AutoSplit(Planner):
         return Selection(best, measured, threshold, True, setup)
 
     def plan(self, problem: PlanningProblem) -> Plan:
+        self.check(problem)
         costs = problem.costs("optimized")
         sel = self.select(problem)
         front = pareto_front(sel.candidates)

@@ -2,7 +2,9 @@
 
 total = edge compute + uplink transfer of every crossing tensor (each once, whatever its number
 of cloud readers) + cloud compute + downlink return of results computed on the cloud (when the
-result is needed on the edge) + one round trip when anything crosses the link.
+result is needed on the edge) + the link's one-way latency (rtt/2) for each direction that
+carries anything: a full round trip when a result comes back (the convention of every plan,
+:mod:`edgesplit.plan.assemble`, docs/cost-model.md).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Iterable, Literal
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import INPUT, LayerGraph, TensorInfo, prefix_peak_memory
 from edgesplit.hardware import Device, LatencyEstimator, LayerWork, Link, estimator_for
+from edgesplit.plan.assemble import one_way_latency_ms
 
 __all__ = ["EdgeCloudSetting", "CostTable", "Breakdown", "wire_size"]
 
@@ -115,6 +118,10 @@ class CostTable:
             return self.setting.input_bits
         return None
 
+    def tensor_bits(self) -> dict[str, int]:
+        """Every tensor sent at another width than its dtype's (raw float inputs)."""
+        return {t: b for t in self.graph.tensors if (b := self.wire_bits(t)) is not None}
+
     # ---- evaluation ------------------------------------------------------------------------
     def crossing(self, edge: frozenset[str]) -> list[str]:
         result_on_cloud = self.setting.result_at == "cloud"
@@ -132,12 +139,13 @@ class CostTable:
         edge = self.graph.check_down_set(edge_layers)
         crossing = self.crossing(edge)
         returned = self.returned(edge)
-        link_used = bool(crossing or returned)
+        link = self.setting.link
         return Breakdown(
             edge_ms=sum(self.edge_ms[n] for n in edge),
             transfer_ms=sum(self.up_ms[t] for t in crossing) + sum(self.down_ms[t] for t in returned),
             cloud_ms=sum(ms for n, ms in self.cloud_ms.items() if n not in edge),
-            rtt_ms=self.setting.link.rtt_ms if link_used else 0.0,
+            rtt_ms=one_way_latency_ms(link, bool(crossing)) + one_way_latency_ms(link,
+                                                                                 bool(returned)),
             sent_bytes=sum(self.wire_bytes[t] for t in crossing),
             crossing=tuple(crossing),
         )

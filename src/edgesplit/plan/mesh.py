@@ -30,6 +30,7 @@ import numpy as np
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import LayerGraph
 from edgesplit.hardware import LayerWork, Topology, chain, estimator_for
+from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan
 
 __all__ = ["MeshShape", "Region", "mesh_shape", "parallel_regions", "solve_mesh",
@@ -118,8 +119,9 @@ def _branch_stages(graph: LayerGraph, layer_ms: np.ndarray, comps, fork_bytes: i
     names = {graph.layers[i].name for i in layers}
     out_bytes = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
                     if any(c not in names for c in graph.tensors[t].consumers))
-    return (link_in.transfer_ms(fork_bytes) + link_in.rtt_ms / 2, float(layer_ms[layers].sum()),
-            link_out.transfer_ms(out_bytes) + link_out.rtt_ms / 2)
+    return (link_in.transfer_ms(fork_bytes) + one_way_latency_ms(link_in, fork_bytes > 0),
+            float(layer_ms[layers].sum()),
+            link_out.transfer_ms(out_bytes) + one_way_latency_ms(link_out, out_bytes > 0))
 
 
 def _fits(costs: ChainCosts, device, layers) -> bool:
@@ -133,8 +135,10 @@ def _fits(costs: ChainCosts, device, layers) -> bool:
 
 
 def plan_period_ms(plan) -> float:
-    """The slowest pipeline stage of a plan: one device's compute or one transfer."""
-    return max((*plan.predicted.compute_ms.values(), *(t.ms for t in plan.transfers)),
+    """The slowest pipeline stage of a plan: one device's compute or one transfer (its
+    serialisation and latency)."""
+    return max((*plan.predicted.compute_ms.values(),
+                *(t.ms + t.latency_ms for t in plan.transfers)),
                default=0.0)
 
 
@@ -256,66 +260,22 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
 
 def _mesh_plan(graph, topology, shape, prefix, chain_part, region, choice, layer_ms, source,
                total):
-    from edgesplit.plan.model import (ModelRef, Plan, PlanDevice, PlanLayer, PlanLink,
-                                      PlanTensor, Prediction, Transfer)
-
+    """The chosen parallel solution as a Plan (``total`` is what the search computed; the
+    assembler prices the same placement)."""
     names = [layer.name for layer in graph.layers]
-    cuts = graph.cuts()
-    root = shape.chain[-1]
-    devices, transfers, compute = [], [], {}
-    for m, (d, (a, b)) in enumerate(zip(shape.chain, chain_part.ranges(), strict=True)):
-        compute[d] = chain_part.compute_ms[m]
-        devices.append(PlanDevice(name=d, role="edge" if m == 0 else "hop",
-                                  device=topology.device(d), layers=names[a:b],
-                                  compute_ms=compute[d]))
-    for m, b in enumerate(chain_part.boundaries[1:-1]):
-        transfers.append(Transfer(src=shape.chain[m], dst=shape.chain[m + 1],
-                                  tensors=[t.name for t in cuts[b].tensors], bytes=cuts[b].bytes,
-                                  ms=chain_part.link_ms[m]))
-    fork = cuts[region.fork]
+    placement = {d: names[a:b] for d, (a, b) in zip(shape.chain, chain_part.ranges(),
+                                                     strict=True)}
     for j, d in enumerate(shape.branches):
-        layers = sorted(i for c, dev in zip(region.components, choice, strict=True) if dev == j
-                        for i in c)
-        held = {names[i] for i in layers}
-        compute[d] = float(layer_ms[d][layers].sum()) if layers else 0.0
-        devices.append(PlanDevice(name=d, role="hop", device=topology.device(d),
-                                  layers=[names[i] for i in layers], compute_ms=compute[d]))
-        if not layers:
-            continue
-        link_in, link_out = topology.link(root, d), topology.link(d, shape.aggregator)
-        outs = [graph.tensors[t] for i in layers for t in graph.layers[i].outputs
-                if any(c not in held for c in graph.tensors[t].consumers)]
-        transfers.append(Transfer(src=root, dst=d, tensors=[t.name for t in fork.tensors],
-                                  bytes=fork.bytes, ms=link_in.transfer_ms(fork.bytes)
-                                  + link_in.rtt_ms / 2))
-        out_bytes = sum(t.bytes for t in outs)
-        transfers.append(Transfer(src=d, dst=shape.aggregator, tensors=[t.name for t in outs],
-                                  bytes=out_bytes, ms=link_out.transfer_ms(out_bytes)
-                                  + link_out.rtt_ms / 2))
-    agg_layers = names[region.join:]
-    compute[shape.aggregator] = float(layer_ms[shape.aggregator][region.join:].sum())
-    devices.append(PlanDevice(name=shape.aggregator, role="cloud",
-                              device=topology.device(shape.aggregator), layers=agg_layers,
-                              compute_ms=compute[shape.aggregator]))
-    all_devices = [*shape.chain, *shape.branches, shape.aggregator]
-    chain_ms = dict(zip(shape.chain, range(len(shape.chain)), strict=True))
-    return Plan(
-        method="multisplit",
-        model=ModelRef(name=graph.model, source=source,
-                       input_shapes=[list(x.shape) for x in graph.example_inputs]),
-        devices=devices,
-        links=[PlanLink(src=tl.src, dst=tl.dst, link=tl.link) for tl in topology.links],
-        layers=[PlanLayer(name=n, latency_ms={
-            d: (float(prefix.layer_ms[chain_ms[d], i]) if d in chain_ms else float(layer_ms[d][i]))
-            for d in all_devices}, param_bytes=graph.layers[i].param_bytes)
-            for i, n in enumerate(names)],
-        tensors=[PlanTensor(name=t.name, producer=t.producer, consumers=list(t.consumers),
-                            shape=list(t.shape), dtype=t.dtype, bytes=t.bytes)
-                 for t in graph.tensors.values()],
-        transfers=transfers,
-        predicted=Prediction(compute_ms=compute, transfer_ms=sum(t.ms for t in transfers),
-                             rtt_ms=0.0, total_ms=total),
+        placement[d] = [names[i] for i in sorted(
+            i for c, dev in zip(region.components, choice, strict=True) if dev == j for i in c)]
+    placement[shape.aggregator] = names[region.join:]
+    on_chain = {d: m for m, d in enumerate(shape.chain)}
+    order = [*shape.chain, *shape.branches, shape.aggregator]
+    return assemble_plan(
+        graph, placement, Network.of_topology(topology, order),
+        layer_ms={n: {d: float(prefix.layer_ms[on_chain[d], i]) if d in on_chain
+                      else float(layer_ms[d][i]) for d in order} for i, n in enumerate(names)},
+        method="multisplit", source=source,
         edge_memory_bytes=prefix.range_memory(*chain_part.ranges()[0]),
-        parallel_devices=list(shape.branches),
-        reason=f"parallel branches of the layers before {names[region.join]}",
-    )
+        parallel_devices=shape.branches,
+        reason=f"parallel branches of the layers before {names[region.join]}")

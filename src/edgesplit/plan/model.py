@@ -75,6 +75,10 @@ class PlanLayer(BaseModel):
 
 
 class Transfer(BaseModel):
+    """Tensors sent over one link in one direction. ``ms`` is the serialisation time (bytes /
+    bandwidth); ``latency_ms`` the link's one-way latency (half its RTT) when anything is sent
+    (see docs/cost-model.md)."""
+
     model_config = _STRICT
     src: str
     dst: str
@@ -82,9 +86,13 @@ class Transfer(BaseModel):
     bits: dict[str, int] = Field(default_factory=dict)  # per tensor, when sent quantized
     bytes: int
     ms: float
+    latency_ms: float = 0.0
 
 
 class Prediction(BaseModel):
+    """The predicted latency along the critical path: ``transfer_ms`` sums the transfers'
+    serialisation, ``rtt_ms`` their one-way latencies (parallel devices: the slowest branch's)."""
+
     model_config = _STRICT
     compute_ms: dict[str, float]
     transfer_ms: float
@@ -174,6 +182,12 @@ class Plan(BaseModel):
     def sent_bytes(self) -> int:
         return sum(t.bytes for t in self.transfers if t.src != t.dst and t.tensors)
 
+    @property
+    def runnable(self) -> bool:
+        """Whether ``edgesplit run`` can execute this plan: the runtime executes chains of
+        devices; a plan with parallel devices (a mesh) is a prediction only."""
+        return not self.parallel_devices
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
@@ -194,12 +208,14 @@ def recompute_total(plan: Plan) -> float:
     for t in plan.transfers:
         touched = {t.src, t.dst} & parallel
         if touched:
-            branch[touched.pop()] += t.ms
+            branch[touched.pop()] += t.ms + t.latency_ms
         else:
-            serial += t.ms
+            serial += t.ms + t.latency_ms
     for d in parallel:
         branch[d] += per_device[d]
-    return serial + max(branch.values(), default=0.0) + plan.predicted.rtt_ms
+    # Plans written before transfers carried their latency put it in predicted.rtt_ms alone.
+    legacy_rtt = 0.0 if any(t.latency_ms for t in plan.transfers) else plan.predicted.rtt_ms
+    return serial + max(branch.values(), default=0.0) + legacy_rtt
 
 
 def load_plan(path: str | Path) -> Plan:

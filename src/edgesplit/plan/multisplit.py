@@ -5,7 +5,8 @@ Device m of the chain runs a contiguous range [b_{m-1}, b_m) of the layers' topo
 (possibly empty). The link after device m carries every tensor live across position b_m (skip
 connections and the raw input included; a tensor produced on device i and read on device j
 travels every link in between; the model's outputs travel to the last device, where JMSNAS
-collects the result). A link that carries data also costs half its round trip (one way).
+collects the result). A link that carries data also costs its one-way latency, half its round
+trip (the convention of every plan: :mod:`edgesplit.plan.assemble`).
 
 Latency  = sum of device compute + sum of link transfers.
 Period   = the slowest stage (a device's compute or a link's transfer) when frames stream
@@ -28,7 +29,9 @@ import numpy as np
 
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import LayerGraph
+from edgesplit.graph.memory import live_bytes
 from edgesplit.hardware import LatencyEstimator, LayerWork, Topology, estimator_for
+from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 
 if TYPE_CHECKING:
     from edgesplit.plan.model import Plan
@@ -65,10 +68,11 @@ class ChainCosts:
         cuts = graph.cuts()
         cut_bytes = [c.bytes for c in cuts]
         links = [topology.link(a, b) for a, b in zip(order[:-1], order[1:], strict=True)]
-        link_ms = np.array([[link.transfer_ms(nb) + (link.rtt_ms / 2 if nb else 0.0)
+        link_ms = np.array([[link.transfer_ms(nb) + one_way_latency_ms(link, nb > 0)
                              for nb in cut_bytes] for link in links]).reshape(len(links),
                                                                                len(cut_bytes))
-        return cls(graph, order, layer_ms, link_ms, cut_bytes, _live_bytes(graph),
+        return cls(graph, order, layer_ms, link_ms, cut_bytes,
+                   np.array(live_bytes(graph), dtype=np.int64),
                    np.concatenate([[0], np.cumsum([l.param_bytes for l in graph.layers])]),
                    [d.memory_bytes for d in devices])
 
@@ -81,20 +85,6 @@ class ChainCosts:
         set while they run (an empty range still buffers what it relays)."""
         act = int(self.live_bytes[a:b].max()) if b > a else self.cut_bytes[a]
         return int(self.weight_prefix[b] - self.weight_prefix[a]) + act
-
-
-def _live_bytes(graph: LayerGraph) -> np.ndarray:
-    n = len(graph.layers)
-    index = {layer.name: i for i, layer in enumerate(graph.layers)}
-    deltas = np.zeros(n + 1, dtype=np.int64)
-    for tensor in graph.tensors.values():
-        readers = [n if c == "output" else index[c] for c in tensor.consumers]
-        if not readers:
-            continue
-        start = 0 if tensor.producer == "input" else index[tensor.producer]
-        deltas[start] += tensor.bytes
-        deltas[min(max(readers), n - 1) + 1] -= tensor.bytes
-    return np.cumsum(deltas[:n])
 
 
 @dataclass(frozen=True)
@@ -235,51 +225,18 @@ def linear_search(costs: ChainCosts) -> ChainAssignment:
 def chain_plan(costs: ChainCosts, assignment: ChainAssignment, topology: Topology, *,
                method: str, source: str, objective: str = "latency") -> "Plan":
     """A Plan with one device per chain hop and one transfer per link."""
-    from edgesplit.plan.model import (ModelRef, Plan, PlanDevice, PlanLayer, PlanLink,
-                                      PlanTensor, Prediction, Transfer)
-
     graph = costs.graph
     names = [layer.name for layer in graph.layers]
-    cuts = graph.cuts()
-    M = len(costs.devices)
-    roles = ["edge"] + ["hop"] * (M - 2) + ["cloud"] if M > 1 else ["edge"]
-    devices = [PlanDevice(name=d, role=roles[m], device=topology.device(d),
-                          layers=names[a:b], compute_ms=assignment.compute_ms[m])
-               for m, (d, (a, b)) in enumerate(zip(costs.devices, assignment.ranges(),
-                                                    strict=True))]
-    transfers = []
-    for m, b in enumerate(assignment.boundaries[1:-1]):
-        crossing = cuts[b].tensors  # cuts[b]: after b layers
-        transfers.append(Transfer(src=costs.devices[m], dst=costs.devices[m + 1],
-                                  tensors=[t.name for t in crossing],
-                                  bytes=sum(t.bytes for t in crossing),
-                                  ms=assignment.link_ms[m]))
     memory = [costs.range_memory(a, b) for a, b in assignment.ranges()]
-    limits = costs.memory_limits
     over = [f"device memory: {d} needs {need:,} bytes, has {lim:,}"
-            for d, need, lim in zip(costs.devices, memory, limits, strict=True)
+            for d, need, lim in zip(costs.devices, memory, costs.memory_limits, strict=True)
             if lim is not None and need > lim]
-    return Plan(
-        method=method,
-        model=ModelRef(name=graph.model, source=source,
-                       input_shapes=[list(x.shape) for x in graph.example_inputs]),
-        devices=devices,
-        links=[PlanLink(src=a, dst=b, link=topology.link(a, b))
-               for a, b in zip(costs.devices[:-1], costs.devices[1:], strict=True)],
-        layers=[PlanLayer(name=n, latency_ms={d: float(costs.layer_ms[m, i])
-                                              for m, d in enumerate(costs.devices)},
-                          param_bytes=graph.layers[i].param_bytes)
-                for i, n in enumerate(names)],
-        tensors=[PlanTensor(name=t.name, producer=t.producer, consumers=list(t.consumers),
-                            shape=list(t.shape), dtype=t.dtype, bytes=t.bytes)
-                 for t in graph.tensors.values()],
-        transfers=transfers,
-        predicted=Prediction(compute_ms=dict(zip(costs.devices, assignment.compute_ms,
-                                                 strict=True)),
-                             transfer_ms=sum(assignment.link_ms), rtt_ms=0.0,
-                             total_ms=assignment.total_ms),
-        edge_memory_bytes=memory[0],
-        feasible=not over,
+    return assemble_plan(
+        graph, {d: names[a:b] for d, (a, b) in zip(costs.devices, assignment.ranges(),
+                                                    strict=True)},
+        Network.of_topology(topology, costs.devices),
+        layer_ms={n: {d: float(costs.layer_ms[m, i]) for m, d in enumerate(costs.devices)}
+                  for i, n in enumerate(names)},
+        method=method, source=source, edge_memory_bytes=memory[0], feasible=not over,
         reason="; ".join(over) or (f"period {assignment.period_ms:.4f} ms"
-                                   if objective == "throughput" else None),
-    )
+                                   if objective == "throughput" else None))

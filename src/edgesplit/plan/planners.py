@@ -1,41 +1,51 @@
-"""Edge-cloud planners behind one interface, and the registry that finds them by name.
+"""The planner protocol, the registry that finds planners by name, and the edge-cloud planners.
 
-A planner only *decides* (returns the edge part as a down-set of layers); ``make_plan`` turns a
-decision into a :class:`Plan` with the shared cost model. Planners never execute anything.
+Every planner, edge-cloud or over a topology, is called the same way::
+
+    get_planner(name, **options).plan(problem) -> Plan
+
+``problem`` is a :class:`PlanningProblem`: a model and either an :class:`EdgeCloudSetting`
+or a :class:`~edgesplit.hardware.Topology` (chain or mesh). A planner declares which problems
+it plans (``problems``) and its constructor keywords (``options``); it only *decides*, and the
+Plan is built by :func:`edgesplit.plan.assemble.assemble_plan`. Planners never execute anything.
 """
 
 from __future__ import annotations
 
-import difflib
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from edgesplit.data import EvalData
-from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.errors import ConfigError, option
 from edgesplit.graph import LayerGraph, capture
+from edgesplit.hardware import Topology
+from edgesplit.plan.assemble import Network, assemble_plan
 from edgesplit.plan.cost import CostTable, EdgeCloudSetting
 from edgesplit.plan.mincut import min_cut_edge_set
-from edgesplit.plan.model import (ModelRef, Plan, PlanDevice, PlanLayer, PlanLink, PlanTensor,
-                                  Prediction, Transfer)
+from edgesplit.plan.model import Plan
+from edgesplit.registry import Registry
 
-__all__ = ["PlanningProblem", "Planner", "register_planner", "get_planner", "list_planners",
-           "make_plan", "BASELINE_METHODS"]
+__all__ = ["PlanningProblem", "Planner", "EdgeSetPlanner", "PLANNERS", "register_planner",
+           "get_planner", "list_planners", "make_plan", "BASELINE_METHODS"]
 
 BASELINE_METHODS = ("neurosurgeon", "dads", "qdmp", "cloud_only", "edge_only")
+
+ProblemKind = Literal["edge_cloud", "chain", "mesh"]
 
 
 @dataclass
 class PlanningProblem:
-    """A model (as captured graphs), the edge-cloud setting, and the cost tables (cached).
+    """A model (as captured graphs) and where it runs: an edge-cloud ``setting`` or a
+    ``topology`` of devices (pass either as the second argument); the cost tables are cached.
 
     ``model`` is anything :func:`edgesplit.graph.capture` accepts; the raw graph (for DADS) is
-    captured from it on first use."""
+    captured from it on first use. ``objective`` and ``max_latency_ms`` apply to topologies:
+    minimise latency, or the slowest pipeline stage under a latency bound."""
 
     model: Any
-    setting: EdgeCloudSetting
+    setting: EdgeCloudSetting | Topology | None = None
     example_inputs: Any = None
     input_shape: Sequence[int] | None = None
     # Held-out data to measure quantized plans' accuracy on (AUTO-SPLIT and its quantized
@@ -44,9 +54,41 @@ class PlanningProblem:
     calibration_samples: int | None = None  # taken from the front of eval_data
     eval_batch_size: int = 64
     progress: Callable[[str, int, int], None] | None = None  # (task, done, total)
+    topology: Topology | None = None
+    objective: Literal["latency", "throughput"] = "latency"
+    max_latency_ms: float | None = None
     _graphs: dict[str, LayerGraph] = field(default_factory=dict, repr=False)
     _costs: dict[str, CostTable] = field(default_factory=dict, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # planners' shared work
+
+    def __post_init__(self) -> None:
+        if isinstance(self.setting, Topology):
+            self.setting, self.topology = None, self.setting
+        if (self.setting is None) == (self.topology is None):
+            raise ConfigError("a planning problem needs an edge-cloud setting or a topology "
+                              "(one of them)")
+        if self.objective not in ("latency", "throughput"):
+            raise ConfigError(f"objective must be 'latency' or 'throughput', got "
+                              f"{self.objective!r}")
+        if self.topology is None and (self.objective != "latency"
+                                      or self.max_latency_ms is not None):
+            raise ConfigError(f"{option('objective')} and {option('max_latency_ms')} apply to "
+                              f"{option('topology')} planning")
+
+    @property
+    def kind(self) -> ProblemKind:
+        """``edge_cloud``, or the topology's shape: ``chain`` or ``mesh``."""
+        if self.topology is None:
+            return "edge_cloud"
+        return "chain" if self.topology.is_chain else "mesh"
+
+    @property
+    def edge_cloud(self) -> EdgeCloudSetting:
+        """The edge-cloud setting; ConfigError for a topology problem."""
+        if not isinstance(self.setting, EdgeCloudSetting):
+            raise ConfigError("this planner plans an edge-cloud setting (edge, cloud, link), "
+                              "not a topology")
+        return self.setting
 
     @property
     def source(self) -> str:
@@ -65,53 +107,85 @@ class PlanningProblem:
 
     def costs(self, kind: str = "optimized") -> CostTable:
         if kind not in self._costs:
-            self._costs[kind] = CostTable.build(self.graph_of(kind), self.setting)
+            self._costs[kind] = CostTable.build(self.graph_of(kind), self.edge_cloud)
         return self._costs[kind]
 
 
 class Planner(ABC):
-    """Decides an edge part for one cost table. ``graph_kind`` says which graph it plans on."""
+    """The protocol: ``plan(problem) -> Plan``. ``problems``: the problem kinds it plans;
+    ``options``: its constructor keywords (what ``get_planner(name, **options)`` passes);
+    ``reads``: the problem's optional fields it uses (e.g. ``eval_data``)."""
 
-    name: str = ""
-    graph_kind: str = "optimized"
+    name: ClassVar[str] = ""
+    problems: ClassVar[tuple[ProblemKind, ...]] = ("edge_cloud",)
+    options: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def plan(self, problem: PlanningProblem) -> Plan:
+        """The plan this planner decides for ``problem``."""
+
+    def check(self, problem: PlanningProblem) -> None:
+        """ConfigError unless this planner plans problems of ``problem``'s kind."""
+        if problem.kind not in self.problems:
+            raise ConfigError(f"planning method {self.name!r} plans {' or '.join(self.problems)}"
+                              f" problems, not {problem.kind} (methods for it: "
+                              f"{', '.join(planners_for(problem.kind))})")
+
+
+class EdgeSetPlanner(Planner):
+    """An edge-cloud planner that decides the edge part (a down-set of layers) from one cost
+    table; ``graph_kind`` says which graph it plans on."""
+
+    graph_kind: ClassVar[Literal["optimized", "raw"]] = "optimized"
 
     @abstractmethod
     def choose(self, costs: CostTable) -> frozenset[str]:
         """The edge layers (a down-set)."""
 
     def plan(self, problem: PlanningProblem) -> Plan:
+        self.check(problem)
         costs = problem.costs(self.graph_kind)
         edge = self.choose(costs)
         return make_plan(costs, edge, method=self.name, source=problem.source,
                          graph_kind=self.graph_kind)
 
 
-_PLANNERS: dict[str, Callable[[], Planner]] = {}
+def _load_planners() -> None:
+    # The modules register their planners on import.
+    from edgesplit.plan import autosplit, chain_planners, quantized  # noqa: F401
+
+
+PLANNERS: Registry[type[Planner]] = Registry("planning method", label="Methods",
+                                             hint="(or all)", loader=_load_planners)
 
 
 def register_planner(name: str) -> Callable[[type[Planner]], type[Planner]]:
+    """Class decorator: register a planner under ``name``."""
     def deco(cls: type[Planner]) -> type[Planner]:
-        if name in _PLANNERS:
-            warnings.warn(f"planner {name!r} registered twice; the later one wins", stacklevel=2)
         cls.name = name
-        _PLANNERS[name] = cls
-        return cls
+        return PLANNERS.register(name, cls)
 
     return deco
 
 
 def get_planner(name: str, **options: Any) -> Planner:
     """A planner by name; ``options`` go to its constructor (e.g. AUTO-SPLIT's thresholds)."""
-    if name not in _PLANNERS:
-        close = difflib.get_close_matches(name, _PLANNERS, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownNameError(f"unknown planning method {name!r}.{hint} Methods: "
-                               f"{', '.join(sorted(_PLANNERS))}, all")
-    return _PLANNERS[name](**options)
+    cls = PLANNERS.get(name)
+    unknown = sorted(set(options) - set(cls.options))
+    if unknown:
+        raise ConfigError(f"planning method {name!r} takes no option {', '.join(unknown)} "
+                          f"(its options: {', '.join(cls.options) or 'none'})")
+    return cls(**options)
 
 
 def list_planners() -> list[str]:
-    return sorted(_PLANNERS)
+    return PLANNERS.names()
+
+
+def planners_for(kind: ProblemKind) -> list[str]:
+    """Every registered planner that plans problems of ``kind``."""
+    return [n for n, cls in PLANNERS.items() if kind in cls.problems]
 
 
 def _best(costs: CostTable, candidates: list[frozenset[str]]) -> frozenset[str]:
@@ -123,7 +197,7 @@ def _best(costs: CostTable, candidates: list[frozenset[str]]) -> frozenset[str]:
 
 
 @register_planner("cloud_only")
-class CloudOnly(Planner):
+class CloudOnly(EdgeSetPlanner):
     """Everything on the cloud; the edge only sends the input."""
 
     def choose(self, costs: CostTable) -> frozenset[str]:
@@ -131,7 +205,7 @@ class CloudOnly(Planner):
 
 
 @register_planner("edge_only")
-class EdgeOnly(Planner):
+class EdgeOnly(EdgeSetPlanner):
     """Everything on the edge."""
 
     def choose(self, costs: CostTable) -> frozenset[str]:
@@ -139,7 +213,7 @@ class EdgeOnly(Planner):
 
 
 @register_planner("neurosurgeon")
-class Neurosurgeon(Planner):
+class Neurosurgeon(EdgeSetPlanner):
     """Neurosurgeon (Kang et al. 2017) as published: layers in topological order treated as a
     chain, every cut position tried, and the transfer at position i taken to be the output of
     layer i alone. On a DAG that misses skip connections crossing the cut; the plan is then
@@ -184,7 +258,7 @@ class Neurosurgeon(Planner):
         return frozenset(names[: best + 1])
 
 
-class _MinCut(Planner):
+class _MinCut(EdgeSetPlanner):
     """Min s-t cut on the DAG; exact for the latency objective. The round trip is paid by every
     plan but edge-only, so the optimum is the cheaper of the cut (+RTT) and edge-only. A memory
     limit, which a cut cannot express, is met by pricing edge weight bytes (Lagrangian search)."""
@@ -234,61 +308,32 @@ class Qdmp(_MinCut):
 
 
 @register_planner("manual")
-class Manual(Planner):
+class Manual(EdgeSetPlanner):
     """The edge runs ``split_after`` and everything they depend on."""
+
+    options = ("split_after",)
 
     def __init__(self, split_after: Sequence[str] = ()) -> None:
         self.split_after = list(split_after)
 
     def choose(self, costs: CostTable) -> frozenset[str]:
         if not self.split_after:
-            raise ConfigError("the manual method needs --split-after LAYER[,LAYER...]")
+            raise ConfigError(f"the manual method needs the layers to split after: "
+                              f"{option('split_after', 'LAYER[,LAYER...]')}")
         return frozenset(costs.graph.ancestors_closure(self.split_after))
 
 
 def make_plan(costs: CostTable, edge: frozenset[str], *, method: str, source: str,
-              graph_kind: str = "optimized") -> Plan:
+              graph_kind: Literal["optimized", "raw"] = "optimized") -> Plan:
     """Turn an edge part into a Plan with the shared cost model."""
     graph, setting = costs.graph, costs.setting
-    breakdown = costs.evaluate(edge)
-    edge_name, cloud_name = "edge", "cloud"
     order = [layer.name for layer in graph.layers]
-    edge_layers = [n for n in order if n in edge]
-    cloud_layers = [n for n in order if n not in edge]
-    returned = costs.returned(edge)
-    bits = {t: b for t in breakdown.crossing if (b := costs.wire_bits(t)) is not None}
-    transfers = [Transfer(src=edge_name, dst=cloud_name, tensors=list(breakdown.crossing),
-                          bits=bits, bytes=breakdown.sent_bytes,
-                          ms=sum(costs.up_ms[t] for t in breakdown.crossing))]
-    if returned:
-        transfers.append(Transfer(src=cloud_name, dst=edge_name, tensors=returned,
-                                  bytes=sum(graph.tensors[t].bytes for t in returned),
-                                  ms=sum(costs.down_ms[t] for t in returned)))
     violation = costs.violation(edge)
-    return Plan(
-        method=method,
-        model=ModelRef(name=graph.model, source=source,
-                       input_shapes=[list(x.shape) for x in graph.example_inputs],
-                       graph=graph_kind),
-        devices=[
-            PlanDevice(name=edge_name, role="edge", device=setting.edge, layers=edge_layers,
-                       compute_ms=breakdown.edge_ms),
-            PlanDevice(name=cloud_name, role="cloud", device=setting.cloud, layers=cloud_layers,
-                       compute_ms=breakdown.cloud_ms),
-        ],
-        links=[PlanLink(src=edge_name, dst=cloud_name, link=setting.link)],
-        layers=[PlanLayer(name=n, latency_ms={edge_name: costs.edge_ms[n],
-                                              cloud_name: costs.cloud_ms[n]},
-                          param_bytes=graph.layer(n).param_bytes) for n in order],
-        tensors=[PlanTensor(name=t.name, producer=t.producer, consumers=list(t.consumers),
-                            shape=list(t.shape), dtype=t.dtype, bytes=t.bytes)
-                 for t in graph.tensors.values()],
-        transfers=transfers,
-        predicted=Prediction(compute_ms={edge_name: breakdown.edge_ms,
-                                         cloud_name: breakdown.cloud_ms},
-                             transfer_ms=breakdown.transfer_ms, rtt_ms=breakdown.rtt_ms,
-                             total_ms=breakdown.total_ms),
-        edge_memory_bytes=costs.memory_bytes(edge),
-        feasible=violation is None,
-        reason=violation,
-    )
+    return assemble_plan(
+        graph, {"edge": [n for n in order if n in edge], "cloud": [n for n in order
+                                                               if n not in edge]},
+        Network.edge_cloud(setting.edge, setting.cloud, setting.link, setting.result_at),
+        layer_ms={n: {"edge": costs.edge_ms[n], "cloud": costs.cloud_ms[n]} for n in order},
+        method=method, source=source, graph_kind=graph_kind, tensor_bits=costs.tensor_bits(),
+        edge_memory_bytes=costs.memory_bytes(edge), feasible=violation is None,
+        reason=violation)

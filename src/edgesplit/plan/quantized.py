@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from edgesplit.data import EvalData
-from edgesplit.errors import ConfigError, GraphError
+from edgesplit.errors import ConfigError, GraphError, option
 from edgesplit.graph import INPUT, LayerGraph, capture
 from edgesplit.hardware import LayerWork, estimator_for
 from edgesplit.plan.cost import CostTable
-from edgesplit.plan.model import Plan, PlanLayer, PlanQuality, Prediction, Transfer
+from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
+from edgesplit.plan.model import Plan, PlanQuality
 from edgesplit.plan.mincut import min_cut_edge_set
-from edgesplit.plan.planners import Planner, PlanningProblem, make_plan, register_planner
+from edgesplit.plan.planners import Planner, PlanningProblem, register_planner
 from edgesplit.quant.accuracy import QualityMeter
 from edgesplit.quant.fakequant import DEFAULT_BITS, DistortionTable, calibrate, distortion_table
 
@@ -139,7 +140,8 @@ def evaluate(costs: CostTable, edge: Sequence[str], w_bits: dict[str, int],
         a_bits={n: a_bits.get(n, 32) for n in order}, distortion=distortion,
         memory_bytes=memory_bytes(costs, order, w_bits, a_bits), edge_ms=sum(layer_ms.values()),
         transfer_ms=transfer, cloud_ms=sum(cloud_layer_ms.values()),
-        rtt_ms=setting.link.rtt_ms if (sent or returned) else 0.0, sent=sent,
+        rtt_ms=one_way_latency_ms(setting.link, bool(sent))
+        + one_way_latency_ms(setting.link, bool(returned)), sent=sent,
         sent_bytes=sent_bytes, layer_ms=layer_ms, cloud_layer_ms=cloud_layer_ms,
         cloud_bits=cloud_bits)
 
@@ -177,8 +179,8 @@ def _eval_graph(problem: PlanningProblem, data: EvalData, batch: int) -> LayerGr
         graph = capture(model, example, name=base.model)
     if [layer.name for layer in graph.layers] != [layer.name for layer in base.layers]:
         raise GraphError(f"{base.model} captured at batch {batch} has different layers than at "
-                         f"batch {base.example_inputs[0].shape[0]}; use --eval-batch-size "
-                         f"{base.example_inputs[0].shape[0]}")
+                         f"batch {base.example_inputs[0].shape[0]}; use "
+                         f"{option('eval_batch_size', int(base.example_inputs[0].shape[0]))}")
     return graph
 
 
@@ -233,24 +235,12 @@ def _quantized(bits: int | None) -> int | None:
 def quantized_plan(costs: CostTable, solution: Solution, *, method: str, source: str,
                    quality: PlanQuality | None = None, note: str | None = None,
                    feasible: bool | None = None) -> Plan:
-    graph = costs.graph
+    """The solution as a Plan: its layers' latencies at their bits, its crossing tensors at
+    their producers' activation bits, priced by the one assembler."""
+    graph, setting = costs.graph, costs.setting
     edge = frozenset(solution.edge)
-    base = make_plan(costs, edge, method=method, source=source)
-    layers = [PlanLayer(
-        name=layer.name,
-        latency_ms={"edge": solution.layer_ms.get(layer.name, layer.latency_ms["edge"]),
-                    "cloud": solution.cloud_layer_ms.get(layer.name, layer.latency_ms["cloud"])},
-        param_bytes=layer.param_bytes, w_bits=_quantized(solution.w_bits.get(layer.name)),
-        a_bits=_quantized(solution.a_bits.get(layer.name))) for layer in base.layers]
-    returned = costs.returned(edge)
-    transfers = [Transfer(src="edge", dst="cloud", tensors=list(solution.sent),
-                          bits={t: b for t, b in solution.sent.items() if b < 32},
-                          bytes=solution.sent_bytes,
-                          ms=solution.transfer_ms - sum(costs.down_ms[t] for t in returned))]
-    transfers += base.transfers[1:]
-    devices = [d.model_copy(update={"compute_ms": solution.edge_ms if d.role == "edge"
-                                    else solution.cloud_ms}) for d in base.devices]
-    limit = costs.setting.memory_limit_bytes
+    order = [layer.name for layer in graph.layers]
+    limit = setting.memory_limit_bytes
     fits = limit is None or solution.memory_bytes <= limit
     privacy = costs.forced_edge() <= edge
     reason = note
@@ -258,15 +248,19 @@ def quantized_plan(costs: CostTable, solution: Solution, *, method: str, source:
         reason = (f"edge memory: needs {solution.memory_bytes:,} bytes, limit is {limit:,} bytes"
                   + (f"; {note}" if note else ""))
     elif not privacy:
-        reason = base.reason
-    return base.model_copy(update={
-        "layers": layers, "transfers": transfers, "devices": devices,
-        "edge_memory_bytes": solution.memory_bytes,
-        "predicted": Prediction(compute_ms={"edge": solution.edge_ms, "cloud": solution.cloud_ms},
-                                transfer_ms=solution.transfer_ms, rtt_ms=solution.rtt_ms,
-                                total_ms=solution.total_ms),
-        "feasible": (fits and privacy) if feasible is None else feasible,
-        "reason": reason, "quality": quality})
+        reason = costs.violation(edge)
+    return assemble_plan(
+        graph, {"edge": list(solution.edge), "cloud": [n for n in order if n not in edge]},
+        Network.edge_cloud(setting.edge, setting.cloud, setting.link, setting.result_at),
+        layer_ms={n: {"edge": solution.layer_ms.get(n, costs.edge_ms[n]),
+                      "cloud": solution.cloud_layer_ms.get(n, costs.cloud_ms[n])}
+                  for n in order},
+        method=method, source=source, tensor_bits=solution.sent,
+        layer_bits={n: (_quantized(solution.w_bits.get(n)), _quantized(solution.a_bits.get(n)))
+                    for n in solution.edge},
+        edge_memory_bytes=solution.memory_bytes,
+        feasible=(fits and privacy) if feasible is None else feasible,
+        reason=reason, quality=quality)
 
 
 # ---- the quantized baselines -------------------------------------------------------------
@@ -275,14 +269,14 @@ class _Quantized(Planner):
 
     w_bits = a_bits = 32
     cloud_bits = 32
-
-    def choose(self, costs: CostTable) -> frozenset[str]:
-        return frozenset()
+    reads = ("eval_data", "calibration_samples", "eval_batch_size")
 
     def edge_part(self, problem: PlanningProblem, costs: CostTable) -> frozenset[str]:
-        return self.choose(costs)
+        """The layers this baseline runs on the edge (here: none, everything on the cloud)."""
+        return frozenset()
 
     def plan(self, problem: PlanningProblem) -> Plan:
+        self.check(problem)
         costs = problem.costs("optimized")
         edge = self.edge_part(problem, costs)
         order = [layer.name for layer in costs.graph.layers if layer.name in edge]
@@ -321,7 +315,7 @@ class U8(_Quantized):
 
     w_bits = a_bits = 8
 
-    def choose(self, costs: CostTable) -> frozenset[str]:
+    def edge_part(self, problem: PlanningProblem, costs: CostTable) -> frozenset[str]:
         return frozenset(layer.name for layer in costs.graph.layers)
 
 

@@ -1,5 +1,5 @@
-"""Run several planners on one problem, pick the best feasible plan, build the JSON document of
-``edgesplit plan --json``, and sweep the link bandwidth."""
+"""Run several planners on one problem, pick the best feasible plan, and sweep the link
+bandwidth (the ``edgesplit plan --json`` document: :mod:`edgesplit.plan.document`)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,27 @@ from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.plan.planners import BASELINE_METHODS, PlanningProblem, get_planner
 from edgesplit.plan.planners import Manual
 
-__all__ = ["compare_methods", "best_plan", "is_lossless", "passed_over", "plan_document",
+__all__ = ["default_methods", "compare_methods", "best_plan", "is_lossless", "passed_over",
            "sweep_link", "cut_breakdown"]
 
 
-def compare_methods(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS,
+def default_methods(problem: PlanningProblem) -> tuple[str, ...]:
+    """What is compared when no methods are named: the float edge-cloud baselines, or the
+    topology planners for the problem's chain or mesh."""
+    from edgesplit.plan.chain_planners import MESH_METHODS, TOPOLOGY_METHODS
+
+    return {"edge_cloud": BASELINE_METHODS, "chain": TOPOLOGY_METHODS,
+            "mesh": MESH_METHODS}[problem.kind]
+
+
+def compare_methods(problem: PlanningProblem, methods: Sequence[str] | None = None,
                     *, split_after: Sequence[str] = (),
                     options: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Plan]:
-    """One plan per method (``manual`` when ``split_after`` is given); ``options[method]``
-    goes to that planner's constructor."""
+    """One plan per method (default: :func:`default_methods`; ``manual`` when
+    ``split_after`` is given); ``options[method]`` goes to that planner's constructor."""
     plans = {}
     options = options or {}
-    for method in methods:
+    for method in default_methods(problem) if methods is None else methods:
         planner = Manual(split_after) if method == "manual" else \
             get_planner(method, **options.get(method, {}))
         plans[method] = planner.plan(problem)
@@ -79,67 +88,18 @@ def passed_over(plans: dict[str, Plan], chosen: Plan) -> list[str]:
             and p.predicted.total_ms < chosen.predicted.total_ms]
 
 
-def plan_document(problem: PlanningProblem, plans: dict[str, Plan], *,
-                  accept_unmeasured: bool = False) -> dict[str, Any]:
-    """The ``edgesplit plan --json`` document (schema in the README)."""
-    costs = problem.costs("optimized")
-    graph = costs.graph
-    link = problem.setting.link
-    try:
-        best = best_plan(plans, accept_unmeasured=accept_unmeasured)[1]
-    except InfeasibleError:
-        best = None
-    return {
-        "version": PLAN_VERSION,
-        "model": graph.model,
-        "layers": [{"name": layer.name, "edge_ms": costs.edge_ms[layer.name],
-                    "cloud_ms": costs.cloud_ms[layer.name], "param_bytes": layer.param_bytes}
-                   for layer in graph.layers],
-        "tensors": [{"name": t.name, "producer": t.producer, "consumers": list(t.consumers),
-                     "bytes": t.bytes} for t in graph.tensors.values()],
-        "link": {"name": link.name, "bandwidth_mbps": link.bandwidth_mbps,
-                 "down_bandwidth_mbps": link.down_bandwidth_mbps or link.bandwidth_mbps,
-                 "rtt_ms": link.rtt_ms},
-        "edge": problem.setting.edge.name,
-        "cloud": problem.setting.cloud.name,
-        "edge_memory_limit_bytes": problem.setting.memory_limit_bytes,
-        "result_at": problem.setting.result_at,
-        "best": next((m for m, p in plans.items() if p is best), None),
-        "methods": {method: _method_entry(plan) for method, plan in plans.items()},
-    }
-
-
-def _method_entry(plan: Plan) -> dict[str, Any]:
-    return {
-        "feasible": plan.feasible,
-        "reason": plan.reason,
-        "lossless": is_lossless(plan),
-        "graph": plan.model.graph,
-        "edge_layers": plan.edge_layers,
-        "sent_bytes": plan.transfers[0].bytes if plan.transfers else 0,
-        "edge_ms": plan.predicted.compute_ms.get("edge", 0.0),
-        "transfer_ms": plan.predicted.transfer_ms,
-        "cloud_ms": plan.predicted.compute_ms.get("cloud", 0.0),
-        "rtt_ms": plan.predicted.rtt_ms,
-        "total_ms": plan.predicted.total_ms,
-        "edge_memory_bytes": plan.edge_memory_bytes,
-        "quality": plan.quality.model_dump(mode="json") if plan.quality else None,
-        "plan": plan.model_dump(mode="json"),
-    }
-
-
 def sweep_link(problem: PlanningProblem, methods: Sequence[str] = BASELINE_METHODS, *,
                low_mbps: float = 0.1, high_mbps: float = 1000.0, points: int = 25
                ) -> dict[str, Any]:
     """How each method's plan moves as the uplink goes from ``low_mbps`` to ``high_mbps``
     (log-spaced); the downlink scales with it."""
-    link = problem.setting.link
+    link = problem.edge_cloud.link
     ratio = (link.down_bandwidth_mbps or link.bandwidth_mbps) / link.bandwidth_mbps
     rows = []
     for mbps in np.geomspace(low_mbps, high_mbps, points):
         swept = link.model_copy(update={"bandwidth_mbps": float(mbps),
                                         "down_bandwidth_mbps": float(mbps * ratio)})
-        setting = EdgeCloudSetting(**{**problem.setting.__dict__, "link": swept})
+        setting = EdgeCloudSetting(**{**problem.edge_cloud.__dict__, "link": swept})
         # same graphs and quantization work (neither depends on the link), fresh cost tables
         sub = dataclasses.replace(problem, setting=setting, _costs={})
         plans = compare_methods(sub, methods)
