@@ -93,17 +93,22 @@ def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
     table.add_column("method")
     for device in topo["devices"]:
         table.add_column(f"{device} layers / ms", justify="right")
-    for col in ("sent per link", "total ms", "period ms", "feasible"):
+    for col in ("sent per link", "total ms", "period ms", "feasible", "runs"):
         table.add_column(col, justify="right")
+    if doc["best"] in plans and not plans[doc["best"]].runnable:
+        table.caption += (" (predicted only: the runtime executes chains of devices; "
+                          "best_chain is the best plan it can run)")
     for method, plan in plans.items():
         entry = doc["methods"][method]
         held = {d.name: d for d in plan.devices}
         cells = [f"{len(held[n].layers)} / {held[n].compute_ms:.2f}" if n in held else "-"
                  for n in topo["devices"]]
-        sent = ", ".join(f"{t.src}->{t.dst} {human_bytes(t.bytes)}" for t in plan.transfers)
+        sent = ", ".join(f"{t.src}->{t.dst} {human_bytes(t.bytes)}" for t in plan.transfers
+                         if t.tensors or not set(plan.parallel_devices) & {t.src, t.dst})
         table.add_row(("* " if method == doc["best"] else "") + method, *cells, sent,
                       f"{entry['total_ms']:.2f}", f"{entry['period_ms']:.2f}",
-                      "yes" if plan.feasible else f"no: {plan.reason}")
+                      "yes" if plan.feasible else f"no: {plan.reason}",
+                      "yes" if plan.runnable else "predicted only")
     return table
 
 

@@ -111,9 +111,11 @@ def _capture_for(plan: Plan, trust_model_file: bool = False) -> LayerGraph:
 
 
 def _chain(plan: Plan) -> list[str]:
-    if plan.parallel_devices:
-        raise ConfigError("this plan runs devices in parallel (a mesh); the runtime executes "
-                          "chains of devices: plan with a chain topology or edge/cloud")
+    if not plan.runnable:
+        raise ConfigError(f"this plan runs {', '.join(plan.parallel_devices)} in parallel (a "
+                          "mesh): a prediction only, the runtime executes chains of devices. "
+                          "Plan with the best_chain method (the best chain through the mesh), "
+                          "a chain topology, or edge/cloud")
     order = [d.name for d in plan.devices]
     for t in plan.transfers:
         if not t.tensors:
