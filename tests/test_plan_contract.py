@@ -5,14 +5,20 @@ runtime loads it (chain plans) or refuses it naming a chain method (mesh plans).
 from __future__ import annotations
 
 import pytest
+from dag_models import SpecDAG, dag_specs, example_input
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dag_models import SpecDAG, dag_specs, example_input
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain, get_device, mesh
-from edgesplit.plan import (PLANNERS, EdgeCloudSetting, Plan, PlanningProblem, get_planner,
-                            recompute_total)
+from edgesplit.plan import (
+    PLANNERS,
+    EdgeCloudSetting,
+    Plan,
+    PlanningProblem,
+    get_planner,
+    recompute_total,
+)
 from edgesplit.runtime.program import PlanProgram
 
 PLANNER_NAMES = PLANNERS.names()
@@ -99,8 +105,8 @@ def test_every_planner_keeps_the_plan_contract(name, spec, data):
 
 
 def test_mesh_plans_say_they_only_predict_and_name_the_chain_method():
-    from test_mesh import TwoHeads, _mesh
     import torch
+    from test_mesh import TwoHeads, _mesh
 
     problem = PlanningProblem(TwoHeads(), _mesh(2.0, 1.0, rtt_ms=0.0),
                               example_inputs=torch.randn(1, 3, 16, 16))

@@ -11,15 +11,16 @@ tied weights count once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from edgesplit.graph.ir import INPUT, OUTPUT
 
 if TYPE_CHECKING:
     from edgesplit.graph.ir import LayerGraph
 
-__all__ = ["MemoryReport", "peak_memory", "prefix_peak_memory", "live_bytes"]
+__all__ = ["MemoryReport", "live_bytes", "peak_memory", "prefix_peak_memory"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class MemoryReport:
                 "live_at_peak": list(self.live_at_peak)}
 
 
-def peak_memory(graph: "LayerGraph", edge_layers: Iterable[str], *,
+def peak_memory(graph: LayerGraph, edge_layers: Iterable[str], *,
                 tensor_bytes: Mapping[str, int] | None = None,
                 attribute_bytes: Mapping[str, int] | None = None) -> MemoryReport:
     """Peak memory of executing ``edge_layers`` (a down-set) in topological order.
@@ -91,7 +92,7 @@ def peak_memory(graph: "LayerGraph", edge_layers: Iterable[str], *,
     )
 
 
-def prefix_peak_memory(graph: "LayerGraph") -> list[int]:
+def prefix_peak_memory(graph: LayerGraph) -> list[int]:
     """``peak_memory(graph, first k layers).total_bytes`` for every k = 0..n, in one sweep.
 
     For a prefix, a tensor read after the prefix is held to its end, so at any step j inside
@@ -123,7 +124,7 @@ def prefix_peak_memory(graph: "LayerGraph") -> list[int]:
     return result
 
 
-def _lifetimes(graph: "LayerGraph") -> list[tuple[int | None, int, int, int]]:
+def _lifetimes(graph: LayerGraph) -> list[tuple[int | None, int, int, int]]:
     """(producer step or None for a raw input, first reader, last step live, bytes) of every
     tensor someone reads, over the whole topological order (model outputs: to the end)."""
     n = len(graph.layers)
@@ -151,7 +152,7 @@ def _running(intervals: Iterable[tuple[int, int, int]], n: int) -> list[int]:
     return live
 
 
-def live_bytes(graph: "LayerGraph") -> list[int]:
+def live_bytes(graph: LayerGraph) -> list[int]:
     """Activation bytes live while each layer runs when the whole model runs in topological
     order on one device: every tensor from its producer's step (raw inputs from step 0) to its
     last reader (model outputs to the end). A device running layers [a, b) of the order holds

@@ -6,26 +6,67 @@ Every planner is called the same way: ``get_planner(name, **options).plan(proble
 """
 
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
-from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
-from edgesplit.plan.model import PLAN_VERSION, Plan, load_plan, recompute_total
-from edgesplit.plan.planners import (BASELINE_METHODS, PLANNERS, EdgeSetPlanner, Planner,
-                                     PlanningProblem, get_planner, list_planners, make_plan,
-                                     planners_for, register_planner)
 from edgesplit.plan.chain_planners import MESH_METHODS, TOPOLOGY_METHODS
-from edgesplit.plan.run import (best_plan, compare_methods, cut_breakdown, default_methods,
-                                is_lossless, passed_over, sweep_link)
+from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
 from edgesplit.plan.document import best_method, plan_document
+from edgesplit.plan.model import PLAN_VERSION, Plan, load_plan, recompute_total
+from edgesplit.plan.planners import (
+    BASELINE_METHODS,
+    PLANNERS,
+    EdgeSetPlanner,
+    Planner,
+    PlanningProblem,
+    get_planner,
+    list_planners,
+    make_plan,
+    planners_for,
+    register_planner,
+)
+from edgesplit.plan.run import (
+    best_plan,
+    compare_methods,
+    cut_breakdown,
+    default_methods,
+    is_lossless,
+    passed_over,
+    sweep_link,
+)
 
 # Every edge-cloud method `edgesplit plan --method all` compares (AUTO-SPLIT's Fig. 6 set and
 # the float planners); `manual` needs split_after.
 ALL_METHODS = (*BASELINE_METHODS, "qdmp_e", "qdmp_e_u4", "u8", "cloud16", "autosplit")
 
 __all__ = [
-    "Network", "assemble_plan", "one_way_latency_ms",
-    "Breakdown", "CostTable", "EdgeCloudSetting", "PLAN_VERSION", "Plan", "load_plan",
-    "recompute_total", "BASELINE_METHODS", "PLANNERS", "EdgeSetPlanner", "Planner",
-    "PlanningProblem", "get_planner", "list_planners", "make_plan", "planners_for",
-    "register_planner", "MESH_METHODS", "TOPOLOGY_METHODS", "best_plan", "compare_methods",
-    "cut_breakdown", "default_methods", "is_lossless", "passed_over", "sweep_link",
-    "best_method", "plan_document", "ALL_METHODS",
+    "ALL_METHODS",
+    "BASELINE_METHODS",
+    "MESH_METHODS",
+    "PLANNERS",
+    "PLAN_VERSION",
+    "TOPOLOGY_METHODS",
+    "Breakdown",
+    "CostTable",
+    "EdgeCloudSetting",
+    "EdgeSetPlanner",
+    "Network",
+    "Plan",
+    "Planner",
+    "PlanningProblem",
+    "assemble_plan",
+    "best_method",
+    "best_plan",
+    "compare_methods",
+    "cut_breakdown",
+    "default_methods",
+    "get_planner",
+    "is_lossless",
+    "list_planners",
+    "load_plan",
+    "make_plan",
+    "one_way_latency_ms",
+    "passed_over",
+    "plan_document",
+    "planners_for",
+    "recompute_total",
+    "register_planner",
+    "sweep_link",
 ]

@@ -21,15 +21,26 @@ Cost convention (docs/cost-model.md):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 from edgesplit.graph import INPUT, OUTPUT, LayerGraph
 from edgesplit.hardware import Device, Link, Topology
-from edgesplit.plan.model import (ModelRef, Plan, PlanAlternative, PlanDevice, PlanLayer,
-                                  PlanLink, PlanQuality, PlanTensor, Prediction, Transfer)
+from edgesplit.plan.model import (
+    ModelRef,
+    Plan,
+    PlanAlternative,
+    PlanDevice,
+    PlanLayer,
+    PlanLink,
+    PlanQuality,
+    PlanTensor,
+    Prediction,
+    Transfer,
+)
 
-__all__ = ["NetworkDevice", "Network", "one_way_latency_ms", "assemble_plan"]
+__all__ = ["Network", "NetworkDevice", "assemble_plan", "one_way_latency_ms"]
 
 Role = Literal["edge", "cloud", "hop"]
 
@@ -57,16 +68,16 @@ class Network:
 
     @classmethod
     def edge_cloud(cls, edge: Device, cloud: Device, link: Link,
-                   result_at: str = "edge") -> "Network":
+                   result_at: str = "edge") -> Network:
         return cls((NetworkDevice("edge", "edge", edge), NetworkDevice("cloud", "cloud", cloud)),
                    (PlanLink(src="edge", dst="cloud", link=link),), result_at)
 
     @classmethod
-    def of_topology(cls, topology: Topology, order: Sequence[str]) -> "Network":
+    def of_topology(cls, topology: Topology, order: Sequence[str]) -> Network:
         """``order``: the plan's devices, source first and result device last (a chain's hops,
         or a mesh's chain, branches and aggregator)."""
-        roles: list[Role] = ["edge", *["hop"] * (len(order) - 2), "cloud"] \
-            if len(order) > 1 else ["edge"]
+        hops: list[Role] = ["hop"] * (len(order) - 2)
+        roles: list[Role] = ["edge", *hops, "cloud"] if len(order) > 1 else ["edge"]
         names = set(order)
         return cls(tuple(NetworkDevice(d, r, topology.device(d))
                          for d, r in zip(order, roles, strict=True)),

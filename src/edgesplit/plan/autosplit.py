@@ -22,22 +22,37 @@ choice), and the plan says accuracy was not measured.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from edgesplit.errors import ConfigError, option
 from edgesplit.graph import INPUT, LayerGraph
 from edgesplit.plan.cost import CostTable
 from edgesplit.plan.model import Plan, PlanAlternative
 from edgesplit.plan.planners import Planner, PlanningProblem, register_planner
-from edgesplit.plan.quantized import (QuantSetup, Solution, device_bits, evaluate, measure,
-                                      memory_bytes, plan_quality, quant_setup, quantized_plan,
-                                      total_distortion)
+from edgesplit.plan.quantized import (
+    QuantSetup,
+    Solution,
+    device_bits,
+    evaluate,
+    measure,
+    memory_bytes,
+    plan_quality,
+    quant_setup,
+    quantized_plan,
+    total_distortion,
+)
 from edgesplit.quant.allocation import allocate_bits
 from edgesplit.quant.fakequant import DistortionTable
 
-__all__ = ["AutoSplit", "Selection", "potential_splits", "autosplit_candidates",
-           "pareto_front", "DEFAULT_MAX_ACC_DROP"]
+__all__ = [
+    "DEFAULT_MAX_ACC_DROP",
+    "AutoSplit",
+    "Selection",
+    "autosplit_candidates",
+    "pareto_front",
+    "potential_splits",
+]
 
 DEFAULT_MAX_ACC_DROP = 1.0  # percentage points of the quality measure
 
@@ -67,7 +82,9 @@ def potential_splits(costs: CostTable, bits: Sequence[int]) -> list[int]:
 
 
 def _weight_elements(graph: LayerGraph) -> dict[str, int]:
-    attrs = {**dict(graph.program.named_parameters()), **dict(graph.program.named_buffers())}
+    program = graph.program
+    assert program is not None  # a captured graph keeps its program
+    attrs = {**dict(program.named_parameters()), **dict(program.named_buffers())}
     return {layer.name: sum(attrs[p].numel() for p in layer.param_names
                             if p in attrs and attrs[p].dim() >= 2)  # not biases
             for layer in graph.layers}
@@ -190,7 +207,8 @@ class AutoSplit(Planner):
             if problem.progress:
                 problem.progress("measuring candidates", i + 1, len(candidates))
         threshold = DEFAULT_MAX_ACC_DROP if self.max_acc_drop is None else self.max_acc_drop
-        allowed = [c for c in measured if c.drop <= threshold + 1e-9]
+        # measure() sets every candidate's drop when there is a meter
+        allowed = [c for c in measured if c.drop is not None and c.drop <= threshold + 1e-9]
         best = min(allowed, key=lambda c: (c.total_ms, c.drop))
         return Selection(best, measured, threshold, True, setup)
 
@@ -207,9 +225,10 @@ class AutoSplit(Planner):
             drop=c.drop, pareto=id(c) in on_front, chosen=c is sel.best, w_bits=c.w_bits,
             a_bits=c.a_bits, cloud_bits=c.cloud_bits)
             for c in sorted(sel.candidates, key=lambda c: (c.total_ms, _error(c)))]
-        if sel.measured:
-            note = (f"accuracy measured on {sel.setup.meter.data.name} "
-                    f"({len(sel.setup.meter.data)} held-out samples): drop "
+        meter = sel.setup.meter
+        if meter is not None:
+            note = (f"accuracy measured on {meter.data.name} "
+                    f"({len(meter.data)} held-out samples): drop "
                     f"{sel.best.drop:.2f} <= {sel.threshold:g} points")
         else:
             note = (f"accuracy not measured: selected by total distortion "

@@ -11,18 +11,33 @@ devices), so every mesh method but ``multisplit`` gives a plan the runtime can e
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
 from typing import ClassVar
 
 from edgesplit.hardware import Topology, chain
 from edgesplit.plan.model import Plan
-from edgesplit.plan.multisplit import (ChainAssignment, ChainCosts, chain_plan,
-                                       evaluate_boundaries, linear_search, solve_chain_latency,
-                                       solve_chain_throughput)
+from edgesplit.plan.multisplit import (
+    ChainAssignment,
+    ChainCosts,
+    chain_plan,
+    evaluate_boundaries,
+    linear_search,
+    solve_chain_latency,
+    solve_chain_throughput,
+)
 from edgesplit.plan.planners import Planner, PlanningProblem, ProblemKind, register_planner
 
-__all__ = ["TOPOLOGY_METHODS", "MESH_METHODS", "chain_costs", "Multisplit", "Linear",
-           "SourceOnly", "SinkOnly", "BestChain"]
+__all__ = [
+    "MESH_METHODS",
+    "TOPOLOGY_METHODS",
+    "BestChain",
+    "Linear",
+    "Multisplit",
+    "SinkOnly",
+    "SourceOnly",
+    "chain_costs",
+]
 
 # What `edgesplit plan --topology` compares, in table order: over a chain, and over a mesh.
 TOPOLOGY_METHODS = ("multisplit", "linear", "source_only", "sink_only")
@@ -46,8 +61,7 @@ def chain_costs(problem: PlanningProblem) -> tuple[ChainCosts, Topology]:
             path = [*shape.chain, shape.branches[0], shape.aggregator]
             topology = chain(f"{topology.name}-via-{shape.branches[0]}",
                              [topology.device(d) for d in path],
-                             [topology.link(a, b) for a, b in zip(path[:-1], path[1:],
-                                                                  strict=True)])
+                             [topology.link(a, b) for a, b in itertools.pairwise(path)])
         problem.cache["chain_costs"] = (ChainCosts.build(problem.graph, topology), topology)
     costs, topology = problem.cache["chain_costs"]
     return costs, topology

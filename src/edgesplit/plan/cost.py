@@ -9,15 +9,16 @@ carries anything: a full round trip when a result comes back (the convention of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Literal
 
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import INPUT, LayerGraph, TensorInfo, prefix_peak_memory
 from edgesplit.hardware import Device, LatencyEstimator, LayerWork, Link, estimator_for
 from edgesplit.plan.assemble import one_way_latency_ms
 
-__all__ = ["EdgeCloudSetting", "CostTable", "Breakdown", "wire_size"]
+__all__ = ["Breakdown", "CostTable", "EdgeCloudSetting", "wire_size"]
 
 
 def _is_float(tensor: TensorInfo) -> bool:
@@ -94,7 +95,7 @@ class CostTable:
     @classmethod
     def build(cls, graph: LayerGraph, setting: EdgeCloudSetting, *,
               edge_estimator: LatencyEstimator | None = None,
-              cloud_estimator: LatencyEstimator | None = None) -> "CostTable":
+              cloud_estimator: LatencyEstimator | None = None) -> CostTable:
         edge_est = edge_estimator or estimator_for(setting.edge)
         cloud_est = cloud_estimator or estimator_for(setting.cloud)
         works = [LayerWork.of(graph, layer) for layer in graph.layers]

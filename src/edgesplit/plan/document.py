@@ -12,7 +12,7 @@ from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.plan.planners import PlanningProblem
 from edgesplit.plan.run import best_plan, is_lossless
 
-__all__ = ["plan_document", "best_method"]
+__all__ = ["best_method", "plan_document"]
 
 
 def plan_document(problem: PlanningProblem, plans: dict[str, Plan], *,

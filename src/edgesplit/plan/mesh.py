@@ -31,10 +31,19 @@ from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import LayerGraph
 from edgesplit.hardware import LayerWork, Topology, chain, estimator_for
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
+from edgesplit.plan.model import Plan
 from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan
 
-__all__ = ["MeshShape", "Region", "mesh_shape", "parallel_regions", "solve_mesh",
-           "solve_mesh_throughput", "MeshSolution", "plan_period_ms"]
+__all__ = [
+    "MeshShape",
+    "MeshSolution",
+    "Region",
+    "mesh_shape",
+    "parallel_regions",
+    "plan_period_ms",
+    "solve_mesh",
+    "solve_mesh_throughput",
+]
 
 _EXHAUSTIVE = 4096
 
@@ -84,7 +93,7 @@ def parallel_regions(graph: LayerGraph) -> list[Region]:
     positions = [c.index + 1 for c in graph.single_tensor_cuts()]
     names = [layer.name for layer in graph.layers]
     regions = []
-    for p, q in zip(positions[:-1], positions[1:], strict=True):
+    for p, q in itertools.pairwise(positions):
         if q - p < 3:
             continue
         inner = set(range(p, q - 1))
@@ -106,7 +115,7 @@ def parallel_regions(graph: LayerGraph) -> list[Region]:
 @dataclass
 class MeshSolution:
     total_ms: float
-    plan: object  # Plan
+    plan: Plan
     description: str
 
 
@@ -174,7 +183,7 @@ def _solve_mesh(graph, topology, source, parallel, period_bound) -> MeshSolution
     for branch in shape.branches:  # plain chains through one branch device
         path = [*shape.chain, branch, shape.aggregator]
         sub = chain(f"{topology.name}-via-{branch}", [topology.device(d) for d in path],
-                    [topology.link(a, b) for a, b in zip(path[:-1], path[1:], strict=True)])
+                    [topology.link(a, b) for a, b in itertools.pairwise(path)])
         costs = ChainCosts.build(graph, sub)
         found = _solve(costs, period_bound)
         if found is not None and (best is None or found.total_ms < best.total_ms):

@@ -10,7 +10,7 @@ scipy's maximum flow (integer capacities, rescaled), the cut read off the residu
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -68,7 +68,7 @@ def _source_side(edges: list[tuple[int, int, float | None]], n: int) -> np.ndarr
     scale = _BUDGET / finite if finite > 0 else 1.0
     caps: dict[tuple[int, int], int] = {}
     for u, v, c in edges:
-        cap = _INF if c is None else int(round(c * scale))
+        cap = _INF if c is None else round(c * scale)
         caps[(u, v)] = min(_INF, caps.get((u, v), 0) + cap)
     rows, cols = zip(*caps) if caps else ((), ())
     matrix = csr_matrix((np.fromiter(caps.values(), dtype=np.int32), (rows, cols)), shape=(n, n))

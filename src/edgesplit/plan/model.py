@@ -18,9 +18,21 @@ from edgesplit.errors import ConfigError
 from edgesplit.hardware import Device, Link
 from edgesplit.hardware._validation import build
 
-__all__ = ["PLAN_VERSION", "ModelRef", "PlanDevice", "PlanLink", "PlanLayer", "PlanTensor",
-           "Transfer", "Prediction", "PlanQuality", "PlanAlternative", "Plan", "recompute_total",
-           "load_plan"]
+__all__ = [
+    "PLAN_VERSION",
+    "ModelRef",
+    "Plan",
+    "PlanAlternative",
+    "PlanDevice",
+    "PlanLayer",
+    "PlanLink",
+    "PlanQuality",
+    "PlanTensor",
+    "Prediction",
+    "Transfer",
+    "load_plan",
+    "recompute_total",
+]
 
 PLAN_VERSION = 1
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -153,7 +165,7 @@ class Plan(BaseModel):
     alternatives: list[PlanAlternative] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Plan":
+    def _consistent(self) -> Plan:
         if self.version != PLAN_VERSION:
             raise ValueError(f"plan version {self.version} is not supported (this edgesplit "
                              f"reads version {PLAN_VERSION})")

@@ -20,10 +20,12 @@ feasible a form a sliding window and a monotone deque gives the minimum.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,8 +38,15 @@ from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 if TYPE_CHECKING:
     from edgesplit.plan.model import Plan
 
-__all__ = ["ChainCosts", "ChainAssignment", "solve_chain_latency", "solve_chain_throughput",
-           "linear_search", "evaluate_boundaries", "chain_plan"]
+__all__ = [
+    "ChainAssignment",
+    "ChainCosts",
+    "chain_plan",
+    "evaluate_boundaries",
+    "linear_search",
+    "solve_chain_latency",
+    "solve_chain_throughput",
+]
 
 
 @dataclass
@@ -55,7 +64,7 @@ class ChainCosts:
 
     @classmethod
     def build(cls, graph: LayerGraph, topology: Topology, *,
-              estimators: dict[str, LatencyEstimator] | None = None) -> "ChainCosts":
+              estimators: dict[str, LatencyEstimator] | None = None) -> ChainCosts:
         try:
             order = topology.chain_order()
         except ValueError:
@@ -67,7 +76,7 @@ class ChainCosts:
                               for w in works] for d in devices])
         cuts = graph.cuts()
         cut_bytes = [c.bytes for c in cuts]
-        links = [topology.link(a, b) for a, b in zip(order[:-1], order[1:], strict=True)]
+        links = [topology.link(a, b) for a, b in itertools.pairwise(order)]
         link_ms = np.array([[link.transfer_ms(nb) + one_way_latency_ms(link, nb > 0)
                              for nb in cut_bytes] for link in links]).reshape(len(links),
                                                                                len(cut_bytes))
@@ -223,7 +232,7 @@ def linear_search(costs: ChainCosts) -> ChainAssignment:
 
 
 def chain_plan(costs: ChainCosts, assignment: ChainAssignment, topology: Topology, *,
-               method: str, source: str, objective: str = "latency") -> "Plan":
+               method: str, source: str, objective: str = "latency") -> Plan:
     """A Plan with one device per chain hop and one transfer per link."""
     graph = costs.graph
     names = [layer.name for layer in graph.layers]

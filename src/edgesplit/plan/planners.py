@@ -13,9 +13,10 @@ Plan is built by :func:`edgesplit.plan.assemble.assemble_plan`. Planners never e
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError, option
@@ -27,8 +28,17 @@ from edgesplit.plan.mincut import min_cut_edge_set
 from edgesplit.plan.model import Plan
 from edgesplit.registry import Registry
 
-__all__ = ["PlanningProblem", "Planner", "EdgeSetPlanner", "PLANNERS", "register_planner",
-           "get_planner", "list_planners", "make_plan", "BASELINE_METHODS"]
+__all__ = [
+    "BASELINE_METHODS",
+    "PLANNERS",
+    "EdgeSetPlanner",
+    "Planner",
+    "PlanningProblem",
+    "get_planner",
+    "list_planners",
+    "make_plan",
+    "register_planner",
+]
 
 BASELINE_METHODS = ("neurosurgeon", "dads", "qdmp", "cloud_only", "edge_only")
 
@@ -37,15 +47,15 @@ ProblemKind = Literal["edge_cloud", "chain", "mesh"]
 
 @dataclass
 class PlanningProblem:
-    """A model (as captured graphs) and where it runs: an edge-cloud ``setting`` or a
-    ``topology`` of devices (pass either as the second argument); the cost tables are cached.
+    """A model (as captured graphs) and where it runs (``setting``): an edge-cloud setting or
+    a topology of devices; the cost tables are cached.
 
     ``model`` is anything :func:`edgesplit.graph.capture` accepts; the raw graph (for DADS) is
     captured from it on first use. ``objective`` and ``max_latency_ms`` apply to topologies:
     minimise latency, or the slowest pipeline stage under a latency bound."""
 
     model: Any
-    setting: EdgeCloudSetting | Topology | None = None
+    setting: EdgeCloudSetting | Topology
     example_inputs: Any = None
     input_shape: Sequence[int] | None = None
     # Held-out data to measure quantized plans' accuracy on (AUTO-SPLIT and its quantized
@@ -54,7 +64,6 @@ class PlanningProblem:
     calibration_samples: int | None = None  # taken from the front of eval_data
     eval_batch_size: int = 64
     progress: Callable[[str, int, int], None] | None = None  # (task, done, total)
-    topology: Topology | None = None
     objective: Literal["latency", "throughput"] = "latency"
     max_latency_ms: float | None = None
     _graphs: dict[str, LayerGraph] = field(default_factory=dict, repr=False)
@@ -62,11 +71,9 @@ class PlanningProblem:
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # planners' shared work
 
     def __post_init__(self) -> None:
-        if isinstance(self.setting, Topology):
-            self.setting, self.topology = None, self.setting
-        if (self.setting is None) == (self.topology is None):
-            raise ConfigError("a planning problem needs an edge-cloud setting or a topology "
-                              "(one of them)")
+        if not isinstance(self.setting, (EdgeCloudSetting, Topology)):
+            raise ConfigError(f"a planning problem runs on an EdgeCloudSetting or a Topology, "
+                              f"got {type(self.setting).__name__}")
         if self.objective not in ("latency", "throughput"):
             raise ConfigError(f"objective must be 'latency' or 'throughput', got "
                               f"{self.objective!r}")
@@ -81,6 +88,11 @@ class PlanningProblem:
         if self.topology is None:
             return "edge_cloud"
         return "chain" if self.topology.is_chain else "mesh"
+
+    @property
+    def topology(self) -> Topology | None:
+        """The topology planned over; None for an edge-cloud problem."""
+        return self.setting if isinstance(self.setting, Topology) else None
 
     @property
     def edge_cloud(self) -> EdgeCloudSetting:

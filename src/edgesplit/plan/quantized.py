@@ -15,24 +15,36 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
 from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError, GraphError, option
 from edgesplit.graph import INPUT, LayerGraph, capture
 from edgesplit.hardware import LayerWork, estimator_for
-from edgesplit.plan.cost import CostTable
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
-from edgesplit.plan.model import Plan, PlanQuality
+from edgesplit.plan.cost import CostTable
 from edgesplit.plan.mincut import min_cut_edge_set
+from edgesplit.plan.model import Plan, PlanQuality
 from edgesplit.plan.planners import Planner, PlanningProblem, register_planner
 from edgesplit.quant.accuracy import QualityMeter
 from edgesplit.quant.fakequant import DEFAULT_BITS, DistortionTable, calibrate, distortion_table
 
-__all__ = ["QuantSetup", "quant_setup", "Solution", "evaluate", "quantized_plan",
-           "device_bits", "float_min_cut", "U8", "QdmpE", "QdmpEU4", "Cloud16"]
+__all__ = [
+    "U8",
+    "Cloud16",
+    "QdmpE",
+    "QdmpEU4",
+    "QuantSetup",
+    "Solution",
+    "device_bits",
+    "evaluate",
+    "float_min_cut",
+    "quant_setup",
+    "quantized_plan",
+]
 
 
 @dataclass
@@ -223,7 +235,8 @@ def plan_quality(setup: QuantSetup, solution: Solution) -> PlanQuality | None:
     if setup.meter is None:
         return None
     q = setup.meter.measure(solution.bits())
-    return PlanQuality(metric=q.metric, value=q.value, reference=q.reference, drop=q.drop,
+    metric: Any = q.metric  # "top1" or "cosine", as PlanQuality requires
+    return PlanQuality(metric=metric, value=q.value, reference=q.reference, drop=q.drop,
                        samples=q.samples, data=setup.data or "")
 
 

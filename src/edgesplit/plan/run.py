@@ -4,18 +4,25 @@ bandwidth (the ``edgesplit plan --json`` document: :mod:`edgesplit.plan.document
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from edgesplit.errors import InfeasibleError, option
 from edgesplit.plan.cost import EdgeCloudSetting
 from edgesplit.plan.model import PLAN_VERSION, Plan
-from edgesplit.plan.planners import BASELINE_METHODS, PlanningProblem, get_planner
-from edgesplit.plan.planners import Manual
+from edgesplit.plan.planners import BASELINE_METHODS, Manual, PlanningProblem, get_planner
 
-__all__ = ["default_methods", "compare_methods", "best_plan", "is_lossless", "passed_over",
-           "sweep_link", "cut_breakdown"]
+__all__ = [
+    "best_plan",
+    "compare_methods",
+    "cut_breakdown",
+    "default_methods",
+    "is_lossless",
+    "passed_over",
+    "sweep_link",
+]
 
 
 def default_methods(problem: PlanningProblem) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ callers that hold a captured graph; :func:`edgesplit.plan.compare_methods` does 
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from edgesplit.graph import LayerGraph
 from edgesplit.hardware import Topology
@@ -14,7 +15,7 @@ from edgesplit.plan.multisplit import ChainCosts
 from edgesplit.plan.planners import PlanningProblem
 from edgesplit.plan.run import compare_methods
 
-__all__ = ["TOPOLOGY_METHODS", "MESH_METHODS", "topology_problem", "compare_topology_methods"]
+__all__ = ["MESH_METHODS", "TOPOLOGY_METHODS", "compare_topology_methods", "topology_problem"]
 
 
 def topology_problem(graph: LayerGraph, topology: Topology, *, source: str,

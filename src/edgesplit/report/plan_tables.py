@@ -22,13 +22,15 @@ def _split(plan: Plan, total_layers: int) -> str:
 
 
 def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -> Table:
-    s = problem.setting
+    s = problem.edge_cloud
     limit = s.memory_limit_bytes
+    notes = {m: p.reason for m, p in plans.items() if p.feasible and p.reason}
     table = Table(title=f"{problem.graph.model}: {s.edge.name} -> {s.link.name} "
                         f"({s.link.bandwidth_mbps:g} Mbps, RTT {s.link.rtt_ms:g} ms) -> "
                         f"{s.cloud.name}; edge memory limit "
                         f"{human_bytes(limit) if limit else 'none'}",
-                  caption=f"chosen: {chosen}")
+                  caption=f"chosen: {chosen}" + "".join(f"\n{m}: {r}"
+                                                         for m, r in notes.items()))
     for col in ("method", "graph", "split", "edge layers", "bits", "sent", "edge ms",
                 "transfer ms", "cloud ms", "total ms", "edge memory", "accuracy drop",
                 "feasible"):
@@ -43,9 +45,6 @@ def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -
             f"{p.compute_ms['cloud']:.2f}", f"{p.total_ms:.2f}",
             human_bytes(plan.edge_memory_bytes), _drop(plan),
             "yes" if plan.feasible else f"no: {plan.reason}")
-    notes = {m: p.reason for m, p in plans.items() if p.feasible and p.reason}
-    if notes:
-        table.caption += "".join(f"\n{m}: {r}" for m, r in notes.items())
     return table
 
 
@@ -55,7 +54,7 @@ def _bits(plan: Plan) -> str:
     acts = sorted({layer.a_bits for layer in plan.layers if layer.a_bits is not None})
     if not ws:
         return "fp16 cloud" if plan.method == "cloud16" else "float"
-    span = lambda v: f"{v[0]}" if len(v) == 1 else f"{v[0]}-{v[-1]}"  # noqa: E731
+    span = lambda v: f"{v[0]}" if len(v) == 1 else f"{v[0]}-{v[-1]}"
     return f"w{span(ws)} a{span(acts)}"
 
 
@@ -88,16 +87,17 @@ def sweep_table(sweep: dict[str, Any]) -> Table:
 def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
     topo = doc["topology"]
     hops = ", ".join(f"{l['src']}->{l['dst']} {l['bandwidth_mbps']:g} Mbps" for l in topo["links"])
+    caption = f"chosen: {doc['best']}"
+    if doc["best"] in plans and not plans[doc["best"]].runnable:
+        caption += (" (predicted only: the runtime executes chains of devices; best_chain is "
+                    "the best plan it can run)")
     table = Table(title=f"{doc['model']} over {topo['name']}: {hops}; objective "
-                        f"{doc['objective']}", caption=f"chosen: {doc['best']}")
+                        f"{doc['objective']}", caption=caption)
     table.add_column("method")
     for device in topo["devices"]:
         table.add_column(f"{device} layers / ms", justify="right")
     for col in ("sent per link", "total ms", "period ms", "feasible", "runs"):
         table.add_column(col, justify="right")
-    if doc["best"] in plans and not plans[doc["best"]].runnable:
-        table.caption += (" (predicted only: the runtime executes chains of devices; "
-                          "best_chain is the best plan it can run)")
     for method, plan in plans.items():
         entry = doc["methods"][method]
         held = {d.name: d for d in plan.devices}
