@@ -118,10 +118,15 @@ def _transfers(graph: LayerGraph, where: Mapping[str, str], network: Network,
     hop) and one per link used backwards, each with the crossing tensors in graph order."""
     source = network.devices[0].name
     carried: dict[tuple[int, bool], list[str]] = {}
+    paths: dict[tuple[str, str], list[tuple[int, bool]]] = {}
     for tensor in graph.tensors.values():
         src = source if tensor.producer == INPUT else where[tensor.producer]
         readers = {network.result if c == OUTPUT else where[c] for c in tensor.consumers}
-        hops = {hop for dst in sorted(readers - {src}) for hop in network.path(src, dst)}
+        hops = set()
+        for dst in readers - {src}:
+            if (src, dst) not in paths:
+                paths[src, dst] = network.path(src, dst)
+            hops.update(paths[src, dst])
         for hop in hops:
             carried.setdefault(hop, []).append(tensor.name)
     order = [(i, True) for i in range(len(network.links))] + \
