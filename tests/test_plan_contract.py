@@ -112,7 +112,6 @@ def test_every_planner_keeps_the_plan_contract(name, spec, data):
 
 
 def test_mesh_plans_say_they_only_predict_and_name_the_chain_method():
-    import torch
     from test_mesh import TwoHeads, _mesh
 
     problem = PlanningProblem(TwoHeads(), _mesh(2.0, 1.0, rtt_ms=0.0),

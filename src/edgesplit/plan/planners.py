@@ -271,9 +271,11 @@ class Neurosurgeon(EdgeSetPlanner):
 
 
 class _MinCut(EdgeSetPlanner):
-    """Min s-t cut on the DAG; exact for the latency objective. The round trip is paid by every
-    plan but edge-only, so the optimum is the cheaper of the cut (+RTT) and edge-only. A memory
-    limit, which a cut cannot express, is met by pricing edge weight bytes (Lagrangian search)."""
+    """Min s-t cut on the DAG; exact for the latency objective. The link latency is the same
+    for every plan but edge-only (a full RTT with the result on the edge; rtt/2 for every plan
+    with the result on the cloud), so the optimum is the cheaper of the cut and edge-only. A
+    memory limit, which a cut cannot express, is met by pricing edge weight bytes (Lagrangian
+    search)."""
 
     def choose(self, costs: CostTable) -> frozenset[str]:
         forced = costs.forced_edge()
