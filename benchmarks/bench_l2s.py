@@ -31,8 +31,12 @@ from edgesplit.report.plots import plot_l2s, plot_l2s_curves, plot_train_split
 from edgesplit.train.bandit import LinUCBE
 from edgesplit.train.l2s import L2S_ALPHA, L2S_RIDGE, compare_policies, scaled_features
 from edgesplit.train.modes import AdaptiveL2S, ModeConfig
-from edgesplit.train.session import (TrainSplitConfig, local_training_server,
-                                     one_core_per_side, train_split)
+from edgesplit.train.session import (
+    TrainSplitConfig,
+    local_training_server,
+    one_core_per_side,
+    train_split,
+)
 from edgesplit.train.simulator import BandwidthTrace, training_costs
 
 RESULTS = Path(__file__).parent / "results"

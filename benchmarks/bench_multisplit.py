@@ -17,8 +17,8 @@ from rich.progress import Progress
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
 from edgesplit.hardware.profile import time_call
-from edgesplit.plan.multisplit import ChainCosts, solve_chain_latency, solve_chain_throughput
 from edgesplit.plan.mesh import plan_period_ms
+from edgesplit.plan.multisplit import ChainCosts, solve_chain_latency, solve_chain_throughput
 from edgesplit.plan.topology_run import compare_topology_methods
 
 RESULTS = Path(__file__).parent / "results"
@@ -80,7 +80,8 @@ def main() -> None:
     lines = ["# Multi-split over chains and meshes of devices", "",
              "## JMSNAS setting (Table I links; UE Raspberry Pi 4, SBS RTX 3050 laptop, MBS "
              "Jetson AGX Xavier (three of them in the mesh), cloud V100; roofline estimates)", "",
-             "| topology | model | objective | method | latency ms | period ms | layers per device |",
+             "| topology | model | objective | method | latency ms | period ms "
+             "| layers per device |",
              "|---|---|---|---|---:|---:|---|"]
     for r in jmsnas:
         placed = ", ".join(f"{d} {k}" for d, k in r["layers_per_device"].items() if k)

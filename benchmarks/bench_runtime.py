@@ -205,9 +205,9 @@ def bench_overhead(device: Device, rounds: int) -> list[dict[str, Any]]:
                     results, local_timings = [], []
                     for r in range(rounds):
                         variants = [  # called right away, within this iteration
-                            lambda: results.append(client.request()),  # noqa: B023
-                            lambda: local_timings.append(program.run_local()[1]),  # noqa: B023
-                            lambda: echo.round_trip(message, n_down)]  # noqa: B023
+                            lambda: results.append(client.request()),
+                            lambda: local_timings.append(program.run_local()[1]),
+                            lambda: echo.round_trip(message, n_down)]
                         order = [(r + k) % 3 for k in range(3)]  # rotate who goes first
                         for k in order:
                             t = _ms(variants[k])

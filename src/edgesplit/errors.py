@@ -7,21 +7,22 @@ and exits non-zero. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = [
-    "option",
-    "cli_options",
-    "EdgesplitError",
-    "ConfigError",
-    "UnknownNameError",
     "CaptureError",
+    "ConfigError",
+    "EdgesplitError",
     "GraphError",
     "InfeasibleError",
-    "WireError",
     "RemoteError",
+    "UnknownNameError",
+    "WireError",
+    "cli_options",
+    "option",
 ]
 
 

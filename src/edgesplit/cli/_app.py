@@ -6,16 +6,29 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
 
 from edgesplit.errors import EdgesplitError, cli_options
 
-__all__ = ["app", "out", "err", "user_errors", "emit_json", "model_ref", "tls_files",
-           "load_program", "TRUST_HELP", "BACKEND_HELP", "TOKEN_HELP", "TOKEN_FILE_HELP"]
+__all__ = [
+    "BACKEND_HELP",
+    "TOKEN_FILE_HELP",
+    "TOKEN_HELP",
+    "TRUST_HELP",
+    "app",
+    "emit_json",
+    "err",
+    "load_program",
+    "model_ref",
+    "out",
+    "tls_files",
+    "user_errors",
+]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Where to cut a PyTorch model across devices and links, and how to run it.")
@@ -52,7 +65,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def emit_json(doc: Any, path: Optional[Path] = None) -> None:
+def emit_json(doc: Any, path: Path | None = None) -> None:
     text = json.dumps(doc, indent=2)
     if path is not None:
         path.write_text(text + "\n")
@@ -72,14 +85,14 @@ def model_ref(model: str, trust_model_file: bool) -> str:
     return TrustedModelFile(model) if trust_model_file else model
 
 
-def tls_files(cert: Optional[Path], key: Optional[Path], ca: Optional[Path]):
+def tls_files(cert: Path | None, key: Path | None, ca: Path | None):
     """The TLS files given on the command line, read; None when none was given."""
     if cert is None and key is None and ca is None:
         return None
     from edgesplit.errors import ConfigError
     from edgesplit.runtime.transport import TlsFiles
 
-    def read(path: Optional[Path]) -> bytes | None:
+    def read(path: Path | None) -> bytes | None:
         if path is None:
             return None
         if not path.is_file():

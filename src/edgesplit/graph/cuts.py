@@ -3,8 +3,9 @@ the topological order."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from edgesplit.graph.ir import INPUT, OUTPUT, TensorInfo
 
@@ -42,7 +43,7 @@ class Cut:
         }
 
 
-def crossing_tensors(graph: "LayerGraph", edge_layers: Iterable[str], *,
+def crossing_tensors(graph: LayerGraph, edge_layers: Iterable[str], *,
                      include_outputs: bool = True) -> list[TensorInfo]:
     """Tensors produced on the edge (or the raw input) and read by some layer off the edge.
 
@@ -63,7 +64,7 @@ def crossing_tensors(graph: "LayerGraph", edge_layers: Iterable[str], *,
     return crossing
 
 
-def topological_cuts(graph: "LayerGraph") -> list[Cut]:
+def topological_cuts(graph: LayerGraph) -> list[Cut]:
     """The cut after every position of the topological order, -1 (input) to the last layer.
 
     One sweep: a tensor is live across position i when its producer is at or before i and some

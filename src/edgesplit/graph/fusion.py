@@ -22,10 +22,9 @@ import torch
 from torch.fx import GraphModule, Node
 
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
-from edgesplit.graph.ops import (OpCategory, op_category, op_class, op_cost, op_name,
-                                 tensor_meta)
+from edgesplit.graph.ops import OpCategory, op_category, op_class, op_cost, op_name, tensor_meta
 
-__all__ = ["group_nodes", "build_layer_graph"]
+__all__ = ["build_layer_graph", "group_nodes"]
 
 _CONVS = {"conv1d", "conv2d", "conv3d", "convolution"}
 
@@ -118,8 +117,8 @@ class _Namer:
 
 def _tensor_info(node: Node, producer: str, consumers: list[str]) -> TensorInfo:
     val = node.meta.get("val")
-    metas = [tensor_meta(v) for v in val] if isinstance(val, (list, tuple)) else [tensor_meta(val)]
-    metas = [m for m in metas if m is not None]
+    values = val if isinstance(val, (list, tuple)) else [val]
+    metas = [m for m in map(tensor_meta, values) if m is not None]
     if len(metas) == 1:
         shape, dtype = metas[0].shape, str(metas[0].dtype).replace("torch.", "")
     else:  # a tuple value crossing as a whole (rare: higher-order ops)

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 from torch.fx import Node
 
-__all__ = ["OpCategory", "OpCost", "op_name", "op_category", "op_class", "op_cost", "tensor_meta"]
+__all__ = ["OpCategory", "OpCost", "op_category", "op_class", "op_cost", "op_name", "tensor_meta"]
 
 
 class OpCategory(str, Enum):
@@ -177,12 +178,17 @@ def _sdpa_macs(node: Node) -> int:
 
 def _einsum_macs(node: Node) -> int:
     equation = str(node.args[0]).replace(" ", "")
+    if not isinstance(node.args[1], (list, tuple)):
+        return 0
     operands = [_arg_meta(a) for a in node.args[1]]
+    terms = equation.split("->")[0].split(",")
+    if len(terms) != len(operands):
+        return 0  # not an equation we can read: count no MACs rather than a truncated product
     sizes: dict[str, int] = {}
-    for letters, meta in zip(equation.split("->")[0].split(","), operands):
-        if meta is None or "." in letters:
+    for letters, meta in zip(terms, operands, strict=True):
+        if meta is None or "." in letters or len(letters) != len(meta.shape):
             return 0
-        sizes.update(zip(letters, meta.shape))
+        sizes.update(zip(letters, meta.shape, strict=True))
     return math.prod(sizes.values())
 
 
@@ -202,7 +208,8 @@ def _pool_flops(node: Node) -> int:
         inp = _arg_meta(node.args[0])
         return inp.numel if inp else 0
     kernel = node.args[1] if len(node.args) > 1 else 1
-    area = math.prod(kernel) if isinstance(kernel, (list, tuple)) else int(kernel) ** 2
+    area = (math.prod(kernel) if isinstance(kernel, (list, tuple))
+            else int(cast("int", kernel)) ** 2)  # an int (or SymInt) kernel size
     return _out_numel(node) * area
 
 

@@ -7,8 +7,9 @@ Deciding *which* layers go together is the planners' business, not this module's
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
@@ -19,7 +20,7 @@ from edgesplit.graph.ir import INPUT, OUTPUT
 if TYPE_CHECKING:
     from edgesplit.graph.ir import Layer, LayerGraph
 
-__all__ = ["Partition", "extract_partition", "record_tensors", "copy_layer"]
+__all__ = ["Partition", "copy_layer", "extract_partition", "record_tensors"]
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Partition:
         return dict(zip(self.outputs, self.module(*(values[n] for n in self.inputs)), strict=True))
 
 
-def extract_partition(graph: "LayerGraph", layers: Iterable[str]) -> Partition:
+def extract_partition(graph: LayerGraph, layers: Iterable[str]) -> Partition:
     """The layers ``layers`` (any set, not only a down-set) as a module over their boundary.
 
     Inputs are the tensors the set reads from outside (model inputs or other layers' outputs),
@@ -71,7 +72,7 @@ def extract_partition(graph: "LayerGraph", layers: Iterable[str]) -> Partition:
     return Partition(tuple(layer.name for layer in order), tuple(inputs), tuple(outputs), module)
 
 
-def copy_layer(layer: "Layer", fx_nodes: dict[str, Node], new: Graph, env: dict[Node, Node]
+def copy_layer(layer: Layer, fx_nodes: dict[str, Node], new: Graph, env: dict[Node, Node]
                ) -> None:
     """Copy one layer's FX nodes (and the weights they read) into ``new``; ``env`` maps the
     program's nodes to their copies and must already hold the layer's inputs."""
@@ -96,7 +97,7 @@ class _Recorder(Interpreter):
         return value
 
 
-def record_tensors(graph: "LayerGraph", *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+def record_tensors(graph: LayerGraph, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     """Run the whole program once and return every tensor of the LayerGraph by name (the inputs
     each layer needs when it is run on its own)."""
     if graph.program is None:

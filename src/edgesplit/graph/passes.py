@@ -8,12 +8,16 @@ rounding for batch-norm folding).
 
 from __future__ import annotations
 
+from typing import Any, TypeGuard, cast
+
 import torch
+from torch._ops import OpOverload
 from torch.fx import GraphModule, Node
+from torch.fx.node import Argument
 
 from edgesplit.graph.ops import OpCategory, op_category, op_name
 
-__all__ = ["strip_checks", "fold_constants", "fold_batchnorm", "remove_unused_attributes"]
+__all__ = ["fold_batchnorm", "fold_constants", "remove_unused_attributes", "strip_checks"]
 
 # Operators kept by export only to check the input at run time; they produce no tensor.
 _CHECK_OPS = {"_assert_tensor_metadata", "_assert_async", "sym_constrain_range",
@@ -34,7 +38,7 @@ def strip_checks(gm: GraphModule) -> GraphModule:
 
 
 def _attr(gm: GraphModule, target: str) -> torch.Tensor:
-    obj = gm
+    obj: Any = gm
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
@@ -53,7 +57,7 @@ def fold_constants(gm: GraphModule) -> GraphModule:
     per request; leaving them in would add spurious sources to the layer graph.
     """
     graph = gm.graph
-    values: dict[Node, object] = {}
+    values: dict[Node, Any] = {}
     for node in graph.nodes:
         if node.op == "get_attr":
             values[node] = _attr(gm, str(node.target))
@@ -79,12 +83,17 @@ def fold_constants(gm: GraphModule) -> GraphModule:
     return remove_unused_attributes(gm)
 
 
-def _arg(node: Node, name: str) -> object:
+def _is_get_attr(arg: object) -> TypeGuard[Node]:
+    return isinstance(arg, Node) and arg.op == "get_attr"
+
+
+def _arg(node: Node, name: str) -> Argument:
     """Argument ``name`` of an ATen call, positional or keyword (the batch-norm variants put
     ``eps`` at different positions)."""
     if name in node.kwargs:
         return node.kwargs[name]
-    for i, arg in enumerate(node.target._schema.arguments):
+    target = cast("OpOverload", node.target)  # ATen calls only
+    for i, arg in enumerate(target._schema.arguments):
         if arg.name == name:
             return node.args[i] if i < len(node.args) else arg.default_value
     raise KeyError(name)
@@ -98,13 +107,16 @@ def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
     if name not in {"conv1d", "conv2d", "conv3d", "linear"}:
         return False
     weight_node = producer.args[1]
-    bias_node = producer.args[2] if len(producer.args) > 2 else None
+    raw_bias = producer.args[2] if len(producer.args) > 2 else None
+    bias_node = raw_bias if _is_get_attr(raw_bias) else None
     gamma, beta, mean, var = (_arg(bn, key) for key in ("weight", "bias", "running_mean",
                                                          "running_var"))
     eps = _arg(bn, "eps")
-    if not all(isinstance(n, Node) and n.op == "get_attr" for n in (weight_node, mean, var)):
+    if not (_is_get_attr(weight_node) and _is_get_attr(mean) and _is_get_attr(var)):
         return False
-    if bias_node is not None and not (isinstance(bias_node, Node) and bias_node.op == "get_attr"):
+    if raw_bias is not None and bias_node is None:  # a bias computed at run time
+        return False
+    if not isinstance(eps, (int, float)):
         return False
     weight = _attr(gm, str(weight_node.target))
     out_channels = weight.shape[0]
@@ -118,7 +130,8 @@ def _fold_one_batchnorm(gm: GraphModule, bn: Node) -> bool:
     running_mean = _attr(gm, str(mean.target))
     g = _attr(gm, str(gamma.target)) if isinstance(gamma, Node) else torch.ones_like(running_var)
     b = _attr(gm, str(beta.target)) if isinstance(beta, Node) else torch.zeros_like(running_var)
-    bias = _attr(gm, str(bias_node.target)) if bias_node is not None else torch.zeros_like(running_var)
+    bias = (_attr(gm, str(bias_node.target)) if bias_node is not None
+            else torch.zeros_like(running_var))
     with torch.no_grad():
         scale = g / torch.sqrt(running_var + eps)
         new_w = weight * scale.reshape(-1, *([1] * (weight.dim() - 1)))
@@ -156,10 +169,13 @@ def _folded_targets(gm: GraphModule, producer: Node, weight: Node, bias: Node | 
             readers[str(node.target)] += len(node.users)
     w_target = str(weight.target)
     if readers[w_target] != 1:
-        return _new_attr_name(gm, w_target + "_bnfold"), _new_attr_name(gm, w_target + "_bnfold_bias")
+        return (_new_attr_name(gm, w_target + "_bnfold"),
+                _new_attr_name(gm, w_target + "_bnfold_bias"))
     if bias is not None:
         b_target = str(bias.target)
-        return w_target, b_target if readers[b_target] == 1 else _new_attr_name(gm, b_target + "_bnfold")
+        if readers[b_target] == 1:
+            return w_target, b_target
+        return w_target, _new_attr_name(gm, b_target + "_bnfold")
     b_target = w_target.rsplit(".", 1)[0] + ".bias" if "." in w_target else "bias"
     return w_target, b_target if not _has_attr(gm, b_target) else _new_attr_name(gm, b_target)
 

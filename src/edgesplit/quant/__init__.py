@@ -9,15 +9,48 @@ analyses the planners (``edgesplit.plan``, AUTO-SPLIT) build on.
 
 from edgesplit.quant.accuracy import Quality, QualityMeter
 from edgesplit.quant.allocation import Allocation, allocate_bits
-from edgesplit.quant.fakequant import (Calibration, DistortionTable, QuantizableProgram,
-                                       calibrate, distortion_table, fake_quant_program,
-                                       fake_quantize, quantize_weight)
+from edgesplit.quant.fakequant import (
+    Calibration,
+    DistortionTable,
+    QuantizableProgram,
+    calibrate,
+    distortion_table,
+    fake_quant_program,
+    fake_quantize,
+    quantize_weight,
+)
 from edgesplit.quant.pack import pack_bits, packed_size, unpack_bits
-from edgesplit.quant.wire import (MAX_DIM, MAX_ELEMENTS, MAX_NDIM, WIRE_VERSION, decode_tensor,
-                                  encode_tensor, message_info)
+from edgesplit.quant.wire import (
+    MAX_DIM,
+    MAX_ELEMENTS,
+    MAX_NDIM,
+    WIRE_VERSION,
+    decode_tensor,
+    encode_tensor,
+    message_info,
+)
 
-__all__ = ["Allocation", "allocate_bits", "Calibration", "DistortionTable",
-           "QuantizableProgram", "calibrate", "distortion_table", "fake_quant_program",
-           "fake_quantize", "quantize_weight", "Quality", "QualityMeter", "pack_bits",
-           "packed_size", "unpack_bits", "MAX_DIM", "MAX_ELEMENTS", "MAX_NDIM", "WIRE_VERSION",
-           "decode_tensor", "encode_tensor", "message_info"]
+__all__ = [
+    "MAX_DIM",
+    "MAX_ELEMENTS",
+    "MAX_NDIM",
+    "WIRE_VERSION",
+    "Allocation",
+    "Calibration",
+    "DistortionTable",
+    "Quality",
+    "QualityMeter",
+    "QuantizableProgram",
+    "allocate_bits",
+    "calibrate",
+    "decode_tensor",
+    "distortion_table",
+    "encode_tensor",
+    "fake_quant_program",
+    "fake_quantize",
+    "message_info",
+    "pack_bits",
+    "packed_size",
+    "quantize_weight",
+    "unpack_bits",
+]

@@ -10,16 +10,16 @@ are shape-specialised); ``EvalData.batches`` pads the last batch and padded rows
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 
 from edgesplit.data import EvalData
 from edgesplit.graph import LayerGraph
-from edgesplit.quant.fakequant import Calibration, QuantizableProgram
+from edgesplit.quant.fakequant import Calibration, QuantizableProgram, graph_program
 
-__all__ = ["QualityMeter", "Quality"]
+__all__ = ["Quality", "QualityMeter"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class QualityMeter:
         self.graph, self.data, self.calibration = graph, data, calibration
         self.batch_size = batch_size
         self._batches = list(data.batches(batch_size))
-        self._reference = [self._run(graph.program, batch)[:real]
+        self._reference = [self._run(graph_program(graph), batch)[:real]
                            for batch, real in self._batches]
         self.reference = self._score(self._reference)
         self._cache: dict[tuple, float] = {}
@@ -66,7 +66,7 @@ class QualityMeter:
             pred = torch.cat(outputs).argmax(1)
             return 100.0 * float((pred == self.data.labels).float().mean())
         sims = [torch.nn.functional.cosine_similarity(o, r, dim=1)
-                for o, r in zip(outputs, self._reference)]
+                for o, r in zip(outputs, self._reference, strict=True)]
         return 100.0 * float(torch.cat(sims).mean())
 
     def measure(self, bits: Mapping[str, tuple[int, int]]) -> Quality:

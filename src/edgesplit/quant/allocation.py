@@ -11,12 +11,12 @@ layers keeping the Pareto frontier of (memory, distortion) answers exactly for u
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from edgesplit.errors import InfeasibleError
 
-__all__ = ["Allocation", "allocate_bits", "choice_at_price", "EXACT_LAYERS"]
+__all__ = ["EXACT_LAYERS", "Allocation", "allocate_bits", "choice_at_price"]
 
 EXACT_LAYERS = 12  # up to this many layers the Pareto dynamic program answers (exact)
 
@@ -126,7 +126,7 @@ def _pareto(distortion, sizes, budget_bits: int, cap: int = 5_000) -> dict[str, 
         cheapest_rest[i] = cheapest_rest[i + 1] + sizes[names[i]] * min(distortion[names[i]])
     frontier: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
     for i, name in enumerate(names):
-        grown = [(mem + sizes[name] * b, d + db, choice + (b,))
+        grown = [(mem + sizes[name] * b, d + db, (*choice, b))
                  for mem, d, choice in frontier for b, db in distortion[name].items()
                  if mem + sizes[name] * b + cheapest_rest[i + 1] <= budget_bits]
         grown.sort(key=lambda item: (item[0], item[1]))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.fx import GraphModule
@@ -21,9 +22,19 @@ from edgesplit.errors import ConfigError
 from edgesplit.graph import LayerGraph
 from edgesplit.graph.partition import record_tensors
 
-__all__ = ["fake_quantize", "quantize_weight", "calibrate", "Calibration", "fake_quant_program",
-           "QuantizableProgram", "set_tensor_attr",
-           "DistortionTable", "distortion_table", "DEFAULT_BITS"]
+__all__ = [
+    "DEFAULT_BITS",
+    "Calibration",
+    "DistortionTable",
+    "QuantizableProgram",
+    "calibrate",
+    "distortion_table",
+    "fake_quant_program",
+    "fake_quantize",
+    "graph_program",
+    "quantize_weight",
+    "set_tensor_attr",
+]
 
 DEFAULT_BITS = (2, 4, 6, 8, 16)
 
@@ -97,20 +108,26 @@ def set_tensor_attr(module: torch.nn.Module, target: str, value: torch.Tensor) -
         owner._buffers[leaf] = value
 
 
+def graph_program(graph: LayerGraph) -> GraphModule:
+    """``graph.program``, which quantization needs (a graph loaded without one has none)."""
+    if graph.program is None:
+        raise ConfigError("the LayerGraph has no program to quantize")
+    return graph.program
+
+
 def fake_quant_program(graph: LayerGraph, bits: Mapping[str, tuple[int, int]],
                        calibration: Calibration) -> GraphModule:
     """A copy of ``graph.program`` where each layer named in ``bits`` (``(w_bits, a_bits)``)
     has fake-quantized weights and fake-quantized outputs; other layers stay float."""
-    if graph.program is None:
-        raise ConfigError("the LayerGraph has no program to quantize")
+    program = graph_program(graph)
     with warnings.catch_warnings():  # torch's own deprecation noise from copying the spec
         warnings.simplefilter("ignore", FutureWarning)
-        program = copy.deepcopy(graph.program)
+        program = copy.deepcopy(program)
     nodes = {n.name: n for n in program.graph.nodes}
     for name, (w_bits, a_bits) in bits.items():
         layer = graph.layer(name)
         for target in layer.param_names:
-            owner = program
+            owner: Any = program
             for part in target.split("."):
                 owner = getattr(owner, part)
             if owner.is_floating_point() and owner.dim() >= 2:  # weights, not biases or masks
@@ -124,7 +141,7 @@ def fake_quant_program(graph: LayerGraph, bits: Mapping[str, tuple[int, int]],
             node = nodes[tensor]
             with program.graph.inserting_after(node):
                 quantized = program.graph.call_function(fake_quantize, (node, a_bits, lo, hi))
-            node.replace_all_uses_with(quantized, delete_user_cb=lambda u: u is not quantized)
+            node.replace_all_uses_with(quantized, delete_user_cb=lambda u, q=quantized: u is not q)
     program.graph.lint()
     program.recompile()
     return program
@@ -147,7 +164,8 @@ def _mse(a: torch.Tensor, b: torch.Tensor) -> float:
 def distortion_table(graph: LayerGraph, calibration: Calibration,
                      bits: Sequence[int] = DEFAULT_BITS) -> DistortionTable:
     """D_i^w and D_i^a for every layer and bit-width (computed once; reuse the table)."""
-    attrs = {**dict(graph.program.named_parameters()), **dict(graph.program.named_buffers())}
+    program = graph_program(graph)
+    attrs = {**dict(program.named_parameters()), **dict(program.named_buffers())}
     weight: dict[str, dict[int, float]] = {}
     activation: dict[str, dict[int, float]] = {}
     for layer in graph.layers:
@@ -187,11 +205,10 @@ class QuantizableProgram:
     forward pass per configuration (quantized weights are computed once per width)."""
 
     def __init__(self, graph: LayerGraph, calibration: Calibration) -> None:
-        if graph.program is None:
-            raise ConfigError("the LayerGraph has no program to quantize")
+        program = graph_program(graph)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            self.program = copy.deepcopy(graph.program)
+            self.program = copy.deepcopy(program)
         self.graph = graph
         self._outputs: dict[str, list[_FakeQuantOutput]] = {}
         self._weights: dict[str, list[str]] = {}
@@ -213,7 +230,8 @@ class QuantizableProgram:
                 node = nodes[tensor]
                 with self.program.graph.inserting_after(node):
                     quantized = self.program.graph.call_module(name, (node,))
-                node.replace_all_uses_with(quantized, delete_user_cb=lambda u, q=quantized: u is not q)
+                node.replace_all_uses_with(quantized,
+                                           delete_user_cb=lambda u, q=quantized: u is not q)
                 mods.append(mod)
             self._outputs[layer.name] = mods
         self.program.graph.lint()
@@ -227,7 +245,7 @@ class QuantizableProgram:
         return False
 
     def _get(self, target: str) -> torch.Tensor:
-        owner = self.program
+        owner: Any = self.program
         for part in target.split("."):
             owner = getattr(owner, part)
         return owner

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["packed_size", "pack_bits", "unpack_bits"]
+__all__ = ["pack_bits", "packed_size", "unpack_bits"]
 
 
 def packed_size(count: int, bits: int) -> int:

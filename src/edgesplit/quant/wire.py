@@ -36,8 +36,15 @@ import torch
 from edgesplit.errors import WireError
 from edgesplit.quant.pack import pack_bits, packed_size, unpack_bits
 
-__all__ = ["WIRE_VERSION", "MAX_ELEMENTS", "MAX_DIM", "MAX_NDIM", "encode_tensor",
-           "decode_tensor", "message_info"]
+__all__ = [
+    "MAX_DIM",
+    "MAX_ELEMENTS",
+    "MAX_NDIM",
+    "WIRE_VERSION",
+    "decode_tensor",
+    "encode_tensor",
+    "message_info",
+]
 
 # Version 2 changed one meaning: bfloat16 at 16 bits carries bfloat16 words (version 1 sent
 # float16 words, which turned values above 65504 into inf). Version 1 messages are still read,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["human_count", "human_bytes"]
+__all__ = ["human_bytes", "human_count"]
 
 
 def human_count(value: float) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 
@@ -11,8 +12,13 @@ from edgesplit.hardware.link import Link
 from edgesplit.hardware.topology import Topology
 from edgesplit.report.format import human_bytes
 
-__all__ = ["devices_table", "links_table", "topologies_table", "profile_table",
-           "validation_table"]
+__all__ = [
+    "devices_table",
+    "links_table",
+    "profile_table",
+    "topologies_table",
+    "validation_table",
+]
 
 
 def _peak(device: Device) -> str:
@@ -53,7 +59,8 @@ def topologies_table(topologies: Sequence[Topology]) -> Table:
         table.add_column(col, overflow="fold")
     for topo in topologies:
         devices = ", ".join(f"{d.name}" for d in topo.devices)
-        links = ", ".join(f"{tl.src}->{tl.dst} {tl.link.bandwidth_mbps:g} Mbps" for tl in topo.links)
+        links = ", ".join(f"{tl.src}->{tl.dst} {tl.link.bandwidth_mbps:g} Mbps"
+                          for tl in topo.links)
         table.add_row(topo.name, devices, links, topo.source)
     return table
 

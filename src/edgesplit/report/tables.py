@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.table import Table
 
@@ -10,11 +10,12 @@ from edgesplit.graph import Cut, LayerGraph
 from edgesplit.models import ModelSpec
 from edgesplit.report.format import human_bytes, human_count
 
-__all__ = ["layers_table", "cuts_table", "models_table"]
+__all__ = ["cuts_table", "layers_table", "models_table"]
 
 
 def layers_table(graph: LayerGraph, limit: int | None = None) -> Table:
-    table = Table(title=f"{graph.model}: {len(graph)} layers, {human_count(graph.total_macs)} MACs, "
+    macs = human_count(graph.total_macs)
+    table = Table(title=f"{graph.model}: {len(graph)} layers, {macs} MACs, "
                         f"{human_count(graph.total_params)} params "
                         f"({'optimised' if graph.optimized else 'raw'} graph)")
     for col, justify in (("#", "right"), ("name", "left"), ("op", "left"), ("MACs", "right"),

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-__all__ = ["l2s_policies_table", "train_split_table", "train_split_summary"]
+__all__ = ["l2s_policies_table", "train_split_summary", "train_split_table"]
 
 
 def l2s_policies_table(doc: dict[str, Any], title: str) -> Table:
