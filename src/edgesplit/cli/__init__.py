@@ -9,13 +9,13 @@ and keeps its traceback.
 from __future__ import annotations
 
 # importing a command module registers its commands; --help lists them in this order
-from edgesplit.cli import (
-    hardware,  # noqa: F401
-    inspect,  # noqa: F401
-    plan,  # noqa: F401
-    serving,  # noqa: F401
-    training,  # noqa: F401
-)
+# isort: off
+from edgesplit.cli import inspect  # noqa: F401
+from edgesplit.cli import hardware  # noqa: F401
+from edgesplit.cli import plan  # noqa: F401
+from edgesplit.cli import serving  # noqa: F401
+from edgesplit.cli import training  # noqa: F401
+# isort: on
 from edgesplit.cli._app import app
 
 __all__ = ["app", "main"]
