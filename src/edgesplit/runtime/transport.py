@@ -10,41 +10,55 @@ with INVALID_ARGUMENT and a message naming the problem; the server keeps serving
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
-from concurrent import futures
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import grpc
 import torch
 
-from edgesplit.errors import ConfigError, RemoteError, WireError
+from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import decode_tensor, encode_tensor
-from edgesplit.runtime.program import DeviceStep, PlanProgram
+from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.shaping import LinkShaper
+from edgesplit.transport import (
+    MAX_BACKOFF_S,
+    TOKEN_ENV,
+    BadRequest,
+    GrpcServer,
+    TlsFiles,
+    bearer_metadata,
+    check_alive,
+    check_tls_pair,
+    explain,
+    open_channel,
+    read_token,
+    remaining_timeout,
+    serve_forever,
+)
 
-__all__ = ["GrpcServer", "PartitionServer", "ChainClient", "RequestResult", "max_message_bytes",
-           "TlsFiles", "open_channel", "serve_forever", "check_tls_pair", "read_token", "plan_device",
-           "decode_planned", "TOKEN_ENV"]
+__all__ = [
+    "TOKEN_ENV",
+    "ChainClient",
+    "GrpcServer",
+    "PartitionServer",
+    "RequestResult",
+    "TlsFiles",
+    "check_tls_pair",
+    "decode_planned",
+    "max_message_bytes",
+    "open_channel",
+    "plan_device",
+    "read_token",
+    "serve_forever",
+]
 
 log = logging.getLogger(__name__)
-
-MAX_BACKOFF_S = 5.0  # the longest wait between two retries (the backoff doubles up to it)
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    cert: bytes | None = None  # server: certificate chain (PEM)
-    key: bytes | None = None  # server: private key (PEM)
-    ca: bytes | None = None  # client: root certificate to trust (PEM)
-
 
 def max_message_bytes(program: PlanProgram) -> int:
     """The largest message the plan can need: every tensor that may travel, at float32, plus
@@ -53,77 +67,6 @@ def max_message_bytes(program: PlanProgram) -> int:
     tensors = program.graph.tensors
     payload = sum(max(tensors[t].bytes, tensors[t].elements * 4) + 256 for t in names)
     return max(64 * 1024, int(payload * 1.25) + 16 * 1024)
-
-
-def _channel_options(limit: int) -> list[tuple[str, int]]:
-    return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
-            # gRPC's own reconnect backoff grows to 120 s, which would outlast --retries
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", int(MAX_BACKOFF_S * 1000))]
-
-
-def check_tls_pair(tls: TlsFiles) -> None:
-    """Refuse a server certificate and key that are missing, unreadable or do not belong
-    together, with a message saying which (gRPC itself only says "Failed to bind")."""
-    import ssl
-    import tempfile
-
-    if tls.cert is None or tls.key is None:
-        raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and "
-                          "--tls-key)")
-    with tempfile.TemporaryDirectory() as tmp:  # ssl reads PEM from files only
-        cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
-        cert.write_bytes(tls.cert)
-        key.write_bytes(tls.key)
-        key.chmod(0o600)
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
-        except ssl.SSLError as exc:
-            reason = "they do not belong together" if "mismatch" in str(exc) else \
-                "they are not a PEM certificate and private key"
-            raise ConfigError(f"TLS certificate and key refused: {reason} ({exc.reason or exc}); "
-                              "pass --tls-cert and --tls-key of the same key pair") from None
-
-
-TOKEN_ENV = "EDGESPLIT_TOKEN"
-
-
-def read_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
-    """The bearer token from exactly one place: ``token``, a file holding it (one line; a
-    command line is visible to every user in ``ps``), or else the environment variable
-    ``EDGESPLIT_TOKEN``. None when none is given."""
-    import os
-
-    if token is not None and token_file is not None:
-        raise ConfigError("give the token once: --token or --token-file, not both")
-    if token_file is not None:
-        path = Path(token_file)
-        if not path.is_file():
-            raise ConfigError(f"token file {str(path)!r} does not exist")
-        token = path.read_text().strip()
-        if not token:
-            raise ConfigError(f"token file {str(path)!r} is empty")
-    elif token is None:
-        token = os.environ.get(TOKEN_ENV) or None
-    if token is not None and (not token.isascii() or not token.isprintable()
-                              or token != token.strip()):
-        raise ConfigError("a token is printable ASCII without surrounding spaces (it travels "
-                          "in a gRPC metadata header)")
-    return token
-
-
-def _server_options(limit: int) -> list[tuple[str, int]]:
-    # SO_REUSEPORT (gRPC's default on Linux) would let a second server bind the same port and
-    # silently take a share of the connections: "port in use" must fire instead
-    return [*_channel_options(limit), ("grpc.so_reuseport", 0)]
-
-
-def open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
-    """A client channel with our message limit and reconnect backoff, TLS when ``tls.ca``."""
-    if tls is not None and tls.ca is not None:
-        creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
-        return grpc.secure_channel(address, creds, options=_channel_options(limit))
-    return grpc.insecure_channel(address, options=_channel_options(limit))
 
 
 def plan_device(program: PlanProgram, device: str) -> str:
@@ -156,18 +99,18 @@ def _link_before(program: PlanProgram, device_index: int):
 
 # ---- server ---------------------------------------------------------------------------------
 class _Servicer(pb_grpc.PartitionServiceServicer):
-    def __init__(self, server: "PartitionServer") -> None:
+    def __init__(self, server: PartitionServer) -> None:
         self.s = server
 
     def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
         self.s.check_token(context)
         try:
             return self.s.handle(request, context)
-        except _BadRequest as exc:
+        except BadRequest as exc:
             context.abort(exc.code, str(exc))
         except RemoteError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Exception as exc:  # noqa: BLE001 - this request fails, the server goes on
+        except Exception as exc:
             context.abort(grpc.StatusCode.INTERNAL, self.s.failure(exc))
 
     def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
@@ -176,10 +119,10 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
         for request in request_iterator:
             try:
                 yield self.s.handle(request, context)
-            except (_BadRequest, RemoteError) as exc:  # one bad request ends only itself
+            except (BadRequest, RemoteError) as exc:  # one bad request ends only itself
                 yield pb.Bundle(request_id=request.request_id, error=str(exc),
                                 plan_id=self.s.program.plan_id)
-            except Exception as exc:  # noqa: BLE001 - likewise for a failure while computing
+            except Exception as exc:
                 yield pb.Bundle(request_id=request.request_id, error=self.s.failure(exc),
                                 plan_id=self.s.program.plan_id)
 
@@ -190,69 +133,6 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
         return pb.Description(plan_id=self.s.program.plan_id, plan_version=PLAN_VERSION,
                               device=step.name, inputs=list(step.receives),
                               outputs=list(step.returns), max_message_bytes=self.s.limit)
-
-
-class _BadRequest(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class GrpcServer:
-    """What every edgesplit gRPC server shares: a thread pool with our message limit, the
-    standard health service, listening with or without TLS, graceful stop and the bearer-token
-    check. Subclasses call :meth:`_init_grpc` with a function registering their servicer."""
-
-    token: str | None = None
-    tls: TlsFiles | None = None
-
-    def _init_grpc(self, add_servicer, limit: int, max_workers: int) -> None:
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                   options=_server_options(limit))
-        add_servicer(self._server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.port: int | None = None
-
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen on host:port (0 = any free port); returns the port."""
-        address = f"{host}:{port}"
-        try:
-            if self.tls is not None and (self.tls.cert is not None or self.tls.key is not None):
-                check_tls_pair(self.tls)
-                creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert)])
-                self.port = self._server.add_secure_port(address, creds)
-            else:
-                self.port = self._server.add_insecure_port(address)
-        except RuntimeError:  # grpc's "Failed to bind to address" (no port number returned)
-            self.port = 0
-        if not self.port:
-            raise ConfigError(f"cannot listen on {address}: the port is in use (another server?) "
-                              "or the host is not a local address; pick another --port")
-        self._server.start()
-        return self.port
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        """Finish requests in flight (up to ``grace_s``), refuse new ones."""
-        from grpc_health.v1 import health_pb2
-
-        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server.stop(grace_s).wait()
-
-    def wait(self) -> None:
-        self._server.wait_for_termination()
-
-    def check_token(self, context: grpc.ServicerContext) -> None:
-        if self.token is None:
-            return
-        sent = dict(context.invocation_metadata()).get("authorization", "")
-        # constant time: the comparison must not tell an attacker how much of a guess was right
-        if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token (give both sides the same token)")
 
 
 class PartitionServer(GrpcServer):
@@ -303,7 +183,7 @@ class PartitionServer(GrpcServer):
 
     def _decode(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
         if request.plan_id != self.program.plan_id or request.plan_version != PLAN_VERSION:
-            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
                               f"plan mismatch: this server runs plan {self.program.plan_id} "
                               f"(version {PLAN_VERSION}), the request is for "
                               f"{request.plan_id or '?'} (version {request.plan_version}); "
@@ -311,7 +191,7 @@ class PartitionServer(GrpcServer):
         names = [t.name for t in request.tensors]
         expected = set(self.step.receives)
         if set(names) != expected or len(names) != len(expected):
-            raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+            raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                               f"device {self.step.name!r} expects tensors {sorted(expected)}, "
                               f"got {names}")
         values = {}
@@ -319,7 +199,7 @@ class PartitionServer(GrpcServer):
             try:  # shape and dtype checked from the header, before anything is allocated
                 values[t.name] = decode_planned(self.program, t.name, t.data)
             except WireError as exc:
-                raise _BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"tensor {t.name!r}: {exc}; the plan says "
                                   f"{_planned(self.program, t.name)}") from None
         return values
@@ -332,7 +212,7 @@ class PartitionServer(GrpcServer):
         values = self._decode(request)
         timings: dict[str, float] = {f"{self.step.name}.serialize_ms":
                                      (time.perf_counter() - t_in) * 1e3}
-        _check_alive(context, self.step.name)  # the client may have given up while we queued
+        check_alive(context, self.step.name)  # the client may have given up while we queued
         t0 = time.perf_counter()
         values = (self.batcher or self.step).compute(values)
         timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
@@ -373,36 +253,23 @@ class PartitionServer(GrpcServer):
         call when the caller gives up, so abandoned requests free every hop's workers."""
         metadata = context.invocation_metadata() if context is not None else ()
         auth = [(k, v) for k, v in metadata if k == "authorization"]
-        _check_alive(context, self.step.name)
-        remaining = context.time_remaining() if context is not None else None
-        timeout = self.next_timeout_s if remaining is None else min(remaining,
-                                                                     self.next_timeout_s)
+        check_alive(context, self.step.name)
+        timeout = remaining_timeout(context, self.next_timeout_s)
         call = self._next.Run.future(out, timeout=timeout, metadata=auth)
         if context is not None:
             context.add_callback(call.cancel)  # runs when the caller's call ends, any way
         try:
             reply = call.result()
         except grpc.FutureCancelledError:
-            raise _BadRequest(grpc.StatusCode.CANCELLED, "the caller cancelled the request"
+            raise BadRequest(grpc.StatusCode.CANCELLED, "the caller cancelled the request"
                               ) from None
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-                raise _BadRequest(exc.code(), f"next hop after {self.step.name!r}: "
+                raise BadRequest(exc.code(), f"next hop after {self.step.name!r}: "
                                   f"{exc.code().name}: {exc.details()}") from None
             raise RemoteError(f"next hop after {self.step.name!r} failed: "
                               f"{exc.code().name}: {exc.details()}") from None
         return {t.name: t.data for t in reply.tensors}, dict(reply.timings_ms)
-
-
-def _check_alive(context: grpc.ServicerContext | None, device: str) -> None:
-    """Stop work nobody waits for: the caller cancelled, or its deadline has passed."""
-    if context is None:
-        return
-    remaining = context.time_remaining()
-    if not context.is_active() or (remaining is not None and remaining <= 0):
-        raise _BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"device {device!r} dropped the request: its caller's deadline passed "
-                          "or it was cancelled")
 
 
 # ---- client ---------------------------------------------------------------------------------
@@ -422,7 +289,7 @@ class ChainClient:
                  retries: int = 0, retry_backoff_s: float = 0.2) -> None:
         self.program, self.step = program, program.steps[0]
         self.address = address
-        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.metadata = bearer_metadata(token)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.limit = max_message_bytes(program)
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
@@ -436,7 +303,7 @@ class ChainClient:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "ChainClient":
+    def __enter__(self) -> ChainClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -547,23 +414,7 @@ def decode_planned(program: PlanProgram, name: str, data: bytes) -> torch.Tensor
 
 
 def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
-    if code == grpc.StatusCode.UNAVAILABLE and (details or "").startswith("next hop after"):
-        # a middle hop answered: it is the chain behind it that failed
-        return f"server {address} is up, but the chain behind it failed: {details}"
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return (f"server {address} is unavailable ({details}); is `edgesplit serve` running "
-                "there? (--retries N retries with backoff)")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"server {address} did not answer in time (raise --timeout-s)"
-    return f"server {address} refused the request: {code.name}: {details}"
-
-
-def serve_forever(server: PartitionServer) -> None:  # pragma: no cover - exercised via the CLI
-    """Block until SIGINT/SIGTERM, then stop gracefully."""
-    import signal
-
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
-    server.stop()
+    return explain(code, details, address,
+                   unavailable_hint="; is `edgesplit serve` running there? "
+                   f"({option('retries')} retries with backoff)",
+                   timeout_hint=f"raise {option('timeout_s')}")

@@ -68,10 +68,18 @@ from edgesplit.errors import ConfigError, RemoteError, WireError
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.runtime.shaping import LinkShaper
-from edgesplit.runtime.transport import GrpcServer, TlsFiles, open_channel
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.split import as_chain, tensor_bytes
+from edgesplit.transport import (
+    BadRequest,
+    GrpcServer,
+    TlsFiles,
+    bearer_metadata,
+    explain,
+    invalid,
+    open_channel,
+)
 
 __all__ = ["DEFAULT_MAX_BATCH", "PROTOCOL_VERSION", "SESSION_TIMEOUT_S", "SYNC_POLICIES",
            "ChainShapes", "RemoteSplitTrainer", "RoundStats", "SyncResult", "TrainServer",
@@ -373,16 +381,6 @@ def _assign(module: nn.Module, params: Tensors, buffers: Tensors) -> None:
 
 
 # ---- server --------------------------------------------------------------------------------
-class _BadRequest(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _invalid(message: str) -> _BadRequest:
-    return _BadRequest(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
 @dataclass
 class _Session:
     id: str
@@ -398,7 +396,7 @@ class _Servicer(pb_grpc.SplitTrainServiceServicer):
         self.s.check_token(context)
         try:
             return handler(request)
-        except _BadRequest as exc:
+        except BadRequest as exc:
             context.abort(exc.code, str(exc))
         except WireError as exc:  # a tensor or state that does not fit: the request's fault
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -465,11 +463,11 @@ class TrainServer(GrpcServer):
         the module docstring for when an open session is taken over)."""
         n = len(self.replica.chain)
         if req.version != PROTOCOL_VERSION:
-            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
                               f"protocol version mismatch: server {PROTOCOL_VERSION}, device "
                               f"{req.version}; run the same edgesplit version on both sides")
         if req.model_fingerprint != self.fingerprint or req.chain_length != n:
-            raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
                               f"model mismatch: the server's initial model has fingerprint "
                               f"{self.fingerprint[:12]} ({n} chain elements, seed {self.seed}), "
                               f"the device's {req.model_fingerprint[:12]} ({req.chain_length} "
@@ -480,7 +478,7 @@ class TrainServer(GrpcServer):
             if current is not None:
                 idle = now - current.last_seen
                 if not req.take_over and idle < self.session_timeout_s:
-                    raise _BadRequest(
+                    raise BadRequest(
                         grpc.StatusCode.FAILED_PRECONDITION,
                         f"the server is training another session (device {current.peer}, last "
                         f"request {idle:.0f} s ago; sessions expire after "
@@ -522,7 +520,7 @@ class TrainServer(GrpcServer):
         else:
             why = (f"unknown training session {session_id[:8]} (did the server restart?); "
                    "start a new session")
-        raise _BadRequest(grpc.StatusCode.FAILED_PRECONDITION, why)
+        raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION, why)
 
     def close_session(self, req: pb.CloseRequest) -> pb.CloseReply:
         """End the session ``req`` names, if it is the open one (closing twice is fine)."""
@@ -540,7 +538,7 @@ class TrainServer(GrpcServer):
         t0 = time.perf_counter()
         n, cut = len(self.replica.chain), req.cut
         if not -1 <= cut <= n - 2:
-            raise _invalid(f"cut {cut} is out of range: the server trains the elements after "
+            raise invalid(f"cut {cut} is out of range: the server trains the elements after "
                            f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
                            "on-device training and sends nothing)")
         with self.lock:  # a device whose session ended hears that first, not about its data
@@ -565,7 +563,7 @@ class TrainServer(GrpcServer):
         classes = self.shapes.classes
         bad = (y < 0) | (y >= classes)
         if bool(bad.any()):
-            raise _invalid(f"labels must be class indices 0 to {classes - 1}, got "
+            raise invalid(f"labels must be class indices 0 to {classes - 1}, got "
                            f"{int(y[bad][0])} (ignore-index labels such as -100 are not "
                            "supported: leave those samples out)")
         return act, y
@@ -582,7 +580,7 @@ class TrainServer(GrpcServer):
                     and not bool(torch.isfinite(act.grad).all()):
                 problem = "gradient at the cut"
             if problem is not None:
-                raise _invalid(f"training on this batch gave a non-finite {problem} (values "
+                raise invalid(f"training on this batch gave a non-finite {problem} (values "
                                "too large for float32); nothing was updated: lower the "
                                "learning rate or scale the inputs")
         except BaseException:
@@ -595,7 +593,7 @@ class TrainServer(GrpcServer):
         n, result = len(self.replica.chain), list(indices)
         bad = [i for i in result if i >= n]
         if bad or len(set(result)) != len(result):
-            raise _invalid(f"chain indices must be distinct and 0 to {n - 1}, got {result}")
+            raise invalid(f"chain indices must be distinct and 0 to {n - 1}, got {result}")
         return result
 
     def sync(self, req: pb.SyncRequest) -> pb.SyncReply:
@@ -604,19 +602,19 @@ class TrainServer(GrpcServer):
         n = len(self.replica.chain)
         indices = self._indices(req.indices)
         if not -1 <= req.cut <= n - 1:
-            raise _invalid(f"sync cut {req.cut} is out of range -1 to {n - 1}")
+            raise invalid(f"sync cut {req.cut} is out of range -1 to {n - 1}")
         device: dict[int, tuple[Update, Tensors]] = {}
         for layer in req.layers:
             if layer.index not in indices or layer.index in device:
-                raise _invalid(f"sync sends element {layer.index} "
+                raise invalid(f"sync sends element {layer.index} "
                                f"{'twice' if layer.index in device else 'not in ' + str(indices)}")
             if layer.buffers and layer.index > req.cut:
-                raise _invalid(f"sync sends buffers of element {layer.index}, which the server "
+                raise invalid(f"sync sends buffers of element {layer.index}, which the server "
                                f"owns under cut {req.cut}")
             device[layer.index] = _read_layer(layer, self.replica.chain[layer.index])
         missing = sorted(set(indices) - set(device))
         if missing:  # an element left out would lose its owner's buffers and momentum
-            raise _invalid(f"sync of {indices} sends no state for elements {missing}: send a "
+            raise invalid(f"sync of {indices} sends no state for elements {missing}: send a "
                            "LayerState (possibly empty) for every element it merges")
         with self.lock:
             self._require_session(req.session_id)
@@ -677,7 +675,7 @@ def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 
                    on_ready: Callable[[int], None] | None = None) -> None:
     """Serve split training of ``model`` (untrained, built with ``seed``) until SIGINT/SIGTERM;
     ``on_ready`` gets the port once listening."""
-    from edgesplit.runtime.transport import serve_forever
+    from edgesplit.transport import serve_forever
 
     _, sample_shape = _trainable(model)  # fail fast on an unknown name
     server = TrainServer(lambda: untrained_model(model, seed), lr=lr, momentum=momentum,
@@ -728,16 +726,9 @@ class RoundStats:
 
 
 def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
-    details = " ".join((details or "").split())  # one line, whatever the server wrote
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return (f"training server {address} is unavailable ({details}); is the split-training "
-                "server running there?")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"training server {address} did not answer in time (raise timeout_s)"
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return (f"training server {address} refused a message as too large ({details}); send "
-                "smaller batches")
-    return f"training server {address} refused the request: {code.name}: {details}"
+    return explain(code, details, address, server="training server",
+                   unavailable_hint="; is the split-training server running there?",
+                   too_large_hint="send smaller batches")
 
 
 def _sleep_slowdown(elapsed_s: float, slowdown: float) -> float:
@@ -778,7 +769,7 @@ class RemoteSplitTrainer:
         self.n = len(self.replica.chain)
         self.address, self.seed, self.policy, self.sync_every = address, seed, sync, sync_every
         self.device_slowdown, self.rtt_ms, self.timeout_s = device_slowdown, rtt_ms, timeout_s
-        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.metadata = bearer_metadata(token)
         self.cut: int | None = None  # the cut of the last round
         self.round = 0
         self._server_trained: set[int] = set()

@@ -1,0 +1,40 @@
+"""TLS material for a server or a client, and the check that a certificate fits its key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgesplit.errors import ConfigError
+
+__all__ = ["TlsFiles", "check_tls_pair"]
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: bytes | None = None  # server: certificate chain (PEM)
+    key: bytes | None = None  # server: private key (PEM)
+    ca: bytes | None = None  # client: root certificate to trust (PEM)
+
+
+def check_tls_pair(tls: TlsFiles) -> None:
+    """Refuse a server certificate and key that are missing, unreadable or do not belong
+    together, with a message saying which (gRPC itself only says "Failed to bind")."""
+    import ssl
+    import tempfile
+
+    if tls.cert is None or tls.key is None:
+        raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and "
+                          "--tls-key)")
+    with tempfile.TemporaryDirectory() as tmp:  # ssl reads PEM from files only
+        cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+        cert.write_bytes(tls.cert)
+        key.write_bytes(tls.key)
+        key.chmod(0o600)
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        except ssl.SSLError as exc:
+            reason = "they do not belong together" if "mismatch" in str(exc) else \
+                "they are not a PEM certificate and private key"
+            raise ConfigError(f"TLS certificate and key refused: {reason} ({exc.reason or exc}); "
+                              "pass --tls-cert and --tls-key of the same key pair") from None
