@@ -25,13 +25,13 @@ from edgesplit.quant.wire import decode_tensor, encode_tensor
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.shaping import LinkShaper
 from edgesplit.transport import (
     MAX_BACKOFF_S,
     TOKEN_ENV,
     BadRequest,
     GrpcServer,
     TlsFiles,
+    answer,
     bearer_metadata,
     check_alive,
     check_tls_pair,
@@ -41,6 +41,7 @@ from edgesplit.transport import (
     remaining_timeout,
     serve_forever,
 )
+from edgesplit.transport.shaping import LinkShaper
 
 __all__ = [
     "TOKEN_ENV",
@@ -104,14 +105,7 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
 
     def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
         self.s.check_token(context)
-        try:
-            return self.s.handle(request, context)
-        except BadRequest as exc:
-            context.abort(exc.code, str(exc))
-        except RemoteError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Exception as exc:
-            context.abort(grpc.StatusCode.INTERNAL, self.s.failure(exc))
+        return answer(context, lambda: self.s.handle(request, context), self.s.failure)
 
     def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
                   ) -> Iterator[pb.Bundle]:

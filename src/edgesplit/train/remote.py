@@ -67,7 +67,6 @@ from torch import nn
 from edgesplit.errors import ConfigError, RemoteError, WireError
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
-from edgesplit.runtime.shaping import LinkShaper
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.split import as_chain, tensor_bytes
@@ -75,11 +74,13 @@ from edgesplit.transport import (
     BadRequest,
     GrpcServer,
     TlsFiles,
+    answer,
     bearer_metadata,
     explain,
     invalid,
     open_channel,
 )
+from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["DEFAULT_MAX_BATCH", "PROTOCOL_VERSION", "SESSION_TIMEOUT_S", "SYNC_POLICIES",
            "ChainShapes", "RemoteSplitTrainer", "RoundStats", "SyncResult", "TrainServer",
@@ -381,6 +382,11 @@ def _assign(module: nn.Module, params: Tensors, buffers: Tensors) -> None:
 
 
 # ---- server --------------------------------------------------------------------------------
+def _failure(exc: Exception) -> str:
+    log.exception("training server failed on a request")
+    return f"training server failed: {type(exc).__name__}: {exc}"
+
+
 @dataclass
 class _Session:
     id: str
@@ -394,16 +400,7 @@ class _Servicer(pb_grpc.SplitTrainServiceServicer):
 
     def _handle(self, handler, request, context):
         self.s.check_token(context)
-        try:
-            return handler(request)
-        except BadRequest as exc:
-            context.abort(exc.code, str(exc))
-        except WireError as exc:  # a tensor or state that does not fit: the request's fault
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Exception as exc:  # this request fails, the server goes on
-            log.exception("training server failed on a request")
-            context.abort(grpc.StatusCode.INTERNAL,
-                          f"training server failed: {type(exc).__name__}: {exc}")
+        return answer(context, lambda: handler(request), _failure)
 
     def Hello(self, request, context):
         return self._handle(lambda req: self.s.hello(req, context.peer()), request, context)

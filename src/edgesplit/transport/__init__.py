@@ -8,11 +8,29 @@ This layer sits below ``runtime`` and ``train`` and imports neither.
 from edgesplit.transport.auth import TOKEN_ENV, bearer_metadata, read_token, token_matches
 from edgesplit.transport.channel import MAX_BACKOFF_S, channel_options, open_channel, server_options
 from edgesplit.transport.deadline import check_alive, remaining_timeout
-from edgesplit.transport.errors import BadRequest, explain, invalid
+from edgesplit.transport.errors import BadRequest, answer, explain, invalid
 from edgesplit.transport.server import GrpcServer, serve_forever
+from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.tls import TlsFiles, check_tls_pair
 
-__all__ = ["MAX_BACKOFF_S", "TOKEN_ENV", "BadRequest", "GrpcServer", "TlsFiles",
-           "bearer_metadata", "channel_options", "check_alive", "check_tls_pair", "explain",
-           "invalid", "open_channel", "read_token", "remaining_timeout", "serve_forever",
-           "server_options", "token_matches"]
+__all__ = [
+           "MAX_BACKOFF_S",
+           "TOKEN_ENV",
+           "BadRequest",
+           "GrpcServer",
+           "LinkShaper",
+           "TlsFiles",
+           "answer",
+           "bearer_metadata",
+           "channel_options",
+           "check_alive",
+           "check_tls_pair",
+           "explain",
+           "invalid",
+           "open_channel",
+           "read_token",
+           "remaining_timeout",
+           "serve_forever",
+           "server_options",
+           "token_matches",
+]

@@ -3,9 +3,16 @@ code, and how a client explains a failed call to its user."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import grpc
 
-__all__ = ["BadRequest", "explain", "invalid"]
+from edgesplit.errors import RemoteError, WireError
+
+__all__ = ["BadRequest", "answer", "explain", "invalid"]
+
+T = TypeVar("T")
 
 
 class BadRequest(Exception):
@@ -36,3 +43,22 @@ def explain(code: grpc.StatusCode, details: str | None, address: str, *,
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and too_large_hint is not None:
         return f"{server} {address} refused a message as too large ({details}); {too_large_hint}"
     return f"{server} {address} refused the request: {code.name}: {details}"
+
+
+def answer(context: grpc.ServicerContext, compute: Callable[[], T],
+           failure: Callable[[Exception], str]) -> T:
+    """``compute()``'s reply, or the call aborted with the status its failure deserves: a
+    :class:`BadRequest` its own code, a tensor that does not fit (WireError) INVALID_ARGUMENT,
+    a failed next hop (RemoteError) UNAVAILABLE, anything else INTERNAL with ``failure(exc)``
+    (which logs it). Only this request fails; the server goes on."""
+    try:
+        return compute()
+    except BadRequest as exc:
+        context.abort(exc.code, str(exc))
+    except WireError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    except RemoteError as exc:
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+    except Exception as exc:
+        context.abort(grpc.StatusCode.INTERNAL, failure(exc))
+    raise AssertionError("context.abort returned")  # it raises; this line is never reached
