@@ -1,7 +1,9 @@
-"""The runtime over real processes: `edgesplit serve` servers on loopback, driven by the client
-(`ChainClient`, `run_requests`, `edgesplit run`) and by hand-built gRPC messages.
+"""The runtime end to end: servers driven by the client (`ChainClient`, `run_requests`,
+`edgesplit run`) and by hand-built gRPC messages.
 
-Every server is a subprocess started with `python -m edgesplit.cli serve ... --port 0`; its
+Most tests talk to in-process servers over the loopback transport (fixture ``local``: the
+same servicer code without sockets). The end-to-end ones (CLI, token, retries, a killed
+server, a three-device chain) use real servers: each is a subprocess started with `python -m edgesplit.cli serve ... --port 0`; its
 address comes from the one `listening on HOST:PORT ...` line it prints. Start-up (torch import
 and capture) dominates this file's time, so the servers start side by side as soon as the plans
 exist, most load the model from a saved `.pt2` (half the start-up of exporting it again), and
@@ -49,7 +51,7 @@ from edgesplit.runtime import PlanProgram, plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.session import run_requests
-from edgesplit.runtime.transport import ChainClient, max_message_bytes
+from edgesplit.runtime.transport import ChainClient, PartitionServer, max_message_bytes
 
 MODEL = "digits_cnn"
 INPUT_SHAPE = (1, 1, 32, 32)
@@ -95,7 +97,7 @@ class ServerProc:
         self.log_path = self.log_dir / f"{self.plan.stem}-{self.device}-{time.time_ns()}.err"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - open while the server runs
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     preexec_fn=_die_with_parent if _LIBC else None)  # noqa: PLW1509
+                                     preexec_fn=_die_with_parent if _LIBC else None)
         self._lines: queue.Queue = queue.Queue()
         self._address: str | None = None
         threading.Thread(target=self._pump, args=(self.proc, self._lines), daemon=True).start()
@@ -209,12 +211,22 @@ def programs(plans, graph) -> dict[str, PlanProgram]:
 
 
 # key: (plan, device, flags); the hub of the three-device chain starts in its test
+# (the other tests talk to in-process servers over the loopback transport: ``local``)
 SERVERS = {
     "chain": ("chain", "cloud", "--no-shape", "--token", TOKEN),
-    "dag": ("dag", "cloud"),  # shaped (4g): also the shaping check's server
-    "quant": ("quant", "cloud", "--no-shape"),
+    "dag": ("dag", "cloud", "--no-shape"),  # killed by its test
     "topo-server": ("topo", "server", "--no-shape"),
 }
+
+
+@pytest.fixture(scope="module")
+def local(programs):
+    """In-process servers by key, reached over the loopback transport: the servicer code a
+    socket runs (decode, validate, compute, errors with status codes) without a subprocess."""
+    made = {"chain": PartitionServer(programs["chain"], "cloud", token=TOKEN, shape=False),
+            "dag": PartitionServer(programs["dag"], "cloud"),  # shaped (4g): the shaping check
+            "quant": PartitionServer(programs["quant"], "cloud", shape=False)}
+    return {key: server.loopback_channel() for key, server in made.items()}
 
 
 class Servers:
@@ -301,9 +313,9 @@ def test_chain_cut_equals_unsplit_model(servers, programs, plans):
     assert doc["predicted_ms"] == pytest.approx(programs["chain"].plan.predicted.total_ms)
 
 
-def test_dag_cut_equals_unsplit_model(servers, programs):
+def test_dag_cut_equals_unsplit_model(local, programs):
     program = programs["dag"]
-    with ChainClient(program, servers["dag"].address, shape=False, timeout_s=30) as c:
+    with ChainClient(program, local["dag"], shape=False, timeout_s=30) as c:
         assert sorted(c.describe().inputs) == ["relu_1", "relu_2"]
         _assert_float_equal(program, c)
 
@@ -321,7 +333,7 @@ def test_three_device_chain_equals_unsplit_model_and_retries_wait_for_its_hub(se
             with ChainClient(program, address, shape=False, timeout_s=30, retries=40,
                              retry_backoff_s=0.1) as c:
                 done["result"] = c.request()
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             done["error"] = exc
         done["at"] = time.perf_counter()
 
@@ -358,13 +370,13 @@ def test_three_device_chain_equals_unsplit_model_and_retries_wait_for_its_hub(se
 
 
 # ---- 2. a quantized plan equals its in-process reference ------------------------------------
-def test_quantized_plan_equals_run_local(servers, programs):
+def test_quantized_plan_equals_run_local(local, programs):
     program = programs["quant"]
     step = program.steps[0]
     assert step.send_bits == {"relu_3": 4}
     assert all(layer.w_bits == 4 for layer in program.plan.layers if layer.name in
                step.partition.layers)
-    address = servers["quant"].address
+    address = local["quant"]
     local_diffs = []
     with ChainClient(program, address, shape=False, timeout_s=30) as c:
         for x in _inputs(3, seed=1):
@@ -455,24 +467,22 @@ BAD_CASES = ["wrong shape", "wrong dtype", "truncated", "corrupt", "not a tensor
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
-def test_bad_message_fails_alone(servers, programs, case):
-    program, server = programs["chain"], servers["chain"]
+def test_bad_message_fails_alone(local, programs, case):
+    program, channel = programs["chain"], local["chain"]
     limit = max_message_bytes(program)
     tensors, fields, code, text = _bad_cases(limit)[case]
     bad = pb.Bundle(plan_id=plan_id(program.plan), plan_version=PLAN_VERSION, request_id=7,
                     tensors=tensors)
     for key, value in fields.items():
         setattr(bad, key, value)
-    with grpc.insecure_channel(server.address) as channel:
-        stub = pb_grpc.PartitionServiceStub(channel)
-        assert stub.Describe(pb.DescribeRequest(), timeout=30,
-                             metadata=AUTH).max_message_bytes == limit
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Run(bad, timeout=30, metadata=AUTH)
-        assert info.value.code() == code, info.value.details()
-        assert text in info.value.details()
-        _good_request(program, stub)  # the server serves the next request
-    assert server.alive()
+    stub = pb_grpc.PartitionServiceStub(channel)
+    assert stub.Describe(pb.DescribeRequest(), timeout=30,
+                         metadata=AUTH).max_message_bytes == limit
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Run(bad, timeout=30, metadata=AUTH)
+    assert info.value.code() == code, info.value.details()
+    assert text in info.value.details()
+    _good_request(program, stub)  # the server serves the next request
 
 
 def test_wrong_token_and_mismatched_plan(servers, programs, plans):
@@ -500,8 +510,8 @@ def test_wrong_token_and_mismatched_plan(servers, programs, plans):
 
 
 # ---- 5. streaming: one bad request in the middle fails alone --------------------------------
-def test_stream_with_bad_requests_in_the_middle(servers, programs):
-    program, server = programs["chain"], servers["chain"]
+def test_stream_with_bad_requests_in_the_middle(local, programs):
+    program = programs["chain"]
     xs = dict(zip(range(101, 108), _inputs(7, seed=5)))
     bad = {104: ("shape", [pb.Tensor(name="relu_1",
                                       data=encode_tensor(torch.randn(1, 32, 4, 4), 32))]),
@@ -513,9 +523,8 @@ def test_stream_with_bad_requests_in_the_middle(servers, programs):
             del b.tensors[:]
             b.tensors.extend(bad[rid][1])
         bundles.append(b)
-    with grpc.insecure_channel(server.address) as channel:
-        stub = pb_grpc.PartitionServiceStub(channel)
-        replies = list(stub.RunStream(iter(bundles), timeout=60, metadata=AUTH))
+    stub = pb_grpc.PartitionServiceStub(local["chain"])
+    replies = list(stub.RunStream(iter(bundles), timeout=60, metadata=AUTH))
     by_id = {r.request_id: r for r in replies}
     assert len(replies) == len(bundles) and set(by_id) == set(xs)
     for rid, x in xs.items():
@@ -526,11 +535,11 @@ def test_stream_with_bad_requests_in_the_middle(servers, programs):
 
 
 # ---- 6. load: 32 concurrent clients x 50 requests -------------------------------------------
-def test_load_32_clients_x_50_requests(servers, programs):
-    program, server = programs["chain"], servers["chain"]
+def test_load_32_clients_x_50_requests(local, programs):
+    program = programs["chain"]
     batches = [(x,) for x in _inputs(64, seed=11)]  # distinct inputs: a mixed-up reply shows
     start = time.perf_counter()
-    report = run_requests(program, server.address, requests=50, concurrency=32, inputs=batches,
+    report = run_requests(program, local["chain"], requests=50, concurrency=32, inputs=batches,
                           client_options={"token": TOKEN, "shape": False, "timeout_s": 60})
     wall = time.perf_counter() - start
     assert (report["requests"], report["ok"], report["errors"]) == (1600, 1600, 0), \
@@ -544,15 +553,14 @@ def test_load_32_clients_x_50_requests(servers, programs):
           f"{report['throughput_rps']:.0f} req/s, latency ms mean {lat['mean']:.1f} "
           f"p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} max {lat['max']:.1f}; breakdown ms "
           + ", ".join(f"{k} {v:.1f}" for k, v in report["breakdown_ms"].items()))
-    assert server.alive()
 
 
 # ---- 7. shaping: the measured transfer is the link's -----------------------------------------
-def test_shaping_takes_the_links_time(servers, programs):
+def test_shaping_takes_the_links_time(local, programs):
     program = programs["dag"]
     link = program.plan.links[0].link
     assert (link.bandwidth_mbps, link.down_bandwidth_mbps, link.rtt_ms) == (10, 30, 50)
-    with ChainClient(program, servers["dag"].address, shape=True, timeout_s=30) as c:
+    with ChainClient(program, local["dag"], shape=True, timeout_s=30) as c:
         c.request()  # warm the connection
         transfers, expected = [], []
         for x in _inputs(4, seed=3):

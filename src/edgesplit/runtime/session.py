@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,8 +16,9 @@ import torch
 from edgesplit.errors import ConfigError, EdgesplitError
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import ChainClient, RequestResult
+from edgesplit.transport import LoopbackChannel
 
-__all__ = ["load_inputs", "run_requests", "REPORT_VERSION"]
+__all__ = ["REPORT_VERSION", "load_inputs", "run_requests"]
 
 REPORT_VERSION = 1
 BREAKDOWN_KEYS = ("edge", "serialize", "transfer", "remote", "total")
@@ -52,7 +54,7 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
             "p95": float(np.percentile(arr, 95)), "max": float(arr.max())}
 
 
-def run_requests(program: PlanProgram, address: str, *, requests: int = 1,
+def run_requests(program: PlanProgram, address: str | LoopbackChannel, *, requests: int = 1,
                  concurrency: int = 1, inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
                  client_options: dict[str, Any] | None = None, warmup: int = 0,
                  on_done: Callable[[int], None] | None = None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from edgesplit.transport import (
     TOKEN_ENV,
     BadRequest,
     GrpcServer,
+    LoopbackChannel,
     TlsFiles,
     answer,
     bearer_metadata,
@@ -132,7 +133,8 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
 class PartitionServer(GrpcServer):
     """Serves one device's partition; a middle hop forwards to ``next_address``."""
 
-    def __init__(self, program: PlanProgram, device: str, *, next_address: str | None = None,
+    def __init__(self, program: PlanProgram, device: str, *,
+                 next_address: str | LoopbackChannel | None = None,
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
                  max_workers: int = 32, next_timeout_s: float = 60.0,
                  max_batch: int = 1, max_wait_ms: float = 2.0) -> None:
@@ -159,7 +161,7 @@ class PartitionServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._next = None
         if next_address is not None:
-            channel = open_channel(next_address, self.limit, tls)
+            channel = _channel(next_address, self.limit, tls)
             self._next = pb_grpc.PartitionServiceStub(channel)
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             _Servicer(self), server), self.limit, max_workers)
@@ -278,17 +280,18 @@ class RequestResult:
 class ChainClient:
     """Runs device 0's partition and sends the rest of the chain to ``address``."""
 
-    def __init__(self, program: PlanProgram, address: str, *, token: str | None = None,
+    def __init__(self, program: PlanProgram, address: str | LoopbackChannel, *,
+                 token: str | None = None,
                  tls: TlsFiles | None = None, shape: bool = True, timeout_s: float = 60.0,
                  retries: int = 0, retry_backoff_s: float = 0.2) -> None:
         self.program, self.step = program, program.steps[0]
-        self.address = address
         self.metadata = bearer_metadata(token)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.limit = max_message_bytes(program)
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
                                  shape)
-        self._channel = open_channel(address, self.limit, tls)
+        self._channel = _channel(address, self.limit, tls)
+        self.address = _name(address)
         self._stub = pb_grpc.PartitionServiceStub(self._channel)
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
@@ -405,6 +408,16 @@ def decode_planned(program: PlanProgram, name: str, data: bytes) -> torch.Tensor
     its payload is decompressed or allocated."""
     info = program.graph.tensors[name]
     return decode_tensor(data, expect_shape=info.shape, expect_dtype=_torch_dtype(info.dtype))
+
+
+def _channel(address: str | grpc.Channel | LoopbackChannel, limit: int, tls: TlsFiles | None
+             ) -> grpc.Channel | LoopbackChannel:
+    """A channel to ``address``, or the channel given (a server's ``loopback_channel()``)."""
+    return open_channel(address, limit, tls) if isinstance(address, str) else address
+
+
+def _name(address: str | grpc.Channel | LoopbackChannel) -> str:
+    return address if isinstance(address, str) else "in-process"
 
 
 def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:

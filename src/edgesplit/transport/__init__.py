@@ -9,6 +9,7 @@ from edgesplit.transport.auth import TOKEN_ENV, bearer_metadata, read_token, tok
 from edgesplit.transport.channel import MAX_BACKOFF_S, channel_options, open_channel, server_options
 from edgesplit.transport.deadline import check_alive, remaining_timeout
 from edgesplit.transport.errors import BadRequest, answer, explain, invalid
+from edgesplit.transport.loopback import LoopbackChannel, LoopbackContext, LoopbackError
 from edgesplit.transport.server import GrpcServer, serve_forever
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.tls import TlsFiles, check_tls_pair
@@ -19,6 +20,9 @@ __all__ = [
            "BadRequest",
            "GrpcServer",
            "LinkShaper",
+           "LoopbackChannel",
+           "LoopbackContext",
+           "LoopbackError",
            "TlsFiles",
            "answer",
            "bearer_metadata",

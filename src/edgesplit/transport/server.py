@@ -10,6 +10,7 @@ import grpc
 from edgesplit.errors import ConfigError
 from edgesplit.transport.auth import token_matches
 from edgesplit.transport.channel import server_options
+from edgesplit.transport.loopback import LoopbackChannel, LoopbackServer
 from edgesplit.transport.tls import TlsFiles, check_tls_pair
 
 __all__ = ["GrpcServer", "serve_forever"]
@@ -27,6 +28,7 @@ class GrpcServer:
                    max_workers: int) -> None:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+        self._add_servicer, self._limit = add_servicer, limit
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                                    options=server_options(limit))
         add_servicer(self._server)
@@ -34,6 +36,13 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.port: int | None = None
+
+    def loopback_channel(self) -> LoopbackChannel:
+        """A channel that calls this server's servicer in-process (no socket, no
+        :meth:`start` needed): what tests and single-process runs use."""
+        collector = LoopbackServer()
+        self._add_servicer(collector)  # type: ignore[arg-type]  # it takes what the stub adds
+        return LoopbackChannel(collector.handlers, self._limit)
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on host:port (0 = any free port); returns the port."""
