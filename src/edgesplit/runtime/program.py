@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -30,8 +31,9 @@ from edgesplit.graph.partition import Partition, extract_partition
 from edgesplit.plan.model import Plan
 from edgesplit.quant.fakequant import fake_quantize, quantize_weight, set_tensor_attr
 from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.runtime.backends import Backend, TorchBackend, get_backend
 
-__all__ = ["DeviceStep", "PlanProgram", "plan_id", "dynamic_fake_quant"]
+__all__ = ["DeviceStep", "PlanProgram", "dynamic_fake_quant", "plan_id"]
 
 
 def plan_id(plan: Plan) -> str:
@@ -63,23 +65,19 @@ class DeviceStep:
     send_bits: dict[str, int] = field(default_factory=dict)  # per tensor; absent: as computed
     returns: tuple[str, ...] = ()  # model outputs this device and those after it answer with
 
-    session: object | None = None  # an ONNX Runtime session, when that backend is chosen
+    session: object | None = None  # what a backend prepared (an ONNX Runtime session)
+    backend: Backend = field(default_factory=TorchBackend)
 
-    def compute(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Run the partition on ``values`` (by name); returns ``values`` plus its outputs."""
+    def compute(self, values: dict[str, torch.Tensor], state: Any = None
+                ) -> dict[str, torch.Tensor]:
+        """Run the partition on ``values`` (by name); returns ``values`` plus its outputs.
+        ``state``: this client session's backend state (see :mod:`edgesplit.runtime.backends`)."""
         if self.partition is None:
             return dict(values)
         missing = [t for t in self.partition.inputs if t not in values]
         if missing:
             raise ConfigError(f"device {self.name!r} needs tensor(s) {missing} it did not get")
-        if self.session is not None:
-            feeds = {t: values[t].numpy() for t in self.partition.inputs}
-            outs = self.session.run(list(self.partition.outputs), feeds)
-            return {**values, **{t: torch.from_numpy(o) for t, o in
-                                 zip(self.partition.outputs, outs, strict=True)}}
-        with torch.no_grad():
-            out = self.partition.run(values)
-        return {**values, **out}
+        return {**values, **self.backend.run(self, values, state)}
 
     def to_onnx(self, example: dict[str, torch.Tensor]) -> bytes:
         """The partition as an ONNX model whose inputs and outputs are named by tensor."""
@@ -163,13 +161,12 @@ class PlanProgram:
 
     @classmethod
     def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
-             trust_model_file: bool = False) -> "PlanProgram":
+             trust_model_file: bool = False) -> PlanProgram:
         """``backend``: ``torch`` (the captured program) or ``onnxruntime`` (each partition
         exported to ONNX and run by ONNX Runtime). ``trust_model_file`` lets the plan's
         ``.pt2`` run the pickled code it may hold (a plan names any file: see
         :func:`edgesplit.graph.load_program`)."""
-        if backend not in ("torch", "onnxruntime"):
-            raise ConfigError(f"unknown backend {backend!r}: use torch or onnxruntime")
+        runner = get_backend(backend)  # an unknown name fails before the capture
         order = _chain(plan)
         graph = graph or _capture_for(plan, trust_model_file)
         if [layer.name for layer in graph.layers] != [layer.name for layer in plan.layers]:
@@ -190,8 +187,7 @@ class PlanProgram:
         program = cls(plan, graph, steps, plan_id(plan))
         program._assign_returns()
         program._check_flow()
-        if backend == "onnxruntime":
-            program._attach_onnx_sessions()
+        program.use_backend(runner)
         return program
 
     def example_values(self) -> dict[str, torch.Tensor]:
@@ -205,15 +201,13 @@ class PlanProgram:
         values = self.example_values()
         return {s.name: s.to_onnx(values) for s in self.steps if s.partition is not None}
 
-    def _attach_onnx_sessions(self) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.log_severity_level = 3
-        for name, model in self.export_onnx().items():
-            self.step(name).session = ort.InferenceSession(model, options,
-                                                           providers=["CPUExecutionProvider"])
+    def use_backend(self, backend: Backend) -> None:
+        """Run every computing step with ``backend`` (prepared here, once)."""
+        example = self.example_values() if not isinstance(backend, TorchBackend) else {}
+        for step in self.steps:
+            if step.partition is not None:
+                backend.prepare(step, example)
+            step.backend = backend
 
     def manifest(self) -> dict:
         """What an export writes next to the ONNX files: who receives and sends what."""
@@ -246,8 +240,9 @@ class PlanProgram:
                 have |= set(step.partition.outputs)
             available |= have
             if not set(step.sends) <= have:
-                raise ConfigError(f"device {step.name!r} is to send {sorted(set(step.sends) - have)}"
-                                  " which it does not have")
+                missing = sorted(set(step.sends) - have)
+                raise ConfigError(f"device {step.name!r} is to send {missing} which it does "
+                                  "not have")
 
     # ---- helpers used by the transport and by tests ------------------------------------------
     @property
