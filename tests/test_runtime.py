@@ -3,9 +3,9 @@
 
 Most tests talk to in-process servers over the loopback transport (fixture ``local``: the
 same servicer code without sockets). The end-to-end ones (CLI, token, retries, a killed
-server, a three-device chain) use real servers: each is a subprocess started with `python -m edgesplit.cli serve ... --port 0`; its
-address comes from the one `listening on HOST:PORT ...` line it prints. Start-up (torch import
-and capture) dominates this file's time, so the servers start side by side as soon as the plans
+server, a three-device chain) use real servers: each is a subprocess started with
+`python -m edgesplit.cli serve ... --port 0`; its address comes from the one
+`listening on HOST:PORT ...` line it prints. Start-up (torch import and capture) dominates this file's time, so the servers start side by side as soon as the plans
 exist, most load the model from a saved `.pt2` (half the start-up of exporting it again), and
 they are killed in the fixture's teardown, failures included; they also die with this process
 (PR_SET_PDEATHSIG). The plans are made once, in-process, with `edgesplit plan` on digits_cnn:

@@ -385,7 +385,7 @@ def test_one_device_at_a_time_and_an_explicit_take_over(digits, serve):
     try:
         first.step(*batches[0], 5)
         with pytest.raises(RemoteError, match="FAILED_PRECONDITION: the server is training "
-                                              "another session .*--take-over"):
+                                              "another session .*take_over=True"):
             RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED)
         first.step(*batches[1], 3)  # the refused Hello reset nothing
         _assert_same_state(first.final_model(), _unsplit(batches[:2], lr=0.05))

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 
 import torch
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 from edgesplit.graph import capture
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 
@@ -45,7 +45,7 @@ class Batcher:
     def __init__(self, single: DeviceStep, batched: DeviceStep, max_batch: int,
                  max_wait_ms: float) -> None:
         if max_batch < 2:
-            raise ConfigError("--max-batch must be at least 2 to batch anything")
+            raise ConfigError(f"{option('max_batch')} must be at least 2 to batch anything")
         self.single, self.batched = single, batched
         self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1e3
         self._queue: queue.Queue = queue.Queue()
@@ -89,7 +89,7 @@ class Batcher:
                 continue
             try:
                 results = self._run_batch([v for v, _ in items])
-            except Exception:  # noqa: BLE001 - isolate: each request runs alone instead
+            except Exception:
                 for values, done in items:
                     self._run_alone(values, done)
                 continue
@@ -100,7 +100,7 @@ class Batcher:
     def _run_alone(self, values: dict[str, torch.Tensor], done: Future) -> None:
         try:
             done.set_result(self.single.compute(values))
-        except Exception as exc:  # noqa: BLE001 - delivered to the request's own thread
+        except Exception as exc:
             done.set_exception(exc)
 
     def _run_batch(self, requests: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:

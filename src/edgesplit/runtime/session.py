@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgesplit.errors import ConfigError, EdgesplitError
+from edgesplit.errors import ConfigError, EdgesplitError, option
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import ChainClient, RequestResult
 from edgesplit.transport import LoopbackChannel
@@ -61,7 +61,7 @@ def run_requests(program: PlanProgram, address: str | LoopbackChannel, *, reques
     """Send ``requests`` requests from each of ``concurrency`` clients; check every output
     against the unsplit model on the same input and that every reply matches its request."""
     if requests < 1 or concurrency < 1:
-        raise ConfigError("--requests and --concurrency must be at least 1")
+        raise ConfigError(f"{option('requests')} and {option('concurrency')} must be at least 1")
     batches = list(inputs) if inputs else [tuple(program.graph.example_inputs)]
     references = [program.unsplit(b) for b in batches]
     lock = threading.Lock()

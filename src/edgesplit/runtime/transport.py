@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import grpc
 import torch
@@ -45,6 +47,7 @@ from edgesplit.transport import (
 from edgesplit.transport.shaping import LinkShaper
 
 __all__ = [
+    "SESSION_KEY",
     "TOKEN_ENV",
     "ChainClient",
     "GrpcServer",
@@ -61,6 +64,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+SESSION_KEY = "edgesplit-session"  # call metadata naming the client session (backend state)
+MAX_SESSIONS = 1024  # sessions whose backend state a server keeps (the oldest go first)
 
 def max_message_bytes(program: PlanProgram) -> int:
     """The largest message the plan can need: every tensor that may travel, at float32, plus
@@ -146,7 +152,7 @@ class PartitionServer(GrpcServer):
         if self.step.sends and next_address is None:
             nxt = program.steps[self.step.index + 1].name
             raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
-                              "--next HOST:PORT")
+                              f"{option('next_address', 'HOST:PORT', flag='--next')}")
         self.token, self.tls = token, tls
         self.batcher = None
         if max_batch > 1 and self.step.partition is not None:
@@ -159,6 +165,8 @@ class PartitionServer(GrpcServer):
         self.downstream = LinkShaper(_link_before(program, self.step.index + 1)
                                      if self.step.sends else None, shape)
         self.next_timeout_s = next_timeout_s
+        self._states: OrderedDict[str, Any] = OrderedDict()  # backend state per session
+        self._states_lock = threading.Lock()
         self._next = None
         if next_address is not None:
             channel = _channel(next_address, self.limit, tls)
@@ -171,6 +179,25 @@ class PartitionServer(GrpcServer):
         super().stop(grace_s)
         if self.batcher is not None:
             self.batcher.close()
+
+    def _state(self, context: grpc.ServicerContext | None) -> Any:
+        """The backend state of the caller's session (metadata ``edgesplit-session``), made
+        on its first request; None without a session or with a stateless backend. The oldest
+        sessions are forgotten beyond ``MAX_SESSIONS`` (a client cannot grow memory without
+        bound)."""
+        session = dict(context.invocation_metadata()).get(SESSION_KEY) if context else None
+        if not isinstance(session, str) or self.step.partition is None:
+            return None
+        with self._states_lock:
+            if session in self._states:
+                self._states.move_to_end(session)
+                return self._states[session]
+            state = self.step.backend.new_state(self.step)
+            if state is not None:
+                self._states[session] = state
+                while len(self._states) > MAX_SESSIONS:
+                    self._states.popitem(last=False)
+            return state
 
     # ---- requests ----------------------------------------------------------------------------
     def failure(self, exc: BaseException) -> str:
@@ -210,7 +237,11 @@ class PartitionServer(GrpcServer):
                                      (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.step.name)  # the client may have given up while we queued
         t0 = time.perf_counter()
-        values = (self.batcher or self.step).compute(values)
+        state = self._state(context)
+        if state is None:
+            values = (self.batcher or self.step).compute(values)
+        else:  # a session's state is its own: no batching across sessions
+            values = self.step.compute(values, state)
         timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
         downstream: dict[str, bytes] = {}
         if self.step.sends:
@@ -248,9 +279,11 @@ class PartitionServer(GrpcServer):
         """Forward within what is left of the caller's deadline, and cancel the downstream
         call when the caller gives up, so abandoned requests free every hop's workers."""
         metadata = context.invocation_metadata() if context is not None else ()
-        auth = [(k, v) for k, v in metadata if k == "authorization"]
+        # the token and the session travel on: every hop keeps the session's backend state
+        auth = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY)]
         check_alive(context, self.step.name)
         timeout = remaining_timeout(context, self.next_timeout_s)
+        assert self._next is not None  # a step that sends was given a next address
         call = self._next.Run.future(out, timeout=timeout, metadata=auth)
         if context is not None:
             context.add_callback(call.cancel)  # runs when the caller's call ends, any way
@@ -283,9 +316,12 @@ class ChainClient:
     def __init__(self, program: PlanProgram, address: str | LoopbackChannel, *,
                  token: str | None = None,
                  tls: TlsFiles | None = None, shape: bool = True, timeout_s: float = 60.0,
-                 retries: int = 0, retry_backoff_s: float = 0.2) -> None:
+                 retries: int = 0, retry_backoff_s: float = 0.2,
+                 session: str | None = None) -> None:
         self.program, self.step = program, program.steps[0]
         self.metadata = bearer_metadata(token)
+        if session is not None:  # the servers keep backend state (a KV cache) per session
+            self.metadata.append((SESSION_KEY, session))
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.limit = max_message_bytes(program)
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
@@ -370,7 +406,7 @@ class ChainClient:
         outputs = tuple(local.get(t, remote.get(t)) for t in self.program.outputs)
         if any(o is None for o in outputs):
             raise RemoteError("the chain did not return every model output")
-        return RequestResult(request_id, outputs, {
+        return RequestResult(request_id, cast(tuple[torch.Tensor, ...], outputs), {
             "edge": edge_ms, "serialize": serialize_ms, "remote": remote_ms,
             "transfer": max(0.0, total - edge_ms - serialize_ms - remote_ms), "total": total},
             hops)

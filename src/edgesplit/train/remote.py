@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.errors import ConfigError, RemoteError, WireError
+from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
@@ -203,7 +203,7 @@ def _batch_size(data: bytes, what: str, sample: Sequence[int], dtype: torch.dtyp
     if shape[0] > max_batch:
         raise WireError(f"{what} has a batch of {shape[0]} samples; this server trains on 1 to "
                         f"{max_batch} per round (send smaller batches, or restart "
-                        "serve-training with a larger --max-batch)")
+                        f"serve-training with a larger {option('max_batch')})")
     return shape[0]
 
 
@@ -480,8 +480,8 @@ class TrainServer(GrpcServer):
                         f"the server is training another session (device {current.peer}, last "
                         f"request {idle:.0f} s ago; sessions expire after "
                         f"{self.session_timeout_s:g} s idle): wait for it to finish, or, if it "
-                        "is yours and that device restarted, take it over (train-split "
-                        "--take-over; the session's training is lost)")
+                        "is yours and that device restarted, take it over "
+                        f"({option('take_over', True)}; the session's training is lost)")
                 self._end(current, f"taken over by device {peer}" if req.take_over else
                           f"expired after {idle:.0f} s idle and was taken by device {peer}")
             self.replica.model.load_state_dict(self._init_state)
@@ -852,7 +852,7 @@ class RemoteSplitTrainer:
         if remote and len(y) > self.max_batch:
             raise ConfigError(f"a batch of {len(y)} samples is more than the training server "
                               f"takes per round ({self.max_batch}); use smaller batches or "
-                              "restart serve-training with a larger --max-batch")
+                              f"restart serve-training with a larger {option('max_batch')}")
         if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
             raise ConfigError(f"labels must be integer class indices, got {y.dtype}")
         bad = (y < 0) | (y >= self.classes)

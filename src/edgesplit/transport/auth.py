@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 
 __all__ = ["TOKEN_ENV", "bearer_metadata", "read_token", "token_matches"]
 
@@ -19,7 +19,8 @@ def read_token(token: str | None = None, token_file: str | Path | None = None) -
     command line is visible to every user in ``ps``), or else the environment variable
     ``EDGESPLIT_TOKEN``. None when none is given."""
     if token is not None and token_file is not None:
-        raise ConfigError("give the token once: --token or --token-file, not both")
+        raise ConfigError(f"give the token once: {option('token')} or {option('token_file')}, "
+                          "not both")
     if token_file is not None:
         path = Path(token_file)
         if not path.is_file():
@@ -41,8 +42,9 @@ def bearer_metadata(token: str | None) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")] if token else []
 
 
-def token_matches(metadata: Iterable[tuple[str, str]], token: str) -> bool:
+def token_matches(metadata: Iterable[tuple[str, str | bytes]], token: str) -> bool:
     """Whether a call's metadata carries ``token``, compared in constant time (the comparison
     must not tell an attacker how much of a guess was right)."""
     sent = dict(metadata).get("authorization", "")
-    return hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+    raw = sent if isinstance(sent, bytes) else sent.encode()
+    return hmac.compare_digest(raw, f"Bearer {token}".encode())

@@ -129,7 +129,7 @@ class _Method:
         self.channel, self.path = channel, path
         self.serialize, self.deserialize = serialize, deserialize
 
-    def _handler(self) -> grpc.RpcMethodHandler:
+    def _handler(self) -> Any:  # a grpc.RpcMethodHandler, its fields set for this kind
         handler = self.channel.handlers.get(self.path)
         if handler is None:
             raise LoopbackError(grpc.StatusCode.UNIMPLEMENTED, f"no method {self.path}")

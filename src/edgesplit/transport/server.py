@@ -7,7 +7,7 @@ from concurrent import futures
 
 import grpc
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 from edgesplit.transport.auth import token_matches
 from edgesplit.transport.channel import server_options
 from edgesplit.transport.loopback import LoopbackChannel, LoopbackServer
@@ -50,7 +50,8 @@ class GrpcServer:
         try:
             tls = self.tls
             if tls is not None and (tls.cert is not None or tls.key is not None):
-                check_tls_pair(tls)
+                check_tls_pair(tls)  # both present from here on
+                assert tls.key is not None and tls.cert is not None
                 creds = grpc.ssl_server_credentials([(tls.key, tls.cert)])
                 self.port = self._server.add_secure_port(address, creds)
             else:
@@ -59,7 +60,7 @@ class GrpcServer:
             self.port = 0
         if not self.port:
             raise ConfigError(f"cannot listen on {address}: the port is in use (another server?) "
-                              "or the host is not a local address; pick another --port")
+                              f"or the host is not a local address; pick another {option('port')}")
         self._server.start()
         return self.port
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the type only: the transport layer imports nothing of the model's world
     from edgesplit.hardware import Link
@@ -27,14 +27,14 @@ class LinkShaper:
         self._lock = threading.Lock()
         self._free_at = {"up": 0.0, "down": 0.0}
 
-    def delay_s(self, nbytes: int, direction: str = "up") -> float:
+    def delay_s(self, nbytes: int, direction: Literal["up", "down"] = "up") -> float:
         """How long ``nbytes`` take on an idle link."""
         if not self.enabled:
             return 0.0
         assert self.link is not None
         return (self.link.transfer_ms(nbytes, direction=direction) + self.link.rtt_ms / 2) / 1e3
 
-    def send(self, nbytes: int, direction: str = "up") -> float:
+    def send(self, nbytes: int, direction: Literal["up", "down"] = "up") -> float:
         """Block for as long as sending ``nbytes`` takes; returns the seconds waited."""
         if not self.enabled:
             return 0.0

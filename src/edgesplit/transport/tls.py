@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 
 __all__ = ["TlsFiles", "check_tls_pair"]
 
@@ -23,9 +23,10 @@ def check_tls_pair(tls: TlsFiles) -> None:
     import ssl
     import tempfile
 
+    cert_opt, key_opt = option("cert", flag="--tls-cert"), option("key", flag="--tls-key")
     if tls.cert is None or tls.key is None:
-        raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and "
-                          "--tls-key)")
+        raise ConfigError("TLS needs both a certificate and its private key "
+                          f"({cert_opt} and {key_opt})")
     with tempfile.TemporaryDirectory() as tmp:  # ssl reads PEM from files only
         cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
         cert.write_bytes(tls.cert)
@@ -37,4 +38,4 @@ def check_tls_pair(tls: TlsFiles) -> None:
             reason = "they do not belong together" if "mismatch" in str(exc) else \
                 "they are not a PEM certificate and private key"
             raise ConfigError(f"TLS certificate and key refused: {reason} ({exc.reason or exc}); "
-                              "pass --tls-cert and --tls-key of the same key pair") from None
+                              f"pass {cert_opt} and {key_opt} of the same key pair") from None
