@@ -28,10 +28,10 @@ def _inputs(k: int) -> tuple[torch.Tensor, ...]:
 
 def test_batched_server_answers_each_request_as_alone(program):
     server = PartitionServer(program, "cloud", shape=False, max_batch=4, max_wait_ms=30)
-    port = server.start()
+    channel = server.loopback_channel()  # in-process: the servicer code without a socket
     try:
         def one(k: int) -> float:
-            with ChainClient(program, f"127.0.0.1:{port}", shape=False) as client:
+            with ChainClient(program, channel, shape=False) as client:
                 out = client.request(_inputs(k)).outputs[0]
             return float((out - program.unsplit(_inputs(k))[0]).abs().max())
 
@@ -106,12 +106,12 @@ def test_a_foreign_plan_is_named_as_such_even_when_its_messages_are_too_big(prog
         edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
     foreign = PlanProgram.load(Manual(["stem.0"]).plan(problem))  # 64 KiB cut, over the limit
     server = PartitionServer(program, "cloud", shape=False)
-    port = server.start()
+    channel = server.loopback_channel()  # same message limit as the server's socket
     try:
-        with ChainClient(foreign, f"127.0.0.1:{port}", shape=False) as client:
+        with ChainClient(foreign, channel, shape=False) as client:
             with pytest.raises(RemoteError, match="plan mismatch"):
                 client.request()
-        with ChainClient(program, f"127.0.0.1:{port}", shape=False) as client:
+        with ChainClient(program, channel, shape=False) as client:
             assert client.request().outputs[0].shape == (1, 10)  # still serving
     finally:
         server.stop(0)
