@@ -3,7 +3,7 @@
 
 Most tests talk to in-process servers over the loopback transport (fixture ``local``: the
 same servicer code without sockets). The end-to-end ones (CLI, token, retries, a killed
-server, a three-device chain) use real servers: each is a subprocess started with
+server, a three-device chain, load) use real servers: each is a subprocess started with
 `python -m edgesplit.cli serve ... --port 0`; its address comes from the one
 `listening on HOST:PORT ...` line it prints. Start-up (torch import and capture) dominates this file's time, so the servers start side by side as soon as the plans
 exist, most load the model from a saved `.pt2` (half the start-up of exporting it again), and
@@ -535,11 +535,13 @@ def test_stream_with_bad_requests_in_the_middle(local, programs):
 
 
 # ---- 6. load: 32 concurrent clients x 50 requests -------------------------------------------
-def test_load_32_clients_x_50_requests(local, programs):
-    program = programs["chain"]
+def test_load_32_clients_x_50_requests(servers, programs):
+    """A real server: 32 client threads and gRPC's worker pool in another process (in-process,
+    clients and server would share one interpreter lock and measure that instead)."""
+    program, server = programs["chain"], servers["chain"]
     batches = [(x,) for x in _inputs(64, seed=11)]  # distinct inputs: a mixed-up reply shows
     start = time.perf_counter()
-    report = run_requests(program, local["chain"], requests=50, concurrency=32, inputs=batches,
+    report = run_requests(program, server.address, requests=50, concurrency=32, inputs=batches,
                           client_options={"token": TOKEN, "shape": False, "timeout_s": 60})
     wall = time.perf_counter() - start
     assert (report["requests"], report["ok"], report["errors"]) == (1600, 1600, 0), \
@@ -553,6 +555,7 @@ def test_load_32_clients_x_50_requests(local, programs):
           f"{report['throughput_rps']:.0f} req/s, latency ms mean {lat['mean']:.1f} "
           f"p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} max {lat['max']:.1f}; breakdown ms "
           + ", ".join(f"{k} {v:.1f}" for k, v in report["breakdown_ms"].items()))
+    assert server.alive()
 
 
 # ---- 7. shaping: the measured transfer is the link's -----------------------------------------
