@@ -53,11 +53,14 @@ class _Servers:
     def __init__(self) -> None:
         self.servers: list[TrainServer] = []
 
-    def __call__(self, **kwargs) -> str:
+    def __call__(self, loopback: bool = False, **kwargs):
+        """The server's address, or with ``loopback`` an in-process channel to it."""
         kwargs.setdefault("lr", 0.05)
         kwargs.setdefault("sample_shape", SAMPLE)
         server = TrainServer(lambda: untrained_model("digits_cnn", SEED), seed=SEED, **kwargs)
         self.servers.append(server)
+        if loopback:
+            return server.loopback_channel()
         return f"localhost:{server.start()}"
 
     @property
@@ -142,7 +145,8 @@ def test_fws_equals_unsplit_sgd(digits, serve, momentum):
     training."""
     batches = _batches(digits, 16, 8)
     cuts = [2, 5, 9, 0, 6, 3, 9, 2]
-    with RemoteSplitTrainer(_model(), serve(momentum=momentum), lr=0.05, momentum=momentum,
+    server = serve(loopback=True, momentum=momentum)  # in-process: no socket needed here
+    with RemoteSplitTrainer(_model(), server, lr=0.05, momentum=momentum,
                             seed=SEED, sync="fws") as trainer:
         stats = [trainer.step(x, y, cut) for (x, y), cut in zip(batches, cuts, strict=True)]
         trained = trainer.final_model()

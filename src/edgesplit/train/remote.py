@@ -57,7 +57,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import grpc
 import torch
@@ -73,6 +73,7 @@ from edgesplit.train.split import as_chain, tensor_bytes
 from edgesplit.transport import (
     BadRequest,
     GrpcServer,
+    LoopbackChannel,
     TlsFiles,
     answer,
     bearer_metadata,
@@ -745,7 +746,8 @@ class RemoteSplitTrainer:
     initial model. :meth:`close` (or leaving the ``with`` block) ends the session.
     """
 
-    def __init__(self, model: nn.Module, address: str, *, lr: float, momentum: float = 0.0,
+    def __init__(self, model: nn.Module,
+                 address: str | LoopbackChannel, *, lr: float, momentum: float = 0.0,
                  seed: int, sync: str = "periodic", sync_every: int = 100,
                  link_mbps: float | None = None, rtt_ms: float = 0.0,
                  device_slowdown: float = 1.0, token: str | None = None,
@@ -764,7 +766,8 @@ class RemoteSplitTrainer:
         self.model = copy.deepcopy(model)
         self.replica = _Replica(self.model, lr, momentum)
         self.n = len(self.replica.chain)
-        self.address, self.seed, self.policy, self.sync_every = address, seed, sync, sync_every
+        self.address = address if isinstance(address, str) else "in-process"
+        self.seed, self.policy, self.sync_every = seed, sync, sync_every
         self.device_slowdown, self.rtt_ms, self.timeout_s = device_slowdown, rtt_ms, timeout_s
         self.metadata = bearer_metadata(token)
         self.cut: int | None = None  # the cut of the last round
@@ -775,6 +778,12 @@ class RemoteSplitTrainer:
         if link_mbps is not None:
             self.set_bandwidth_mbps(link_mbps)
         self._closed = False
+        self._channel: Any  # a grpc.Channel, or a LoopbackChannel standing in for one
+        if not isinstance(address, str):  # a server's loopback_channel(): its own limit
+            self._channel = address
+            self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
+            self._hello(take_over)
+            return
         self._channel = open_channel(address, _HELLO_LIMIT, tls)
         try:
             self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
