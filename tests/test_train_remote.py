@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
+from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime.transport import TlsFiles, open_channel

@@ -108,7 +108,7 @@ def register_dataset(name: str, *, model: str, description: str
 
 
 def _ensure_loaded() -> None:
-    from edgesplit.data import _digits, _sentences  # noqa: F401  (register on import)
+    from edgesplit.data import digits, sentences  # noqa: F401  (register on import)
 
 
 def list_datasets() -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from edgesplit.errors import ConfigError
-from edgesplit.hardware._validation import build
+from edgesplit.validation import build
 from edgesplit.hardware.device import Device
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.topology import Topology

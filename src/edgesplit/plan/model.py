@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import Device, Link
-from edgesplit.hardware._validation import build
+from edgesplit.validation import build
 
 __all__ = [
     "PLAN_VERSION",

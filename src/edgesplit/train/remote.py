@@ -649,7 +649,7 @@ _UNTRAINED: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {}
 
 def _trainable(name: str) -> tuple[Callable[[], nn.Module], tuple[int, ...]]:
     """The factory and the input sample shape of a model that can be trained from scratch."""
-    from edgesplit.models._digits import DigitsCNN
+    from edgesplit.models.digits import DigitsCNN
 
     models = {"digits_cnn": (DigitsCNN, (1, 32, 32)), **_UNTRAINED}
     if name not in models:

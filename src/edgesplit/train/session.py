@@ -357,7 +357,7 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
     ``address`` (over TLS trusting ``tls.ca``, if given; ``take_over`` ends a session the
     server has open, see :class:`RemoteSplitTrainer`); L2S picks each round's cut. Returns the
     run's JSON document."""
-    from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
+    from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
     from edgesplit.train.remote import untrained_model
 
     images, labels = digits_arrays()

@@ -70,7 +70,7 @@ def cache_dir() -> Path:
 
 def train_digits_cnn(epochs: int = 12, seed: int = 0) -> DigitsCNN:
     """Train on the first 1,197 samples of the fixed digits order (the rest are held out)."""
-    from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
+    from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
 
     images, labels = digits_arrays()
     x, y = images[:TRAIN_SAMPLES], labels[:TRAIN_SAMPLES]
@@ -118,7 +118,7 @@ def _load_or_train() -> DigitsCNN:
 
 
 def _digits_inputs(shape) -> tuple[torch.Tensor, ...]:
-    from edgesplit.data._digits import TRAIN_SAMPLES, digits_arrays
+    from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
     from edgesplit.models import image_inputs
 
     if tuple(shape[1:]) != (1, 32, 32):

@@ -14,6 +14,7 @@ import functools
 from importlib.resources import files
 
 from edgesplit.data import EvalData, register_dataset
+from edgesplit.data.tokenizer import MODEL_NAME, tokenize
 from edgesplit.errors import ConfigError
 
 __all__ = ["SEQ_LEN", "load_sentences", "read_sentences"]
@@ -36,10 +37,8 @@ def read_sentences() -> tuple[str, ...]:
     return tuple(line for line in lines if line and not line.startswith("#"))
 
 
-@register_dataset("sentences", model="all_minilm_l6_v2", description=_DESCRIPTION)
+@register_dataset("sentences", model=MODEL_NAME, description=_DESCRIPTION)
 def load_sentences() -> EvalData:
-    from edgesplit.models._minilm import tokenize  # needs the model package; import on use
-
     input_ids, attention_mask = tokenize(read_sentences(), SEQ_LEN)
     return EvalData(name="sentences", inputs=(input_ids, attention_mask), labels=None,
                     description=_DESCRIPTION)
