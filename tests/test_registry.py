@@ -54,3 +54,15 @@ def test_loader_runs_once_on_first_lookup():
     assert calls == []
     assert reg.get("l") == 5 and "l" in reg and reg.names() == ["l"]
     assert calls == [1]
+
+
+def test_create_model_passes_options_to_the_factory():
+    from edgesplit.models import create_model, model_options
+
+    assert model_options("resnet18") == {"num_classes": 1000}
+    built = create_model("resnet18", (1, 3, 64, 64), num_classes=7)
+    assert built.module(*built.example_inputs).shape == (1, 7)
+    with pytest.raises(ConfigError, match=r"no option 'num_class'; it takes num_classes=1000"):
+        create_model("resnet18", num_class=7)
+    with pytest.raises(ConfigError, match=r"'digits_cnn' has no option 'width'; it takes none"):
+        create_model("digits_cnn", width=2)

@@ -8,22 +8,27 @@ Nothing here downloads anything.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.registry import Registry
 
+F = TypeVar("F", bound=Callable[..., torch.nn.Module])
+
 __all__ = [
     "BuiltinModel",
     "ModelSpec",
-    "register_model",
     "create_model",
-    "list_models",
     "get_model_spec",
     "image_inputs",
+    "list_models",
+    "model_options",
+    "register_model",
     "token_inputs",
 ]
 
@@ -31,7 +36,8 @@ __all__ = [
 def image_inputs(shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
     """Deterministic float input of ``shape`` (N, C, H, W)."""
     if len(shape) != 4:
-        raise ConfigError(f"image models take a 4-d input shape N,C,H,W; got {','.join(map(str, shape))}")
+        raise ConfigError("image models take a 4-d input shape N,C,H,W; "
+                          f"got {','.join(map(str, shape))}")
     gen = torch.Generator().manual_seed(0)
     return (torch.randn(*shape, generator=gen),)
 
@@ -39,7 +45,8 @@ def image_inputs(shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
 def token_inputs(shape: Sequence[int], vocab_size: int = 1000) -> tuple[torch.Tensor, ...]:
     """Deterministic int64 token ids of ``shape`` (batch, sequence length)."""
     if len(shape) != 2:
-        raise ConfigError(f"token models take a 2-d input shape batch,seq_len; got {','.join(map(str, shape))}")
+        raise ConfigError("token models take a 2-d input shape batch,seq_len; "
+                          f"got {','.join(map(str, shape))}")
     gen = torch.Generator().manual_seed(0)
     return (torch.randint(0, vocab_size, tuple(shape), generator=gen),)
 
@@ -49,7 +56,7 @@ class ModelSpec:
     """What the registry knows about a built-in model before building it."""
 
     name: str
-    factory: Callable[[], torch.nn.Module]
+    factory: Callable[..., torch.nn.Module]  # options of create_model are its keywords
     input_shape: tuple[int, ...]
     make_inputs: Callable[[Sequence[int]], tuple[torch.Tensor, ...]] = image_inputs
     family: str = "vision"
@@ -81,10 +88,11 @@ def register_model(
     family: str = "vision",
     source: str = "edgesplit",
     description: str = "",
-) -> Callable[[Callable[[], torch.nn.Module]], Callable[[], torch.nn.Module]]:
-    """Decorator registering a zero-argument factory under ``name``."""
+) -> Callable[[F], F]:
+    """Decorator registering a factory under ``name``: called with no arguments it builds the
+    model as listed; its keyword parameters, if any, are the model's options."""
 
-    def deco(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    def deco(factory: F) -> F:
         _REGISTRY.register(name, ModelSpec(
             name=name,
             factory=factory,
@@ -114,10 +122,33 @@ def get_model_spec(name: str) -> ModelSpec:
     return _REGISTRY.get(name)
 
 
-def create_model(name: str, input_shape: Sequence[int] | None = None) -> BuiltinModel:
-    """Build the model ``name`` in eval mode with deterministic weights and example inputs."""
+def create_model(name: str, input_shape: Sequence[int] | None = None,
+                 **options: Any) -> BuiltinModel:
+    """Build the model ``name`` in eval mode with deterministic weights and example inputs.
+
+    ``options`` go to the model's factory, as timm's ``create_model`` passes them on (e.g.
+    ``create_model("resnet18", num_classes=10)``); an option the factory does not take is a
+    ConfigError listing the ones it does."""
     spec = get_model_spec(name)
+    _check_options(spec, options)
     shape = tuple(input_shape) if input_shape is not None else spec.input_shape
     torch.manual_seed(0)
-    module = spec.factory().eval()
+    module = spec.factory(**options).eval()
     return BuiltinModel(name=name, module=module, example_inputs=spec.make_inputs(shape), spec=spec)
+
+
+def model_options(name: str) -> dict[str, Any]:
+    """The options ``create_model(name, **options)`` accepts, with their defaults."""
+    params = inspect.signature(get_model_spec(name).factory).parameters.values()
+    return {p.name: p.default for p in params
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def _check_options(spec: ModelSpec, options: dict[str, Any]) -> None:
+    accepted = model_options(spec.name)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        takes = (f"it takes {', '.join(f'{k}={v!r}' for k, v in accepted.items())}"
+                 if accepted else "it takes none")
+        raise ConfigError(f"model {spec.name!r} has no option {', '.join(map(repr, unknown))}; "
+                          f"{takes}")

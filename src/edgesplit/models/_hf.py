@@ -41,67 +41,68 @@ class _TokenLogits(_Logits):
         return getattr(self.model(input_ids), self.key)
 
 
-def _resnet(depths: list[int], layer_type: str, hidden_sizes: list[int]) -> nn.Module:
+def _resnet(depths: list[int], layer_type: str, hidden_sizes: list[int],
+            num_classes: int) -> nn.Module:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     cfg = ResNetConfig(
-        depths=depths, layer_type=layer_type, hidden_sizes=hidden_sizes, num_labels=1000
+        depths=depths, layer_type=layer_type, hidden_sizes=hidden_sizes, num_labels=num_classes
     )
     return _Logits(ResNetForImageClassification(cfg))
 
 
 @register_model("resnet18", input_shape=(1, 3, 224, 224), source="transformers",
                 description="ResNet-18 (He et al. 2016), transformers ResNetForImageClassification")
-def resnet18() -> nn.Module:
-    return _resnet([2, 2, 2, 2], "basic", [64, 128, 256, 512])
+def resnet18(num_classes: int = 1000) -> nn.Module:
+    return _resnet([2, 2, 2, 2], "basic", [64, 128, 256, 512], num_classes)
 
 
 @register_model("resnet34", input_shape=(1, 3, 224, 224), source="transformers",
                 description="ResNet-34 (He et al. 2016), transformers ResNetForImageClassification")
-def resnet34() -> nn.Module:
-    return _resnet([3, 4, 6, 3], "basic", [64, 128, 256, 512])
+def resnet34(num_classes: int = 1000) -> nn.Module:
+    return _resnet([3, 4, 6, 3], "basic", [64, 128, 256, 512], num_classes)
 
 
 @register_model("resnet50", input_shape=(1, 3, 224, 224), source="transformers",
                 description="ResNet-50 v1.5 (He et al. 2016), transformers ResNetForImageClassification")
-def resnet50() -> nn.Module:
-    return _resnet([3, 4, 6, 3], "bottleneck", [256, 512, 1024, 2048])
+def resnet50(num_classes: int = 1000) -> nn.Module:
+    return _resnet([3, 4, 6, 3], "bottleneck", [256, 512, 1024, 2048], num_classes)
 
 
 @register_model("resnet101", input_shape=(1, 3, 224, 224), source="transformers",
                 description="ResNet-101 v1.5 (He et al. 2016), transformers ResNetForImageClassification")
-def resnet101() -> nn.Module:
-    return _resnet([3, 4, 23, 3], "bottleneck", [256, 512, 1024, 2048])
+def resnet101(num_classes: int = 1000) -> nn.Module:
+    return _resnet([3, 4, 23, 3], "bottleneck", [256, 512, 1024, 2048], num_classes)
 
 
 @register_model("mobilenet_v2", input_shape=(1, 3, 224, 224), source="transformers",
                 description="MobileNetV2 1.0 (Sandler et al. 2018), transformers MobileNetV2ForImageClassification")
-def mobilenet_v2() -> nn.Module:
+def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
     # tf_padding=False gives the symmetric padding of the reference PyTorch model (no pad ops).
-    cfg = MobileNetV2Config(num_labels=1000, tf_padding=False)
+    cfg = MobileNetV2Config(num_labels=num_classes, tf_padding=False)
     return _Logits(MobileNetV2ForImageClassification(cfg))
 
 
 @register_model("efficientnet_b0", input_shape=(1, 3, 224, 224), source="transformers",
                 description="EfficientNet-B0 (Tan & Le 2019), transformers EfficientNetForImageClassification")
-def efficientnet_b0() -> nn.Module:
+def efficientnet_b0(num_classes: int = 1000) -> nn.Module:
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
     # The config defaults describe B7; B0 is width 1.0, depth 1.0, 224 px, 1280 head channels.
     cfg = EfficientNetConfig(image_size=224, width_coefficient=1.0, depth_coefficient=1.0,
-                             hidden_dim=1280, dropout_rate=0.2, num_labels=1000)
+                             hidden_dim=1280, dropout_rate=0.2, num_labels=num_classes)
     return _Logits(EfficientNetForImageClassification(cfg))
 
 
 @register_model("vit_tiny", input_shape=(1, 3, 224, 224), source="transformers",
                 description="ViT-Ti/16 (Touvron et al. 2021 sizes), transformers ViTForImageClassification")
-def vit_tiny() -> nn.Module:
+def vit_tiny(num_classes: int = 1000) -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
-                    intermediate_size=768, image_size=224, patch_size=16, num_labels=1000)
+                    intermediate_size=768, image_size=224, patch_size=16, num_labels=num_classes)
     return _Logits(ViTForImageClassification(cfg))
 
 

@@ -15,7 +15,7 @@ ResNet-1202); nothing is downloaded.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -595,9 +595,9 @@ class YOLOv3Tiny(nn.Module):
     source="edgesplit",
     description="AlexNet (Krizhevsky 2014), torchvision definition",
 )
-def alexnet() -> nn.Module:
+def alexnet(num_classes: int = 1000) -> nn.Module:
     """torchvision ``alexnet``: 61,100,840 parameters."""
-    return AlexNet()
+    return AlexNet(num_classes=num_classes)
 
 
 @register_model(
@@ -607,9 +607,9 @@ def alexnet() -> nn.Module:
     source="edgesplit",
     description="VGG-16 without BN (Simonyan & Zisserman 2015), torchvision definition",
 )
-def vgg16() -> nn.Module:
+def vgg16(num_classes: int = 1000) -> nn.Module:
     """torchvision ``vgg16``: 138,357,544 parameters."""
-    return VGG(_vgg_features(_VGG16_CFG))
+    return VGG(_vgg_features(_VGG16_CFG), num_classes=num_classes)
 
 
 @register_model(
@@ -619,9 +619,9 @@ def vgg16() -> nn.Module:
     source="edgesplit",
     description="GoogLeNet (Szegedy et al. 2015), torchvision definition without aux heads",
 )
-def googlenet() -> nn.Module:
+def googlenet(num_classes: int = 1000) -> nn.Module:
     """torchvision ``googlenet(aux_logits=False)``: 6,624,904 parameters."""
-    return GoogLeNet()
+    return GoogLeNet(num_classes=num_classes)
 
 
 @register_model(
@@ -631,9 +631,9 @@ def googlenet() -> nn.Module:
     source="edgesplit",
     description="MNASNet-B1 1.0 (Tan et al. 2019), torchvision mnasnet1_0 definition",
 )
-def mnasnet() -> nn.Module:
+def mnasnet(num_classes: int = 1000) -> nn.Module:
     """torchvision ``mnasnet1_0``: 4,383,312 parameters."""
-    return MNASNet(alpha=1.0)
+    return MNASNet(alpha=1.0, num_classes=num_classes)
 
 
 @register_model(
@@ -643,9 +643,9 @@ def mnasnet() -> nn.Module:
     source="edgesplit",
     description="ResNeXt-50 32x4d (Xie et al. 2017), torchvision resnext50_32x4d definition",
 )
-def resnext50() -> nn.Module:
+def resnext50(num_classes: int = 1000) -> nn.Module:
     """torchvision ``resnext50_32x4d``: 25,028,904 parameters."""
-    return ResNet(Bottleneck, [3, 4, 6, 3], groups=32, width_per_group=4)
+    return ResNet(Bottleneck, [3, 4, 6, 3], groups=32, width_per_group=4, num_classes=num_classes)
 
 
 @register_model(
@@ -655,9 +655,9 @@ def resnext50() -> nn.Module:
     source="edgesplit",
     description="YOLOv3-tiny (Redmon & Farhadi 2018), Darknet yolov3-tiny.cfg, raw heads",
 )
-def yolov3_tiny() -> nn.Module:
+def yolov3_tiny(num_classes: int = 80) -> nn.Module:
     """Darknet ``yolov3-tiny.cfg`` with 80 classes: 8,858,734 parameters."""
-    return YOLOv3Tiny(num_classes=80)
+    return YOLOv3Tiny(num_classes=num_classes)
 
 
 @register_model(
@@ -667,6 +667,6 @@ def yolov3_tiny() -> nn.Module:
     source="edgesplit",
     description="CIFAR-10 ResNet-1202 (He et al. 2016, sec. 4.2), option-A shortcuts",
 )
-def resnet1202() -> nn.Module:
+def resnet1202(num_classes: int = 10) -> nn.Module:
     """CIFAR-10 ResNet-1202 (n=200): about 19.4 M parameters."""
-    return CifarResNet([200, 200, 200])
+    return CifarResNet([200, 200, 200], num_classes=num_classes)

@@ -20,7 +20,7 @@ from torch import nn
 
 from edgesplit.models import register_model
 
-__all__ = ["DigitsCNN", "train_digits_cnn", "cache_dir", "WEIGHTS_VERSION"]
+__all__ = ["WEIGHTS_VERSION", "DigitsCNN", "cache_dir", "train_digits_cnn"]
 
 log = logging.getLogger(__name__)
 
