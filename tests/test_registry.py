@@ -66,3 +66,21 @@ def test_create_model_passes_options_to_the_factory():
         create_model("resnet18", num_class=7)
     with pytest.raises(ConfigError, match=r"'digits_cnn' has no option 'width'; it takes none"):
         create_model("digits_cnn", width=2)
+
+
+def test_estimator_for_follows_the_compute_model_registry():
+    from edgesplit.hardware import (ESTIMATORS, RooflineEstimator, estimator_for, get_device,
+                                    register_estimator)
+
+    assert {"analytical", "measured"} <= set(ESTIMATORS.names())
+    assert isinstance(estimator_for(get_device("jetson-nano")), RooflineEstimator)
+
+    class Doubled(RooflineEstimator):
+        pass
+
+    original = ESTIMATORS.get("analytical")
+    try:
+        register_estimator("analytical", lambda device: Doubled(), replace=True)
+        assert isinstance(estimator_for(get_device("jetson-nano")), Doubled)
+    finally:
+        register_estimator("analytical", original, replace=True)

@@ -1,20 +1,61 @@
 """Devices, links, topologies; measured profiles and latency estimators."""
 
-from edgesplit.hardware.catalog import (get_device, get_link, get_topology, list_devices,
-                                        list_links, list_topologies, register_device,
-                                        register_link, register_topology, resolve_device,
-                                        resolve_link, resolve_topology)
+from edgesplit.hardware.catalog import (
+    get_device,
+    get_link,
+    get_topology,
+    list_devices,
+    list_links,
+    list_topologies,
+    register_device,
+    register_link,
+    register_topology,
+    resolve_device,
+    resolve_link,
+    resolve_topology,
+)
 from edgesplit.hardware.device import AnalyticalCompute, Device, MeasuredCompute
-from edgesplit.hardware.estimators import (LatencyEstimator, ProfileEstimator,
-                                           RegressionEstimator, RooflineEstimator, estimator_for)
+from edgesplit.hardware.estimators import (
+    ESTIMATORS,
+    LatencyEstimator,
+    ProfileEstimator,
+    RegressionEstimator,
+    RooflineEstimator,
+    estimator_for,
+    register_estimator,
+)
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.topology import Topology, TopologyLink, chain, mesh, star
 from edgesplit.hardware.work import LayerWork
 
 __all__ = [
-    "get_device", "get_link", "get_topology", "list_devices", "list_links", "list_topologies",
-    "register_device", "register_link", "register_topology", "resolve_device", "resolve_link",
-    "resolve_topology", "AnalyticalCompute", "Device", "MeasuredCompute", "LatencyEstimator",
-    "ProfileEstimator", "RegressionEstimator", "RooflineEstimator", "estimator_for", "Link",
-    "Topology", "TopologyLink", "chain", "mesh", "star", "LayerWork",
+    "ESTIMATORS",
+    "AnalyticalCompute",
+    "Device",
+    "LatencyEstimator",
+    "LayerWork",
+    "Link",
+    "MeasuredCompute",
+    "ProfileEstimator",
+    "RegressionEstimator",
+    "RooflineEstimator",
+    "Topology",
+    "TopologyLink",
+    "chain",
+    "estimator_for",
+    "get_device",
+    "get_link",
+    "get_topology",
+    "list_devices",
+    "list_links",
+    "list_topologies",
+    "mesh",
+    "register_device",
+    "register_estimator",
+    "register_link",
+    "register_topology",
+    "resolve_device",
+    "resolve_link",
+    "resolve_topology",
+    "star",
 ]

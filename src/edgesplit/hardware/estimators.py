@@ -12,21 +12,23 @@ time of N bytes over a link.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Iterable, Literal, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from scipy.optimize import nnls
 
 from edgesplit.errors import ConfigError
-from edgesplit.hardware.device import AnalyticalCompute, Device
+from edgesplit.hardware.device import AnalyticalCompute, Device, MeasuredCompute
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.work import LayerWork
+from edgesplit.registry import Registry
 
 if TYPE_CHECKING:
     from edgesplit.graph import LayerGraph
 
-__all__ = ["LatencyEstimator", "RooflineEstimator", "ProfileEstimator", "RegressionEstimator",
-           "estimator_for"]
+__all__ = ["ESTIMATORS", "LatencyEstimator", "ProfileEstimator", "RegressionEstimator",
+           "RooflineEstimator", "estimator_for", "register_estimator"]
 
 
 class LatencyEstimator(ABC):
@@ -41,7 +43,7 @@ class LatencyEstimator(ABC):
                     ) -> float:
         return link.transfer_ms(nbytes, direction=direction)
 
-    def graph_ms(self, graph: "LayerGraph", device: Device, *, w_bits: int | None = None,
+    def graph_ms(self, graph: LayerGraph, device: Device, *, w_bits: int | None = None,
                  a_bits: int | None = None) -> dict[str, float]:
         """Per-layer latency of every layer of ``graph`` on ``device``."""
         return {layer.name: self.layer_ms(LayerWork.of(graph, layer, w_bits=w_bits,
@@ -82,7 +84,7 @@ class ProfileEstimator(LatencyEstimator):
 
     @classmethod
     def from_profile(cls, profile: Mapping, *, backend: str = "eager",
-                     fallback: LatencyEstimator | None = None) -> "ProfileEstimator":
+                     fallback: LatencyEstimator | None = None) -> ProfileEstimator:
         key = f"{backend}_ms"
         table = {row["name"]: row[key]["median"] for row in profile["layers"] if row.get(key)}
         return cls(table, model=profile.get("model", ""), fallback=fallback)
@@ -92,9 +94,9 @@ class ProfileEstimator(LatencyEstimator):
             return self.latencies_ms[work.name]
         if self.fallback is not None:
             return self.fallback.layer_ms(work, device)
-        raise ConfigError(f"layer {work.name!r} is not in the profile of {self.model or 'the model'}"
-                          f" measured on {device.name!r}: profile this model on that device "
-                          "(`edgesplit profile MODEL`)")
+        raise ConfigError(f"layer {work.name!r} is not in the profile of "
+                          f"{self.model or 'the model'} measured on {device.name!r}: profile "
+                          "this model on that device (`edgesplit profile MODEL`)")
 
 
 class RegressionEstimator(LatencyEstimator):
@@ -117,7 +119,7 @@ class RegressionEstimator(LatencyEstimator):
         return coef / scale
 
     def fit(self, works: Iterable[LayerWork], latencies_ms: Iterable[float]
-            ) -> "RegressionEstimator":
+            ) -> RegressionEstimator:
         works = list(works)
         y = np.asarray(list(latencies_ms), dtype=np.float64)
         if len(works) != len(y) or not works:
@@ -142,16 +144,39 @@ class RegressionEstimator(LatencyEstimator):
         return float(self.predict([work])[0])
 
 
+ESTIMATORS: Registry[Callable[[Device], LatencyEstimator]] = Registry(
+    "compute model", label="Compute models with a default estimator")
+
+
+def register_estimator(compute_model: str, factory: Callable[[Device], LatencyEstimator], *,
+                       replace: bool = False) -> None:
+    """Make ``factory(device)`` the default estimator of devices whose ``compute.model`` is
+    ``compute_model`` (a new compute model, or ``replace=True`` to override a built-in one)."""
+    ESTIMATORS.register(compute_model, factory, replace=replace)
+
+
 def estimator_for(device: Device) -> LatencyEstimator:
-    """The default estimator of a device: roofline for analytical devices; for measured ones,
-    their profile with a regression fitted on it for layers the profile lacks."""
-    if isinstance(device.compute, AnalyticalCompute):
-        return RooflineEstimator()
+    """The default estimator of a device, chosen by its compute model: roofline for analytical
+    devices; for measured ones, their profile with a regression fitted on it for layers the
+    profile lacks."""
+    return ESTIMATORS.get(device.compute.model)(device)
+
+
+def _roofline(device: Device) -> LatencyEstimator:
+    return RooflineEstimator()
+
+
+def _measured(device: Device) -> LatencyEstimator:
     from edgesplit.hardware.profile import load_profile
 
+    assert isinstance(device.compute, MeasuredCompute)  # the registry key says so
     profile = load_profile(device.compute.profile)
     works = [LayerWork(**{k: row[k] for k in LayerWork.__dataclass_fields__ if k in row})
              for row in profile["layers"]]
     fallback = RegressionEstimator().fit(works, [row["eager_ms"]["median"]
                                                  for row in profile["layers"]])
     return ProfileEstimator.from_profile(profile, fallback=fallback)
+
+
+register_estimator("analytical", _roofline)
+register_estimator("measured", _measured)
