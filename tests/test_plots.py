@@ -9,13 +9,12 @@ import pytest
 
 from edgesplit.errors import ConfigError
 from edgesplit.report.plots import (
-    _thinned_ticks,
-    _unique_short_names,
     plot_cut_breakdown,
     plot_link_sweep,
     plot_profile,
     short_layer_name,
 )
+from edgesplit.report.plots._figure import _thinned_ticks, _unique_short_names
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

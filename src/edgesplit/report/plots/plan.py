@@ -1,9 +1,5 @@
-"""PNG figures of planning results: link sweeps, per-cut latency breakdowns, layer profiles.
-
-Figures are built on :class:`matplotlib.figure.Figure` with an Agg canvas attached directly, so
-no display, no pyplot state and no global backend switch is involved; each figure is released
-after saving.
-"""
+"""Figures of planning results: link sweeps, per-cut latency breakdowns, device assignments,
+latency/accuracy Pareto fronts."""
 
 from __future__ import annotations
 
@@ -13,72 +9,26 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from edgesplit.errors import ConfigError
+from edgesplit.report.plots._figure import (
+    _COLORS,
+    _DASHES,
+    _MARKERS,
+    _bytes_scale,
+    _finite_positive,
+    _new_figure,
+    _save,
+    _shorten,
+    _thinned_ticks,
+    _unique_short_names,
+    short_layer_name,
+)
 
-__all__ = ["plot_assignment", "plot_cut_breakdown", "plot_l2s", "plot_l2s_curves",
-           "plot_link_sweep", "plot_train_split", "plot_pareto", "plot_profile", "short_layer_name"]
-
-DPI = 120
-_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf"]
-_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
-_DASHES = ["-", "--", "-.", ":"]
-_MAX_TICK_LABELS = 40
-
-
-def short_layer_name(name: str | None, parts: int = 2) -> str:
-    """The last ``parts`` dotted components of a layer name; ``"input"`` for ``None``."""
-    if name is None:
-        return "input"
-    return ".".join(name.split(".")[-parts:])
-
-
-def _unique_short_names(names: Sequence[str | None]) -> list[str]:
-    """:func:`short_layer_name` of each name, with more components kept for names whose two
-    last components collide (``stages.0.layers.1.add`` and ``stages.1.layers.1.add``)."""
-    parts = {name: 2 for name in names}
-    while True:
-        labels = {name: short_layer_name(name, parts[name]) for name in names}
-        seen: dict[str, list[str | None]] = {}
-        for name, label in labels.items():
-            seen.setdefault(label, []).append(name)
-        grow = [name for group in seen.values() if len(group) > 1 for name in group
-                if name is not None and parts[name] < len(name.split("."))]
-        if not grow:
-            return [labels[name] for name in names]
-        for name in grow:
-            parts[name] += 1
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: str | Path) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out, dpi=DPI, format="png")
-    finally:
-        fig.clear()  # the figure is not registered with pyplot; dropping its artists frees it
-    return out
-
-
-def _finite_positive(value: Any) -> float:
-    """``value`` as a float, NaN where it cannot be drawn on a log axis."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return v if math.isfinite(v) and v > 0 else math.nan
+__all__ = ["auto_distortion", "plot_assignment", "plot_cut_breakdown", "plot_link_sweep",
+           "plot_pareto"]
 
 
 def _method_names(points: Iterable[dict[str, Any]]) -> list[str]:
@@ -167,23 +117,6 @@ def plot_link_sweep(sweep: dict[str, Any], path: str | Path, *, title: str | Non
     return _save(fig, path)
 
 
-def _thinned_ticks(n: int, keep: Iterable[int]) -> list[int]:
-    """About ``_MAX_TICK_LABELS`` evenly spaced tick positions, plus the ends and ``keep``
-    (regular ticks too close to a kept one are dropped so labels do not collide)."""
-    step = max(1, math.ceil(n / _MAX_TICK_LABELS))
-    kept = {0, n - 1} | {k for k in keep if 0 <= k < n}
-    gap = max(1, (step + 1) // 2)
-    regular = {t for t in range(0, n, step) if all(t == k or abs(t - k) >= gap for k in kept)}
-    return sorted(regular | kept)
-
-
-def _bytes_scale(max_bytes: float) -> tuple[float, str]:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if max_bytes >= scale:
-            return float(scale), unit
-    return 1.0, "B"
-
-
 def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: str = ""
                        ) -> Path:
     """One stacked bar (edge, transfer + RTT, cloud, in ms) per cut point, the data sent over
@@ -257,68 +190,6 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     return _save(fig, path)
 
 
-def _shorten(text: str, limit: int = 42) -> str:
-    return text if len(text) <= limit else "…" + text[-(limit - 1):]
-
-
-def _error(stats: dict[str, float]) -> tuple[float, float]:
-    median = float(stats["median"])
-    low = max(0.0, median - float(stats.get("p10", median)))
-    high = max(0.0, float(stats.get("p90", median)) - median)
-    return low, high
-
-
-def plot_profile(profile: dict[str, Any], path: str | Path, *, top: int = 30) -> Path:
-    """Horizontal bars of the ``top`` slowest layers of a profile document: PyTorch eager
-    median with p10-p90 whiskers, ONNX Runtime median beside it when measured."""
-    if top < 1:
-        raise ConfigError(f"top must be at least 1, got {top}")
-    layers = profile.get("layers") or []
-    if not layers:
-        raise ConfigError("the profile has no layers to plot")
-    rows = sorted(layers, key=lambda r: -float(r["eager_ms"]["median"]))[:top]
-    k = len(rows)
-    has_onnx = any(r.get("onnx_ms") for r in rows)
-
-    fig = _new_figure(9.0, min(max(3.0, 0.32 * k + 1.6), 30.0))
-    ax = fig.subplots()
-    ys = list(range(k))
-    height = 0.4 if has_onnx else 0.7
-    offset = height / 2 if has_onnx else 0.0
-    eager = [float(r["eager_ms"]["median"]) for r in rows]
-    eager_err = [_error(r["eager_ms"]) for r in rows]
-    ax.barh([y - offset for y in ys], eager, height,
-            xerr=[[e[0] for e in eager_err], [e[1] for e in eager_err]],
-            color="#4c72b0", error_kw={"elinewidth": 0.9, "capsize": 2, "ecolor": "0.2"},
-            label="PyTorch eager (median, p10-p90)")
-    if has_onnx:
-        onnx_y = [y + offset for y, r in zip(ys, rows, strict=True) if r.get("onnx_ms")]
-        onnx = [float(r["onnx_ms"]["median"]) for r in rows if r.get("onnx_ms")]
-        onnx_err = [_error(r["onnx_ms"]) for r in rows if r.get("onnx_ms")]
-        ax.barh(onnx_y, onnx, height,
-                xerr=[[e[0] for e in onnx_err], [e[1] for e in onnx_err]],
-                color="#dd8452", error_kw={"elinewidth": 0.9, "capsize": 2, "ecolor": "0.2"},
-                label="ONNX Runtime (median, p10-p90)")
-    ax.set_yticks(ys)
-    ax.set_yticklabels([f"{_shorten(str(r['name']))} [{r.get('op', '?')}]" for r in rows],
-                       fontsize="small")
-    ax.invert_yaxis()  # slowest on top
-    ax.set_xlabel("latency per layer (ms)")
-    ax.set_xlim(left=0)
-    ax.grid(True, axis="x", alpha=0.4)
-    ax.set_axisbelow(True)
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, fontsize="small",
-              frameon=False, borderaxespad=0.2)
-
-    model = profile.get("model", "model")
-    title = f"{model}: slowest {k} of {len(layers)} layers"
-    whole = (profile.get("whole_model") or {}).get("eager_ms")
-    if whole and "median" in whole:
-        title += f" (whole model {float(whole['median']):.3g} ms eager)"
-    fig.suptitle(title)
-    return _save(fig, path)
-
-
 def plot_assignment(plan: Any, path: str | Path, *, title: str = "") -> Path:
     """The devices of a Plan laid out by hop from the source (parallel devices stacked), each
     box with its layers and compute time, each arrow with the tensors, bytes and time it
@@ -329,15 +200,15 @@ def plot_assignment(plan: Any, path: str | Path, *, title: str = "") -> Path:
     devices = {d.name: d for d in plan.devices}
     if not devices:
         raise ConfigError("the plan has no devices to draw")
-    g = nx.DiGraph()
+    g: nx.DiGraph[str] = nx.DiGraph()
     g.add_nodes_from(devices)
     g.add_edges_from((l.src, l.dst) for l in plan.links if l.src in devices and l.dst in devices)
     levels = list(nx.topological_generations(g)) if nx.is_directed_acyclic_graph(g) \
         else [[n] for n in devices]
     where: dict[str, tuple[float, float]] = {}
-    for x, level in enumerate(levels):
+    for column, level in enumerate(levels):
         for k, name in enumerate(sorted(level, key=list(devices).index)):
-            where[name] = (x + 0.5, (k + 0.5) / len(level))
+            where[name] = (column + 0.5, (k + 0.5) / len(level))
     tallest = max(len(level) for level in levels)
     fig = _new_figure(max(6.0, 3.2 * len(levels)), max(3.6, 2.2 * tallest))
     ax = fig.add_subplot()
@@ -416,127 +287,3 @@ def plot_pareto(plans: dict[str, Any], path: str | Path, *, title: str | None = 
 def auto_distortion(plan: Any) -> float:
     """The chosen AUTO-SPLIT plan's total distortion (its entry among the candidates)."""
     return next((alt.distortion for alt in plan.alternatives if alt.chosen), 0.0)
-
-
-def plot_l2s(doc: dict[str, Any], path: str | Path, *, window: int = 20) -> Path:
-    """L2S Figs. 10, 11 and 17: per-round delay (moving average over ``window`` rounds) with
-    the bandwidth, the chosen partition of every policy, and the learners' relative error in
-    predicting the edge delay, from :func:`edgesplit.train.l2s.compare_policies`."""
-    policies = doc.get("policies") or {}
-    if not policies:
-        raise ConfigError("the simulation has no policies to plot")
-    fig = _new_figure(9.0, 8.4)
-    ax_delay, ax_part, ax_err = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 2])
-    for i, (name, run) in enumerate(policies.items()):
-        if run.get("prediction_error"):  # Fig. 10
-            r, err = _moving_mean(run["prediction_error"], 5)
-            ax_err.plot(r, err, color=_COLORS[i % len(_COLORS)], linewidth=1.0)
-        delays = [float(d) for d in run["delays_ms"]]
-        k = max(1, min(window, len(delays)))
-        smooth = np.convolve(delays, np.full(k, 1.0 / k), mode="valid")
-        rounds = range(k, len(delays) + 1)
-        color = _COLORS[i % len(_COLORS)]
-        ax_delay.plot(list(rounds), smooth, color=color, label=name, linewidth=1.4)
-        ax_part.step(range(1, len(delays) + 1), run["partitions"], where="post", color=color,
-                     linewidth=1.0)
-    trace = doc.get("trace", {})
-    speeds = trace.get("mbps_per_round")
-    if speeds:  # Fig. 17: the network speed next to the delay
-        ax_speed = ax_delay.twinx()
-        ax_speed.step(range(1, len(speeds) + 1), speeds, where="post", color="black",
-                      linestyle=":", linewidth=1.2, label="bandwidth")
-        ax_speed.set_ylabel("bandwidth, Mbps")
-        ax_speed.set_ylim(0, max(speeds) * 1.15)
-    for entry in (policies.get("l2s") or {}).get("adaptations", [])[1:]:
-        ax_part.axvline(entry["round"], color=_COLORS[4], linewidth=0.8, alpha=0.6)
-    for ax in (ax_delay, ax_part, ax_err):
-        ax.grid(True, alpha=0.3)
-    ax_delay.set_yscale("log")
-    ax_err.set_yscale("log")
-    ax_delay.set_ylabel(f"delay per round, ms ({window}-round mean)")
-    ax_part.set_ylabel("layers on the device")
-    ax_err.set_ylabel("edge-delay prediction\nerror (5 offloads)")
-    ax_err.set_xlabel("training round (vertical lines: L2S re-enters adaptation)")
-    ax_delay.legend(fontsize=8, loc="upper left")
-    drop = trace.get("drop_at")
-    ax_delay.set_title(f"{doc.get('model')}: {doc.get('device')} -> {doc.get('server')}, "
-                       f"{trace.get('mbps')} Mbps"
-                       + (f" -> {trace.get('drop_to')} Mbps at round {drop}" if drop else "")
-                       + (f", back at {trace['restore_at']}" if trace.get("restore_at") else ""),
-                       fontsize=10)
-    return _save(fig, path)
-
-
-def plot_l2s_curves(series: dict[str, list[float | None]], path: str | Path, *, ylabel: str,
-                    title: str, window: int = 10, log: bool = False,
-                    reference: dict[str, list[float]] | None = None) -> Path:
-    """L2S Figs. 10 and 11: one curve per label over training rounds, a ``window``-round mean
-    (rounds without a value, None, are skipped). ``reference`` curves (e.g. the Oracle's)
-    are drawn dashed in the same colour as the label they belong to."""
-    if not series:
-        raise ConfigError("nothing to plot")
-    fig = _new_figure(8.0, 4.4)
-    ax = fig.subplots()
-    for i, (label, values) in enumerate(series.items()):
-        color = _COLORS[i % len(_COLORS)]
-        rounds, smooth = _moving_mean(values, window)
-        ax.plot(rounds, smooth, color=color, label=label, linewidth=1.4)
-        if reference and label in reference:
-            r_rounds, r_smooth = _moving_mean(reference[label], window)
-            ax.plot(r_rounds, r_smooth, color=color, linestyle="--", linewidth=1.0)
-    if log:
-        ax.set_yscale("log")
-    ax.set_xlabel("training round")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _moving_mean(values: list[float | None], window: int) -> tuple[list[int], list[float]]:
-    """(round, mean of the last ``window`` values that exist) at every round with a value."""
-    rounds, out, recent = [], [], []
-    for t, v in enumerate(values, start=1):
-        if v is None:
-            continue
-        recent = (recent + [float(v)])[-window:]
-        rounds.append(t)
-        out.append(sum(recent) / len(recent))
-    return rounds, out
-
-
-def plot_train_split(doc: dict[str, Any], path: str | Path, *, window: int = 5) -> Path:
-    """A real split-training run (``edgesplit train-split``): measured delay per round with
-    the emulated bandwidth, the cut L2S chose, and the training loss."""
-    rounds = doc["rounds"]
-    delays = rounds["delays_ms"]
-    if not delays:
-        raise ConfigError("the run has no rounds to plot")
-    fig = _new_figure(9.0, 7.0)
-    ax_delay, ax_cut, ax_loss = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 2])
-    t = list(range(1, len(delays) + 1))
-    ax_delay.plot(t, delays, color=_COLORS[0], alpha=0.3, linewidth=0.8)
-    r, smooth = _moving_mean(delays, window)
-    ax_delay.plot(r, smooth, color=_COLORS[0], linewidth=1.5, label=f"{window}-round mean")
-    ax_speed = ax_delay.twinx()
-    ax_speed.step(t, rounds["bandwidth_mbps"], where="post", color="black", linestyle=":",
-                  linewidth=1.2)
-    ax_speed.set_ylabel("emulated bandwidth, Mbps (dotted)")
-    ax_speed.set_ylim(0, max(b or 0 for b in rounds["bandwidth_mbps"]) * 1.15 or 1)
-    ax_cut.step(t, rounds["partitions"], where="post", color=_COLORS[1])
-    for entry in doc.get("adaptations", [])[1:]:
-        ax_cut.axvline(entry["round"], color=_COLORS[4], linewidth=0.8, alpha=0.6)
-    ax_loss.plot(t, rounds["loss"], color=_COLORS[2], linewidth=0.9)
-    ax_delay.set_ylabel("delay per round, ms")
-    ax_cut.set_ylabel("cut (last device\nelement)")
-    ax_loss.set_ylabel("training loss")
-    ax_loss.set_xlabel("training round (vertical lines: L2S re-enters adaptation)")
-    for ax in (ax_delay, ax_cut, ax_loss):
-        ax.grid(True, alpha=0.3)
-    title = f"{doc['config']['model']}: split training, held-out accuracy {doc['accuracy']:.1f} %"
-    if "baseline_accuracy" in doc:
-        title += f" (unsplit {doc['baseline_accuracy']:.1f} %)"
-    ax_delay.set_title(title, fontsize=10)
-    ax_delay.legend(fontsize=8, loc="upper left")
-    return _save(fig, path)

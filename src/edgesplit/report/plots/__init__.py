@@ -1,0 +1,28 @@
+"""PNG figures, one module per domain: ``plan`` (link sweeps, cut breakdowns, assignments,
+Pareto fronts), ``hardware`` (profiles), ``train`` (L2S and split training). This package
+re-exports them all, so ``from edgesplit.report.plots import plot_pareto`` keeps working."""
+
+from edgesplit.report.plots._figure import DPI, short_layer_name
+from edgesplit.report.plots.hardware import plot_profile
+from edgesplit.report.plots.plan import (
+    auto_distortion,
+    plot_assignment,
+    plot_cut_breakdown,
+    plot_link_sweep,
+    plot_pareto,
+)
+from edgesplit.report.plots.train import plot_l2s, plot_l2s_curves, plot_train_split
+
+__all__ = [
+    "DPI",
+    "auto_distortion",
+    "plot_assignment",
+    "plot_cut_breakdown",
+    "plot_l2s",
+    "plot_l2s_curves",
+    "plot_link_sweep",
+    "plot_pareto",
+    "plot_profile",
+    "plot_train_split",
+    "short_layer_name",
+]
