@@ -15,3 +15,18 @@ def test_option_is_a_flag_under_the_cli():
         assert option("max_bytes", "2MiB") == "--max-bytes 2MiB"
         assert option("split_after", "conv1", flag="--split-after") == "--split-after conv1"
     assert option("eval_data") == "eval_data"  # the style ends with the block
+
+
+def test_library_messages_name_settings_in_the_callers_style():
+    import pytest
+
+    from edgesplit.errors import ConfigError
+    from edgesplit.graph import capture
+    from edgesplit.train.simulator import BandwidthTrace
+
+    with pytest.raises(ConfigError, match=r"needs both drop_at and drop_to"):
+        BandwidthTrace(100.0, drop_at=3)
+    with cli_options(), pytest.raises(ConfigError, match=r"--restore-at needs a drop \(--drop-at"):
+        BandwidthTrace(100.0, restore_at=3)
+    with pytest.raises(ConfigError, match=r"^input_shape does not apply to a saved program"):
+        capture("model.pt2", input_shape=(1, 3, 8, 8))

@@ -7,8 +7,15 @@ import pytest
 from conftest import captured
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import get_device
-from edgesplit.train.simulator import (BandwidthTrace, CutCost, FixedPolicy, OraclePolicy,
-                                       edge_ms, simulate, training_costs)
+from edgesplit.train.simulator import (
+    BandwidthTrace,
+    CutCost,
+    FixedPolicy,
+    OraclePolicy,
+    edge_ms,
+    simulate,
+    training_costs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,7 @@ def test_no_sync_while_the_partition_stays_put(costs):
 def test_bad_traces_say_what_is_wrong():
     with pytest.raises(ConfigError, match="positive"):
         BandwidthTrace(0.0)
-    with pytest.raises(ConfigError, match="--drop-to"):
+    with pytest.raises(ConfigError, match="drop_to"):
         BandwidthTrace(10.0, drop_at=5)
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -22,12 +23,22 @@ from torch.export import ExportedProgram
 from edgesplit.errors import CaptureError, ConfigError, option
 from edgesplit.graph.fusion import build_layer_graph
 from edgesplit.graph.ir import LayerGraph
-from edgesplit.graph.model_file import (TrustedModelFile, read_model_file, register_spec_types,
-                                        unsafe_payloads)
+from edgesplit.graph.model_file import (
+    TrustedModelFile,
+    read_model_file,
+    register_spec_types,
+    unsafe_payloads,
+)
 from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
 
-__all__ = ["capture", "export_model", "load_program", "parse_shape", "optimize_program",
-           "TrustedModelFile"]
+__all__ = [
+    "TrustedModelFile",
+    "capture",
+    "export_model",
+    "load_program",
+    "optimize_program",
+    "parse_shape",
+]
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +213,8 @@ def capture(
     strip = ""
     if isinstance(model, (str, Path)) and _looks_like_file(model):
         if input_shape is not None:
-            raise ConfigError("--input-shape does not apply to a saved program: its input shape "
-                              "was fixed when it was exported")
+            raise ConfigError(f"{option('input_shape')} does not apply to a saved program: its "
+                              "input shape was fixed when it was exported")
         ep = load_program(model, trust_model_file=trust_model_file)
         name = name or Path(model).stem
         example = _example_inputs_of(ep)
@@ -217,7 +228,8 @@ def capture(
         ep = export_model(built.module, example, name=name)
     elif isinstance(model, ExportedProgram):
         ep, name = model, name or "program"
-        example = _as_tuple(example_inputs) if example_inputs is not None else _example_inputs_of(ep)
+        example = (_as_tuple(example_inputs) if example_inputs is not None
+                   else _example_inputs_of(ep))
     elif isinstance(model, torch.nn.Module):
         name = name or type(model).__name__
         example = _as_tuple(example_inputs)

@@ -17,15 +17,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.errors import ConfigError, RemoteError
+from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.runtime.transport import TOKEN_ENV, TlsFiles
 from edgesplit.train.remote import DEFAULT_MAX_BATCH, RemoteSplitTrainer, RoundStats, SyncResult
 from edgesplit.train.split import as_chain
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from rich.progress import Progress
 
 __all__ = [
     "RUN_POLICIES",
@@ -202,7 +208,8 @@ class _progress:
     """A rich progress bar on stderr when enabled; otherwise a no-op ``advance``."""
 
     def __init__(self, enabled: bool, total: int | None) -> None:
-        self.enabled, self.total, self._bar = enabled, total, None
+        self.enabled, self.total = enabled, total
+        self._bar: Progress | None = None
 
     def __enter__(self) -> Callable[[str], None]:
         if not self.enabled:
@@ -210,15 +217,17 @@ class _progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                             MofNCompleteColumn(), console=Console(stderr=True), transient=True)
-        self._bar.__enter__()
-        task = self._bar.add_task("split training", total=self.total)
-        return lambda text: self._bar.update(task, advance=1, description=text)
+        bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                       MofNCompleteColumn(), console=Console(stderr=True), transient=True)
+        self._bar = bar
+        bar.__enter__()
+        task = bar.add_task("split training", total=self.total)
+        return lambda text: bar.update(task, advance=1, description=text)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._bar is not None:
-            self._bar.__exit__(*exc)
+            self._bar.__exit__(kind, exc, tb)
 
 
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
@@ -278,7 +287,8 @@ class TrainSplitConfig:
         if self.sync not in ("fws", "periodic"):
             raise ConfigError(f"unknown sync {self.sync!r}: choose fws or periodic")
         if self.policy == "fixed" and self.cut is None:
-            raise ConfigError("the fixed policy needs --cut (chain elements on the device - 1)")
+            raise ConfigError(f"the fixed policy needs {option('cut')} (chain elements on the "
+                              "device - 1)")
         if self.epochs < 1 or self.batch_size < 1 or self.device_slowdown < 1:
             raise ConfigError("need epochs >= 1, batch size >= 1 and device slowdown >= 1")
         from edgesplit.train.simulator import BandwidthTrace
@@ -368,11 +378,15 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
     chain = as_chain(model)
     cuts, privacy = _domain(config, len(chain))
     if config.policy == "fixed" and config.cut not in cuts:
-        raise ConfigError(f"--cut {config.cut} is outside the allowed cuts {cuts} (privacy)")
+        raise ConfigError(f"{option('cut', config.cut)} is outside the allowed cuts {cuts} "
+                          "(privacy)")
     x0, y0 = batches(0)[0]
     device_ms = profile_device_ms(chain, x0, y0, cuts, slowdown=config.device_slowdown)
     features = _features(model, x0, cuts)
-    policy = _make_policy(config, features, device_ms) or FixedCutPolicy(cuts.index(config.cut))
+    policy = _make_policy(config, features, device_ms)
+    if policy is None:  # fixed: TrainSplitConfig requires its cut, checked against cuts above
+        assert config.cut is not None
+        policy = FixedCutPolicy(cuts.index(config.cut))
     trace = config.trace()
     with RemoteSplitTrainer(model, address, lr=config.lr, momentum=config.momentum,
                             seed=config.seed, token=token, tls=tls, take_over=take_over,
@@ -390,7 +404,7 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
         doc["adaptations"], doc["settled"] = [], []
     else:
         doc["adaptations"] = [{"round": t, "reason": r}
-                              for t, r in zip(policy.adaptations, policy.reasons)]
+                              for t, r in zip(policy.adaptations, policy.reasons, strict=True)]
         doc["settled"] = [{"round": t, "cut": cuts[arm]} for t, arm in policy.settled]
     if config.baseline:
         reference = train_unsplit(untrained_model(config.model, config.seed), batches,
@@ -419,13 +433,15 @@ def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
         env[TOKEN_ENV] = token
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both are pipes (PIPE above)
     try:
-        ready = select.select([proc.stdout], [], [], timeout_s)[0]
-        line = proc.stdout.readline() if ready else ""
+        ready = select.select([stdout], [], [], timeout_s)[0]
+        line = stdout.readline() if ready else ""
         if not line.startswith("listening on "):
             proc.kill()
             raise RemoteError(f"the local training server did not start: "
-                              f"{(line + proc.stderr.read()).strip()[-500:] or 'no output'}")
+                              f"{(line + stderr.read()).strip()[-500:] or 'no output'}")
         yield line.split()[2]
     finally:
         proc.terminate()

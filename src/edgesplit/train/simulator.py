@@ -16,17 +16,27 @@ Oracle is the exception: it is told the expected delays.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 from edgesplit.graph import LayerGraph
 from edgesplit.hardware import Device, LayerWork, estimator_for
 
-__all__ = ["CutCost", "BandwidthTrace", "training_costs", "Policy", "FixedPolicy",
-           "OraclePolicy", "RoundLog", "simulate", "BACKWARD_FACTOR"]
+__all__ = [
+    "BACKWARD_FACTOR",
+    "BandwidthTrace",
+    "CutCost",
+    "FixedPolicy",
+    "OraclePolicy",
+    "Policy",
+    "RoundLog",
+    "simulate",
+    "training_costs",
+]
 
 BACKWARD_FACTOR = 2.0  # backward ~ 2x forward MACs; forward + backward = 3x forward
 
@@ -59,14 +69,16 @@ class BandwidthTrace:
         if self.mbps <= 0 or (self.drop_to is not None and self.drop_to <= 0):
             raise ConfigError("bandwidths must be positive (Mbps)")
         if (self.drop_at is None) != (self.drop_to is None):
-            raise ConfigError("a bandwidth drop needs both --drop-at and --drop-to")
+            raise ConfigError(f"a bandwidth drop needs both {option('drop_at')} and "
+                              f"{option('drop_to')}")
         if self.restore_at is not None and (self.drop_at is None or
                                             self.restore_at <= self.drop_at):
-            raise ConfigError("--restore-at needs a drop (--drop-at, --drop-to) before it")
+            raise ConfigError(f"{option('restore_at')} needs a drop ({option('drop_at')}, "
+                              f"{option('drop_to')}) before it")
 
     def at(self, t: int) -> float:
-        if self.drop_at is None or t < self.drop_at:
-            return self.mbps
+        if self.drop_at is None or self.drop_to is None or t < self.drop_at:
+            return self.mbps  # (__post_init__ makes drop_at and drop_to come together)
         if self.restore_at is not None and t >= self.restore_at:
             return self.mbps
         return self.drop_to
@@ -212,7 +224,7 @@ def simulate(costs: Sequence[CutCost], trace: BandwidthTrace, policy: Policy, ro
         if observe is not None:
             observe(t, d_dev + d_edge)
         due = getattr(policy, "sync_due", False)
-        if state is not None and (t % sync_every == 0 or due):
+        if state is not None and sync_every is not None and (t % sync_every == 0 or due):
             both = 2 * _layer_bytes(cost, state.lo, state.hi)
             settled = getattr(policy, "next_partition", None) if due else None
             anchor = cost.split
