@@ -42,7 +42,8 @@ class Registry(Generic[T]):
 
     def register(self, name: str, entry: T | None = None, *,
                  replace: bool = False) -> T | Callable[[T], T]:
-        """Add ``entry`` under ``name``; without ``entry``, return a decorator that adds its target."""
+        """Add ``entry`` under ``name``; without ``entry``, return a decorator that adds its
+        target."""
         if entry is None:
             return lambda target: self._add(name, target, replace)
         return self._add(name, entry, replace)

@@ -11,9 +11,10 @@ the outputs to the float model's outputs on the same inputs (e.g. sentence embed
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -21,8 +22,14 @@ import torch
 from edgesplit.errors import ConfigError
 from edgesplit.registry import Registry
 
-__all__ = ["EvalData", "register_dataset", "load_dataset", "list_datasets", "load_eval_data",
-           "dataset_model"]
+__all__ = [
+    "EvalData",
+    "dataset_model",
+    "list_datasets",
+    "load_dataset",
+    "load_eval_data",
+    "register_dataset",
+]
 
 Metric = Literal["top1", "cosine"]
 
@@ -54,11 +61,11 @@ class EvalData:
     def __len__(self) -> int:
         return int(self.inputs[0].shape[0])
 
-    def subset(self, index: slice | torch.Tensor, name: str | None = None) -> "EvalData":
+    def subset(self, index: slice | torch.Tensor, name: str | None = None) -> EvalData:
         return EvalData(name or self.name, tuple(t[index] for t in self.inputs),
                         None if self.labels is None else self.labels[index], self.description)
 
-    def split(self, calibration: int) -> tuple["EvalData", "EvalData"]:
+    def split(self, calibration: int) -> tuple[EvalData, EvalData]:
         """The first ``calibration`` samples (to calibrate ranges) and the held-out rest."""
         if not 0 < calibration < len(self):
             raise ConfigError(f"cannot take {calibration} calibration samples out of "

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from edgesplit.data import EvalData, register_dataset
 
-__all__ = ["digits_arrays", "TRAIN_SAMPLES", "IMAGE_SIZE"]
+__all__ = ["IMAGE_SIZE", "TRAIN_SAMPLES", "digits_arrays"]
 
 TRAIN_SAMPLES = 1197
 IMAGE_SIZE = 32

@@ -11,9 +11,10 @@ set of layers maps back to a sub-program of ``LayerGraph.program``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
@@ -26,8 +27,15 @@ if TYPE_CHECKING:
     from edgesplit.graph.cuts import Cut
     from edgesplit.graph.memory import MemoryReport
 
-__all__ = ["INPUT", "OUTPUT", "TensorInfo", "Layer", "LayerGraph", "OutputLeaf",
-           "SCHEMA_VERSION"]
+__all__ = [
+    "INPUT",
+    "OUTPUT",
+    "SCHEMA_VERSION",
+    "Layer",
+    "LayerGraph",
+    "OutputLeaf",
+    "TensorInfo",
+]
 
 INPUT = "input"  # producer of the model's inputs
 OUTPUT = "output"  # consumer of the model's outputs
@@ -101,8 +109,8 @@ class LayerGraph:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     optimized: bool
-    program: "GraphModule | None" = field(default=None, repr=False, compare=False)
-    example_inputs: "tuple[torch.Tensor, ...]" = field(default=(), repr=False, compare=False)
+    program: GraphModule | None = field(default=None, repr=False, compare=False)
+    example_inputs: tuple[torch.Tensor, ...] = field(default=(), repr=False, compare=False)
     # Weights, buffers and folded constants by attribute name: layers may share them (tied
     # embeddings), so memory queries take the union over a set of layers.
     attribute_numel: dict[str, int] = field(default_factory=dict, repr=False)
@@ -172,10 +180,10 @@ class LayerGraph:
         succ.discard(OUTPUT)
         return sorted(succ, key=self.index_of)
 
-    def to_networkx(self) -> nx.DiGraph:
+    def to_networkx(self) -> nx.DiGraph[str]:
         """Layer-level DAG with ``input``/``output`` terminals; edges carry ``tensor``/``bytes``
         (several tensors between the same pair of layers are summed)."""
-        g = nx.DiGraph()
+        g: nx.DiGraph[str] = nx.DiGraph()
         g.add_node(INPUT)
         g.add_nodes_from(layer.name for layer in self.layers)
         g.add_node(OUTPUT)
@@ -214,7 +222,7 @@ class LayerGraph:
         return edge
 
     # ---- outputs ---------------------------------------------------------------------------
-    def flat_outputs(self, result: Any) -> "tuple[torch.Tensor, ...]":
+    def flat_outputs(self, result: Any) -> tuple[torch.Tensor, ...]:
         """``program``'s result, structured as the model returns it, as the tensors named by
         :attr:`outputs`, in that order (what the runtime sends and compares)."""
         if not self.output_leaves:
@@ -229,7 +237,7 @@ class LayerGraph:
                 by_name.setdefault(leaf.value, value)
         return tuple(by_name[t] for t in self.outputs)
 
-    def structured_outputs(self, outputs: "Sequence[torch.Tensor]") -> Any:
+    def structured_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The model's own output (dict, tuple, nested, with its None and constant leaves)
         rebuilt from the tensors of :attr:`outputs`, e.g. what a split run returned."""
         if len(outputs) != len(self.outputs):
@@ -267,17 +275,17 @@ class LayerGraph:
         return sum(t.bytes for t in self.crossing_tensors(edge_layers,
                                                           include_outputs=include_outputs))
 
-    def cuts(self) -> "list[Cut]":
+    def cuts(self) -> list[Cut]:
         from edgesplit.graph.cuts import topological_cuts
 
         return topological_cuts(self)
 
-    def single_tensor_cuts(self) -> "list[Cut]":
+    def single_tensor_cuts(self) -> list[Cut]:
         return [cut for cut in self.cuts() if len(cut.tensors) == 1]
 
     def peak_memory(self, edge_layers: Iterable[str], *,
                     tensor_bytes: Mapping[str, int] | None = None,
-                    attribute_bytes: Mapping[str, int] | None = None) -> "MemoryReport":
+                    attribute_bytes: Mapping[str, int] | None = None) -> MemoryReport:
         from edgesplit.graph.memory import peak_memory
 
         return peak_memory(self, edge_layers, tensor_bytes=tensor_bytes,

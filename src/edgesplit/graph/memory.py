@@ -3,10 +3,10 @@
 The schedule is the graph's topological order restricted to the edge layers (AUTO-SPLIT eq. 3
 and Fig. 4; SplitNets PeakMem). While layer k runs, live activations are its inputs and outputs
 and every tensor produced earlier that a later edge layer still reads, or that must be sent off
-the edge (kept until the edge part finishes and its outputs are transmitted). A raw input that no edge layer reads
-is held only until it is sent, before the first edge layer runs (so an empty edge part still
-needs room for the input). Weights are the union of the attributes the edge layers read, so
-tied weights count once.
+the edge (kept until the edge part finishes and its outputs are transmitted). A raw input that
+no edge layer reads is held only until it is sent, before the first edge layer runs (so an
+empty edge part still needs room for the input). Weights are the union of the attributes the
+edge layers read, so tied weights count once.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def peak_memory(graph: LayerGraph, edge_layers: Iterable[str], *,
         running += deltas[k]
         if running > peak:
             peak, peak_step = running, k
-    live = tuple(t for t, (s, e) in intervals.items() if peak_step is not None and s <= peak_step <= e)
+    live = tuple(t for t, (s, e) in intervals.items()
+                 if peak_step is not None and s <= peak_step <= e)
 
     weights = dict(graph.attribute_bytes)
     weights.update(attribute_bytes or {})

@@ -32,7 +32,7 @@ import torch
 
 from edgesplit.errors import CaptureError, option
 
-__all__ = ["TrustedModelFile", "unsafe_payloads", "read_model_file", "register_spec_types"]
+__all__ = ["TrustedModelFile", "read_model_file", "register_spec_types", "unsafe_payloads"]
 
 # Packages whose output types (transformers' ModelOutput classes) edgesplit imports on its own
 # to rebuild a saved program's output structure; other packages only for a trusted file.
@@ -95,7 +95,8 @@ def register_spec_types(data: bytes, path: str, *, trusted: bool) -> None:
         if not (trusted or module.split(".")[0] in _KNOWN_PACKAGES):
             raise CaptureError(f"model file {path!r} returns or takes values of type {name}; "
                                f"to rebuild them edgesplit would import {module!r}, which runs "
-                               f"its code: pass {option('trust_model_file', True)} if you trust the file")
+                               f"its code: pass {option('trust_model_file', True)} if you "
+                               "trust the file")
         try:
             importlib.import_module(module)
         except ImportError as exc:

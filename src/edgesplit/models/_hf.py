@@ -45,9 +45,10 @@ def _resnet(depths: list[int], layer_type: str, hidden_sizes: list[int],
             num_classes: int) -> nn.Module:
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    cfg = ResNetConfig(
-        depths=depths, layer_type=layer_type, hidden_sizes=hidden_sizes, num_labels=num_classes
-    )
+    cfg = ResNetConfig(depths=depths, layer_type=layer_type, hidden_sizes=hidden_sizes)
+    # num_labels is a property of transformers 5 configs (it sets id2label/label2id), not a
+    # field of their typed __init__: set it afterwards, the same config as passing it as a kwarg.
+    cfg.num_labels = num_classes
     return _Logits(ResNetForImageClassification(cfg))
 
 
@@ -64,45 +65,53 @@ def resnet34(num_classes: int = 1000) -> nn.Module:
 
 
 @register_model("resnet50", input_shape=(1, 3, 224, 224), source="transformers",
-                description="ResNet-50 v1.5 (He et al. 2016), transformers ResNetForImageClassification")
+                description="ResNet-50 v1.5 (He et al. 2016), "
+                "transformers ResNetForImageClassification")
 def resnet50(num_classes: int = 1000) -> nn.Module:
     return _resnet([3, 4, 6, 3], "bottleneck", [256, 512, 1024, 2048], num_classes)
 
 
 @register_model("resnet101", input_shape=(1, 3, 224, 224), source="transformers",
-                description="ResNet-101 v1.5 (He et al. 2016), transformers ResNetForImageClassification")
+                description="ResNet-101 v1.5 (He et al. 2016), "
+                "transformers ResNetForImageClassification")
 def resnet101(num_classes: int = 1000) -> nn.Module:
     return _resnet([3, 4, 23, 3], "bottleneck", [256, 512, 1024, 2048], num_classes)
 
 
 @register_model("mobilenet_v2", input_shape=(1, 3, 224, 224), source="transformers",
-                description="MobileNetV2 1.0 (Sandler et al. 2018), transformers MobileNetV2ForImageClassification")
+                description="MobileNetV2 1.0 (Sandler et al. 2018), "
+                "transformers MobileNetV2ForImageClassification")
 def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
     # tf_padding=False gives the symmetric padding of the reference PyTorch model (no pad ops).
-    cfg = MobileNetV2Config(num_labels=num_classes, tf_padding=False)
+    cfg = MobileNetV2Config(tf_padding=False)
+    cfg.num_labels = num_classes  # a property, see _resnet
     return _Logits(MobileNetV2ForImageClassification(cfg))
 
 
 @register_model("efficientnet_b0", input_shape=(1, 3, 224, 224), source="transformers",
-                description="EfficientNet-B0 (Tan & Le 2019), transformers EfficientNetForImageClassification")
+                description="EfficientNet-B0 (Tan & Le 2019), "
+                "transformers EfficientNetForImageClassification")
 def efficientnet_b0(num_classes: int = 1000) -> nn.Module:
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
     # The config defaults describe B7; B0 is width 1.0, depth 1.0, 224 px, 1280 head channels.
     cfg = EfficientNetConfig(image_size=224, width_coefficient=1.0, depth_coefficient=1.0,
-                             hidden_dim=1280, dropout_rate=0.2, num_labels=num_classes)
+                             hidden_dim=1280, dropout_rate=0.2)
+    cfg.num_labels = num_classes  # a property, see _resnet
     return _Logits(EfficientNetForImageClassification(cfg))
 
 
 @register_model("vit_tiny", input_shape=(1, 3, 224, 224), source="transformers",
-                description="ViT-Ti/16 (Touvron et al. 2021 sizes), transformers ViTForImageClassification")
+                description="ViT-Ti/16 (Touvron et al. 2021 sizes), "
+                "transformers ViTForImageClassification")
 def vit_tiny(num_classes: int = 1000) -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
-                    intermediate_size=768, image_size=224, patch_size=16, num_labels=num_classes)
+                    intermediate_size=768, image_size=224, patch_size=16)
+    cfg.num_labels = num_classes  # a property, see _resnet
     return _Logits(ViTForImageClassification(cfg))
 
 
@@ -114,36 +123,36 @@ def _bert(layers: int, hidden: int, heads: int) -> nn.Module:
     return _TokenLogits(BertModel(cfg, add_pooling_layer=False), key="last_hidden_state")
 
 
-@register_model("bert_mini", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
-                family="text", source="transformers",
+@register_model("bert_mini", input_shape=(1, 128), family="text", source="transformers",
+                make_inputs=partial(token_inputs, vocab_size=30522),
                 description="BERT-mini L=4 H=256 (Turc et al. 2019), transformers BertModel")
 def bert_mini() -> nn.Module:
     return _bert(4, 256, 4)
 
 
-@register_model("minilm", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
-                family="text", source="transformers",
+@register_model("minilm", input_shape=(1, 128), family="text", source="transformers",
+                make_inputs=partial(token_inputs, vocab_size=30522),
                 description="MiniLM-L6-H384 shape (all-MiniLM-L6-v2), transformers BertModel")
 def minilm() -> nn.Module:
     return _bert(6, 384, 12)
 
 
-@register_model("bert_base", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
-                family="text", source="transformers",
+@register_model("bert_base", input_shape=(1, 128), family="text", source="transformers",
+                make_inputs=partial(token_inputs, vocab_size=30522),
                 description="BERT-base L=12 H=768 (Devlin et al. 2019), transformers BertModel")
 def bert_base() -> nn.Module:
     return _bert(12, 768, 12)
 
 
-@register_model("bert_large", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=30522),
-                family="text", source="transformers",
+@register_model("bert_large", input_shape=(1, 128), family="text", source="transformers",
+                make_inputs=partial(token_inputs, vocab_size=30522),
                 description="BERT-large L=24 H=1024 (Devlin et al. 2019), transformers BertModel")
 def bert_large() -> nn.Module:
     return _bert(24, 1024, 16)
 
 
-@register_model("gpt2_small", input_shape=(1, 128), make_inputs=partial(token_inputs, vocab_size=50257),
-                family="text", source="transformers",
+@register_model("gpt2_small", input_shape=(1, 128), family="text", source="transformers",
+                make_inputs=partial(token_inputs, vocab_size=50257),
                 description="GPT-2 small 124M (Radford et al. 2019), transformers GPT2LMHeadModel")
 def gpt2_small() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel

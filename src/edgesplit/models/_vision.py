@@ -124,9 +124,11 @@ class VGG(nn.Module):
 class BasicConv2d(nn.Module):
     """Conv (no bias) + BN (eps 0.001) + ReLU, torchvision's GoogLeNet building block."""
 
-    def __init__(self, in_channels: int, out_channels: int, **kwargs: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, bias=False, **kwargs)
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
+                              padding=padding, bias=False)
         self.bn = nn.BatchNorm2d(out_channels, eps=0.001)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
