@@ -1,0 +1,168 @@
+"""Labelled data to train on and a held-out part to measure on: what a search (NAS) needs.
+
+``load_labelled(spec)`` takes
+
+- ``digits``: the real scikit-learn digits (1x32x32, 10 classes), split exactly as everywhere
+  else in edgesplit: the first 1,197 samples train, the 600 of the ``digits`` evaluation set
+  are held out;
+- a folder of images with one sub-folder per class (``cats/001.png``, ``dogs/xyz.jpg``), read
+  with Pillow (no torchvision), resized to one size and scaled to [-1, 1];
+- an ``.npz`` or ``.pt`` file of ``inputs`` and ``labels`` (as :func:`load_eval_data` reads
+  them: never unpickled).
+
+Folders and files are split into train and held-out parts per class (stratified) by a seeded
+permutation, so a split is reproducible and every class is on both sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgesplit.data import EvalData, load_eval_data
+from edgesplit.errors import ConfigError, option
+
+__all__ = ["IMAGE_SUFFIXES", "LabelledData", "load_image_folder", "load_labelled",
+           "stratified_split"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    """A train part and a held-out part of one labelled data set."""
+
+    name: str
+    train: EvalData
+    test: EvalData
+    classes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for part in (self.train, self.test):
+            if part.labels is None:
+                raise ConfigError(f"{self.name}: training data needs labels")
+            if len(part.inputs) != 1:
+                raise ConfigError(f"{self.name}: training data needs exactly one input tensor "
+                                  f"(images); got {len(part.inputs)}")
+        if self.train.inputs[0].shape[1:] != self.test.inputs[0].shape[1:]:
+            raise ConfigError(f"{self.name}: train and held-out samples differ in shape")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample, e.g. (1, 32, 32)."""
+        return tuple(int(s) for s in self.train.inputs[0].shape[1:])
+
+
+def stratified_split(labels: torch.Tensor, holdout: float, seed: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (train, held-out): ``holdout`` of every class held out (at least one sample),
+    each class permuted by ``seed``."""
+    if not 0 < holdout < 1:
+        raise ConfigError(f"{option('holdout', holdout)} must be a fraction between 0 and 1")
+    gen = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for cls in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == cls).flatten()
+        if len(idx) < 2:
+            raise ConfigError(f"class {cls} has {len(idx)} sample: every class needs at least "
+                              "two, one to train on and one to hold out")
+        idx = idx[torch.randperm(len(idx), generator=gen)]
+        n_test = min(len(idx) - 1, max(1, round(len(idx) * holdout)))
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return torch.cat(train).sort().values, torch.cat(test).sort().values
+
+
+def _image_files(root: Path) -> dict[str, list[Path]]:
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    found = {c.name: sorted(f for f in c.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+             for c in classes}
+    found = {name: files for name, files in found.items() if files}
+    if len(found) < 2:
+        raise ConfigError(f"image folder {str(root)!r} needs one sub-folder per class with "
+                          f"images in it ({', '.join(IMAGE_SUFFIXES)}), at least two classes; "
+                          f"found {len(found)}")
+    return found
+
+
+def _read_image(path: Path, size: tuple[int, int], grayscale: bool) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as opened:
+            image = opened.convert("L" if grayscale else "RGB")
+        if image.size != (size[1], size[0]):
+            image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        pixels = np.asarray(image, dtype=np.float32)
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        raise ConfigError(f"cannot read image {str(path)!r}: {exc}; remove it or replace it "
+                          "with a readable image") from None
+    pixels = pixels[None] if grayscale else pixels.transpose(2, 0, 1)
+    return pixels / 127.5 - 1.0
+
+
+def load_image_folder(root: str | Path, *, image_size: int | tuple[int, int] = 32,
+                      grayscale: bool = False) -> tuple[EvalData, tuple[str, ...]]:
+    """Every image under ``root/<class>/``, as (N, C, H, W) floats in [-1, 1] with class ids in
+    the sorted order of the class folder names (returned too)."""
+    path = Path(root)
+    if not path.is_dir():
+        raise ConfigError(f"image folder {str(root)!r} does not exist")
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if len(size) != 2 or min(size) < 1:
+        raise ConfigError(f"{option('image_size', image_size)} must be a positive size")
+    files = _image_files(path)
+    images, labels = [], []
+    for cls, (_, paths) in enumerate(files.items()):
+        for f in paths:
+            images.append(_read_image(f, (int(size[0]), int(size[1])), grayscale))
+            labels.append(cls)
+    data = EvalData(path.name, (torch.from_numpy(np.stack(images)),),
+                    torch.tensor(labels, dtype=torch.int64), f"images from {path}")
+    return data, tuple(files)
+
+
+def _digits() -> LabelledData:
+    from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
+
+    images, labels = digits_arrays()
+    train = EvalData("digits[train]", (images[:TRAIN_SAMPLES],), labels[:TRAIN_SAMPLES])
+    test = EvalData("digits[held-out]", (images[TRAIN_SAMPLES:],), labels[TRAIN_SAMPLES:])
+    return LabelledData("digits", train, test, tuple(str(i) for i in range(10)))
+
+
+def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
+                  image_size: int | tuple[int, int] = 32, grayscale: bool = False
+                  ) -> LabelledData:
+    """``digits``, a folder of class sub-folders of images, or an ``.npz``/``.pt`` file with
+    ``inputs`` and ``labels``, as a train part and a held-out part."""
+    if spec == "digits":
+        return _digits()
+    path = Path(spec)
+    if path.is_dir():
+        data, classes = load_image_folder(path, image_size=image_size, grayscale=grayscale)
+    elif path.suffix in (".npz", ".pt", ".pth"):
+        data = load_eval_data(spec)
+        if data.labels is None:
+            raise ConfigError(f"{spec}: training data needs 'labels' next to 'inputs'")
+        classes = tuple(str(c) for c in torch.unique(data.labels).tolist())
+        if data.labels.min() < 0 or int(data.labels.max()) >= len(classes):
+            raise ConfigError(f"{spec}: labels must be the class ids 0..{len(classes) - 1} "
+                              f"with every class present; got {classes}")
+    else:
+        raise ConfigError(f"unknown training data {spec!r}: pass 'digits', a folder with one "
+                          "sub-folder of images per class, or an .npz / .pt file of inputs and "
+                          "labels")
+    labels = data.labels
+    if labels is None:  # a folder always has labels; this narrows the type
+        raise ConfigError(f"{spec}: training data needs labels")
+    train_idx, test_idx = stratified_split(labels, holdout, seed)
+    return LabelledData(data.name, data.subset(train_idx, f"{data.name}[train]"),
+                        data.subset(test_idx, f"{data.name}[held-out]"), classes)
