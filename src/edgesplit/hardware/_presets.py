@@ -45,13 +45,13 @@ _ACCEL_EFFICIENCY = {"conv": 0.7, "dwconv": 0.08, "matmul": 0.75, "attention": 0
 
 
 def _device(**fields: object) -> Device:
-    device = Device(**fields)  # type: ignore[arg-type]
+    device = Device(**fields)
     register_device(device)
     return device
 
 
 def _link(**fields: object) -> Link:
-    link = Link(**fields)  # type: ignore[arg-type]
+    link = Link(**fields)
     register_link(link)
     return link
 

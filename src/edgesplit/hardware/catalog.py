@@ -3,19 +3,27 @@ resolution of a CLI argument that is either a preset name or a path to a YAML/TO
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from edgesplit.registry import Registry
 from edgesplit.hardware.device import Device
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.topology import Topology
+from edgesplit.registry import Registry
 
 __all__ = [
-    "register_device", "get_device", "list_devices",
-    "register_link", "get_link", "list_links",
-    "register_topology", "get_topology", "list_topologies",
-    "resolve_device", "resolve_link", "resolve_topology",
+    "get_device",
+    "get_link",
+    "get_topology",
+    "list_devices",
+    "list_links",
+    "list_topologies",
+    "register_device",
+    "register_link",
+    "register_topology",
+    "resolve_device",
+    "resolve_link",
+    "resolve_topology",
 ]
 
 _DEVICES: Registry[Callable[[], Device]] = Registry(

@@ -11,12 +11,19 @@ they do move fewer bytes, which the memory term of the roofline sees.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["AnalyticalCompute", "MeasuredCompute", "Device", "DEVICE_KINDS", "OP_CLASSES"]
+__all__ = ["DEVICE_KINDS", "OP_CLASSES", "AnalyticalCompute", "Device", "MeasuredCompute"]
 
 DEVICE_KINDS = ("cpu", "gpu", "npu", "accelerator", "soc", "mcu")
 # Op classes the efficiency table and the regression estimator distinguish (see graph.ops).
@@ -46,7 +53,7 @@ class AnalyticalCompute(BaseModel):
         0.0, description="fixed cost per layer (kernel launch, dispatch)")
 
     @model_validator(mode="after")
-    def _known_classes(self) -> "AnalyticalCompute":
+    def _known_classes(self) -> AnalyticalCompute:
         unknown = sorted(set(self.efficiency) - set(OP_CLASSES))
         if unknown:
             raise ValueError(f"unknown op class(es) {unknown} in efficiency; known: "
@@ -77,7 +84,7 @@ class Device(BaseModel):
 
     name: str = Field(min_length=1)
     kind: Literal["cpu", "gpu", "npu", "accelerator", "soc", "mcu"]
-    compute: Union[AnalyticalCompute, MeasuredCompute] = Field(discriminator="model")
+    compute: AnalyticalCompute | MeasuredCompute = Field(discriminator="model")
     memory_bytes: PositiveInt | None = Field(
         None, description="memory available to run a model (off-chip DRAM); None = unbounded")
     on_chip_memory_bytes: PositiveInt | None = Field(None, description="on-chip SRAM/buffer")
@@ -95,7 +102,7 @@ class Device(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _bits_sorted(self) -> "Device":
+    def _bits_sorted(self) -> Device:
         if any(b > 32 for b in self.supported_bits):
             raise ValueError("supported_bits must be at most 32")
         return self

@@ -15,12 +15,12 @@ from typing import Any
 import yaml
 
 from edgesplit.errors import ConfigError
-from edgesplit.validation import build
 from edgesplit.hardware.device import Device
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.topology import Topology
+from edgesplit.validation import build
 
-__all__ = ["read_config", "load_device", "load_link", "load_topology"]
+__all__ = ["load_device", "load_link", "load_topology", "read_config"]
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

@@ -10,25 +10,36 @@ faster than it is). Timing: ``warmup`` passes, then ``repeats`` timed ones; we k
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import platform
 import statistics
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, GraphError
 from edgesplit.graph import LayerGraph
 from edgesplit.graph.partition import Partition, copy_layer, extract_partition, record_tensors
 from edgesplit.hardware.work import LayerWork
 
-__all__ = ["PROFILE_VERSION", "time_call", "profile_graph", "save_profile", "load_profile",
-           "machine_info", "onnx_available", "works_and_latencies", "prefix_partitions",
-           "measure_partitions"]
+__all__ = [
+    "PROFILE_VERSION",
+    "load_profile",
+    "machine_info",
+    "measure_partitions",
+    "onnx_available",
+    "prefix_partitions",
+    "profile_graph",
+    "save_profile",
+    "time_call",
+    "works_and_latencies",
+]
 
 PROFILE_VERSION = 1
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -56,7 +67,8 @@ def time_call(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20) -> d
 
 
 def machine_info() -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+    return {"platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(), "torch": torch.__version__,
             "threads": torch.get_num_threads()}
 
@@ -68,8 +80,9 @@ def _onnx_session(part: Partition, args: tuple[torch.Tensor, ...]):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # The TorchScript exporter takes milliseconds per layer; the dynamo one about a second.
-        torch.onnx.export(part.module, args, buffer, dynamo=False,
-                          input_names=[f"in{i}" for i in range(len(args))])
+        # torch annotates f as a path, but this exporter also writes to a binary file object.
+        torch.onnx.export(part.module, args, buffer,  # type: ignore[arg-type]  # a BytesIO
+                          dynamo=False, input_names=[f"in{i}" for i in range(len(args))])
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.log_severity_level = 3
@@ -113,11 +126,12 @@ class _Clock:
         self.stamps[index] = time.perf_counter_ns()
 
 
-def _ticked_program(graph: LayerGraph, clock: _Clock) -> torch.fx.GraphModule:
-    """The whole program re-emitted layer by layer (layers are convex and topologically ordered,
-    so this is a valid order) with a clock tick after each layer: per-layer times inside one
-    real forward pass, at the cost of one Python call per layer (as torchprof does with hooks)."""
-    program = graph.program
+def _ticked_program(graph: LayerGraph, program: torch.fx.GraphModule,
+                    clock: _Clock) -> torch.fx.GraphModule:
+    """The whole ``program`` of ``graph`` re-emitted layer by layer (layers are convex and
+    topologically ordered, so this is a valid order) with a clock tick after each layer:
+    per-layer times inside one real forward pass, at the cost of one Python call per layer (as
+    torchprof does with hooks)."""
     fx_nodes = {n.name: n for n in program.graph.nodes}
     new = torch.fx.Graph()
     env: dict = {}
@@ -137,19 +151,22 @@ def _eager_in_context(graph: LayerGraph, warmup: int, repeats: int,
                       progress: Progress | None) -> tuple[list[dict], dict]:
     """Per-layer times from the ticked program and whole-model times of the plain program,
     interleaved run by run so both see the same machine conditions."""
+    program = graph.program
+    if program is None:
+        raise GraphError("this LayerGraph has no program to profile (capture it again)")
     clock = _Clock(len(graph.layers))
-    ticked = _ticked_program(graph, clock)
+    ticked = _ticked_program(graph, program, clock)
     args = tuple(graph.example_inputs)
     samples: list[list[float]] = [[] for _ in graph.layers]
     whole: list[float] = []
     for run in range(warmup + repeats):
         start = time.perf_counter_ns()
-        graph.program(*args)
+        program(*args)
         elapsed = (time.perf_counter_ns() - start) / 1e6
         ticked(*args)
         if run >= warmup:
             whole.append(elapsed)
-            for i, (a, b) in enumerate(zip(clock.stamps, clock.stamps[1:])):
+            for i, (a, b) in enumerate(itertools.pairwise(clock.stamps)):
                 samples[i].append((b - a) / 1e6)
         if progress:
             progress("timing PyTorch eager", run + 1, warmup + repeats)
@@ -158,7 +175,7 @@ def _eager_in_context(graph: LayerGraph, warmup: int, repeats: int,
 
 def _onnx_steps(parts: list[Partition], values: dict, progress: Progress | None = None
                 ) -> list[Callable[[dict], None]] | None:
-    steps = []
+    steps: list[Callable[[dict], None]] = []
     for i, part in enumerate(parts):
         if progress:
             progress("exporting to ONNX", i + 1, len(parts))
@@ -186,7 +203,7 @@ def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx
     with torch.inference_mode():
         eager, whole_eager = _eager_in_context(graph, warmup, repeats, progress)
         whole = {"eager_ms": whole_eager, "onnx_ms": None}
-        onnx_rows: list[dict[str, float] | None] = [None] * len(graph.layers)
+        onnx_rows: Sequence[dict[str, float] | None] = [None] * len(graph.layers)
         if onnx:
             parts = [extract_partition(graph, [layer.name]) for layer in graph.layers]
             steps = _onnx_steps(parts, values, progress)
@@ -250,7 +267,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def works_and_latencies(profile: dict[str, Any], backend: str = "eager"
+def works_and_latencies(profile: Mapping[str, Any], backend: str = "eager"
                         ) -> tuple[list[LayerWork], list[float]]:
     """Training data for :class:`RegressionEstimator` from a profile."""
     fields = LayerWork.__dataclass_fields__

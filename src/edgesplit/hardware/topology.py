@@ -5,7 +5,7 @@ towards the sink (the cloud, an aggregator). Helpers build the shapes the papers
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from edgesplit.hardware.device import Device
 from edgesplit.hardware.link import Link
 
-__all__ = ["TopologyLink", "Topology", "chain", "mesh", "star"]
+__all__ = ["Topology", "TopologyLink", "chain", "mesh", "star"]
 
 
 class TopologyLink(BaseModel):
@@ -36,7 +36,7 @@ class Topology(BaseModel):
     source: str = ""
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Topology":
+    def _consistent(self) -> Topology:
         names = [d.name for d in self.devices]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -54,9 +54,9 @@ class Topology(BaseModel):
             raise ValueError("every device must be linked to the others")
         return self
 
-    def graph(self) -> nx.DiGraph:
+    def graph(self) -> nx.DiGraph[str]:
         """Devices as nodes (``device`` attribute), links as edges (``link`` attribute)."""
-        g = nx.DiGraph()
+        g: nx.DiGraph[str] = nx.DiGraph()
         for device in self.devices:
             g.add_node(device.name, device=device)
         for tl in self.links:

@@ -3,19 +3,23 @@ on (whole models and partitions measured as one piece), as MAPE and worst case."
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from edgesplit.graph import LayerGraph
 from edgesplit.hardware.device import Device
-from edgesplit.hardware.estimators import (LatencyEstimator, ProfileEstimator,
-                                           RegressionEstimator, RooflineEstimator)
-from edgesplit.hardware.profile import (measure_partitions, prefix_partitions,
-                                        works_and_latencies)
+from edgesplit.hardware.estimators import (
+    LatencyEstimator,
+    ProfileEstimator,
+    RegressionEstimator,
+    RooflineEstimator,
+)
+from edgesplit.hardware.profile import measure_partitions, prefix_partitions, works_and_latencies
 from edgesplit.hardware.work import LayerWork
 
-__all__ = ["error_stats", "validate_estimators", "default_estimators"]
+__all__ = ["default_estimators", "error_stats", "validate_estimators"]
 
 
 def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
@@ -23,7 +27,7 @@ def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[s
     p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
     errors = np.abs(p - m) / m * 100
     return {"mape_pct": float(errors.mean()), "worst_pct": float(errors.max()),
-            "count": int(len(errors))}
+            "count": len(errors)}
 
 
 def default_estimators(profile: Mapping[str, Any], device: Device,

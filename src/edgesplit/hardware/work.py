@@ -34,8 +34,8 @@ class LayerWork:
         return self.weight_bytes + self.input_bytes + self.output_bytes
 
     @classmethod
-    def of(cls, graph: "LayerGraph", layer: "Layer | str", *, w_bits: int | None = None,
-           a_bits: int | None = None) -> "LayerWork":
+    def of(cls, graph: LayerGraph, layer: Layer | str, *, w_bits: int | None = None,
+           a_bits: int | None = None) -> LayerWork:
         layer = graph.layer(layer) if isinstance(layer, str) else layer
 
         def size(names: tuple[str, ...]) -> int:
