@@ -143,7 +143,8 @@ class CostTable:
         link = self.setting.link
         return Breakdown(
             edge_ms=sum(self.edge_ms[n] for n in edge),
-            transfer_ms=sum(self.up_ms[t] for t in crossing) + sum(self.down_ms[t] for t in returned),
+            transfer_ms=(sum(self.up_ms[t] for t in crossing)
+                         + sum(self.down_ms[t] for t in returned)),
             cloud_ms=sum(ms for n, ms in self.cloud_ms.items() if n not in edge),
             rtt_ms=one_way_latency_ms(link, bool(crossing)) + one_way_latency_ms(link,
                                                                                  bool(returned)),

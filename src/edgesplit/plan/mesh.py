@@ -100,7 +100,7 @@ def parallel_regions(graph: LayerGraph) -> list[Region]:
         fork_tensors = {t.name for t in graph.cuts()[p].tensors}
         if fork_tensors & set(graph.layers[q - 1].inputs):
             continue  # an identity skip straight to the join: nothing to run in parallel with it
-        undirected = nx.Graph()
+        undirected: nx.Graph[int] = nx.Graph()
         undirected.add_nodes_from(inner)
         for i in inner:
             for pred in graph.predecessors(names[i]):

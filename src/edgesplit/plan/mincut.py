@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from edgesplit.graph import INPUT, OUTPUT
@@ -70,11 +70,11 @@ def _source_side(edges: list[tuple[int, int, float | None]], n: int) -> np.ndarr
     for u, v, c in edges:
         cap = _INF if c is None else round(c * scale)
         caps[(u, v)] = min(_INF, caps.get((u, v), 0) + cap)
-    rows, cols = zip(*caps) if caps else ((), ())
-    matrix = csr_matrix((np.fromiter(caps.values(), dtype=np.int32), (rows, cols)), shape=(n, n))
+    rows, cols = zip(*caps, strict=True) if caps else ((), ())
+    matrix = csr_array((np.fromiter(caps.values(), dtype=np.int32), (rows, cols)), shape=(n, n))
     flow = maximum_flow(matrix, 0, 1).flow
     # Residual capacity: cap - flow on forward arcs, plus flow on reverse arcs.
-    residual = (matrix - flow).tocsr()
+    residual = csr_array(matrix - flow)
     residual.data[residual.data < 0] = 0
     residual.eliminate_zeros()
     reach = breadth_first_order(residual, 0, directed=True, return_predecessors=False)

@@ -3,4 +3,4 @@
 from edgesplit.report.format import human_bytes, human_count
 from edgesplit.report.tables import cuts_table, layers_table, models_table
 
-__all__ = ["human_bytes", "human_count", "cuts_table", "layers_table", "models_table"]
+__all__ = ["cuts_table", "human_bytes", "human_count", "layers_table", "models_table"]

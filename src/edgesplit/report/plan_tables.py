@@ -54,7 +54,10 @@ def _bits(plan: Plan) -> str:
     acts = sorted({layer.a_bits for layer in plan.layers if layer.a_bits is not None})
     if not ws:
         return "fp16 cloud" if plan.method == "cloud16" else "float"
-    span = lambda v: f"{v[0]}" if len(v) == 1 else f"{v[0]}-{v[-1]}"
+
+    def span(v: list[int]) -> str:
+        return f"{v[0]}" if len(v) == 1 else f"{v[0]}-{v[-1]}"
+
     return f"w{span(ws)} a{span(acts)}"
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, GraphError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
 from edgesplit.plan.model import Plan
@@ -89,9 +89,11 @@ class DeviceStep:
         args = tuple(example[t] for t in self.partition.inputs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            # the TorchScript exporter: milliseconds per layer (dynamo's takes seconds)
-            torch.onnx.export(self.partition.module, args, buffer, dynamo=False,
-                              input_names=list(self.partition.inputs),
+            # the TorchScript exporter: milliseconds per layer (dynamo's takes seconds); torch
+            # annotates f as a path, but this exporter writes to a binary file object as well
+            torch.onnx.export(self.partition.module, args,
+                              buffer,  # type: ignore[arg-type]  # a BytesIO, see above
+                              dynamo=False, input_names=list(self.partition.inputs),
                               output_names=list(self.partition.outputs))
         return buffer.getvalue()
 
@@ -240,9 +242,8 @@ class PlanProgram:
                 have |= set(step.partition.outputs)
             available |= have
             if not set(step.sends) <= have:
-                missing = sorted(set(step.sends) - have)
-                raise ConfigError(f"device {step.name!r} is to send {missing} which it does "
-                                  "not have")
+                raise ConfigError(f"device {step.name!r} is to send "
+                                  f"{sorted(set(step.sends) - have)} which it does not have")
 
     # ---- helpers used by the transport and by tests ------------------------------------------
     @property
@@ -293,6 +294,8 @@ class PlanProgram:
         """The float model on the same inputs, as the flat tensors of :attr:`outputs` (what a
         split run returns; :meth:`structured` rebuilds the model's own output from them)."""
         xs = tuple(self.input_values(inputs).values())
+        if self.graph.program is None:  # load() extracts partitions, so it has one
+            raise GraphError("this LayerGraph has no program to run (capture it again)")
         with torch.no_grad():
             out = self.graph.program(*xs)
         return self.graph.flat_outputs(out)
