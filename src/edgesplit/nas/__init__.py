@@ -1,0 +1,48 @@
+"""Shared neural-architecture-search toolkit (JMSNAS, SplitNets, AdaptiveNet build on it).
+
+- :mod:`~edgesplit.nas.ops`: the candidate ops (MBConv, identity) and their JSON-able specs;
+- :mod:`~edgesplit.nas.space`: a search space as data, and an architecture in it;
+- :mod:`~edgesplit.nas.catalog`: the registry of named spaces (``digits-mbconv``...);
+- :mod:`~edgesplit.nas.supernet`: the weight-sharing supernet and its mixed ops;
+- :mod:`~edgesplit.nas.network`: the plain network of one architecture (what gets captured);
+- :mod:`~edgesplit.nas.sampler`, :mod:`~edgesplit.nas.evolution`: random, mutated and crossed
+  architectures, and an evolutionary search with the scikit-learn contract;
+- :mod:`~edgesplit.nas.checkpoint`: a network to and from ``arch.json`` + safetensors.
+
+Experimental: the API may change while the three NAS systems are built on it.
+"""
+
+from edgesplit.nas.catalog import get_space, list_spaces, register_space
+from edgesplit.nas.ops import JMSNAS_CANDIDATES, MBConv, OpSpec, build_op, keeps_shape, legal_ops
+from edgesplit.nas.sampler import crossover, mutate, random_arch
+from edgesplit.nas.space import (
+    Arch,
+    FixedArch,
+    HeadSpec,
+    LayerSpec,
+    SearchSpace,
+    StemSpec,
+    fixed_arch,
+)
+
+__all__ = [
+    "JMSNAS_CANDIDATES",
+    "Arch",
+    "FixedArch",
+    "HeadSpec",
+    "LayerSpec",
+    "MBConv",
+    "OpSpec",
+    "SearchSpace",
+    "StemSpec",
+    "build_op",
+    "crossover",
+    "fixed_arch",
+    "get_space",
+    "keeps_shape",
+    "legal_ops",
+    "list_spaces",
+    "mutate",
+    "random_arch",
+    "register_space",
+]

@@ -1,0 +1,35 @@
+"""The registry of named search spaces: ``register_space``, ``get_space``, ``list_spaces``.
+
+Built-in spaces live in :mod:`edgesplit.nas._presets` and are imported on the first lookup.
+"""
+
+from __future__ import annotations
+
+from edgesplit.nas.space import SearchSpace
+from edgesplit.registry import Registry
+
+__all__ = ["get_space", "list_spaces", "register_space"]
+
+
+def _load_presets() -> None:
+    from edgesplit.nas import _presets  # noqa: F401  (registers on import)
+
+
+_SPACES: Registry[SearchSpace] = Registry(
+    "search space", label="Known search spaces", loader=_load_presets,
+    hint="(or build a SearchSpace and pass it directly)")
+
+
+def register_space(space: SearchSpace, *, replace: bool = False) -> SearchSpace:
+    """Register ``space`` under its name (a duplicate warns unless ``replace``)."""
+    return _SPACES.register(space.name, space, replace=replace)
+
+
+def get_space(name: str) -> SearchSpace:
+    """The space registered as ``name``; an unknown name lists the known ones."""
+    return _SPACES.get(name)
+
+
+def list_spaces() -> list[str]:
+    """Names of every registered space, sorted."""
+    return _SPACES.names()

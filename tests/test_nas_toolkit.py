@@ -1,0 +1,183 @@
+"""edgesplit.nas: candidate ops, spaces and architectures, the supernet and what it extracts,
+sampling and evolution, and saved networks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.nas import (
+    JMSNAS_CANDIDATES,
+    Arch,
+    LayerSpec,
+    MBConv,
+    OpSpec,
+    SearchSpace,
+    StemSpec,
+    crossover,
+    get_space,
+    legal_ops,
+    list_spaces,
+    mutate,
+    random_arch,
+)
+
+DIGITS = "digits-mbconv"
+
+
+@pytest.fixture(scope="module")
+def space() -> SearchSpace:
+    return get_space(DIGITS)
+
+
+# -- ops ---------------------------------------------------------------------------------------
+
+def test_jmsnas_candidates_are_the_13_of_section_iv_a():
+    names = [op.name for op in JMSNAS_CANDIDATES]
+    assert len(names) == len(set(names)) == 13
+    assert names[0] == "identity"
+    assert sorted(names[1:]) == sorted(f"mb{k}_e{e}{sc}" for k in (3, 5, 7) for e in (3, 6)
+                                       for sc in ("", "_sc"))
+    assert {(op.kernel, op.expand, op.shortcut) for op in JMSNAS_CANDIDATES[1:]} == {
+        (k, e, sc) for k in (3, 5, 7) for e in (3, 6) for sc in (False, True)}
+
+
+@pytest.mark.parametrize("op", JMSNAS_CANDIDATES, ids=str)
+def test_op_spec_round_trips_by_name_and_dict(op):
+    assert OpSpec.parse(op.name) == op
+    assert OpSpec.from_dict(json.loads(json.dumps(op.to_dict()))) == op
+
+
+@pytest.mark.parametrize("bad", ["mb4_e6", "mb3", "conv3x3", "mb3_e0", ""])
+def test_bad_op_names_are_config_errors(bad):
+    with pytest.raises(ConfigError, match=r"op name|kernel|expand"):
+        OpSpec.parse(bad)
+
+
+@pytest.mark.parametrize("op", JMSNAS_CANDIDATES, ids=str)
+def test_every_candidate_keeps_the_shape_where_the_layer_does(op):
+    x = torch.randn(2, 16, 8, 8)
+    assert op.build(16, 16, 1)(x).shape == x.shape
+
+
+@pytest.mark.parametrize("op", JMSNAS_CANDIDATES, ids=str)
+def test_shape_changing_layers_refuse_identity_and_shortcuts(op):
+    x = torch.randn(2, 16, 8, 8)
+    if op.is_identity or op.shortcut:
+        with pytest.raises(ConfigError, match="choose one of"):
+            op.build(16, 24, 2)
+    else:
+        assert op.build(16, 24, 2)(x).shape == (2, 24, 4, 4)
+        assert op.build(16, 24, 1)(x).shape == (2, 24, 8, 8)
+
+
+def test_legal_ops_at_a_downsampling_layer_are_the_six_plain_mbconvs():
+    assert [op.name for op in legal_ops(JMSNAS_CANDIDATES, 16, 16, 2)] == [
+        f"mb{k}_e{e}" for k in (3, 5, 7) for e in (3, 6)]
+    assert legal_ops(JMSNAS_CANDIDATES, 16, 16, 1) == JMSNAS_CANDIDATES
+
+
+def test_shortcut_adds_the_input_and_only_then():
+    x = torch.randn(2, 8, 6, 6)
+    for shortcut in (False, True):
+        block = MBConv(8, 8, 3, 6, 1, shortcut).eval()
+        nn.init.zeros_(block.project_bn.weight)  # the residual branch now outputs zeros
+        torch.testing.assert_close(block(x), x if shortcut else torch.zeros_like(x))
+    with pytest.raises(ConfigError, match="shortcut=False"):
+        MBConv(8, 16, 3, 6, 1, True)
+
+
+def test_expand_one_drops_the_expand_convolution():
+    assert MBConv(8, 8, 3, 1, 1, False).expand is None
+    assert isinstance(MBConv(8, 8, 3, 6, 1, False).expand, nn.Conv2d)
+
+
+# -- spaces and architectures ------------------------------------------------------------------
+
+def test_digits_space_is_registered_and_mobilenetv2_shaped(space):
+    assert DIGITS in list_spaces()
+    assert space.input_shape == (1, 32, 32) and space.num_classes == 10
+    assert 8 <= len(space.layers) <= 12
+    for i, layer in enumerate(space.layers):
+        # A stage's first layer changes the shape: the six plain MBConvs only.
+        assert len(layer.ops) == (13 if space.skippable(i) else 6)
+    assert space.in_size(len(space.layers)) == (4, 4)
+
+
+def test_unknown_space_names_the_known_ones():
+    with pytest.raises(UnknownNameError, match="digits-mbconv"):
+        get_space("digits-mbconf")
+
+
+def test_space_refuses_identity_where_the_shape_changes():
+    with pytest.raises(ConfigError, match=r"layer 1 \(8->16 ch, stride 2\) allows identity"):
+        SearchSpace("bad", (1, 8, 8), 2, StemSpec(8), (
+            LayerSpec(8, 1, JMSNAS_CANDIDATES), LayerSpec(16, 2, JMSNAS_CANDIDATES)))
+
+
+def test_space_round_trips_through_json(space):
+    data = json.loads(json.dumps(space.to_dict()))
+    assert SearchSpace.from_dict(data) == space
+    with pytest.raises(ConfigError, match="malformed"):
+        SearchSpace.from_dict({"name": "x"})
+
+
+def test_arch_round_trips_through_json(space):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        arch = random_arch(space, rng)
+        assert Arch.from_json(arch.to_json()) == arch
+        assert space.validate(Arch.from_dict(arch.to_dict())) == arch
+        assert space.arch_from_indices(space.arch_indices(arch)) == arch
+    with pytest.raises(ConfigError, match="malformed"):
+        Arch.from_json("{not json")
+
+
+def test_invalid_arch_names_the_layer_and_the_allowed_ops(space):
+    good = space.fixed_arch("mobilenetv2")
+    with pytest.raises(ConfigError, match=f"{len(space.layers)} searchable layers"):
+        space.validate(Arch(good.ops[:-1]))
+    bad = Arch((good.ops[0], OpSpec.parse("identity"), *good.ops[2:]))
+    with pytest.raises(ConfigError, match=r"layer 1 .* does not allow identity; allowed: "
+                                          r"mb3_e3, mb3_e6, mb5_e3"):
+        space.validate(bad)
+
+
+def test_fixed_archs(space):
+    largest, smallest = space.fixed_arch("largest"), space.fixed_arch("smallest")
+    reference = space.fixed_arch("mobilenetv2")
+    for i in range(len(space.layers)):
+        sc = "_sc" if space.skippable(i) else ""
+        assert largest.names[i] == f"mb7_e6{sc}"
+        assert smallest.names[i] == ("identity" if sc else "mb3_e3")
+        assert reference.names[i] == f"mb3_e6{sc}"
+    with pytest.raises(ConfigError, match="largest, smallest, mobilenetv2"):
+        space.fixed_arch("biggest")  # type: ignore[arg-type]
+
+
+# -- samplers --------------------------------------------------------------------
+
+def test_samplers_are_deterministic_for_a_seed(space):
+    def draw(seed: int) -> list[Arch]:
+        rng = np.random.default_rng(seed)
+        a, b = random_arch(space, rng), random_arch(space, rng)
+        return [a, b, mutate(space, a, rng, 0.5), crossover(space, a, b, rng)]
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_mutation_and_crossover_stay_in_the_space(space):
+    rng = np.random.default_rng(0)
+    a, b = random_arch(space, rng), random_arch(space, rng)
+    assert mutate(space, a, rng, 0.0) == a
+    changed = mutate(space, a, rng, 1.0)
+    assert all(x != y for x, y in zip(changed.ops, a.ops, strict=True))
+    for _ in range(10):
+        child = space.validate(crossover(space, a, b, rng))
+        assert all(c in (x, y) for c, x, y in zip(child.ops, a.ops, b.ops, strict=True))
