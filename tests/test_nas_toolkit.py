@@ -11,14 +11,17 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.graph import capture
 from edgesplit.nas import (
     JMSNAS_CANDIDATES,
     Arch,
     LayerSpec,
     MBConv,
+    MixedOp,
     OpSpec,
     SearchSpace,
     StemSpec,
+    Supernet,
     crossover,
     get_space,
     legal_ops,
@@ -33,6 +36,23 @@ DIGITS = "digits-mbconv"
 @pytest.fixture(scope="module")
 def space() -> SearchSpace:
     return get_space(DIGITS)
+
+
+def _randomise(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Non-trivial batch-norm statistics and affine terms, so that a wrong copy shows."""
+    g = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            shape = m.running_mean.shape
+            m.running_mean.copy_(torch.randn(shape, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(shape, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(shape, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(shape, generator=g) * 0.1)
+    return module
+
+
+def _inputs(n: int = 2, seed: int = 0) -> torch.Tensor:
+    return torch.rand(n, 1, 32, 32, generator=torch.Generator().manual_seed(seed)) * 2 - 1
 
 
 # -- ops ---------------------------------------------------------------------------------------
@@ -181,3 +201,79 @@ def test_mutation_and_crossover_stay_in_the_space(space):
     for _ in range(10):
         child = space.validate(crossover(space, a, b, rng))
         assert all(c in (x, y) for c, x, y in zip(child.ops, a.ops, b.ops, strict=True))
+
+
+# -- supernet and extracted networks -----------------------------------------------------------
+
+def _archs(space: SearchSpace, count: int) -> list[Arch]:
+    rng = np.random.default_rng(1)
+    fixed = [space.fixed_arch(k) for k in ("largest", "smallest", "mobilenetv2")]
+    return fixed + [random_arch(space, rng) for _ in range(count)]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_extracted_network_equals_the_supernet_path(space, channels_last):
+    torch.manual_seed(0)
+    supernet = _randomise(Supernet(space, channels_last=channels_last)).eval()
+    x = _inputs()
+    for arch in _archs(space, 5):
+        supernet.set_arch(arch)
+        assert supernet.arch == arch
+        net = supernet.extract()
+        assert not net.training
+        assert not any(isinstance(m, MixedOp | nn.Identity) for m in net.modules())
+        assert list(net.layers.keys()) == [str(i) for i, op in enumerate(arch.ops)
+                                           if not op.is_identity]
+        with torch.no_grad():
+            torch.testing.assert_close(net(x), supernet(x))
+
+
+def test_extract_does_not_draw_from_the_global_generator(space):
+    supernet = Supernet(space)
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    supernet.extract(space.fixed_arch("largest"))
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_two_gated_paths_expose_the_gate_gradient(space):
+    """The seam of JMSNAS's architecture step: one-hot gates on two paths, dL/dg from autograd."""
+    torch.manual_seed(0)
+    supernet = _randomise(Supernet(space)).eval()
+    x = _inputs()
+    arch = space.fixed_arch("mobilenetv2")
+    supernet.set_arch(arch)
+    with torch.no_grad():
+        expected = supernet(x)
+    mixed = supernet.mixed_ops[2]
+    chosen, other = mixed.active[0], (mixed.active[0] + 1) % len(mixed.specs)
+    gates = torch.tensor([1.0, 0.0], requires_grad=True)
+    mixed.set_paths((chosen, other), gates)
+    out = supernet(x)
+    torch.testing.assert_close(out, expected)  # a 0 gate leaves its path out of the output
+    out.square().sum().backward()
+    assert gates.grad is not None and gates.grad.shape == (2,) and gates.grad[1] != 0
+    with pytest.raises(ConfigError, match="call set_arch"):
+        _ = supernet.arch
+    with pytest.raises(ConfigError, match="need gates"):
+        mixed.set_paths((0, 1))
+    with pytest.raises(ConfigError, match="out of range"):
+        mixed.set_paths((len(mixed.specs),))
+
+
+def test_extracted_network_captures_and_its_program_reproduces_it(space):
+    torch.manual_seed(0)
+    supernet = _randomise(Supernet(space)).eval()
+    ops = list(space.fixed_arch("mobilenetv2").names)
+    ops[2] = "identity"  # a skipped layer leaves a gap in the names
+    net = supernet.extract(Arch.from_names(ops))
+    graph = capture(net, torch.randn(1, 1, 32, 32))
+    names = [l.name for l in graph.layers]
+    assert names[:3] == ["stem", "layers.0.expand", "layers.0.depthwise"]
+    assert names[-3:] == ["head", "pool", "classifier"]
+    assert {"layers.0.add", "layers.3.project"} <= set(names)
+    assert not any(n.startswith("layers.2.") for n in names)
+    x = _inputs(1)
+    with torch.no_grad():
+        torch.testing.assert_close(graph.program(x), net(x), rtol=1e-4, atol=1e-4)

@@ -13,6 +13,7 @@ Experimental: the API may change while the three NAS systems are built on it.
 """
 
 from edgesplit.nas.catalog import get_space, list_spaces, register_space
+from edgesplit.nas.network import ArchNet
 from edgesplit.nas.ops import JMSNAS_CANDIDATES, MBConv, OpSpec, build_op, keeps_shape, legal_ops
 from edgesplit.nas.sampler import crossover, mutate, random_arch
 from edgesplit.nas.space import (
@@ -24,17 +25,21 @@ from edgesplit.nas.space import (
     StemSpec,
     fixed_arch,
 )
+from edgesplit.nas.supernet import MixedOp, Supernet
 
 __all__ = [
     "JMSNAS_CANDIDATES",
     "Arch",
+    "ArchNet",
     "FixedArch",
     "HeadSpec",
     "LayerSpec",
     "MBConv",
+    "MixedOp",
     "OpSpec",
     "SearchSpace",
     "StemSpec",
+    "Supernet",
     "build_op",
     "crossover",
     "fixed_arch",
