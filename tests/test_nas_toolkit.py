@@ -10,11 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.errors import ConfigError, InfeasibleError, UnknownNameError
 from edgesplit.graph import capture
 from edgesplit.nas import (
     JMSNAS_CANDIDATES,
     Arch,
+    Evaluation,
+    EvolutionSearch,
+    HeadSpec,
     LayerSpec,
     MBConv,
     MixedOp,
@@ -180,7 +183,7 @@ def test_fixed_archs(space):
         space.fixed_arch("biggest")  # type: ignore[arg-type]
 
 
-# -- samplers --------------------------------------------------------------------
+# -- samplers and evolution --------------------------------------------------------------------
 
 def test_samplers_are_deterministic_for_a_seed(space):
     def draw(seed: int) -> list[Arch]:
@@ -277,3 +280,68 @@ def test_extracted_network_captures_and_its_program_reproduces_it(space):
     x = _inputs(1)
     with torch.no_grad():
         torch.testing.assert_close(graph.program(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+def _distance_to(space: SearchSpace, target: Arch):
+    def evaluate(arch: Arch) -> float:
+        return -float(sum(x != y for x, y in zip(arch.ops, target.ops, strict=True)))
+    return evaluate
+
+
+def test_evolution_finds_a_target_arch_deterministically(space):
+    target = random_arch(space, np.random.default_rng(42))
+    seen: list[int] = []
+
+    def fit() -> EvolutionSearch:
+        return EvolutionSearch(population=24, generations=15, mutation_prob=0.2, seed=0,
+                               progress=lambda g, best: seen.append(g)).fit(
+            space, _distance_to(space, target))
+
+    search = fit()
+    assert search.best_score_ >= -1  # at most one layer off, out of 80 million architectures
+    assert search.best_score_ == max(c.score for c in search.history_)
+    assert seen == list(range(16))
+    archs = [c.arch for c in search.history_]
+    assert len(archs) == len(set(archs)) <= 24 * 16  # nothing is evaluated twice
+    again = fit()
+    assert [(c.arch, c.score) for c in again.history_] == [
+        (c.arch, c.score) for c in search.history_]
+
+
+def test_evolution_keeps_metrics_and_respects_the_constraint(space):
+    def evaluate(arch: Arch) -> Evaluation:
+        return Evaluation(float(arch.depth), {"depth": arch.depth})
+
+    def shallow(arch: Arch) -> bool:
+        return arch.depth <= 5
+
+    search = EvolutionSearch(population=10, generations=3, seed=1, constraint=shallow).fit(
+        space, evaluate)
+    assert all(shallow(c.arch) for c in search.history_)
+    assert search.best_score_ == 5 and search.best_metrics_ == {"depth": 5}
+
+
+def test_evolution_terminates_when_nothing_is_feasible(space):
+    search = EvolutionSearch(population=8, generations=50, constraint=lambda arch: False)
+    with pytest.raises(InfeasibleError, match="relax the constraint"):
+        search.fit(space, lambda arch: 0.0)
+
+
+def test_evolution_stops_asking_once_a_tiny_space_is_exhausted():
+    tiny = SearchSpace("tiny", (1, 8, 8), 2, StemSpec(4), (
+        LayerSpec(4, 1, (OpSpec.parse("identity"), OpSpec.parse("mb3_e3"))),
+        LayerSpec(4, 1, (OpSpec.parse("identity"), OpSpec.parse("mb3_e3_sc")))),
+        HeadSpec())
+    calls: list[Arch] = []
+    search = EvolutionSearch(population=10, generations=5, max_attempts=20).fit(
+        tiny, lambda arch: calls.append(arch) or float(arch.depth))
+    assert len(calls) == len(set(calls)) == tiny.size == 4
+    assert search.best_score_ == 2
+
+
+@pytest.mark.parametrize("param", [dict(population=0), dict(mutation_prob=1.5),
+                                   dict(parents_fraction=0.0), dict(generations=-1)])
+def test_evolution_parameters_are_checked_by_fit(space, param):
+    search = EvolutionSearch(**param)  # the estimator contract: __init__ only stores
+    with pytest.raises(ConfigError, match=next(iter(param))):
+        search.fit(space, lambda arch: 0.0)

@@ -13,6 +13,14 @@ Experimental: the API may change while the three NAS systems are built on it.
 """
 
 from edgesplit.nas.catalog import get_space, list_spaces, register_space
+from edgesplit.nas.evolution import (
+    Candidate,
+    Constraint,
+    Evaluation,
+    Evaluator,
+    EvolutionSearch,
+    Progress,
+)
 from edgesplit.nas.network import ArchNet
 from edgesplit.nas.ops import JMSNAS_CANDIDATES, MBConv, OpSpec, build_op, keeps_shape, legal_ops
 from edgesplit.nas.sampler import crossover, mutate, random_arch
@@ -31,12 +39,18 @@ __all__ = [
     "JMSNAS_CANDIDATES",
     "Arch",
     "ArchNet",
+    "Candidate",
+    "Constraint",
+    "Evaluation",
+    "Evaluator",
+    "EvolutionSearch",
     "FixedArch",
     "HeadSpec",
     "LayerSpec",
     "MBConv",
     "MixedOp",
     "OpSpec",
+    "Progress",
     "SearchSpace",
     "StemSpec",
     "Supernet",
