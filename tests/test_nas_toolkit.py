@@ -15,6 +15,7 @@ from edgesplit.graph import capture
 from edgesplit.nas import (
     JMSNAS_CANDIDATES,
     Arch,
+    ArchNet,
     Evaluation,
     EvolutionSearch,
     HeadSpec,
@@ -29,8 +30,11 @@ from edgesplit.nas import (
     get_space,
     legal_ops,
     list_spaces,
+    load_network,
     mutate,
     random_arch,
+    read_arch,
+    save_network,
 )
 
 DIGITS = "digits-mbconv"
@@ -345,3 +349,47 @@ def test_evolution_parameters_are_checked_by_fit(space, param):
     search = EvolutionSearch(**param)  # the estimator contract: __init__ only stores
     with pytest.raises(ConfigError, match=next(iter(param))):
         search.fit(space, lambda arch: 0.0)
+
+
+# -- saved networks ----------------------------------------------------------------------------
+
+def _saved(space: SearchSpace, folder, arch: Arch | None = None) -> ArchNet:
+    torch.manual_seed(0)
+    supernet = _randomise(Supernet(space)).eval()
+    net = supernet.extract(arch or space.fixed_arch("mobilenetv2"))
+    save_network(folder, net)
+    return net
+
+
+def test_save_and_load_give_identical_outputs(space, tmp_path):
+    net = _saved(space, tmp_path)
+    doc = json.loads((tmp_path / "arch.json").read_text())
+    assert doc["space"]["name"] == DIGITS and doc["arch"] == net.arch.to_dict()
+    loaded = load_network(tmp_path)
+    assert not loaded.training and loaded.arch == net.arch
+    x = _inputs()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), net(x))
+    assert read_arch(tmp_path) == (space, net.arch)
+
+
+def test_missing_corrupt_and_mismatched_files_are_config_errors(space, tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_network(tmp_path / "nowhere")
+    _saved(space, tmp_path)
+    weights = (tmp_path / "weights.safetensors").read_bytes()
+    (tmp_path / "weights.safetensors").write_bytes(weights[:100])
+    with pytest.raises(ConfigError, match="not a readable safetensors file"):
+        load_network(tmp_path)
+    _saved(space, tmp_path / "other", space.fixed_arch("largest"))
+    (tmp_path / "weights.safetensors").write_bytes(
+        (tmp_path / "other" / "weights.safetensors").read_bytes())
+    with pytest.raises(ConfigError, match="does not match the architecture"):
+        load_network(tmp_path)
+    doc = json.loads((tmp_path / "arch.json").read_text())
+    (tmp_path / "arch.json").write_text(json.dumps({**doc, "format": "edgesplit.nas.network/9"}))
+    with pytest.raises(ConfigError, match="save the network again"):
+        load_network(tmp_path)
+    (tmp_path / "arch.json").write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_network(tmp_path)

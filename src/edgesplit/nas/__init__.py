@@ -13,6 +13,7 @@ Experimental: the API may change while the three NAS systems are built on it.
 """
 
 from edgesplit.nas.catalog import get_space, list_spaces, register_space
+from edgesplit.nas.checkpoint import load_network, read_arch, save_network
 from edgesplit.nas.evolution import (
     Candidate,
     Constraint,
@@ -61,7 +62,10 @@ __all__ = [
     "keeps_shape",
     "legal_ops",
     "list_spaces",
+    "load_network",
     "mutate",
     "random_arch",
+    "read_arch",
     "register_space",
+    "save_network",
 ]
