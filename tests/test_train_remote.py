@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import ClassVar
 
 import grpc
 import pytest
@@ -24,10 +25,23 @@ from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime.transport import TlsFiles, open_channel
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
-from edgesplit.train.remote import (RemoteSplitTrainer, TrainServer, _layer_msg,
-                                    _sleep_slowdown, train_message_bytes, untrained_model)
-from edgesplit.train.session import (FixedCutPolicy, TrainSplitConfig, epoch_batches, evaluate,
-                                     profile_device_ms, run_split_training, train_unsplit)
+from edgesplit.train.remote import (
+    RemoteSplitTrainer,
+    TrainServer,
+    _layer_msg,
+    _sleep_slowdown,
+    train_message_bytes,
+    untrained_model,
+)
+from edgesplit.train.session import (
+    FixedCutPolicy,
+    TrainSplitConfig,
+    epoch_batches,
+    evaluate,
+    profile_device_ms,
+    run_split_training,
+    train_unsplit,
+)
 from edgesplit.train.split import as_chain, tensor_bytes
 
 SEED = 0
@@ -264,6 +278,40 @@ def test_a_refused_step_changes_nothing_on_the_server(digits, serve):
         assert torch.isfinite(torch.tensor(stats.loss)) and stats.loss > 0
 
 
+class _IgnoresItsInput(torch.nn.Module):
+    """Logits that do not depend on the input (one learned bias per class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bias.expand(x.shape[0], 3)
+
+
+def test_a_cut_with_no_gradient_is_refused_and_changes_nothing():
+    """A server part whose loss does not depend on the activation has no gradient at the cut
+    to send back: the step is refused (INVALID_ARGUMENT) and undone. It used to update the
+    server's parameters and then fail with INTERNAL (encoding a None gradient)."""
+    def make() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), _IgnoresItsInput())
+
+    server = TrainServer(make, lr=0.1, seed=SEED, sample_shape=(4,))
+    try:
+        x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+        torch.manual_seed(SEED)  # the same initial weights as the server's (see TrainServer)
+        with RemoteSplitTrainer(make(), server.loopback_channel(), lr=0.1,
+                                seed=SEED) as trainer:
+            before = _server_state(server)
+            with pytest.raises(RemoteError, match=r"INVALID_ARGUMENT: .*cut 0 do not depend on "
+                                                  "the activation"):
+                trainer.step(x, y, 0)
+            _assert_bit_identical(before, _server_state(server))
+            trainer.step(x, y, -1)  # the whole chain on the server still trains
+    finally:
+        server.stop(0)
+
+
 def test_a_refused_sync_changes_nothing_on_the_server(digits, serve):
     """A sync whose second element does not fit (NaN, a bool tensor, int momentum, an
     unknown name, sent twice, missing, buffers of an element the server owns) is refused with
@@ -388,8 +436,8 @@ def test_one_device_at_a_time_and_an_explicit_take_over(digits, serve):
     first = RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, sync="fws")
     try:
         first.step(*batches[0], 5)
-        with pytest.raises(RemoteError, match="FAILED_PRECONDITION: the server is training "
-                                              "another session .*take_over=True"):
+        with pytest.raises(RemoteError, match=r"FAILED_PRECONDITION: the server is training "
+                                              r"another session .*take_over=True"):
             RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED)
         first.step(*batches[1], 3)  # the refused Hello reset nothing
         _assert_same_state(first.final_model(), _unsplit(batches[:2], lr=0.05))
@@ -438,7 +486,7 @@ def test_an_idle_session_expires_for_another_device(digits, serve):
         time.sleep(0.6)
         with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED) as second:
             second.step(x, y, 5)
-            with pytest.raises(RemoteError, match="has ended .expired after"):
+            with pytest.raises(RemoteError, match=r"has ended \(expired after"):
                 first.step(x, y, 5)
     finally:
         first.close()
@@ -596,7 +644,8 @@ class _InjectedDelays:
     slower than the server on a link of ``bandwidth_mbps`` (no real shaping), so that what L2S
     decides does not depend on this machine."""
 
-    DEVICE_MS = [40.0 * (c + 1) for c in range(N)]  # d_p^m: the device trains chain[0..c]
+    # d_p^m: the device trains chain[0..c]
+    DEVICE_MS: ClassVar[list[float]] = [40.0 * (c + 1) for c in range(N)]
 
     def __init__(self, trainer: RemoteSplitTrainer) -> None:
         self.trainer, self.bandwidth_mbps = trainer, None
@@ -645,7 +694,8 @@ def test_l2s_moves_the_cut_when_the_bandwidth_drops_with_injected_delays(digits,
     before = [cut for t, cut in settled.items() if t < drop_at]
     after = [cut for t, cut in settled.items() if t > drop_at]
     assert before and after and before[-1] == 0 and after[-1] > 2, (policy.settled, parts)
-    assert any(t > drop_at and r == "drift" for t, r in zip(policy.adaptations, policy.reasons))
+    assert any(t > drop_at and r == "drift"
+               for t, r in zip(policy.adaptations, policy.reasons, strict=True))
     unsplit = train_unsplit(_model(), batches, 1, 0.01, 0.9)
     _assert_same_state(split, unsplit, atol=1e-4)
 

@@ -147,9 +147,10 @@ class Planner(ABC):
 
 class EdgeSetPlanner(Planner):
     """An edge-cloud planner that decides the edge part (a down-set of layers) from one cost
-    table; ``graph_kind`` says which graph it plans on."""
+    table; ``graph_kind`` says which graph it plans on (a class default: a caller that maps
+    its own cut onto the other graph sets it on the instance, as train.decision does)."""
 
-    graph_kind: ClassVar[Literal["optimized", "raw"]] = "optimized"
+    graph_kind: Literal["optimized", "raw"] = "optimized"
 
     @abstractmethod
     def choose(self, costs: CostTable) -> frozenset[str]:

@@ -55,8 +55,9 @@ FeatureInput = Mapping[int, "np.ndarray | Sequence[float]"] | np.ndarray
 DelayInput = Mapping[int, float] | Sequence[float] | np.ndarray | None
 
 
-def _as_arm_table(features: FeatureInput) -> dict[int, np.ndarray]:
-    """Arm index -> feature row; an array's row i is partition point i."""
+def _as_arm_table(features: FeatureInput) -> dict[int, np.ndarray | Sequence[float]]:
+    """Arm index -> feature row (checked by :func:`_check_vectors`); an array's row i is
+    partition point i."""
     if isinstance(features, np.ndarray):
         if features.ndim != 2:
             raise ConfigError(
@@ -66,7 +67,7 @@ def _as_arm_table(features: FeatureInput) -> dict[int, np.ndarray]:
     if not isinstance(features, Mapping):
         raise ConfigError(f"features: expected a mapping {{p: x_p}} or a 2-D numpy array, got "
                           f"{type(features).__name__}")
-    table = {}
+    table: dict[int, np.ndarray | Sequence[float]] = {}
     for p, x in features.items():
         if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
             raise ConfigError(f"features: partition points must be ints, got {p!r}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from edgesplit.plan import EdgeCloudSetting, Plan, PlanningProblem, get_planner
+from edgesplit.plan import EdgeCloudSetting, EdgeSetPlanner, Plan, PlanningProblem, get_planner
 from edgesplit.train.chain import capturable
 from edgesplit.train.split import as_chain, graph_cut_for_chain
 
@@ -32,5 +32,6 @@ def chain_cut_plan(model: nn.Module, example_inputs: Any, setting: EdgeCloudSett
         planner = get_planner("cloud_only")
     else:
         planner = get_planner("manual", split_after=[graph.layers[cut].name])
+    assert isinstance(planner, EdgeSetPlanner)  # both plan one edge set on one graph
     planner.graph_kind = "raw"  # the graph the cut was mapped on (see the module's docstring)
     return planner.plan(problem)

@@ -25,11 +25,23 @@ from edgesplit.hardware import Device
 from edgesplit.train.bandit import LinUCB, LinUCBE
 from edgesplit.train.features import partition_features
 from edgesplit.train.modes import AdaptiveL2S, ModeConfig
-from edgesplit.train.simulator import (BandwidthTrace, CutCost, FixedPolicy, OraclePolicy,
-                                       simulate, training_costs)
+from edgesplit.train.simulator import (
+    BandwidthTrace,
+    CutCost,
+    FixedPolicy,
+    OraclePolicy,
+    simulate,
+    training_costs,
+)
 
-__all__ = ["POLICIES", "scaled_features", "compare_policies", "SIM_VERSION", "L2S_ALPHA",
-           "L2S_RIDGE"]
+__all__ = [
+    "L2S_ALPHA",
+    "L2S_RIDGE",
+    "POLICIES",
+    "SIM_VERSION",
+    "compare_policies",
+    "scaled_features",
+]
 
 SIM_VERSION = 2
 L2S_ALPHA = 0.3
@@ -80,7 +92,7 @@ def _prediction_error(log) -> list[float | None]:
     """|predicted - observed| / observed edge delay per round (L2S Fig. 10); None in rounds
     that offload nothing."""
     return [None if pred is None or obs <= 0 else abs(pred - obs) / obs
-            for pred, obs in zip(log.predicted_edge_ms, log.edge_ms)]
+            for pred, obs in zip(log.predicted_edge_ms, log.edge_ms, strict=True)]
 
 
 def compare_policies(graph: LayerGraph, device: Device, server: Device, trace: BandwidthTrace,
@@ -110,7 +122,8 @@ def compare_policies(graph: LayerGraph, device: Device, server: Device, trace: B
             out[name]["prediction_error"] = _prediction_error(log)
         if isinstance(policy, AdaptiveL2S):
             out[name]["adaptations"] = [{"round": t, "reason": r}
-                                        for t, r in zip(policy.adaptations, policy.reasons)]
+                                        for t, r in zip(policy.adaptations, policy.reasons,
+                                                        strict=True)]
             out[name]["settled"] = [{"round": t, "partition": costs[arm].split}
                                     for t, arm in policy.settled]
     return {"version": SIM_VERSION, "model": graph.model, "device": device.name,

@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
 from edgesplit.errors import ConfigError
 from edgesplit.train.bandit import LinUCBE
 
-__all__ = ["ModeConfig", "AdaptiveL2S"]
+__all__ = ["AdaptiveL2S", "ModeConfig"]
 
 
 @dataclass(frozen=True)

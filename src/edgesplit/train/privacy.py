@@ -12,7 +12,7 @@ P^c is the first cut whose divergence reaches the user's threshold.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +20,13 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, EdgesplitError
 
-__all__ = ["render_like_input", "kl_per_cut", "privacy_point", "graph_split_for_chain",
-           "analyse_privacy"]
+__all__ = [
+    "analyse_privacy",
+    "graph_split_for_chain",
+    "kl_per_cut",
+    "privacy_point",
+    "render_like_input",
+]
 
 
 def render_like_input(ir: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

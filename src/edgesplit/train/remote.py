@@ -227,13 +227,13 @@ def _read_layer(msg: pb.LayerState, module: nn.Module) -> tuple[Update, Tensors]
     buffers: Tensors = {}
     for t in msg.buffers:
         name = t.name.removeprefix(OPTIM_PREFIX)
-        own = params_own.get(name) if t.name.startswith(OPTIM_PREFIX) else buffers_own.get(name)
-        if own is None or t.name in buffers:
+        like = params_own.get(name) if t.name.startswith(OPTIM_PREFIX) else buffers_own.get(name)
+        if like is None or t.name in buffers:
             raise WireError(f"element {i} has no buffer {t.name!r} (or it was sent twice); its "
                             f"buffers are {sorted(buffers_own)}, with optimizer state "
                             f"{OPTIM_PREFIX}<parameter>")
-        buffers[t.name] = _decode_as(t.data, f"element {i} buffer {t.name!r}", own.shape,
-                                     own.dtype)
+        buffers[t.name] = _decode_as(t.data, f"element {i} buffer {t.name!r}", like.shape,
+                                     like.dtype)
     plain = {k for k in buffers if not k.startswith(OPTIM_PREFIX)}
     if plain and plain != set(buffers_own):
         raise WireError(f"element {i} has buffers {sorted(buffers_own)}, got {sorted(plain)}: "
@@ -547,7 +547,7 @@ class TrainServer(GrpcServer):
         with self.lock:
             self._require_session(req.session_id)
             loss = self._train(cut, act, y)
-        grad = encode_tensor(act.grad, 32) if needs_grad else b""
+        grad = encode_tensor(act.grad, 32) if act.grad is not None else b""  # see _train
         return pb.StepReply(round=req.round, gradient=grad, loss=loss,
                             server_ms=(time.perf_counter() - t0) * 1e3)
 
@@ -577,6 +577,9 @@ class TrainServer(GrpcServer):
             if problem is None and act.grad is not None \
                     and not bool(torch.isfinite(act.grad).all()):
                 problem = "gradient at the cut"
+            if problem is None and act.requires_grad and act.grad is None:
+                raise invalid(f"the chain elements after cut {cut} do not depend on the "
+                              "activation: there is no gradient to send back at this cut")
             if problem is not None:
                 raise invalid(f"training on this batch gave a non-finite {problem} (values "
                                "too large for float32); nothing was updated: lower the "

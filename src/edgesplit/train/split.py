@@ -79,8 +79,9 @@ def as_chain(model: nn.Module) -> list[nn.Module]:
     a model torch.fx cannot trace, or that is not one tensor in and out, raises ConfigError."""
     if isinstance(model, nn.Sequential):
         return list(model)
-    if callable(getattr(model, "layers", None)):
-        return list(model.layers())
+    layers = getattr(model, "layers", None)
+    if callable(layers):
+        return list(layers())
     return chain_from_trace(model)
 
 
@@ -162,12 +163,13 @@ class SplitTrainer:
                           ) -> tuple[torch.optim.Optimizer | None, torch.optim.Optimizer | None]:
         """Fresh optimizers for both sides, seeded with the per-parameter ``states`` (by id)."""
         result = []
-        for factory, part in zip(self._factories, (self.front, self.back)):
+        for factory, part in zip(self._factories, (self.front, self.back), strict=True):
             params = _params(part)
             opt = factory(params) if params else None  # torch rejects empty parameter lists
-            for p in params if opt is not None else ():
-                if id(p) in states:
-                    opt.state[p] = states[id(p)]
+            if opt is not None:
+                for p in params:
+                    if id(p) in states:
+                        opt.state[p] = states[id(p)]
             result.append(opt)
         return result[0], result[1]
 
