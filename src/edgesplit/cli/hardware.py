@@ -4,7 +4,6 @@ profiles."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -64,12 +63,12 @@ def topologies(
 @user_errors
 def profile(
     model: str = typer.Argument(..., help="Built-in model name or a .pt2 file."),
-    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the profile JSON."),
-    input_shape: Optional[str] = typer.Option(None, "--input-shape", "-s",
-                                              help="Input shape for built-ins."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", min=1,
-                                             help="Batch size (built-ins: replaces the first "
-                                                  "dimension of the input shape)."),
+    out_path: Path | None = typer.Option(None, "--out", "-o", help="Write the profile JSON."),
+    input_shape: str | None = typer.Option(None, "--input-shape", "-s",
+                                           help="Input shape for built-ins."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "-b", min=1,
+                                          help="Batch size (built-ins: replaces the first "
+                                               "dimension of the input shape)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed runs first."),
     repeats: int = typer.Option(20, "--repeats", min=1, help="Timed runs."),
     no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip ONNX Runtime timings."),

@@ -3,7 +3,7 @@ and cuts."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -35,17 +35,18 @@ def models_table_for(specs):  # small indirection keeps rich imports out of `--j
 @app.command()
 @user_errors
 def inspect(
-    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file (torch.export.save)."),
-    input_shape: Optional[str] = typer.Option(None, "--input-shape", "-s",
-                                              help="Input shape for built-ins, e.g. 1,3,224,224."),
+    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file "
+                                          "(torch.export.save)."),
+    input_shape: str | None = typer.Option(None, "--input-shape", "-s",
+                                           help="Input shape for built-ins, e.g. 1,3,224,224."),
     raw: bool = typer.Option(False, "--raw", help="Keep one layer per operator (no BN folding or "
                                                    "activation fusion), the graph DADS plans on."),
-    split_after: Optional[str] = typer.Option(
+    split_after: str | None = typer.Option(
         None, "--split-after", help="Layer name(s), comma-separated: show the tensors crossing "
                                     "and the edge peak memory when the edge runs these layers and "
                                     "everything they depend on."),
     cuts_only: bool = typer.Option(False, "--cuts-only", help="Only the cut-point table."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Show only the first N layers."),
+    limit: int | None = typer.Option(None, "--limit", help="Show only the first N layers."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
 ) -> None:

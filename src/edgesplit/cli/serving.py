@@ -4,12 +4,22 @@ by a client."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from edgesplit.cli._app import (BACKEND_HELP, TOKEN_FILE_HELP, TOKEN_HELP, TRUST_HELP, app,
-                                emit_json, err, load_program, out, tls_files, user_errors)
+from edgesplit.cli._app import (
+    BACKEND_HELP,
+    TOKEN_FILE_HELP,
+    TOKEN_HELP,
+    TRUST_HELP,
+    app,
+    emit_json,
+    err,
+    load_program,
+    out,
+    tls_files,
+    user_errors,
+)
 
 
 @app.command()
@@ -45,14 +55,14 @@ def serve(
                                                            "(e.g. cloud, or a middle hop)."),
     port: int = typer.Option(50051, "--port", "-p", help="Port (0: any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
-    next_hop: Optional[str] = typer.Option(None, "--next", help="HOST:PORT of the next device "
-                                                                "(middle hops of a chain)."),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
-    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
-                                                                 "trusting this CA."),
+    next_hop: str | None = typer.Option(None, "--next", help="HOST:PORT of the next device "
+                                                             "(middle hops of a chain)."),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
+                                                              "trusting this CA."),
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
@@ -83,13 +93,13 @@ def serve(
 def run(
     plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
     server: str = typer.Option(..., "--server", help="HOST:PORT of the second device's server."),
-    input_path: Optional[Path] = typer.Option(None, "--input", help=".pt/.npz of inputs "
-                                                                    "(default: the example)."),
+    input_path: Path | None = typer.Option(None, "--input", help=".pt/.npz of inputs "
+                                                                 "(default: the example)."),
     requests: int = typer.Option(1, "--requests", "-n", help="Requests per client."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients."),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),

@@ -4,12 +4,20 @@ real."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from edgesplit.cli._app import (TOKEN_FILE_HELP, TOKEN_HELP, TRUST_HELP, app, emit_json, err, out,
-                                tls_files, user_errors)
+from edgesplit.cli._app import (
+    TOKEN_FILE_HELP,
+    TOKEN_HELP,
+    TRUST_HELP,
+    app,
+    emit_json,
+    err,
+    out,
+    tls_files,
+    user_errors,
+)
 
 
 @app.command("simulate-l2s")
@@ -18,33 +26,33 @@ def simulate_l2s(
     model: str = typer.Option("alexnet", "--model", help="Built-in model name or .pt2 file."),
     bandwidth_mbps: float = typer.Option(60.0, "--bandwidth-mbps", help="Link bandwidth."),
     rounds: int = typer.Option(500, "--rounds", help="Training rounds to simulate."),
-    drop_at: Optional[int] = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
-    drop_to: Optional[float] = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
-    restore_at: Optional[int] = typer.Option(
+    drop_at: int | None = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
+    drop_to: float | None = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
+    restore_at: int | None = typer.Option(
         None, "--restore-at", help="Round where the bandwidth returns to --bandwidth-mbps."),
     device: str = typer.Option("raspberry-pi-4", "--device", help="End device preset or file."),
     server: str = typer.Option("gtx1080ti-server", "--server", help="Edge server."),
     rtt_ms: float = typer.Option(5.0, "--rtt-ms", help="Round-trip time of the link."),
-    privacy_split: Optional[int] = typer.Option(
+    privacy_split: int | None = typer.Option(
         None, "--privacy-split", help="P^c: at least this many layers stay on the device."),
-    privacy_kl: Optional[float] = typer.Option(
+    privacy_kl: float | None = typer.Option(
         None, "--privacy-kl", help="P^c from the KL privacy analysis: every cut sent must "
         "reach this divergence (pre-trained models with built-in data, e.g. digits_cnn)."),
     seed: int = typer.Option(0, "--seed"),
     noise: float = typer.Option(0.05, "--noise", help="Relative noise of each delay."),
-    alpha: Optional[float] = typer.Option(
+    alpha: float | None = typer.Option(
         None, "--alpha", help="Exploration weight, in units of the on-device delay."),
     random_reentry: float = typer.Option(
         0.0, "--random-reentry", help="r_d: chance per regular round to re-enter adaptation."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and partition per round."),
+    plot: Path | None = typer.Option(None, "--plot", help="Delay and partition per round."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
 ) -> None:
     """Simulate L2S split training (trace-driven): Oracle, FPT, PDT, LinUCB, L2S and L2S-FWS
     on the same model, devices and bandwidth trace."""
+    from edgesplit.errors import ConfigError
     from edgesplit.graph import capture
     from edgesplit.hardware import resolve_device
-    from edgesplit.errors import ConfigError
     from edgesplit.train.l2s import L2S_ALPHA, compare_policies
     from edgesplit.train.modes import ModeConfig
     from edgesplit.train.privacy import analyse_privacy
@@ -93,10 +101,10 @@ def serve_training_cmd(
     seed: int = typer.Option(0, "--seed", help="Initial weights (the device must match)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(50052, "--port", "-p", help="Port (0: any free port)."),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
     max_batch: int = typer.Option(256, "--max-batch", help="Most samples per training round "
                                                            "(sizes the message limit)."),
     session_timeout_s: float = typer.Option(
@@ -120,7 +128,7 @@ def serve_training_cmd(
 @user_errors
 def train_split_cmd(
     model: str = typer.Option("digits_cnn", "--model", help="Model to train from scratch."),
-    server: Optional[str] = typer.Option(
+    server: str | None = typer.Option(
         None, "--server", help="HOST:PORT of `edgesplit serve-training` (default: start one)."),
     epochs: int = typer.Option(8, "--epochs"),
     batch_size: int = typer.Option(32, "--batch-size"),
@@ -129,30 +137,30 @@ def train_split_cmd(
     seed: int = typer.Option(0, "--seed"),
     bandwidth_mbps: float = typer.Option(400.0, "--bandwidth-mbps", help="Emulated link."),
     rtt_ms: float = typer.Option(2.0, "--rtt-ms"),
-    drop_at: Optional[int] = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
-    drop_to: Optional[float] = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
-    restore_at: Optional[int] = typer.Option(None, "--restore-at",
-                                             help="Round where the bandwidth comes back."),
+    drop_at: int | None = typer.Option(None, "--drop-at", help="Round of a bandwidth drop."),
+    drop_to: float | None = typer.Option(None, "--drop-to", help="Bandwidth after the drop."),
+    restore_at: int | None = typer.Option(None, "--restore-at",
+                                          help="Round where the bandwidth comes back."),
     device_slowdown: float = typer.Option(
         20.0, "--device-slowdown", help="How much slower the device computes than the server."),
     policy: str = typer.Option("l2s", "--policy", help="l2s (learn the cut) or fixed."),
-    cut: Optional[int] = typer.Option(None, "--cut", help="Fixed policy: last device element."),
+    cut: int | None = typer.Option(None, "--cut", help="Fixed policy: last device element."),
     sync: str = typer.Option("fws", "--sync", help="Weight sync: fws or periodic."),
     sync_every: int = typer.Option(100, "--sync-every", help="Periodic sync interval."),
-    privacy_kl: Optional[float] = typer.Option(
+    privacy_kl: float | None = typer.Option(
         1.0, "--privacy-kl", help="P^c: every cut sent must reach this KL divergence."),
     no_privacy: bool = typer.Option(False, "--no-privacy", help="Allow every cut."),
     horizon: int = typer.Option(30, "--horizon", help="Rounds of one adaptation phase."),
     random_reentry: float = typer.Option(0.0, "--random-reentry", help="r_d per round."),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline",
                                   help="Also train unsplit, to compare accuracy."),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="Reach --server over TLS, "
-                                                                 "trusting this CA."),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --server over TLS, "
+                                                              "trusting this CA."),
     take_over: bool = typer.Option(False, "--take-over", help="End the session the server "
                                    "has open (this device's, before a crash) and start over."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Delay and cut per round."),
+    plot: Path | None = typer.Option(None, "--plot", help="Delay and cut per round."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Split training over two processes (L2S): the device trains the front layers on the
@@ -162,8 +170,12 @@ def train_split_cmd(
     from edgesplit.errors import ConfigError
     from edgesplit.runtime.transport import read_token
     from edgesplit.train.remote import DEFAULT_MAX_BATCH
-    from edgesplit.train.session import (TrainSplitConfig, local_training_server,
-                                         one_core_per_side, train_split)
+    from edgesplit.train.session import (
+        TrainSplitConfig,
+        local_training_server,
+        one_core_per_side,
+        train_split,
+    )
 
     if server is None and (tls_ca is not None or take_over):
         raise ConfigError("--tls-ca and --take-over are for a server you started (--server "
