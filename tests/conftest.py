@@ -9,7 +9,7 @@ import pytest
 from edgesplit.graph import LayerGraph, capture
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def captured(name: str, optimize: bool = True) -> LayerGraph:
     return capture(name, optimize=optimize)
 

@@ -23,15 +23,16 @@ def problems(draw):
     for name in sizes:
         scale = draw(st.floats(0.01, 100.0))
         noise = [draw(st.floats(0.5, 2.0)) for _ in BITS]
-        values = sorted((scale * 4.0 ** -b * k for b, k in zip(BITS, noise)), reverse=True)
-        distortion[name] = dict(zip(BITS, values))
+        values = sorted((scale * 4.0 ** -b * k for b, k in zip(BITS, noise, strict=True)),
+                        reverse=True)
+        distortion[name] = dict(zip(BITS, values, strict=True))
     return distortion, sizes
 
 
 def _brute(distortion, sizes, budget):
     best = None
     for choice in itertools.product(BITS, repeat=len(sizes)):
-        bits = dict(zip(sizes, choice))
+        bits = dict(zip(sizes, choice, strict=True))
         if sum(sizes[n] * bits[n] for n in sizes) <= budget:
             d = sum(distortion[n][bits[n]] for n in sizes)
             best = d if best is None else min(best, d)
@@ -84,7 +85,8 @@ def test_lagrangian_fallback_fits_and_beats_uniform(monkeypatch):
     for _ in range(200):
         sizes = {f"l{i}": rng.randint(1, 1000) for i in range(rng.randint(1, 6))}
         distortion = {n: dict(zip(BITS, sorted((rng.uniform(0.01, 100) * 4.0 ** -b
-                                                for b in BITS), reverse=True))) for n in sizes}
+                                                for b in BITS), reverse=True), strict=True))
+                      for n in sizes}
         budget = int(sum(sizes.values()) * rng.uniform(2, 8))
         result = allocate_bits(distortion, sizes, budget)
         assert result.memory_bits <= budget

@@ -211,7 +211,7 @@ def test_plan_over_a_topology_json_contract(tmp_path):
         for hop in range(src, dst):  # a tensor travels every link between its devices
             link_bytes[hop] += t["bytes"]
     transfer = sum(b * 8 / (l["bandwidth_mbps"] * 1e3) + (l["rtt_ms"] / 2 if b else 0)
-                   for b, l in zip(link_bytes, doc["topology"]["links"]))
+                   for b, l in zip(link_bytes, doc["topology"]["links"], strict=True))
     assert best["total_ms"] == pytest.approx(compute + transfer)
     assert best["total_ms"] <= doc["methods"]["sink_only"]["total_ms"]
     assert drawing.read_bytes()[:4] == b"\x89PNG"

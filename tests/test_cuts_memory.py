@@ -25,9 +25,9 @@ def _fx_crossing(graph: LayerGraph, edge: set[str]) -> set[str]:
     inside = _fx_nodes(graph, edge)
     crossing = set()
     for node in graph.program.graph.nodes:
-        if node.op == "placeholder" or node.name in inside:
-            if any(u.op == "output" or u.name not in inside for u in node.users):
-                crossing.add(node.name)
+        if (node.op == "placeholder" or node.name in inside) and \
+                any(u.op == "output" or u.name not in inside for u in node.users):
+            crossing.add(node.name)
     return crossing
 
 
@@ -52,7 +52,8 @@ def _brute_peak(graph: LayerGraph, edge: set[str]) -> tuple[int, int]:
             if node.op == "call_function" and name not in nodes:
                 continue
             start = nodes.get(name, 0)
-            readers = [nodes[u.name] for u in node.users if u.name in nodes and nodes[u.name] != start
+            readers = [nodes[u.name] for u in node.users
+                       if (u.name in nodes and nodes[u.name] != start)
                        or (u.name in nodes and node.op == "placeholder")]
             leaves = any(u.op == "output" or u.name not in nodes for u in node.users)
             if node.op == "placeholder" and not readers:
@@ -161,14 +162,15 @@ def test_edge_part_must_be_a_down_set(block):
     with pytest.raises(GraphError, match="depend on"):
         block.crossing_tensors(["expand"])
     assert block.ancestors_closure(["dw"]) == ["stem", "expand", "dw"]
-    with pytest.raises(GraphError, match="no layer named 'dww'.*Did you mean dw"):
+    with pytest.raises(GraphError, match=r"no layer named 'dww'.*Did you mean dw"):
         block.peak_memory(["dww"])
 
 
 def test_bytes_at_bits_packs_densely(block):
     tensor = block.tensors[block.layer("dw").outputs[0]]
     assert tensor.elements == 512
-    assert [tensor.bytes_at(b) for b in (1, 2, 4, 6, 8, 16, 32)] == [64, 128, 256, 384, 512, 1024, 2048]
+    assert [tensor.bytes_at(b) for b in (1, 2, 4, 6, 8, 16, 32)] == [64, 128, 256, 384, 512,
+                                                                     1024, 2048]
 
 
 def test_quantized_sizes_override_memory(block):

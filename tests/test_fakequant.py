@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
 
 from conftest import captured
 from edgesplit.graph import capture
-from edgesplit.quant.fakequant import (calibrate, distortion_table, fake_quant_program,
-                                       fake_quantize, quantize_weight)
+from edgesplit.quant.fakequant import (
+    calibrate,
+    distortion_table,
+    fake_quant_program,
+    fake_quantize,
+    quantize_weight,
+)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 6, 8])
@@ -85,8 +92,8 @@ def test_distortion_falls_with_bits(resnet18_calibrated):
     for layer in graph.layers:
         w = [table.weight[layer.name][b] for b in table.bits]
         a = [table.activation[layer.name][b] for b in table.bits]
-        assert all(x >= y - 1e-12 for x, y in zip(w, w[1:])), layer.name
-        assert all(x >= y - 1e-12 for x, y in zip(a, a[1:])), layer.name
+        assert all(x >= y - 1e-12 for x, y in itertools.pairwise(w)), layer.name
+        assert all(x >= y - 1e-12 for x, y in itertools.pairwise(a)), layer.name
     assert table.weight["classifier.1"][2] > 0
 
 

@@ -11,8 +11,12 @@ import pytest
 from edgesplit.errors import ConfigError, UnknownNameError
 from edgesplit.hardware.catalog import get_device, resolve_device, resolve_link, resolve_topology
 from edgesplit.hardware.device import AnalyticalCompute, Device
-from edgesplit.hardware.estimators import (ProfileEstimator, RegressionEstimator,
-                                           RooflineEstimator, estimator_for)
+from edgesplit.hardware.estimators import (
+    ProfileEstimator,
+    RegressionEstimator,
+    RooflineEstimator,
+    estimator_for,
+)
 from edgesplit.hardware.files import load_device, load_link, load_topology
 from edgesplit.hardware.link import Link
 from edgesplit.hardware.work import LayerWork
@@ -30,7 +34,8 @@ def _work(macs=0, flops=None, w=0, i=0, o=0, op_class="conv", bits=32) -> LayerW
 
 def test_roofline_compute_bound_by_hand():
     # 1 GMAC = 2 GOP at 25 GOP/s (FP32) = 80 ms; 1 MB at 10 GB/s = 0.1 ms
-    assert RooflineEstimator().layer_ms(_work(macs=10**9, w=10**6), _device()) == pytest.approx(80.0)
+    assert RooflineEstimator().layer_ms(_work(macs=10**9, w=10**6),
+                                        _device()) == pytest.approx(80.0)
 
 
 def test_roofline_memory_bound_by_hand():
@@ -141,7 +146,7 @@ def test_device_file_errors(tmp_path):
         load_device(broken)
     with pytest.raises(ConfigError, match="does not exist"):
         load_device(tmp_path / "nope.yaml")
-    with pytest.raises(UnknownNameError, match="unknown device 'jetson-nan'.*Did you mean"):
+    with pytest.raises(UnknownNameError, match=r"unknown device 'jetson-nan'.*Did you mean"):
         resolve_device("jetson-nan")
     with pytest.raises(UnknownNameError, match="unknown link"):
         resolve_link("6g")

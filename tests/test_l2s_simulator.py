@@ -48,7 +48,7 @@ def test_oracle_is_never_worse_than_a_fixed_partition_without_noise(costs):
     for arm in range(len(costs)):
         fixed = simulate(costs, trace, FixedPolicy(arm), 100, noise=0)
         assert all(o <= f + 1e-9 for o, f, s in zip(oracle.delays_ms, fixed.delays_ms,
-                                                    oracle.sync_bytes) if not s)
+                                                    oracle.sync_bytes, strict=True) if not s)
 
 
 def test_weight_sync_is_periodic_or_on_every_change(costs):

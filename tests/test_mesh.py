@@ -10,10 +10,22 @@ import torch
 from torch import nn
 
 from edgesplit.graph import capture
-from edgesplit.hardware import AnalyticalCompute, Device, Link, LayerWork, estimator_for, mesh
-from edgesplit.hardware import get_topology
-from edgesplit.plan.mesh import (mesh_shape, parallel_regions, plan_period_ms, solve_mesh,
-                                 solve_mesh_throughput)
+from edgesplit.hardware import (
+    AnalyticalCompute,
+    Device,
+    LayerWork,
+    Link,
+    estimator_for,
+    get_topology,
+    mesh,
+)
+from edgesplit.plan.mesh import (
+    mesh_shape,
+    parallel_regions,
+    plan_period_ms,
+    solve_mesh,
+    solve_mesh_throughput,
+)
 from edgesplit.plan.model import recompute_total
 from edgesplit.plan.multisplit import ChainCosts, evaluate_boundaries
 
@@ -25,7 +37,8 @@ class TwoHeads(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.left = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+        self.left = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding=1))
         self.right = nn.Sequential(nn.Conv2d(8, 8, 5, padding=2), nn.ReLU())
         self.head = nn.Conv2d(8, 4, 1)
 
@@ -56,14 +69,14 @@ def _by_hand(graph, topo) -> list[tuple[float, float]]:
         from edgesplit.hardware import chain
 
         path = [*shape.chain, branch, shape.aggregator]
-        costs = ChainCosts.build(graph, chain("p", [topo.device(d) for d in path],
-                                              [topo.link(a, b) for a, b in zip(path, path[1:])]))
+        links = [topo.link(a, b) for a, b in itertools.pairwise(path)]
+        costs = ChainCosts.build(graph, chain("p", [topo.device(d) for d in path], links))
         for inner in itertools.combinations_with_replacement(range(n + 1), len(path) - 1):
             found = evaluate_boundaries(costs, (0, *inner, n))
             options.append((found.total_ms, found.period_ms))
     prefix = ChainCosts.build(graph, chain("c", [topo.device(d) for d in shape.chain],
                                            [topo.link(a, b) for a, b in
-                                            zip(shape.chain, shape.chain[1:])]))
+                                            itertools.pairwise(shape.chain)]))
     ms = {d: [estimator_for(topo.device(d)).layer_ms(LayerWork.of(graph, l), topo.device(d))
               for l in graph.layers] for d in (*shape.branches, shape.aggregator)}
     for region in parallel_regions(graph):
@@ -74,7 +87,8 @@ def _by_hand(graph, topo) -> list[tuple[float, float]]:
         for choice in itertools.product(range(len(shape.branches)), repeat=len(region.components)):
             loads, stages = [], []
             for j, d in enumerate(shape.branches):
-                layers = [i for c, dev in zip(region.components, choice) if dev == j for i in c]
+                layers = [i for c, dev in zip(region.components, choice, strict=True) if dev == j
+                          for i in c]
                 if not layers:
                     loads.append(0.0)
                     continue

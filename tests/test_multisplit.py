@@ -14,9 +14,14 @@ from edgesplit.errors import InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain, get_topology
 from edgesplit.plan.model import recompute_total
-from edgesplit.plan.multisplit import (ChainCosts, chain_plan, evaluate_boundaries,
-                                       linear_search, solve_chain_latency,
-                                       solve_chain_throughput)
+from edgesplit.plan.multisplit import (
+    ChainCosts,
+    chain_plan,
+    evaluate_boundaries,
+    linear_search,
+    solve_chain_latency,
+    solve_chain_throughput,
+)
 
 
 def _all_boundaries(n: int, m: int):
@@ -47,7 +52,8 @@ def _topology(m: int):
 
 def _feasible(costs, bounds) -> bool:
     return all(lim is None or costs.range_memory(a, b) <= lim
-               for lim, (a, b) in zip(costs.memory_limits, zip(bounds[:-1], bounds[1:])))
+               for lim, (a, b) in zip(costs.memory_limits, itertools.pairwise(bounds),
+                                      strict=True))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,11 +112,12 @@ def test_jmsnas_chain_setting(model):
     n = len(graph.layers)
     cloud_only = evaluate_boundaries(costs, (0, 0, 0, 0, n))
     ue_only = evaluate_boundaries(costs, (0, n, n, n, n))
-    assert best.total_ms <= min(cloud_only.total_ms, ue_only.total_ms, linear_search(costs).total_ms)
+    assert best.total_ms <= min(cloud_only.total_ms, ue_only.total_ms,
+                                linear_search(costs).total_ms)
     plan = chain_plan(costs, best, topo, method="multisplit", source=model)
     assert [d.name for d in plan.devices] == ["ue", "sbs", "mbs", "cloud"]
     assert recompute_total(plan) == pytest.approx(plan.predicted.total_ms)
     assert sum(len(d.layers) for d in plan.devices) == n
     # a tensor crossing from device i to j is on every link between them
-    for transfer, b in zip(plan.transfers, best.boundaries[1:-1]):
+    for transfer, b in zip(plan.transfers, best.boundaries[1:-1], strict=True):
         assert transfer.bytes == graph.cuts()[b].bytes

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dag_models import SpecDAG, dag_specs, example_input
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dag_models import SpecDAG, dag_specs, example_input
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain, get_device, mesh
 from edgesplit.plan import (
@@ -129,7 +129,7 @@ def test_planners_refuse_problems_they_do_not_plan_and_unknown_options():
                                                                     _device("b", 1.0)],
                                                                [Link(name="l", bandwidth_mbps=1)]),
                               example_inputs=example_input())
-    with pytest.raises(ConfigError, match="methods for it: .*multisplit"):
+    with pytest.raises(ConfigError, match=r"methods for it: .*multisplit"):
         get_planner("qdmp").plan(problem)
     with pytest.raises(ConfigError, match="takes no option"):
         get_planner("qdmp", bits=[4])

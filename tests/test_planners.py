@@ -13,8 +13,17 @@ from dag_models import SpecDAG, dag_specs, example_input
 from edgesplit.errors import InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.hardware import AnalyticalCompute, Device, Link, get_device, get_link
-from edgesplit.plan import (CostTable, EdgeCloudSetting, PlanningProblem, best_plan,
-                            compare_methods, get_planner, load_plan, make_plan, recompute_total)
+from edgesplit.plan import (
+    CostTable,
+    EdgeCloudSetting,
+    PlanningProblem,
+    best_plan,
+    compare_methods,
+    get_planner,
+    load_plan,
+    make_plan,
+    recompute_total,
+)
 from edgesplit.plan.planners import Neurosurgeon, Qdmp
 
 FAST = Device(name="fast", kind="gpu", compute=AnalyticalCompute(
@@ -105,14 +114,14 @@ def nano_v100():
 @pytest.mark.parametrize("model", ["vgg16", "alexnet"])
 def test_slow_uplink_keeps_vgg_and_alexnet_on_the_edge(nano_v100, model):
     problem = nano_v100(model, "dads-3g")
-    method, plan = best_plan(compare_methods(problem))
+    _, plan = best_plan(compare_methods(problem))
     assert len(plan.edge_layers) >= 0.8 * len(problem.graph_of(plan.model.graph).layers)
 
 
 @pytest.mark.parametrize("model", ["vgg16", "alexnet", "resnet50"])
 def test_fast_link_sends_everything_to_the_cloud(nano_v100, model):
     gigabit = Link(name="gigabit", bandwidth_mbps=1000.0, rtt_ms=1.0, medium="wired")
-    method, plan = best_plan(compare_methods(nano_v100(model, gigabit, edge="raspberry-pi-4")))
+    _, plan = best_plan(compare_methods(nano_v100(model, gigabit, edge="raspberry-pi-4")))
     assert plan.edge_layers == []
 
 

@@ -69,8 +69,13 @@ def test_create_model_passes_options_to_the_factory():
 
 
 def test_estimator_for_follows_the_compute_model_registry():
-    from edgesplit.hardware import (ESTIMATORS, RooflineEstimator, estimator_for, get_device,
-                                    register_estimator)
+    from edgesplit.hardware import (
+        ESTIMATORS,
+        RooflineEstimator,
+        estimator_for,
+        get_device,
+        register_estimator,
+    )
 
     assert {"analytical", "measured"} <= set(ESTIMATORS.names())
     assert isinstance(estimator_for(get_device("jetson-nano")), RooflineEstimator)

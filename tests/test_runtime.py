@@ -5,9 +5,10 @@ Most tests talk to in-process servers over the loopback transport (fixture ``loc
 same servicer code without sockets). The end-to-end ones (CLI, token, retries, a killed
 server, a three-device chain, load) use real servers: each is a subprocess started with
 `python -m edgesplit.cli serve ... --port 0`; its address comes from the one
-`listening on HOST:PORT ...` line it prints. Start-up (torch import and capture) dominates this file's time, so the servers start side by side as soon as the plans
-exist, most load the model from a saved `.pt2` (half the start-up of exporting it again), and
-they are killed in the fixture's teardown, failures included; they also die with this process
+`listening on HOST:PORT ...` line it prints. Start-up (torch import and capture) dominates
+this file's time, so the servers start side by side as soon as the plans exist, most load the
+model from a saved `.pt2` (half the start-up of exporting it again), and they are killed in
+the fixture's teardown, failures included; they also die with this process
 (PR_SET_PDEATHSIG). The plans are made once, in-process, with `edgesplit plan` on digits_cnn:
 
 - ``chain``: cut after ``down1.0`` (one tensor crosses), float; the built-in model name;
@@ -490,7 +491,7 @@ def test_wrong_token_and_mismatched_plan(servers, programs, plans):
     for token in ("wrong", None):
         with ChainClient(program, server.address, token=token, shape=False,
                          timeout_s=30) as c, \
-                pytest.raises(RemoteError, match="UNAUTHENTICATED.*token"):
+                pytest.raises(RemoteError, match=r"UNAUTHENTICATED.*token"):
             c.request()
         with ChainClient(program, server.address, token=TOKEN, shape=False,
                          timeout_s=30) as c:
@@ -512,7 +513,7 @@ def test_wrong_token_and_mismatched_plan(servers, programs, plans):
 # ---- 5. streaming: one bad request in the middle fails alone --------------------------------
 def test_stream_with_bad_requests_in_the_middle(local, programs):
     program = programs["chain"]
-    xs = dict(zip(range(101, 108), _inputs(7, seed=5)))
+    xs = dict(zip(range(101, 108), _inputs(7, seed=5), strict=True))
     bad = {104: ("shape", [pb.Tensor(name="relu_1",
                                       data=encode_tensor(torch.randn(1, 32, 4, 4), 32))]),
            106: ("dtype", [_relu1(dtype=torch.float64)])}
@@ -582,7 +583,7 @@ def test_shaping_takes_the_links_time(local, programs):
           f"(min {min(transfers):.1f})")
     # a lower bound only: the shaper sleeps at least the link's time, and how much longer a
     # loaded machine takes to wake it says nothing about the shaper (no timing upper bounds)
-    assert min(t - e for t, e in zip(transfers, expected)) >= -0.5
+    assert min(t - e for t, e in zip(transfers, expected, strict=True)) >= -0.5
 
 
 # ---- 4. a killed server: a clear error, no hang; retries back off ---------------------------
@@ -594,7 +595,7 @@ def test_killed_server_gives_a_clear_error_promptly(servers, programs, plans):
         _assert_float_equal(program, c, n=1)
         server.kill()
         # "unavailable", not "did not answer in time": it failed at once, not at the deadline
-        with pytest.raises(RemoteError, match="unavailable.*edgesplit serve"):
+        with pytest.raises(RemoteError, match=r"unavailable.*edgesplit serve"):
             c.request()
     # the CLI: nonzero exit, one line
     result = runner.invoke(app, ["run", str(plans["dag"]), "--server", address, "--no-shape",

@@ -18,8 +18,13 @@ from edgesplit.plan import EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
-from edgesplit.runtime.transport import (ChainClient, PartitionServer, TlsFiles, check_tls_pair,
-                                         read_token)
+from edgesplit.runtime.transport import (
+    ChainClient,
+    PartitionServer,
+    TlsFiles,
+    check_tls_pair,
+    read_token,
+)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +135,7 @@ class _Held:
 
         self.step.compute = held
 
-    def __enter__(self) -> "_Held":
+    def __enter__(self) -> _Held:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -182,10 +187,10 @@ def test_a_chain_serves_again_after_abandoned_requests(three_hops):
     hop = PartitionServer(three_hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
     address = f"127.0.0.1:{hop.start()}"
     try:
-        with _Held(three_hops, "c"), ChainClient(three_hops, address, shape=False,
-                                                 timeout_s=0.4) as client:
-            with pytest.raises(RemoteError, match="did not answer in time"):
-                client.request()
+        with (_Held(three_hops, "c"),
+              ChainClient(three_hops, address, shape=False, timeout_s=0.4) as client,
+              pytest.raises(RemoteError, match="did not answer in time")):
+            client.request()
         with ChainClient(three_hops, address, shape=False) as client:
             out = client.request().outputs[0]
         assert torch.allclose(out, three_hops.unsplit()[0], atol=1e-5)

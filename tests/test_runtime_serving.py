@@ -55,7 +55,7 @@ def test_a_failing_request_does_not_fail_its_batch(program):
         for f in futures:
             try:
                 results.append(f.result())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 results.append(exc)
         assert isinstance(results[1], Exception)
         for r in (results[0], results[2], results[3]):
@@ -86,13 +86,13 @@ def test_tls_with_a_token_end_to_end(program, tmp_path):
                          token="s3cret") as client:
             out = client.request(_inputs(1)).outputs[0]
         assert torch.allclose(out, program.unsplit(_inputs(1))[0], atol=1e-5)
-        with ChainClient(program, f"localhost:{port}", shape=False, timeout_s=5) as plain:
-            with pytest.raises(RemoteError):
-                plain.request(_inputs(1))  # plaintext against a TLS server
-        with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
-                         token="wrong") as wrong:
-            with pytest.raises(RemoteError, match="UNAUTHENTICATED"):
-                wrong.request(_inputs(1))
+        with (ChainClient(program, f"localhost:{port}", shape=False, timeout_s=5) as plain,
+              pytest.raises(RemoteError)):
+            plain.request(_inputs(1))  # plaintext against a TLS server
+        with (ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
+                          token="wrong") as wrong,
+              pytest.raises(RemoteError, match="UNAUTHENTICATED")):
+            wrong.request(_inputs(1))
     finally:
         server.stop(0)
 
@@ -108,9 +108,9 @@ def test_a_foreign_plan_is_named_as_such_even_when_its_messages_are_too_big(prog
     server = PartitionServer(program, "cloud", shape=False)
     channel = server.loopback_channel()  # same message limit as the server's socket
     try:
-        with ChainClient(foreign, channel, shape=False) as client:
-            with pytest.raises(RemoteError, match="plan mismatch"):
-                client.request()
+        with (ChainClient(foreign, channel, shape=False) as client,
+              pytest.raises(RemoteError, match="plan mismatch")):
+            client.request()
         with ChainClient(program, channel, shape=False) as client:
             assert client.request().outputs[0].shape == (1, 10)  # still serving
     finally:

@@ -62,7 +62,7 @@ def test_digits_cnn_chain_is_its_children_and_the_flatten() -> None:
     children = dict(model.named_children())
     assert len(chain) == 10
     names = ["stem", "down1", "block1", "down2", "block2", "reduce", "expand", "pool"]
-    assert all(c is children[n] for c, n in zip(chain, names))
+    assert all(c is children[n] for c, n in zip(chain[:8], names, strict=True))
     assert chain[9] is model.fc and not list(chain[8].parameters())  # the flatten
 
 
@@ -93,9 +93,10 @@ def test_chain_forward_and_backward_equal_the_model(name: str) -> None:
     torch.testing.assert_close(out, ref)
     out.square().sum().backward()
     ref.square().sum().backward()
-    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
-    for (n, b), c in zip(model.named_buffers(), reference.buffers()):  # train-mode batch-norm
+    # train-mode batch-norm
+    for (n, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
         torch.testing.assert_close(b, c, msg=n)
 
 
@@ -104,7 +105,10 @@ def test_split_training_equals_unsplit_at_every_cut(name: str) -> None:
     model, x = _models()[name]
     y = torch.tensor([0, 1, 2, 1])
     loss = nn.functional.cross_entropy
-    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+
+    def sgd(ps):
+        return torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+
     reference = copy.deepcopy(model).train()
     ref_opt = sgd(list(reference.parameters()))
     trainer = SplitTrainer(model, 0, loss, sgd)
@@ -114,7 +118,7 @@ def test_split_training_equals_unsplit_at_every_cut(name: str) -> None:
         ref_opt.zero_grad()
         loss(reference(x + step), y).backward()
         ref_opt.step()
-    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, msg=n)
 
 
@@ -216,7 +220,8 @@ def test_a_traced_model_trains_split_over_grpc_exactly_as_unsplit(momentum: floa
         opt.zero_grad()
         nn.functional.cross_entropy(reference(x), y).backward()
         opt.step()
-    for (n, a), b in zip(trained.state_dict().items(), reference.state_dict().values()):
+    for (n, a), b in zip(trained.state_dict().items(), reference.state_dict().values(),
+                         strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=n)
 
 

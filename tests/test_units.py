@@ -16,5 +16,5 @@ def test_sizes_with_and_without_units(text, expected):
 
 @pytest.mark.parametrize("text", ["lots", "2 parsecs", "1.2.3MB", ""])
 def test_what_is_not_a_size_is_named(text):
-    with pytest.raises(ConfigError, match="--edge-memory .* is not"):
+    with pytest.raises(ConfigError, match=r"--edge-memory .* is not"):
         parse_bytes(text, "--edge-memory")

@@ -49,7 +49,7 @@ def test_random_mutations(fuzzer):
 def test_every_field_at_every_boundary(fuzz, fuzzer):
     def variants():
         for seed in fuzz.varied(fuzzer.seeds):
-            for name, at, width in fuzz.fields(seed):
+            for _name, at, width in fuzz.fields(seed):
                 for value in fuzz.BOUNDARIES:
                     msg = bytearray(seed)
                     msg[at:at + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
