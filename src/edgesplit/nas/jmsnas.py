@@ -20,6 +20,11 @@ probable feasible architecture).
 Stage 2 fixes it and retrains it from the supernet's weights (``retrain``), then measures its
 top-1 accuracy on held-out data.
 
+The supernet's candidates share their weights by default (``weights="shared"``,
+:mod:`edgesplit.nas.shared`): with one weight set per candidate, as in the paper, uniform path
+sampling left the digits supernet at chance for hundreds of steps. ``weights="separate"`` is
+the paper's supernet.
+
 Defaults differ from the paper's ImageNet recipe (20 warm-up + 60 epochs, batch 512, Adam
 0.002) only in length, to run in minutes on the digits on a CPU. lambda_2 defaults to
 1 / T_const^2, so a network twice as slow as the budget adds 1 nat to the loss.
@@ -30,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -152,6 +157,7 @@ class JMSNAS:
                  lambda2: float | None = None, warmup_epochs: int = 2, epochs: int = 8,
                  batch_size: int = 64, weight_lr: float = 2e-3, arch_lr: float = 6e-3,
                  arch_fraction: float = 0.25, retrain_epochs: int = 10, seed: int = 0,
+                 weights: Literal["shared", "separate"] = "shared",
                  progress: Progress | None = None) -> None:
         self.latency_budget_ms = latency_budget_ms
         self.lambda1 = lambda1
@@ -164,6 +170,7 @@ class JMSNAS:
         self.arch_fraction = arch_fraction
         self.retrain_epochs = retrain_epochs
         self.seed = seed
+        self.weights = weights
         self.progress = progress
 
     def _check(self) -> None:
@@ -195,7 +202,7 @@ class JMSNAS:
         w_idx, a_idx = stratified_split(labels, self.arch_fraction, self.seed)
         self.weight_data_ = data.train.subset(w_idx, "weights")
         self.arch_data_ = data.train.subset(a_idx, "architecture")
-        self.supernet_ = Supernet(space)
+        self.supernet_ = Supernet(space, weights=self.weights)
         self.alpha_ = [torch.zeros(len(layer.ops), requires_grad=True) for layer in space.layers]
         # Adam's weight_decay adds wd * theta to the gradient: the gradient of (wd/2)||theta||^2.
         w_opt = torch.optim.Adam(self.supernet_.parameters(), lr=self.weight_lr,

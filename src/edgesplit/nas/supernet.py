@@ -1,22 +1,19 @@
-"""The weight-sharing supernet of a search space (ProxylessNAS style) and its mixed ops.
+"""The supernet of a search space and its mixed ops.
 
-Every searchable layer is a :class:`MixedOp` holding all R candidate modules, each with its own
-weights. Which of them run is state on the MixedOp, not an argument of ``forward``, so the
-supernet stays an ordinary ``nn.Module`` that any training loop can call:
+Every searchable layer is a mixed op over its R candidates (which paths run, and the binary
+gates of JMSNAS's architecture step, are described in :mod:`edgesplit.nas.paths`). Two kinds:
 
-- ``active=(i,)``, no gates: only candidate ``i`` runs (a weight step on one sampled
-  architecture; memory as for one network). :meth:`Supernet.set_arch` sets this everywhere.
-- ``active=(i, j)`` with ``gates`` a tensor of shape (2,): the output is
-  ``gates[0] * op_i(x) + gates[1] * op_j(x)``. This is the seam for JMSNAS's architecture step
-  (section IV-A): sample two paths from the softmax of alpha, pass one-hot binary gates built
-  as a leaf tensor with ``requires_grad=True``, back-propagate, and ``gates.grad`` holds
-  dL/dg for the two paths, from which Lemma 1 gives dL/dalpha. Both paths run even where a
-  gate is 0, because dL/dg_j needs op_j(x). Memory is 2x a single network, not R x.
+- ``weights="separate"``: :class:`MixedOp`, one weight set per candidate (ProxylessNAS, and
+  JMSNAS's "mixed operation vector with R elements");
+- ``weights="shared"``: :class:`~edgesplit.nas.shared.SharedMixedOp`, every MBConv candidate of
+  a layer slices one weight set (once-for-all), which trains far faster from scratch when
+  paths are sampled uniformly (the measurements are in that module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import nn
@@ -24,50 +21,26 @@ from torch import nn
 from edgesplit.errors import ConfigError
 from edgesplit.nas.network import ArchNet, ChainFrame, init_weights
 from edgesplit.nas.ops import OpSpec
+from edgesplit.nas.paths import PathChoice
+from edgesplit.nas.shared import SharedMixedOp
 from edgesplit.nas.space import Arch, SearchSpace
 
 __all__ = ["MixedOp", "Supernet"]
 
 
-class MixedOp(nn.Module):
-    """The R candidate ops of one layer; ``active`` (and ``gates``) choose what ``forward`` runs.
-
-    Until :meth:`set_paths` is called, path 0 is active.
-    """
+class MixedOp(PathChoice):
+    """The R candidate ops of one layer, each with its own weights (ProxylessNAS)."""
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, ops: Sequence[OpSpec]) -> None:
-        super().__init__()
-        self.specs = tuple(ops)
+        super().__init__(ops)
         self.candidates = nn.ModuleList(op.build(in_ch, out_ch, stride) for op in self.specs)
-        self.active: tuple[int, ...] = (0,)
-        self.gates: torch.Tensor | None = None
 
-    def set_paths(self, active: Sequence[int], gates: torch.Tensor | None = None) -> None:
-        """Run the candidates ``active``; more than one needs ``gates`` (one weight per path)."""
-        active = tuple(int(i) for i in active)
-        if not active or len(set(active)) != len(active):
-            raise ConfigError(f"active paths {active} must be distinct and at least one")
-        if not all(0 <= i < len(self.specs) for i in active):
-            raise ConfigError(f"active paths {active} out of range: this layer has "
-                              f"{len(self.specs)} candidates (0..{len(self.specs) - 1})")
-        if gates is None and len(active) > 1:
-            raise ConfigError(f"{len(active)} active paths need gates: a tensor of shape "
-                              f"({len(active)},) weighting each path's output")
-        if gates is not None and tuple(gates.shape) != (len(active),):
-            raise ConfigError(f"gates of shape {tuple(gates.shape)} do not match "
-                              f"{len(active)} active paths")
-        self.active, self.gates = active, gates
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gates is None:
-            return self.candidates[self.active[0]](x)
-        out = self.gates[0] * self.candidates[self.active[0]](x)
-        for gate, i in zip(self.gates[1:], self.active[1:], strict=True):
-            out = out + gate * self.candidates[i](x)
+    def run_path(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.candidates[index](x)
         return out
 
-    def extra_repr(self) -> str:
-        return f"active={[self.specs[i].name for i in self.active]}, gated={self.gates is not None}"
+    def candidate_state(self, index: int) -> dict[str, torch.Tensor]:
+        return dict(self.candidates[index].state_dict())
 
 
 class Supernet(ChainFrame):
@@ -81,10 +54,17 @@ class Supernet(ChainFrame):
     contiguous (NCHW) either way, as export and the runtime expect.
     """
 
-    def __init__(self, space: SearchSpace, *, channels_last: bool = True) -> None:
+    def __init__(self, space: SearchSpace, *, channels_last: bool = True,
+                 weights: Literal["separate", "shared"] = "separate") -> None:
         super().__init__(space)
+        if weights not in ("separate", "shared"):
+            raise ConfigError(f"weights={weights!r}: choose 'separate' (one weight set per "
+                              "candidate) or 'shared' (candidates slice one set)")
+        kind: type[MixedOp] | type[SharedMixedOp] = (
+            MixedOp if weights == "separate" else SharedMixedOp)
+        self.weights = weights
         self.layers = nn.ModuleList(
-            MixedOp(space.in_channels(i), layer.out_channels, layer.stride, layer.ops)
+            kind(space.in_channels(i), layer.out_channels, layer.stride, layer.ops)
             for i, layer in enumerate(space.layers))
         init_weights(self)
         self.channels_last = channels_last
@@ -98,9 +78,9 @@ class Supernet(ChainFrame):
         return super().forward_stem(x)
 
     @property
-    def mixed_ops(self) -> list[MixedOp]:
+    def mixed_ops(self) -> list[PathChoice]:
         """The searchable layers in order (for samplers that set paths layer by layer)."""
-        return [m for m in self.layers if isinstance(m, MixedOp)]
+        return [m for m in self.layers if isinstance(m, PathChoice)]
 
     def set_arch(self, arch: Arch) -> None:
         """Run exactly the ops of ``arch`` (one path per layer, no gates)."""
@@ -127,6 +107,6 @@ class Supernet(ChainFrame):
         indices = self.space.arch_indices(arch)
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("layers.")}
         for i, (mixed, index) in enumerate(zip(self.mixed_ops, indices, strict=True)):
-            for key, value in mixed.candidates[index].state_dict().items():
+            for key, value in mixed.candidate_state(index).items():
                 state[f"layers.{i}.{key}"] = value
         return ArchNet.from_state_dict(self.space, arch, state).train(self.training)
