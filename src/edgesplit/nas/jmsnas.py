@@ -50,7 +50,8 @@ from edgesplit.nas.network import ArchNet
 from edgesplit.nas.space import Arch, SearchSpace
 from edgesplit.nas.supernet import Supernet
 
-__all__ = ["JMSNAS", "EpochLog", "accuracy", "derive_within_budget", "train_network"]
+__all__ = ["JMSNAS", "EpochLog", "accuracy", "derive_within_budget", "recalibrate_bn",
+           "train_network"]
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -120,6 +121,26 @@ def train_network(model: nn.Module, data: EvalData, *, epochs: int, lr: float,
     return losses
 
 
+def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int, batches: int = 8
+                   ) -> nn.Module:
+    """``net`` with batch-norm statistics re-estimated on ``batches`` batches of ``data``.
+
+    A supernet's running statistics mix every path that ran through a layer, so a sub-network
+    evaluated with them scores near chance; once-for-all re-estimates them for each
+    sub-network before measuring it, and so do we (a cumulative average, no weight changes)."""
+    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for bn in norms:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative moving average over the batches below
+    net.train()
+    with torch.no_grad():
+        for k, (x, _) in enumerate(_batches(data, batch_size, torch.Generator().manual_seed(0))):
+            if k == batches:
+                break
+            net(x)
+    return net.eval()
+
+
 def derive_within_budget(space: SearchSpace, alpha: list[torch.Tensor], latency: ChainLatency,
                          budget_ms: float) -> Arch:
     """The argmax architecture if it meets ``budget_ms``, else the Lagrangian relaxation's:
@@ -155,7 +176,7 @@ class JMSNAS:
 
     def __init__(self, *, latency_budget_ms: float, lambda1: float = 4e-5,
                  lambda2: float | None = None, warmup_epochs: int = 2, epochs: int = 8,
-                 batch_size: int = 64, weight_lr: float = 2e-3, arch_lr: float = 6e-3,
+                 batch_size: int = 64, weight_lr: float = 2e-3, arch_lr: float = 3e-2,
                  arch_fraction: float = 0.25, retrain_epochs: int = 10, seed: int = 0,
                  weights: Literal["shared", "separate"] = "shared",
                  progress: Progress | None = None) -> None:
@@ -266,9 +287,9 @@ class JMSNAS:
         self.supernet_.set_arch(arch)
         with torch.no_grad():
             expected = float(latency([torch.softmax(a, 0) for a in self.alpha_]))
+        net = recalibrate_bn(self.supernet_.extract(arch), self.weight_data_, self.batch_size)
         return EpochLog(epoch, "search" if searching else "warm-up", w_loss, a_loss, expected,
-                        str(arch), latency.of_arch(arch),
-                        accuracy(self.supernet_, self.arch_data_))
+                        str(arch), latency.of_arch(arch), accuracy(net, self.arch_data_))
 
     def retrain(self) -> JMSNAS:
         """Stage 2: the derived network, with the supernet's weights as its starting point,

@@ -1,0 +1,68 @@
+"""What every search ends in: a model *and* a Plan the runtime executes, in one folder.
+
+``save_search_result(folder, net, topology)`` writes
+
+- ``arch.json`` + ``weights.safetensors``: the network (:mod:`edgesplit.nas.checkpoint`);
+- ``model.pt2``: the network exported with ``torch.export`` (plain tensor weights, so it loads
+  without ``trust_model_file``), which the plan names as its model;
+- ``plan.json``: the network planned over ``topology`` by the same planners as any model
+  (``multisplit`` by default: the exact chain DP; the search's own placement was fixed before
+  the architecture existed, this one is chosen for it);
+- ``search.json``: the search's summary (whatever the caller passes) with the plan's method,
+  predicted latency and where each device's layers are.
+
+``edgesplit serve plan.json`` / ``edgesplit run plan.json`` then execute it like any plan.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgesplit.hardware import Topology
+from edgesplit.nas.checkpoint import save_network
+from edgesplit.nas.network import ArchNet
+from edgesplit.plan import Plan, PlanningProblem, get_planner
+
+__all__ = ["MODEL_FILE", "PLAN_FILE", "SUMMARY_FILE", "SearchResult", "save_search_result"]
+
+MODEL_FILE = "model.pt2"
+PLAN_FILE = "plan.json"
+SUMMARY_FILE = "search.json"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    folder: Path
+    plan: Plan
+    summary: dict[str, Any]
+
+
+def export_network(net: ArchNet, path: Path) -> Path:
+    """``net`` exported with ``torch.export`` at batch 1 and saved to ``path``."""
+    example = torch.zeros(1, *net.space.input_shape)
+    program = torch.export.export(net.eval(), (example,))
+    torch.export.save(program, path)
+    return path
+
+
+def save_search_result(folder: str | Path, net: ArchNet, topology: Topology, *,
+                       summary: dict[str, Any] | None = None, method: str = "multisplit"
+                       ) -> SearchResult:
+    """Write the network, its exported program and its plan over ``topology`` to ``folder``."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_network(out, net)
+    model_path = export_network(net, out / MODEL_FILE)
+    plan = get_planner(method).plan(PlanningProblem(model=str(model_path), setting=topology))
+    plan.save(out / PLAN_FILE)
+    doc = dict(summary or {})
+    doc["plan"] = {"file": PLAN_FILE, "method": plan.method,
+                   "predicted_ms": plan.predicted.total_ms, "runnable": plan.runnable,
+                   "devices": {d.name: len(d.layers) for d in plan.devices}}
+    (out / SUMMARY_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    return SearchResult(out, plan, doc)
