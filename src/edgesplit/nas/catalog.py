@@ -1,14 +1,17 @@
-"""The registry of named search spaces: ``register_space``, ``get_space``, ``list_spaces``.
+"""The registry of named search spaces: ``register_space``, ``get_space``, ``list_spaces``,
+and ``resolve_space`` for a name-or-file argument.
 
 Built-in spaces live in :mod:`edgesplit.nas._presets` and are imported on the first lookup.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from edgesplit.nas.space import SearchSpace
 from edgesplit.registry import Registry
 
-__all__ = ["get_space", "list_spaces", "register_space"]
+__all__ = ["get_space", "list_spaces", "register_space", "resolve_space"]
 
 
 def _load_presets() -> None:
@@ -33,3 +36,17 @@ def get_space(name: str) -> SearchSpace:
 def list_spaces() -> list[str]:
     """Names of every registered space, sorted."""
     return _SPACES.names()
+
+
+def resolve_space(spec: str | Path | SearchSpace) -> SearchSpace:
+    """A space from a registered name, a JSON/YAML/TOML file of :meth:`SearchSpace.to_dict`, or
+    a SearchSpace (returned as is): what a command's SPACE argument accepts, as
+    :func:`~edgesplit.hardware.resolve_device` does for devices."""
+    if isinstance(spec, SearchSpace):
+        return spec
+    text = str(spec)
+    if isinstance(spec, Path) or "/" in text or text.endswith((".json", ".yaml", ".yml", ".toml")):
+        from edgesplit.hardware.files import read_config
+
+        return SearchSpace.from_dict(read_config(spec))
+    return get_space(text)

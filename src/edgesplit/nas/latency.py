@@ -1,0 +1,763 @@
+"""Latency tables: what each candidate op costs at each layer of a search space on one device.
+
+A hardware-aware search reads a table in its inner loop instead of running or estimating
+networks: an architecture costs ``overhead + stem + its ops + head``
+(:meth:`LatencyTable.arch_ms`), and JMSNAS's expected latency under path probabilities is the
+dot product of :meth:`LatencyTable.layer_vector` with them, plus :attr:`LatencyTable.fixed_ms`.
+
+Two ways to fill one (:func:`build_latency_table`):
+
+- **measured**, for the device ``this-machine``: each distinct (op, channels, stride, input
+  size) is captured, BN folded and fused, and cut into the whole-graph partition that
+  edgesplit's torch runtime deploys, then timed *in context*: every round runs chains
+  stem -> one op per layer -> head, the op at each layer drawn from a fresh permutation, and
+  times each call where it sits in the chain. Timing an op alone in a loop keeps its weights
+  and activations hot; on a 2-core Xeon that predicted whole networks about 18 % too fast, in
+  context the parts summed to within about 2 % of the whole. Eager ``ArchNet`` modules are not
+  timed: they run batch-norm as separate kernels, about 10-15 % slower than the folded program
+  a deployment runs. What the parts still miss (separate partition calls against one
+  whole-network program) is measured on a few calibration networks, interleaved with the op
+  timings so that both see the same machine, and stored as ``overhead_ms``: explicit, never
+  folded into the ops.
+- **estimated**, for any other device: each op captured at its input shape and priced layer by
+  layer with the device's default estimator (:func:`~edgesplit.hardware.estimator_for`).
+
+A table is a versioned JSON file naming the space and device it was built for, each with a
+fingerprint; :meth:`LatencyTable.load` refuses a table of another space or device, so a shipped
+table is never silently applied to the wrong network or hardware. :func:`validate_latency_table`
+reports a measured table's error on whole random networks.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgesplit.errors import ConfigError
+from edgesplit.graph import LayerGraph, capture
+from edgesplit.graph.partition import extract_partition
+from edgesplit.hardware import Device, LayerWork, MeasuredCompute, estimator_for, resolve_device
+from edgesplit.nas.network import ArchNet, ChainFrame, init_weights
+from edgesplit.nas.ops import OpSpec
+from edgesplit.nas.sampler import random_arch
+from edgesplit.nas.space import Arch, SearchSpace
+
+__all__ = [
+    "LATENCY_TABLE_VERSION",
+    "THIS_MACHINE",
+    "LatencyTable",
+    "build_latency_table",
+    "device_fingerprint",
+    "machine_identity",
+    "space_fingerprint",
+    "validate_latency_table",
+]
+
+LATENCY_TABLE_VERSION = 1
+THIS_MACHINE = "this-machine"
+_KIND = "edgesplit-latency-table"
+_MEASURED = "measured"
+_ESTIMATED = "estimated: "
+
+TableProgress = Callable[[str, int, int], None]  # (stage, done, total), as hardware.profile
+
+
+# -- fingerprints --------------------------------------------------------------------------
+
+
+def _sha256(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def space_fingerprint(space: SearchSpace) -> str:
+    """sha256 of the space's canonical JSON: any change to a layer, op list or shape changes it."""
+    return _sha256(space.to_dict())
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_identity() -> dict[str, Any]:
+    """What makes this computer's timings its own: CPU model, logical CPUs, architecture, OS.
+
+    ``this-machine`` is re-measured in every process, so its peaks differ run to run; a table
+    measured here is tied to this identity instead, so that it loads again on this computer
+    (and on an identical one) but not on another."""
+    return {"processor": _cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
+            "system": platform.system()}
+
+
+def _is_this_machine(device: Device | str) -> bool:
+    return (device.name if isinstance(device, Device) else str(device)) == THIS_MACHINE
+
+
+def device_fingerprint(device: Device | str) -> str:
+    """sha256 of what a device's latencies depend on.
+
+    ``this-machine`` (a name or any device so named): :func:`machine_identity`. Other devices:
+    name, kind and compute model, not the description or memory, so that editing a comment does
+    not orphan a table; a measured compute model is fingerprinted by its profile's content, not
+    its path, so that a device file can move."""
+    if _is_this_machine(device):
+        return _sha256({"device": THIS_MACHINE, **machine_identity()})
+    dev = resolve_device(device)
+    compute = dev.compute.model_dump(mode="json")
+    if isinstance(dev.compute, MeasuredCompute):
+        # load_device resolved the path; an unreadable profile fails later, when estimating
+        with suppress(OSError):
+            compute["profile"] = hashlib.sha256(Path(dev.compute.profile).read_bytes()).hexdigest()
+    return _sha256({"name": dev.name, "kind": dev.kind, "compute": compute})
+
+
+def _device_name(device: Device | str) -> str:
+    if _is_this_machine(device):
+        return THIS_MACHINE
+    return resolve_device(device).name
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+def _finite(what: str, value: Any, *, minimum: float | None = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"latency table {what}={value!r} must be a finite number of ms")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"latency table {what}={value!r} must be >= {minimum}")
+    return float(value)
+
+
+def _rebuild_hint(space: str, device: str) -> str:
+    return (f"rebuild it with `edgesplit nas latency-table {space} --device {device} -o FILE` "
+            "(build_latency_table in Python)")
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Milliseconds of every candidate op at every searchable layer of one space on one device.
+
+    ``layers[i]`` maps op name to ms in the order of ``space.layers[i].ops``; identity costs 0
+    (a deployed network drops it). ``overhead_ms`` is the part of a whole network that its parts
+    do not account for (measured tables; 0 for estimated ones). ``measurement`` holds how a
+    measured table was taken (warmup, repeats, threads, torch, machine, load averages,
+    calibration); None for estimated tables. Validates itself on construction.
+    """
+
+    space: str
+    space_fingerprint: str
+    device: str
+    device_fingerprint: str
+    method: str
+    batch: int
+    stem_ms: float
+    head_ms: float
+    layers: tuple[Mapping[str, float], ...]
+    overhead_ms: float = 0.0
+    measurement: Mapping[str, Any] | None = None
+    created: str = ""
+    build_seconds: float = 0.0
+    version: int = LATENCY_TABLE_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != LATENCY_TABLE_VERSION:
+            raise ConfigError(f"latency table version {self.version!r} is unknown; this edgesplit "
+                              f"reads version {LATENCY_TABLE_VERSION}: "
+                              + _rebuild_hint(self.space, self.device))
+        if self.method != _MEASURED and not str(self.method).startswith(_ESTIMATED):
+            raise ConfigError(f"latency table method={self.method!r} must be 'measured' or "
+                              "'estimated: <estimator>'")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError(f"latency table batch={self.batch!r} must be a positive integer")
+        for what in ("stem_ms", "head_ms"):
+            object.__setattr__(self, what, _finite(what, getattr(self, what)))
+        object.__setattr__(self, "overhead_ms",
+                           _finite("overhead_ms", self.overhead_ms, minimum=None))
+        if not self.layers:
+            raise ConfigError("latency table has no layers")
+        rows = []
+        for i, row in enumerate(self.layers):
+            if not isinstance(row, Mapping) or not row:
+                raise ConfigError(f"latency table layer {i} must map op names to ms")
+            rows.append({str(op): _finite(f"layers[{i}][{op!r}]", ms) for op, ms in row.items()})
+        object.__setattr__(self, "layers", tuple(rows))
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def is_measured(self) -> bool:
+        return self.method == _MEASURED
+
+    @property
+    def fixed_ms(self) -> float:
+        """What every architecture pays: overhead + stem + head."""
+        return self.overhead_ms + self.stem_ms + self.head_ms
+
+    def op_ms(self, layer: int, op: OpSpec | str) -> float:
+        """Milliseconds of ``op`` at searchable layer ``layer``."""
+        row = self._row(layer)
+        name = op.name if isinstance(op, OpSpec) else str(op)
+        if name not in row:
+            raise ConfigError(f"latency table of space {self.space!r} has no op {name!r} at "
+                              f"layer {layer}; it has {', '.join(row)}")
+        return row[name]
+
+    def layer_vector(self, layer: int) -> list[float]:
+        """Layer ``layer``'s ms in the order of ``space.layers[layer].ops`` (the order of the
+        supernet's paths, so it multiplies with their probabilities)."""
+        return list(self._row(layer).values())
+
+    def arch_ms(self, arch: Arch) -> float:
+        """Predicted whole-network ms of ``arch``: overhead + stem + chosen ops + head."""
+        if len(arch.ops) != len(self.layers):
+            raise ConfigError(f"architecture has {len(arch.ops)} ops but the latency table of "
+                              f"space {self.space!r} has {len(self.layers)} layers")
+        return self.fixed_ms + sum(self.op_ms(i, op) for i, op in enumerate(arch.ops))
+
+    def _row(self, layer: int) -> Mapping[str, float]:
+        if not 0 <= layer < len(self.layers):
+            raise ConfigError(f"layer {layer} is out of range: the latency table of space "
+                              f"{self.space!r} has layers 0..{len(self.layers) - 1}")
+        return self.layers[layer]
+
+    # -- compatibility -----------------------------------------------------------------------
+
+    def check(self, *, space: SearchSpace | str | None = None,
+              device: Device | str | None = None, source: str = "") -> LatencyTable:
+        """This table if it was built for ``space`` and ``device`` (each optional); else a
+        ConfigError naming both sides and the command that rebuilds it."""
+        what = f"latency table {source!r}" if source else "latency table"
+        if space is not None:
+            from edgesplit.nas.catalog import resolve_space
+
+            wanted = resolve_space(space)
+            fingerprint = space_fingerprint(wanted)
+            if fingerprint != self.space_fingerprint:
+                changed = (f"space {wanted.name!r} has changed since" if wanted.name == self.space
+                           else f"it is for search space {self.space!r}, not {wanted.name!r};")
+                raise ConfigError(
+                    f"{what} does not fit: {changed} the table was built (space fingerprint "
+                    f"{self.space_fingerprint[:12]} in the table, {fingerprint[:12]} now); "
+                    + _rebuild_hint(wanted.name, self.device))
+        if device is not None:
+            name = _device_name(device)
+            fingerprint = device_fingerprint(device)
+            if fingerprint != self.device_fingerprint:
+                if name != self.device:
+                    reason = f"it is for device {self.device!r}, not {name!r}"
+                elif name == THIS_MACHINE:
+                    theirs = (self.measurement or {}).get("machine", {})
+                    reason = (f"it was measured on another machine ({_describe(theirs)}; this "
+                              f"one is {_describe(machine_identity())})")
+                else:
+                    reason = f"device {name!r} has changed since the table was built"
+                raise ConfigError(
+                    f"{what} does not fit: {reason} (device fingerprint "
+                    f"{self.device_fingerprint[:12]} in the table, {fingerprint[:12]} now); "
+                    + _rebuild_hint(self.space, name))
+        return self
+
+    # -- files -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (``kind``, ``version`` first)."""
+        return {
+            "kind": _KIND,
+            "version": self.version,
+            "space": {"name": self.space, "fingerprint": self.space_fingerprint},
+            "device": {"name": self.device, "fingerprint": self.device_fingerprint},
+            "method": self.method,
+            "batch": self.batch,
+            "created": self.created,
+            "build_seconds": self.build_seconds,
+            "stem_ms": self.stem_ms,
+            "head_ms": self.head_ms,
+            "overhead_ms": self.overhead_ms,
+            "layers": [dict(row) for row in self.layers],
+            "measurement": dict(self.measurement) if self.measurement is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "") -> LatencyTable:
+        """Inverse of :meth:`to_dict`; another kind, another version or missing fields are a
+        ConfigError that says how to get a good table."""
+        what = f"{source!r}" if source else "this document"
+        if not isinstance(data, Mapping) or data.get("kind") != _KIND:
+            raise ConfigError(f"{what} is not an edgesplit latency table (write one with "
+                              "`edgesplit nas latency-table SPACE --device DEVICE -o FILE`)")
+        version = data.get("version")
+        if version != LATENCY_TABLE_VERSION:
+            raise ConfigError(f"latency table {what} has version {version!r}; this edgesplit "
+                              f"reads version {LATENCY_TABLE_VERSION}: rebuild it with "
+                              "`edgesplit nas latency-table SPACE --device DEVICE -o FILE`")
+        try:
+            return cls(
+                space=str(data["space"]["name"]),
+                space_fingerprint=str(data["space"]["fingerprint"]),
+                device=str(data["device"]["name"]),
+                device_fingerprint=str(data["device"]["fingerprint"]),
+                method=data["method"], batch=data["batch"], stem_ms=data["stem_ms"],
+                head_ms=data["head_ms"], layers=tuple(data["layers"]),
+                overhead_ms=data.get("overhead_ms", 0.0), measurement=data.get("measurement"),
+                created=str(data.get("created", "")),
+                build_seconds=float(data.get("build_seconds", 0.0)), version=version)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise ConfigError(f"latency table {what} is malformed: {exc}") from None
+            raise ConfigError(f"latency table {what} is malformed ({type(exc).__name__}: "
+                              f"{exc}); rebuild it with `edgesplit nas latency-table SPACE "
+                              "--device DEVICE -o FILE`") from None
+
+    def save(self, path: str | Path) -> Path:
+        """Write the table as JSON (a file a user can ship with a searched model)."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, space: SearchSpace | str | None = None,
+             device: Device | str | None = None) -> LatencyTable:
+        """Read a table; with ``space``/``device`` also check it was built for them.
+
+        An unreadable or corrupt file, an unknown version, or a table of another space or
+        device is a ConfigError naming the file, both sides and the command that rebuilds it."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read latency table {str(path)!r}: {exc}; rebuild it with "
+                              "`edgesplit nas latency-table SPACE --device DEVICE -o FILE`"
+                              ) from None
+        table = cls.from_dict(data, source=str(path))
+        return table.check(space=space, device=device, source=str(path))
+
+
+def _describe(identity: Mapping[str, Any]) -> str:
+    if not identity:
+        return "unknown machine"
+    return f"{identity.get('processor', '?')}, {identity.get('cpus', '?')} CPUs"
+
+
+# -- building ------------------------------------------------------------------------------
+
+_Key = tuple[str, int, int, int, int, int]  # op name, in_ch, out_ch, stride, height, width
+
+
+def _key(space: SearchSpace, index: int, op: OpSpec) -> _Key:
+    layer = space.layers[index]
+    return (op.name, space.in_channels(index), layer.out_channels, layer.stride,
+            *space.in_size(index))
+
+
+class _Stem(nn.Module):
+    """A space's stem on its own (the frame is shared with :class:`_Head`, so both are exactly
+    what :class:`ChainFrame` runs)."""
+
+    def __init__(self, frame: ChainFrame) -> None:
+        super().__init__()
+        self.frame = frame
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.frame.forward_stem(x)
+
+
+class _Head(_Stem):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.frame.forward_head(x)
+
+
+@dataclass
+class _Pieces:
+    """The modules a table prices, with example inputs; ops built once per distinct shape.
+    ``positions[i]`` lists layer i's (op name, shape key) in the space's order; identity's key
+    is None (a deployed network drops it, so it costs nothing)."""
+
+    stem: tuple[nn.Module, torch.Tensor]
+    head: tuple[nn.Module, torch.Tensor]
+    ops: dict[_Key, tuple[nn.Module, torch.Tensor]] = field(default_factory=dict)
+    positions: list[list[tuple[str, _Key | None]]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, space: SearchSpace, batch: int) -> _Pieces:
+        frame = ChainFrame(space)
+        init_weights(frame)
+        final = space.in_size(len(space.layers))
+        pieces = cls(stem=(_Stem(frame), torch.randn(batch, *space.input_shape)),
+                     head=(_Head(frame), torch.randn(batch, space.out_channels, *final)))
+        for i, layer in enumerate(space.layers):
+            row: list[tuple[str, _Key | None]] = []
+            for op in layer.ops:
+                key = None if op.is_identity else _key(space, i, op)
+                if key is not None and key not in pieces.ops:
+                    module = op.build(key[1], key[2], key[3])
+                    init_weights(module)
+                    pieces.ops[key] = (module, torch.randn(batch, key[1], key[4], key[5]))
+                row.append((op.name, key))
+            pieces.positions.append(row)
+        return pieces
+
+    def items(self) -> list[tuple[str | _Key, tuple[nn.Module, torch.Tensor]]]:
+        return [("stem", self.stem), ("head", self.head), *self.ops.items()]
+
+
+_Call = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def _captured(module: nn.Module, example: torch.Tensor) -> LayerGraph:
+    return capture(module.eval(), example, name=type(module).__name__)
+
+
+def _deployed(graph: LayerGraph) -> _Call:
+    """The whole graph as the partition the torch runtime runs (no pytree wrapper)."""
+    return extract_partition(graph, [layer.name for layer in graph.layers]).module
+
+
+@contextmanager
+def _timing(threads: int) -> Iterator[None]:
+    """Timing conditions: ``threads`` torch threads, no autograd (as the runtime runs), no
+    garbage-collection pauses inside timed calls. Restores the caller's settings."""
+    before = torch.get_num_threads()
+    gc_was_enabled = gc.isenabled()
+    torch.set_num_threads(threads)
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        torch.set_num_threads(before)
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return []
+
+
+def _median_ms(samples_ns: Sequence[int]) -> float:
+    return statistics.median(samples_ns) / 1e6
+
+
+def _check_counts(**counts: tuple[Any, int]) -> None:
+    for what, (value, low) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{what}={value!r} must be an integer >= {low}")
+
+
+def build_latency_table(space: SearchSpace | str, device: Device | str, *, batch: int = 1,
+                        warmup: int = 5, repeats: int = 100, threads: int | None = None,
+                        calibration: int = 5, seed: int = 0,
+                        progress: TableProgress | None = None) -> LatencyTable:
+    """The latency table of ``space`` on ``device`` at batch size ``batch``.
+
+    ``this-machine`` (or any device of that name) is measured as the module docstring says:
+    ``warmup`` untimed rounds, then ``repeats`` timed ones in which every op runs at least once
+    in a chain with random neighbours (medians kept); ``threads`` torch threads (default: the
+    current setting, what a deployment in this process would use); ``calibration`` random
+    networks, drawn from a stream of ``seed`` apart from validation's, timed whole in the same
+    rounds for ``overhead_ms`` (0: no overhead term). Other devices are estimated and ignore
+    the timing arguments. Ops sharing a shape are built and captured once.
+    ``progress(stage, done, total)`` is called as the work advances.
+    """
+    from edgesplit.nas.catalog import resolve_space
+
+    space = resolve_space(space)
+    _check_counts(batch=(batch, 1), warmup=(warmup, 0), repeats=(repeats, 1),
+                  calibration=(calibration, 0))
+    if threads is not None:
+        _check_counts(threads=(threads, 1))
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):  # building modules leaves the caller's RNG alone
+        torch.manual_seed(seed)
+        pieces = _Pieces.of(space, batch)
+        if _is_this_machine(device):
+            name = THIS_MACHINE
+            fields = _measure(space, pieces, warmup=warmup, repeats=repeats,
+                              threads=threads or torch.get_num_threads(),
+                              calibration=calibration, seed=seed, progress=progress)
+        else:
+            dev = resolve_device(device)
+            name = dev.name
+            fields = _estimate(pieces, dev, progress)
+    return LatencyTable(
+        space=space.name, space_fingerprint=space_fingerprint(space), device=name,
+        device_fingerprint=device_fingerprint(device), batch=batch,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        build_seconds=round(time.perf_counter() - start, 3), **fields)
+
+
+def _rows(pieces: _Pieces, cost: Callable[[int, int, _Key], float]
+          ) -> tuple[dict[str, float], ...]:
+    return tuple({name: (cost(i, j, key) if key is not None else 0.0)
+                  for j, (name, key) in enumerate(row)}
+                 for i, row in enumerate(pieces.positions))
+
+
+def _estimate(pieces: _Pieces, device: Device, progress: TableProgress | None
+              ) -> dict[str, Any]:
+    """Each distinct piece captured once and priced layer by layer by the device's estimator."""
+    estimator = estimator_for(device)
+    cost: dict[str | _Key, float] = {}
+    items = pieces.items()
+    for done, (key, (module, example)) in enumerate(items, start=1):
+        graph = _captured(module, example)
+        cost[key] = sum(estimator.layer_ms(LayerWork.of(graph, layer), device)
+                        for layer in graph.layers)
+        if progress:
+            progress("estimating ops", done, len(items))
+    return {"method": f"{_ESTIMATED}{type(estimator).__name__}", "stem_ms": cost["stem"],
+            "head_ms": cost["head"], "layers": _rows(pieces, lambda i, j, key: cost[key])}
+
+
+def _distinct_archs(space: SearchSpace, rng: np.random.Generator, count: int,
+                    exclude: Collection[tuple[str, ...]] = ()) -> list[Arch]:
+    """Up to ``count`` distinct random architectures not in ``exclude`` (a small space may have
+    fewer: the draws stop after 50 tries per wanted architecture)."""
+    seen = set(exclude)
+    archs: list[Arch] = []
+    for _ in range(50 * count):
+        if len(archs) == count:
+            break
+        arch = random_arch(space, rng)
+        if arch.names not in seen:
+            seen.add(arch.names)
+            archs.append(arch)
+    return archs
+
+
+def _measure(space: SearchSpace, pieces: _Pieces, *, warmup: int, repeats: int, threads: int,
+             calibration: int, seed: int, progress: TableProgress | None) -> dict[str, Any]:
+    """Capture every piece and the calibration networks, then time them in context."""
+    items = pieces.items()
+    archs = _distinct_archs(space, np.random.default_rng([seed, 1]), calibration)
+    total = len(items) + len(archs)
+    calls: dict[str | _Key, _Call] = {}
+    for done, (key, (module, example)) in enumerate(items, start=1):
+        calls[key] = _deployed(_captured(module, example))
+        if progress:
+            progress("capturing ops", done, total)
+    x = pieces.stem[1]
+    whole = []
+    for done, arch in enumerate(archs, start=len(items) + 1):
+        whole.append(_deployed(_captured(ArchNet(space, arch), x)))
+        if progress:
+            progress("capturing calibration networks", done, total)
+    before = _load()
+    with _timing(threads):
+        stem_ns, head_ns, op_ns, whole_ns = _in_context(
+            pieces, calls, whole, x, warmup=warmup, repeats=repeats,
+            rng=np.random.default_rng([seed, 2]), progress=progress)
+    after = _load()
+    stem_ms, head_ms = _median_ms(stem_ns), _median_ms(head_ns)
+    rows = _rows(pieces, lambda i, j, key: _median_ms(op_ns[i][j]))
+    parts = [stem_ms + head_ms + sum(rows[i][op.name] for i, op in enumerate(arch.ops))
+             for arch in archs]
+    # A network with no timed block (more calibration networks than rounds) is left out.
+    measured = [_median_ms(s) if s else None for s in whole_ns]
+    residuals = [m - p for m, p in zip(measured, parts, strict=True) if m is not None]
+    return {
+        "method": _MEASURED, "stem_ms": stem_ms, "head_ms": head_ms, "layers": rows,
+        "overhead_ms": statistics.median(residuals) if residuals else 0.0,
+        "measurement": {
+            "timing": "in context: chains stem -> one op per layer -> head, ops drawn from a "
+                      "fresh permutation per layer each round, each chain run in a burst of "
+                      f"{_BURST} (first untimed), one calibration network per round in a block "
+                      f"of {_BLOCK}; captured, BN-folded partitions as the torch runtime runs "
+                      "them; medians",
+            "warmup": warmup, "repeats": repeats, "threads": threads,
+            "min_samples_per_op": min((len(s) for row in op_ns for s in row if s),
+                                      default=0),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "machine": machine_identity(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "load_average": {"before": before, "after": after},
+            "calibration": {"archs": [list(a.names) for a in archs], "measured_ms": measured,
+                            "sum_of_parts_ms": parts},
+        },
+    }
+
+
+def _in_context(pieces: _Pieces, calls: Mapping[str | _Key, _Call], whole: Sequence[_Call],
+                x: torch.Tensor, *, warmup: int, repeats: int, rng: np.random.Generator,
+                progress: TableProgress | None
+                ) -> tuple[list[int], list[int], list[list[list[int]]], list[list[int]]]:
+    """Nanosecond samples of the stem, the head, each (layer, op) and each whole network.
+
+    A round runs as many chains as the widest layer has ops; layer i's op in chain k is
+    ``perm_i[k mod n_i]`` for a fresh permutation ``perm_i``, so every op runs at least once
+    per round and meets varying neighbours. Each chain runs in a burst (:func:`_burst`): the
+    steady state of a network serving inference back to back, which is what a deployment
+    sees. The whole (calibration) networks run in the same rounds, one per round in a block of
+    back-to-back calls, so parts and wholes share the machine's conditions."""
+    stem, head = calls["stem"], calls["head"]
+    layers = [[calls[key] if key is not None else None for _, key in row]
+              for row in pieces.positions]
+    widest = max(len(row) for row in layers)
+    stem_ns: list[int] = []
+    head_ns: list[int] = []
+    op_ns: list[list[list[int]]] = [[[] for _ in row] for row in layers]
+    whole_ns: list[list[int]] = [[] for _ in whole]
+    clock = time.perf_counter_ns
+
+    def chain(ops: list[tuple[_Call, list[int]]], keep: bool) -> None:
+        t0 = clock()
+        y = stem(x)[0]
+        t1 = clock()
+        if keep:
+            stem_ns.append(t1 - t0)
+        for fn, samples in ops:
+            t0 = clock()
+            y = fn(y)[0]
+            t1 = clock()
+            if keep:
+                samples.append(t1 - t0)
+        t0 = clock()
+        head(y)
+        t1 = clock()
+        if keep:
+            head_ns.append(t1 - t0)
+
+    rounds = warmup + repeats
+    for r in range(rounds):
+        perms = [rng.permutation(len(row)) for row in layers]
+        for k in range(widest):
+            ops = []
+            for i, perm in enumerate(perms):
+                j = int(perm[k % len(perm)])
+                fn = layers[i][j]
+                if fn is not None:
+                    ops.append((fn, op_ns[i][j]))
+            for keep in _burst(r >= warmup):
+                chain(ops, keep)
+        if whole:  # one calibration network per round, in a block (see _block)
+            n = r % len(whole)
+            _block(whole[n], x, 1, _BLOCK if r >= warmup else 0, whole_ns[n])
+        if progress:
+            progress("timing ops in context", r + 1, rounds)
+    return stem_ns, head_ns, op_ns, whole_ns
+
+
+_BURST = 3  # passes of a chain per burst; the first is untimed
+_BLOCK = 5  # timed calls of a whole network per block in a build round
+
+
+def _burst(timed: bool) -> list[bool]:
+    """Which passes of a chain's burst are timed: the chain runs ``_BURST`` times back to back
+    and all passes but the first are kept, so its weights are as warm as a deployed network's
+    serving one request after another."""
+    return [False] + [timed] * (_BURST - 1)
+
+
+def _block(fn: _Call, x: torch.Tensor, untimed: int, timed: int, samples: list[int]) -> None:
+    """Run a whole network ``untimed`` then ``timed`` times back to back, keeping the timed
+    calls. Whole networks are timed in blocks, not one call each in a round-robin over many
+    networks: on a 2-core Xeon a round-robin over 30 networks made each about 5 % slower than
+    the same network serving requests back to back, which is what a deployment does."""
+    for _ in range(untimed):
+        fn(x)
+    for _ in range(timed):
+        t0 = time.perf_counter_ns()
+        fn(x)
+        samples.append(time.perf_counter_ns() - t0)
+
+
+# -- validation ----------------------------------------------------------------------------
+
+_PASSES = 3
+
+
+def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, samples: int = 30,
+                           seed: int = 0, warmup: int = 5, repeats: int = 100,
+                           progress: TableProgress | None = None) -> dict[str, Any]:
+    """The table's error on whole networks: ``samples`` distinct random architectures (none of
+    the table's calibration networks) captured and timed whole on this machine with the
+    table's batch size and threads. Each network is timed as a deployment runs it, back to
+    back in blocks (``warmup`` untimed calls, then its share of ``repeats``), in three passes
+    over all networks so that slow drift of the machine spreads over all of them.
+
+    Returns ``archs`` (names, ``predicted_ms``, ``measured_ms``, ``error_pct``), ``mape_pct``,
+    ``worst_error_pct`` (signed, largest in size), ``fraction_within_10pct``, and
+    ``load_average`` before and after (with ``cpus``), so a reader sees whether the machine
+    was quiet: on a busy one, torch's worker threads wait for cores and whole networks can
+    measure many times slower than their parts did minutes earlier. Only a
+    table measured here can be checked here: an estimated table is refused."""
+    from edgesplit.nas.catalog import resolve_space
+
+    space = resolve_space(space)
+    _check_counts(samples=(samples, 1), warmup=(warmup, 0), repeats=(repeats, 1))
+    if not table.is_measured:
+        raise ConfigError(
+            f"the latency table of device {table.device!r} was {table.method}, not measured: "
+            "validation times whole networks on this machine, so it applies only to a table "
+            "measured here (device this-machine); an estimator's error is checked on the "
+            "device itself (`edgesplit profile MODEL --validate` there)")
+    table.check(space=space, device=THIS_MACHINE)
+    info = table.measurement or {}
+    held_out = {tuple(a) for a in info.get("calibration", {}).get("archs", [])}
+    archs = _distinct_archs(space, np.random.default_rng(seed), samples, held_out)
+    if not archs:
+        raise ConfigError(f"space {space.name!r} has no architecture besides the table's "
+                          "calibration networks to validate on")
+    threads = int(info.get("threads") or torch.get_num_threads())
+    calls = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        x = torch.randn(table.batch, *space.input_shape)
+        for done, arch in enumerate(archs, start=1):
+            calls.append(_deployed(_captured(ArchNet(space, arch), x)))
+            if progress:
+                progress("capturing networks", done, len(archs))
+    before = _load()
+    per_pass = -(-repeats // _PASSES)
+    with _timing(threads):
+        samples_ns: list[list[int]] = [[] for _ in calls]
+        for p in range(_PASSES):
+            for n, (fn, samples_of) in enumerate(zip(calls, samples_ns, strict=True)):
+                _block(fn, x, warmup, per_pass, samples_of)
+                if progress:
+                    progress("timing networks", p * len(calls) + n + 1, _PASSES * len(calls))
+    after = _load()
+    rows: list[dict[str, Any]] = []
+    errors: list[float] = []
+    for arch, ns in zip(archs, samples_ns, strict=True):
+        predicted, measured = table.arch_ms(arch), _median_ms(ns)
+        errors.append(100.0 * (predicted - measured) / measured)
+        rows.append({"arch": list(arch.names), "predicted_ms": predicted,
+                     "measured_ms": measured, "error_pct": errors[-1]})
+    return {
+        "space": table.space, "device": table.device, "method": table.method,
+        "batch": table.batch, "threads": threads, "cpus": os.cpu_count(),
+        "samples": len(rows), "seed": seed,
+        "warmup": warmup, "repeats": repeats,
+        "load_average": {"before": before, "after": after},
+        "mape_pct": statistics.fmean(abs(e) for e in errors),
+        "worst_error_pct": max(errors, key=abs),
+        "fraction_within_10pct": sum(abs(e) <= 10.0 for e in errors) / len(errors),
+        "archs": rows,
+    }
