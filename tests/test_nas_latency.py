@@ -1,18 +1,22 @@
 """Latency tables of a search space: derived tables equal capture + estimator by hand, the file
 round-trips and refuses another space, device, version or a corrupt file, a measured table is
-complete, and validation reports its documented structure. No timing or error
+complete, validation reports its documented structure, and the CLI. No timing or error
 threshold is asserted: those depend on the machine."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typer.testing import CliRunner
 
+from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.graph import capture
 from edgesplit.hardware import LayerWork, estimator_for, get_device
@@ -206,3 +210,39 @@ def test_bad_entries_are_refused(derived):
         LatencyTable.from_dict(data)
     with pytest.raises(ConfigError, match=r"missing\.json"):
         LatencyTable.load("missing.json")
+
+
+@pytest.fixture
+def tiny_file(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY.to_dict()))
+    return path
+
+
+def test_cli_latency_table_json(tiny_file, tmp_path):
+    out = tmp_path / "table.json"
+    result = CliRunner().invoke(app, [
+        "nas", "latency-table", str(tiny_file), "--device", "this-machine", "--json",
+        "--warmup", "1", "--repeats", "3", "--calibration", "1", "--threads", "1",
+        "--validate", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["table"]["method"] == "measured" and doc["table"]["space"]["name"] == "tiny-latency"
+    assert doc["validation"]["samples"] == 2 and doc["written_to"] == str(out)
+    assert LatencyTable.load(out, space=TINY, device="this-machine").to_dict() == doc["table"]
+    spaces = json.loads(CliRunner().invoke(app, ["nas", "spaces", "--json"]).stdout)
+    assert {"digits-mbconv", "cifar-mbconv"} <= {s["name"] for s in spaces["spaces"]}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nas-space-that-does-not-exist", "--device", "jetson-nano"], "unknown search space"),
+    (["TINY", "--device", "no-such-device"], "unknown device 'no-such-device'"),
+    (["TINY", "--device", "jetson-nano", "--validate", "3"], "needs --device this-machine"),
+])
+def test_cli_user_errors_are_one_line_with_exit_2(tiny_file, args, message):
+    args = [str(tiny_file) if a == "TINY" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "nas", "latency-table", *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
