@@ -138,3 +138,18 @@ def test_real_plan_figures(tmp_path: Path) -> None:
     sweep = sweep_link(prob, ["neurosurgeon", "qdmp", "cloud_only", "edge_only"], points=8)
     assert_png(plot_cut_breakdown(rows, tmp_path / "cuts.png", title="resnet18 over wifi"))
     assert_png(plot_link_sweep(sweep, tmp_path / "sweep.png"))
+
+
+def test_search_progress_and_accuracy_latency_figures(tmp_path):
+    from edgesplit.report.plots import plot_accuracy_latency, plot_search_progress
+
+    history = [{"epoch": e, "phase": "warm-up" if e < 2 else "search", "accuracy": 10.0 + 8 * e,
+                "expected_ms": 2.0 - 0.1 * e} for e in range(8)]
+    runs = {"chain, 1.5 ms": {"history": history, "latency_budget_ms": 1.5},
+            "chain, 1.2 ms": {"history": history[:6], "latency_budget_ms": 1.2}}
+    assert_png(plot_search_progress(runs, tmp_path / "fig5.png"))
+    points = [{"method": "JMSNAS", "latency_ms": 1.4, "accuracy": 97.0, "label": "1.5 ms"},
+              {"method": "cloud-only", "latency_ms": 1.9, "accuracy": 97.0}]
+    assert_png(plot_accuracy_latency(points, tmp_path / "fig6.png"))
+    with pytest.raises(ConfigError, match="no history"):
+        plot_search_progress({"x": {"history": [], "latency_budget_ms": 1}}, tmp_path / "x.png")

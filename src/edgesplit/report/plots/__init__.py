@@ -1,9 +1,11 @@
 """PNG figures, one module per domain: ``plan`` (link sweeps, cut breakdowns, assignments,
-Pareto fronts), ``hardware`` (profiles), ``train`` (L2S and split training). This package
-re-exports them all, so ``from edgesplit.report.plots import plot_pareto`` keeps working."""
+Pareto fronts), ``hardware`` (profiles), ``train`` (L2S and split training), ``nas``
+(searches). This package re-exports them all, so ``from edgesplit.report.plots import
+plot_pareto`` keeps working."""
 
 from edgesplit.report.plots._figure import DPI, short_layer_name
 from edgesplit.report.plots.hardware import plot_profile
+from edgesplit.report.plots.nas import plot_accuracy_latency, plot_search_progress
 from edgesplit.report.plots.plan import (
     auto_distortion,
     plot_assignment,
@@ -16,6 +18,7 @@ from edgesplit.report.plots.train import plot_l2s, plot_l2s_curves, plot_train_s
 __all__ = [
     "DPI",
     "auto_distortion",
+    "plot_accuracy_latency",
     "plot_assignment",
     "plot_cut_breakdown",
     "plot_l2s",
@@ -23,6 +26,7 @@ __all__ = [
     "plot_link_sweep",
     "plot_pareto",
     "plot_profile",
+    "plot_search_progress",
     "plot_train_split",
     "short_layer_name",
 ]
