@@ -108,3 +108,15 @@ def test_bad_placements_and_topologies_are_refused():
         ChainLatency.best_placement(SPACE, get_topology("jmsnas-mesh"), TABLES)
     with pytest.raises(ConfigError, match="no latency table for device"):
         ChainLatency.best_placement(SPACE, TOPOLOGY, {DEVICES[0]: TABLES[DEVICES[0]]})
+
+
+def test_every_busy_device_pays_its_overhead_once():
+    tables = {d: FakeTable(scale=1.0) for d in DEVICES}
+    for i, table in enumerate(tables.values()):
+        table.overhead_ms = 0.1 * (i + 1)  # type: ignore[attr-defined]
+    placement = ChainPlacement.from_counts(DEVICES, (4, 0, 6, 0))  # the UE and the MBS compute
+    model = ChainLatency(SPACE, TOPOLOGY, tables, placement)
+    without = ChainLatency(SPACE, TOPOLOGY, {d: FakeTable(scale=1.0) for d in DEVICES},
+                           placement)
+    arch = SPACE.fixed_arch("largest")
+    assert model.of_arch(arch) - without.of_arch(arch) == pytest.approx(0.1 + 0.3)

@@ -36,7 +36,9 @@ FLOAT_BYTES = 4  # activations travel as float32 during the search, as the float
 
 
 class LayerLatencies(Protocol):
-    """What the latency model needs of a device's latency table."""
+    """What the latency model needs of a device's latency table
+    (:class:`~edgesplit.nas.latency.LatencyTable`); a table may also carry ``overhead_ms``,
+    what a device pays per network it runs a part of beyond its ops (0 if absent)."""
 
     stem_ms: float
     head_ms: float
@@ -117,6 +119,8 @@ class ChainLatency:
                                       dtype=torch.float64) for i in range(len(space.layers))]
         self.stem_ms = tables[self.devices[units[0]]].stem_ms
         self.head_ms = tables[self.devices[units[-1]]].head_ms
+        self.overhead_ms = {self.devices[m]: _overhead(tables[self.devices[m]])
+                            for m in sorted(set(units))}
         self.transfers = _transfers(topology, self.devices, units, unit_output_bytes(space),
                                     _input_bytes(space))
 
@@ -126,8 +130,8 @@ class ChainLatency:
 
     @property
     def constant_ms(self) -> float:
-        """What no op choice changes: stem, head and every transfer."""
-        return self.stem_ms + self.head_ms + self.transfer_ms
+        """What no op choice changes: stem, head, every busy device's overhead, transfers."""
+        return self.stem_ms + self.head_ms + sum(self.overhead_ms.values()) + self.transfer_ms
 
     def __call__(self, probs: Sequence[torch.Tensor]) -> torch.Tensor:
         """E[T] in ms, differentiable in ``probs`` (each summing to 1 over a layer's ops)."""
@@ -155,6 +159,8 @@ class ChainLatency:
         units = self.placement.unit_device
         out[self.devices[units[0]]] += self.stem_ms
         out[self.devices[units[-1]]] += self.head_ms
+        for device, overhead in self.overhead_ms.items():
+            out[device] += overhead
         for i, (ms, k) in enumerate(zip(self.layer_ms, indices, strict=True)):
             out[self.devices[units[i + 1]]] += float(ms[k])
         out["transfers"] = self.transfer_ms
@@ -203,6 +209,10 @@ def _check_tables(topology: Topology, devices: Sequence[str],
 
 def _input_bytes(space: SearchSpace) -> int:
     return FLOAT_BYTES * int(np.prod(space.input_shape))
+
+
+def _overhead(table: LayerLatencies) -> float:
+    return float(getattr(table, "overhead_ms", 0.0))
 
 
 def _unit_ms(table: LayerLatencies, unit: int, space: SearchSpace, fastest: bool) -> float:
