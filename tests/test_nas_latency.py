@@ -135,7 +135,7 @@ def test_validation_reports_the_documented_structure(measured):
     result = validate_latency_table(measured, TINY, samples=3, warmup=1, repeats=3)
     for key in ("space", "device", "method", "batch", "threads", "cpus", "samples", "seed",
                 "load_average", "mape_pct", "worst_error_pct", "fraction_within_10pct",
-                "archs"):
+                "drift_pct", "archs"):
         assert key in result
     assert result["samples"] == len(result["archs"]) == 3 and result["threads"] == 1
     assert set(result["load_average"]) == {"before", "after"}
@@ -150,6 +150,7 @@ def test_validation_reports_the_documented_structure(measured):
     assert result["mape_pct"] == pytest.approx(sum(errors) / 3)
     assert abs(result["worst_error_pct"]) == pytest.approx(max(errors))
     assert 0.0 <= result["fraction_within_10pct"] <= 1.0
+    assert math.isfinite(result["drift_pct"])  # the table has calibration networks
 
 
 def test_validation_refuses_an_estimated_table(derived):

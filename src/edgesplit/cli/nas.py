@@ -74,9 +74,9 @@ def latency_table(
     out_path: Path | None = typer.Option(None, "--out", "-o", help="Write the table (JSON)."),
     batch: int = typer.Option(1, "--batch", "-b", min=1, help="Batch size."),
     warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed rounds first (measured)."),
-    repeats: int = typer.Option(100, "--repeats", min=1,
-                                help="Timed rounds; every op runs at least once per round "
-                                     "(measured)."),
+    repeats: int = typer.Option(50, "--repeats", min=1,
+                                help="Timed rounds; each op is timed at least twice per "
+                                     "round (measured)."),
     threads: int | None = typer.Option(None, "--threads", min=1,
                                        help="Torch threads while measuring (default: torch's "
                                             "setting, what a deployment here would use)."),

@@ -471,14 +471,15 @@ def _check_counts(**counts: tuple[Any, int]) -> None:
 
 
 def build_latency_table(space: SearchSpace | str, device: Device | str, *, batch: int = 1,
-                        warmup: int = 5, repeats: int = 100, threads: int | None = None,
+                        warmup: int = 5, repeats: int = 50, threads: int | None = None,
                         calibration: int = 5, seed: int = 0,
                         progress: TableProgress | None = None) -> LatencyTable:
     """The latency table of ``space`` on ``device`` at batch size ``batch``.
 
     ``this-machine`` (or any device of that name) is measured as the module docstring says:
     ``warmup`` untimed rounds, then ``repeats`` timed ones in which every op runs at least once
-    in a chain with random neighbours (medians kept); ``threads`` torch threads (default: the
+    in a chain with random neighbours, in a burst of which two passes are timed (so at least
+    ``2 * repeats`` samples per op; medians kept); ``threads`` torch threads (default: the
     current setting, what a deployment in this process would use); ``calibration`` random
     networks, drawn from a stream of ``seed`` apart from validation's, timed whole in the same
     rounds for ``overhead_ms`` (0: no overhead term). Other devices are estimated and ignore
@@ -693,7 +694,7 @@ _PASSES = 3
 
 
 def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, samples: int = 30,
-                           seed: int = 0, warmup: int = 5, repeats: int = 100,
+                           seed: int = 0, warmup: int = 5, repeats: int = 50,
                            progress: TableProgress | None = None) -> dict[str, Any]:
     """The table's error on whole networks: ``samples`` distinct random architectures (none of
     the table's calibration networks) captured and timed whole on this machine with the
@@ -702,11 +703,12 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
     over all networks so that slow drift of the machine spreads over all of them.
 
     Returns ``archs`` (names, ``predicted_ms``, ``measured_ms``, ``error_pct``), ``mape_pct``,
-    ``worst_error_pct`` (signed, largest in size), ``fraction_within_10pct``, and
-    ``load_average`` before and after (with ``cpus``), so a reader sees whether the machine
-    was quiet: on a busy one, torch's worker threads wait for cores and whole networks can
-    measure many times slower than their parts did minutes earlier. Only a
-    table measured here can be checked here: an estimated table is refused."""
+    ``worst_error_pct`` (signed, largest in size), ``fraction_within_10pct``, and two signs
+    of whether the machine was quiet: ``load_average`` before and after (with ``cpus``), and
+    ``drift_pct``, how much slower (positive) the table's calibration networks run now than
+    when the table was built, timed in the same passes. On a busy machine torch's worker
+    threads wait for cores; an error of about the drift's size is the machine's, not the
+    table's. Only a table measured here can be checked here: an estimated table is refused."""
     from edgesplit.nas.catalog import resolve_space
 
     space = resolve_space(space)
@@ -725,14 +727,19 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
         raise ConfigError(f"space {space.name!r} has no architecture besides the table's "
                           "calibration networks to validate on")
     threads = int(info.get("threads") or torch.get_num_threads())
+    calibration = info.get("calibration", {})
+    references = [(Arch.from_names(a), ms) for a, ms in
+                  zip(calibration.get("archs", []), calibration.get("measured_ms", []),
+                      strict=False) if ms]
     calls = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         x = torch.randn(table.batch, *space.input_shape)
-        for done, arch in enumerate(archs, start=1):
+        timed = archs + [arch for arch, _ in references]
+        for done, arch in enumerate(timed, start=1):
             calls.append(_deployed(_captured(ArchNet(space, arch), x)))
             if progress:
-                progress("capturing networks", done, len(archs))
+                progress("capturing networks", done, len(timed))
     before = _load()
     per_pass = -(-repeats // _PASSES)
     with _timing(threads):
@@ -743,9 +750,11 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
                 if progress:
                     progress("timing networks", p * len(calls) + n + 1, _PASSES * len(calls))
     after = _load()
+    drift = [100.0 * (_median_ms(ns) - then) / then
+             for (_, then), ns in zip(references, samples_ns[len(archs):], strict=True)]
     rows: list[dict[str, Any]] = []
     errors: list[float] = []
-    for arch, ns in zip(archs, samples_ns, strict=True):
+    for arch, ns in zip(archs, samples_ns[:len(archs)], strict=True):
         predicted, measured = table.arch_ms(arch), _median_ms(ns)
         errors.append(100.0 * (predicted - measured) / measured)
         rows.append({"arch": list(arch.names), "predicted_ms": predicted,
@@ -759,5 +768,6 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
         "mape_pct": statistics.fmean(abs(e) for e in errors),
         "worst_error_pct": max(errors, key=abs),
         "fraction_within_10pct": sum(abs(e) <= 10.0 for e in errors) / len(errors),
+        "drift_pct": statistics.median(drift) if drift else None,
         "archs": rows,
     }

@@ -88,6 +88,8 @@ def latency_validation_table(result: Mapping[str, Any]) -> Table:
         ("within +-10 %", f"{100 * result['fraction_within_10pct']:.0f} %"),
         ("measured", f"{measured[0]:.3f} - {measured[-1]:.3f} ms"),
         ("threads / batch", f"{result['threads']} / {result['batch']}"),
+        ("drift since the build (calibration networks)",
+         f"{result['drift_pct']:+.1f} %" if result.get("drift_pct") is not None else "n/a"),
         (f"load average before (1/5/15 min, {result.get('cpus', '?')} CPUs)",
          _load(load.get("before", []))),
         ("load average after", _load(load.get("after", []))),
