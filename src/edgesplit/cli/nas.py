@@ -125,3 +125,81 @@ def latency_table(
         out.print(latency_validation_table(report))
     if out_path is not None:
         err.print(f"latency table written to {out_path}")
+
+
+def _counts(text: str) -> list[int]:
+    from edgesplit.errors import ConfigError
+
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--placement {text!r}: give whole numbers of units per device, "
+                          "e.g. 4,3,3,0") from None
+
+
+@nas_app.command("jmsnas")
+@user_errors
+def jmsnas(
+    topology: str = typer.Option(..., "--topology", "-t",
+                                 help="A chain topology preset (jmsnas-chain) or file."),
+    budget_ms: float = typer.Option(..., "--latency-budget-ms", "-b",
+                                    help="T_const: the completion latency to search for (ms)."),
+    space: str = typer.Option("digits-mbconv", "--space", "-s", help=SPACE_HELP),
+    data: str = typer.Option("digits", "--data",
+                             help="digits, a folder of class sub-folders of images, or an "
+                                  ".npz/.pt of inputs and labels."),
+    table: list[str] = typer.Option([], "--table",
+                                    help="DEVICE=FILE: a latency table built with `edgesplit "
+                                         "nas latency-table` (repeatable; devices without one "
+                                         "get a table built now)."),
+    placement: str | None = typer.Option(None, "--placement",
+                                         help="Units (stem, layers, head) per device along "
+                                              "the chain, e.g. 4,3,3,0 (default: planned)."),
+    warmup_epochs: int = typer.Option(2, "--warmup-epochs", min=0),
+    epochs: int = typer.Option(8, "--epochs", min=1, help="Search epochs after warm-up."),
+    retrain_epochs: int = typer.Option(10, "--retrain-epochs", min=0,
+                                       help="Stage 2: epochs training the derived network."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1),
+    lambda1: float = typer.Option(4e-5, "--lambda1", min=0.0, help="Weight decay of loss (4)."),
+    lambda2: float | None = typer.Option(None, "--lambda2", min=0.0,
+                                         help="Latency penalty of loss (4) (default 1/T_const^2)."),
+    seed: int = typer.Option(0, "--seed"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o",
+                                        help="Folder for the network, model.pt2, plan.json "
+                                             "and search.json."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write Fig. 5 (PNG)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """JMSNAS: search a network for a chain of devices under a latency budget, retrain it, and
+    plan it over the topology (the plan runs with `edgesplit serve/run`)."""
+    from edgesplit.data.training import load_labelled
+    from edgesplit.hardware import resolve_topology
+    from edgesplit.nas import resolve_space
+    from edgesplit.nas.jmsnas_run import parse_table_options, run_jmsnas
+
+    resolved = resolve_space(space)
+    topo = resolve_topology(topology)
+    files = parse_table_options(table)
+    counts = _counts(placement) if placement else None
+    labelled = load_labelled(data, image_size=resolved.input_shape[1],
+                             grayscale=resolved.input_shape[0] == 1)
+    with progress_bar(f"JMSNAS {resolved.name} on {topo.name}") as progress:
+        run = run_jmsnas(resolved, topo, labelled, budget_ms=budget_ms, table_files=files,
+                         placement=counts, out=out_dir, progress=progress,
+                         warmup_epochs=warmup_epochs, epochs=epochs,
+                         retrain_epochs=retrain_epochs, batch_size=batch_size,
+                         lambda1=lambda1, lambda2=lambda2, seed=seed)
+    doc = run.summary()
+    if plot is not None:
+        from edgesplit.report.plots import plot_search_progress
+
+        plot_search_progress({f"{topo.name}, {budget_ms:g} ms": doc}, plot)
+    if as_json:
+        emit_json(doc)
+        return
+    from edgesplit.report.nas_tables import jmsnas_epochs_table, jmsnas_result_table
+
+    out.print(jmsnas_epochs_table(doc))
+    out.print(jmsnas_result_table(doc))
+    if plot is not None:
+        err.print(f"Fig. 5 written to {plot}")

@@ -30,7 +30,8 @@ from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import Link, Topology
 from edgesplit.nas.space import Arch, SearchSpace
 
-__all__ = ["ChainLatency", "ChainPlacement", "LayerLatencies", "unit_names", "unit_output_bytes"]
+__all__ = ["ChainLatency", "ChainPlacement", "LayerLatencies", "chain_devices", "unit_names",
+           "unit_output_bytes"]
 
 FLOAT_BYTES = 4  # activations travel as float32 during the search, as the float Plan sends them
 
@@ -40,8 +41,11 @@ class LayerLatencies(Protocol):
     (:class:`~edgesplit.nas.latency.LatencyTable`); a table may also carry ``overhead_ms``,
     what a device pays per network it runs a part of beyond its ops (0 if absent)."""
 
-    stem_ms: float
-    head_ms: float
+    @property
+    def stem_ms(self) -> float: ...
+
+    @property
+    def head_ms(self) -> float: ...
 
     def layer_vector(self, layer: int) -> list[float]:
         """ms of every candidate of ``layer``, in the order of ``space.layers[layer].ops``."""
@@ -105,7 +109,7 @@ class ChainLatency:
     def __init__(self, space: SearchSpace, topology: Topology,
                  tables: Mapping[str, LayerLatencies], placement: ChainPlacement) -> None:
         self.space, self.topology, self.placement = space, topology, placement
-        self.devices = _chain_devices(topology)
+        self.devices = chain_devices(topology)
         if tuple(self.devices) != placement.devices:
             raise ConfigError(f"the placement is for devices {placement.devices}, the topology "
                               f"{topology.name!r} chains {tuple(self.devices)}")
@@ -172,7 +176,7 @@ class ChainLatency:
                        ) -> ChainLatency:
         """The placement minimising E[T] with every op equally likely (the search's starting
         point), or with every layer at its fastest op (``fastest=True``); exact DP."""
-        devices = _chain_devices(topology)
+        devices = chain_devices(topology)
         _check_tables(topology, devices, tables)
         cost = np.array([[_unit_ms(tables[d], u, space, fastest) for d in devices]
                          for u in range(len(space.layers) + 2)])
@@ -190,7 +194,8 @@ class ChainLatency:
                 f"the budget to at least {math.ceil(fastest_ms * 1000) / 1000:g} ms")
 
 
-def _chain_devices(topology: Topology) -> list[str]:
+def chain_devices(topology: Topology) -> list[str]:
+    """The chain's devices from source to sink; a ConfigError for any other topology."""
     if not topology.is_chain:
         raise ConfigError(f"topology {topology.name!r} is not a chain: the JMSNAS search places "
                           "a chain network on a chain of devices (eq. 1); plan over a chain "

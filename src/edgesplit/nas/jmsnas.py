@@ -121,13 +121,14 @@ def train_network(model: nn.Module, data: EvalData, *, epochs: int, lr: float,
     return losses
 
 
-def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int, batches: int = 8
-                   ) -> nn.Module:
+def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int,
+                   batches: int | None = 8) -> nn.Module:
     """``net`` with batch-norm statistics re-estimated on ``batches`` batches of ``data``.
 
     A supernet's running statistics mix every path that ran through a layer, so a sub-network
     evaluated with them scores near chance; once-for-all re-estimates them for each
-    sub-network before measuring it, and so do we (a cumulative average, no weight changes)."""
+    sub-network before measuring it, and so do we (a cumulative average, no weight changes).
+    ``batches=None`` uses all of ``data``."""
     norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     for bn in norms:
         bn.reset_running_stats()
@@ -135,7 +136,7 @@ def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int, batches: int
     net.train()
     with torch.no_grad():
         for k, (x, _) in enumerate(_batches(data, batch_size, torch.Generator().manual_seed(0))):
-            if k == batches:
+            if batches is not None and k == batches:
                 break
             net(x)
     return net.eval()
@@ -301,6 +302,9 @@ class JMSNAS:
             self.model_, self.data_.train, epochs=self.retrain_epochs, lr=self.weight_lr,
             weight_decay=2 * self.lambda1, batch_size=self.batch_size, seed=self.seed,
             progress=self.progress)
+        # Running statistics lag weights that moved fast in a short recipe: re-estimate them
+        # on the training data, as the deployed network will use them.
+        recalibrate_bn(self.model_, self.data_.train, self.batch_size, batches=None)
         self.accuracy_ = accuracy(self.model_, self.data_.test)
         return self
 

@@ -11,7 +11,8 @@ from edgesplit.nas.latency import LatencyTable
 from edgesplit.nas.space import SearchSpace
 from edgesplit.report.format import human_count
 
-__all__ = ["latency_table_table", "latency_validation_table", "spaces_table"]
+__all__ = ["jmsnas_epochs_table", "jmsnas_result_table", "latency_table_table",
+           "latency_validation_table", "spaces_table"]
 
 
 def spaces_table(spaces: Sequence[SearchSpace]) -> Table:
@@ -95,4 +96,39 @@ def latency_validation_table(result: Mapping[str, Any]) -> Table:
         ("load average after", _load(load.get("after", []))),
     ):
         table.add_row(name, value)
+    return table
+
+
+def jmsnas_epochs_table(doc: Mapping[str, Any]) -> Table:
+    """Stage 1 per epoch: the derived network's accuracy, E[T] and the derived arch's latency
+    (what Fig. 5 plots)."""
+    table = Table(title=f"JMSNAS stage 1: {doc['space']} on {doc['topology']}, "
+                        f"T_const {doc['latency_budget_ms']:.3f} ms")
+    for name in ("epoch", "phase", "weight loss", "arch loss", "E[T] ms", "argmax ms",
+                 "top-1 %", "argmax architecture"):
+        table.add_column(name, justify="left" if name in ("phase", "argmax architecture")
+                         else "right")
+    for h in doc["history"]:
+        table.add_row(str(h["epoch"] + 1), h["phase"], f"{h['weight_loss']:.3f}",
+                      "" if h["arch_loss"] is None else f"{h['arch_loss']:.3f}",
+                      f"{h['expected_ms']:.3f}", f"{h['arch_ms']:.3f}", f"{h['accuracy']:.1f}",
+                      h["arch"])
+    return table
+
+
+def jmsnas_result_table(doc: Mapping[str, Any]) -> Table:
+    """The derived network: architecture, latency by the tables, per device, accuracy, plan."""
+    table = Table(title="JMSNAS result", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("architecture", " ".join(doc["arch"]["ops"]))
+    table.add_row("latency (tables)", f"{doc['arch_ms']:.3f} ms of {doc['latency_budget_ms']:.3f}")
+    per_device = ", ".join(f"{k} {v:.3f}" for k, v in doc["breakdown_ms"].items())
+    table.add_row("per device (ms)", per_device)
+    table.add_row("held-out top-1", f"{doc['accuracy']:.2f} %" if "accuracy" in doc else "-")
+    plan = doc.get("plan")
+    if plan:
+        table.add_row("plan", f"{plan['method']}: {plan['predicted_ms']:.3f} ms predicted, "
+                              f"layers per device {plan['devices']}")
+        table.add_row("folder", doc.get("folder", ""))
     return table

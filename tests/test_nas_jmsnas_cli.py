@@ -1,0 +1,71 @@
+"""`edgesplit nas jmsnas` end to end on a tiny space and a slice of the digits: JSON document,
+result folder, Fig. 5, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from edgesplit.cli import app
+from edgesplit.data.training import load_labelled
+from edgesplit.nas import HeadSpec, SearchSpace, StemSpec
+from edgesplit.plan import load_plan
+from edgesplit.runtime.program import PlanProgram
+
+TINY = SearchSpace.from_stages("tiny-jmsnas", (1, 32, 32), 10, stem=StemSpec(8, stride=2),
+                               stages=[(8, 1, 2), (16, 1, 2)], head=HeadSpec(0))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("jmsnas-cli")
+    space = folder / "tiny.json"
+    space.write_text(json.dumps(TINY.to_dict()))
+    digits = load_labelled("digits")
+    data = folder / "digits.npz"
+    np.savez(data, inputs=digits.train.inputs[0][:240].numpy(),
+             labels=digits.train.labels[:240].numpy())
+    return folder, space, data
+
+
+def test_jmsnas_json_folder_and_plot(inputs):
+    folder, space, data = inputs
+    out, plot = folder / "result", folder / "fig5.png"
+    result = CliRunner().invoke(app, [
+        "nas", "jmsnas", "--topology", "jmsnas-chain", "--latency-budget-ms", "50",
+        "--space", str(space), "--data", str(data), "--warmup-epochs", "1", "--epochs", "1",
+        "--retrain-epochs", "1", "--batch-size", "32", "--out", str(out), "--plot", str(plot),
+        "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["version"] == 1 and doc["space"] == "tiny-jmsnas"
+    assert [h["phase"] for h in doc["history"]] == ["warm-up", "search"]
+    assert doc["arch_ms"] <= 50 and 0 <= doc["accuracy"] <= 100
+    assert set(doc["tables"]) == {"ue", "sbs", "mbs", "cloud"}
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    plan = load_plan(out / "plan.json")
+    assert plan.runnable and doc["plan"]["method"] == plan.method
+    PlanProgram.load(plan)  # the runtime takes it as it takes any plan
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--topology", "jmsnas-mesh", "--latency-budget-ms", "5"], "not a chain"),
+    (["--topology", "jmsnas-chain", "--latency-budget-ms", "5", "--table", "ue"],
+     "write DEVICE=FILE"),
+    (["--topology", "jmsnas-chain", "--latency-budget-ms", "5", "--table", "phone=x.json"],
+     "does not have"),
+    (["--topology", "jmsnas-chain", "--latency-budget-ms", "0.001"], "raise the budget"),
+])
+def test_jmsnas_user_errors_are_one_line(inputs, args, message):
+    _, space, data = inputs
+    proc = subprocess.run([sys.executable, "-m", "edgesplit.cli", "nas", "jmsnas", *args,
+                           "--space", str(space), "--data", str(data)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
