@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_l2s.py
 	$(PY) benchmarks/bench_hostile.py
+	$(PY) benchmarks/bench_nas_jmsnas.py
 
 # 500,000 mutated wire messages through the decoder (a few minutes): every one must raise
 # WireError or decode as its header says, within 4x its declared size and 100 ms.
