@@ -30,6 +30,8 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit simulate-l2s --model resnet34 --device jetson-nano \
 		--bandwidth-mbps 100 --drop-at 300 --drop-to 60 --restore-at 600 --rounds 900
 	$(VENV)/bin/edgesplit train-split --epochs 2 --drop-at 39 --drop-to 20 --horizon 20
+	$(VENV)/bin/edgesplit nas jmsnas --topology jmsnas-chain --latency-budget-ms 0.8 \
+		--warmup-epochs 1 --epochs 3 --retrain-epochs 4 --out .demo/jmsnas
 
 # The static checks (lint, below) run first, so CI fails on a ruff or mypy finding before the
 # tests start. mypy's first run (cold cache, e.g. a fresh CI machine) takes ~40 s.

@@ -127,7 +127,14 @@ def _markdown(doc: dict[str, Any]) -> str:
         "devices are estimated from their device models (roofline); `planned` is the "
         "multisplit Plan's prediction for the network, `cloud-only` the same network entirely "
         "on the cloud, `measured` the plan run here over loopback with its links shaped "
-        "(this machine computes every part).", "",
+        "(this machine computes every part, and every hop pays the Python gRPC runtime's "
+        "per-request cost that issue 19 is about).", "",
+        "Why every plan keeps the whole network on the UE: the raw digit is 4 KB, 1.31 ms over "
+        "the 25 Mbps UE->SBS link, more than the largest network of the space takes on the "
+        "Raspberry-Pi-class UE, and no intermediate tensor of this space is smaller than 2 KB "
+        "(the stem's output is 16 KB). JMSNAS's ImageNet setting (224x224 inputs, "
+        "hundreds of MMACs) is where splitting pays; on the digits the search's value is the "
+        "latency/accuracy front it reaches under each budget.", "",
         "| method | T_const ms | held-out top-1 % | tables ms | planned ms | cloud-only ms | "
         "vs cloud-only | measured ms | layers per device |",
         "|---|---|---|---|---|---|---|---|---|"]
