@@ -217,14 +217,15 @@ class JMSNAS:
             raise ConfigError(f"the data's samples are {data.sample_shape}; space "
                               f"{space.name!r} takes {tuple(space.input_shape)}")
         latency.check_budget(self.latency_budget_ms)  # before any training: fail fast
-        torch.manual_seed(self.seed)
         gen = torch.Generator().manual_seed(self.seed)
         labels = data.train.labels
         assert labels is not None  # LabelledData guarantees labels
         w_idx, a_idx = stratified_split(labels, self.arch_fraction, self.seed)
         self.weight_data_ = data.train.subset(w_idx, "weights")
         self.arch_data_ = data.train.subset(a_idx, "architecture")
-        self.supernet_ = Supernet(space, weights=self.weights)
+        with torch.random.fork_rng(devices=[]):  # seeded init; the caller's RNG untouched
+            torch.manual_seed(self.seed)
+            self.supernet_ = Supernet(space, weights=self.weights)
         self.alpha_ = [torch.zeros(len(layer.ops), requires_grad=True) for layer in space.layers]
         # Adam's weight_decay adds wd * theta to the gradient: the gradient of (wd/2)||theta||^2.
         w_opt = torch.optim.Adam(self.supernet_.parameters(), lr=self.weight_lr,
@@ -235,7 +236,7 @@ class JMSNAS:
         for epoch in range(total):
             searching = epoch >= self.warmup_epochs
             w_loss = self._weight_epoch(w_opt, gen)
-            a_loss = self._arch_epoch(a_opt, w_opt, latency, gen) if searching else None
+            a_loss = self._arch_epoch(a_opt, latency, gen) if searching else None
             self.history_.append(self._log(epoch, searching, w_loss, a_loss, latency))
             if self.progress:
                 self.progress("search", epoch + 1, total)
@@ -258,9 +259,21 @@ class JMSNAS:
             total, n = total + loss.item() * len(y), n + len(y)
         return total / n
 
-    def _arch_epoch(self, a_opt: torch.optim.Optimizer, w_opt: torch.optim.Optimizer,
-                    latency: ChainLatency, gen: torch.Generator) -> float:
+    def _arch_epoch(self, a_opt: torch.optim.Optimizer, latency: ChainLatency,
+                    gen: torch.Generator) -> float:
         net = self.supernet_.train()
+        # Architecture steps update alpha only: no weight gradients computed (backward still
+        # runs through the activations to reach the gates).
+        net.requires_grad_(False)
+        try:
+            return self._arch_steps(net, a_opt, latency, gen)
+        finally:
+            net.requires_grad_(True)
+            for mixed in net.mixed_ops:
+                mixed.set_paths((mixed.active[0],))
+
+    def _arch_steps(self, net: Supernet, a_opt: torch.optim.Optimizer, latency: ChainLatency,
+                    gen: torch.Generator) -> float:
         total, n = 0.0, 0
         for x, y in _batches(self.arch_data_, self.batch_size, gen):
             for mixed, a in zip(net.mixed_ops, self.alpha_, strict=True):
@@ -273,12 +286,9 @@ class JMSNAS:
             penalty = self.lambda2_ * (expected - self.latency_budget_ms) ** 2
             loss = F.cross_entropy(net(x), y) + penalty.float()
             a_opt.zero_grad()
-            w_opt.zero_grad()  # the weights' gradient from this step is dropped, not applied
             loss.backward()
             a_opt.step()
             total, n = total + loss.item() * len(y), n + len(y)
-        for mixed in net.mixed_ops:
-            mixed.set_paths((mixed.active[0],))
         return total / n
 
     def _log(self, epoch: int, searching: bool, w_loss: float, a_loss: float | None,
