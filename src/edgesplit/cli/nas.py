@@ -18,7 +18,7 @@ from edgesplit.cli._app import app, emit_json, err, out, user_errors
 __all__ = ["SPACE_HELP", "nas_app", "progress_bar"]
 
 nas_app = typer.Typer(no_args_is_help=True,
-                      help="Neural architecture search: search spaces and latency tables.")
+                      help="Neural architecture search: search spaces, latency tables, JMSNAS.")
 app.add_typer(nas_app, name="nas")
 
 SPACE_HELP = "Built-in search space name (`edgesplit nas spaces`) or a JSON file of one."
@@ -170,8 +170,10 @@ def jmsnas(
     plot: Path | None = typer.Option(None, "--plot", help="Write Fig. 5 (PNG)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """JMSNAS: search a network for a chain of devices under a latency budget, retrain it, and
-    plan it over the topology (the plan runs with `edgesplit serve/run`)."""
+    """JMSNAS: search a network for a chain of devices under a latency budget, then plan it.
+
+    Stage 1 searches the architecture with the expected latency in the loss, stage 2 retrains
+    the derived network; --out writes it with a plan that `edgesplit serve/run` executes."""
     from edgesplit.data.training import load_labelled
     from edgesplit.hardware import resolve_topology
     from edgesplit.nas import resolve_space
