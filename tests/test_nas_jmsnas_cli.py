@@ -19,6 +19,9 @@ from edgesplit.runtime.program import PlanProgram
 
 TINY = SearchSpace.from_stages("tiny-jmsnas", (1, 32, 32), 10, stem=StemSpec(8, stride=2),
                                stages=[(8, 1, 2), (16, 1, 2)], head=HeadSpec(0))
+# with a layer that keeps its shape, which a mesh can copy onto its branch devices
+TINY_MESH = SearchSpace.from_stages("tiny-mesh", (1, 32, 32), 10, stem=StemSpec(8, stride=2),
+                                    stages=[(8, 1, 2), (8, 1, 1), (16, 1, 2)], head=HeadSpec(0))
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +29,7 @@ def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("jmsnas-cli")
     space = folder / "tiny.json"
     space.write_text(json.dumps(TINY.to_dict()))
+    (folder / "tiny-mesh.json").write_text(json.dumps(TINY_MESH.to_dict()))
     digits = load_labelled("digits")
     data = folder / "digits.npz"
     np.savez(data, inputs=digits.train.inputs[0][:240].numpy(),
@@ -53,8 +57,28 @@ def test_jmsnas_json_folder_and_plot(inputs):
     PlanProgram.load(plan)  # the runtime takes it as it takes any plan
 
 
+def test_jmsnas_on_a_mesh_copies_a_section_onto_the_branch_devices(inputs):
+    folder, _, data = inputs
+    out = folder / "mesh-result"
+    result = CliRunner().invoke(app, [
+        "nas", "jmsnas", "--topology", "jmsnas-mesh", "--latency-budget-ms", "50",
+        "--space", str(folder / "tiny-mesh.json"), "--data", str(data), "--warmup-epochs", "1",
+        "--epochs", "1", "--retrain-epochs", "1", "--batch-size", "32", "--out", str(out),
+        "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["layout"] == {"fork": 1, "join": 2, "branches": 3}
+    assert len(doc["arch"]["ops"]) == 5  # layer 0, three copies of layer 1, layer 2
+    assert set(doc["placement"]) >= {"mbs1", "mbs2", "mbs3", "cloud"}
+    runs = doc.get("runnable_plan", doc["plan"])
+    PlanProgram.load(load_plan(out / runs["file"]))
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--topology", "jmsnas-mesh", "--latency-budget-ms", "5"], "not a chain"),
+    (["--topology", "hmd-star", "--latency-budget-ms", "5"], "not a supported mesh"),
+    (["--topology", "jmsnas-mesh", "--latency-budget-ms", "5", "--placement", "1,1"],
+     "does not apply to the mesh"),
+    (["--topology", "jmsnas-mesh", "--latency-budget-ms", "5"], "no layers that keep"),
     (["--topology", "jmsnas-chain", "--latency-budget-ms", "5", "--table", "ue"],
      "write DEVICE=FILE"),
     (["--topology", "jmsnas-chain", "--latency-budget-ms", "5", "--table", "phone=x.json"],

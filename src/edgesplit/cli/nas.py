@@ -137,11 +137,23 @@ def _counts(text: str) -> list[int]:
                           "e.g. 4,3,3,0") from None
 
 
+def _section(text: str) -> tuple[int, int]:
+    from edgesplit.errors import ConfigError
+
+    fork, _, join = text.partition(":")
+    try:
+        return int(fork), int(join)
+    except ValueError:
+        raise ConfigError(f"--branch-section {text!r}: write FORK:JOIN, the first layer copied "
+                          "per branch device and the first after them, e.g. 4:6") from None
+
+
 @nas_app.command("jmsnas")
 @user_errors
 def jmsnas(
     topology: str = typer.Option(..., "--topology", "-t",
-                                 help="A chain topology preset (jmsnas-chain) or file."),
+                                 help="A chain or mesh topology preset (jmsnas-chain, "
+                                      "jmsnas-mesh) or file."),
     budget_ms: float = typer.Option(..., "--latency-budget-ms", "-b",
                                     help="T_const: the completion latency to search for (ms)."),
     space: str = typer.Option("digits-mbconv", "--space", "-s", help=SPACE_HELP),
@@ -153,8 +165,11 @@ def jmsnas(
                                          "nas latency-table` (repeatable; devices without one "
                                          "get a table built now)."),
     placement: str | None = typer.Option(None, "--placement",
-                                         help="Units (stem, layers, head) per device along "
-                                              "the chain, e.g. 4,3,3,0 (default: planned)."),
+                                         help="Chain: units (stem, layers, head) per device "
+                                              "along it, e.g. 4,3,3,0 (default: planned)."),
+    section: str | None = typer.Option(None, "--branch-section",
+                                       help="Mesh: the layers FORK:JOIN copied onto each "
+                                            "branch device, e.g. 4:6 (default: planned)."),
     warmup_epochs: int = typer.Option(2, "--warmup-epochs", min=0),
     epochs: int = typer.Option(8, "--epochs", min=1, help="Search epochs after warm-up."),
     retrain_epochs: int = typer.Option(10, "--retrain-epochs", min=0,
@@ -170,7 +185,7 @@ def jmsnas(
     plot: Path | None = typer.Option(None, "--plot", help="Write Fig. 5 (PNG)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """JMSNAS: search a network for a chain of devices under a latency budget, then plan it.
+    """JMSNAS: search a network for a chain or mesh of devices under a budget, then plan it.
 
     Stage 1 searches the architecture with the expected latency in the loss, stage 2 retrains
     the derived network; --out writes it with a plan that `edgesplit serve/run` executes."""
@@ -183,11 +198,13 @@ def jmsnas(
     topo = resolve_topology(topology)
     files = parse_table_options(table)
     counts = _counts(placement) if placement else None
+    fork_join = _section(section) if section else None
     labelled = load_labelled(data, image_size=resolved.input_shape[1],
                              grayscale=resolved.input_shape[0] == 1)
     with progress_bar(f"JMSNAS {resolved.name} on {topo.name}") as progress:
         run = run_jmsnas(resolved, topo, labelled, budget_ms=budget_ms, table_files=files,
-                         placement=counts, out=out_dir, progress=progress,
+                         placement=counts, section=fork_join, out=out_dir,
+                         progress=progress,
                          warmup_epochs=warmup_epochs, epochs=epochs,
                          retrain_epochs=retrain_epochs, batch_size=batch_size,
                          lambda1=lambda1, lambda2=lambda2, seed=seed)

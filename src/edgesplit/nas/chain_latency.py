@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ import torch
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import Link, Topology
 from edgesplit.nas.space import Arch, SearchSpace
+from edgesplit.nas.supernet import Supernet
 
 __all__ = ["ChainLatency", "ChainPlacement", "LayerLatencies", "chain_devices", "unit_names",
            "unit_output_bytes"]
@@ -127,6 +128,10 @@ class ChainLatency:
                             for m in sorted(set(units))}
         self.transfers = _transfers(topology, self.devices, units, unit_output_bytes(space),
                                     _input_bytes(space))
+
+    def make_supernet(self, weights: Literal["separate", "shared"]) -> Supernet:
+        """The supernet the search trains on this latency model's space."""
+        return Supernet(self.space, weights=weights)
 
     @property
     def transfer_ms(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
@@ -19,6 +20,9 @@ from safetensors.torch import load_file, save_file
 from edgesplit.errors import ConfigError, EdgesplitError
 from edgesplit.nas.network import ArchNet
 from edgesplit.nas.space import Arch, SearchSpace
+
+if TYPE_CHECKING:
+    from edgesplit.nas.branched import BranchLayout
 
 __all__ = ["ARCH_FILE", "FORMAT", "WEIGHTS_FILE", "load_network", "read_arch", "save_network"]
 
@@ -32,6 +36,9 @@ def save_network(folder: str | Path, net: ArchNet) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "space": net.space.to_dict(), "arch": net.arch.to_dict()}
+    layout = getattr(net, "layout", None)  # a BranchedArchNet: its slots run in parallel
+    if layout is not None:
+        doc["layout"] = layout.to_dict()
     (folder / ARCH_FILE).write_text(json.dumps(doc, indent=2) + "\n")
     state = {k: v.detach().to("cpu").contiguous() for k, v in net.state_dict().items()}
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": FORMAT})
@@ -73,7 +80,30 @@ def load_network(folder: str | Path) -> ArchNet:
         raise ConfigError(f"{str(path)!r} is not a readable safetensors file ({exc}); save "
                           "the network again with save_network") from None
     _check_state(path, _expected_state(space, arch), state)
-    return ArchNet.from_state_dict(space, arch, state).eval()
+    layout = _read_layout(folder)
+    if layout is None:
+        return ArchNet.from_state_dict(space, arch, state).eval()
+    from edgesplit.nas.branched import BranchedArchNet
+
+    with torch.device("meta"):
+        net = BranchedArchNet(space, arch, layout)
+    net = net.to_empty(device="cpu")
+    net.load_state_dict(state, strict=True)
+    return net.eval()
+
+
+def _read_layout(folder: str | Path) -> BranchLayout | None:
+    """The BranchLayout stored next to the architecture, or None for a chain network."""
+    from edgesplit.nas.branched import BranchLayout
+
+    doc = json.loads((Path(folder) / ARCH_FILE).read_text())
+    if "layout" not in doc:
+        return None
+    try:
+        return BranchLayout.from_dict(doc["layout"])
+    except (KeyError, TypeError, ValueError, EdgesplitError) as exc:
+        raise ConfigError(f"{str(Path(folder) / ARCH_FILE)!r} holds no valid branch layout: "
+                          f"{exc}") from None
 
 
 def _expected_state(space: SearchSpace, arch: Arch) -> dict[str, torch.Tensor]:

@@ -7,7 +7,8 @@ Stage 1, the search (Fig. 4b), alternates
   binary gates (memory 2x, not Rx; :mod:`edgesplit.nas.binary_gates`) and ``alpha`` takes a
   step on loss (4), cross-entropy + lambda_2 (E[T] - T_const)^2, with Lemma 1's gradient for
   the cross-entropy and autograd's for E[T] (:class:`~edgesplit.nas.chain_latency.ChainLatency`,
-  eq. 1 with ``E[tau] = sum_i p_i U(v_i)``).
+  eq. 1 over a chain, or :class:`~edgesplit.nas.mesh_latency.MeshLatency`, eq. 2 over a mesh,
+  with ``E[tau] = sum_i p_i U(v_i)``).
 Weight steps use one part of the training data and architecture steps a held-apart part, so
 alpha is chosen on samples the weights did not fit (as ProxylessNAS does).
 
@@ -46,9 +47,12 @@ from edgesplit.data.training import LabelledData, stratified_split
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.nas.binary_gates import binary_gates, sample_pair, sample_path
 from edgesplit.nas.chain_latency import ChainLatency
+from edgesplit.nas.mesh_latency import MeshLatency
 from edgesplit.nas.network import ArchNet
 from edgesplit.nas.space import Arch, SearchSpace
 from edgesplit.nas.supernet import Supernet
+
+LatencyModel = ChainLatency | MeshLatency  # eq. (1) over a chain, eq. (2) over a mesh
 
 __all__ = ["JMSNAS", "EpochLog", "accuracy", "derive_within_budget", "recalibrate_bn",
            "train_network"]
@@ -142,7 +146,7 @@ def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int,
     return net.eval()
 
 
-def derive_within_budget(space: SearchSpace, alpha: list[torch.Tensor], latency: ChainLatency,
+def derive_within_budget(space: SearchSpace, alpha: list[torch.Tensor], latency: LatencyModel,
                          budget_ms: float) -> Arch:
     """The argmax architecture if it meets ``budget_ms``, else the Lagrangian relaxation's:
     argmax log p - mu U per layer with the smallest feasible mu (bisection)."""
@@ -209,7 +213,7 @@ class JMSNAS:
     def lambda2_(self) -> float:
         return self.lambda2 if self.lambda2 is not None else 1.0 / self.latency_budget_ms ** 2
 
-    def fit(self, data: LabelledData, space: SearchSpace, latency: ChainLatency) -> JMSNAS:
+    def fit(self, data: LabelledData, space: SearchSpace, latency: LatencyModel) -> JMSNAS:
         self._check()
         if latency.space is not space and latency.space.to_dict() != space.to_dict():
             raise ConfigError("the latency model was built for another search space")
@@ -225,7 +229,7 @@ class JMSNAS:
         self.arch_data_ = data.train.subset(a_idx, "architecture")
         with torch.random.fork_rng(devices=[]):  # seeded init; the caller's RNG untouched
             torch.manual_seed(self.seed)
-            self.supernet_ = Supernet(space, weights=self.weights)
+            self.supernet_ = latency.make_supernet(self.weights)
         self.alpha_ = [torch.zeros(len(layer.ops), requires_grad=True) for layer in space.layers]
         # Adam's weight_decay adds wd * theta to the gradient: the gradient of (wd/2)||theta||^2.
         w_opt = torch.optim.Adam(self.supernet_.parameters(), lr=self.weight_lr,
@@ -259,7 +263,7 @@ class JMSNAS:
             total, n = total + loss.item() * len(y), n + len(y)
         return total / n
 
-    def _arch_epoch(self, a_opt: torch.optim.Optimizer, latency: ChainLatency,
+    def _arch_epoch(self, a_opt: torch.optim.Optimizer, latency: LatencyModel,
                     gen: torch.Generator) -> float:
         net = self.supernet_.train()
         # Architecture steps update alpha only: no weight gradients computed (backward still
@@ -272,7 +276,7 @@ class JMSNAS:
             for mixed in net.mixed_ops:
                 mixed.set_paths((mixed.active[0],))
 
-    def _arch_steps(self, net: Supernet, a_opt: torch.optim.Optimizer, latency: ChainLatency,
+    def _arch_steps(self, net: Supernet, a_opt: torch.optim.Optimizer, latency: LatencyModel,
                     gen: torch.Generator) -> float:
         total, n = 0.0, 0
         for x, y in _batches(self.arch_data_, self.batch_size, gen):
@@ -292,7 +296,7 @@ class JMSNAS:
         return total / n
 
     def _log(self, epoch: int, searching: bool, w_loss: float, a_loss: float | None,
-             latency: ChainLatency) -> EpochLog:
+             latency: LatencyModel) -> EpochLog:
         space = self.supernet_.space
         arch = space.arch_from_indices([int(torch.argmax(a)) for a in self.alpha_])
         self.supernet_.set_arch(arch)

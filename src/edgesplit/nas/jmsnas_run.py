@@ -17,10 +17,12 @@ from edgesplit.data.training import LabelledData
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import Topology
 from edgesplit.nas.chain_latency import ChainLatency, ChainPlacement, chain_devices
-from edgesplit.nas.jmsnas import JMSNAS
+from edgesplit.nas.jmsnas import JMSNAS, LatencyModel
 from edgesplit.nas.latency import LatencyTable, build_latency_table
+from edgesplit.nas.mesh_latency import MeshLatency
 from edgesplit.nas.result import SearchResult, save_search_result
 from edgesplit.nas.space import SearchSpace
+from edgesplit.plan.mesh import mesh_shape
 
 __all__ = ["JMSNASRun", "latency_tables", "parse_table_options", "run_jmsnas"]
 
@@ -30,7 +32,7 @@ Progress = Callable[[str, int, int], None]
 @dataclass
 class JMSNASRun:
     search: JMSNAS
-    latency: ChainLatency
+    latency: LatencyModel
     tables: dict[str, LatencyTable]
     result: SearchResult | None
 
@@ -39,11 +41,16 @@ class JMSNASRun:
         doc["version"] = 1
         doc["space"] = self.latency.space.name
         doc["topology"] = self.latency.topology.name
+        if isinstance(self.latency, MeshLatency):
+            doc["space"] = self.latency.base.name
+            doc["layout"] = self.latency.layout.to_dict()
         doc["tables"] = {d: {"method": t.method, "fixed_ms": t.fixed_ms}
                          for d, t in self.tables.items()}
         if self.result is not None:
             doc["folder"] = str(self.result.folder)
             doc["plan"] = self.result.summary["plan"]
+            if "runnable_plan" in self.result.summary:
+                doc["runnable_plan"] = self.result.summary["runnable_plan"]
         return doc
 
 
@@ -78,29 +85,56 @@ def latency_tables(space: SearchSpace, topology: Topology, files: Mapping[str, P
     return tables
 
 
+def _check_shape(topology: Topology, placement: list[int] | None,
+                 section: tuple[int, int] | None) -> None:
+    if topology.is_chain:
+        chain_devices(topology)
+        if section is not None:
+            raise ConfigError(f"a branch section applies to a mesh; {topology.name!r} is a "
+                              "chain (give a placement instead, or nothing)")
+        return
+    mesh_shape(topology)  # a ConfigError naming the supported mesh shape
+    if placement is not None:
+        raise ConfigError(f"a placement of units along a chain does not apply to the mesh "
+                          f"{topology.name!r}; give a branch section instead, or nothing")
+
+
+def _latency_model(space: SearchSpace, topology: Topology, tables: Mapping[str, LatencyTable],
+                   budget_ms: float, placement: list[int] | None,
+                   section: tuple[int, int] | None) -> LatencyModel:
+    if not topology.is_chain:
+        mesh = MeshLatency.best(space, topology, tables, section=section)
+        if mesh.fastest()[0] > budget_ms:
+            mesh = MeshLatency.best(space, topology, tables, section=section, fastest=True)
+        return mesh
+    if placement is not None:
+        return ChainLatency(space, topology, tables,
+                            ChainPlacement.from_counts(topology.chain_order(), placement))
+    chain = ChainLatency.best_placement(space, topology, tables)
+    if chain.fastest()[0] > budget_ms:
+        chain = ChainLatency.best_placement(space, topology, tables, fastest=True)
+    return chain
+
+
 def run_jmsnas(space: SearchSpace, topology: Topology, data: LabelledData, *,
                budget_ms: float, tables: Mapping[str, LatencyTable] | None = None,
                table_files: Mapping[str, Path] | None = None,
-               placement: list[int] | None = None, out: str | Path | None = None,
-               progress: Progress | None = None, **params: Any) -> JMSNASRun:
+               placement: list[int] | None = None, section: tuple[int, int] | None = None,
+               out: str | Path | None = None, progress: Progress | None = None,
+               **params: Any) -> JMSNASRun:
     """Search, derive, retrain and (with ``out``) write the result folder and its Plan.
 
-    ``placement``: units per device along the chain (JMSNAS's |D^m|); default: the exact DP
-    on the expected latency with every op equally likely, or on the fastest ops if that
-    placement cannot meet the budget. ``params`` go to :class:`JMSNAS`."""
-    chain_devices(topology)  # a mesh is refused before any table is built
+    On a chain, ``placement``: units per device along it (JMSNAS's |D^m|). On a mesh,
+    ``section``: the layers ``(fork, join)`` copied onto the branch devices. Default for
+    both: the least expected latency with every op equally likely, or at the fastest ops if
+    that cannot meet the budget. ``params`` go to :class:`JMSNAS`."""
+    _check_shape(topology, placement, section)  # before any table is built
     found = dict(tables) if tables is not None else latency_tables(space, topology,
                                                                    table_files,
                                                                    progress=progress)
-    if placement is not None:
-        latency = ChainLatency(space, topology, found,
-                               ChainPlacement.from_counts(topology.chain_order(), placement))
-    else:
-        latency = ChainLatency.best_placement(space, topology, found)
-        if latency.fastest()[0] > budget_ms:
-            latency = ChainLatency.best_placement(space, topology, found, fastest=True)
+    latency = _latency_model(space, topology, found, budget_ms, placement, section)
     search = JMSNAS(latency_budget_ms=budget_ms, progress=progress, **params)
-    search.fit(data, space, latency).retrain()
+    search.fit(data, latency.space, latency).retrain()
     run = JMSNASRun(search, latency, found, None)
     if out is not None:
         run.result = save_search_result(out, search.model_, topology, summary=run.summary())

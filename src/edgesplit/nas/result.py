@@ -8,6 +8,8 @@
 - ``plan.json``: the network planned over ``topology`` by the same planners as any model
   (``multisplit`` by default: the exact chain DP; the search's own placement was fixed before
   the architecture existed, this one is chosen for it);
+- ``plan_chain.json``, for a mesh only: mesh plans only predict (the runtime runs chains), so
+  the best chain through the mesh is written too, and that one runs;
 - ``search.json``: the search's summary (whatever the caller passes) with the plan's method,
   predicted latency and where each device's layers are.
 
@@ -28,10 +30,12 @@ from edgesplit.nas.checkpoint import save_network
 from edgesplit.nas.network import ArchNet
 from edgesplit.plan import Plan, PlanningProblem, get_planner
 
-__all__ = ["MODEL_FILE", "PLAN_FILE", "SUMMARY_FILE", "SearchResult", "save_search_result"]
+__all__ = ["CHAIN_PLAN_FILE", "MODEL_FILE", "PLAN_FILE", "SUMMARY_FILE", "SearchResult",
+           "save_search_result"]
 
 MODEL_FILE = "model.pt2"
 PLAN_FILE = "plan.json"
+CHAIN_PLAN_FILE = "plan_chain.json"  # only for a mesh: the best chain through it, which runs
 SUMMARY_FILE = "search.json"
 
 
@@ -40,6 +44,11 @@ class SearchResult:
     folder: Path
     plan: Plan
     summary: dict[str, Any]
+
+
+def _describe(plan: Plan, file: str) -> dict[str, Any]:
+    return {"file": file, "method": plan.method, "predicted_ms": plan.predicted.total_ms,
+            "runnable": plan.runnable, "devices": {d.name: len(d.layers) for d in plan.devices}}
 
 
 def export_network(net: ArchNet, path: Path) -> Path:
@@ -58,11 +67,14 @@ def save_search_result(folder: str | Path, net: ArchNet, topology: Topology, *,
     out.mkdir(parents=True, exist_ok=True)
     save_network(out, net)
     model_path = export_network(net, out / MODEL_FILE)
-    plan = get_planner(method).plan(PlanningProblem(model=str(model_path), setting=topology))
+    problem = PlanningProblem(model=str(model_path), setting=topology)
+    plan = get_planner(method).plan(problem)
     plan.save(out / PLAN_FILE)
     doc = dict(summary or {})
-    doc["plan"] = {"file": PLAN_FILE, "method": plan.method,
-                   "predicted_ms": plan.predicted.total_ms, "runnable": plan.runnable,
-                   "devices": {d.name: len(d.layers) for d in plan.devices}}
+    doc["plan"] = _describe(plan, PLAN_FILE)
+    if not plan.runnable:  # a mesh plan predicts; the best chain through the mesh runs
+        chain = get_planner("best_chain").plan(problem)
+        chain.save(out / CHAIN_PLAN_FILE)
+        doc["runnable_plan"] = _describe(chain, CHAIN_PLAN_FILE)
     (out / SUMMARY_FILE).write_text(json.dumps(doc, indent=2) + "\n")
     return SearchResult(out, plan, doc)

@@ -125,10 +125,19 @@ def jmsnas_result_table(doc: Mapping[str, Any]) -> Table:
     table.add_row("latency (tables)", f"{doc['arch_ms']:.3f} ms of {doc['latency_budget_ms']:.3f}")
     per_device = ", ".join(f"{k} {v:.3f}" for k, v in doc["breakdown_ms"].items())
     table.add_row("per device (ms)", per_device)
+    if doc.get("layout"):
+        layout = doc["layout"]
+        table.add_row("branch section", f"layers {layout['fork']}:{layout['join']} copied "
+                                        f"{layout['branches']}x, joined by their mean")
     table.add_row("held-out top-1", f"{doc['accuracy']:.2f} %" if "accuracy" in doc else "-")
     plan = doc.get("plan")
     if plan:
         table.add_row("plan", f"{plan['method']}: {plan['predicted_ms']:.3f} ms predicted, "
                               f"layers per device {plan['devices']}")
+        chain = doc.get("runnable_plan")
+        if chain:
+            table.add_row("runs", f"{plan['method']} over the mesh only predicts; "
+                                  f"{chain['file']} ({chain['method']}, "
+                                  f"{chain['predicted_ms']:.3f} ms) is the one that runs")
         table.add_row("folder", doc.get("folder", ""))
     return table
