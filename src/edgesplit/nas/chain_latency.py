@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 import torch
@@ -31,8 +31,11 @@ from edgesplit.hardware import Link, Topology
 from edgesplit.nas.space import Arch, SearchSpace
 from edgesplit.nas.supernet import Supernet
 
-__all__ = ["ChainLatency", "ChainPlacement", "LayerLatencies", "chain_devices", "unit_names",
-           "unit_output_bytes"]
+if TYPE_CHECKING:
+    from edgesplit.nas.mesh_latency import MeshLatency
+
+__all__ = ["ChainLatency", "ChainPlacement", "LayerLatencies", "chain_devices", "check_budget",
+           "unit_names", "unit_output_bytes"]
 
 FLOAT_BYTES = 4  # activations travel as float32 during the search, as the float Plan sends them
 
@@ -190,13 +193,18 @@ class ChainLatency:
 
     def check_budget(self, budget_ms: float) -> None:
         """InfeasibleError naming the fastest achievable latency if ``budget_ms`` is below it."""
-        fastest_ms, arch = self.fastest()
-        if budget_ms < fastest_ms:
-            raise InfeasibleError(
-                f"no architecture of {self.space.name!r} meets {budget_ms:g} ms on "
-                f"{self.topology.name!r}: the fastest ({arch}) takes {fastest_ms:.3f} ms with "
-                f"units placed {self.placement.counts()} on {', '.join(self.devices)}; raise "
-                f"the budget to at least {math.ceil(fastest_ms * 1000) / 1000:g} ms")
+        check_budget(self, budget_ms, f" with units placed {self.placement.counts()} on "
+                                      f"{', '.join(self.devices)}")
+
+
+def check_budget(model: ChainLatency | MeshLatency, budget_ms: float, where: str = "") -> None:
+    """InfeasibleError naming ``model``'s fastest latency if ``budget_ms`` is below it."""
+    fastest_ms, arch = model.fastest()
+    if budget_ms < fastest_ms:
+        raise InfeasibleError(
+            f"no architecture of {model.space.name!r} meets {budget_ms:g} ms on "
+            f"{model.topology.name!r}: the fastest ({arch}) takes {fastest_ms:.3f} ms{where}; "
+            f"raise the budget to at least {math.ceil(fastest_ms * 1000) / 1000:g} ms")
 
 
 def chain_devices(topology: Topology) -> list[str]:

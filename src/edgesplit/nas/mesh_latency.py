@@ -16,7 +16,6 @@ max), ``E[tau] = sum_i p_i U(v_i)`` per slot, and transfers priced as in every P
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,7 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.errors import ConfigError
 from edgesplit.hardware import Topology
 from edgesplit.nas.branched import (
     BranchedSupernet,
@@ -39,6 +38,7 @@ from edgesplit.nas.chain_latency import (
     _overhead,
     _place,
     _relay_ms,
+    check_budget,
     unit_output_bytes,
 )
 from edgesplit.nas.space import Arch, SearchSpace
@@ -179,12 +179,8 @@ class MeshLatency:
         return out
 
     def check_budget(self, budget_ms: float) -> None:
-        fastest_ms, arch = self.fastest()
-        if budget_ms < fastest_ms:
-            raise InfeasibleError(
-                f"no architecture of {self.space.name!r} meets {budget_ms:g} ms on "
-                f"{self.topology.name!r}: the fastest ({arch}) takes {fastest_ms:.3f} ms; raise "
-                f"the budget to at least {math.ceil(fastest_ms * 1000) / 1000:g} ms")
+        """InfeasibleError naming the fastest achievable latency if ``budget_ms`` is below it."""
+        check_budget(self, budget_ms)
 
     @classmethod
     def best(cls, base: SearchSpace, topology: Topology, tables: Mapping[str, LayerLatencies],
