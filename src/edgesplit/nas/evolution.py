@@ -10,15 +10,22 @@ latency measurement) is never asked twice about one architecture.
 
 Termination is bounded: each architecture the search wants gets at most ``max_attempts``
 draws. When the constraint rejects every draw of the initial population, ``fit`` raises
-:class:`~edgesplit.errors.InfeasibleError`; when only some are feasible (or a small space runs
-out of new architectures), the search goes on with the smaller population it could fill.
+:class:`~edgesplit.errors.InfeasibleError` naming the closest candidate (the least violation,
+when the constraint says by how much); when only some are feasible (or a small space runs out
+of new architectures), the search goes on with the smaller population it could fill. (The
+once-for-all evolution finder loops forever in that case.)
+
+The space is anything that breeds architectures: a :class:`~edgesplit.nas.space.SearchSpace`
+(op per layer), or an object with ``name``, ``random_arch(rng)``, ``mutate_arch(arch, rng,
+prob)`` and ``crossover_arch(a, b, rng)`` (:class:`Breeder`; SplitNets' spaces have one).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,7 +33,8 @@ from edgesplit.errors import ConfigError, InfeasibleError, option
 from edgesplit.nas.sampler import crossover, mutate, random_arch
 from edgesplit.nas.space import Arch, SearchSpace
 
-__all__ = ["Candidate", "Constraint", "Evaluation", "Evaluator", "EvolutionSearch", "Progress"]
+__all__ = ["Breeder", "Candidate", "Constraint", "Evaluation", "Evaluator", "EvolutionSearch",
+           "Progress", "pareto_front"]
 
 
 @dataclass(frozen=True)
@@ -43,14 +51,62 @@ class Candidate:
     """One evaluated architecture: the generation that proposed it, its score and metrics."""
 
     generation: int
-    arch: Arch
+    arch: Any  # an Arch, or whatever the breeder breeds
     score: float
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 
-Evaluator = Callable[[Arch], "float | Evaluation"]
-Constraint = Callable[[Arch], bool]
+Evaluator = Callable[[Any], "float | Evaluation"]
+# True / False, or how far the architecture is over the limit (0 or less: feasible)
+Constraint = Callable[[Any], "bool | float"]
 Progress = Callable[[int, Candidate], None]  # (generation, best candidate so far)
+
+
+@runtime_checkable
+class Breeder(Protocol):
+    """Random, mutated and crossed architectures of some space (hashable architectures)."""
+
+    name: str
+
+    def random_arch(self, rng: np.random.Generator) -> Hashable: ...
+
+    def mutate_arch(self, arch: Any, rng: np.random.Generator, prob: float) -> Hashable: ...
+
+    def crossover_arch(self, first: Any, second: Any, rng: np.random.Generator
+                       ) -> Hashable: ...
+
+
+class _SpaceBreeder:
+    """A SearchSpace bred by :mod:`edgesplit.nas.sampler`."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space, self.name = space, space.name
+
+    def random_arch(self, rng: np.random.Generator) -> Arch:
+        return random_arch(self.space, rng)
+
+    def mutate_arch(self, arch: Arch, rng: np.random.Generator, prob: float) -> Arch:
+        return mutate(self.space, arch, rng, prob)
+
+    def crossover_arch(self, first: Arch, second: Arch, rng: np.random.Generator) -> Arch:
+        return crossover(self.space, first, second, rng)
+
+
+def _breeder(space: SearchSpace | Breeder) -> Breeder:
+    return _SpaceBreeder(space) if isinstance(space, SearchSpace) else space
+
+
+def pareto_front(candidates: Sequence[Candidate], maximize: str, minimize: str
+                 ) -> list[Candidate]:
+    """The candidates no other beats on both metrics (higher ``maximize``, lower
+    ``minimize``), by increasing ``minimize``; candidates without both metrics are ignored."""
+    rows = sorted((c for c in candidates if maximize in c.metrics and minimize in c.metrics),
+                  key=lambda c: (c.metrics[minimize], -c.metrics[maximize]))
+    front: list[Candidate] = []
+    for c in rows:
+        if not front or c.metrics[maximize] > front[-1].metrics[maximize]:
+            front.append(c)
+    return front
 
 
 class EvolutionSearch:
@@ -63,7 +119,8 @@ class EvolutionSearch:
 
     Learned state: ``best_arch_``, ``best_score_``, ``best_metrics_``, ``history_`` (every
     evaluation, in order, each with its generation), ``population_`` (the last generation's
-    population, best first).
+    population, best first), ``rejected_`` (architectures the constraint turned down) and
+    ``closest_`` (the rejected one with the least violation and its violation, or None).
     """
 
     def __init__(self, *, population: int = 50, generations: int = 20,
@@ -81,23 +138,32 @@ class EvolutionSearch:
         self.max_attempts = max_attempts
         self.progress = progress
 
-    def fit(self, space: SearchSpace, evaluator: Evaluator) -> EvolutionSearch:
+    def fit(self, space: SearchSpace | Breeder, evaluator: Evaluator) -> EvolutionSearch:
         """Run the search; returns ``self`` with the learned state set."""
         self._check_params()
+        breeder = _breeder(space)
         rng = np.random.default_rng(self.seed)
-        seen: set[Arch] = set()  # proposed so far, feasible or not: never proposed twice
+        seen: set[Hashable] = set()  # proposed so far, feasible or not: never proposed twice
         self.history_: list[Candidate] = []
-        archs = self._draw(self.population, lambda: random_arch(space, rng), seen)
+        self.rejected_ = 0
+        self.closest_: tuple[Any, float] | None = None
+        archs = self._draw(self.population, lambda: breeder.random_arch(rng), seen)
         if not archs:
-            raise InfeasibleError(
-                f"the constraint rejected all {self.population * self.max_attempts} random "
-                f"architectures drawn from space {space.name!r}: relax the constraint or raise "
+            closest = ""
+            if self.closest_ is not None and self.closest_[1] > 0:
+                closest = (f"; the closest, {_describe(self.closest_[0])}, is "
+                           f"{self.closest_[1]:g} over the limit")
+            error = InfeasibleError(
+                f"the constraint rejected all {self.rejected_} distinct architectures drawn "
+                f"from space {breeder.name!r}{closest}: relax the constraint or raise "
                 f"{option('max_attempts', self.max_attempts * 10)}")
+            error.closest = self.closest_  # type: ignore[attr-defined]
+            raise error
         population = self._rank(self._evaluate(archs, evaluator, 0))
         self._report(0)
         for generation in range(1, self.generations + 1):
             parents = population[:self._parent_count(len(population))]
-            children = self._breed(space, [c.arch for c in parents], rng, seen)
+            children = self._breed(breeder, [c.arch for c in parents], rng, seen)
             population = self._rank(parents + self._evaluate(children, evaluator, generation))
             self._report(generation)
         self.population_ = population
@@ -118,10 +184,10 @@ class EvolutionSearch:
                 raise ConfigError(f"EvolutionSearch {name}={getattr(self, name)!r} must be "
                                   f"{allowed}")
 
-    def _draw(self, count: int, propose: Callable[[], Arch], seen: set[Arch]) -> list[Arch]:
+    def _draw(self, count: int, propose: Callable[[], Any], seen: set[Hashable]) -> list[Any]:
         """Up to ``count`` new feasible architectures from ``propose``, in at most
         ``count * max_attempts`` proposals."""
-        found: list[Arch] = []
+        found: list[Any] = []
         for _ in range(count * self.max_attempts):
             if len(found) == count:
                 break
@@ -129,28 +195,43 @@ class EvolutionSearch:
             if arch in seen:
                 continue
             seen.add(arch)
-            if self.constraint is None or self.constraint(arch):
+            if self._feasible(arch):
                 found.append(arch)
         return found
+
+    def _feasible(self, arch: Any) -> bool:
+        if self.constraint is None:
+            return True
+        verdict = self.constraint(arch)
+        if isinstance(verdict, bool | np.bool_):
+            violation = 0.0 if verdict else math.inf
+        else:
+            violation = max(0.0, float(verdict))
+        if violation > 0:
+            self.rejected_ += 1
+            if self.closest_ is None or violation < self.closest_[1]:
+                self.closest_ = (arch, violation)
+        return violation == 0
 
     def _parent_count(self, size: int) -> int:
         return min(size, max(1, round(self.parents_fraction * self.population)))
 
-    def _breed(self, space: SearchSpace, parents: list[Arch], rng: np.random.Generator,
-               seen: set[Arch]) -> list[Arch]:
+    def _breed(self, breeder: Breeder, parents: list[Any], rng: np.random.Generator,
+               seen: set[Hashable]) -> list[Any]:
         wanted = self.population - len(parents)
         mutants = wanted if len(parents) < 2 else round(self.mutation_fraction * wanted)
 
-        def mutant() -> Arch:
-            return mutate(space, parents[rng.integers(len(parents))], rng, self.mutation_prob)
+        def mutant() -> Hashable:
+            return breeder.mutate_arch(parents[rng.integers(len(parents))], rng,
+                                       self.mutation_prob)
 
-        def child() -> Arch:
+        def child() -> Hashable:
             i, j = rng.choice(len(parents), size=2, replace=False)
-            return crossover(space, parents[i], parents[j], rng)
+            return breeder.crossover_arch(parents[i], parents[j], rng)
 
         return self._draw(mutants, mutant, seen) + self._draw(wanted - mutants, child, seen)
 
-    def _evaluate(self, archs: list[Arch], evaluator: Evaluator,
+    def _evaluate(self, archs: list[Any], evaluator: Evaluator,
                   generation: int) -> list[Candidate]:
         scored = []
         for arch in archs:
@@ -174,6 +255,11 @@ class EvolutionSearch:
         self.best_metrics_ = dict(best.metrics)
         if self.progress is not None:
             self.progress(generation, best)
+
+
+def _describe(arch: Any) -> str:
+    describe = getattr(arch, "describe", None)
+    return describe() if callable(describe) else str(arch)
 
 
 def _is_int(value: object, minimum: int) -> bool:

@@ -1,0 +1,59 @@
+"""SplitNets (paper 004): a split-aware supernet searched together with where it splits, for
+V sensors and one aggregator (a head-mounted system).
+
+- :mod:`.space`: the search space (Table 7 scaled to small inputs) and an architecture;
+- :mod:`.dynamic`, :mod:`.supernet`: elastic layers, split-aware initialisation (Table 3),
+  Conv-Reduce / Conv-Recover / View-Fuse, and the plain network of one architecture;
+- :mod:`.sampling`: the five-subnet and sandwich training samplers (appendix D), mutation and
+  crossover;
+- :mod:`.train`: stage 1, supernet training, and sub-network accuracy;
+- :mod:`.cost`: T_sen + T_comm + T_agg and the sensor's peak memory without capturing;
+- :mod:`.checkpoint`: a trained supernet in a folder.
+"""
+
+from edgesplit.nas.splitnets.checkpoint import load_supernet, save_supernet
+from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware, split_layers
+from edgesplit.nas.splitnets.dynamic import INIT_MODES, init_std
+from edgesplit.nas.splitnets.sampling import (
+    SAMPLERS,
+    SplitBreeder,
+    crossover_split,
+    mutate_split,
+    random_split_arch,
+    training_subnets,
+)
+from edgesplit.nas.splitnets.space import PhaseArch, PhaseSpec, SplitArch, SplitSpace
+from edgesplit.nas.splitnets.supernet import (
+    SplitNet,
+    SplitSupernet,
+    interlace,
+    recalibrate,
+)
+from edgesplit.nas.splitnets.train import SupernetTrainer, calibration_batches, subnet_accuracy
+
+__all__ = [
+    "INIT_MODES",
+    "SAMPLERS",
+    "PhaseArch",
+    "PhaseSpec",
+    "SplitArch",
+    "SplitBreeder",
+    "SplitCost",
+    "SplitHardware",
+    "SplitNet",
+    "SplitSpace",
+    "SplitSupernet",
+    "SupernetTrainer",
+    "calibration_batches",
+    "crossover_split",
+    "init_std",
+    "interlace",
+    "load_supernet",
+    "mutate_split",
+    "random_split_arch",
+    "recalibrate",
+    "save_supernet",
+    "split_layers",
+    "subnet_accuracy",
+    "training_subnets",
+]

@@ -1,0 +1,262 @@
+"""What a SplitNets architecture costs on a sensors + aggregator system, without capturing
+it: the layers its :class:`~edgesplit.nas.splitnets.supernet.SplitNet` captures into, with
+the MACs, FLOPs, parameters and tensor sizes the LayerGraph would give them, priced by the
+devices' own estimators (T_sen + T_comm + T_agg, eq. 1) and the sensor's peak memory of
+weights + activations (appendix G) computed as :func:`edgesplit.graph.memory.peak_memory`
+does. An evolutionary search asks this hundreds of times; capturing every candidate would
+take a second each. ``tests/test_nas_splitnets.py`` checks it against the captured graph
+(every layer's work, the memory and the plan's predicted latency), and the search's final
+networks are captured and planned for real.
+
+Mirrored conventions (see :mod:`edgesplit.graph.ops`): a convolution's batch-norm is folded
+(its parameters gain a bias), its FLOPs are 2 x MACs + one per output element for the bias
++ one more for a fused ReLU6; an add, View-Fuse's stack and a reshape count one FLOP per
+output element, pooling one per input element, a linear layer 2 x MACs + its bias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgesplit.errors import ConfigError
+from edgesplit.hardware import Device, Link, Topology, estimator_for
+from edgesplit.hardware.work import LayerWork
+from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
+
+__all__ = ["SplitCost", "SplitHardware", "split_layers"]
+
+FLOAT_BYTES = 4
+
+
+@dataclass
+class _Layer:
+    name: str
+    op_class: str
+    macs: int
+    flops: int
+    params: int
+    inputs: tuple[str, ...]
+    output: str
+
+
+@dataclass
+class _Part:
+    """Layers of one side in execution order, and every tensor's size in bytes."""
+
+    layers: list[_Layer] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)
+    count: int = 0
+
+    def tensor(self, elements: int) -> str:
+        self.count += 1
+        name = f"t{self.count}"
+        self.sizes[name] = elements * FLOAT_BYTES
+        return name
+
+    def conv(self, name: str, x: str, c_in: int, c_out: int, size_out: int, *, kernel: int = 1,
+             groups: int = 1, act: bool = True, op_class: str = "conv") -> str:
+        out_elements = c_out * size_out * size_out
+        macs = out_elements * (c_in // groups) * kernel * kernel
+        params = c_out * (c_in // groups) * kernel * kernel + c_out
+        y = self.tensor(out_elements)
+        flops = 2 * macs + out_elements * (2 if act else 1)
+        self.layers.append(_Layer(name, op_class, macs, flops, params, (x,), y))
+        return y
+
+    def simple(self, name: str, op_class: str, inputs: tuple[str, ...], elements: int,
+               flops: int) -> str:
+        y = self.tensor(elements)
+        self.layers.append(_Layer(name, op_class, 0, flops, 0, inputs, y))
+        return y
+
+    def works(self) -> list[LayerWork]:
+        return [LayerWork(layer.name, layer.op_class, layer.macs, layer.flops, layer.params,
+                          layer.params * FLOAT_BYTES, sum(self.sizes[t] for t in layer.inputs),
+                          self.sizes[layer.output]) for layer in self.layers]
+
+    def peak_activation_bytes(self, inputs: tuple[str, ...], leaving: tuple[str, ...]) -> int:
+        """The working set's peak as ``peak_memory`` computes it: a tensor is live from the
+        step that makes it (inputs: from the first) to its last reader, or to the end when it
+        leaves the part."""
+        last = len(self.layers) - 1
+        readers: dict[str, int] = {}
+        start: dict[str, int] = {t: 0 for t in inputs}
+        for k, layer in enumerate(self.layers):
+            start[layer.output] = k
+            for t in layer.inputs:
+                readers[t] = k
+        deltas = [0] * (len(self.layers) + 1)
+        for t, s in start.items():
+            end = last if t in leaving else readers.get(t, s)
+            deltas[s] += self.sizes[t]
+            deltas[end + 1] -= self.sizes[t]
+        peak = running = 0
+        for k in range(len(self.layers)):
+            running += deltas[k]
+            peak = max(peak, running)
+        return peak
+
+
+def _block(part: _Part, name: str, x: str, c_in: int, c_out: int, expand: int, stride: int,
+           size_in: int) -> tuple[str, int]:
+    """One MBConv (as :class:`edgesplit.nas.ops.MBConv` captures): (output, its size)."""
+    hidden = c_in * expand
+    size_out = (size_in + stride - 1) // stride
+    y = x
+    if expand != 1:
+        y = part.conv(f"{name}.expand", y, c_in, hidden, size_in)
+    y = part.conv(f"{name}.depthwise", y, hidden, hidden, size_out, kernel=3, groups=hidden,
+                  op_class="dwconv")
+    y = part.conv(f"{name}.project", y, hidden, c_out, size_out, act=False)
+    if stride == 1 and c_in == c_out:
+        elements = c_out * size_out * size_out
+        y = part.simple(f"{name}.add", "elementwise", (x, y), elements, elements)
+    return y, size_out
+
+
+def split_layers(space: SplitSpace, arch: SplitArch) -> tuple[_Part, _Part, str, str]:
+    """(sensor part, aggregator part, the sensor's input tensor, its output) of ``arch``; one
+    view's sensor (every sensor runs the same layers)."""
+    space.validate(arch, deployable=True)
+    s = arch.split
+    sensor, agg = _Part(), _Part()
+    r = arch.resolution
+    x = sensor.tensor(space.in_channels * r * r)
+    y = sensor.conv("stem", x, space.in_channels, arch.stem, r, kernel=3)
+    c, size = arch.stem, r
+    part = sensor
+    for i, p in enumerate(arch.phases):
+        stride = space.phases[i].stride
+        for j in range(p.blocks):
+            if i == s and j == p.before:
+                y, part = _join(space, arch, sensor, agg, y, size), agg
+            y, size = _block(part, f"p{i}b{j}", y, c, p.width, p.expands[j],
+                             stride if j == 0 else 1, size)
+            c = p.width
+        if i == s and p.after == 0:
+            y, part = _join(space, arch, sensor, agg, y, size), agg
+    y = agg.conv("head", y, c, arch.head, size)
+    y = agg.simple("pool", "pool", (y,), arch.head, arch.head * size * size)
+    macs = arch.head * space.num_classes
+    z = agg.tensor(space.num_classes)
+    agg.layers.append(_Layer("classifier", "matmul", macs, 2 * macs + space.num_classes,
+                             arch.head * space.num_classes + space.num_classes, (y,), z))
+    return sensor, agg, x, sensor.layers[-1].output
+
+
+def _join(space: SplitSpace, arch: SplitArch, sensor: _Part, agg: _Part, y: str, size: int
+          ) -> str:
+    """Conv-Reduce on the sensor, then Conv-Recover (or View-Fuse + its conv) on the
+    aggregator; returns the aggregator's tensor."""
+    p = arch.phases[arch.split]
+    sensor.conv("reduce", y, p.width, p.reduced, size)
+    views = space.views
+    elements = p.reduced * size * size
+    received = tuple(agg.tensor(elements) for _ in range(views))
+    if views > 1:
+        fused = agg.simple("interlace", "other", received, views * elements, views * elements)
+    else:
+        fused = received[0]
+    return agg.conv("join", fused, p.reduced * views, p.width, size)
+
+
+@dataclass(frozen=True)
+class SplitCost:
+    """Eq. 1's latency terms and the sensor's memory for one architecture."""
+
+    sensor_ms: float
+    comm_ms: float
+    aggregator_ms: float
+    sensor_weight_bytes: int
+    sensor_activation_bytes: int
+    feature_bytes: int  # one view's reduced feature, as sent
+    sensor_macs: int
+    aggregator_macs: int
+
+    @property
+    def total_ms(self) -> float:
+        return self.sensor_ms + self.comm_ms + self.aggregator_ms
+
+    @property
+    def sensor_memory_bytes(self) -> int:
+        return self.sensor_weight_bytes + self.sensor_activation_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sensor_ms": self.sensor_ms, "comm_ms": self.comm_ms,
+                "aggregator_ms": self.aggregator_ms, "total_ms": self.total_ms,
+                "sensor_weight_bytes": self.sensor_weight_bytes,
+                "sensor_activation_bytes": self.sensor_activation_bytes,
+                "sensor_memory_bytes": self.sensor_memory_bytes,
+                "feature_bytes": self.feature_bytes, "sensor_macs": self.sensor_macs,
+                "aggregator_macs": self.aggregator_macs}
+
+
+@dataclass(frozen=True)
+class SplitHardware:
+    """The system a SplitNet runs on: V sensors of one kind, their link to the aggregator
+    (``senders`` share it when it is a shared bus), the aggregator, and the sensor memory
+    limit of the hard constraint (Mem_sen)."""
+
+    sensors: tuple[str, ...]
+    sensor: Device
+    aggregator_name: str
+    aggregator: Device
+    link: Link
+    senders: int
+    memory_limit_bytes: int | None
+
+    @classmethod
+    def from_topology(cls, topology: Topology, views: int, *,
+                      memory_limit_bytes: int | None = None) -> SplitHardware:
+        """The first ``views`` sensors of a star ``topology`` (every device but one sends to
+        the same aggregator). A shared bus is split between *all* its senders, as the paper
+        allocates it (Table 4: 1.2 Gb/s / 4 sensors, even for one view)."""
+        sinks = {tl.dst for tl in topology.links}
+        sources = [d.name for d in topology.devices if d.name not in sinks]
+        if len(sinks) != 1 or any(tl.src not in sources for tl in topology.links) or \
+                len(topology.links) != len(sources):
+            raise ConfigError(f"topology {topology.name!r} is not a star of sensors sending "
+                              "to one aggregator (e.g. hmd-star); SplitNets needs one")
+        if views > len(sources):
+            raise ConfigError(f"the network has {views} views but topology {topology.name!r} "
+                              f"has {len(sources)} sensors")
+        used = tuple(sources[:views])
+        kinds = {topology.device(d).model_dump_json(exclude={"name"}) for d in used}
+        if len(kinds) != 1:
+            raise ConfigError(f"the sensors {', '.join(used)} of {topology.name!r} differ; "
+                              "SplitNets assumes homogeneous sensors (appendix G)")
+        links = {tl.link.model_dump_json() for tl in topology.links if tl.src in used}
+        if len(links) != 1:
+            raise ConfigError(f"the sensors of {topology.name!r} have different links to the "
+                              "aggregator; SplitNets assumes one bus")
+        (sink,) = sinks
+        sensor = topology.device(used[0])
+        link = next(tl.link for tl in topology.links if tl.src == used[0])
+        limit = memory_limit_bytes if memory_limit_bytes is not None else sensor.memory_bytes
+        return cls(used, sensor, sink, topology.device(sink), link, len(sources), limit)
+
+    def cost(self, space: SplitSpace, arch: SplitArch) -> SplitCost:
+        sensor, agg, x, z = split_layers(space, arch)
+        sensor_est, agg_est = estimator_for(self.sensor), estimator_for(self.aggregator)
+        t_sen = sum(sensor_est.layer_ms(w, self.sensor) for w in sensor.works())
+        t_agg = sum(agg_est.layer_ms(w, self.aggregator) for w in agg.works())
+        feature = sensor.sizes[z]
+        comm = self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+        return SplitCost(t_sen, comm, t_agg, sum(l.params for l in sensor.layers) * FLOAT_BYTES,
+                         sensor.peak_activation_bytes((x,), (z,)), feature,
+                         sum(l.macs for l in sensor.layers), sum(l.macs for l in agg.layers))
+
+    def check_memory(self, cost: SplitCost) -> float:
+        """How far over Mem_sen the sensor is (bytes; 0 when it fits)."""
+        if self.memory_limit_bytes is None:
+            return 0.0
+        return float(max(0, cost.sensor_memory_bytes - self.memory_limit_bytes))
+
+    def describe(self) -> str:
+        limit = (f"{self.memory_limit_bytes / 1024:.0f} KiB" if self.memory_limit_bytes
+                 else "unbounded")
+        return (f"{len(self.sensors)} x {self.sensor.name} ({limit} each) -> "
+                f"{self.aggregator.name} over {self.link.name}"
+                f"{f' shared by {self.senders}' if self.link.shared else ''}")
+

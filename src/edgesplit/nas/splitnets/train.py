@@ -1,0 +1,128 @@
+"""Stage 1 of SplitNets: train the supernet, every step on the sub-networks of one sampling
+strategy (appendix D), and measure a sub-network (batch-norm recalibrated, then accuracy).
+
+:class:`SupernetTrainer` has the scikit-learn shape: options in ``__init__``, ``fit(supernet,
+data)`` returns ``self`` with ``history_`` (mean loss per epoch and sub-network kind) and, when
+``track`` names sub-networks, their held-out accuracy per epoch (Figs. 11-12's curves).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgesplit.data import EvalData
+from edgesplit.errors import ConfigError
+from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
+from edgesplit.nas.splitnets.space import SplitArch
+from edgesplit.nas.splitnets.supernet import SplitSupernet, recalibrate
+
+__all__ = ["SupernetTrainer", "TrainProgress", "calibration_batches", "subnet_accuracy"]
+
+TrainProgress = Callable[[int, int, dict[str, float]], None]  # (epoch, epochs, row)
+
+
+def calibration_batches(data: EvalData, samples: int = 256, batch_size: int = 256
+                        ) -> list[torch.Tensor]:
+    """The first ``samples`` inputs of ``data`` in batches: the same for every sub-network, so
+    two evaluations of one architecture agree exactly."""
+    x = data.inputs[0][:samples]
+    return [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
+
+
+@torch.no_grad()
+def subnet_accuracy(supernet: SplitSupernet, arch: SplitArch, data: EvalData,
+                    calibration: Sequence[torch.Tensor], batch_size: int = 512) -> float:
+    """Top-1 accuracy (%) of ``arch`` on labelled ``data`` after recalibrating its batch-norms
+    on ``calibration``."""
+    recalibrate(supernet, arch, calibration)
+    assert data.labels is not None
+    correct = 0
+    for i in range(0, len(data), batch_size):
+        logits = supernet(data.inputs[0][i:i + batch_size], arch)
+        correct += int((logits.argmax(1) == data.labels[i:i + batch_size]).sum())
+    return 100.0 * correct / len(data)
+
+
+@dataclass
+class SupernetTrainer:
+    """Train a :class:`SplitSupernet`: SGD with Nesterov momentum and cosine decay; each step
+    sums the losses of the ``sampler``'s sub-networks (``five`` or ``sandwich``). The first
+    (largest) learns from the labels; with ``distill`` (BigNAS's in-place distillation, which
+    the sandwich rule comes from) the others learn from its detached soft predictions, which
+    trains small and split sub-networks much faster on little data.
+
+    ``track``: (name, architecture) pairs measured on ``data.test`` after every epoch (slow:
+    a recalibration each); ``progress(epoch, epochs, row)`` after every epoch."""
+
+    epochs: int = 20
+    batch_size: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    sampler: str = "five"
+    distill: bool = True
+    seed: int = 0
+    track: Sequence[tuple[str, SplitArch]] = ()
+    progress: TrainProgress | None = None
+    history_: list[dict[str, float]] = field(default_factory=list, init=False)
+
+    def _check(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of "
+                              f"{', '.join(SAMPLERS)}")
+        for name in ("epochs", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"SupernetTrainer {name}={value!r} must be an integer >= 1")
+        if not self.lr > 0:
+            raise ConfigError(f"SupernetTrainer lr={self.lr!r} must be > 0")
+
+    def fit(self, supernet: SplitSupernet, data: EvalData,
+            test: EvalData | None = None) -> SupernetTrainer:
+        self._check()
+        torch.manual_seed(self.seed)
+        rng = np.random.default_rng(self.seed)
+        gen = torch.Generator().manual_seed(self.seed)
+        x_all, y_all = data.inputs[0], data.labels
+        assert y_all is not None
+        steps_per_epoch = math.ceil(len(x_all) / self.batch_size)
+        opt = torch.optim.SGD(supernet.parameters(), lr=self.lr, momentum=self.momentum,
+                              nesterov=True, weight_decay=self.weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, self.epochs * steps_per_epoch)
+        calibration = calibration_batches(data)
+        self.history_ = []
+        for epoch in range(self.epochs):
+            supernet.train()
+            sums: dict[str, float] = {}
+            order = torch.randperm(len(x_all), generator=gen)
+            for k in range(steps_per_epoch):
+                idx = order[k * self.batch_size:(k + 1) * self.batch_size]
+                x, y = x_all[idx], y_all[idx]
+                opt.zero_grad()
+                teacher = None
+                for name, arch in training_subnets(supernet.space, self.sampler, rng):
+                    logits = supernet(x, arch)
+                    if teacher is None or not self.distill:
+                        loss = F.cross_entropy(logits, y)
+                        teacher = logits.detach().softmax(1)
+                    else:
+                        loss = F.cross_entropy(logits, teacher)
+                    loss.backward()  # gradients of the sub-networks add up
+                    sums[name] = sums.get(name, 0.0) + loss.item()
+                opt.step()
+                sched.step()
+            row = {f"loss/{name}": total / steps_per_epoch for name, total in sums.items()}
+            if test is not None:
+                for name, arch in self.track:
+                    row[f"acc/{name}"] = subnet_accuracy(supernet, arch, test, calibration)
+            self.history_.append(row)
+            if self.progress is not None:
+                self.progress(epoch + 1, self.epochs, row)
+        supernet.eval()
+        return self
