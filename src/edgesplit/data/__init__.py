@@ -94,7 +94,7 @@ class EvalData:
 class _Entry:
     name: str
     loader: Callable[[], EvalData]
-    model: str  # the built-in model the data set is made for
+    model: str | None  # the built-in model the data set is made for, if there is one
     description: str
 
 
@@ -103,9 +103,10 @@ _DATASETS: Registry[_Entry] = Registry(
     loader=lambda: _ensure_loaded())
 
 
-def register_dataset(name: str, *, model: str, description: str
+def register_dataset(name: str, *, model: str | None, description: str
                      ) -> Callable[[Callable[[], EvalData]], Callable[[], EvalData]]:
-    """Decorator registering a zero-argument loader under ``name``."""
+    """Decorator registering a zero-argument loader under ``name``; ``model`` names the
+    built-in model it is made for (None: no built-in model takes it yet)."""
 
     def deco(loader: Callable[[], EvalData]) -> Callable[[], EvalData]:
         _DATASETS.register(name, _Entry(name, loader, model, description))
@@ -115,7 +116,7 @@ def register_dataset(name: str, *, model: str, description: str
 
 
 def _ensure_loaded() -> None:
-    from edgesplit.data import digits, sentences  # noqa: F401  (register on import)
+    from edgesplit.data import digits, multiview, sentences  # noqa: F401  (register on import)
 
 
 def list_datasets() -> dict[str, str]:
@@ -132,8 +133,8 @@ def load_dataset(name: str) -> EvalData:
     return _entry(name).loader()
 
 
-def dataset_model(name: str) -> str:
-    """The built-in model a registered data set is made for."""
+def dataset_model(name: str) -> str | None:
+    """The built-in model a registered data set is made for (None if there is none)."""
     return _entry(name).model
 
 

@@ -5,13 +5,17 @@
 - ``digits``: the real scikit-learn digits (1x32x32, 10 classes), split exactly as everywhere
   else in edgesplit: the first 1,197 samples train, the 600 of the ``digits`` evaluation set
   are held out;
+- ``multiview-shapes`` (options: ``multiview-shapes:views=12,per_class=60,seed=1,
+  elevation_deg=30``): rendered solids, one sample (V, 1, H, W) per object with H = W =
+  ``image_size``, generated on first use and cached (:mod:`edgesplit.data.multiview`);
 - a folder of images with one sub-folder per class (``cats/001.png``, ``dogs/xyz.jpg``), read
   with Pillow (no torchvision), resized to one size and scaled to [-1, 1];
 - an ``.npz`` or ``.pt`` file of ``inputs`` and ``labels`` (as :func:`load_eval_data` reads
   them: never unpickled).
 
-Folders and files are split into train and held-out parts per class (stratified) by a seeded
-permutation, so a split is reproducible and every class is on both sides.
+Folders, files and rendered sets are split into train and held-out parts per class
+(stratified) by a seeded permutation, so a split is reproducible and every class is on both
+sides.
 """
 
 from __future__ import annotations
@@ -138,15 +142,34 @@ def _digits() -> LabelledData:
     return LabelledData("digits", train, test, tuple(str(i) for i in range(10)))
 
 
+def _multiview(spec: str, image_size: int | tuple[int, int]) -> tuple[EvalData, tuple[str, ...]]:
+    from edgesplit.data.multiview import make_multiview_shapes, parse_multiview_spec
+
+    options = parse_multiview_spec(spec)  # first: a bad option is the likelier mistake
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if len(size) != 2 or size[0] != size[1]:
+        raise ConfigError(f"{spec} renders square images; pass one size as "
+                          f"{option('image_size')}, not {image_size!r}")
+    images, labels, classes = make_multiview_shapes(size=size[0], **options)
+    views = images.shape[1]
+    return EvalData(spec, (torch.from_numpy(images),), torch.from_numpy(labels),
+                    f"rendered solids, {views} views of each object"), classes
+
+
 def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
                   image_size: int | tuple[int, int] = 32, grayscale: bool = False
                   ) -> LabelledData:
-    """``digits``, a folder of class sub-folders of images, or an ``.npz``/``.pt`` file with
-    ``inputs`` and ``labels``, as a train part and a held-out part."""
+    """``digits``, ``multiview-shapes[:options]``, a folder of class sub-folders of images, or
+    an ``.npz``/``.pt`` file with ``inputs`` and ``labels``, as a train part and a held-out
+    part."""
+    from edgesplit.data.multiview import SPEC as MULTIVIEW
+
     if spec == "digits":
         return _digits()
     path = Path(spec)
-    if path.is_dir():
+    if spec.partition(":")[0] == MULTIVIEW and not path.exists():
+        data, classes = _multiview(spec, image_size)
+    elif path.is_dir():
         data, classes = load_image_folder(path, image_size=image_size, grayscale=grayscale)
     elif path.suffix in (".npz", ".pt", ".pth"):
         data = load_eval_data(spec)
@@ -157,11 +180,11 @@ def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
             raise ConfigError(f"{spec}: labels must be the class ids 0..{len(classes) - 1} "
                               f"with every class present; got {classes}")
     else:
-        raise ConfigError(f"unknown training data {spec!r}: pass 'digits', a folder with one "
-                          "sub-folder of images per class, or an .npz / .pt file of inputs and "
-                          "labels")
+        raise ConfigError(f"unknown training data {spec!r}: pass 'digits', "
+                          f"'{MULTIVIEW}[:views=N,...]', a folder with one sub-folder of images "
+                          "per class, or an .npz / .pt file of inputs and labels")
     labels = data.labels
-    if labels is None:  # a folder always has labels; this narrows the type
+    if labels is None:  # folders and rendered sets always have labels; this narrows the type
         raise ConfigError(f"{spec}: training data needs labels")
     train_idx, test_idx = stratified_split(labels, holdout, seed)
     return LabelledData(data.name, data.subset(train_idx, f"{data.name}[train]"),

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from edgesplit.data.cache import cache_dir
 from edgesplit.models import register_model
 
 __all__ = ["WEIGHTS_VERSION", "DigitsCNN", "cache_dir", "train_digits_cnn"]
@@ -62,10 +62,6 @@ class DigitsCNN(nn.Module):
         x = self.block1(self.down1(self.stem(x)))
         x = self.expand(self.reduce(self.block2(self.down2(x))))
         return self.fc(torch.flatten(self.pool(x), 1))
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("EDGESPLIT_CACHE_DIR") or Path.home() / ".cache" / "edgesplit")
 
 
 def train_digits_cnn(epochs: int = 12, seed: int = 0) -> DigitsCNN:
