@@ -16,6 +16,7 @@ from edgesplit.cli import plan  # noqa: F401
 from edgesplit.cli import serving  # noqa: F401
 from edgesplit.cli import training  # noqa: F401
 from edgesplit.cli import nas  # noqa: F401
+from edgesplit.cli import splitnets  # noqa: F401
 # isort: on
 from edgesplit.cli._app import app
 

@@ -210,8 +210,10 @@ class SplitHardware:
     def from_topology(cls, topology: Topology, views: int, *,
                       memory_limit_bytes: int | None = None) -> SplitHardware:
         """The first ``views`` sensors of a star ``topology`` (every device but one sends to
-        the same aggregator). A shared bus is split between *all* its senders, as the paper
-        allocates it (Table 4: 1.2 Gb/s / 4 sensors, even for one view)."""
+        the same aggregator). A shared bus is split between the sensors that send at once,
+        the ``views`` (as the plan prices it). The paper gives a lone sensor a quarter of
+        the bus anyway (Table 4: 37.5 MB/s); give the topology a 300 Mb/s per-sensor link to
+        reproduce that."""
         sinks = {tl.dst for tl in topology.links}
         sources = [d.name for d in topology.devices if d.name not in sinks]
         if len(sinks) != 1 or any(tl.src not in sources for tl in topology.links) or \
@@ -234,7 +236,7 @@ class SplitHardware:
         sensor = topology.device(used[0])
         link = next(tl.link for tl in topology.links if tl.src == used[0])
         limit = memory_limit_bytes if memory_limit_bytes is not None else sensor.memory_bytes
-        return cls(used, sensor, sink, topology.device(sink), link, len(sources), limit)
+        return cls(used, sensor, sink, topology.device(sink), link, views, limit)
 
     def cost(self, space: SplitSpace, arch: SplitArch) -> SplitCost:
         sensor, agg, x, z = split_layers(space, arch)

@@ -72,7 +72,8 @@ class SupernetTrainer:
     progress: TrainProgress | None = None
     history_: list[dict[str, float]] = field(default_factory=list, init=False)
 
-    def _check(self) -> None:
+    def validate(self) -> None:
+        """Refuse bad options (ConfigError) before any work starts."""
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of "
                               f"{', '.join(SAMPLERS)}")
@@ -85,7 +86,7 @@ class SupernetTrainer:
 
     def fit(self, supernet: SplitSupernet, data: EvalData,
             test: EvalData | None = None) -> SupernetTrainer:
-        self._check()
+        self.validate()
         torch.manual_seed(self.seed)
         rng = np.random.default_rng(self.seed)
         gen = torch.Generator().manual_seed(self.seed)

@@ -5,7 +5,11 @@ plot_pareto`` keeps working."""
 
 from edgesplit.report.plots._figure import DPI, short_layer_name
 from edgesplit.report.plots.hardware import plot_profile
-from edgesplit.report.plots.nas import plot_accuracy_latency, plot_search_progress
+from edgesplit.report.plots.nas import (
+    plot_accuracy_latency,
+    plot_search_front,
+    plot_search_progress,
+)
 from edgesplit.report.plots.plan import (
     auto_distortion,
     plot_assignment,
@@ -26,6 +30,7 @@ __all__ = [
     "plot_link_sweep",
     "plot_pareto",
     "plot_profile",
+    "plot_search_front",
     "plot_search_progress",
     "plot_train_split",
     "short_layer_name",

@@ -10,7 +10,7 @@ from typing import Any
 from edgesplit.errors import ConfigError
 from edgesplit.report.plots._figure import _COLORS, _MARKERS, _new_figure, _save
 
-__all__ = ["plot_accuracy_latency", "plot_search_progress"]
+__all__ = ["plot_accuracy_latency", "plot_search_front", "plot_search_progress"]
 
 
 def plot_search_progress(runs: Mapping[str, Mapping[str, Any]], path: str | Path, *,
@@ -69,4 +69,37 @@ def plot_accuracy_latency(points: Sequence[Mapping[str, Any]], path: str | Path,
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "accuracy vs latency (JMSNAS Fig. 6)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_search_front(candidates: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],
+                      path: str | Path, *, baselines: Sequence[Mapping[str, Any]] = (),
+                      title: str = "") -> Path:
+    """Accuracy against latency of every candidate an evolutionary search evaluated (grey),
+    its Pareto front (a line) and optional baselines (``method``, ``latency_ms``,
+    ``accuracy``, ``label``), as SplitNets' Tables 4-6 compare them."""
+    if not candidates:
+        raise ConfigError("no candidates to plot")
+    fig = _new_figure(7.5, 5.0)
+    ax = fig.add_subplot()
+    ax.scatter([c["latency_ms"] for c in candidates], [c["accuracy"] for c in candidates],
+               s=10, color="0.7", label=f"candidates ({len(candidates)})", zorder=2)
+    ax.plot([c["latency_ms"] for c in front], [c["accuracy"] for c in front],
+            color=_COLORS[0], marker="o", markersize=4, label="front", zorder=3)
+    methods = list(dict.fromkeys(str(b["method"]) for b in baselines))
+    for i, method in enumerate(methods, start=1):
+        mine = [b for b in baselines if b["method"] == method]
+        ax.scatter([b["latency_ms"] for b in mine], [b["accuracy"] for b in mine],
+                   color=_COLORS[i % len(_COLORS)], marker=_MARKERS[i % len(_MARKERS)],
+                   label=method, zorder=4)
+        for b in mine:
+            if b.get("label"):
+                ax.annotate(str(b["label"]), (b["latency_ms"], b["accuracy"]), fontsize=7,
+                            xytext=(4, 4), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency T_sen + T_comm + T_agg (ms, log)")
+    ax.set_ylabel("top-1 (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "accuracy vs latency", fontsize=10)
     return _save(fig, path)
