@@ -8,9 +8,18 @@ V sensors and one aggregator (a head-mounted system).
   crossover;
 - :mod:`.train`: stage 1, supernet training, and sub-network accuracy;
 - :mod:`.cost`: T_sen + T_comm + T_agg and the sensor's peak memory without capturing;
-- :mod:`.checkpoint`: a trained supernet in a folder.
+- :mod:`.checkpoint`: a trained supernet in a folder;
+- :mod:`.search`: stage 2, evolution under the sensor memory with a soft latency objective;
+- :mod:`.result`: a searched network as model + plan; :mod:`.run`: both stages for the CLI;
+- :mod:`.catalog`: the built-in spaces (``digits-split``, ``shapes-split``).
 """
 
+from edgesplit.nas.splitnets.catalog import (
+    get_split_space,
+    list_split_spaces,
+    register_split_space,
+    resolve_split_space,
+)
 from edgesplit.nas.splitnets.checkpoint import load_supernet, save_supernet
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware, split_layers
 from edgesplit.nas.splitnets.dynamic import INIT_MODES, init_std
@@ -22,6 +31,7 @@ from edgesplit.nas.splitnets.sampling import (
     random_split_arch,
     training_subnets,
 )
+from edgesplit.nas.splitnets.search import SplitNetsSearch
 from edgesplit.nas.splitnets.space import PhaseArch, PhaseSpec, SplitArch, SplitSpace
 from edgesplit.nas.splitnets.supernet import (
     SplitNet,
@@ -41,17 +51,22 @@ __all__ = [
     "SplitCost",
     "SplitHardware",
     "SplitNet",
+    "SplitNetsSearch",
     "SplitSpace",
     "SplitSupernet",
     "SupernetTrainer",
     "calibration_batches",
     "crossover_split",
+    "get_split_space",
     "init_std",
     "interlace",
+    "list_split_spaces",
     "load_supernet",
     "mutate_split",
     "random_split_arch",
     "recalibrate",
+    "register_split_space",
+    "resolve_split_space",
     "save_supernet",
     "split_layers",
     "subnet_accuracy",
