@@ -24,7 +24,7 @@ from edgesplit.hardware import Device, Link, Topology, estimator_for
 from edgesplit.hardware.work import LayerWork
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 
-__all__ = ["SplitCost", "SplitHardware", "split_layers"]
+__all__ = ["BaselineCost", "SplitCost", "SplitHardware", "plain_layers", "split_layers"]
 
 FLOAT_BYTES = 4
 
@@ -161,6 +161,43 @@ def _join(space: SplitSpace, arch: SplitArch, sensor: _Part, agg: _Part, y: str,
     return agg.conv("join", fused, p.reduced * views, p.width, size)
 
 
+def plain_layers(space: SplitSpace, arch: SplitArch) -> tuple[_Part, list[int], str]:
+    """One view through ``arch`` without any splitting module (the supernet's "zero hot"
+    network): its layers, the layer counts after which a block ends (the cuts a split of a
+    plain network may take: after the stem, after every block, before the classifier), and
+    its input tensor."""
+    part = _Part()
+    r = arch.resolution
+    x = part.tensor(space.in_channels * r * r)
+    y = part.conv("stem", x, space.in_channels, arch.stem, r, kernel=3)
+    cuts = [len(part.layers)]
+    c, size = arch.stem, r
+    for i, p in enumerate(arch.phases):
+        for j in range(p.blocks):
+            y, size = _block(part, f"p{i}b{j}", y, c, p.width, p.expands[j],
+                             space.phases[i].stride if j == 0 else 1, size)
+            c = p.width
+            cuts.append(len(part.layers))
+    y = part.conv("head", y, c, arch.head, size)
+    y = part.simple("pool", "pool", (y,), arch.head, arch.head * size * size)
+    cuts.append(len(part.layers))
+    macs = arch.head * space.num_classes
+    part.layers.append(_Layer("classifier", "matmul", macs, 2 * macs + space.num_classes,
+                              arch.head * space.num_classes + space.num_classes, (y,),
+                              part.tensor(space.num_classes)))
+    return part, cuts, x
+
+
+@dataclass(frozen=True)
+class BaselineCost:
+    """A plain network cut after ``cut`` layers (0: everything on the aggregator, the raw
+    view sent), the sensor running the prefix."""
+
+    cut: int
+    layers: int
+    cost: SplitCost
+
+
 @dataclass(frozen=True)
 class SplitCost:
     """Eq. 1's latency terms and the sensor's memory for one architecture."""
@@ -262,3 +299,40 @@ class SplitHardware:
                 f"{self.aggregator.name} over {self.link.name}"
                 f"{f' shared by {self.senders}' if self.link.shared else ''}")
 
+
+    def plain_costs(self, space: SplitSpace, arch: SplitArch) -> list[BaselineCost]:
+        """Every cut of the plain (zero hot) network ``arch`` at a block boundary, with its
+        cost: what splitting an existing network without a splitting module gives
+        (Neurosurgeon's baseline in Table 4; cut 0 is "all on the aggregator")."""
+        part, cuts, x = plain_layers(space, arch)
+        sensor_est, agg_est = estimator_for(self.sensor), estimator_for(self.aggregator)
+        works = part.works()
+        on_sensor = [sensor_est.layer_ms(w, self.sensor) for w in works]
+        on_agg = [agg_est.layer_ms(w, self.aggregator) for w in works]
+        out = []
+        for k in [0, *cuts]:
+            sent = x if k == 0 else part.layers[k - 1].output
+            prefix = _Part(part.layers[:k], part.sizes)
+            feature = part.sizes[sent]
+            comm = self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+            memory = prefix.peak_activation_bytes((x,), (sent,)) if k else feature
+            cost = SplitCost(sum(on_sensor[:k]), comm, sum(on_agg[k:]),
+                             sum(l.params for l in part.layers[:k]) * FLOAT_BYTES, memory,
+                             feature, sum(l.macs for l in part.layers[:k]),
+                             sum(l.macs for l in part.layers[k:]))
+            out.append(BaselineCost(k, len(part.layers), cost))
+        return out
+
+    def all_on_aggregator(self, space: SplitSpace, arch: SplitArch) -> SplitCost:
+        """``arch`` (one splitting module) run wholly on the aggregator: every view sent raw,
+        the aggregator running the sensor part once per view, then the rest (Table 6's
+        "All-on-agg." with the same network)."""
+        sensor, agg, x, _ = split_layers(space, arch)
+        est = estimator_for(self.aggregator)
+        per_view = sum(est.layer_ms(w, self.aggregator) for w in sensor.works())
+        rest = sum(est.layer_ms(w, self.aggregator) for w in agg.works())
+        feature = sensor.sizes[x]
+        comm = self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+        return SplitCost(0.0, comm, per_view * space.views + rest, 0, feature, feature, 0,
+                         sum(l.macs for l in sensor.layers) * space.views +
+                         sum(l.macs for l in agg.layers))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from edgesplit.data import EvalData
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, InfeasibleError, option
 from edgesplit.nas.evolution import Candidate, Evaluation, EvolutionSearch, pareto_front
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.sampling import SplitBreeder
@@ -97,13 +97,33 @@ class SplitNetsSearch:
             if self.progress is not None:
                 self.progress(generation, self.generations, best)
 
-        self.search_ = EvolutionSearch(
-            population=self.population, generations=self.generations,
-            mutation_prob=self.mutation_prob, seed=self.seed, constraint=constraint,
-            progress=report).fit(SplitBreeder(space), evaluate)
+        search = EvolutionSearch(population=self.population, generations=self.generations,
+                                 mutation_prob=self.mutation_prob, seed=self.seed,
+                                 constraint=constraint, progress=report)
+        try:
+            self.search_ = search.fit(SplitBreeder(space), evaluate)
+        except InfeasibleError as exc:
+            raise self._infeasible(supernet, exc) from None
         self.front_ = pareto_front(self.search_.history_, "accuracy", "latency_ms")
         self.best_ = max(self.search_.history_, key=lambda c: c.score)
         return self
+
+    def _infeasible(self, supernet: SplitSupernet, exc: InfeasibleError) -> InfeasibleError:
+        """The evolution's refusal in the terms of the memory limit, naming the closest."""
+        closest = getattr(exc, "closest", None)
+        limit = self.hardware.memory_limit_bytes or 0
+        text = (f"no network of space {supernet.space.name!r} fits the sensor memory of "
+                f"{limit / 1024:.1f} KiB")
+        if closest is not None:
+            cost = self.cost(supernet, closest[0])
+            text += (f": the closest drawn, {closest[0].describe()}, needs "
+                     f"{cost.sensor_memory_bytes / 1024:.1f} KiB (weights "
+                     f"{cost.sensor_weight_bytes / 1024:.1f} + activations "
+                     f"{cost.sensor_activation_bytes / 1024:.1f})")
+        error = InfeasibleError(f"{text}; raise {option('sensor_memory', 'SIZE')} or search a "
+                                "space with smaller networks")
+        error.closest = closest  # type: ignore[attr-defined]
+        return error
 
     def _penalty(self, latency_ms: float) -> float:
         if self.latency_target_ms is not None:

@@ -176,6 +176,25 @@ class SplitSupernet(nn.Module):
                        nn.Sequential(OrderedDict(aggregator)), views)
         return net.eval()
 
+    def extract_plain(self, arch: SplitArch) -> nn.Sequential:
+        """``arch`` without any splitting module (single view): stem, blocks and head as one
+        plain network, what the baselines split without a bottleneck."""
+        space = self.space
+        if space.multi_view:
+            raise ConfigError("a multi-view network fuses its views once: it has no plain "
+                              "version without a splitting module")
+        space.validate(arch.with_splits(()))
+        layers: list[tuple[str, nn.Module]] = [("stem", self.stem.static(space.in_channels,
+                                                                         arch.stem))]
+        c = arch.stem
+        for i, p in enumerate(arch.phases):
+            for j in range(p.blocks):
+                layers.append((f"p{i}b{j}", self.block(i, j).static(c, p.width, p.expands[j])))
+                c = p.width
+        layers += [("head", self.head.static(c, arch.head)), ("pool", _Pool()),
+                   ("classifier", _linear(self.classifier, arch.head))]
+        return nn.Sequential(OrderedDict(layers)).eval()
+
     def block(self, phase: int, index: int, *, aggregator: bool = False) -> DynamicMBConv:
         """Block ``index`` of ``phase``; ``aggregator``: the one that runs after the split
         (its own weights in a multi-view supernet, the same block otherwise)."""
