@@ -9,7 +9,15 @@ from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 from edgesplit.plan.chain_planners import MESH_METHODS, TOPOLOGY_METHODS
 from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
 from edgesplit.plan.document import best_method, plan_document
-from edgesplit.plan.model import PLAN_VERSION, Plan, load_plan, recompute_total
+from edgesplit.plan.model import (
+    PLAN_VERSION,
+    Plan,
+    PlanShape,
+    StarLayout,
+    load_plan,
+    recompute_total,
+    star_layout,
+)
 from edgesplit.plan.planners import (
     BASELINE_METHODS,
     PLANNERS,
@@ -49,8 +57,10 @@ __all__ = [
     "EdgeSetPlanner",
     "Network",
     "Plan",
+    "PlanShape",
     "Planner",
     "PlanningProblem",
+    "StarLayout",
     "assemble_plan",
     "best_method",
     "best_plan",
@@ -68,5 +78,6 @@ __all__ = [
     "planners_for",
     "recompute_total",
     "register_planner",
+    "star_layout",
     "sweep_link",
 ]

@@ -4,9 +4,13 @@ transfers and a prediction under one cost model.
 Cost convention (docs/cost-model.md):
 
 - A device's compute is the sum of its layers' latencies on it (``layer_ms``).
-- Tensors travel from their producer's device (raw inputs: the first device) to every device
-  that reads them (model outputs: the ``result`` device), relayed over every link of the path
-  in between; each link carries a tensor once per direction, whatever its number of readers.
+- Tensors travel from their producer's device (raw inputs: the device they are born on, by
+  default the first device) to every device that reads them (model outputs: the ``result``
+  device), relayed over every link of the path in between; each link carries a tensor once per
+  direction, whatever its number of readers.
+- A shared link (``Link.shared``, a bus) is one medium for every link of that name: the
+  transfers carrying data over it in one direction split its bandwidth (SplitNets gives each
+  of four sensors 25 % of the bus).
 - A transfer (one link, one direction) costs its serialisation, ``Link.transfer_ms`` of the
   bytes at their wire bits, plus the link's **one-way latency, half its RTT**, when it carries
   anything. An edge-cloud request whose result comes back so pays one full RTT; a pipeline
@@ -25,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from edgesplit.errors import ConfigError
 from edgesplit.graph import INPUT, OUTPUT, LayerGraph
 from edgesplit.hardware import Device, Link, Topology
 from edgesplit.plan.model import (
@@ -112,15 +117,31 @@ class Network:
         return None
 
 
+def _birthplaces(graph: LayerGraph, network: Network,
+                 input_devices: Mapping[str, str] | None) -> dict[str, str]:
+    """Each model input's device: ``input_devices`` where given, else the network's first."""
+    given = dict(input_devices or {})
+    unknown = sorted(set(given) - set(graph.inputs))
+    if unknown:
+        raise ConfigError(f"input_devices names {unknown}, which are not inputs of "
+                          f"{graph.model}; its inputs are {', '.join(graph.inputs)}")
+    names = [d.name for d in network.devices]
+    strangers = sorted({d for d in given.values() if d not in names})
+    if strangers:
+        raise ConfigError(f"input_devices places inputs on {strangers}, which are not devices "
+                          f"of the network; its devices are {', '.join(names)}")
+    return {x: given.get(x, names[0]) for x in graph.inputs}
+
+
 def _transfers(graph: LayerGraph, where: Mapping[str, str], network: Network,
-               tensor_bits: Mapping[str, int]) -> list[Transfer]:
+               tensor_bits: Mapping[str, int], born: Mapping[str, str]) -> list[Transfer]:
     """One transfer per link in its forward direction (empty ones too, so a chain has one per
-    hop) and one per link used backwards, each with the crossing tensors in graph order."""
-    source = network.devices[0].name
+    hop) and one per link used backwards, each with the crossing tensors in graph order.
+    ``born``: each model input's device."""
     carried: dict[tuple[int, bool], list[str]] = {}
     paths: dict[tuple[str, str], list[tuple[int, bool]]] = {}
     for tensor in graph.tensors.values():
-        src = source if tensor.producer == INPUT else where[tensor.producer]
+        src = born[tensor.name] if tensor.producer == INPUT else where[tensor.producer]
         readers = {network.result if c == OUTPUT else where[c] for c in tensor.consumers}
         hops = set()
         for dst in readers - {src}:
@@ -131,12 +152,29 @@ def _transfers(graph: LayerGraph, where: Mapping[str, str], network: Network,
             carried.setdefault(hop, []).append(tensor.name)
     order = [(i, True) for i in range(len(network.links))] + \
         [(i, False) for i in range(len(network.links)) if (i, False) in carried]
-    return [_price(graph, network.links[i], forward, carried.get((i, forward), []), tensor_bits)
+    senders = _shared_senders(network.links, [hop for hop in order if carried.get(hop)])
+    return [_price(graph, network.links[i], forward, carried.get((i, forward), []), tensor_bits,
+                   senders.get((i, forward), 1))
             for i, forward in order]
 
 
+def _shared_senders(links: Sequence[PlanLink], sending: Sequence[tuple[int, bool]]
+                   ) -> dict[tuple[int, bool], int]:
+    """For each (link index, forward?) in ``sending`` (the transfers that carry data): how
+    many of them share its medium, a shared link's name, in that direction (1 if unshared)."""
+    def medium(hop: tuple[int, bool]) -> tuple[str, bool] | None:
+        link = links[hop[0]].link
+        return (link.name, hop[1]) if link.shared else None
+
+    count: dict[tuple[str, bool], int] = {}
+    for hop in sending:
+        if (key := medium(hop)) is not None:
+            count[key] = count.get(key, 0) + 1
+    return {hop: count[key] if (key := medium(hop)) is not None else 1 for hop in sending}
+
+
 def _price(graph: LayerGraph, pl: PlanLink, forward: bool, names: list[str],
-           tensor_bits: Mapping[str, int]) -> Transfer:
+           tensor_bits: Mapping[str, int], senders: int = 1) -> Transfer:
     sizes = {t: (graph.tensors[t].bytes_at(tensor_bits[t]) if t in tensor_bits
                  else graph.tensors[t].bytes) for t in names}
     direction: Literal["up", "down"] = "up" if forward else "down"
@@ -145,7 +183,8 @@ def _price(graph: LayerGraph, pl: PlanLink, forward: bool, names: list[str],
                     bits={t: tensor_bits[t] for t in names
                           if t in tensor_bits and tensor_bits[t] < 32},
                     bytes=sum(sizes.values()),
-                    ms=sum(pl.link.transfer_ms(b, direction=direction) for b in sizes.values()),
+                    ms=sum(pl.link.transfer_ms(b, direction=direction, senders=senders)
+                           for b in sizes.values()),
                     latency_ms=one_way_latency_ms(pl.link, bool(names)))
 
 
@@ -172,19 +211,27 @@ def assemble_plan(graph: LayerGraph, placement: Mapping[str, Sequence[str]], net
                   layer_bits: Mapping[str, tuple[int | None, int | None]] | None = None,
                   parallel_devices: Sequence[str] = (), feasible: bool = True,
                   reason: str | None = None, quality: PlanQuality | None = None,
-                  alternatives: Sequence[PlanAlternative] = ()) -> Plan:
+                  alternatives: Sequence[PlanAlternative] = (),
+                  input_devices: Mapping[str, str] | None = None) -> Plan:
     """The Plan of running ``placement`` (device name -> its layers) over ``network``.
 
     ``layer_ms[layer][device]``: each layer's latency on every device of the network (at its
     bits, for a quantized layer). ``tensor_bits``: tensors that travel at another width than
     their dtype's (a raw input at ``input_bits``, a quantized activation). ``layer_bits``:
     (weight, activation) widths of layers that run quantized. Memory and feasibility are the
-    planner's to judge and pass in."""
+    planner's to judge and pass in. ``input_devices``: model input name -> the device it is
+    born on (a sensor's own camera view), priced from there; the others are born on the
+    network's first device.
+
+    A *star* plan (SplitNets' multi-view fusion, executable: see :attr:`Plan.shape`) puts
+    each input on its own source device, each source's layers reading only its own inputs and
+    layers, the rest on one sink, and names the sources in ``parallel_devices``."""
     order = [layer.name for layer in graph.layers]
     where = {n: d for d, names in placement.items() for n in names}
     compute = {d.name: sum(layer_ms[n][d.name] for n in placement.get(d.name, ()))
                for d in network.devices}
-    transfers = _transfers(graph, where, network, tensor_bits or {})
+    transfers = _transfers(graph, where, network, tensor_bits or {},
+                           _birthplaces(graph, network, input_devices))
     bits = layer_bits or {}
     return Plan(
         method=method,

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgesplit.errors import ConfigError
+from edgesplit.graph import INPUT, OUTPUT
 from edgesplit.hardware import Device, Link
 from edgesplit.validation import build
 
@@ -27,15 +28,22 @@ __all__ = [
     "PlanLayer",
     "PlanLink",
     "PlanQuality",
+    "PlanShape",
     "PlanTensor",
     "Prediction",
+    "StarLayout",
     "Transfer",
     "load_plan",
     "recompute_total",
+    "star_layout",
 ]
 
 PLAN_VERSION = 1
 _STRICT = ConfigDict(frozen=True, extra="forbid")
+
+# chain: devices in order, each talking to the next; star: sources (parallel_devices) each
+# sending to one sink; mesh: any other parallel plan (predicted, not executed)
+PlanShape = Literal["chain", "star", "mesh"]
 
 
 class ModelRef(BaseModel):
@@ -195,10 +203,18 @@ class Plan(BaseModel):
         return sum(t.bytes for t in self.transfers if t.src != t.dst and t.tensors)
 
     @property
+    def shape(self) -> PlanShape:
+        """``chain`` (no parallel devices), ``star`` (see :func:`star_layout`) or ``mesh``
+        (any other plan with parallel devices)."""
+        if not self.parallel_devices:
+            return "chain"
+        return "star" if _star(self)[0] is not None else "mesh"
+
+    @property
     def runnable(self) -> bool:
-        """Whether ``edgesplit run`` can execute this plan: the runtime executes chains of
-        devices; a plan with parallel devices (a mesh) is a prediction only."""
-        return not self.parallel_devices
+        """Whether ``edgesplit run`` can execute this plan: the runtime executes chains and
+        stars of devices; any other plan with parallel devices (a mesh) is a prediction only."""
+        return self.shape != "mesh"
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -228,6 +244,63 @@ def recompute_total(plan: Plan) -> float:
     # Plans written before transfers carried their latency put it in predicted.rtt_ms alone.
     legacy_rtt = 0.0 if any(t.latency_ms for t in plan.transfers) else plan.predicted.rtt_ms
     return serial + max(branch.values(), default=0.0) + legacy_rtt
+
+
+class StarLayout(NamedTuple):
+    """A star plan's roles: ``inputs[source]`` are the model inputs born on each source."""
+
+    sources: tuple[str, ...]
+    sink: str
+    inputs: dict[str, tuple[str, ...]]
+
+
+def star_layout(plan: Plan) -> StarLayout:
+    """The sources and sink of a star plan (SplitNets' multi-view fusion): every device but one
+    runs in parallel (``parallel_devices``, the sources); each model input is born on one
+    source; a source's layers read only its own inputs and layers; sources send only to the
+    sink, which runs every other layer and holds every model output. Anything else raises
+    ConfigError saying what breaks the shape."""
+    layout, why = _star(plan)
+    if layout is None:
+        raise ConfigError(f"this plan is not a star: {why}")
+    return layout
+
+
+def _star(plan: Plan) -> tuple[StarLayout | None, str]:
+    """(the layout, "") for a star plan, else (None, why not)."""
+    sources = tuple(plan.parallel_devices)
+    rest = [d.name for d in plan.devices if d.name not in sources]
+    if len(rest) != 1 or len(rest) + len(set(sources)) != len(plan.devices):
+        return None, (f"a star's devices are its parallel sources and one sink; {rest} are "
+                      "not parallel")
+    sink = rest[0]
+    sent: dict[str, set[str]] = {s: set() for s in sources}
+    for t in plan.transfers:
+        if t.tensors and (t.src not in sources or t.dst != sink):
+            return None, f"{t.src} sends to {t.dst}; a star's sources send only to its sink"
+        if t.tensors:
+            sent[t.src].update(t.tensors)
+    where = {layer: d.name for d in plan.devices for layer in d.layers}
+    inputs: dict[str, list[str]] = {s: [] for s in sources}
+    for tensor in plan.tensors:
+        readers = {sink if c == OUTPUT else where[c] for c in tensor.consumers}
+        if tensor.producer == INPUT:
+            homes = [s for s in sources if s in readers or tensor.name in sent[s]]
+            if len(homes) != 1:
+                return None, (f"model input {tensor.name!r} is used on {sorted(readers)}; a "
+                              "star's input belongs to one source")
+            inputs[homes[0]].append(tensor.name)
+            home = homes[0]
+        else:
+            home = where[tensor.producer]
+        strays = sorted(r for r in readers - {home}
+                        if r != sink or tensor.name not in sent.get(home, ()))
+        if strays:
+            return None, f"{tensor.name!r} of {home} is read on {strays} without being sent there"
+    idle = [s for s in sources if not inputs[s] or not sent[s]]
+    if idle:
+        return None, f"source(s) {idle} hold no model input or send nothing to {sink}"
+    return StarLayout(sources, sink, {s: tuple(v) for s, v in inputs.items()}), ""
 
 
 def load_plan(path: str | Path) -> Plan:
