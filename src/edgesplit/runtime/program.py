@@ -11,7 +11,12 @@ through the wire format.
 
 Devices form a chain (the plan's device order): device 0 holds the model inputs, each later
 device receives what its predecessor sends and forwards what later devices need; the model
-outputs travel back along the chain to device 0. Parallel (mesh) plans are not executable yet.
+outputs travel back along the chain to device 0.
+
+A *star* plan (:func:`edgesplit.plan.star_layout`: SplitNets' V sensors and one aggregator)
+runs as ``kind == "star"``: each source receives its own model inputs and sends its transfer
+to the sink; the sink receives what every source sends and returns the model outputs, which
+every source relays to its caller. Other parallel (mesh) plans are not executable.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from edgesplit.errors import ConfigError, GraphError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
-from edgesplit.plan.model import Plan
+from edgesplit.plan.model import Plan, PlanDevice, StarLayout, star_layout
 from edgesplit.quant.fakequant import fake_quantize, quantize_weight, set_tensor_attr
 from edgesplit.quant.wire import decode_tensor, encode_tensor
 from edgesplit.runtime.backends import Backend, TorchBackend, get_backend
@@ -60,8 +65,10 @@ class DeviceStep:
     index: int
     name: str
     partition: Partition | None  # None: the device only relays
-    receives: tuple[str, ...]  # tensors arriving from the previous device (device 0: inputs)
-    sends: tuple[str, ...]  # tensors for the next device
+    # tensors arriving from the previous device (device 0: inputs); in a star, a source's own
+    # model inputs and, at the sink, everything the sources send
+    receives: tuple[str, ...]
+    sends: tuple[str, ...]  # tensors for the next device (in a star: the sink)
     send_bits: dict[str, int] = field(default_factory=dict)  # per tensor; absent: as computed
     returns: tuple[str, ...] = ()  # model outputs this device and those after it answer with
 
@@ -127,6 +134,48 @@ def _chain(plan: Plan) -> list[str]:
     return order
 
 
+def _partition(graph: LayerGraph, plan: Plan, device: PlanDevice) -> Partition | None:
+    """The device's layers as a runnable module, quantized as planned (None: no layers)."""
+    if not device.layers:
+        return None
+    partition = extract_partition(graph, device.layers)
+    _quantize(partition, graph, plan)
+    return partition
+
+
+def _chain_steps(plan: Plan, graph: LayerGraph, order: list[str]) -> list[DeviceStep]:
+    sends = {t.src: t for t in plan.transfers if order.index(t.dst) == order.index(t.src) + 1}
+    steps, arriving = [], tuple(graph.inputs)
+    for i, name in enumerate(order):
+        device = next(d for d in plan.devices if d.name == name)
+        out = sends.get(name)
+        steps.append(DeviceStep(i, name, _partition(graph, plan, device), arriving,
+                                tuple(out.tensors) if out else (),
+                                dict(out.bits) if out else {}))
+        arriving = tuple(out.tensors) if out else ()
+    return steps
+
+
+def _star_steps(plan: Plan, graph: LayerGraph, layout: StarLayout) -> list[DeviceStep]:
+    """Sources receive their own model inputs and send their transfer to the sink; the sink
+    receives every source's transfer; all of them answer with every model output (a source
+    relays the sink's answer)."""
+    sends = {t.src: t for t in plan.transfers if t.tensors and t.dst == layout.sink}
+    gathered = tuple(t for s in layout.sources for t in sends[s].tensors)
+    steps = []
+    for i, device in enumerate(plan.devices):
+        partition = _partition(graph, plan, device)
+        if device.name == layout.sink:
+            steps.append(DeviceStep(i, device.name, partition, gathered, (), {},
+                                    returns=tuple(graph.outputs)))
+            continue
+        out = sends[device.name]
+        own = tuple(x for x in graph.inputs if x in layout.inputs[device.name])
+        steps.append(DeviceStep(i, device.name, partition, own, tuple(out.tensors),
+                                dict(out.bits), returns=tuple(graph.outputs)))
+    return steps
+
+
 def _quantize(partition: Partition, graph: LayerGraph, plan: Plan) -> None:
     """Quantize a partition's weights and outputs in place, at the plan's per-layer bits."""
     bits = {layer.name: layer for layer in plan.layers}
@@ -156,10 +205,16 @@ def _quantize(partition: Partition, graph: LayerGraph, plan: Plan) -> None:
 
 @dataclass
 class PlanProgram:
+    """A plan's steps, one per device in the plan's order. ``kind``: ``chain`` (each device
+    talks to the next) or ``star`` (``sources`` each send to ``sink``)."""
+
     plan: Plan
     graph: LayerGraph
     steps: list[DeviceStep]
     plan_id: str
+    kind: Literal["chain", "star"] = "chain"
+    sources: tuple[str, ...] = ()  # a star's source devices, in plan order
+    sink: str | None = None  # a star's sink device
 
     @classmethod
     def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
@@ -169,25 +224,18 @@ class PlanProgram:
         ``.pt2`` run the pickled code it may hold (a plan names any file: see
         :func:`edgesplit.graph.load_program`)."""
         runner = get_backend(backend)  # an unknown name fails before the capture
-        order = _chain(plan)
+        layout = star_layout(plan) if plan.shape == "star" else None
+        order = _chain(plan) if layout is None else []
         graph = graph or _capture_for(plan, trust_model_file)
         if [layer.name for layer in graph.layers] != [layer.name for layer in plan.layers]:
             raise ConfigError(f"the plan's layers do not match {graph.model} as captured here "
                               "(different edgesplit or model version?): plan it again")
-        sends = {t.src: t for t in plan.transfers if order.index(t.dst) == order.index(t.src) + 1}
-        steps, arriving = [], tuple(graph.inputs)
-        for i, name in enumerate(order):
-            device = next(d for d in plan.devices if d.name == name)
-            partition = extract_partition(graph, device.layers) if device.layers else None
-            if partition is not None:
-                _quantize(partition, graph, plan)
-            out = sends.get(name)
-            steps.append(DeviceStep(i, name, partition, arriving,
-                                    tuple(out.tensors) if out else (),
-                                    dict(out.bits) if out else {}))
-            arriving = tuple(out.tensors) if out else ()
-        program = cls(plan, graph, steps, plan_id(plan))
-        program._assign_returns()
+        if layout is None:
+            program = cls(plan, graph, _chain_steps(plan, graph, order), plan_id(plan))
+            program._assign_returns()
+        else:
+            program = cls(plan, graph, _star_steps(plan, graph, layout), plan_id(plan), "star",
+                          layout.sources, layout.sink)
         program._check_flow()
         program.use_backend(runner)
         return program
@@ -213,7 +261,9 @@ class PlanProgram:
 
     def manifest(self) -> dict:
         """What an export writes next to the ONNX files: who receives and sends what."""
+        star = {"sources": list(self.sources), "sink": self.sink} if self.kind == "star" else {}
         return {"version": 1, "plan_id": self.plan_id, "model": self.graph.model,
+                "kind": self.kind, **star,
                 "devices": [{"name": s.name, "onnx": f"{s.name}.onnx" if s.partition else None,
                              "inputs": list(s.partition.inputs) if s.partition else [],
                              "outputs": list(s.partition.outputs) if s.partition else [],
@@ -233,7 +283,8 @@ class PlanProgram:
     def _check_flow(self) -> None:
         available = set(self.graph.inputs)
         for step in self.steps:
-            have = set(step.receives) | (set(self.graph.inputs) if step.index == 0 else set())
+            first = self.kind == "chain" and step.index == 0  # a star's sources receive inputs
+            have = set(step.receives) | (set(self.graph.inputs) if first else set())
             if step.partition is not None:
                 missing = set(step.partition.inputs) - have
                 if missing:
@@ -244,6 +295,9 @@ class PlanProgram:
             if not set(step.sends) <= have:
                 raise ConfigError(f"device {step.name!r} is to send "
                                   f"{sorted(set(step.sends) - have)} which it does not have")
+            if step.name == self.sink and not set(step.returns) <= have:
+                raise ConfigError(f"the star's sink {step.name!r} lacks model outputs "
+                                  f"{sorted(set(step.returns) - have)}")
 
     # ---- helpers used by the transport and by tests ------------------------------------------
     @property
@@ -272,10 +326,19 @@ class PlanProgram:
                names: Sequence[str], default_bits: int = 32) -> dict[str, bytes]:
         return {t: encode_tensor(values[t], step.send_bits.get(t, default_bits)) for t in names}
 
+    def next_device(self, step: DeviceStep) -> str | None:
+        """Where ``step`` sends: the next device of a chain, a star's sink (None: nowhere)."""
+        if not step.sends:
+            return None
+        return self.sink if self.kind == "star" else self.steps[step.index + 1].name
+
     def run_local(self, inputs: Sequence[torch.Tensor] | None = None
                   ) -> tuple[tuple[torch.Tensor, ...], dict[str, float]]:
         """The whole chain in this process, every hop through the wire format: the reference
-        the networked run must equal, and the baseline of the overhead benchmark."""
+        the networked run must equal, and the baseline of the overhead benchmark. A star runs
+        its sources one after the other, then the sink."""
+        if self.kind == "star":
+            return self._run_star_local(inputs)
         timings = {"compute": 0.0, "serialize": 0.0}
         values = self.input_values(inputs)
         results: dict[str, torch.Tensor] = {}
@@ -289,6 +352,27 @@ class PlanProgram:
             timings["compute"] += (t1 - t0) * 1e3
             timings["serialize"] += (time.perf_counter() - t1) * 1e3
         return tuple(results[t] for t in self.outputs), timings
+
+    def _run_star_local(self, inputs: Sequence[torch.Tensor] | None
+                        ) -> tuple[tuple[torch.Tensor, ...], dict[str, float]]:
+        timings = {"compute": 0.0, "serialize": 0.0}
+        values = self.input_values(inputs)
+        arrived: dict[str, torch.Tensor] = {}
+        for name in self.sources:
+            step = self.step(name)
+            t0 = time.perf_counter()
+            out = step.compute({t: values[t] for t in step.receives})
+            t1 = time.perf_counter()
+            # the sink gets exactly what each source sends, through the wire format
+            arrived.update({t: decode_tensor(b)
+                            for t, b in self.encode(step, out, step.sends).items()})
+            timings["compute"] += (t1 - t0) * 1e3
+            timings["serialize"] += (time.perf_counter() - t1) * 1e3
+        assert self.sink is not None  # a star has one
+        t0 = time.perf_counter()
+        result = self.step(self.sink).compute(arrived)
+        timings["compute"] += (time.perf_counter() - t0) * 1e3
+        return tuple(result[t] for t in self.outputs), timings
 
     def unsplit(self, inputs: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """The float model on the same inputs, as the flat tensors of :attr:`outputs` (what a
