@@ -123,8 +123,11 @@ def run_table(report: dict[str, Any]) -> Table:
     """Measured (mean) against predicted latency of `edgesplit run`."""
     lat = report["latency_ms"]
     diff = report["max_abs_diff"]
+    # a star's sources run side by side, then its sink
+    route = (f"{', '.join(report['sources'])} -> {report['sink']}" if report.get("sink")
+             else ' -> '.join(report['devices']))
     table = Table(title=f"{report['model']} ({report['method']}) over "
-                        f"{' -> '.join(report['devices'])}: {report['ok']}/{report['requests']} "
+                        f"{route}: {report['ok']}/{report['requests']} "
                         f"ok, max |output - unsplit| "
                         f"{'-' if diff is None else format(diff, '.3g')}",
                   caption=f"latency p50 {_ms(lat['p50'])} ms, p95 {_ms(lat['p95'])} ms, max "

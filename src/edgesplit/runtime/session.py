@@ -1,11 +1,11 @@
-"""Drive a served chain with many requests (optionally from many concurrent clients) and
-report measured against predicted latency: the document behind ``edgesplit run --json``."""
+"""Drive a served chain or star with many requests (optionally from many concurrent clients)
+and report measured against predicted latency: the document behind ``edgesplit run --json``."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,10 +15,11 @@ import torch
 
 from edgesplit.errors import ConfigError, EdgesplitError, option
 from edgesplit.runtime.program import PlanProgram
+from edgesplit.runtime.star import StarClient, check_addresses
 from edgesplit.runtime.transport import ChainClient, RequestResult
 from edgesplit.transport import LoopbackChannel
 
-__all__ = ["REPORT_VERSION", "load_inputs", "run_requests"]
+__all__ = ["REPORT_VERSION", "load_inputs", "make_client", "run_requests"]
 
 REPORT_VERSION = 1
 BREAKDOWN_KEYS = ("edge", "serialize", "transfer", "remote", "total")
@@ -54,14 +55,37 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
             "p95": float(np.percentile(arr, 95)), "max": float(arr.max())}
 
 
-def run_requests(program: PlanProgram, address: str | LoopbackChannel, *, requests: int = 1,
-                 concurrency: int = 1, inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
+Address = str | LoopbackChannel
+
+
+def make_client(program: PlanProgram, address: Address | Mapping[str, Address],
+                **options: Any) -> ChainClient | StarClient:
+    """The client that drives ``program``: a ChainClient to the second device's ``address``,
+    or, for a star, a StarClient to every source (``address``: source -> its address)."""
+    if program.kind == "star":
+        if not isinstance(address, Mapping):
+            raise ConfigError(f"this plan is a star: give every source's address "
+                              f"({option('addresses', flag='--source')} NAME=HOST:PORT each), "
+                              "not one server")
+        return StarClient(program, address, **options)
+    if isinstance(address, Mapping):
+        check_addresses(program, address)  # says that a chain takes one address
+        raise AssertionError("unreachable")
+    return ChainClient(program, address, **options)
+
+
+def run_requests(program: PlanProgram, address: Address | Mapping[str, Address], *,
+                 requests: int = 1, concurrency: int = 1,
+                 inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
                  client_options: dict[str, Any] | None = None, warmup: int = 0,
                  on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Send ``requests`` requests from each of ``concurrency`` clients; check every output
-    against the unsplit model on the same input and that every reply matches its request."""
+    against the unsplit model on the same input and that every reply matches its request.
+    ``address``: the second device's, or for a star plan every source's, by name."""
     if requests < 1 or concurrency < 1:
         raise ConfigError(f"{option('requests')} and {option('concurrency')} must be at least 1")
+    if program.kind == "star" or isinstance(address, Mapping):
+        make_client(program, address, **(client_options or {})).close()  # fails here, once
     batches = list(inputs) if inputs else [tuple(program.graph.example_inputs)]
     references = [program.unsplit(b) for b in batches]
     lock = threading.Lock()
@@ -72,7 +96,7 @@ def run_requests(program: PlanProgram, address: str | LoopbackChannel, *, reques
     started: list[float] = []
 
     def client_loop(client_index: int) -> None:
-        with ChainClient(program, address, **(client_options or {})) as client:
+        with make_client(program, address, **(client_options or {})) as client:
             try:  # a chain that fails its warm-up is unusable: the run stops with its error
                 for _ in range(warmup):
                     client.request(batches[0])
@@ -105,8 +129,18 @@ def run_requests(program: PlanProgram, address: str | LoopbackChannel, *, reques
 
 
 def _predicted(program: PlanProgram) -> dict[str, float]:
-    """The plan's own breakdown in the measured one's terms (it has no serialisation)."""
+    """The plan's own breakdown in the measured one's terms (it has no serialisation). A
+    star's edge is its critical source's compute (the slowest with its transfer)."""
     p = program.plan.predicted
+    if program.kind == "star":
+        def branch_ms(source: str) -> float:
+            return p.compute_ms.get(source, 0.0) + sum(
+                t.ms + t.latency_ms for t in program.plan.transfers if t.src == source)
+
+        critical = max(program.sources, key=branch_ms)
+        return {"edge": p.compute_ms.get(critical, 0.0), "serialize": 0.0,
+                "transfer": p.transfer_ms + p.rtt_ms,
+                "remote": p.compute_ms.get(program.sink or "", 0.0), "total": p.total_ms}
     first = program.steps[0].name
     return {"edge": p.compute_ms.get(first, 0.0), "serialize": 0.0,
             "transfer": p.transfer_ms + p.rtt_ms,
@@ -146,6 +180,8 @@ def _document(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str
         "method": program.plan.method,
         "model": program.graph.model,
         "devices": [s.name for s in program.steps],
+        **({"sources": list(program.sources), "sink": program.sink}
+           if program.kind == "star" else {}),
         "requests": sent,
         "concurrency": concurrency,
         "ok": len(rows),

@@ -1,5 +1,7 @@
 """gRPC transport for split inference: a server per device (``PartitionServer``) and the
-client that runs device 0 and drives the chain (``ChainClient``).
+client that runs device 0 and drives the chain (``ChainClient``). Star plans (sources joined by
+one sink) use the same server; the sink's join and the client that drives a star are in
+:mod:`edgesplit.runtime.star`.
 
 The service (``proto/edgesplit_runtime.proto``) carries wire-format tensor messages. Every
 request names its plan (``plan_id`` and schema version) so both ends provably run the same
@@ -16,15 +18,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import torch
 
 from edgesplit.errors import ConfigError, RemoteError, WireError, option
+from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import decode_tensor, encode_tensor
-from edgesplit.runtime.program import PlanProgram
+from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import (
@@ -46,7 +49,11 @@ from edgesplit.transport import (
 )
 from edgesplit.transport.shaping import LinkShaper
 
+if TYPE_CHECKING:  # the star module imports this one
+    from edgesplit.runtime.star import Join
+
 __all__ = [
+    "JOIN_KEY",
     "SESSION_KEY",
     "TOKEN_ENV",
     "ChainClient",
@@ -66,6 +73,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SESSION_KEY = "edgesplit-session"  # call metadata naming the client session (backend state)
+# call metadata joining a star's source requests at its sink (one key per client request)
+JOIN_KEY = "edgesplit-join"
 MAX_SESSIONS = 1024  # sessions whose backend state a server keeps (the oldest go first)
 
 def max_message_bytes(program: PlanProgram) -> int:
@@ -91,6 +100,18 @@ def plan_device(program: PlanProgram, device: str) -> str:
                           "name one of them")
     presets = ", ".join(f"{d.name} ({d.device.name})" for d in program.plan.devices)
     raise ConfigError(f"device {device!r} is not in the plan; its devices are {presets}")
+
+
+def _links(program: PlanProgram, step: DeviceStep) -> tuple[Link | None, Link | None]:
+    """The plan links ``step`` replies over and sends over (None: none). A star's source has
+    no link before it (its inputs are its own); the sink shapes each reply on its source's
+    link itself."""
+    if program.kind == "star":
+        from edgesplit.runtime.star import star_link
+
+        return None, (star_link(program, step.name) if step.sends else None)
+    return (_link_before(program, step.index),
+            _link_before(program, step.index + 1) if step.sends else None)
 
 
 def _link_before(program: PlanProgram, device_index: int):
@@ -137,33 +158,49 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
 
 
 class PartitionServer(GrpcServer):
-    """Serves one device's partition; a middle hop forwards to ``next_address``."""
+    """Serves one device's partition; a middle hop forwards to ``next_address``.
+
+    In a star plan a source forwards to the sink (``next_address``) like a middle hop, its
+    join key travelling on; the sink joins its sources' calls (see
+    :class:`edgesplit.runtime.star.Join`: ``join_timeout_s``, ``max_joins``), runs with
+    ``max_workers`` per source (a call waiting for the other sources holds a worker) and does
+    not batch (``max_batch > 1`` is refused: each join already computes once)."""
 
     def __init__(self, program: PlanProgram, device: str, *,
                  next_address: str | LoopbackChannel | None = None,
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
                  max_workers: int = 32, next_timeout_s: float = 60.0,
-                 max_batch: int = 1, max_wait_ms: float = 2.0) -> None:
+                 max_batch: int = 1, max_wait_ms: float = 2.0,
+                 join_timeout_s: float = 10.0, max_joins: int = 256) -> None:
         self.program, self.step = program, program.step(plan_device(program, device))
         device = self.step.name
-        if self.step.index == 0:
+        if program.kind == "chain" and self.step.index == 0:
             raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
                               "client (`edgesplit run`), not as a server")
-        if self.step.sends and next_address is None:
-            nxt = program.steps[self.step.index + 1].name
+        nxt = program.next_device(self.step)
+        if nxt is not None and next_address is None:
             raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
                               f"{option('next_address', 'HOST:PORT', flag='--next')}")
         self.token, self.tls = token, tls
         self.batcher = None
+        self.join: Join | None = None
+        if device == program.sink:
+            from edgesplit.runtime.star import Join
+
+            if max_batch > 1:
+                raise ConfigError(f"device {device!r} joins a star's sources and computes each "
+                                  f"request once: it does not batch ({option('max_batch', 1)})")
+            self.join = Join(self, join_timeout_s, max_joins, shape)
+            max_workers *= len(program.sources)
         if max_batch > 1 and self.step.partition is not None:
             from edgesplit.runtime.batching import Batcher, batched_step
 
             self.batcher = Batcher(self.step, batched_step(program, device, max_batch),
                                    max_batch, max_wait_ms)
         self.limit = max_message_bytes(program)
-        self.upstream = LinkShaper(_link_before(program, self.step.index), shape)  # replies
-        self.downstream = LinkShaper(_link_before(program, self.step.index + 1)
-                                     if self.step.sends else None, shape)
+        upstream, downstream = _links(program, self.step)
+        self.upstream = LinkShaper(upstream, shape)  # replies
+        self.downstream = LinkShaper(downstream, shape)
         self.next_timeout_s = next_timeout_s
         self._states: OrderedDict[str, Any] = OrderedDict()  # backend state per session
         self._states_lock = threading.Lock()
@@ -204,19 +241,27 @@ class PartitionServer(GrpcServer):
         log.exception("device %s failed on a request", self.step.name)
         return f"device {self.step.name!r} failed on this request: {type(exc).__name__}: {exc}"
 
-    def _decode(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
+    def check_plan(self, request: pb.Bundle) -> None:
+        """Refuse (FAILED_PRECONDITION) a request made for another plan."""
         if request.plan_id != self.program.plan_id or request.plan_version != PLAN_VERSION:
             raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
                               f"plan mismatch: this server runs plan {self.program.plan_id} "
                               f"(version {PLAN_VERSION}), the request is for "
                               f"{request.plan_id or '?'} (version {request.plan_version}); "
                               "start both sides from the same plan file")
+
+    def _decode(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
+        self.check_plan(request)
         names = [t.name for t in request.tensors]
         expected = set(self.step.receives)
         if set(names) != expected or len(names) != len(expected):
             raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                               f"device {self.step.name!r} expects tensors {sorted(expected)}, "
                               f"got {names}")
+        return self.decode_tensors(request)
+
+    def decode_tensors(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
+        """The request's tensors (names already checked), each of the plan's shape and dtype."""
         values = {}
         for t in request.tensors:
             try:  # shape and dtype checked from the header, before anything is allocated
@@ -231,6 +276,8 @@ class PartitionServer(GrpcServer):
                ) -> pb.Bundle:
         """Answer one request; ``context`` (the caller's call) gives the deadline and
         cancellation that travel down the chain."""
+        if self.join is not None:  # a star's sink: wait for every source, compute once
+            return self.join.handle(request, context)
         t_in = time.perf_counter()
         values = self._decode(request)
         timings: dict[str, float] = {f"{self.step.name}.serialize_ms":
@@ -279,8 +326,9 @@ class PartitionServer(GrpcServer):
         """Forward within what is left of the caller's deadline, and cancel the downstream
         call when the caller gives up, so abandoned requests free every hop's workers."""
         metadata = context.invocation_metadata() if context is not None else ()
-        # the token and the session travel on: every hop keeps the session's backend state
-        auth = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY)]
+        # the token and the session travel on: every hop keeps the session's backend state;
+        # so does a star's join key, which the sink joins its sources' requests by
+        auth = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY, JOIN_KEY)]
         check_alive(context, self.step.name)
         timeout = remaining_timeout(context, self.next_timeout_s)
         assert self._next is not None  # a step that sends was given a next address

@@ -1,0 +1,510 @@
+"""Star plans served: the sink's join, and the client that drives a star.
+
+A star plan (:func:`edgesplit.plan.star_layout`: SplitNets' V sensors and one aggregator) runs
+with one :class:`~edgesplit.runtime.transport.PartitionServer` per device. A source gets its
+own model inputs from the client, runs its layers and forwards what it sends to the sink, like
+a middle hop of a chain. The sink *joins*: the calls of one client request carry one join key
+(call metadata ``edgesplit-join``) and one request id; the sink waits until every tensor it
+receives has arrived for that pair, computes once, and answers every waiting call with the
+model outputs, which each source relays to the client. :class:`StarClient` sends every source
+its inputs concurrently under a fresh key and checks that their replies agree.
+
+Bounds against broken or hostile callers: a join takes each of the sink's tensors once (an
+unknown or repeated tensor fails its call with INVALID_ARGUMENT); it waits at most
+``join_timeout_s`` or its caller's deadline, after which its calls fail with DEADLINE_EXCEEDED
+naming the missing tensors and sources and it is dropped; at most ``max_joins`` wait at once
+(the oldest is dropped, its callers told why); a finished or dropped key is remembered (a
+bounded number of them) so that it is never computed again.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import torch
+
+from edgesplit.errors import ConfigError, RemoteError, option
+from edgesplit.hardware import Link
+from edgesplit.plan.model import PLAN_VERSION
+from edgesplit.quant.wire import encode_tensor
+from edgesplit.runtime.program import PlanProgram
+from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
+from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.transport import (
+    JOIN_KEY,
+    SESSION_KEY,
+    RequestResult,
+    _channel,
+    _explain,
+    _name,
+    decode_planned,
+    max_message_bytes,
+)
+from edgesplit.transport import (
+    MAX_BACKOFF_S,
+    BadRequest,
+    LoopbackChannel,
+    TlsFiles,
+    bearer_metadata,
+    invalid,
+)
+from edgesplit.transport.shaping import LinkShaper
+
+if TYPE_CHECKING:
+    from edgesplit.runtime.transport import PartitionServer
+
+__all__ = ["JOIN_KEY", "Join", "StarClient", "check_addresses", "star_link"]
+
+MAX_KEY_CHARS = 128  # a join key longer than this is refused (keys are held in memory)
+POLL_S = 0.05  # how often a waiting call checks that its caller is still there
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def star_link(program: PlanProgram, source: str) -> Link:
+    """The link ``source`` sends to the sink over, as the plan prices it: on a shared medium
+    (a bus) each source that sends gets its share of the bandwidth."""
+    sink = str(program.sink)
+    links = {frozenset((pl.src, pl.dst)): pl.link for pl in program.plan.links}
+    link = links.get(frozenset((source, sink)))
+    if link is None:
+        raise ConfigError(f"the plan has no link between {source!r} and {sink!r}")
+    if not link.shared:
+        return link
+    share = sum(1 for t in program.plan.transfers if t.tensors
+                and (other := links.get(frozenset((t.src, t.dst)))) is not None
+                and other.shared and other.name == link.name)
+    down = link.down_bandwidth_mbps
+    return link.model_copy(update={"bandwidth_mbps": link.bandwidth_mbps / max(share, 1),
+                                   "down_bandwidth_mbps": down / max(share, 1) if down else None,
+                                   "shared": False})
+
+
+def check_addresses(program: PlanProgram, addresses: Mapping[str, Any]) -> None:
+    """Refuse (ConfigError) a star's source addresses that miss a source or name another
+    device."""
+    if program.kind != "star":
+        raise ConfigError(f"this plan is a chain: give the second device's address "
+                          f"({option('address', flag='--server')} HOST:PORT), not sources")
+    flag = option("addresses", flag="--source")
+    unknown = sorted(set(addresses) - set(program.sources))
+    if unknown:
+        raise ConfigError(f"{unknown} are not sources of this star plan (its sink "
+                          f"{program.sink!r} is reached through them); its sources are "
+                          f"{', '.join(program.sources)}: give {flag} NAME=HOST:PORT for each")
+    missing = [s for s in program.sources if s not in addresses]
+    if missing:
+        raise ConfigError(f"no address for source(s) {', '.join(missing)} of this star plan: "
+                          f"give {flag} NAME=HOST:PORT for each of "
+                          f"{', '.join(program.sources)}")
+
+
+# ---- the sink's join ------------------------------------------------------------------------
+@dataclass
+class _Entry:
+    """One client request being joined at the sink."""
+
+    ident: tuple[str, int]  # (join key, request id)
+    created: float  # time.monotonic()
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+    completed_at: float = 0.0  # time.perf_counter() when the last tensor arrived
+    outputs: dict[str, bytes] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: tuple[grpc.StatusCode, str] | None = None
+
+
+class Join:
+    """A star sink's join table: see the module docstring. ``computed`` counts the joins
+    computed (one per complete request)."""
+
+    def __init__(self, server: PartitionServer, timeout_s: float, max_joins: int,
+                 shape: bool = True) -> None:
+        if timeout_s <= 0:
+            raise ConfigError(f"{option('join_timeout_s')} must be positive, got {timeout_s}")
+        if max_joins < 1:
+            raise ConfigError(f"{option('max_joins')} must be at least 1, got {max_joins}")
+        program = server.program
+        self.server, self.timeout_s, self.max_joins = server, timeout_s, max_joins
+        self.sink = server.step.name
+        self.source_of = {t: s for s in program.sources for t in program.step(s).sends}
+        self.shapers = {s: LinkShaper(star_link(program, s), shape) for s in program.sources}
+        self.computed = 0
+        self._pending: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
+        # what became of finished or dropped keys: a late or repeated call is told at once
+        self._finished: OrderedDict[tuple[str, int], tuple[grpc.StatusCode, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """Joins waiting for some of their sources."""
+        with self._lock:
+            return len(self._pending)
+
+    def handle(self, request: pb.Bundle, context: grpc.ServicerContext | None) -> pb.Bundle:
+        """Add this call's tensors to its join; answer when the join is complete."""
+        t0 = time.perf_counter()
+        self.server.check_plan(request)  # a foreign plan is named as such, as for chains
+        key = self._key(context)
+        names = self._names(request)
+        values = self.server.decode_tensors(request)
+        decode_ms = (time.perf_counter() - t0) * 1e3
+        arrived = time.perf_counter()
+        entry, complete = self._add((key, request.request_id), names, values)
+        if complete:
+            self._compute(entry, context)
+        else:
+            self._wait(entry, context)
+        if entry.error is not None:
+            raise BadRequest(*entry.error)
+        reply = pb.Bundle(plan_id=self.server.program.plan_id, plan_version=PLAN_VERSION,
+                          request_id=request.request_id)
+        for name in self.server.step.returns:
+            reply.tensors.add(name=name, data=entry.outputs[name])
+        serialize = f"{self.sink}.serialize_ms"
+        reply.timings_ms.update({**entry.timings,
+                                 serialize: entry.timings.get(serialize, 0.0) + decode_ms,
+                                 f"{self.sink}.join_wait_ms":
+                                     max(0.0, entry.completed_at - arrived) * 1e3})
+        self.shapers[self.source_of[names[0]]].send(reply.ByteSize(), "down")
+        return reply
+
+    # ---- checks --------------------------------------------------------------------------
+    def _key(self, context: grpc.ServicerContext | None) -> str:
+        metadata = dict(context.invocation_metadata()) if context is not None else {}
+        key = metadata.get(JOIN_KEY)
+        if not isinstance(key, str) or not key:
+            raise invalid(f"device {self.sink!r} is the sink of a star plan: it joins its "
+                          f"sources' calls by the call metadata {JOIN_KEY!r}, which this "
+                          "request lacks; send requests through the sources with StarClient "
+                          "(`edgesplit run --source NAME=HOST:PORT ...`), or give every "
+                          "source's call of one request the same key")
+        if len(key) > MAX_KEY_CHARS:
+            raise invalid(f"join key of {len(key)} characters; at most {MAX_KEY_CHARS}")
+        return key
+
+    def _names(self, request: pb.Bundle) -> list[str]:
+        names = [t.name for t in request.tensors]
+        expected = sorted(self.source_of)
+        unknown = [n for n in names if n not in self.source_of]
+        if not names or unknown:
+            got = f"unknown tensor(s) {unknown}" if unknown else "no tensor"
+            raise invalid(f"device {self.sink!r} joins tensors {expected} from its sources; "
+                          f"got {got}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise invalid(f"tensor(s) {twice} appear twice in one request")
+        return names
+
+    # ---- the table -----------------------------------------------------------------------
+    def _add(self, ident: tuple[str, int], names: Sequence[str],
+             values: dict[str, torch.Tensor]) -> tuple[_Entry, bool]:
+        """Put ``values`` into the join ``ident``; True when that completes it (the caller
+        then computes it, outside the lock)."""
+        with self._lock:
+            if ident in self._finished:
+                code, why = self._finished[ident]
+                raise BadRequest(code, f"tensor(s) {list(names)} arrived for join key "
+                                       f"{ident[0]!r} (request {ident[1]}), which is over: {why}")
+            entry = self._pending.get(ident)
+            if entry is None:
+                entry = self._pending[ident] = _Entry(ident, time.monotonic())
+                while len(self._pending) > self.max_joins:
+                    self._fail(self._pending.popitem(last=False)[1],
+                               grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"device {self.sink!r} dropped this join: more than "
+                               f"{self.max_joins} requests were waiting for their sources "
+                               f"(raise {option('max_joins')}, or check that every source "
+                               "reaches this sink)")
+            again = [n for n in names if n in entry.values]
+            if again:
+                raise invalid(f"tensor(s) {again} arrived twice for join key {ident[0]!r} "
+                              f"(request {ident[1]}); each source sends its tensors once per "
+                              "request")
+            entry.values.update(values)
+            if len(entry.values) < len(self.source_of):
+                return entry, False
+            del self._pending[ident]
+            entry.completed_at = time.perf_counter()
+            self._remember(ident, (grpc.StatusCode.INVALID_ARGUMENT,
+                                   "it was complete and has been answered"))
+            return entry, True
+
+    def _remember(self, ident: tuple[str, int], outcome: tuple[grpc.StatusCode, str]) -> None:
+        self._finished[ident] = outcome
+        while len(self._finished) > 4 * self.max_joins:
+            self._finished.popitem(last=False)
+
+    def _fail(self, entry: _Entry, code: grpc.StatusCode, message: str) -> None:
+        """End a pending join (the lock held): its callers fail with ``code``."""
+        entry.error = (code, message)
+        entry.values = {}
+        self._remember(entry.ident, entry.error)
+        entry.done.set()
+
+    def _expire(self, entry: _Entry, code: grpc.StatusCode) -> bool:
+        """Drop ``entry`` if it still waits for sources (False: it completed meanwhile)."""
+        with self._lock:
+            if self._pending.get(entry.ident) is not entry:
+                return False
+            del self._pending[entry.ident]
+            missing = [t for t in self.source_of if t not in entry.values]
+            sources = sorted({self.source_of[t] for t in missing})
+            if code == grpc.StatusCode.CANCELLED:
+                why = "a caller gave up"
+            else:
+                why = (f"it waited {time.monotonic() - entry.created:.1f} s (the join timeout "
+                       f"of {self.timeout_s:g} s, or less if the caller's deadline came first)")
+            self._fail(entry, code,
+                       f"device {self.sink!r} dropped join key {entry.ident[0]!r} (request "
+                       f"{entry.ident[1]}): {why}; tensor(s) {missing} from "
+                       f"{', '.join(sources)} never arrived (is every source's server up and "
+                       "pointed at this sink?)")
+            return True
+
+    # ---- computing and waiting -----------------------------------------------------------
+    def _compute(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
+        step = self.server.step
+        try:
+            t0 = time.perf_counter()
+            values = step.compute(dict(entry.values), self.server._state(context))
+            t1 = time.perf_counter()
+            entry.outputs = {name: encode_tensor(values[name], 32) for name in step.returns}
+            entry.timings = {f"{self.sink}.compute_ms": (t1 - t0) * 1e3,
+                             f"{self.sink}.serialize_ms": (time.perf_counter() - t1) * 1e3}
+            with self._lock:
+                self.computed += 1
+        except Exception as exc:  # every caller of the join gets the failure
+            entry.error = (grpc.StatusCode.INTERNAL, self.server.failure(exc))
+        finally:
+            entry.values = {}
+            entry.done.set()
+
+    def _wait(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
+        """Until the join is answered or dropped, or this call's time is up."""
+        while not entry.done.wait(max(0.0, min(self._left(entry, context), POLL_S))):
+            if self._left(entry, context) <= 0:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+            elif context is not None and not context.is_active():
+                code = grpc.StatusCode.CANCELLED
+            else:
+                continue
+            if not self._expire(entry, code):
+                self._wait_computed(entry, context)
+            return
+
+    def _left(self, entry: _Entry, context: grpc.ServicerContext | None) -> float:
+        """Seconds this call may still wait: the join timeout or the caller's deadline."""
+        left = entry.created + self.timeout_s - time.monotonic()
+        remaining = context.time_remaining() if context is not None else None
+        return left if remaining is None else min(left, remaining)
+
+    def _wait_computed(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
+        """The join completed while this call gave up waiting: wait for its result within
+        this call's own deadline only."""
+        remaining = context.time_remaining() if context is not None else None
+        if not entry.done.wait(None if remaining is None else max(0.0, remaining)):
+            raise BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"device {self.sink!r} completed join key {entry.ident[0]!r}, but "
+                             "this call's deadline passed before its result")
+
+
+# ---- client ---------------------------------------------------------------------------------
+def _settle(future: Future, call: Callable[[], Any]) -> None:
+    try:
+        future.set_result(call())
+    except BaseException as exc:  # the caller reads it from the future
+        future.set_exception(exc)
+
+
+class StarClient:
+    """Drives a star plan: every source gets its own model inputs, concurrently, under one
+    join key per request; the sink computes once and every source relays its answer, which
+    must agree. ``addresses``: source device -> ``HOST:PORT`` or a server's
+    ``loopback_channel()``. ``shape`` is accepted as for :class:`ChainClient`; a source's own
+    inputs cross no planned link (the sources shape theirs to the sink). ``retries``: a request
+    that fails UNAVAILABLE or DEADLINE_EXCEEDED is sent again, under a new key."""
+
+    def __init__(self, program: PlanProgram, addresses: Mapping[str, str | LoopbackChannel], *,
+                 token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
+                 timeout_s: float = 60.0, retries: int = 0, retry_backoff_s: float = 0.2,
+                 session: str | None = None) -> None:
+        check_addresses(program, addresses)
+        self.program = program
+        self.metadata = bearer_metadata(token)
+        if session is not None:  # the servers keep backend state per session
+            self.metadata.append((SESSION_KEY, session))
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
+        limit = max_message_bytes(program)
+        self._channels = {s: _channel(addresses[s], limit, tls) for s in program.sources}
+        self.addresses = {s: _name(addresses[s]) for s in program.sources}
+        self._stubs = {s: pb_grpc.PartitionServiceStub(c) for s, c in self._channels.items()}
+        self._client_key = secrets.token_hex(8)  # join keys: this client's id + request id
+        self._ids = iter(range(1, 1 << 62))
+        self._id_lock = threading.Lock()
+        self._plan_checked = False
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+    def __enter__(self) -> StarClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self, source: str) -> pb.Description:
+        try:
+            return self._stubs[source].Describe(pb.DescribeRequest(), timeout=self.timeout_s,
+                                                metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise RemoteError(self._explain(source, exc)) from None
+
+    def check_plan(self) -> None:
+        """Ask every source which plan it runs before sending it tensors."""
+        for source in self.program.sources:
+            described = self.describe(source)
+            if (described.plan_id, described.plan_version) != (self.program.plan_id,
+                                                               PLAN_VERSION):
+                raise RemoteError(
+                    f"source {source} ({self.addresses[source]}) refused the request: "
+                    f"FAILED_PRECONDITION: plan mismatch: it runs plan {described.plan_id} "
+                    f"(version {described.plan_version}), this client {self.program.plan_id} "
+                    f"(version {PLAN_VERSION}); start every side from the same plan file")
+        self._plan_checked = True
+
+    def request(self, inputs: Sequence[torch.Tensor] | None = None) -> RequestResult:
+        if not self._plan_checked:
+            self.check_plan()
+        values = self.program.input_values(inputs)
+        with self._id_lock:
+            request_id = next(self._ids)
+        for attempt in range(self.retries + 1):
+            try:
+                return self._request(values, request_id,
+                                     f"{self._client_key}-{request_id}-{attempt}")
+            except _Failed as failed:
+                if failed.code in RETRYABLE and attempt < self.retries:
+                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
+                    continue
+                raise RemoteError(failed.message) from None
+        raise AssertionError("unreachable")
+
+    def _request(self, values: Mapping[str, torch.Tensor], request_id: int, key: str
+                 ) -> RequestResult:
+        start = time.perf_counter()
+        bundles = {}
+        for source in self.program.sources:
+            bundle = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
+                               request_id=request_id)
+            for name in self.program.step(source).receives:  # its own inputs, as they are
+                bundle.tensors.add(name=name, data=encode_tensor(values[name], 32))
+            bundles[source] = bundle
+        serialize_ms = (time.perf_counter() - start) * 1e3
+        replies = self._gather(bundles, [*self.metadata, (JOIN_KEY, key)])
+        t1 = time.perf_counter()
+        outputs = self._agree(replies, request_id)
+        serialize_ms += (time.perf_counter() - t1) * 1e3
+        total = (time.perf_counter() - start) * 1e3
+        return RequestResult(request_id, outputs, *self._breakdown(replies, serialize_ms, total))
+
+    def _gather(self, bundles: Mapping[str, pb.Bundle], metadata: list[tuple[str, str]]
+                ) -> dict[str, pb.Bundle]:
+        """Every source's reply; the first failure cancels the other calls and is raised."""
+        finished: queue.SimpleQueue[str] = queue.SimpleQueue()
+        calls = {}
+        for source, bundle in bundles.items():
+            calls[source] = self._start(source, bundle, metadata)
+            calls[source].add_done_callback(lambda _, s=source: finished.put(s))
+        replies = {}
+        for _ in calls:
+            source = finished.get()
+            try:
+                replies[source] = calls[source].result()
+            except grpc.RpcError as exc:
+                for call in calls.values():
+                    call.cancel()  # the sources cancel their calls to the sink in turn
+                raise _Failed(exc.code(), self._explain(source, exc)) from None
+        return replies
+
+    def _start(self, source: str, bundle: pb.Bundle, metadata: list[tuple[str, str]]) -> Any:
+        """A gRPC future of the call; a loopback call runs on its own thread (it blocks until
+        the sink has joined every source), in a future that cannot be cancelled."""
+        stub = self._stubs[source]
+        if not isinstance(self._channels[source], LoopbackChannel):
+            return stub.Run.future(bundle, timeout=self.timeout_s, metadata=metadata)
+        future: Future = Future()
+        future.set_running_or_notify_cancel()  # running: cancel() leaves it alone
+        threading.Thread(target=_settle, daemon=True, name=f"edgesplit-star-{source}",
+                         args=(future, lambda: stub.Run(bundle, timeout=self.timeout_s,
+                                                        metadata=metadata))).start()
+        return future
+
+    def _agree(self, replies: Mapping[str, pb.Bundle], request_id: int
+               ) -> tuple[torch.Tensor, ...]:
+        """The outputs, once every reply is for this request, with the plan's outputs, the
+        same bytes from every source."""
+        expected = sorted(self.program.outputs)
+        first: tuple[str, dict[str, bytes]] | None = None
+        for source in self.program.sources:
+            reply, where = replies[source], f"source {source} ({self.addresses[source]})"
+            if reply.request_id != request_id:
+                raise RemoteError(f"{where} answered request {reply.request_id} for request "
+                                  f"{request_id}")
+            data = {t.name: t.data for t in reply.tensors}
+            if sorted(t.name for t in reply.tensors) != expected:
+                raise RemoteError(f"{where} answered with tensors "
+                                  f"{[t.name for t in reply.tensors]}, the plan expects "
+                                  f"{expected}")
+            if first is None:
+                first = (source, data)
+            elif data != first[1]:
+                raise RemoteError(f"sources {first[0]} and {source} relayed different outputs "
+                                  f"for request {request_id}: the sink mixed two requests")
+        assert first is not None  # a star has sources
+        try:
+            return tuple(decode_planned(self.program, t, first[1][t])
+                         for t in self.program.outputs)
+        except Exception as exc:
+            raise RemoteError(f"source {first[0]} answered with a bad tensor: {exc}") from None
+
+    def _breakdown(self, replies: Mapping[str, pb.Bundle], serialize_ms: float, total: float
+                   ) -> tuple[dict[str, float], dict[str, float]]:
+        """``edge``: the slowest source's compute; ``remote``: the sink's; ``serialize``: here,
+        the slowest source's and the sink's; ``transfer``: the rest. Hops: what the servers
+        reported, a key several replies carry (the sink's) at its largest."""
+        hops: dict[str, float] = {}
+        for reply in replies.values():
+            for k, v in reply.timings_ms.items():
+                hops[k] = max(v, hops.get(k, v))
+        sources, sink = self.program.sources, self.program.sink
+        edge = max(hops.get(f"{s}.compute_ms", 0.0) for s in sources)
+        remote = hops.get(f"{sink}.compute_ms", 0.0)
+        serialize_ms += max(hops.get(f"{s}.serialize_ms", 0.0) for s in sources) + \
+            hops.get(f"{sink}.serialize_ms", 0.0)
+        return {"edge": edge, "serialize": serialize_ms, "remote": remote,
+                "transfer": max(0.0, total - edge - serialize_ms - remote), "total": total}, hops
+
+    def _explain(self, source: str, exc: grpc.RpcError) -> str:
+        code, details, address = exc.code(), exc.details() or "", self.addresses[source]
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and details.startswith("next hop after"):
+            # the sink timed the join out: its message names the missing sources
+            return f"source {source} ({address}) is up, but the sink did not answer: {details}"
+        return f"source {source}: {_explain(code, details, address)}"
+
+
+class _Failed(Exception):
+    """A request's first failed call: its status and the sentence explaining it."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
