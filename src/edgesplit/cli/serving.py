@@ -1,9 +1,11 @@
 """`edgesplit export | serve | run`: a plan's parts as ONNX files, served over gRPC, and driven
-by a client."""
+by a client (a chain's first device runs in `run`; a star's sources are servers `run`
+addresses with `--source NAME=HOST:PORT`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +22,9 @@ from edgesplit.cli._app import (
     tls_files,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from edgesplit.runtime import PlanProgram
 
 
 @app.command()
@@ -52,11 +57,13 @@ def export(
 def serve(
     plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
     device: str = typer.Option(..., "--device", "-d", help="The plan device this server runs "
-                                                           "(e.g. cloud, or a middle hop)."),
+                                                           "(e.g. cloud, a middle hop, a star's "
+                                                           "sensor or aggregator)."),
     port: int = typer.Option(50051, "--port", "-p", help="Port (0: any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
     next_hop: str | None = typer.Option(None, "--next", help="HOST:PORT of the next device "
-                                                             "(middle hops of a chain)."),
+                                                             "(middle hops of a chain; a "
+                                                             "star's sources: the sink)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
@@ -70,10 +77,13 @@ def serve(
                                                           "requests (1: no batching)."),
     max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="With --max-batch: longest "
                                                                  "wait for a batch to fill."),
+    join_timeout_s: float = typer.Option(10.0, "--join-timeout-s", help="A star's sink: how "
+                                         "long a request waits for every source."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
-    gracefully)."""
+    gracefully). A star plan's sink joins its sources' calls of each request; each source
+    forwards to it (--next)."""
     from edgesplit.runtime.transport import PartitionServer, read_token, serve_forever
 
     token = read_token(token, token_file)
@@ -81,7 +91,7 @@ def serve(
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
                              max_workers=workers, max_batch=max_batch,
-                             max_wait_ms=max_wait_ms)
+                             max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s)
     bound = server.start(host, port)
     # one machine-readable line on stdout: scripts and tests wait for it
     print(f"listening on {host}:{bound} device={device} plan={program.plan_id}", flush=True)
@@ -92,7 +102,10 @@ def serve(
 @user_errors
 def run(
     plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
-    server: str = typer.Option(..., "--server", help="HOST:PORT of the second device's server."),
+    server: str | None = typer.Option(None, "--server", help="HOST:PORT of the second "
+                                                             "device's server (chains)."),
+    sources: list[str] = typer.Option([], "--source", help="NAME=HOST:PORT of a star plan's "
+                                                           "source device; once per source."),
     input_path: Path | None = typer.Option(None, "--input", help=".pt/.npz of inputs "
                                                                  "(default: the example)."),
     requests: int = typer.Option(1, "--requests", "-n", help="Requests per client."),
@@ -108,18 +121,21 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
 ) -> None:
-    """Run the first device's part of PLAN here and the rest on the served chain; report
-    measured against predicted latency and the difference from the unsplit model."""
+    """Run the first device's part of PLAN here and the rest on the served chain (a star
+    plan: send every source its own inputs, --source per source); report measured against
+    predicted latency and the difference from the unsplit model."""
     from edgesplit.runtime.session import load_inputs, run_requests
     from edgesplit.runtime.transport import read_token
 
     token = read_token(token, token_file)
     program = load_program(plan_path, backend, trust_model_file)
+    address = _addresses(program, server, sources)
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": not no_shape,
                "retries": retries, "timeout_s": timeout_s}
-    with err.status(f"{requests * concurrency} request(s) to {server} ...", spinner="dots"):
-        report = run_requests(program, server, requests=requests, concurrency=concurrency,
+    where = server if isinstance(address, str) else ", ".join(address.values())
+    with err.status(f"{requests * concurrency} request(s) to {where} ...", spinner="dots"):
+        report = run_requests(program, address, requests=requests, concurrency=concurrency,
                               inputs=batches, client_options=options, warmup=warmup)
     if as_json:
         emit_json(report)
@@ -129,3 +145,32 @@ def run(
         out.print(run_table(report))
     if report["errors"]:
         raise typer.Exit(1)
+
+
+def _addresses(program: PlanProgram, server: str | None, sources: list[str]
+               ) -> str | dict[str, str]:
+    """``--server`` for a chain; ``--source NAME=HOST:PORT`` for each source of a star."""
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.star import check_addresses
+
+    if program.kind == "chain":
+        if sources:
+            raise ConfigError("--source is for star plans; this plan is a chain: give the "
+                              "second device's address with --server HOST:PORT")
+        if server is None:
+            raise ConfigError("give the second device's address with --server HOST:PORT")
+        return server
+    if server is not None:
+        raise ConfigError(f"this plan is a star: give each source's address with --source "
+                          f"NAME=HOST:PORT (its sources: {', '.join(program.sources)}), not "
+                          "--server")
+    parsed: dict[str, str] = {}
+    for item in sources:
+        name, sep, address = item.partition("=")
+        if not sep or not name or not address:
+            raise ConfigError(f"--source takes NAME=HOST:PORT, got {item!r}")
+        if name in parsed:
+            raise ConfigError(f"--source {name}=... is given twice")
+        parsed[name] = address
+    check_addresses(program, parsed)
+    return parsed
