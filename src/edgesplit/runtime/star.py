@@ -363,11 +363,18 @@ class StarClient:
         self.close()
 
     def describe(self, source: str) -> pb.Description:
-        try:
-            return self._stubs[source].Describe(pb.DescribeRequest(), timeout=self.timeout_s,
-                                                metadata=self.metadata)
-        except grpc.RpcError as exc:
-            raise RemoteError(self._explain(source, exc)) from None
+        """What ``source`` serves (retried as requests are, while it is not up yet)."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._stubs[source].Describe(pb.DescribeRequest(),
+                                                    timeout=self.timeout_s,
+                                                    metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if exc.code() in RETRYABLE and attempt < self.retries:
+                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
+                    continue
+                raise RemoteError(self._explain(source, exc)) from None
+        raise AssertionError("unreachable")
 
     def check_plan(self) -> None:
         """Ask every source which plan it runs before sending it tensors."""
