@@ -28,8 +28,8 @@ from edgesplit.nas.evolution import Candidate, Evaluation, EvolutionSearch, pare
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.sampling import SplitBreeder
 from edgesplit.nas.splitnets.space import SplitArch
-from edgesplit.nas.splitnets.supernet import SplitSupernet
-from edgesplit.nas.splitnets.train import calibration_batches, subnet_accuracy
+from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet
+from edgesplit.nas.splitnets.train import subnet_accuracy
 
 __all__ = ["SplitNetsSearch"]
 
@@ -77,7 +77,9 @@ class SplitNetsSearch:
         final networks), ``calibration`` re-estimates their batch-norms."""
         self.validate()
         space = supernet.space
-        calib = calibration_batches(calibration, self.calibration_samples)
+        calib = MultiResolution(calibration.inputs[0][:self.calibration_samples])
+        assert validation.labels is not None
+        scored = (MultiResolution(validation.inputs[0]), validation.labels)
         smallest_split = min(self.cost(supernet, space.largest([s])).total_ms
                               for s in space.all_phases())
         self.reference_ms_ = smallest_split
@@ -88,7 +90,7 @@ class SplitNetsSearch:
         def evaluate(arch: SplitArch) -> Evaluation:
             cost = self.cost(supernet, arch)
             with torch.inference_mode(False):
-                acc = subnet_accuracy(supernet, arch, validation, calib)
+                acc = subnet_accuracy(supernet, arch, scored, calib)
             metrics = {"accuracy": acc, "latency_ms": cost.total_ms, **{
                 k: float(v) for k, v in cost.to_dict().items() if k != "total_ms"}}
             return Evaluation(acc - self._penalty(cost.total_ms), metrics)

@@ -32,7 +32,8 @@ from edgesplit.errors import ConfigError
 from edgesplit.nas.splitnets.dynamic import INIT_MODES, DynamicConvBN, DynamicMBConv
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 
-__all__ = ["Interlace", "SplitNet", "SplitSupernet", "interlace", "recalibrate"]
+__all__ = ["Interlace", "MultiResolution", "SplitNet", "SplitSupernet", "interlace",
+           "recalibrate", "resize_input"]
 
 
 def interlace(features: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -215,6 +216,29 @@ def _linear(layer: nn.Linear, features: int) -> nn.Linear:
         out.weight.copy_(layer.weight[:, :features])
         out.bias.copy_(layer.bias)
     return out
+
+
+def resize_input(x: torch.Tensor, resolution: int) -> torch.Tensor:
+    """Samples ((B, C, H, W) or multi-view (B, V, C, H, W)) at ``resolution``, resized
+    exactly as the supernet resizes them."""
+    if x.dim() == 5:
+        return _resize(x.flatten(0, 1), resolution).unflatten(0, tuple(x.shape[:2]))
+    return _resize(x, resolution)
+
+
+class MultiResolution:
+    """A fixed set of samples at every resolution asked for, each resized once: a training
+    step or an evaluation then indexes ready tensors (resizing a batch on every step costs
+    as much as a small sub-network's forward pass)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self._at: dict[int, torch.Tensor] = {}
+
+    def at(self, resolution: int) -> torch.Tensor:
+        if resolution not in self._at:
+            self._at[resolution] = resize_input(self.x, resolution)
+        return self._at[resolution]
 
 
 def _resize(x: torch.Tensor, resolution: int) -> torch.Tensor:

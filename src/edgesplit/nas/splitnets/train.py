@@ -20,7 +20,7 @@ from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError
 from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
 from edgesplit.nas.splitnets.space import SplitArch
-from edgesplit.nas.splitnets.supernet import SplitSupernet, recalibrate
+from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
 
 __all__ = ["SupernetTrainer", "TrainProgress", "calibration_batches", "subnet_accuracy"]
 
@@ -36,17 +36,25 @@ def calibration_batches(data: EvalData, samples: int = 256, batch_size: int = 25
 
 
 @torch.no_grad()
-def subnet_accuracy(supernet: SplitSupernet, arch: SplitArch, data: EvalData,
-                    calibration: Sequence[torch.Tensor], batch_size: int = 512) -> float:
-    """Top-1 accuracy (%) of ``arch`` on labelled ``data`` after recalibrating its batch-norms
-    on ``calibration``."""
-    recalibrate(supernet, arch, calibration)
-    assert data.labels is not None
+def subnet_accuracy(supernet: SplitSupernet, arch: SplitArch,
+                    data: EvalData | tuple[MultiResolution, torch.Tensor],
+                    calibration: Sequence[torch.Tensor] | MultiResolution,
+                    batch_size: int = 512) -> float:
+    """Top-1 accuracy (%) of ``arch`` on labelled ``data`` (or (inputs, labels) already at
+    every resolution) after recalibrating its batch-norms on ``calibration``."""
+    r = arch.resolution
+    calib = [calibration.at(r)] if isinstance(calibration, MultiResolution) else calibration
+    recalibrate(supernet, arch, calib)
+    if isinstance(data, EvalData):
+        assert data.labels is not None
+        x, labels = data.inputs[0], data.labels
+    else:
+        x, labels = data[0].at(r), data[1]
     correct = 0
-    for i in range(0, len(data), batch_size):
-        logits = supernet(data.inputs[0][i:i + batch_size], arch)
-        correct += int((logits.argmax(1) == data.labels[i:i + batch_size]).sum())
-    return 100.0 * correct / len(data)
+    for i in range(0, len(x), batch_size):
+        logits = supernet(x[i:i + batch_size], arch)
+        correct += int((logits.argmax(1) == labels[i:i + batch_size]).sum())
+    return 100.0 * correct / len(x)
 
 
 @dataclass
@@ -90,9 +98,9 @@ class SupernetTrainer:
         torch.manual_seed(self.seed)
         rng = np.random.default_rng(self.seed)
         gen = torch.Generator().manual_seed(self.seed)
-        x_all, y_all = data.inputs[0], data.labels
+        x_all, y_all = MultiResolution(data.inputs[0]), data.labels
         assert y_all is not None
-        steps_per_epoch = math.ceil(len(x_all) / self.batch_size)
+        steps_per_epoch = math.ceil(len(y_all) / self.batch_size)
         opt = torch.optim.SGD(supernet.parameters(), lr=self.lr, momentum=self.momentum,
                               nesterov=True, weight_decay=self.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, self.epochs * steps_per_epoch)
@@ -101,14 +109,15 @@ class SupernetTrainer:
         for epoch in range(self.epochs):
             supernet.train()
             sums: dict[str, float] = {}
-            order = torch.randperm(len(x_all), generator=gen)
+            order = torch.randperm(len(y_all), generator=gen)
             for k in range(steps_per_epoch):
                 idx = order[k * self.batch_size:(k + 1) * self.batch_size]
-                x, y = x_all[idx], y_all[idx]
+                y = y_all[idx]
                 opt.zero_grad()
                 teacher = None
                 for name, arch in training_subnets(supernet.space, self.sampler, rng):
-                    logits = supernet(x, arch)
+                    # the teacher's soft labels fit the student at any resolution: one image
+                    logits = supernet(x_all.at(arch.resolution)[idx], arch)
                     if teacher is None or not self.distill:
                         loss = F.cross_entropy(logits, y)
                         teacher = logits.detach().softmax(1)
