@@ -5,12 +5,14 @@ equal the supernet and run from their plan."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.graph.memory import peak_memory
@@ -38,7 +40,6 @@ from edgesplit.nas.splitnets import (
 )
 from edgesplit.nas.splitnets.result import save_splitnet, view_inputs
 from edgesplit.nas.splitnets.train import subnet_accuracy
-from edgesplit.data import EvalData
 
 TINY = SplitSpace("tiny-split", 1, 5, (8, 12), (4, 6),
                   (PhaseSpec((6, 8), (1, 3), (1, 2), (0, 1), (2, 3)),
@@ -52,8 +53,8 @@ def _inputs(space: SplitSpace, batch: int, size: int = 12, seed: int = 0) -> tor
 
 
 # ---- Table 3 --------------------------------------------------------------------------------
-@pytest.mark.parametrize(("mode", "channels"), [("fan-in", 256), ("fan-out", 8),
-                                                ("xavier", 132), ("split-aware", math.sqrt(256 * 8))])
+@pytest.mark.parametrize(("mode", "channels"), [
+    ("fan-in", 256), ("fan-out", 8), ("xavier", 132), ("split-aware", math.sqrt(256 * 8))])
 def test_init_std_follows_table_3(mode, channels):
     assert init_std(mode, 3, 256, 8) == pytest.approx(math.sqrt(2 / (9 * channels)))
 
@@ -92,7 +93,7 @@ def test_the_five_subnet_sampler_and_the_sandwich_baseline():
 def test_random_mutated_and_crossed_architectures_stay_in_the_space():
     rng = np.random.default_rng(1)
     archs = [random_split_arch(TINY, rng) for _ in range(40)]
-    for a, b in zip(archs, archs[1:], strict=False):
+    for a, b in itertools.pairwise(archs):
         for child in (mutate_split(TINY, a, rng, 0.5), crossover_split(TINY, a, b, rng)):
             TINY.validate(child, deployable=True)
     assert len(set(archs)) > 30  # hashable and varied
@@ -191,7 +192,7 @@ def test_hardware_comes_from_a_star_topology():
 
 # ---- stage 2 --------------------------------------------------------------------------------
 def _data(space: SplitSpace, n: int, seed: int) -> EvalData:
-    gen = torch.Generator().manual_seed(seed)
+    torch.Generator().manual_seed(seed)
     labels = torch.arange(n) % space.num_classes
     return EvalData("toy", (_inputs(space, n, seed=seed),), labels, "random")
 
@@ -224,7 +225,7 @@ def test_evolution_search_keeps_the_feasible_front():
     front = search.front_
     assert front and all(a.metrics["latency_ms"] < b.metrics["latency_ms"] and
                          a.metrics["accuracy"] < b.metrics["accuracy"]
-                         for a, b in zip(front, front[1:], strict=False))
+                         for a, b in itertools.pairwise(front))
     for c in history:  # nothing evaluated beats the front on both
         assert not any(c.metrics["accuracy"] > f.metrics["accuracy"] and
                        c.metrics["latency_ms"] < f.metrics["latency_ms"] for f in front)
@@ -265,6 +266,16 @@ def test_result_folder_plan_runs_and_predicts_the_searched_latency(tmp_path, vie
     xs = view_inputs(data.inputs[0][:1], views, arch.resolution)
     outputs, _ = program.run_local(list(xs))
     torch.testing.assert_close(outputs[0], result.net(*xs), rtol=1e-5, atol=1e-5)
+    if views > 1:  # V sensor servers and the fusing aggregator, over the transport
+        from edgesplit.runtime.star import StarClient
+        from edgesplit.runtime.transport import PartitionServer
+
+        sink = PartitionServer(program, "aggregator", shape=False).loopback_channel()
+        channels = {s: PartitionServer(program, s, next_address=sink, shape=False)
+                    .loopback_channel() for s in hardware.sensors[:views]}
+        with StarClient(program, channels, timeout_s=30) as client:
+            reply = client.request(list(xs))
+        torch.testing.assert_close(reply.outputs[0], result.net(*xs), rtol=1e-5, atol=1e-5)
 
 
 def test_supernet_checkpoint_round_trip_and_refusals(tmp_path):

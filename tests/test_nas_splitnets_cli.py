@@ -72,7 +72,7 @@ def test_search_writes_networks_with_runnable_plans_and_a_plot(trained):
 
 
 def test_tables_print(trained):
-    folder, supernet, _ = trained
+    _folder, supernet, _ = trained
     result = CliRunner().invoke(app, ["nas", "splitnets", "search", str(supernet),
                                       "--population", "3", "--generations", "0"])
     assert result.exit_code == 0, result.output
