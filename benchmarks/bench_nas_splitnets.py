@@ -32,7 +32,11 @@ import numpy as np
 
 from edgesplit.nas.splitnets import SplitHardware, get_split_space, random_split_arch
 from edgesplit.nas.splitnets.run import load_split_data, search_supernet, train_supernet
-from edgesplit.nas.splitnets.train import SupernetTrainer, subnet_accuracy
+from edgesplit.nas.splitnets.train import (
+    SupernetTrainer,
+    calibration_batches,
+    subnet_accuracy,
+)
 from edgesplit.report.plots import plot_search_front
 
 RESULTS = Path(__file__).parent / "results"
@@ -60,7 +64,7 @@ def sampler_rows(supernets: dict[str, tuple[Any, dict[str, Any]]]) -> list[dict[
     randoms = [random_split_arch(space, rng) for _ in range(RANDOM_NETS)]
     rows = []
     for sampler, (net, doc) in supernets.items():
-        calib = [data.fit.inputs[0][:256]]
+        calib = calibration_batches(data.fit)
         accs = [subnet_accuracy(net, arch, data.test, calib) for arch in randoms]
         bounds = doc["test_accuracy"]
         rows.append({"sampler": sampler, **bounds,
@@ -101,7 +105,7 @@ def single_view(folder: Path, net: Any, work: Path) -> dict[str, Any]:
     hardware = run.search.hardware
     data = load_split_data("digits", space)
     largest = space.largest()
-    acc = subnet_accuracy(net, largest, data.test, [data.fit.inputs[0][:256]])
+    acc = subnet_accuracy(net, largest, data.test, calibration_batches(data.fit))
     cuts = hardware.plain_costs(space, largest)
     fitting = [c for c in cuts if c.cost.sensor_memory_bytes <= limit]
     best_cut = min(fitting, key=lambda c: c.cost.total_ms)
@@ -139,7 +143,7 @@ def multi_view(folder: Path, net: Any, doc: dict[str, Any], work: Path) -> dict[
     best = run.search.best_.arch
     best_acc = run.results[0].summary["test_accuracy"]
     late = best.with_splits([len(space.phases) - 1])
-    late_acc = subnet_accuracy(net, late, data.test, [data.fit.inputs[0][:256]])
+    late_acc = subnet_accuracy(net, late, data.test, calibration_batches(data.fit))
     rows = [*_searched(run, limit),
             _row("all on aggregator", best_acc, hardware.all_on_aggregator(space, best), limit,
                  "best searched"),

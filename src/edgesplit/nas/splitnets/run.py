@@ -31,7 +31,12 @@ from edgesplit.nas.splitnets.result import SplitNetResult, save_splitnet
 from edgesplit.nas.splitnets.search import SearchProgress, SplitNetsSearch
 from edgesplit.nas.splitnets.space import SplitSpace
 from edgesplit.nas.splitnets.supernet import SplitSupernet
-from edgesplit.nas.splitnets.train import SupernetTrainer, TrainProgress, subnet_accuracy
+from edgesplit.nas.splitnets.train import (
+    SupernetTrainer,
+    TrainProgress,
+    calibration_batches,
+    subnet_accuracy,
+)
 
 __all__ = ["SearchRun", "load_split_data", "reference_subnets", "scale_sensors",
            "search_supernet", "train_supernet"]
@@ -98,7 +103,7 @@ def train_supernet(space: SplitSpace, data_spec: str, *, out: str | Path | None 
     start = time.perf_counter()
     trainer.fit(supernet, data.fit, data.test if trainer.track else None)
     seconds = time.perf_counter() - start
-    calibration = [data.fit.inputs[0][:256]]
+    calibration = calibration_batches(data.fit)
     bounds = {name: subnet_accuracy(supernet, arch, data.test, calibration)
               for name, arch in reference_subnets(space)}
     summary = {"data": data_spec, "seed": trainer.seed, "epochs": trainer.epochs,

@@ -29,7 +29,11 @@ from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.sampling import SplitBreeder
 from edgesplit.nas.splitnets.space import SplitArch
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet
-from edgesplit.nas.splitnets.train import subnet_accuracy
+from edgesplit.nas.splitnets.train import (
+    CALIBRATION_IMAGES,
+    calibration_samples,
+    subnet_accuracy,
+)
 
 __all__ = ["SplitNetsSearch"]
 
@@ -52,7 +56,7 @@ class SplitNetsSearch:
     latency_target_ms: float | None = None
     penalty: float = 1.0
     latency_weight: float = 0.05
-    calibration_samples: int = 256
+    calibration_images: int = CALIBRATION_IMAGES
     seed: int = 0
     progress: SearchProgress | None = None
     search_: EvolutionSearch = field(init=False)
@@ -77,7 +81,7 @@ class SplitNetsSearch:
         final networks), ``calibration`` re-estimates their batch-norms."""
         self.validate()
         space = supernet.space
-        calib = MultiResolution(calibration.inputs[0][:self.calibration_samples])
+        calib = MultiResolution(calibration_samples(calibration, self.calibration_images))
         assert validation.labels is not None
         scored = (MultiResolution(validation.inputs[0]), validation.labels)
         smallest_split = min(self.cost(supernet, space.largest([s])).total_ms

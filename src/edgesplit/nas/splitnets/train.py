@@ -22,17 +22,27 @@ from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
 from edgesplit.nas.splitnets.space import SplitArch
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
 
-__all__ = ["SupernetTrainer", "TrainProgress", "calibration_batches", "subnet_accuracy"]
+__all__ = ["CALIBRATION_IMAGES", "SupernetTrainer", "TrainProgress", "calibration_batches",
+           "calibration_samples", "subnet_accuracy"]
 
 TrainProgress = Callable[[int, int, dict[str, float]], None]  # (epoch, epochs, row)
 
 
-def calibration_batches(data: EvalData, samples: int = 256, batch_size: int = 256
-                        ) -> list[torch.Tensor]:
-    """The first ``samples`` inputs of ``data`` in batches: the same for every sub-network, so
-    two evaluations of one architecture agree exactly."""
-    x = data.inputs[0][:samples]
-    return [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
+CALIBRATION_IMAGES = 256  # images a sub-network's batch-norms are re-estimated on
+
+
+def calibration_samples(data: EvalData, images: int = CALIBRATION_IMAGES) -> torch.Tensor:
+    """The first samples of ``data`` holding ``images`` images (a multi-view sample holds
+    V): the same for every sub-network, so two evaluations of one architecture agree
+    exactly, and the search and the saved network see the same statistics."""
+    x = data.inputs[0]
+    per_sample = x.shape[1] if x.dim() == 5 else 1
+    return x[:max(1, images // per_sample)]
+
+
+def calibration_batches(data: EvalData, images: int = CALIBRATION_IMAGES) -> list[torch.Tensor]:
+    """:func:`calibration_samples` as one batch."""
+    return [calibration_samples(data, images)]
 
 
 @torch.no_grad()
