@@ -32,6 +32,10 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit train-split --epochs 2 --drop-at 39 --drop-to 20 --horizon 20
 	$(VENV)/bin/edgesplit nas jmsnas --topology jmsnas-chain --latency-budget-ms 0.8 \
 		--warmup-epochs 1 --epochs 3 --retrain-epochs 4 --out .demo/jmsnas
+	$(VENV)/bin/edgesplit nas splitnets train --space digits-split --epochs 2 \
+		--out .demo/splitnets
+	$(VENV)/bin/edgesplit nas splitnets search .demo/splitnets --sensor-memory 128KiB \
+		--population 12 --generations 3 --save-front 1 --out .demo/splitnets/search
 
 # The static checks (lint, below) run first, so CI fails on a ruff or mypy finding before the
 # tests start. mypy's first run (cold cache, e.g. a fresh CI machine) takes ~40 s.
@@ -56,6 +60,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_l2s.py
 	$(PY) benchmarks/bench_hostile.py
 	$(PY) benchmarks/bench_nas_jmsnas.py
+	$(PY) benchmarks/bench_nas_splitnets.py
 
 # 500,000 mutated wire messages through the decoder (a few minutes): every one must raise
 # WireError or decode as its header says, within 4x its declared size and 100 ms.

@@ -41,7 +41,7 @@ from edgesplit.report.plots import plot_search_front
 
 RESULTS = Path(__file__).parent / "results"
 QUICK = os.environ.get("EDGESPLIT_BENCH_QUICK") == "1"  # a smoke run of the script itself
-EPOCHS = {"digits-split": 2 if QUICK else 20, "shapes-split": 1 if QUICK else 12}
+EPOCHS = {"digits-split": 2 if QUICK else 20, "shapes-split": 1 if QUICK else 15}
 MEMORY_KIB = 128  # Mem_sen scaled with the networks (2 MB on the paper's ImageNet models)
 POPULATION, GENERATIONS = (8, 1) if QUICK else (32, 20)  # 32 + 20 x 24 = 512 candidates
 RANDOM_NETS = 4 if QUICK else 16

@@ -6,12 +6,16 @@ Built-in spaces live in :mod:`edgesplit.nas._presets` and are imported on the fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from edgesplit.nas.space import SearchSpace
 from edgesplit.registry import Registry
 
-__all__ = ["get_space", "list_spaces", "register_space", "resolve_space"]
+__all__ = ["get_space", "list_spaces", "register_space", "resolve_space", "resolve_spec"]
+
+T = TypeVar("T")
 
 
 def _load_presets() -> None:
@@ -42,11 +46,18 @@ def resolve_space(spec: str | Path | SearchSpace) -> SearchSpace:
     """A space from a registered name, a JSON/YAML/TOML file of :meth:`SearchSpace.to_dict`, or
     a SearchSpace (returned as is): what a command's SPACE argument accepts, as
     :func:`~edgesplit.hardware.resolve_device` does for devices."""
-    if isinstance(spec, SearchSpace):
+    return resolve_spec(spec, SearchSpace, get_space)
+
+
+def resolve_spec(spec: str | Path | T, kind: type[T], get: Callable[[str], T]) -> T:
+    """``spec`` itself if it is a ``kind``, the ``kind.from_dict`` of a JSON/YAML/TOML file it
+    names, or the registered ``get(name)``: the rule every SPACE argument follows."""
+    if isinstance(spec, kind):
         return spec
     text = str(spec)
     if isinstance(spec, Path) or "/" in text or text.endswith((".json", ".yaml", ".yml", ".toml")):
         from edgesplit.hardware.files import read_config
 
-        return SearchSpace.from_dict(read_config(spec))
-    return get_space(text)
+        data = read_config(text if not isinstance(spec, Path) else spec)
+        return kind.from_dict(data)  # type: ignore[attr-defined]  # both kinds have it
+    return get(text)

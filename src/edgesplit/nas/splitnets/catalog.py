@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgesplit.nas.catalog import resolve_spec
 from edgesplit.nas.splitnets.space import PhaseSpec, SplitSpace
 from edgesplit.registry import Registry
 
@@ -42,10 +43,12 @@ _SPACES: Registry[SplitSpace] = Registry(
 
 
 def register_split_space(space: SplitSpace, *, replace: bool = False) -> SplitSpace:
+    """Register ``space`` under its name (a duplicate warns unless ``replace``)."""
     return _SPACES.register(space.name, space, replace=replace)
 
 
 def get_split_space(name: str) -> SplitSpace:
+    """The space registered as ``name``; an unknown name lists the known ones."""
     return _SPACES.get(name)
 
 
@@ -54,15 +57,9 @@ def list_split_spaces() -> list[str]:
 
 
 def resolve_split_space(spec: str | Path | SplitSpace) -> SplitSpace:
-    if isinstance(spec, SplitSpace):
-        return spec
-    text = str(spec)
-    if isinstance(spec, Path) or "/" in text or text.endswith((".json", ".yaml", ".yml", ".toml")):
-        from edgesplit.hardware.files import read_config
-
-        return SplitSpace.from_dict(read_config(spec))
-    return get_split_space(text)
-
+    """A SplitNets space from a registered name, a JSON/YAML/TOML file of
+    :meth:`SplitSpace.to_dict`, or a SplitSpace (returned as is)."""
+    return resolve_spec(spec, SplitSpace, get_split_space)
 
 def data_for(space: SplitSpace, data: str | None) -> str:
     """``data``, or the built-in space's default data set."""

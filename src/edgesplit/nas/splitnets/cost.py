@@ -158,7 +158,7 @@ def _join(space: SplitSpace, arch: SplitArch, sensor: _Part, agg: _Part, y: str,
         fused = agg.simple("interlace", "other", received, views * elements, views * elements)
     else:
         fused = received[0]
-    return agg.conv("join", fused, p.reduced * views, p.width, size)
+    return agg.conv("join", fused, p.reduced * views, p.width, size, act=False)
 
 
 def plain_layers(space: SplitSpace, arch: SplitArch) -> tuple[_Part, list[int], str]:

@@ -77,26 +77,28 @@ def _static_bn(bn: nn.BatchNorm2d, c: int) -> nn.BatchNorm2d:
 
 
 class DynamicConvBN(nn.Module):
-    """Conv (k x k, ``stride``) + BN + ReLU6 over the first ``in``/``out`` channels."""
+    """Conv (k x k, ``stride``) + BN (+ ReLU6 with ``act``) over the first ``in``/``out``
+    channels."""
 
     def __init__(self, in_max: int, out_max: int, kernel: int = 1, stride: int = 1, *,
-                 init: str = "fan-out") -> None:
+                 init: str = "fan-out", act: bool = True) -> None:
         super().__init__()
-        self.kernel, self.stride = kernel, stride
+        self.kernel, self.stride, self.act = kernel, stride, act
         self.weight = nn.Parameter(torch.empty(out_max, in_max, kernel, kernel))
         init_weight_(self.weight, init)
         self.bn = nn.BatchNorm2d(out_max)
 
     def forward(self, x: torch.Tensor, out: int) -> torch.Tensor:
         w = self.weight[:out, :x.shape[1]]
-        return F.relu6(_bn(F.conv2d(x, w, stride=self.stride, padding=self.kernel // 2),
-                           self.bn))
+        y = _bn(F.conv2d(x, w, stride=self.stride, padding=self.kernel // 2), self.bn)
+        return F.relu6(y) if self.act else y
 
     def static(self, c_in: int, out: int) -> nn.Sequential:
         conv = nn.Conv2d(c_in, out, self.kernel, self.stride, self.kernel // 2, bias=False)
         with torch.no_grad():
             conv.weight.copy_(self.weight[:out, :c_in])
-        return nn.Sequential(conv, _static_bn(self.bn, out), nn.ReLU6())
+        layers: list[nn.Module] = [conv, _static_bn(self.bn, out)]
+        return nn.Sequential(*layers, nn.ReLU6()) if self.act else nn.Sequential(*layers)
 
 
 class DynamicMBConv(nn.Module):

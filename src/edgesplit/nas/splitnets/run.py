@@ -108,6 +108,7 @@ def train_supernet(space: SplitSpace, data_spec: str, *, out: str | Path | None 
               for name, arch in reference_subnets(space)}
     summary = {"data": data_spec, "seed": trainer.seed, "epochs": trainer.epochs,
                "batch_size": trainer.batch_size, "lr": trainer.lr, "sampler": trainer.sampler,
+               "random_subnets": trainer.randoms,
                "distill": trainer.distill, "init": init, "train_seconds": seconds,
                "fit_samples": len(data.fit), "validation_samples": len(data.validation),
                "test_samples": len(data.test), "test_accuracy": bounds,

@@ -97,7 +97,9 @@ class SplitSupernet(nn.Module):
                 for j in range(p.max_blocks)))
             d = p.reduced[-1]
             self.reduce.append(DynamicConvBN(c, d, 1, init=init))
-            self.join.append(DynamicConvBN(d * views, c, 1, init=init))  # recover / fuse
+            # recover / fuse: linear like the projection of the block whose output it stands
+            # for, so the blocks after a split see the kind of features they see without one
+            self.join.append(DynamicConvBN(d * views, c, 1, init=init, act=False))
             c_prev = c
         # multi-view: blocks after fusion learn from mixed views, so they get their own weights
         self.agg_blocks = self.blocks if views == 1 else copy.deepcopy(self.blocks)

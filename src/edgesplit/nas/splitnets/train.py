@@ -70,7 +70,10 @@ def subnet_accuracy(supernet: SplitSupernet, arch: SplitArch,
 @dataclass
 class SupernetTrainer:
     """Train a :class:`SplitSupernet`: SGD with Nesterov momentum and cosine decay; each step
-    sums the losses of the ``sampler``'s sub-networks (``five`` or ``sandwich``). The first
+    sums the losses of the ``sampler``'s sub-networks (``five`` or ``sandwich``, with
+    ``randoms`` random one-module networks: the paper samples 1, BigNAS 2, the default here:
+    on the digits with 20 epochs, 1 left 30 random networks at 85.6 % held-out on average
+    and 2 at 93.5 %, for 15 % more time per epoch). The first
     (largest) learns from the labels; with ``distill`` (BigNAS's in-place distillation, which
     the sandwich rule comes from) the others learn from its detached soft predictions, which
     trains small and split sub-networks much faster on little data.
@@ -84,6 +87,7 @@ class SupernetTrainer:
     momentum: float = 0.9
     weight_decay: float = 5e-5
     sampler: str = "five"
+    randoms: int = 2
     distill: bool = True
     seed: int = 0
     track: Sequence[tuple[str, SplitArch]] = ()
@@ -95,10 +99,11 @@ class SupernetTrainer:
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of "
                               f"{', '.join(SAMPLERS)}")
-        for name in ("epochs", "batch_size"):
+        for name, least in (("epochs", 1), ("batch_size", 1), ("randoms", 0)):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"SupernetTrainer {name}={value!r} must be an integer >= 1")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"SupernetTrainer {name}={value!r} must be an integer >= "
+                                  f"{least}")
         if not self.lr > 0:
             raise ConfigError(f"SupernetTrainer lr={self.lr!r} must be > 0")
 
@@ -125,7 +130,8 @@ class SupernetTrainer:
                 y = y_all[idx]
                 opt.zero_grad()
                 teacher = None
-                for name, arch in training_subnets(supernet.space, self.sampler, rng):
+                for name, arch in training_subnets(supernet.space, self.sampler, rng,
+                                                   self.randoms):
                     # the teacher's soft labels fit the student at any resolution: one image
                     logits = supernet(x_all.at(arch.resolution)[idx], arch)
                     if teacher is None or not self.distill:
