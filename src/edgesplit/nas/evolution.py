@@ -229,7 +229,10 @@ class EvolutionSearch:
             i, j = rng.choice(len(parents), size=2, replace=False)
             return breeder.crossover_arch(parents[i], parents[j], rng)
 
-        return self._draw(mutants, mutant, seen) + self._draw(wanted - mutants, child, seen)
+        children = self._draw(mutants, mutant, seen)
+        children += self._draw(wanted - mutants, child, seen)
+        # parents that have converged cross into little that is new: mutate for the rest
+        return children + self._draw(wanted - len(children), mutant, seen)
 
     def _evaluate(self, archs: list[Any], evaluator: Evaluator,
                   generation: int) -> list[Candidate]:
