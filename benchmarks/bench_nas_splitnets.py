@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -239,16 +240,30 @@ def main() -> None:
            "load_after": [round(x, 2) for x in os.getloadavg()], "quick": QUICK}
     # a quick run only checks the script: its numbers stay out of the results
     results = Path(tempfile.mkdtemp()) if QUICK else RESULTS
-    name = "nas_splitnets"
-    (results / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (results / f"{name}.md").write_text(_markdown(doc))
+    (results / f"{NAME}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_report(doc, results)
+
+
+NAME = "nas_splitnets"
+
+
+def write_report(doc: dict[str, Any], results: Path) -> None:
+    """The markdown and the two figures from a run's document (``--replot`` redraws them
+    from the saved JSON without running again)."""
+    (results / f"{NAME}.md").write_text(_markdown(doc))
     for key in ("single", "multi"):
         part = doc[key]
-        plot_search_front(part["history"], part["front"], results / f"{name}_{key}.png",
-                          baselines=[r for r in part["rows"] if r["method"] != "SplitNets"],
-                          title=f"SplitNets {key}-view on hmd-star")
-    print((results / f"{name}.md").read_text())
+        points = [{**r, "method": f"{r['method']} (held-out)"} if r["method"] == "SplitNets"
+                  else {**r, "method": f"{r['method']} (held-out)", "label": ""}
+                  for r in part["rows"] if r.get("label") != "best"]
+        plot_search_front(part["history"], part["front"], results / f"{NAME}_{key}.png",
+                          baselines=points, title=f"SplitNets {key}-view on hmd-star "
+                          f"(Mem_sen {doc['memory_kib']} KiB)")
+    print((results / f"{NAME}.md").read_text())
 
 
 if __name__ == "__main__":
-    main()
+    if "--replot" in sys.argv:
+        write_report(json.loads((RESULTS / f"{NAME}.json").read_text()), RESULTS)
+    else:
+        main()

@@ -74,18 +74,20 @@ def plot_accuracy_latency(points: Sequence[Mapping[str, Any]], path: str | Path,
 
 def plot_search_front(candidates: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],
                       path: str | Path, *, baselines: Sequence[Mapping[str, Any]] = (),
-                      title: str = "") -> Path:
+                      title: str = "", searched_on: str = "validation") -> Path:
     """Accuracy against latency of every candidate an evolutionary search evaluated (grey),
-    its Pareto front (a line) and optional baselines (``method``, ``latency_ms``,
-    ``accuracy``, ``label``), as SplitNets' Tables 4-6 compare them."""
+    its Pareto front (a line), both as the search scored them (``searched_on``), and optional
+    points measured elsewhere (``method``, ``latency_ms``, ``accuracy``, ``label``: baselines
+    and the saved networks on held-out data), as SplitNets' Tables 4-6 compare them."""
     if not candidates:
         raise ConfigError("no candidates to plot")
     fig = _new_figure(7.5, 5.0)
     ax = fig.add_subplot()
     ax.scatter([c["latency_ms"] for c in candidates], [c["accuracy"] for c in candidates],
-               s=10, color="0.7", label=f"candidates ({len(candidates)})", zorder=2)
+               s=10, color="0.7", label=f"candidates ({len(candidates)}, {searched_on})",
+               zorder=2)
     ax.plot([c["latency_ms"] for c in front], [c["accuracy"] for c in front],
-            color=_COLORS[0], marker="o", markersize=4, label="front", zorder=3)
+            color=_COLORS[0], marker="o", markersize=4, label=f"front ({searched_on})", zorder=3)
     methods = list(dict.fromkeys(str(b["method"]) for b in baselines))
     for i, method in enumerate(methods, start=1):
         mine = [b for b in baselines if b["method"] == method]
