@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
+
+# Tests start `edgesplit serve` processes from workers whose gRPC is running. With gRPC's fork
+# support on, the forked child restarts gRPC's poller before it execs, finds the epoll fd
+# closed and aborts ("epoll_wait error: Bad file descriptor", grpc/grpc#43055): a server that
+# never starts. Nothing here uses gRPC across a fork, so it is off (read when gRPC loads).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest
 
