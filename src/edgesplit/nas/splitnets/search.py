@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError, InfeasibleError, option
 from edgesplit.nas.evolution import Candidate, Evaluation, EvolutionSearch, pareto_front
@@ -93,8 +91,7 @@ class SplitNetsSearch:
 
         def evaluate(arch: SplitArch) -> Evaluation:
             cost = self.cost(supernet, arch)
-            with torch.inference_mode(False):
-                acc = subnet_accuracy(supernet, arch, scored, calib)
+            acc = subnet_accuracy(supernet, arch, scored, calib)
             metrics = {"accuracy": acc, "latency_ms": cost.total_ms, **{
                 k: float(v) for k, v in cost.to_dict().items() if k != "total_ms"}}
             return Evaluation(acc - self._penalty(cost.total_ms), metrics)
