@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit train-split --epochs 2 --drop-at 39 --drop-to 20 --horizon 20
 	$(VENV)/bin/edgesplit nas jmsnas --topology jmsnas-chain --latency-budget-ms 0.8 \
 		--warmup-epochs 1 --epochs 3 --retrain-epochs 4 --out .demo/jmsnas
-	$(VENV)/bin/edgesplit nas splitnets train --space digits-split --epochs 2 \
+	$(VENV)/bin/edgesplit nas splitnets train --space digits-split --epochs 8 \
 		--out .demo/splitnets
 	$(VENV)/bin/edgesplit nas splitnets search .demo/splitnets --sensor-memory 128KiB \
 		--population 12 --generations 3 --save-front 1 --out .demo/splitnets/search
