@@ -18,7 +18,7 @@ from edgesplit.graph import capture
 from edgesplit.graph.memory import peak_memory
 from edgesplit.hardware import get_topology
 from edgesplit.hardware.work import LayerWork
-from edgesplit.nas import EvolutionSearch
+from edgesplit.nas.evolution import Breeder, EvolutionSearch
 from edgesplit.nas.splitnets import (
     PhaseSpec,
     SplitArch,
@@ -229,7 +229,7 @@ def test_evolution_search_keeps_the_feasible_front():
     for c in history:  # nothing evaluated beats the front on both
         assert not any(c.metrics["accuracy"] > f.metrics["accuracy"] and
                        c.metrics["latency_ms"] < f.metrics["latency_ms"] for f in front)
-    assert isinstance(SplitBreeder(TINY), object)
+    assert isinstance(SplitBreeder(TINY), Breeder)  # what EvolutionSearch breeds with
 
 
 def test_evolution_with_a_violation_amount_on_a_plain_space():
