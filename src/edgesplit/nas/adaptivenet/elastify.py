@@ -1,0 +1,162 @@
+"""Elastification (AdaptiveNet section 4.1): a captured pretrained model becomes a supernet.
+
+The basic blocks (:mod:`.blocks`) keep their pretrained weights, frozen. Two kinds of branch
+are added, seeded from the pretrained weights so distillation starts close:
+
+- **merged** ``B_i^(j)`` replaces blocks i..i+j: a copy of the largest of those blocks whose
+  input shape is block i's and output shape block i+j's (in a ResNet stage, the downsampling
+  block replaces itself and the identity-shaped blocks after it; in a transformer, one layer
+  replaces two). Spans with no such block get no merged branch.
+- **shrunk** ``B_i^(-k)``: a copy of block i with its internal channels pruned to ``keep_k``
+  (:mod:`.prune`), so its input and output shapes are unchanged.
+
+Every path through the branches is then a valid network, and the all-original path is the
+pretrained model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from edgesplit.errors import ConfigError, GraphError, option
+from edgesplit.graph.ir import LayerGraph
+from edgesplit.graph.partition import extract_partition
+from edgesplit.nas.adaptivenet.blocks import Block, BlockSplit, find_blocks
+from edgesplit.nas.adaptivenet.branch import BlockModule, free_batch, own_weights
+from edgesplit.nas.adaptivenet.prune import prune_channels
+from edgesplit.nas.adaptivenet.space import Branch, ElasticSpace, branch_name
+from edgesplit.nas.adaptivenet.supernet import ElasticSupernet, SideInputs
+
+__all__ = ["ElasticConfig", "elastify"]
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """How to elastify: block granularity (``gamma``, ``min_fraction``: see
+    :func:`~.blocks.find_blocks`), the most blocks a merged branch removes (``merge``; 0: none)
+    and the channel fractions shrunk branches keep (``shrink``, largest first; empty: none).
+    The paper's small-model setting is merge 2 with shrink 0.5 and 0.25."""
+
+    gamma: float = 0.25
+    min_fraction: float = 0.002
+    merge: int = 2
+    shrink: tuple[float, ...] = field(default=(0.5, 0.25))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.merge, int) or self.merge < 0:
+            raise ConfigError(f"{option('merge', self.merge)} must be a whole number >= 0 "
+                              "(the most blocks one merged branch removes)")
+        shrink = tuple(float(k) for k in self.shrink)
+        if any(not 0 < k < 1 for k in shrink) or list(shrink) != sorted(shrink, reverse=True) \
+                or len(set(shrink)) != len(shrink):
+            raise ConfigError(f"{option('shrink', ','.join(map(str, self.shrink)))} must be "
+                              "distinct fractions in (0, 1), largest first, e.g. 0.5,0.25")
+        object.__setattr__(self, "shrink", shrink)
+        if not 0 <= self.min_fraction < self.gamma <= 1:
+            raise ConfigError(f"need 0 <= {option('min_fraction', self.min_fraction)} < "
+                              f"{option('gamma', self.gamma)} <= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["shrink"] = list(self.shrink)
+        return data
+
+
+def _original(graph: LayerGraph, block: Block, batch: int) -> BlockModule:
+    part = extract_partition(graph, block.layers)
+    if part.outputs != (block.output,):
+        raise GraphError(f"block {block.index} of {graph.model} hands on {part.outputs}, "
+                         f"not only its main tensor {block.output!r}")
+    gm = own_weights(part.module, trainable=False)
+    free_batch(gm, batch)
+    return BlockModule(gm, part.inputs, block.input)
+
+
+def _side(graph: LayerGraph, split: BlockSplit, batch: int) -> SideInputs:
+    if not split.side_layers:
+        return SideInputs(graph.inputs, None, (), ())
+    part = extract_partition(graph, split.side_layers)
+    gm = own_weights(part.module, trainable=False)
+    free_batch(gm, batch)
+    return SideInputs(graph.inputs, gm, part.inputs, part.outputs)
+
+
+def _merged(split: BlockSplit, originals: Sequence[BlockModule], merge: int
+            ) -> list[tuple[Branch, BlockModule]]:
+    blocks = split.blocks
+    found = []
+    for i in range(len(blocks)):
+        for j in range(1, merge + 1):
+            if i + j >= len(blocks):
+                break
+            donors = [k for k in range(i, i + j + 1)
+                      if blocks[k].in_shape == blocks[i].in_shape
+                      and blocks[k].out_shape == blocks[i + j].out_shape]
+            if not donors:
+                continue
+            donor = max(donors, key=lambda k: (blocks[k].params, -k))
+            branch = Branch(branch_name(i, j), i, i + j + 1, j, donor)
+            found.append((branch, originals[donor].copy(trainable=True)))
+    return found
+
+
+def _shrunk(originals: Sequence[BlockModule], shrink: Sequence[float]
+            ) -> list[tuple[Branch, BlockModule]]:
+    found = []
+    for i, block in enumerate(originals):
+        for level, keep in enumerate(shrink, start=1):
+            module = block.copy(trainable=True)
+            if prune_channels(module.gm, keep) == 0:
+                break  # nothing inside this block to prune
+            found.append((Branch(branch_name(i, -level), i, i + 1, -level, i, keep), module))
+    return found
+
+
+def _check_batch(supernet: ElasticSupernet, graph: LayerGraph) -> None:
+    """The freed batch dimension must give the captured model's output for every sample."""
+    example = graph.example_inputs
+    if not example:
+        return
+    with torch.no_grad():
+        one = supernet(*example)
+        two = supernet(*(torch.cat([x, x]) for x in example))
+        reference = graph.program(*example) if graph.program is not None else None
+    if reference is not None:
+        ref = reference[0] if isinstance(reference, (tuple, list)) else reference
+        if not torch.allclose(one, ref, rtol=1e-4, atol=1e-5):
+            raise GraphError(f"the blocks of {graph.model} do not reproduce its output; "
+                             "AdaptiveNet cannot elastify this model")
+    if two.shape[0] != 2 * one.shape[0] or not torch.allclose(two[: one.shape[0]], one,
+                                                               rtol=1e-4, atol=1e-5):
+        raise GraphError(f"{graph.model} does not keep the batch in dimension 0; AdaptiveNet "
+                         "elastifies batch-first models")
+
+
+def elastify(graph: LayerGraph, config: ElasticConfig | None = None, *,
+             source: Any = None) -> ElasticSupernet:
+    """The supernet of ``graph`` (a captured pretrained model) under ``config``.
+
+    ``source`` says how to capture the model again (name, input shape...): a checkpoint keeps
+    it so the supernet can be rebuilt before its trained weights are loaded.
+    """
+    config = config or ElasticConfig()
+    if graph.program is None:
+        raise GraphError("this LayerGraph has no program to elastify (capture it again)")
+    batch = graph.tensors[graph.inputs[0]].shape[0]
+    split = find_blocks(graph, gamma=config.gamma, min_fraction=config.min_fraction)
+    originals = [_original(graph, block, batch) for block in split.blocks]
+    pairs = [(Branch(branch_name(i, 0), i, i + 1, 0, i), m) for i, m in enumerate(originals)]
+    pairs += _merged(split, originals, config.merge)
+    pairs += _shrunk(originals, config.shrink)
+    pairs.sort(key=lambda p: (p[0].start, -p[0].level))
+    space = ElasticSpace(len(split.blocks), tuple(b for b, _ in pairs))
+    meta = {"model": graph.model, "source": source, "config": config.to_dict(),
+            "blocks": [asdict(b) for b in split.blocks], "total_params": split.total_params}
+    supernet = ElasticSupernet(space, {b.name: m for b, m in pairs}, _side(graph, split, batch),
+                               meta)
+    _check_batch(supernet, graph)
+    return supernet.eval()
