@@ -31,7 +31,7 @@ from edgesplit.nas.adaptivenet.prune import prune_channels
 from edgesplit.nas.adaptivenet.space import Branch, ElasticSpace, branch_name
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet, SideInputs
 
-__all__ = ["ElasticConfig", "elastify"]
+__all__ = ["ElasticConfig", "branch_macs", "elastify"]
 
 
 @dataclass(frozen=True)
@@ -117,23 +117,59 @@ def _shrunk(originals: Sequence[BlockModule], shrink: Sequence[float]
 
 
 def _check_batch(supernet: ElasticSupernet, graph: LayerGraph) -> None:
-    """The freed batch dimension must give the captured model's output for every sample."""
+    """The blocks must give the captured model's output, and a batch of different samples the
+    outputs of each sample alone (the freed batch dimension mixes no samples)."""
     example = graph.example_inputs
-    if not example:
+    if not example or graph.program is None:
         return
+    batch = _distinct_batch(example)
     with torch.no_grad():
-        one = supernet(*example)
-        two = supernet(*(torch.cat([x, x]) for x in example))
-        reference = graph.program(*example) if graph.program is not None else None
-    if reference is not None:
-        ref = reference[0] if isinstance(reference, (tuple, list)) else reference
-        if not torch.allclose(one, ref, rtol=1e-4, atol=1e-5):
-            raise GraphError(f"the blocks of {graph.model} do not reproduce its output; "
-                             "AdaptiveNet cannot elastify this model")
-    if two.shape[0] != 2 * one.shape[0] or not torch.allclose(two[: one.shape[0]], one,
-                                                               rtol=1e-4, atol=1e-5):
-        raise GraphError(f"{graph.model} does not keep the batch in dimension 0; AdaptiveNet "
+        together = supernet(*batch)
+        alone = [supernet(*(x[i:i + 1] for x in batch)) for i in range(batch[0].shape[0])]
+        reference = graph.program(*example)
+    ref = reference[0] if isinstance(reference, (tuple, list)) else reference
+    if not torch.allclose(alone[0], ref, rtol=1e-4, atol=1e-5):
+        raise GraphError(f"the blocks of {graph.model} do not reproduce its output; "
+                         "AdaptiveNet cannot elastify this model")
+    if not torch.allclose(together, torch.cat(alone), rtol=1e-4, atol=1e-4):
+        raise GraphError(f"{graph.model} mixes samples of a batch once cut into blocks (its "
+                         "capture baked the batch size into an operator); AdaptiveNet "
                          "elastifies batch-first models")
+
+
+def _distinct_batch(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Three samples: the example, and two variants (floats perturbed, integers rolled along
+    the last dimension, so token ids and masks stay valid)."""
+    def variants(x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            gen = torch.Generator().manual_seed(1)
+            noise = torch.randn(2, *x.shape[1:], generator=gen, dtype=x.dtype)
+            return torch.cat([x[:1], x[:1] + noise[:1], x[:1] * 0.5 + noise[1:]])
+        shorter = x[:1].clone()
+        if x.dim() > 1:
+            shorter[..., x.shape[-1] // 2:] = x[:1, ..., -1:]  # pad-like tail
+        return torch.cat([x[:1], torch.roll(x[:1], 1, dims=-1), shorter])
+    return tuple(variants(x) for x in example)
+
+
+def branch_macs(supernet: ElasticSupernet, example: Sequence[torch.Tensor]) -> dict[str, int]:
+    """Multiply-accumulates of every branch for one sample, counted by torch's FLOP counter on
+    the tensor that reaches the branch along the pretrained path (matmul and conv FLOPs / 2)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    one = tuple(x[:1] for x in example)
+    with torch.no_grad():
+        side = supernet.side_tensors(*one)
+        starts = [one[0]]
+        for name in supernet.space.original:
+            starts.append(supernet.branch(name)(starts[-1], side))
+        macs = {}
+        for branch in supernet.space.branches:
+            counter = FlopCounterMode(display=False)
+            with counter:
+                supernet.branch(branch.name)(starts[branch.start], side)
+            macs[branch.name] = counter.get_total_flops() // 2
+    return macs
 
 
 def elastify(graph: LayerGraph, config: ElasticConfig | None = None, *,
@@ -159,4 +195,5 @@ def elastify(graph: LayerGraph, config: ElasticConfig | None = None, *,
     supernet = ElasticSupernet(space, {b.name: m for b, m in pairs}, _side(graph, split, batch),
                                meta)
     _check_batch(supernet, graph)
+    supernet.meta["branch_macs"] = branch_macs(supernet, graph.example_inputs)
     return supernet.eval()

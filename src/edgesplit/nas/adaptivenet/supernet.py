@@ -35,8 +35,18 @@ class SideInputs(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         side = dict(zip(self.input_names, inputs, strict=True))
         if self.gm is not None:
-            side.update(zip(self.gives, self.gm(*(side[n] for n in self.reads)), strict=True))
+            side.update(zip(self.gives, self._side(*(side[n] for n in self.reads)), strict=True))
         return side
+
+    def _side(self, *reads: torch.Tensor) -> list[torch.Tensor]:
+        # One sample at a time: constant folding at capture time bakes the example's batch
+        # into mask indexing (BERT's mask is gathered with a folded arange(batch)), and these
+        # layers cost next to nothing.
+        assert self.gm is not None
+        if reads[0].shape[0] == 1:
+            return list(self.gm(*reads))
+        rows = [self.gm(*(r[i:i + 1] for r in reads)) for i in range(reads[0].shape[0])]
+        return [torch.cat(parts) for parts in zip(*rows, strict=True)]
 
 
 class ElasticSupernet(nn.Module):

@@ -1,0 +1,139 @@
+"""An elastified supernet in a folder, without pickle: ``supernet.json`` (format, where the
+model came from, the elastification options, the space, the blocks, how it was trained) and
+``supernet.safetensors`` (the added branches' weights only).
+
+The pretrained blocks are not stored twice: loading captures the model again from its source
+(a built-in name and input shape, or a ``.pt2`` file checked by its SHA-256), elastifies it
+with the saved options, checks that this gives the saved space, then loads the added weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from edgesplit.errors import ConfigError
+from edgesplit.nas.adaptivenet.elastify import ElasticConfig, elastify
+from edgesplit.nas.adaptivenet.space import ElasticSpace
+from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
+
+__all__ = ["SUPERNET_FILE", "SUPERNET_WEIGHTS", "build_supernet", "load_supernet",
+           "model_source", "save_supernet"]
+
+FORMAT = "edgesplit.nas.adaptivenet.supernet/1"
+SUPERNET_FILE = "supernet.json"
+SUPERNET_WEIGHTS = "supernet.safetensors"
+
+
+def model_source(model: str, input_shape: Sequence[int] | None = None) -> dict[str, Any]:
+    """How to capture ``model`` again: a built-in name (and input shape) or a file with its
+    SHA-256."""
+    path = Path(model)
+    if path.suffix in (".pt2", ".pt", ".pth") or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"model file {model} does not exist")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        return {"file": str(path.resolve()), "sha256": digest}
+    return {"model": model, "input_shape": list(input_shape) if input_shape else None}
+
+
+def _capture(source: dict[str, Any]) -> Any:
+    from edgesplit.graph import capture
+
+    if "file" in source:
+        path = Path(source["file"])
+        if not path.is_file():
+            raise ConfigError(f"the supernet was elastified from {path}, which is gone; "
+                              "put the file back or elastify again")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != source.get("sha256"):
+            raise ConfigError(f"{path} changed since the supernet was elastified from it "
+                              "(SHA-256 differs); elastify it again")
+        return capture(path)
+    shape = source.get("input_shape")
+    return capture(str(source["model"]), input_shape=tuple(shape) if shape else None)
+
+
+def build_supernet(model: str, *, input_shape: Sequence[int] | None = None,
+                   config: ElasticConfig | None = None) -> ElasticSupernet:
+    """Capture ``model`` (built-in name or ``.pt2`` file) and elastify it."""
+    source = model_source(model, input_shape)
+    return elastify(_capture(source), config, source=source)
+
+
+def save_supernet(folder: str | Path, supernet: ElasticSupernet,
+                  training: dict[str, Any] | None = None) -> Path:
+    """Write ``supernet`` (its added weights and how to rebuild the rest) into ``folder``."""
+    if not supernet.meta.get("source"):
+        raise ConfigError("this supernet does not know its model's source; build it with "
+                          "build_supernet (or elastify(..., source=model_source(...)))")
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(added_state(supernet), str(out / SUPERNET_WEIGHTS))
+    doc = {"format": FORMAT, "space": supernet.space.to_dict(), "training": training or {},
+           **{k: v for k, v in supernet.meta.items() if k != "space"}}
+    (out / SUPERNET_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    return out
+
+
+def added_state(supernet: ElasticSupernet) -> dict[str, torch.Tensor]:
+    """The added branches' parameters by state-dict name (what training changed)."""
+    return {name: p.detach().contiguous() for name, p in supernet.named_parameters()}
+
+
+def read_supernet_doc(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / SUPERNET_FILE
+    if not path.is_file():
+        raise ConfigError(f"{folder} holds no elastified supernet ({SUPERNET_FILE} is missing); "
+                          "make one with `edgesplit nas adaptivenet elastify MODEL --out DIR`")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise ConfigError(f"{path} has format {found!r}, expected {FORMAT!r}; "
+                          "elastify the model again with this edgesplit")
+    return doc
+
+
+def load_supernet(folder: str | Path) -> tuple[ElasticSupernet, dict[str, Any]]:
+    """The supernet saved in ``folder`` (eval mode) and its ``supernet.json`` document."""
+    doc = read_supernet_doc(folder)
+    try:
+        config = ElasticConfig(**doc["config"])
+        saved = ElasticSpace.from_dict(doc["space"])
+        source = dict(doc["source"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{Path(folder) / SUPERNET_FILE} is incomplete ({exc}); elastify "
+                          "the model again") from None
+    supernet = elastify(_capture(source), config, source=source)
+    if supernet.space != saved:
+        raise ConfigError(f"elastifying {source} again gives another space than the one in "
+                          f"{SUPERNET_FILE} (a different edgesplit or model?); elastify again")
+    _load_weights(supernet, Path(folder) / SUPERNET_WEIGHTS)
+    supernet.meta["training"] = doc.get("training", {})
+    return supernet.eval(), doc
+
+
+def _load_weights(supernet: ElasticSupernet, weights: Path) -> None:
+    if not weights.is_file():
+        raise ConfigError(f"{weights} is missing; the folder is incomplete")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(f"{weights} is not a readable safetensors file ({exc})") from None
+    expected = added_state(supernet)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        raise ConfigError(f"{weights} does not fit the supernet in {SUPERNET_FILE}: missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]}, other shapes "
+                          f"{wrong[:3]}; save them together with save_supernet")
+    supernet.load_state_dict(state, strict=False)
