@@ -264,3 +264,45 @@ def test_subnet_accuracy_of_the_original_equals_the_model(digits_supernet):
     expected = float((logits.argmax(1) == data.test[1]).float().mean())
     got = subnet_accuracy(digits_supernet, digits_supernet.space.original, parts, data.metric)
     assert got == pytest.approx(expected)
+
+
+@pytest.fixture(scope="module")
+def slow_edge():
+    from edgesplit.hardware.catalog import resolve_device, resolve_link
+    from edgesplit.plan.cost import EdgeCloudSetting
+
+    return EdgeCloudSetting(edge=resolve_device("raspberry-pi-4"),
+                            cloud=resolve_device("v100-server"), link=resolve_link("5g"))
+
+
+def test_joint_latency_equals_the_plan_at_every_cut(digits_supernet, slow_edge):
+    from edgesplit.nas.adaptivenet.placement import JointLatency, plan_subnet
+
+    example = (torch.randn(1, 1, 32, 32),)
+    joint = JointLatency(digits_supernet, slow_edge, example)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        arch = digits_supernet.space.random_arch(rng)
+        totals = []
+        for k in range(len(arch) + 1):
+            _, plan = plan_subnet(digits_supernet, arch, slow_edge, example, edge_blocks=k)
+            assert joint.at(arch, k).total_ms == pytest.approx(plan.predicted.total_ms,
+                                                               rel=1e-9)
+            totals.append(plan.predicted.total_ms)
+        best = joint.split(arch)
+        assert best.total_ms == pytest.approx(min(totals), rel=1e-9)
+        assert joint.predict(arch) == pytest.approx(best.total_ms / 1000)
+
+
+def test_joint_latency_of_a_transformer_is_close_to_its_plan(slow_edge):
+    from edgesplit.models._minilm import sentence_inputs
+    from edgesplit.nas.adaptivenet.placement import JointLatency, plan_subnet
+
+    supernet = build_supernet("all_minilm_l6_v2", config=ElasticConfig(merge=1, shrink=()))
+    example = sentence_inputs((1, 32))
+    joint = JointLatency(supernet, slow_edge, example)
+    arch = supernet.space.random_arch(np.random.default_rng(0))
+    for k in (0, 3, len(arch)):
+        _, plan = plan_subnet(supernet, arch, slow_edge, example, edge_blocks=k)
+        # side layers fuse into their neighbours inside a whole subnet: a few per cent
+        assert joint.at(arch, k).total_ms == pytest.approx(plan.predicted.total_ms, rel=0.03)
