@@ -1,0 +1,415 @@
+"""AdaptiveNet dynamic model update: the subnet pool, the latency monitor and the runner.
+
+Loads are injected deterministically (a manual clock advanced by a simulated latency), so the
+switches are asserted exactly and nothing depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+import torch
+
+from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.graph import capture
+from edgesplit.nas.adaptivenet.elastify import elastify
+from edgesplit.nas.adaptivenet.pool import (
+    AdaptiveRunner,
+    CpuLoad,
+    LatencyMonitor,
+    ManualClock,
+    PoolFileError,
+    Reply,
+    SimulatedLatency,
+    Slowdown,
+    SubnetPool,
+)
+from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
+from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
+
+MS = 1e-3
+
+
+def synthetic(n: int = 200, seed: int = 0) -> list[tuple[SubnetArch, float, float]]:
+    """A fake search history: latency 1..20 ms, accuracy rising with latency plus noise."""
+    rng = np.random.default_rng(seed)
+    history = []
+    for i in range(n):
+        latency = float(rng.uniform(1, 20)) * MS
+        accuracy = float(np.log(latency / MS) / np.log(20) + rng.normal(0, 0.1))
+        history.append(((f"s{i}", "head"), latency, accuracy))
+    return history
+
+
+def paths(space: ElasticSpace, position: int = 0) -> Iterator[SubnetArch]:
+    """Every subnet of ``space``."""
+    if position == space.num_blocks:
+        yield ()
+        return
+    for branch in space.starting_at[position]:
+        for rest in paths(space, branch.end):
+            yield (branch.name, *rest)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny convolutions on two threads wait for each other for milliseconds when another
+    process holds a core; one thread keeps the file fast on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def supernet() -> ElasticSupernet:
+    return elastify(capture("digits_cnn"))
+
+
+@pytest.fixture(scope="module")
+def supernet_pool(supernet: ElasticSupernet) -> SubnetPool:
+    """All subnets of the supernet with a latency of their weight count and an accuracy that
+    rises with it (the monitor only needs an ordering)."""
+    history = []
+    for arch in paths(supernet.space):
+        params = sum(t.numel() for t in supernet.subnet(arch).state_dict().values())
+        history.append((arch, params * 1e-7, float(np.log(params))))
+    latencies = sorted(h[1] for h in history)
+    return SubnetPool.build(history, latencies[len(latencies) * 3 // 4], None)
+
+
+# -- the pool ------------------------------------------------------------------------------
+
+
+def test_pool_keeps_the_front_of_the_window_with_relative_latencies() -> None:
+    history = synthetic()
+    pool = SubnetPool.build(history, 10 * MS, 4 * MS)
+    latencies = [e.latency_s for e in pool]
+    accuracies = [e.accuracy for e in pool]
+    assert latencies == sorted(latencies) and all(6 * MS <= x <= 14 * MS for x in latencies)
+    assert all(a < b for a, b in itertools.pairwise(accuracies))
+    assert pool.optimal == pool.pick(10 * MS) and pool.optimal.relative == 1.0
+    for entry in pool:
+        assert entry.relative == pytest.approx(entry.latency_s / pool.optimal.latency_s)
+
+
+def test_pick_matches_brute_force_over_scaled_budgets() -> None:
+    history = synthetic(seed=1)
+    pool = SubnetPool.build(history, 10 * MS, 4 * MS)
+    window = [h for h in history if 6 * MS <= h[1] <= 14 * MS]
+    for r in np.linspace(0.7, 1.6, 40):
+        budget = 10 * MS / r
+        fitting = [h for h in window if h[1] <= budget]
+        if not fitting:
+            with pytest.raises(InfeasibleError):
+                pool.pick(budget)
+            continue
+        picked = pool.pick(budget)
+        assert picked.latency_s <= budget
+        assert picked.accuracy == max(h[2] for h in fitting)
+
+
+def test_levels_keep_one_subnet_per_bin_and_the_optimal() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 4 * MS, levels=4)
+    full = SubnetPool.build(synthetic(), 10 * MS, 4 * MS)
+    assert len(pool) <= 5 and pool.optimal == full.optimal
+    assert {e.arch for e in pool} <= {e.arch for e in full}
+
+
+def test_infeasible_budget_names_the_fastest_subnet() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 4 * MS)
+    with pytest.raises(InfeasibleError, match="-".join(pool.fastest.arch)):
+        pool.pick(1 * MS)
+    with pytest.raises(InfeasibleError, match="larger budget"):
+        SubnetPool([(("a",), 5 * MS, 0.9)], 1 * MS)
+    with pytest.raises(ConfigError, match="budget_s"):
+        SubnetPool.build(synthetic(), -1.0, 1 * MS)
+    with pytest.raises(ConfigError, match="latencies must be finite"):
+        SubnetPool.build([(("a",), float("nan"), 0.5)], 1.0, None)
+
+
+def test_pool_json_round_trip(tmp_path, supernet: ElasticSupernet,
+                              supernet_pool: SubnetPool) -> None:
+    path = supernet_pool.save(tmp_path / "pool.json")
+    loaded = SubnetPool.load(path, space=supernet.space)
+    assert loaded.to_dict() == supernet_pool.to_dict()
+    assert loaded.optimal == supernet_pool.optimal
+    assert json.loads(path.read_text())["version"] == 1
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: "not json {", "cannot read"),
+    (lambda d: {**d, "kind": "latency-table"}, "not an edgesplit subnet pool"),
+    (lambda d: {**d, "version": 99}, "version 99"),
+    (lambda d: {k: v for k, v in d.items() if k != "entries"}, "malformed"),
+    (lambda d: {**d, "entries": [{**d["entries"][0], "latency_s": -1}]}, "malformed"),
+    (lambda d: {**d, "entries": [{**d["entries"][0], "arch": "b0"}]}, "malformed"),
+    (lambda d: {**d, "entries": [{**d["entries"][0], "arch": ["x9"]}]}, "another supernet"),
+])
+def test_malformed_pool_files_are_refused(tmp_path, supernet: ElasticSupernet,
+                                          supernet_pool: SubnetPool, edit, message) -> None:
+    data = edit(supernet_pool.to_dict())
+    path = tmp_path / "pool.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    with pytest.raises(PoolFileError, match=message) as info:
+        SubnetPool.load(path, space=supernet.space)
+    assert isinstance(info.value, ConfigError)
+    assert "SubnetPool.build" in str(info.value)
+
+
+# -- the monitor ---------------------------------------------------------------------------
+
+
+def drive(monitor: LatencyMonitor, clock: ManualClock, factor: float, requests: int) -> list:
+    """``requests`` requests that each take ``factor`` times the running subnet's estimate."""
+    events = []
+    for _ in range(requests):
+        latency = factor * monitor.current.latency_s
+        clock.advance(latency)
+        event = monitor.observe(latency, arch=monitor.current.arch)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def test_monitor_switches_down_under_load_and_back_up_after() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    clock = ManualClock()
+    monitor = LatencyMonitor(pool, window=5, clock=clock)
+    assert drive(monitor, clock, 1.0, 30) == []
+    down = drive(monitor, clock, 2.0, 30)
+    assert [e.reason for e in down] == ["over-budget"]
+    assert down[0].from_arch == pool.optimal.arch and down[0].r == pytest.approx(2.0)
+    assert down[0].to_arch == pool.pick(10 * MS / 2.0).arch
+    assert down[0].request == 33  # the third request under load is the window's median
+    up = drive(monitor, clock, 1.0, 30)
+    assert [(e.reason, e.to_arch) for e in up] == [("headroom", pool.optimal.arch)]
+    assert not monitor.needs_search
+
+
+def test_monitor_ignores_one_slow_request_and_stale_measurements() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    monitor = LatencyMonitor(pool, window=5, clock=ManualClock())
+    estimate = pool.optimal.latency_s
+    for latency in [1, 1, 5, 1, 1, 1, 1] * 3:
+        assert monitor.observe(latency * estimate) is None
+    assert monitor.observe(100 * estimate, arch=pool.fastest.arch) is None
+    assert monitor.ratio == 1.0
+
+
+def test_monitor_dead_band_and_cooldown_prevent_flapping() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    clock = ManualClock()
+    monitor = LatencyMonitor(pool, window=3, tolerance=0.2, clock=clock)
+    # Within the tolerance: over budget by less than 20 % is left alone.
+    assert drive(monitor, clock, 10 * MS * 1.15 / pool.optimal.latency_s, 20) == []
+    cooled = LatencyMonitor(pool, window=3, cooldown_s=1.0, clock=clock)
+    assert len(drive(cooled, clock, 2.0, 3)) == 1
+    still = ManualClock(clock())  # time stands still: no second switch within the cooldown
+    cooled.clock = still
+    assert drive(cooled, still, 3.0, 20) == []
+    still.advance(1.0)
+    assert len(drive(cooled, still, 3.0, 3)) == 1
+
+
+def test_monitor_falls_back_to_the_fastest_when_nothing_fits() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    clock = ManualClock()
+    monitor = LatencyMonitor(pool, window=3, clock=clock)
+    events = drive(monitor, clock, 50.0, 20)
+    assert [(e.reason, e.to_arch) for e in events] == [("infeasible", pool.fastest.arch)]
+    assert monitor.needs_search
+    assert [e.reason for e in drive(monitor, clock, 1.0, 10)] == ["headroom"]
+    assert not monitor.needs_search
+
+
+def test_monitor_refuses_bad_settings() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    for bad in ({"window": 0}, {"tolerance": -1}, {"headroom": 1.0}, {"cooldown_s": -1}):
+        with pytest.raises(ConfigError):
+            LatencyMonitor(pool, **bad)
+    with pytest.raises(ConfigError, match="not in the pool"):
+        LatencyMonitor(pool, start=("nope",))
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+
+def reference(supernet: ElasticSupernet, x: torch.Tensor, arch: SubnetArch) -> torch.Tensor:
+    with torch.no_grad():
+        return supernet(x, arch=arch)
+
+
+def simulated_runner(supernet: ElasticSupernet, pool: SubnetPool
+                     ) -> tuple[AdaptiveRunner, SimulatedLatency]:
+    clock = ManualClock()
+    load = SimulatedLatency(lambda arch: pool.entry(arch).latency_s, clock)
+    monitor = LatencyMonitor(pool, window=3, clock=clock)
+    return AdaptiveRunner(supernet, monitor, hook=load), load
+
+
+def test_runner_switches_between_requests_and_each_reply_names_its_subnet(
+        supernet: ElasticSupernet, supernet_pool: SubnetPool) -> None:
+    runner, load = simulated_runner(supernet, supernet_pool)
+    x = torch.randn(1, 1, 32, 32)
+    replies = []
+    with runner:
+        for factor in (1.0, 1.8, 1.0):
+            load.set(factor)
+            replies += [runner(x) for _ in range(10)]
+    events = runner.events
+    assert [e.reason for e in events] == ["over-budget", "headroom"]
+    assert events[1].to_arch == supernet_pool.optimal.arch
+    served = [r.arch for r in replies]
+    # The second loaded request makes the median of 3 loaded: the 13th runs on another subnet.
+    assert served[:12] == [supernet_pool.optimal.arch] * 12
+    assert served[12] == events[0].to_arch != served[11]
+    for reply in replies:
+        torch.testing.assert_close(reply.output, reference(supernet, x, reply.arch))
+    assert [r.index for r in runner.records] == list(range(30))
+    assert runner.reaction_time(runner.records[10].start_s) == pytest.approx(
+        runner.records[11].start_s + runner.records[11].latency_s - runner.records[10].start_s)
+    first_switched = runner.records[12]  # its simulated latency is within the budget
+    assert runner.recovery_time(runner.records[10].start_s) == pytest.approx(
+        first_switched.start_s + first_switched.latency_s - runner.records[10].start_s)
+
+
+def test_runner_answers_every_concurrent_request_exactly_once(
+        supernet: ElasticSupernet, supernet_pool: SubnetPool) -> None:
+    runner, load = simulated_runner(supernet, supernet_pool)
+    served = []
+
+    def phased(arch: SubnetArch, compute_s: float) -> None:
+        """Load on the 20th to 49th request served, however the clients interleave."""
+        load.set(2.0 if 20 <= len(served) < 50 else 1.0)
+        served.append(arch)
+        load(arch, compute_s)
+
+    runner.hook = phased
+    inputs = torch.randn(80, 1, 1, 32, 32)
+    futures: dict[int, Future[Reply]] = {}
+
+    def client(rows: range) -> None:
+        for i in rows:
+            futures[i] = runner.submit(inputs[i])
+
+    threads = [threading.Thread(target=client, args=(range(k, 80, 4),)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runner.close()  # drains the queue
+    replies = {i: f.result(timeout=0) for i, f in futures.items()}
+    assert sorted(r.index for r in replies.values()) == list(range(80))
+    assert sorted(r.index for r in runner.records) == list(range(80))
+    assert [e.reason for e in runner.events] == ["over-budget", "headroom"]
+    assert len({r.arch for r in replies.values()}) == 2
+    for i, reply in replies.items():
+        torch.testing.assert_close(reply.output, reference(supernet, inputs[i], reply.arch))
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.submit(inputs[0])
+
+
+def test_runner_manual_switch_and_fixed_baseline(supernet: ElasticSupernet,
+                                                 supernet_pool: SubnetPool) -> None:
+    runner, load = simulated_runner(supernet, supernet_pool)
+    x = torch.randn(1, 1, 32, 32)
+    with runner:
+        runner.switch_to(supernet_pool.fastest.arch)
+        assert runner(x).arch == supernet_pool.fastest.arch
+        assert runner.events[0].reason == "manual"
+        with pytest.raises(ConfigError, match="not in the pool"):
+            runner.switch_to(("b0",))
+    clock = ManualClock()
+    load = SimulatedLatency(lambda arch: supernet_pool.entry(arch).latency_s, clock, 3.0)
+    static = AdaptiveRunner(supernet, LatencyMonitor(supernet_pool, window=1, clock=clock),
+                            hook=load, adapt=False)
+    with static:
+        assert {static(x).arch for _ in range(5)} == {supernet_pool.optimal.arch}
+    assert static.events == [] and static.records[0].ratio == pytest.approx(3.0)
+
+
+def test_slowdown_sleeps_the_extra_time() -> None:
+    slept: list[float] = []
+    slowdown = Slowdown(3.0, sleep=slept.append)
+    slowdown(("a",), 0.01)
+    with slowdown.active(1.0):
+        slowdown(("a",), 0.01)
+    assert slept == [pytest.approx(0.02)] and slowdown.factor == 3.0
+    with pytest.raises(ConfigError, match="factor"):
+        slowdown.set(0.5)
+
+
+# -- the background load -------------------------------------------------------------------
+
+
+def test_cpu_load_starts_and_stops_its_processes() -> None:
+    load = CpuLoad(2, size=64)
+    with pytest.raises(KeyError), load:
+        assert load.alive() == 2 and len(load.pids) == 2 and load.resumed_s is not None
+        load.pause()  # the processes stay, idle
+        assert load.alive() == 2 and load.paused_s is not None
+        load.resume()
+        pids = load.pids
+        raise KeyError("stopped on the way out")
+    assert load.alive() == 0
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
+    with pytest.raises(ConfigError, match="processes"):
+        CpuLoad(0)
+    with pytest.raises(RuntimeError, match="prepare"):
+        CpuLoad(1).resume()
+
+
+def test_monitor_backs_off_from_a_subnet_slower_than_its_estimate() -> None:
+    """The optimal subnet really takes twice its estimate: switching up to it fails every
+    time. Without a backoff that is a flap per window; with it, a few switches."""
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+
+    def run(**settings: float) -> list:
+        clock = ManualClock()
+        monitor = LatencyMonitor(pool, window=5, clock=clock, **settings)
+        events = []
+        for _ in range(2000):  # about 20 s of 10 ms requests
+            true = monitor.current.latency_s * (2.0 if monitor.current == pool.optimal else 1.0)
+            clock.advance(true)
+            if (event := monitor.observe(true)) is not None:
+                events.append(event)
+        return events
+
+    flapping = run(backoff_s=0.0)
+    held = run()
+    assert len(flapping) > 100
+    assert 3 <= len(held) <= 25
+    assert all(e.to_arch != pool.optimal.arch for e in held[-2:])
+    assert {e.reason for e in held} == {"over-budget", "headroom"}
+
+
+def test_pool_with_measured_latencies_moves_the_optimal() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    slower = pool.with_latencies({e.arch: e.latency_s * (1.5 if e == pool.optimal else 1.0)
+                                  for e in pool})
+    assert slower.optimal != pool.optimal and slower.optimal.latency_s <= 10 * MS
+    with pytest.raises(ConfigError, match="no new latency"):
+        pool.with_latencies({})
+
+
+def test_runner_fails_only_the_bad_request_and_refuses_a_foreign_pool(
+        supernet: ElasticSupernet, supernet_pool: SubnetPool) -> None:
+    runner, _ = simulated_runner(supernet, supernet_pool)
+    with runner:
+        bad = runner.submit(torch.randn(1, 3, 5, 5))
+        good = runner.submit(torch.randn(1, 1, 32, 32))
+        with pytest.raises(RuntimeError):
+            bad.result()
+        assert good.result().index == 1
+    foreign = LatencyMonitor(SubnetPool.build(synthetic(), 10 * MS, 6 * MS))
+    with pytest.raises(ConfigError, match="this supernet's search"):
+        AdaptiveRunner(supernet, foreign)
