@@ -1,0 +1,416 @@
+"""The on-device latency model of AdaptiveNet (section 5.1): a table of block latencies.
+
+Blocks of the supernet are never fused with their neighbours (elastification cuts the model at
+block boundaries), so a subnet's latency is the sum of its branches' latencies plus the side
+inputs' (computed once per inference). :meth:`BlockLatencyTable.profile` measures every branch
+once on this machine -- a few seconds even for a ResNet, since there are far fewer branches
+than subnets -- and :meth:`~BlockLatencyTable.predict` then prices any subnet without running
+it, which is what lets the search stay near the budget without measuring candidates.
+
+Branches are timed *in context*, at the batch size of the example inputs, with the process's
+thread setting and no autograd: every round runs random subnets that together pass through
+every branch (each one a subnet through a branch not yet covered), and times each branch call
+(and the side inputs) where it sits in its chain. Each chain runs three times back to back and
+the first pass is not kept, so weights are as warm as in a network serving one request after
+another. Timing each branch alone on the feature reaching it along the pretrained path was
+tried first: on digits_cnn at batch 100 (2 cores) its sums missed whole subnets by 14-56 %
+(mean absolute error; the first, memory-bound block read twice as slow as inside a network),
+in context by 2-5 %. :func:`table_error` reports how well the sums predict whole subnets.
+
+A table is a versioned JSON document that embeds the space it was measured for, with a
+fingerprint, so :meth:`~BlockLatencyTable.load` refuses a table of another supernet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property, partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgesplit.errors import ConfigError
+from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
+from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
+from edgesplit.nas.latency import _timing, machine_identity
+
+__all__ = ["BLOCK_TABLE_VERSION", "BlockLatencyTable", "measure", "space_fingerprint",
+           "table_error"]
+
+BLOCK_TABLE_VERSION = 1
+_KIND = "edgesplit-adaptivenet-latency-table"
+_SIDE = "side inputs"
+
+TableProgress = Callable[[str, int, int], None]  # (stage, done, total), as nas.latency
+_Call = Callable[[], object]
+
+_REPROFILE = "profile the supernet again (BlockLatencyTable.profile(supernet, example_inputs))"
+
+
+def space_fingerprint(space: ElasticSpace) -> str:
+    """sha256 of the space's canonical JSON (branch names, spans, levels, kept fractions)."""
+    text = json.dumps(space.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _seconds(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"block latency table {what}={value!r} must be a finite number of "
+                          f"seconds >= 0; {_REPROFILE}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BlockLatencyTable:
+    """Seconds of every branch of ``space`` and of the side inputs, at batch size ``batch``.
+
+    ``measurement`` records how it was taken (repeats, warmup, threads, torch, machine).
+    Validates itself on construction: every branch of the space has a time, no other name.
+    """
+
+    space: ElasticSpace
+    branch_seconds: Mapping[str, float]
+    side_seconds: float
+    batch: int
+    model: str = ""
+    measurement: Mapping[str, Any] = field(default_factory=dict)
+    version: int = BLOCK_TABLE_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != BLOCK_TABLE_VERSION:
+            raise ConfigError(f"block latency table version {self.version!r} is unknown; this "
+                              f"edgesplit reads version {BLOCK_TABLE_VERSION}: {_REPROFILE}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError(f"block latency table batch={self.batch!r} must be a positive "
+                              f"integer; {_REPROFILE}")
+        names = set(self.space.by_name)
+        missing, extra = names - set(self.branch_seconds), set(self.branch_seconds) - names
+        if missing or extra:
+            raise ConfigError(
+                f"block latency table does not fit its space: missing branches "
+                f"{sorted(missing) or 'none'}, unknown branches {sorted(extra) or 'none'}; "
+                f"{_REPROFILE}")
+        seconds = {name: _seconds(f"branch_seconds[{name!r}]", self.branch_seconds[name])
+                   for name in self.space.by_name}  # in the space's order
+        object.__setattr__(self, "branch_seconds", seconds)
+        object.__setattr__(self, "side_seconds", _seconds("side_seconds", self.side_seconds))
+
+    # -- prediction --------------------------------------------------------------------------
+
+    def predict(self, arch: Sequence[str]) -> float:
+        """Predicted seconds of subnet ``arch``: side inputs + the sum of its branches."""
+        return self.side_seconds + self.segment(self.space.check(arch))
+
+    def segment(self, path: Sequence[str]) -> float:
+        """Seconds of some consecutive branches (a prefix, a span): no side inputs, no check."""
+        return sum(self.branch_seconds[name] for name in path)
+
+    @cached_property
+    def _bounds(self) -> tuple[tuple[float, ...], tuple[float, ...],
+                               tuple[SubnetArch, ...], tuple[SubnetArch, ...]]:
+        """Per position i: the least and most seconds of a path from i to the end, and those
+        paths (dynamic programming from the end: a path's cost is a sum over its branches)."""
+        n = self.space.num_blocks
+        low, high = [0.0] * (n + 1), [0.0] * (n + 1)
+        fast: list[SubnetArch] = [()] * (n + 1)
+        slow: list[SubnetArch] = [()] * (n + 1)
+        for i in reversed(range(n)):
+            options = self.space.starting_at[i]
+            best = min(options, key=lambda b: self.branch_seconds[b.name] + low[b.end])
+            worst = max(options, key=lambda b: self.branch_seconds[b.name] + high[b.end])
+            low[i] = self.branch_seconds[best.name] + low[best.end]
+            high[i] = self.branch_seconds[worst.name] + high[worst.end]
+            fast[i], slow[i] = (best.name, *fast[best.end]), (worst.name, *slow[worst.end])
+        return tuple(low), tuple(high), tuple(fast), tuple(slow)
+
+    def suffix_bounds(self, position: int) -> tuple[float, float]:
+        """The least and most seconds any path from block ``position`` to the end takes."""
+        low, high, _, _ = self._bounds
+        return low[position], high[position]
+
+    def fastest(self) -> tuple[SubnetArch, float]:
+        """The fastest subnet and its predicted seconds."""
+        arch = self._bounds[2][0]
+        return arch, self.predict(arch)
+
+    def slowest(self) -> tuple[SubnetArch, float]:
+        """The slowest subnet and its predicted seconds."""
+        arch = self._bounds[3][0]
+        return arch, self.predict(arch)
+
+    @property
+    def min_latency(self) -> float:
+        return self.fastest()[1]
+
+    @property
+    def max_latency(self) -> float:
+        return self.slowest()[1]
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    @classmethod
+    def profile(cls, supernet: ElasticSupernet, example_inputs: Sequence[torch.Tensor], *,
+                repeats: int = 20, warmup: int = 2, seed: int = 0,
+                progress: TableProgress | None = None) -> BlockLatencyTable:
+        """Measure every branch of ``supernet`` on this machine (see the module docstring):
+        ``warmup`` untimed rounds, then ``repeats`` timed rounds (each branch timed at least
+        twice a round); each entry is the median. ``seed`` draws the chains."""
+        _check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
+        inputs = tuple(example_inputs)
+        started = time.perf_counter()
+        threads = torch.get_num_threads()
+        samples: dict[str, list[int]] = {name: [] for name in (*supernet.space.by_name, _SIDE)}
+        rng = np.random.default_rng(seed)
+        rounds = warmup + repeats
+        was_training = supernet.training
+        supernet.eval()
+        try:
+            with _timing(threads):
+                for r in range(rounds):
+                    for path in _covering_paths(supernet.space, rng):
+                        for keep in (False, *[r >= warmup] * (_BURST - 1)):
+                            _chain(supernet, inputs, path, samples if keep else None)
+                    if progress:
+                        progress("timing branches in context", r + 1, rounds)
+        finally:
+            supernet.train(was_training)
+        median = {name: statistics.median(ns) / 1e9 for name, ns in samples.items()}
+        side = median.pop(_SIDE)
+        measurement = {"method": "in context", "repeats": repeats, "warmup": warmup,
+                       "threads": threads, "torch": torch.__version__,
+                       "machine": machine_identity(),
+                       "device": str(inputs[0].device),
+                       "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                       "seconds": time.perf_counter() - started}
+        return cls(supernet.space, median, side, int(inputs[0].shape[0]),
+                   str(supernet.meta.get("model", "")), measurement)
+
+    # -- compatibility and files -------------------------------------------------------------
+
+    def check(self, space: ElasticSpace | ElasticSupernet, *, source: str = ""
+              ) -> BlockLatencyTable:
+        """This table if it was measured for ``space`` (or that supernet's space); else a
+        ConfigError saying so."""
+        space = space.space if isinstance(space, ElasticSupernet) else space
+        if space_fingerprint(space) != space_fingerprint(self.space):
+            what = f"block latency table {source!r}" if source else "block latency table"
+            raise ConfigError(f"{what} was measured for another supernet ({self.model or '?'}, "
+                              f"{len(self.space.branches)} branches over "
+                              f"{self.space.num_blocks} blocks; this one has "
+                              f"{len(space.branches)} over {space.num_blocks}): {_REPROFILE}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (``kind``, ``version`` first; times in seconds)."""
+        return {"kind": _KIND, "version": self.version, "model": self.model,
+                "unit": "seconds", "batch": self.batch,
+                "space_fingerprint": space_fingerprint(self.space),
+                "side_seconds": self.side_seconds,
+                "branch_seconds": dict(self.branch_seconds),
+                "space": self.space.to_dict(), "measurement": dict(self.measurement)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "") -> BlockLatencyTable:
+        """Inverse of :meth:`to_dict`; anything else is a ConfigError that says what to do."""
+        what = repr(source) if source else "this document"
+        if not isinstance(data, Mapping) or data.get("kind") != _KIND:
+            raise ConfigError(f"{what} is not an AdaptiveNet block latency table; {_REPROFILE} "
+                              "and save it with BlockLatencyTable.save")
+        if data.get("version") != BLOCK_TABLE_VERSION:
+            raise ConfigError(f"block latency table {what} has version {data.get('version')!r};"
+                              f" this edgesplit reads version {BLOCK_TABLE_VERSION}: "
+                              f"{_REPROFILE}")
+        try:
+            space = ElasticSpace.from_dict(data["space"])
+            if data.get("unit", "seconds") != "seconds":
+                raise ConfigError(f"unit {data['unit']!r} is not 'seconds'")
+            if data.get("space_fingerprint") != space_fingerprint(space):
+                raise ConfigError("its space_fingerprint does not match its space (edited or "
+                                  "truncated)")
+            measurement = data.get("measurement") or {}
+            if not isinstance(measurement, Mapping):
+                raise ConfigError("measurement must be an object")
+            return cls(space, dict(data["branch_seconds"]), data["side_seconds"],
+                       data["batch"], str(data.get("model", "")), dict(measurement),
+                       data["version"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            detail = str(exc) if isinstance(exc, ConfigError) \
+                else f"{type(exc).__name__}: {exc}"
+            raise ConfigError(f"block latency table {what} is malformed ({detail}); "
+                              f"{_REPROFILE}") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, supernet: ElasticSupernet | ElasticSpace | None = None
+             ) -> BlockLatencyTable:
+        """Read a table; with ``supernet`` also check it was measured for it."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read block latency table {str(path)!r}: {exc}; "
+                              f"{_REPROFILE}") from None
+        table = cls.from_dict(data, source=str(path))
+        return table if supernet is None else table.check(supernet, source=str(path))
+
+
+# -- timing helpers --------------------------------------------------------------------------
+
+
+def _check_counts(**counts: tuple[Any, int]) -> None:
+    for what, (value, low) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{what}={value!r} must be an integer >= {low}")
+
+
+_BURST = 3  # passes of a chain back to back; the first is not kept
+
+
+def _covering_paths(space: ElasticSpace, rng: np.random.Generator) -> list[SubnetArch]:
+    """Random subnets that together run every branch: for each branch (in random order) not
+    yet on one, a subnet through it (random branches before and after)."""
+    covered: set[str] = set()
+    paths = []
+    for k in rng.permutation(len(space.branches)):
+        branch = space.branches[int(k)]
+        if branch.name in covered:
+            continue
+        path = (*_random_path(space, 0, branch.start, rng), branch.name,
+                *_random_path(space, branch.end, space.num_blocks, rng))
+        covered.update(path)
+        paths.append(path)
+    return paths
+
+
+def _random_path(space: ElasticSpace, start: int, end: int, rng: np.random.Generator
+                 ) -> SubnetArch:
+    path: list[str] = []
+    while start < end:
+        options = [b for b in space.starting_at[start] if b.end <= end]
+        branch = options[int(rng.integers(len(options)))]
+        path.append(branch.name)
+        start = branch.end
+    return tuple(path)
+
+
+def _chain(supernet: ElasticSupernet, inputs: tuple[torch.Tensor, ...], path: SubnetArch,
+           samples: dict[str, list[int]] | None) -> None:
+    """Run subnet ``path`` as a deployment does (side inputs, then each branch on the last
+    one's output), adding each call's nanoseconds to ``samples`` when given."""
+    cuda = inputs[0].is_cuda
+    clock = time.perf_counter_ns
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        t0 = clock()
+        out = fn()
+        if cuda:  # an asynchronous launch would otherwise time only the launch
+            torch.cuda.synchronize(inputs[0].device)
+        if samples is not None:
+            samples[name].append(clock() - t0)
+        return out
+
+    side = timed(_SIDE, lambda: supernet.side_tensors(*inputs))
+    x = inputs[0]
+    for name in path:
+        module = supernet.branch(name)
+        x = timed(name, partial(module, x, side))
+
+
+def _sync(fn: _Call, like: torch.Tensor) -> _Call:
+    """``fn``, waiting for the GPU when the inputs live there: an asynchronous launch would
+    otherwise time only the launch."""
+    if like.is_cuda:
+        def timed() -> object:
+            out = fn()
+            torch.cuda.synchronize(like.device)
+            return out
+        return timed
+    return fn
+
+
+def _block(fn: _Call, untimed: int, timed: int, samples: list[int]) -> None:
+    """``fn`` run ``untimed`` then ``timed`` times back to back, keeping the timed calls'
+    nanoseconds (as :mod:`edgesplit.nas.latency` times a deployed network: warm, the way a
+    network serving requests one after another runs)."""
+    for _ in range(untimed):
+        fn()
+    for _ in range(timed):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+
+
+def measure(supernet: ElasticSupernet, arch: Sequence[str],
+            example_inputs: Sequence[torch.Tensor], *, repeats: int = 30, warmup: int = 3
+            ) -> float:
+    """Median seconds of subnet ``arch`` run whole (side inputs and all its branches)."""
+    _check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
+    subnet = supernet.subnet(arch).eval()
+    inputs = tuple(example_inputs)
+    samples: list[int] = []
+    with _timing(torch.get_num_threads()):
+        _block(_sync(lambda: subnet(*inputs), inputs[0]), warmup, repeats, samples)
+    return statistics.median(samples) / 1e9
+
+
+def table_error(table: BlockLatencyTable, supernet: ElasticSupernet,
+                example_inputs: Sequence[torch.Tensor], *, samples: int = 20, seed: int = 0,
+                repeats: int = 30, warmup: int = 3, progress: TableProgress | None = None
+                ) -> dict[str, Any]:
+    """How well ``table`` predicts whole subnets here: up to ``samples`` distinct random
+    subnets (the pretrained path first) measured with :func:`measure`.
+
+    Returns ``mape_pct``, ``worst_error_pct`` (signed, largest in size),
+    ``fraction_within_10pct`` and per subnet ``arch``, ``predicted_s``, ``measured_s``,
+    ``error_pct`` (positive: the table predicts slower than measured)."""
+    table.check(supernet)
+    _check_counts(samples=(samples, 1))
+    if int(example_inputs[0].shape[0]) != table.batch:
+        raise ConfigError(f"the table was measured at batch size {table.batch}; measure with "
+                          f"inputs of that batch size, not {int(example_inputs[0].shape[0])}")
+    archs = _distinct_archs(table.space, samples, np.random.default_rng(seed))
+    rows: list[dict[str, Any]] = []
+    for done, arch in enumerate(archs, start=1):
+        measured = measure(supernet, arch, example_inputs, repeats=repeats, warmup=warmup)
+        predicted = table.predict(arch)
+        rows.append({"arch": list(arch), "predicted_s": predicted, "measured_s": measured,
+                     "error_pct": 100.0 * (predicted - measured) / measured})
+        if progress:
+            progress("timing subnets", done, len(archs))
+    errors = [row["error_pct"] for row in rows]
+    return {"model": table.model, "batch": table.batch, "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "samples": len(rows),
+            "mape_pct": statistics.fmean(abs(e) for e in errors),
+            "worst_error_pct": max(errors, key=abs),
+            "fraction_within_10pct": sum(abs(e) <= 10.0 for e in errors) / len(errors),
+            "archs": rows}
+
+
+def _distinct_archs(space: ElasticSpace, count: int, rng: np.random.Generator
+                    ) -> list[SubnetArch]:
+    """The pretrained path and random others, at most ``count`` (fewer in a small space)."""
+    archs = [space.original]
+    seen = set(archs)
+    for _ in range(count * 20):
+        if len(archs) >= min(count, space.count()):
+            break
+        arch = space.random_arch(rng)
+        if arch not in seen:
+            seen.add(arch)
+            archs.append(arch)
+    return archs[:count]
