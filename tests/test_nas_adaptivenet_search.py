@@ -20,7 +20,7 @@ from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.nas.adaptivenet import ElasticSpace, ElasticSupernet, elastify
 from edgesplit.nas.adaptivenet.data import cosine, top1
-from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, measure, table_error
+from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, measure_subnet, table_error
 from edgesplit.nas.adaptivenet.pool import SubnetPool
 from edgesplit.nas.adaptivenet.search import (
     AdaptiveSearch,
@@ -157,7 +157,7 @@ def test_profile_measures_every_branch(supernet, batches):
     assert profiled.batch == 40 and profiled.model == "digits_cnn"
     assert profiled.measurement["threads"] == torch.get_num_threads()
     assert calls[-1] == ("timing branches in context", 2, 2)
-    assert measure(supernet, supernet.space.original, inputs, repeats=2, warmup=0) >= 0
+    assert measure_subnet(supernet, supernet.space.original, inputs, repeats=2, warmup=0) >= 0
     report = table_error(profiled, supernet, inputs, samples=3, repeats=2, warmup=0)
     assert report["samples"] == 3 and report["archs"][0]["arch"] == list(supernet.space.original)
     with pytest.raises(ConfigError, match="batch size 40"):

@@ -44,7 +44,7 @@ from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 from edgesplit.nas.latency import _timing, machine_identity
 
-__all__ = ["BLOCK_TABLE_VERSION", "BlockLatencyTable", "measure", "space_fingerprint",
+__all__ = ["BLOCK_TABLE_VERSION", "BlockLatencyTable", "measure_subnet", "space_fingerprint",
            "table_error"]
 
 BLOCK_TABLE_VERSION = 1
@@ -355,8 +355,8 @@ def _block(fn: _Call, untimed: int, timed: int, samples: list[int]) -> None:
         samples.append(time.perf_counter_ns() - t0)
 
 
-def measure(supernet: ElasticSupernet, arch: Sequence[str],
-            example_inputs: Sequence[torch.Tensor], *, repeats: int = 30, warmup: int = 3
+def measure_subnet(supernet: ElasticSupernet, arch: Sequence[str],
+                   example_inputs: Sequence[torch.Tensor], *, repeats: int = 30, warmup: int = 3
             ) -> float:
     """Median seconds of subnet ``arch`` run whole (side inputs and all its branches)."""
     _check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
@@ -373,7 +373,7 @@ def table_error(table: BlockLatencyTable, supernet: ElasticSupernet,
                 repeats: int = 30, warmup: int = 3, progress: TableProgress | None = None
                 ) -> dict[str, Any]:
     """How well ``table`` predicts whole subnets here: up to ``samples`` distinct random
-    subnets (the pretrained path first) measured with :func:`measure`.
+    subnets (the pretrained path first) measured with :func:`measure_subnet`.
 
     Returns ``mape_pct``, ``worst_error_pct`` (signed, largest in size),
     ``fraction_within_10pct`` and per subnet ``arch``, ``predicted_s``, ``measured_s``,
@@ -386,7 +386,7 @@ def table_error(table: BlockLatencyTable, supernet: ElasticSupernet,
     archs = _distinct_archs(table.space, samples, np.random.default_rng(seed))
     rows: list[dict[str, Any]] = []
     for done, arch in enumerate(archs, start=1):
-        measured = measure(supernet, arch, example_inputs, repeats=repeats, warmup=warmup)
+        measured = measure_subnet(supernet, arch, example_inputs, repeats=repeats, warmup=warmup)
         predicted = table.predict(arch)
         rows.append({"arch": list(arch), "predicted_s": predicted, "measured_s": measured,
                      "error_pct": 100.0 * (predicted - measured) / measured})
