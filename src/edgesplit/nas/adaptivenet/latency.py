@@ -357,7 +357,7 @@ def _block(fn: _Call, untimed: int, timed: int, samples: list[int]) -> None:
 
 def measure_subnet(supernet: ElasticSupernet, arch: Sequence[str],
                    example_inputs: Sequence[torch.Tensor], *, repeats: int = 30, warmup: int = 3
-            ) -> float:
+                   ) -> float:
     """Median seconds of subnet ``arch`` run whole (side inputs and all its branches)."""
     _check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
     subnet = supernet.subnet(arch).eval()
