@@ -15,18 +15,22 @@ tensors a cloud branch reads cross the link with the boundary tensor.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from edgesplit.graph import LayerGraph, capture
+from edgesplit.graph.capture import export_model
+from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 from edgesplit.plan import Plan
 from edgesplit.plan.assemble import one_way_latency_ms
 from edgesplit.plan.cost import CostTable, EdgeCloudSetting
+from edgesplit.plan.planners import make_plan
 
-__all__ = ["JointLatency", "SplitChoice", "plan_subnet"]
+__all__ = ["JointLatency", "JointTable", "SplitChoice", "plan_subnet"]
 
 
 class _Alone(nn.Module):
@@ -139,6 +143,42 @@ class JointLatency:
         """Seconds of the best plan of ``arch``."""
         return self.split(arch).total_ms / 1000.0
 
+    def table(self) -> JointTable:
+        """A block latency table the search can steer by (see :class:`JointTable`)."""
+        space = self.supernet.space
+        cut = self.split(space.original).edge_blocks  # a block boundary of the original
+
+        def part(name: str) -> float:
+            b = space.by_name[name]
+            if b.end <= cut:
+                return self.edge_ms[name]
+            if b.start >= cut:
+                return self.cloud_ms[name]
+            return max(self.edge_ms[name], self.cloud_ms[name])
+
+        parts = {b.name: part(b.name) for b in space.branches}
+        fixed = self.at(space.original, cut).total_ms - sum(parts[n] for n in space.original)
+        return JointTable(space, {n: ms / 1000 for n, ms in parts.items()}, max(fixed, 0) / 1000,
+                          batch=1, model=str(self.supernet.meta.get("model", "")),
+                          measurement={"kind": "joint", "cut_after_blocks": cut},
+                          joint=self)
+
+
+@dataclass(frozen=True)
+class JointTable(BlockLatencyTable):
+    """An additive table for steering NearbyInit / NearbyMutate, exact where it scores.
+
+    Its entries price every branch on the side of the pretrained model's best cut (a branch
+    spanning the cut at its slower side) plus that cut's transfer, which is exact for subnets
+    keeping that cut; ``predict`` is the joint latency itself (each subnet at its own best
+    cut, never more than the entries' sum for a subnet that does not span the cut)."""
+
+    joint: JointLatency | None = field(default=None, compare=False, repr=False)
+
+    def predict(self, arch: Sequence[str]) -> float:
+        assert self.joint is not None
+        return self.joint.predict(arch)
+
 
 def _bytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
@@ -153,11 +193,18 @@ def _raw_bytes(x: torch.Tensor, input_bits: int) -> int:
 
 def plan_subnet(supernet: ElasticSupernet, arch: Sequence[str], setting: EdgeCloudSetting,
                 example_inputs: Sequence[torch.Tensor], *, edge_blocks: int,
-                source: str = "adaptivenet") -> tuple[LayerGraph, Plan]:
+                model_path: str | Path | None = None) -> tuple[LayerGraph, Plan]:
     """Capture subnet ``arch`` and plan it with its first ``edge_blocks`` branches (and, when
-    that is more than none, the side layers) on the edge."""
+    that is more than none, the side layers) on the edge. With ``model_path`` the subnet is
+    exported there first (``torch.export``) and the plan names that file, so `edgesplit
+    serve` can run it."""
     arch = supernet.space.check(arch)
-    graph = capture(supernet.subnet(arch), tuple(example_inputs), name=source)
+    subnet, example = supernet.subnet(arch).eval(), tuple(example_inputs)
+    if model_path is not None:
+        torch.export.save(export_model(subnet, example, name="subnet"), str(model_path))
+        graph = capture(str(model_path))
+    else:
+        graph = capture(subnet, example, name="subnet")
     edge = set()
     for layer in graph.layers:
         top = layer.module_path.split(".")
@@ -166,8 +213,6 @@ def plan_subnet(supernet: ElasticSupernet, arch: Sequence[str], setting: EdgeClo
         if on_edge:
             edge.add(layer.name)
     costs = CostTable.build(graph, setting)
-    from edgesplit.plan.planners import make_plan
-
     edge_set = frozenset(graph.ancestors_closure(edge)) if edge else frozenset()
+    source = str(model_path) if model_path is not None else "subnet"
     return graph, make_plan(costs, edge_set, method="adaptivenet", source=source)
-
