@@ -20,17 +20,10 @@ import torch
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.nas.adaptivenet.elastify import elastify
-from edgesplit.nas.adaptivenet.pool import (
-    AdaptiveRunner,
-    CpuLoad,
-    LatencyMonitor,
-    ManualClock,
-    PoolFileError,
-    Reply,
-    SimulatedLatency,
-    Slowdown,
-    SubnetPool,
-)
+from edgesplit.nas.adaptivenet.loads import CpuLoad, ManualClock, SimulatedLatency, Slowdown
+from edgesplit.nas.adaptivenet.monitor import LatencyMonitor
+from edgesplit.nas.adaptivenet.pool import PoolFileError, SubnetPool
+from edgesplit.nas.adaptivenet.runner import AdaptiveRunner, Reply
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 

@@ -19,19 +19,12 @@ from edgesplit.data.training import load_labelled
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.nas.adaptivenet import ElasticSpace, ElasticSupernet, elastify
+from edgesplit.nas.adaptivenet.breed import NearbyBreeder, UniformBreeder
 from edgesplit.nas.adaptivenet.data import cosine, top1
+from edgesplit.nas.adaptivenet.evaluate import PrefixTree, PrefixTreeEvaluator, measure_reuse
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, measure_subnet, table_error
 from edgesplit.nas.adaptivenet.pool import SubnetPool
-from edgesplit.nas.adaptivenet.search import (
-    AdaptiveSearch,
-    AnnealingSearch,
-    EvolutionBaseline,
-    NearbyBreeder,
-    PrefixTree,
-    PrefixTreeEvaluator,
-    UniformBreeder,
-    measure_reuse,
-)
+from edgesplit.nas.adaptivenet.search import AdaptiveSearch, AnnealingSearch, EvolutionBaseline
 from edgesplit.nas.evolution import Breeder
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "device_fingerprint",
     "machine_identity",
     "space_fingerprint",
+    "timing_conditions",
     "validate_latency_table",
 ]
 
@@ -436,7 +437,7 @@ def _deployed(graph: LayerGraph) -> _Call:
 
 
 @contextmanager
-def _timing(threads: int) -> Iterator[None]:
+def timing_conditions(threads: int) -> Iterator[None]:
     """Timing conditions: ``threads`` torch threads, no autograd (as the runtime runs), no
     garbage-collection pauses inside timed calls. Restores the caller's settings."""
     before = torch.get_num_threads()
@@ -570,7 +571,7 @@ def _measure(space: SearchSpace, pieces: _Pieces, *, warmup: int, repeats: int, 
         if progress:
             progress("capturing calibration networks", done, total)
     before = _load()
-    with _timing(threads):
+    with timing_conditions(threads):
         stem_ns, head_ns, op_ns, whole_ns = _in_context(
             pieces, calls, whole, x, warmup=warmup, repeats=repeats,
             rng=np.random.default_rng([seed, 2]), progress=progress)
@@ -742,7 +743,7 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
                 progress("capturing networks", done, len(timed))
     before = _load()
     per_pass = -(-repeats // _PASSES)
-    with _timing(threads):
+    with timing_conditions(threads):
         samples_ns: list[list[int]] = [[] for _ in calls]
         for p in range(_PASSES):
             for n, (fn, samples_of) in enumerate(zip(calls, samples_ns, strict=True)):

@@ -9,9 +9,10 @@ device with a block latency table and a prefix cache, and switch subnets at run 
 - :mod:`.data`, :mod:`.train`, :mod:`.checkpoint`: train / search / test data, branch-wise
   distillation then tuning, a supernet in a folder;
 - :mod:`.latency`: the block latency table profiled on the device;
-- :mod:`.search`: NearbyInit / NearbyMutate, the prefix-tree evaluator, the search and its
-  baselines (plain evolution, simulated annealing);
-- :mod:`.pool`: the subnet pool, the latency monitor, the switching runner, injected loads;
+- :mod:`.breed`, :mod:`.evaluate`, :mod:`.search`: NearbyInit / NearbyMutate, the
+  prefix-tree evaluator, the search and its baselines (plain evolution, simulated annealing);
+- :mod:`.pool`, :mod:`.monitor`, :mod:`.runner`, :mod:`.loads`: the subnet pool, the latency
+  monitor, the switching runner, injected loads and clocks;
 - :mod:`.placement`: beyond the paper, a subnet's latency as its best edge-cloud plan;
 - :mod:`.run`: the stages as the CLI and the benchmark run them.
 
@@ -19,42 +20,33 @@ Experimental: the API may change.
 """
 
 from edgesplit.nas.adaptivenet.blocks import Block, BlockSplit, find_blocks
+from edgesplit.nas.adaptivenet.breed import NearbyBreeder, UniformBreeder
 from edgesplit.nas.adaptivenet.checkpoint import build_supernet, load_supernet, save_supernet
 from edgesplit.nas.adaptivenet.data import ElasticData, cosine, load_elastic_data, top1
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig, elastify
+from edgesplit.nas.adaptivenet.evaluate import (
+    EvalStats,
+    PrefixTree,
+    PrefixTreeEvaluator,
+    measure_reuse,
+)
 from edgesplit.nas.adaptivenet.latency import (
     BLOCK_TABLE_VERSION,
     BlockLatencyTable,
     measure_subnet,
     table_error,
 )
+from edgesplit.nas.adaptivenet.loads import CpuLoad, ManualClock, SimulatedLatency, Slowdown
+from edgesplit.nas.adaptivenet.monitor import LatencyMonitor, SwitchEvent
 from edgesplit.nas.adaptivenet.placement import JointLatency, SplitChoice, plan_subnet
-from edgesplit.nas.adaptivenet.pool import (
-    AdaptiveRunner,
-    CpuLoad,
-    LatencyMonitor,
-    ManualClock,
-    PoolEntry,
-    PoolFileError,
-    Reply,
-    RequestRecord,
-    SimulatedLatency,
-    Slowdown,
-    SubnetPool,
-    SwitchEvent,
-)
+from edgesplit.nas.adaptivenet.pool import PoolEntry, PoolFileError, SubnetPool
 from edgesplit.nas.adaptivenet.prune import channel_groups, prune_channels
+from edgesplit.nas.adaptivenet.runner import AdaptiveRunner, Reply, RequestRecord
 from edgesplit.nas.adaptivenet.search import (
     AdaptiveSearch,
     AnnealingSearch,
-    EvalStats,
     EvolutionBaseline,
-    NearbyBreeder,
-    PrefixTree,
-    PrefixTreeEvaluator,
     SearchStep,
-    UniformBreeder,
-    measure_reuse,
 )
 from edgesplit.nas.adaptivenet.space import Branch, ElasticSpace, SubnetArch, branch_name
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet, Subnet

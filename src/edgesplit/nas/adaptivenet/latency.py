@@ -42,7 +42,7 @@ import torch
 from edgesplit.errors import ConfigError
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.latency import _timing, machine_identity
+from edgesplit.nas.latency import machine_identity, timing_conditions
 
 __all__ = ["BLOCK_TABLE_VERSION", "BlockLatencyTable", "measure_subnet", "space_fingerprint",
            "table_error"]
@@ -176,7 +176,7 @@ class BlockLatencyTable:
         was_training = supernet.training
         supernet.eval()
         try:
-            with _timing(threads):
+            with timing_conditions(threads):
                 for r in range(rounds):
                     for path in _covering_paths(supernet.space, rng):
                         for keep in (False, *[r >= warmup] * (_BURST - 1)):
@@ -363,7 +363,7 @@ def measure_subnet(supernet: ElasticSupernet, arch: Sequence[str],
     subnet = supernet.subnet(arch).eval()
     inputs = tuple(example_inputs)
     samples: list[int] = []
-    with _timing(torch.get_num_threads()):
+    with timing_conditions(torch.get_num_threads()):
         _block(_sync(lambda: subnet(*inputs), inputs[0]), warmup, repeats, samples)
     return statistics.median(samples) / 1e9
 

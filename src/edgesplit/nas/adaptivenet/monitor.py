@@ -1,0 +1,222 @@
+"""The latency monitor of AdaptiveNet's dynamic model update (section 5.3).
+
+:class:`LatencyMonitor`: the ratio ``r = actual / estimated`` latency of the running subnet over
+the last few requests; over budget it picks the most accurate subnet of the
+:class:`~.pool.SubnetPool` within ``T_budget / r``, and when a more accurate subnet fits again
+it switches back up. Each switch is a :class:`SwitchEvent`, with one of the reasons
+:data:`OVER_BUDGET`, :data:`HEADROOM`, :data:`INFEASIBLE` or :data:`MANUAL`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgesplit.errors import ConfigError, InfeasibleError, option
+from edgesplit.nas.adaptivenet._checks import check_budget
+from edgesplit.nas.adaptivenet.pool import PoolEntry, SubnetPool
+from edgesplit.nas.adaptivenet.space import SubnetArch
+
+__all__ = [
+    "HEADROOM",
+    "INFEASIBLE",
+    "MANUAL",
+    "OVER_BUDGET",
+    "LatencyMonitor",
+    "SwitchEvent",
+]
+
+Clock = Callable[[], float]
+
+OVER_BUDGET = "over-budget"
+HEADROOM = "headroom"
+INFEASIBLE = "infeasible"
+MANUAL = "manual"
+
+
+@dataclass(frozen=True)
+class SwitchEvent:
+    """A change of the running subnet: when (monitor clock), from and to which subnet, the
+    latency ratio ``r`` that decided it, why (``over-budget``, ``headroom``: a more accurate
+    subnet fits again, ``infeasible``: nothing fits, so the fastest, or ``manual``) and after
+    how many observed requests (``request``, counted by the monitor from 1)."""
+
+    time_s: float
+    from_arch: SubnetArch
+    to_arch: SubnetArch
+    r: float
+    reason: str
+    request: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_s": self.time_s, "from": list(self.from_arch), "to": list(self.to_arch),
+                "r": self.r, "reason": self.reason, "request": self.request}
+
+
+class LatencyMonitor:
+    """Decides when to switch subnets from the measured latency of the running one.
+
+    Each :meth:`observe` adds ``measured / estimated`` of the running subnet; once ``window``
+    requests have been seen since the last switch, ``r`` is their median (one slow outlier
+    does not switch). Over budget (``r * estimated > budget * (1 + tolerance)``) it switches to
+    the most accurate subnet within ``budget / r`` (the fastest one if none fits, and
+    :attr:`needs_search` says the pool cannot serve this load). Otherwise it switches up to the
+    most accurate subnet within ``budget * (1 - headroom) / r`` (within ``budget`` at least,
+    once ``r <= 1``: the search's own choices) if that is more accurate than the running one:
+    the paper's "actual latency smaller than the largest relative latency in the pool". A
+    subnet switched to fits ``budget / r`` and the next more accurate one does not, so ``r``
+    must fall by ``1 - headroom`` to switch up and then rise by ``(1 + tolerance) /
+    (1 - headroom)`` to switch down again: a dead band against flapping.
+
+    That holds while the estimates are right up to one factor and ``r`` is steady. Where they
+    are not (a subnet slower than its estimate says, or noise around the threshold), a switch
+    up is soon undone: one undone within ``backoff_s`` failed, and for ``backoff_s`` no switch
+    up goes to a subnet as slow as the one that failed; each consecutive failure doubles that
+    time (at most ``max_backoff_s``), so a wrong estimate costs a few switches, not a flap per
+    window. Switching down is never held back.
+
+    After a switch the window starts empty, so at least ``window`` requests (plus the
+    cooldowns ``cooldown_requests`` and ``cooldown_s``) run before the next one. ``clock``
+    (seconds) stamps the events; tests inject a :class:`~.loads.ManualClock`.
+    """
+
+    def __init__(self, pool: SubnetPool, *, budget_s: float | None = None, window: int = 5,
+                 tolerance: float = 0.1, headroom: float = 0.1, cooldown_requests: int = 0,
+                 cooldown_s: float = 0.0, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
+                 start: Sequence[str] | None = None, clock: Clock = time.perf_counter) -> None:
+        self.pool = pool
+        self.budget_s, _ = check_budget(pool.budget_s if budget_s is None else budget_s, None)
+        _check_monitor(window, tolerance, headroom, cooldown_requests,
+                       {"cooldown_s": cooldown_s, "backoff_s": backoff_s,
+                        "max_backoff_s": max_backoff_s})
+        self.window, self.tolerance, self.headroom = window, tolerance, headroom
+        self.cooldown_requests, self.cooldown_s = cooldown_requests, cooldown_s
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.clock = clock
+        self._current = pool.optimal if start is None else pool.entry(start)
+        self._ratios: deque[float] = deque(maxlen=window)
+        self.observed = 0
+        self._switched_at: tuple[int, float] | None = None  # (observed, time) of the last
+        self._trial_until: float | None = None  # a switch up undone before this failed
+        self._failures = 0  # consecutive failed switches up
+        self._ceiling: tuple[float, float] | None = None  # (latency, until): no switch up to it
+        self.needs_search = False
+
+    @property
+    def current(self) -> PoolEntry:
+        """The subnet the monitor believes is running."""
+        return self._current
+
+    @property
+    def ratio(self) -> float | None:
+        """``r`` over the current window (None until it is full)."""
+        if len(self._ratios) < self.window:
+            return None
+        return statistics.median(self._ratios)
+
+    def reset(self, arch: Sequence[str] | None = None) -> None:
+        """Forget the window (and run ``arch`` from now on, if given: a manual switch)."""
+        if arch is not None:
+            self._current = self.pool.entry(arch)
+        self._ratios.clear()
+        self._trial_until = None
+
+    def observe(self, latency_s: float, *, arch: Sequence[str] | None = None
+                ) -> SwitchEvent | None:
+        """Record one request's measured latency; the switch to make before the next request,
+        if any (the monitor then already counts the new subnet as running). A measurement of
+        another subnet than the current one (``arch``) is stale and ignored."""
+        if arch is not None and tuple(arch) != self._current.arch:
+            return None
+        if not (math.isfinite(latency_s) and latency_s >= 0):
+            raise ConfigError(f"a measured latency must be finite and >= 0, got {latency_s!r}")
+        self.observed += 1
+        self._ratios.append(latency_s / self._current.latency_s)
+        r = self.ratio
+        if r is None:
+            return None
+        now = self.clock()
+        if self._cooling(now):
+            return None
+        target, reason = self._decide(r, now)
+        self._judge_trial(reason if target is not None else None, now)
+        if target is None:
+            return None
+        event = SwitchEvent(now, self._current.arch, target.arch, r, reason, self.observed)
+        if reason == HEADROOM:
+            self._trial_until = now + self._hold(self._failures)
+        self._current = target
+        self._ratios.clear()  # the next subnet's ratio needs its own evidence
+        self._switched_at = (self.observed, now)
+        return event
+
+    def _cooling(self, now: float) -> bool:
+        if self._switched_at is None:
+            return False
+        count, at = self._switched_at
+        return self.observed - count < self.cooldown_requests or now - at < self.cooldown_s
+
+    def _hold(self, failures: int) -> float:
+        return min(self.backoff_s * 2 ** failures, self.max_backoff_s)
+
+    def _judge_trial(self, reason: str | None, now: float) -> None:
+        """Did the last switch up hold (for as long as the next failure would hold back)?"""
+        if self._trial_until is None:
+            return
+        if reason in (OVER_BUDGET, INFEASIBLE) and now < self._trial_until:
+            self._ceiling = (self._current.latency_s, now + self._hold(self._failures))
+            self._failures += 1
+            self._trial_until = None
+        elif now >= self._trial_until:
+            self._trial_until = None
+            if self._ceiling is None or self._current.latency_s >= self._ceiling[0]:
+                # Only a subnet as slow as the one that failed proves the load has gone; one
+                # below it holding says nothing about the next try.
+                self._failures, self._ceiling = 0, None
+
+    def _decide(self, r: float, now: float) -> tuple[PoolEntry | None, str]:
+        current = self._current
+        if r * current.latency_s > self.budget_s * (1 + self.tolerance):
+            try:
+                target = self.pool.pick(self.budget_s / r)
+                self.needs_search = False
+            except InfeasibleError:
+                # The paper searches again here; until then the fastest subnet is the best bet.
+                target, self.needs_search = self.pool.fastest, True
+                return (None if target == current else target), INFEASIBLE
+            return target, OVER_BUDGET
+        self.needs_search = False
+        limit = self.budget_s * (1 - self.headroom) / r
+        if r <= 1:  # no slower than estimated: the search's own choices within budget fit
+            limit = max(limit, self.budget_s)
+        ceiling = math.inf
+        if self._ceiling is not None and now < self._ceiling[1]:
+            ceiling = self._ceiling[0]
+        fitting = [e for e in self.pool if e.latency_s <= limit and e.latency_s < ceiling]
+        better = max(fitting, key=lambda e: (e.accuracy, -e.latency_s), default=None)
+        if better is None or better.accuracy <= current.accuracy:
+            return None, HEADROOM
+        return better, HEADROOM
+
+
+def _check_monitor(window: Any, tolerance: Any, headroom: Any, cooldown_requests: Any,
+                   seconds: Mapping[str, Any]) -> None:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConfigError(f"{option('window', window)} must be a whole number of requests >= 1")
+    if not (isinstance(tolerance, int | float) and 0 <= tolerance < math.inf):
+        raise ConfigError(f"{option('tolerance', tolerance)} must be a fraction >= 0 (how far "
+                          "over budget the latency may go before switching down)")
+    if not (isinstance(headroom, int | float) and 0 <= headroom < 1):
+        raise ConfigError(f"{option('headroom', headroom)} must be a fraction in [0, 1) (the "
+                          "margin a faster load must leave before switching up)")
+    if not isinstance(cooldown_requests, int) or cooldown_requests < 0:
+        raise ConfigError(f"{option('cooldown_requests', cooldown_requests)} must be a whole "
+                          "number >= 0")
+    for name, value in seconds.items():
+        if not (isinstance(value, int | float) and 0 <= value < math.inf):
+            raise ConfigError(f"{option(name, value)} must be seconds >= 0")
