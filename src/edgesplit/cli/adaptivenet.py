@@ -5,11 +5,15 @@ of searched subnets, switching when the measured latency drifts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from edgesplit.cli._app import emit_json, err, out, user_errors
 from edgesplit.cli.nas import nas_app, progress_bar
+
+if TYPE_CHECKING:
+    from edgesplit.plan.cost import EdgeCloudSetting
 
 __all__ = ["adaptivenet_app"]
 
@@ -83,3 +87,128 @@ def elastify(
                               training["task"]))
     err.print(f"supernet written to {out_dir}; search it on this device with `edgesplit nas "
               f"adaptivenet search {out_dir} --budget 0.6`")
+
+
+def _setting(edge: str | None, cloud: str | None, link: str | None
+             ) -> EdgeCloudSetting | None:
+    """The edge-cloud setting of a joint search, or None for a search on this device."""
+    from edgesplit.errors import ConfigError
+    from edgesplit.hardware.catalog import resolve_device, resolve_link
+    from edgesplit.plan.cost import EdgeCloudSetting
+
+    given = [v is not None for v in (edge, cloud, link)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ConfigError("a joint subnet + split search needs --edge, --cloud and --link "
+                          "together (or none of them to search for this device alone)")
+    assert edge is not None and cloud is not None and link is not None
+    return EdgeCloudSetting(edge=resolve_device(edge), cloud=resolve_device(cloud),
+                            link=resolve_link(link))
+
+
+@adaptivenet_app.command("search")
+@user_errors
+def search(
+    supernet: Path = typer.Argument(..., help="Folder written by `elastify`."),
+    budget: float | None = typer.Option(None, "--budget",
+                                        help="Latency budget as a fraction of the pretrained "
+                                             "model's (default 0.6)."),
+    budget_ms: float | None = typer.Option(None, "--budget-ms", help="Absolute budget (ms)."),
+    delta: float = typer.Option(0.1, "--delta",
+                                help="Half-width of the band NearbyInit/Mutate keep "
+                                     "candidates in, as a fraction of the budget."),
+    edge: str | None = typer.Option(None, "--edge", help="Joint search: the edge device."),
+    cloud: str | None = typer.Option(None, "--cloud", help="Joint search: the cloud device."),
+    link: str | None = typer.Option(None, "--link", help="Joint search: the link."),
+    population: int = typer.Option(20, "--population", min=2),
+    iterations: int = typer.Option(10, "--iterations", min=0),
+    max_depth: int = typer.Option(4, "--max-depth", min=1,
+                                  help="Most prefix features cached at once."),
+    reuse: bool = typer.Option(True, "--reuse/--no-reuse",
+                               help="Reuse shared prefixes' features (Algorithm 1)."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Batch size latency is measured at."),
+    repeats: int = typer.Option(20, "--repeats", min=1, help="Profiling rounds."),
+    seed: int = typer.Option(0, "--seed"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o",
+                                        help="Folder for search.json, pool.json, the latency "
+                                             "table, model.pt2 and plan.json."),
+    plot: Path | None = typer.Option(None, "--plot",
+                                     help="Write the accuracy/latency plot of the search."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Search SUPERNET on this device under a latency budget (block latency table profiled
+    here), or jointly with its edge-cloud split (--edge/--cloud/--link); --out writes the best
+    subnet as a model + plan `edgesplit serve` runs, and the pool `serve` switches within."""
+    from edgesplit.nas.adaptivenet.run import search_device
+
+    setting = _setting(edge, cloud, link)
+    with progress_bar(f"AdaptiveNet search of {supernet}") as progress:
+        run = search_device(supernet, budget=budget, budget_ms=budget_ms, delta=delta,
+                            setting=setting, population=population, iterations=iterations,
+                            max_depth=max_depth, reuse=reuse, batch=batch, repeats=repeats,
+                            seed=seed, out=out_dir, progress=progress)
+    doc = {"version": 1, **run.summary}
+    if plot is not None:
+        from edgesplit.report.plots import plot_search_front
+
+        points = [{"latency_ms": h["latency_ms"], "accuracy": h["accuracy"]}
+                  for h in doc["history"]]
+        front = [{"latency_ms": e["latency_s"] * 1000, "accuracy": e["accuracy"]}
+                 for e in doc["pool"]]
+        marks = [{"method": "held out", "label": name, "latency_ms": doc[name]["latency_ms"],
+                  "accuracy": doc[name]["test_accuracy"]} for name in ("best", "original")]
+        plot_search_front(points, front, plot, baselines=marks,
+                          title=f"AdaptiveNet search of {doc['model']}, budget "
+                                f"{doc['budget_ms']:.3g} ms", searched_on="search data",
+                          xlabel="predicted latency (ms, log)",
+                          ylabel=f"accuracy ({doc['metric']})")
+    if as_json:
+        emit_json(doc)
+        return
+    from edgesplit.report.adaptivenet_tables import search_table
+
+    out.print(search_table(doc))
+    if out_dir is not None:
+        err.print(f"best subnet and plan written to {out_dir}; watch it switch with `edgesplit "
+                  f"nas adaptivenet serve {out_dir}`")
+
+
+@adaptivenet_app.command("serve")
+@user_errors
+def serve(
+    folder: Path = typer.Argument(..., help="Folder written by `search --out`."),
+    requests: int = typer.Option(600, "--requests", min=10),
+    load: str = typer.Option("cpu", "--load",
+                             help="cpu (background processes) or slowdown (each request "
+                                  "sleeps to --factor times its compute: deterministic)."),
+    processes: int = typer.Option(2, "--processes", min=1, help="Background processes."),
+    factor: float = typer.Option(3.0, "--factor", help="Slowdown factor."),
+    load_from: float = typer.Option(0.3, "--load-from",
+                                    help="Load starts at this fraction of the requests."),
+    load_until: float = typer.Option(0.7, "--load-until",
+                                     help="Load stops at this fraction of the requests."),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads while serving."),
+    plot: Path | None = typer.Option(None, "--plot",
+                                     help="Write the latency timeline with the switches."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Serve requests with the searched pool, inject a load, and switch subnets when the
+    measured latency drifts (the paper's dynamic model update)."""
+    from edgesplit.nas.adaptivenet.run import serve_pool
+
+    with progress_bar(f"AdaptiveNet serving {folder}") as progress:
+        doc = serve_pool(folder, requests=requests, load_from=load_from, load_until=load_until,
+                         load=load, processes=processes, factor=factor, threads=threads,
+                         progress=progress)
+    doc = {"version": 1, **doc}
+    if plot is not None:
+        from edgesplit.report.plots import plot_switching
+
+        plot_switching(doc, plot, title=f"AdaptiveNet switching under a {load} load")
+    if as_json:
+        emit_json(doc)
+        return
+    from edgesplit.report.adaptivenet_tables import switching_table
+
+    out.print(switching_table(doc))

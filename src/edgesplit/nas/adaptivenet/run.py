@@ -1,24 +1,51 @@
 """AdaptiveNet's stages as the CLI and the benchmark run them.
 
-``elastify_model(model, ...)``: on the cloud, elastify a pretrained model, train the added
-branches (distillation, then tuning) and save the supernet with how it was trained (the data
-spec and task, so the device searches on the same kind of data).
+- ``elastify_model(model, ...)``: on the cloud, elastify a pretrained model, train the added
+  branches (distillation, then tuning) and save the supernet with how it was trained (the data
+  spec and task, so the device searches on the same kind of data);
+- ``search_device(folder, ...)``: on the device, profile the block latency table (or, with an
+  edge-cloud setting, price every subnet at its best split), search under the budget with the
+  prefix-tree evaluator, keep the pool, and write the best subnet as ``model.pt2`` + ``plan.json``;
+- ``serve_pool(folder, ...)``: serve requests with the pool's best subnet, switching when the
+  measured latency drifts (a background load or an injected slowdown from a given request on).
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgesplit.nas.adaptivenet.checkpoint import build_supernet, save_supernet
-from edgesplit.nas.adaptivenet.data import ElasticData, load_elastic_data
-from edgesplit.nas.adaptivenet.elastify import ElasticConfig
-from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.adaptivenet.train import ElasticTrainer, latency_range_accuracy
+import torch
 
-__all__ = ["DEFAULT_DATA", "data_for", "elastify_model", "supernet_data"]
+from edgesplit.errors import ConfigError, option
+from edgesplit.nas.adaptivenet.checkpoint import build_supernet, load_supernet, save_supernet
+from edgesplit.nas.adaptivenet.data import ElasticData, batches, load_elastic_data
+from edgesplit.nas.adaptivenet.elastify import ElasticConfig
+from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
+from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
+from edgesplit.nas.adaptivenet.loads import CpuLoad, Slowdown
+from edgesplit.nas.adaptivenet.monitor import LatencyMonitor
+from edgesplit.nas.adaptivenet.placement import JointLatency, plan_subnet
+from edgesplit.nas.adaptivenet.pool import SubnetPool
+from edgesplit.nas.adaptivenet.runner import AdaptiveRunner
+from edgesplit.nas.adaptivenet.search import AdaptiveSearch
+from edgesplit.nas.adaptivenet.space import SubnetArch
+from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
+from edgesplit.nas.adaptivenet.train import (
+    ElasticTrainer,
+    latency_range_accuracy,
+    relative_macs,
+    subnet_accuracy,
+)
+from edgesplit.plan.cost import EdgeCloudSetting
+
+__all__ = ["DEFAULT_DATA", "SearchRun", "data_for", "elastify_model", "search_device",
+           "serve_pool", "supernet_data"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -78,3 +105,307 @@ def elastify_model(model: str, *, input_shape: Sequence[int] | None = None,
     supernet.meta["training"] = training
     return supernet, {**_summary(supernet), "config": supernet.meta["config"],
                       "training": training}
+
+
+# ---- on the device: search ------------------------------------------------------------------
+
+SEARCH_FILE = "search.json"
+POOL_FILE = "pool.json"
+TABLE_FILE = "latency.json"
+MODEL_FILE = "model.pt2"
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class SearchRun:
+    """What ``search_device`` found: the search, the pool, the latency model and a summary."""
+
+    search: AdaptiveSearch
+    pool: SubnetPool
+    table: BlockLatencyTable
+    summary: dict[str, Any]
+
+
+def _latency_model(supernet: ElasticSupernet, example: tuple[torch.Tensor, ...],
+                   setting: EdgeCloudSetting | None, repeats: int,
+                   progress: Progress | None) -> tuple[BlockLatencyTable, JointLatency | None]:
+    if setting is None:
+        return BlockLatencyTable.profile(supernet, example, repeats=repeats,
+                                         progress=progress), None
+    joint = JointLatency(supernet, setting, example)
+    return joint.table(), joint
+
+
+def _budget(table: BlockLatencyTable, original: SubnetArch, budget: float | None,
+            budget_ms: float | None) -> float:
+    if budget_ms is not None:
+        if budget_ms <= 0:
+            raise ConfigError(f"{option('budget_ms', budget_ms)} must be positive")
+        return budget_ms / 1000
+    fraction = 0.6 if budget is None else budget
+    if not 0 < fraction <= 2:
+        raise ConfigError(f"{option('budget', fraction)} is a fraction of the pretrained "
+                          "model's latency, e.g. 0.6")
+    return fraction * table.predict(original)
+
+
+def _plan_setting(setting: EdgeCloudSetting | None) -> EdgeCloudSetting:
+    """A local search's plan: everything on this machine (the edge of a nominal setting)."""
+    if setting is not None:
+        return setting
+    from edgesplit.hardware.catalog import resolve_device, resolve_link
+
+    return EdgeCloudSetting(edge=resolve_device("this-machine"),
+                            cloud=resolve_device("v100-server"), link=resolve_link("wifi"))
+
+
+POOL_LEVELS = (0.7, 0.5, 0.35)  # extra budgets (fractions of the budget) the pool covers
+
+
+def search_device(folder: str | Path, *, budget: float | None = None,
+                  budget_ms: float | None = None, delta: float = 0.1,
+                  setting: EdgeCloudSetting | None = None, population: int = 20,
+                  iterations: int = 10, max_depth: int | None = 4, reuse: bool = True,
+                  batch: int = 1, repeats: int = 20, eval_batch_size: int = 100,
+                  pool_levels: Sequence[float] = POOL_LEVELS, seed: int = 0,
+                  out: str | Path | None = None, progress: Progress | None = None
+                  ) -> SearchRun:
+    """Search the supernet in ``folder`` on this device (see the module docstring).
+
+    ``budget`` is a fraction of the pretrained model's predicted latency (default 0.6, the
+    paper's 60 %); ``budget_ms`` an absolute budget instead; ``delta`` the band half-width as
+    a fraction of the budget; ``batch`` the batch size latency is measured at. The pool the
+    runtime switches within is the accuracy-latency front of this search and of shorter ones
+    at ``pool_levels`` times the budget, so a load that slows the device 3x still finds a
+    subnet in it (the paper searches again in that case).
+    """
+    supernet, doc = load_supernet(folder)
+    training = doc.get("training") or {}
+    data = supernet_data(supernet, training.get("data", "digits"), training.get("task"), seed)
+    example = tuple(x[:batch] for x in data.search[0])
+    table, joint = _latency_model(supernet, example, setting, repeats, progress)
+    budget_s = _budget(table, supernet.space.original, budget, budget_ms)
+    evaluator = PrefixTreeEvaluator(supernet, batches(data.search, eval_batch_size),
+                                    data.metric, max_depth=max_depth, reuse=reuse, table=table)
+    started = time.perf_counter()
+    step = (lambda i, n, best: progress("iteration", i, n)) if progress else None
+    search = AdaptiveSearch(budget_s, delta=delta * budget_s, population=population,
+                            iterations=iterations, seed=seed, progress=step)
+    search.fit(evaluator, table)
+    seconds = time.perf_counter() - started
+    levels = _pool_searches(evaluator, table, budget_s, delta, pool_levels, population,
+                            max(1, iterations // 2), seed)
+    candidates = [*search.evaluated(), *(c for lv in levels for c in lv.evaluated())]
+    pool = SubnetPool.build(candidates, budget_s, None, space=supernet.space,
+                            meta={"model": supernet.meta["model"]})
+    summary = _search_summary(supernet, data, search, table, joint, budget_s, seconds, evaluator)
+    summary["pool"] = [e.to_dict() for e in pool]
+    summary["pool_levels"] = [{"level": lv.budget / budget_s, "budget_ms": lv.budget * 1000,
+                               "evaluated": len(lv.history_),
+                               "best_accuracy": lv.best_accuracy_,
+                               "best_latency_ms": lv.best_latency_ * 1000} for lv in levels]
+    if out is not None:
+        _save_search(Path(out), folder, supernet, search, pool, table, joint, setting, example,
+                     summary)
+    return SearchRun(search, pool, table, summary)
+
+
+def _pool_searches(evaluator: PrefixTreeEvaluator, table: BlockLatencyTable, budget_s: float,
+                   delta: float, levels: Sequence[float], population: int, iterations: int,
+                   seed: int) -> list[AdaptiveSearch]:
+    """Shorter searches at smaller budgets (those no subnet fits are skipped)."""
+    done = []
+    fastest = table.fastest()[1]
+    for level in levels:
+        if not 0 < level < 1:
+            raise ConfigError(f"pool levels are fractions of the budget in (0, 1); got {level}")
+        if budget_s * level < fastest:
+            continue
+        search = AdaptiveSearch(budget_s * level, delta=delta * budget_s * level,
+                                population=population, iterations=iterations, seed=seed)
+        done.append(search.fit(evaluator, table))
+    return done
+
+
+def _arch_row(supernet: ElasticSupernet, data: ElasticData, arch: SubnetArch,
+              latency: float) -> dict[str, Any]:
+    return {"arch": list(arch), "latency_ms": latency * 1000,
+            "relative_macs": relative_macs(supernet, arch),
+            "test_accuracy": subnet_accuracy(supernet, arch, batches(data.test, 100),
+                                             data.metric)}
+
+
+def _search_summary(supernet: ElasticSupernet, data: ElasticData, search: AdaptiveSearch,
+                    table: BlockLatencyTable, joint: JointLatency | None, budget_s: float,
+                    seconds: float, evaluator: PrefixTreeEvaluator) -> dict[str, Any]:
+    best = search.best_arch_
+    original = supernet.space.original
+    summary: dict[str, Any] = {
+        "model": supernet.meta["model"], "task": data.task, "metric": data.task,
+        "latency_model": "joint" if joint is not None else "table",
+        "budget_ms": budget_s * 1000, "delta_ms": search.delta_ * 1000,
+        "evaluated": len(search.history_), "search_seconds": seconds,
+        "evaluation": evaluator.stats.to_dict(),
+        "best": {**_arch_row(supernet, data, best, search.best_latency_),
+                 "search_accuracy": search.best_accuracy_},
+        "original": _arch_row(supernet, data, original, table.predict(original)),
+        "curve": [vars(step) for step in search.curve_],
+        "history": [{"arch": list(c.arch), "latency_ms": c.metrics["latency"] * 1000,
+                     "accuracy": c.metrics["accuracy"], "generation": c.generation}
+                    for c in search.history_],
+    }
+    if joint is not None:
+        split = joint.split(best)
+        summary["split"] = {"edge_blocks": split.edge_blocks, "blocks": len(best),
+                            "edge_ms": split.edge_ms, "transfer_ms": split.transfer_ms,
+                            "cloud_ms": split.cloud_ms, "rtt_ms": split.rtt_ms}
+    return summary
+
+
+def _save_search(out: Path, folder: str | Path, supernet: ElasticSupernet,
+                 search: AdaptiveSearch, pool: SubnetPool, table: BlockLatencyTable,
+                 joint: JointLatency | None, setting: EdgeCloudSetting | None,
+                 example: tuple[torch.Tensor, ...], summary: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    pool.save(out / POOL_FILE)
+    if joint is None:
+        table.save(out / TABLE_FILE)
+    best = search.best_arch_
+    edge_blocks = joint.split(best).edge_blocks if joint is not None else len(best)
+    one = tuple(x[:1] for x in example)
+    _, plan = plan_subnet(supernet, best, _plan_setting(setting), one,
+                          edge_blocks=edge_blocks, model_path=out / MODEL_FILE)
+    plan.save(out / PLAN_FILE)
+    summary["supernet"] = str(Path(folder).resolve())
+    summary["plan"] = {"file": PLAN_FILE, "model": MODEL_FILE,
+                       "predicted_ms": plan.predicted.total_ms}
+    (out / SEARCH_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+# ---- on the device: serve and switch --------------------------------------------------------
+
+def _serving_latencies(supernet: ElasticSupernet, pool: SubnetPool,
+                       inputs: tuple[torch.Tensor, ...], repeats: int) -> dict[SubnetArch, float]:
+    """Each pool subnet's median latency through a static runner: the serving path (thread
+    hand-off included), so the monitor's ``r`` is 1 when nothing else runs."""
+    measured = {}
+    for entry in pool:
+        with AdaptiveRunner(supernet, LatencyMonitor(pool, start=entry.arch),
+                            adapt=False) as runner:
+            for i in range(repeats):
+                runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
+            measured[entry.arch] = statistics.median(r.latency_s for r in runner.records)
+    return measured
+
+
+def _calibrated(pool: SubnetPool, measured: dict[SubnetArch, float]) -> SubnetPool:
+    """The pool at its serving-path latencies, the budget scaled by the optimal subnet's
+    measured / predicted ratio (a tiny model's per-request overhead would otherwise put
+    every subnet over a budget set from tight-loop timings)."""
+    scale = measured[pool.optimal.arch] / pool.optimal.latency_s
+    delta = None if pool.delta_s is None else pool.delta_s * scale
+    return SubnetPool([(e.arch, measured[e.arch], e.accuracy) for e in pool],
+                      pool.budget_s * scale, delta, meta={**pool.meta, "calibrated": scale})
+
+
+def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.3,
+               load_until: float = 0.7, load: str = "cpu", processes: int = 2,
+               factor: float = 3.0, threads: int = 1, calibrate: int = 20,
+               progress: Progress | None = None) -> dict[str, Any]:
+    """Serve ``requests`` single-sample requests with the pool of a search folder, under a
+    load from request ``load_from * requests`` to ``load_until * requests``: ``cpu`` (real
+    background processes) or ``slowdown`` (each request sleeps to ``factor`` times its
+    compute: deterministic). Returns the switch events, reaction and recovery times, and
+    every request (time, latency, subnet) for plots."""
+    if load not in ("cpu", "slowdown"):
+        raise ConfigError(f"{option('load', load)} must be cpu or slowdown")
+    if not 0 <= load_from < load_until <= 1:
+        raise ConfigError(f"need 0 <= {option('load_from', load_from)} < "
+                          f"{option('load_until', load_until)} <= 1 (fractions of the run)")
+    folder = Path(folder)
+    summary = _read_search(folder)
+    supernet, doc = load_supernet(summary["supernet"])
+    pool = SubnetPool.load(folder / POOL_FILE, space=supernet.space)
+    training = doc.get("training") or {}
+    data = supernet_data(supernet, training.get("data", "digits"), training.get("task"))
+    inputs = data.test[0]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if calibrate:
+            pool = _calibrated(pool, _serving_latencies(supernet, pool, inputs, calibrate))
+        return _serve(supernet, pool, inputs, requests, (load_from, load_until), load,
+                      processes, factor, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _read_search(folder: Path) -> dict[str, Any]:
+    path = folder / SEARCH_FILE
+    if not path.is_file():
+        raise ConfigError(f"{folder} holds no search result ({SEARCH_FILE} is missing); run "
+                          "`edgesplit nas adaptivenet search SUPERNET --out DIR` first")
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc})") from None
+    if not isinstance(summary, dict) or "supernet" not in summary:
+        raise ConfigError(f"{path} does not name its supernet; search again with --out")
+    return summary
+
+
+def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
+             count: int = 10) -> None:
+    """A few requests on a fresh worker thread (its first calls are slow), then back to the
+    optimal subnet, so the run starts where the search left it."""
+    for i in range(count):
+        runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
+    runner.switch_to(pool.optimal.arch)
+    runner(*(x[:1] for x in inputs))
+
+
+def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tensor, ...],
+           requests: int, window: tuple[float, float], load: str, processes: int,
+           factor: float, progress: Progress | None) -> dict[str, Any]:
+    slowdown = Slowdown(1.0) if load == "slowdown" else None
+    cpu = CpuLoad(processes).prepare() if load == "cpu" else None
+    first, last = int(window[0] * requests), int(window[1] * requests)
+    monitor = LatencyMonitor(pool)
+    marks: dict[str, float] = {}
+    try:
+        with AdaptiveRunner(supernet, monitor, hook=slowdown) as runner:
+            _warm_up(runner, inputs, pool)
+            marks["start"] = monitor.clock()
+            for i in range(requests):
+                if i in (first, last):
+                    on = i == first
+                    marks["load_on" if on else "load_off"] = monitor.clock()
+                    if slowdown is not None:
+                        slowdown.set(factor if on else 1.0)
+                    elif cpu is not None:
+                        (cpu.resume if on else cpu.pause)()
+                n = len(inputs[0])
+                runner(*(x[i % n:i % n + 1] for x in inputs))
+                if progress is not None and (i + 1) % 20 == 0:
+                    progress("requests", i + 1, requests)
+            records = [r for r in runner.records if r.start_s >= marks["start"]]
+            events = [e for e in runner.events if e.time_s >= marks["start"]]
+            reaction = runner.reaction_time(marks["load_on"])
+            recovery = runner.recovery_time(marks["load_on"])
+            back = runner.reaction_time(marks.get("load_off", float("inf")))
+    finally:
+        if cpu is not None:
+            cpu.stop()
+    start = marks["start"]
+    return {
+        "load": load, "processes": processes if load == "cpu" else 0,
+        "factor": factor if load == "slowdown" else None, "requests": requests,
+        "budget_ms": pool.budget_s * 1000,
+        "pool": [e.to_dict() for e in pool],
+        "load_on_s": marks["load_on"] - start, "load_off_s": marks.get("load_off", start) - start,
+        "reaction_s": reaction, "recovery_s": recovery, "switch_back_s": back,
+        "events": [{**e.to_dict(), "time_s": e.time_s - start} for e in events],
+        "records": [{"start_s": r.start_s - start, "latency_ms": r.latency_s * 1000,
+                     "arch": list(r.arch)} for r in records],
+        "over_budget": sum(r.latency_s > pool.budget_s for r in records),
+    }

@@ -1,9 +1,11 @@
 """PNG figures, one module per domain: ``plan`` (link sweeps, cut breakdowns, assignments,
 Pareto fronts), ``hardware`` (profiles), ``train`` (L2S and split training), ``nas``
-(searches). This package re-exports them all, so ``from edgesplit.report.plots import
+(searches), ``adaptivenet`` (search efficiency, switching under load). This package
+re-exports them all, so ``from edgesplit.report.plots import
 plot_pareto`` keeps working."""
 
 from edgesplit.report.plots._figure import DPI, short_layer_name
+from edgesplit.report.plots.adaptivenet import plot_search_efficiency, plot_switching
 from edgesplit.report.plots.hardware import plot_profile
 from edgesplit.report.plots.nas import (
     plot_accuracy_latency,
@@ -30,8 +32,10 @@ __all__ = [
     "plot_link_sweep",
     "plot_pareto",
     "plot_profile",
+    "plot_search_efficiency",
     "plot_search_front",
     "plot_search_progress",
+    "plot_switching",
     "plot_train_split",
     "short_layer_name",
 ]

@@ -74,7 +74,9 @@ def plot_accuracy_latency(points: Sequence[Mapping[str, Any]], path: str | Path,
 
 def plot_search_front(candidates: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],
                       path: str | Path, *, baselines: Sequence[Mapping[str, Any]] = (),
-                      title: str = "", searched_on: str = "validation") -> Path:
+                      title: str = "", searched_on: str = "validation",
+                      xlabel: str = "latency T_sen + T_comm + T_agg (ms, log)",
+                      ylabel: str = "top-1 (%)") -> Path:
     """Accuracy against latency of every candidate an evolutionary search evaluated (grey),
     its Pareto front (a line), both as the search scored them (``searched_on``), and optional
     points measured elsewhere (``method``, ``latency_ms``, ``accuracy``, ``label``: baselines
@@ -99,8 +101,8 @@ def plot_search_front(candidates: Sequence[Mapping[str, Any]], front: Sequence[M
                 ax.annotate(str(b["label"]), (b["latency_ms"], b["accuracy"]), fontsize=7,
                             xytext=(4, 4), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("latency T_sen + T_comm + T_agg (ms, log)")
-    ax.set_ylabel("top-1 (%)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "accuracy vs latency", fontsize=10)

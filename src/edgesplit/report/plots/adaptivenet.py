@@ -1,0 +1,69 @@
+"""Figures of AdaptiveNet: search efficiency (the paper's Fig. 12: best accuracy against
+subnets evaluated, one curve per search method) and switching under load (Fig. 13: each
+request's latency over time, the subnet serving it, the budget and the load)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from edgesplit.errors import ConfigError
+from edgesplit.report.plots._figure import _COLORS, _MARKERS, _new_figure, _save
+
+__all__ = ["plot_search_efficiency", "plot_switching"]
+
+
+def plot_search_efficiency(curves: Mapping[str, Sequence[Mapping[str, Any]]],
+                           path: str | Path, *, target: float | None = None,
+                           title: str = "") -> Path:
+    """Best accuracy within the budget against subnets evaluated; ``curves`` maps a method
+    to its steps (``evaluated``, ``best_accuracy``); ``target`` dashed."""
+    if not curves:
+        raise ConfigError("no search curves to plot")
+    fig = _new_figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    for i, (method, steps) in enumerate(curves.items()):
+        points = [(s["evaluated"], s["best_accuracy"]) for s in steps
+                  if s.get("best_accuracy") is not None]
+        if points:
+            ax.step([p[0] for p in points], [p[1] for p in points], where="post",
+                    color=_COLORS[i % len(_COLORS)], label=method)
+            ax.scatter([p[0] for p in points], [p[1] for p in points], s=10,
+                       color=_COLORS[i % len(_COLORS)], marker=_MARKERS[i % len(_MARKERS)])
+    if target is not None:
+        ax.axhline(target, color="0.4", linestyle="--", linewidth=1, label="target")
+    ax.set_xlabel("subnets evaluated")
+    ax.set_ylabel("best accuracy within the budget")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "search efficiency", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_switching(doc: Mapping[str, Any], path: str | Path, *, title: str = "") -> Path:
+    """Each request's latency against time, coloured by the pool subnet serving it, with the
+    budget, the load period shaded and the switches marked (a ``serve_pool`` document)."""
+    records = doc.get("records") or []
+    if not records:
+        raise ConfigError("no requests to plot")
+    order = {tuple(e["arch"]): i for i, e in enumerate(doc["pool"])}
+    fig = _new_figure(9.0, 4.8)
+    ax = fig.add_subplot()
+    ax.axvspan(doc["load_on_s"], doc["load_off_s"], color="0.9", label="load")
+    for arch, index in order.items():
+        mine = [r for r in records if tuple(r["arch"]) == arch]
+        if mine:
+            ax.scatter([r["start_s"] for r in mine], [r["latency_ms"] for r in mine], s=6,
+                       color=_COLORS[index % len(_COLORS)],
+                       label=f"subnet {index} ({len(mine)} requests)")
+    for event in doc.get("events") or []:
+        ax.axvline(event["time_s"], color="0.3", linewidth=0.8, linestyle=":")
+    ax.axhline(doc["budget_ms"], color="black", linestyle="--", linewidth=1, label="budget")
+    ax.set_yscale("log")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("request latency (ms, log)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title or "switching under load", fontsize=10)
+    return _save(fig, path)
