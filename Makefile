@@ -36,6 +36,12 @@ demo: $(STAMP)
 		--out .demo/splitnets
 	$(VENV)/bin/edgesplit nas splitnets search .demo/splitnets --sensor-memory 128KiB \
 		--population 12 --generations 3 --save-front 1 --out .demo/splitnets/search
+	$(VENV)/bin/edgesplit nas adaptivenet elastify digits_cnn --distill-epochs 4 \
+		--tune-epochs 4 --out .demo/adaptivenet
+	$(VENV)/bin/edgesplit nas adaptivenet search .demo/adaptivenet --budget 0.6 \
+		--population 10 --iterations 4 --out .demo/adaptivenet/search
+	$(VENV)/bin/edgesplit nas adaptivenet serve .demo/adaptivenet/search --load slowdown \
+		--factor 4 --requests 300
 
 # The static checks (lint, below) run first, so CI fails on a ruff or mypy finding before the
 # tests start. mypy's first run (cold cache, e.g. a fresh CI machine) takes ~40 s.
@@ -61,6 +67,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_hostile.py
 	$(PY) benchmarks/bench_nas_jmsnas.py
 	$(PY) benchmarks/bench_nas_splitnets.py
+	$(PY) benchmarks/bench_nas_adaptivenet.py
 
 # 500,000 mutated wire messages through the decoder (a few minutes): every one must raise
 # WireError or decode as its header says, within 4x its declared size and 100 ms.
