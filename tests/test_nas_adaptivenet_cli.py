@@ -182,8 +182,6 @@ def test_serve_plot_and_search_plot_are_pngs(local_search, tmp_path):
     assert plot.stat().st_size > 0 and plot.read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.xfail(strict=True, reason="run._serve never marks load_off when --load-until 1 "
-                   "(the load lasts to the end): load_off_s is reported as 0, before load_on_s")
 def test_a_load_to_the_end_of_the_run_ends_after_it_starts(local_search):
     out, _, _ = local_search
     doc = _invoke("serve", str(out), "--load", "slowdown", "--requests", "20", "--load-from",

@@ -23,6 +23,15 @@ adaptivenet_app = typer.Typer(no_args_is_help=True,
 nas_app.add_typer(adaptivenet_app, name="adaptivenet")
 
 
+def _threads(threads: int | None) -> None:
+    """Set torch's thread count for this command (a busy machine's cores are better left to
+    one thread than fought over by two)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def _fractions(text: str) -> tuple[float, ...]:
     from edgesplit.errors import ConfigError
 
@@ -59,6 +68,8 @@ def elastify(
     lr: float = typer.Option(3e-3, "--lr", help="Distillation learning rate (Adam)."),
     tune_lr: float = typer.Option(1e-3, "--tune-lr", help="Tuning learning rate (Adam)."),
     seed: int = typer.Option(0, "--seed"),
+    threads: int | None = typer.Option(None, "--threads", min=1,
+                                       help="torch threads (default: torch's)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Elastify MODEL into a supernet (merged and shrunk branches), train the new branches
@@ -72,6 +83,7 @@ def elastify(
     trainer = ElasticTrainer(distill_epochs=distill_epochs, tune_epochs=tune_epochs,
                              batch_size=batch_size, lr=lr, tune_lr=tune_lr, seed=seed)
     shape = parse_shape(input_shape) if input_shape else None
+    _threads(threads)
     with progress_bar(f"AdaptiveNet {model}") as progress:
         _, doc = elastify_model(model, input_shape=shape, config=config, data=data, task=task,
                                 trainer=trainer, out=out_dir, progress=progress, seed=seed)
@@ -130,6 +142,8 @@ def search(
     batch: int = typer.Option(1, "--batch", min=1, help="Batch size latency is measured at."),
     repeats: int = typer.Option(20, "--repeats", min=1, help="Profiling rounds."),
     seed: int = typer.Option(0, "--seed"),
+    threads: int | None = typer.Option(None, "--threads", min=1,
+                                       help="torch threads (default: torch's)."),
     out_dir: Path | None = typer.Option(None, "--out", "-o",
                                         help="Folder for search.json, pool.json, the latency "
                                              "table, model.pt2 and plan.json."),
@@ -143,6 +157,7 @@ def search(
     from edgesplit.nas.adaptivenet.run import search_device
 
     setting = _setting(edge, cloud, link)
+    _threads(threads)
     with progress_bar(f"AdaptiveNet search of {supernet}") as progress:
         run = search_device(supernet, budget=budget, budget_ms=budget_ms, delta=delta,
                             setting=setting, population=population, iterations=iterations,

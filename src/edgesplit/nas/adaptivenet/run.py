@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from edgesplit.errors import ConfigError, option
+from edgesplit.errors import ConfigError, InfeasibleError, option
 from edgesplit.nas.adaptivenet.checkpoint import build_supernet, load_supernet, save_supernet
 from edgesplit.nas.adaptivenet.data import ElasticData, batches, load_elastic_data
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig
@@ -149,6 +149,17 @@ def _budget(table: BlockLatencyTable, original: SubnetArch, budget: float | None
     return fraction * table.predict(original)
 
 
+def _check_fits(table: BlockLatencyTable, original: SubnetArch, budget_s: float) -> None:
+    fastest, seconds = table.fastest()
+    if seconds > budget_s:
+        least = seconds / table.predict(original)
+        raise InfeasibleError(
+            f"no subnet fits the budget of {budget_s * 1e3:.4g} ms: the fastest, "
+            f"{'-'.join(fastest)}, takes {seconds * 1e3:.4g} ms (predicted); give "
+            f"{option('budget_ms')} {seconds * 1e3:.4g} or more, or {option('budget')} "
+            f"{least:.2f} or more (a fraction of the pretrained model's latency)")
+
+
 def _plan_setting(setting: EdgeCloudSetting | None) -> EdgeCloudSetting:
     """A local search's plan: everything on this machine (the edge of a nominal setting)."""
     if setting is not None:
@@ -185,6 +196,7 @@ def search_device(folder: str | Path, *, budget: float | None = None,
     example = tuple(x[:batch] for x in data.search[0])
     table, joint = _latency_model(supernet, example, setting, repeats, progress)
     budget_s = _budget(table, supernet.space.original, budget, budget_ms)
+    _check_fits(table, supernet.space.original, budget_s)
     evaluator = PrefixTreeEvaluator(supernet, batches(data.search, eval_batch_size),
                                     data.metric, max_depth=max_depth, reuse=reuse, table=table)
     started = time.perf_counter()
@@ -198,15 +210,17 @@ def search_device(folder: str | Path, *, budget: float | None = None,
     candidates = [*search.evaluated(), *(c for lv in levels for c in lv.evaluated())]
     pool = SubnetPool.build(candidates, budget_s, None, space=supernet.space,
                             meta={"model": supernet.meta["model"]})
-    summary = _search_summary(supernet, data, search, table, joint, budget_s, seconds, evaluator)
+    # what is deployed is the pool's optimum: the most accurate subnet within the budget of
+    # every search (a smaller-budget search may find one the main search missed)
+    summary = _search_summary(supernet, data, search, pool, table, joint, budget_s, seconds,
+                              evaluator)
     summary["pool"] = [e.to_dict() for e in pool]
     summary["pool_levels"] = [{"level": lv.budget / budget_s, "budget_ms": lv.budget * 1000,
                                "evaluated": len(lv.history_),
                                "best_accuracy": lv.best_accuracy_,
                                "best_latency_ms": lv.best_latency_ * 1000} for lv in levels]
     if out is not None:
-        _save_search(Path(out), folder, supernet, search, pool, table, joint, setting, example,
-                     summary)
+        _save_search(Path(out), folder, supernet, pool, table, joint, setting, example, summary)
     return SearchRun(search, pool, table, summary)
 
 
@@ -236,9 +250,10 @@ def _arch_row(supernet: ElasticSupernet, data: ElasticData, arch: SubnetArch,
 
 
 def _search_summary(supernet: ElasticSupernet, data: ElasticData, search: AdaptiveSearch,
-                    table: BlockLatencyTable, joint: JointLatency | None, budget_s: float,
-                    seconds: float, evaluator: PrefixTreeEvaluator) -> dict[str, Any]:
-    best = search.best_arch_
+                    pool: SubnetPool, table: BlockLatencyTable, joint: JointLatency | None,
+                    budget_s: float, seconds: float, evaluator: PrefixTreeEvaluator
+                    ) -> dict[str, Any]:
+    best = pool.optimal.arch
     original = supernet.space.original
     summary: dict[str, Any] = {
         "model": supernet.meta["model"], "task": data.task, "metric": data.task,
@@ -246,8 +261,11 @@ def _search_summary(supernet: ElasticSupernet, data: ElasticData, search: Adapti
         "budget_ms": budget_s * 1000, "delta_ms": search.delta_ * 1000,
         "evaluated": len(search.history_), "search_seconds": seconds,
         "evaluation": evaluator.stats.to_dict(),
-        "best": {**_arch_row(supernet, data, best, search.best_latency_),
-                 "search_accuracy": search.best_accuracy_},
+        "best": {**_arch_row(supernet, data, best, pool.optimal.latency_s),
+                 "search_accuracy": pool.optimal.accuracy},
+        "search_best": {"arch": list(search.best_arch_),
+                        "latency_ms": search.best_latency_ * 1000,
+                        "search_accuracy": search.best_accuracy_},
         "original": _arch_row(supernet, data, original, table.predict(original)),
         "curve": [vars(step) for step in search.curve_],
         "history": [{"arch": list(c.arch), "latency_ms": c.metrics["latency"] * 1000,
@@ -263,14 +281,14 @@ def _search_summary(supernet: ElasticSupernet, data: ElasticData, search: Adapti
 
 
 def _save_search(out: Path, folder: str | Path, supernet: ElasticSupernet,
-                 search: AdaptiveSearch, pool: SubnetPool, table: BlockLatencyTable,
+                 pool: SubnetPool, table: BlockLatencyTable,
                  joint: JointLatency | None, setting: EdgeCloudSetting | None,
                  example: tuple[torch.Tensor, ...], summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pool.save(out / POOL_FILE)
     if joint is None:
         table.save(out / TABLE_FILE)
-    best = search.best_arch_
+    best = pool.optimal.arch
     edge_blocks = joint.split(best).edge_blocks if joint is not None else len(best)
     one = tuple(x[:1] for x in example)
     _, plan = plan_subnet(supernet, best, _plan_setting(setting), one,
@@ -354,6 +372,15 @@ def _read_search(folder: Path) -> dict[str, Any]:
     return summary
 
 
+def _switch_load(on: bool, slowdown: Slowdown | None, cpu: CpuLoad | None, factor: float,
+                 marks: dict[str, float], now: float) -> None:
+    marks["load_on" if on else "load_off"] = now
+    if slowdown is not None:
+        slowdown.set(factor if on else 1.0)
+    elif cpu is not None:
+        (cpu.resume if on else cpu.pause)()
+
+
 def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
              count: int = 10) -> None:
     """A few requests on a fresh worker thread (its first calls are slow), then back to the
@@ -370,6 +397,9 @@ def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tens
     slowdown = Slowdown(1.0) if load == "slowdown" else None
     cpu = CpuLoad(processes).prepare() if load == "cpu" else None
     first, last = int(window[0] * requests), int(window[1] * requests)
+    if first >= last:
+        raise ConfigError(f"the load window {window[0]}-{window[1]} of {requests} requests "
+                          f"holds no request; widen it or serve more {option('requests')}")
     monitor = LatencyMonitor(pool)
     marks: dict[str, float] = {}
     try:
@@ -378,21 +408,18 @@ def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tens
             marks["start"] = monitor.clock()
             for i in range(requests):
                 if i in (first, last):
-                    on = i == first
-                    marks["load_on" if on else "load_off"] = monitor.clock()
-                    if slowdown is not None:
-                        slowdown.set(factor if on else 1.0)
-                    elif cpu is not None:
-                        (cpu.resume if on else cpu.pause)()
+                    _switch_load(i == first, slowdown, cpu, factor, marks, monitor.clock())
                 n = len(inputs[0])
                 runner(*(x[i % n:i % n + 1] for x in inputs))
                 if progress is not None and (i + 1) % 20 == 0:
                     progress("requests", i + 1, requests)
+            if "load_off" not in marks:  # the load ran to the end of the run
+                _switch_load(False, slowdown, cpu, factor, marks, monitor.clock())
             records = [r for r in runner.records if r.start_s >= marks["start"]]
             events = [e for e in runner.events if e.time_s >= marks["start"]]
             reaction = runner.reaction_time(marks["load_on"])
             recovery = runner.recovery_time(marks["load_on"])
-            back = runner.reaction_time(marks.get("load_off", float("inf")))
+            back = runner.reaction_time(marks["load_off"])
     finally:
         if cpu is not None:
             cpu.stop()
@@ -402,7 +429,7 @@ def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tens
         "factor": factor if load == "slowdown" else None, "requests": requests,
         "budget_ms": pool.budget_s * 1000,
         "pool": [e.to_dict() for e in pool],
-        "load_on_s": marks["load_on"] - start, "load_off_s": marks.get("load_off", start) - start,
+        "load_on_s": marks["load_on"] - start, "load_off_s": marks["load_off"] - start,
         "reaction_s": reaction, "recovery_s": recovery, "switch_back_s": back,
         "events": [{**e.to_dict(), "time_s": e.time_s - start} for e in events],
         "records": [{"start_s": r.start_s - start, "latency_ms": r.latency_s * 1000,
