@@ -239,7 +239,7 @@ def joint(folder: Path) -> dict[str, Any]:
 
     setting = EdgeCloudSetting(edge=resolve_device("raspberry-pi-4"),
                                cloud=resolve_device("v100-server"), link=resolve_link("5g"))
-    run = search_device(folder, budget=0.7, setting=setting, population=10,
+    run = search_device(folder, budget=0.85, setting=setting, population=10,
                         iterations=3 if QUICK else 8)
     supernet, _ = load_supernet(folder)
     data = supernet_data(supernet, "sentences")
