@@ -18,6 +18,7 @@ from edgesplit.hardware import (
     estimator_for,
     get_topology,
     mesh,
+    serialize_ms,
 )
 from edgesplit.plan.mesh import (
     mesh_shape,
@@ -80,7 +81,8 @@ def _by_hand(graph, topo) -> list[tuple[float, float]]:
     ms = {d: [estimator_for(topo.device(d)).layer_ms(LayerWork.of(graph, l), topo.device(d))
               for l in graph.layers] for d in (*shape.branches, shape.aggregator)}
     for region in parallel_regions(graph):
-        fork_bytes = graph.cuts()[region.fork].bytes
+        fork = graph.cuts()[region.fork].tensors
+        fork_bytes = sum(t.bytes for t in fork)
         chains = [evaluate_boundaries(prefix, (0, *inner, region.fork))
                   for inner in itertools.combinations_with_replacement(range(region.fork + 1),
                                                                        len(shape.chain) - 1)]
@@ -93,11 +95,18 @@ def _by_hand(graph, topo) -> list[tuple[float, float]]:
                     loads.append(0.0)
                     continue
                 names = {graph.layers[i].name for i in layers}
-                out = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
-                          if any(c not in names for c in graph.tensors[t].consumers))
+                sent = [graph.tensors[t] for i in layers for t in graph.layers[i].outputs
+                        if any(c not in names for c in graph.tensors[t].consumers)]
+                out = sum(t.bytes for t in sent)
                 lin, lout = topo.link(shape.chain[-1], d), topo.link(d, shape.aggregator)
-                parts = (lin.transfer_ms(fork_bytes) + lin.rtt_ms / 2,
-                         sum(ms[d][i] for i in layers), lout.transfer_ms(out) + lout.rtt_ms / 2)
+                root, here, agg_dev = (topo.device(shape.chain[-1]), topo.device(d),
+                                       topo.device(shape.aggregator))
+                # every crossing tensor is encoded by its sender and decoded by its receiver
+                parts = (lin.transfer_ms(fork_bytes) + lin.rtt_ms / 2
+                         + sum(serialize_ms(root, here, t.bytes) for t in fork),
+                         sum(ms[d][i] for i in layers),
+                         lout.transfer_ms(out) + lout.rtt_ms / 2
+                         + sum(serialize_ms(here, agg_dev, t.bytes) for t in sent))
                 loads.append(sum(parts))
                 stages.extend(parts)
             agg = sum(ms[shape.aggregator][region.join:])

@@ -77,7 +77,7 @@ def check_contract(plan: Plan, problem: PlanningProblem) -> None:
     if not plan.parallel_devices:  # the whole plan is the critical path
         assert plan.predicted.total_ms == pytest.approx(
             sum(plan.predicted.compute_ms.values()) + plan.predicted.transfer_ms
-            + plan.predicted.rtt_ms, rel=1e-9, abs=1e-9)
+            + plan.predicted.rtt_ms + plan.predicted.serialize_ms, rel=1e-9, abs=1e-9)
         assert plan.predicted.rtt_ms == pytest.approx(latency)
     for t in plan.transfers:  # each direction that carries data pays half the link's RTT
         link = next(pl.link for pl in plan.links if {pl.src, pl.dst} == {t.src, t.dst})

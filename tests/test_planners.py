@@ -98,7 +98,7 @@ def test_every_plan_total_equals_its_own_per_layer_sum(spec, data):
         assert recompute_total(plan) == pytest.approx(plan.predicted.total_ms)
         assert plan.predicted.total_ms == pytest.approx(
             sum(plan.predicted.compute_ms.values()) + plan.predicted.transfer_ms
-            + plan.predicted.rtt_ms)
+            + plan.predicted.rtt_ms + plan.predicted.serialize_ms)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,13 @@ from edgesplit.hardware.catalog import (
     resolve_link,
     resolve_topology,
 )
-from edgesplit.hardware.device import AnalyticalCompute, Device, MeasuredCompute
+from edgesplit.hardware.device import (
+    AnalyticalCompute,
+    Device,
+    MeasuredCompute,
+    WireCodec,
+    serialize_ms,
+)
 from edgesplit.hardware.estimators import (
     ESTIMATORS,
     LatencyEstimator,
@@ -41,6 +47,7 @@ __all__ = [
     "RooflineEstimator",
     "Topology",
     "TopologyLink",
+    "WireCodec",
     "chain",
     "estimator_for",
     "get_device",
@@ -57,5 +64,6 @@ __all__ = [
     "resolve_device",
     "resolve_link",
     "resolve_topology",
+    "serialize_ms",
     "star",
 ]

@@ -23,7 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["DEVICE_KINDS", "OP_CLASSES", "AnalyticalCompute", "Device", "MeasuredCompute"]
+__all__ = ["DEVICE_KINDS", "OP_CLASSES", "AnalyticalCompute", "Device", "MeasuredCompute",
+           "WireCodec", "serialize_ms"]
 
 DEVICE_KINDS = ("cpu", "gpu", "npu", "accelerator", "soc", "mcu")
 # Op classes the efficiency table and the regression estimator distinguish (see graph.ops).
@@ -77,6 +78,50 @@ class MeasuredCompute(BaseModel):
                                      "against the device file's folder")
 
 
+class WireCodec(BaseModel):
+    """How fast the device encodes and decodes tensors in the wire format (docs/wire-format.md):
+    a fixed cost per tensor plus the tensor's bytes *as computed* (a float32 activation: 4 bytes
+    per element, whatever width it travels at) over a throughput. ``quantized_*`` apply to
+    tensors sent at 8 bits or fewer (quantizing and packing reads every float; 16 and 32 bits
+    are a cast or a copy). ``edgesplit profile --calibrate`` measures these for this machine."""
+
+    model_config = _STRICT
+
+    encode_gb_per_s: PositiveFloat
+    decode_gb_per_s: PositiveFloat
+    quantized_encode_gb_per_s: PositiveFloat
+    quantized_decode_gb_per_s: PositiveFloat
+    encode_tensor_ms: Annotated[float, Field(ge=0)] = 0.02
+    decode_tensor_ms: Annotated[float, Field(ge=0)] = 0.02
+    source: str = ""
+
+    def encode_ms(self, nbytes: float, quantized: bool = False) -> float:
+        rate = self.quantized_encode_gb_per_s if quantized else self.encode_gb_per_s
+        return self.encode_tensor_ms + nbytes / (rate * 1e9) * 1e3
+
+    def decode_ms(self, nbytes: float, quantized: bool = False) -> float:
+        rate = self.quantized_decode_gb_per_s if quantized else self.decode_gb_per_s
+        return self.decode_tensor_ms + nbytes / (rate * 1e9) * 1e3
+
+
+# Without a measured codec, a device encodes at a fraction of its memory bandwidth: the wire
+# format copies the payload and checksums it (about 0.75 of a 4.8 GB/s copy on the 2-core
+# x86 machine we measured), quantizing takes several passes over the floats (about 0.35).
+# Devices without a bandwidth (a measured profile) get a laptop-class host's.
+_RAW_SHARE, _QUANT_SHARE, _HOST_GB_PER_S = 0.75, 0.35, 5.0
+
+
+def _default_codec(device: Device) -> WireCodec:
+    compute = device.compute
+    bandwidth = (compute.memory_bandwidth_gb_per_s if isinstance(compute, AnalyticalCompute)
+                 else _HOST_GB_PER_S)
+    return WireCodec(encode_gb_per_s=_RAW_SHARE * bandwidth,
+                     decode_gb_per_s=_RAW_SHARE * bandwidth,
+                     quantized_encode_gb_per_s=_QUANT_SHARE * bandwidth,
+                     quantized_decode_gb_per_s=_RAW_SHARE * bandwidth,
+                     source="default: a share of the memory bandwidth")
+
+
 class Device(BaseModel):
     """A processor that can run layers. Memory sizes are in bytes."""
 
@@ -92,6 +137,13 @@ class Device(BaseModel):
         (8, 16, 32), description="bit-widths weights and activations may be quantized to")
     description: str = ""
     source: str = Field("", description="where the numbers come from")
+    wire: WireCodec | None = Field(
+        None, description="wire-format encode/decode speed; None = a share of the memory "
+                          "bandwidth (see codec)")
+
+    def codec(self) -> WireCodec:
+        """The device's wire codec speed: its own ``wire``, else the default."""
+        return self.wire or _default_codec(self)
 
     @field_validator("compute", mode="before")
     @classmethod
@@ -106,3 +158,10 @@ class Device(BaseModel):
         if any(b > 32 for b in self.supported_bits):
             raise ValueError("supported_bits must be at most 32")
         return self
+
+
+def serialize_ms(src: Device, dst: Device, nbytes: float, quantized: bool = False) -> float:
+    """Encoding one tensor of ``nbytes`` (as computed) on ``src`` and decoding it on ``dst``:
+    the CPU time a crossing tensor costs besides the link (every plan adds it per tensor per
+    link, docs/cost-model.md)."""
+    return src.codec().encode_ms(nbytes, quantized) + dst.codec().decode_ms(nbytes, quantized)

@@ -11,15 +11,18 @@ Cost convention (docs/cost-model.md):
 - A shared link (``Link.shared``, a bus) is one medium for every link of that name: the
   transfers carrying data over it in one direction split its bandwidth (SplitNets gives each
   of four sensors 25 % of the bus).
-- A transfer (one link, one direction) costs its serialisation, ``Link.transfer_ms`` of the
+- A transfer (one link, one direction) costs its time on the wire, ``Link.transfer_ms`` of the
   bytes at their wire bits, plus the link's **one-way latency, half its RTT**, when it carries
   anything. An edge-cloud request whose result comes back so pays one full RTT; a pipeline
   pays rtt/2 per hop that carries data.
-- ``total = compute + serialisation + latency`` over the critical path: devices in
-  ``parallel_devices`` run side by side and only the slowest (with its transfers) counts.
-  ``Prediction.transfer_ms`` and ``Prediction.rtt_ms`` are the critical path's serialisation
-  and latency, so a plan without parallel devices has
-  ``total_ms == sum(compute_ms) + transfer_ms + rtt_ms``.
+- Every tensor a transfer carries is also encoded in the wire format on its sender and
+  decoded on its receiver (``Transfer.serialize_ms``, priced by
+  :func:`edgesplit.hardware.serialize_ms` from each device's codec speed).
+- ``total = compute + wire time + latency + serialisation`` over the critical path: devices
+  in ``parallel_devices`` run side by side and only the slowest (with its transfers) counts.
+  ``Prediction.transfer_ms``, ``rtt_ms`` and ``serialize_ms`` are the critical path's wire
+  time, latency and encode/decode, so a plan without parallel devices has
+  ``total_ms == sum(compute_ms) + transfer_ms + rtt_ms + serialize_ms``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Literal
 
 from edgesplit.errors import ConfigError
 from edgesplit.graph import INPUT, OUTPUT, LayerGraph
-from edgesplit.hardware import Device, Link, Topology
+from edgesplit.hardware import Device, Link, Topology, serialize_ms
 from edgesplit.plan.model import (
     ModelRef,
     Plan,
@@ -153,8 +156,9 @@ def _transfers(graph: LayerGraph, where: Mapping[str, str], network: Network,
     order = [(i, True) for i in range(len(network.links))] + \
         [(i, False) for i in range(len(network.links)) if (i, False) in carried]
     senders = _shared_senders(network.links, [hop for hop in order if carried.get(hop)])
+    devices = {d.name: d.device for d in network.devices}
     return [_price(graph, network.links[i], forward, carried.get((i, forward), []), tensor_bits,
-                   senders.get((i, forward), 1))
+                   senders.get((i, forward), 1), devices)
             for i, forward in order]
 
 
@@ -174,34 +178,43 @@ def _shared_senders(links: Sequence[PlanLink], sending: Sequence[tuple[int, bool
 
 
 def _price(graph: LayerGraph, pl: PlanLink, forward: bool, names: list[str],
-           tensor_bits: Mapping[str, int], senders: int = 1) -> Transfer:
+           tensor_bits: Mapping[str, int], senders: int,
+           devices: Mapping[str, Device]) -> Transfer:
     sizes = {t: (graph.tensors[t].bytes_at(tensor_bits[t]) if t in tensor_bits
                  else graph.tensors[t].bytes) for t in names}
     direction: Literal["up", "down"] = "up" if forward else "down"
-    return Transfer(src=pl.src if forward else pl.dst, dst=pl.dst if forward else pl.src,
+    src, dst = (pl.src, pl.dst) if forward else (pl.dst, pl.src)
+    return Transfer(src=src, dst=dst,
                     tensors=names,
                     bits={t: tensor_bits[t] for t in names
                           if t in tensor_bits and tensor_bits[t] < 32},
                     bytes=sum(sizes.values()),
                     ms=sum(pl.link.transfer_ms(b, direction=direction, senders=senders)
                            for b in sizes.values()),
-                    latency_ms=one_way_latency_ms(pl.link, bool(names)))
+                    latency_ms=one_way_latency_ms(pl.link, bool(names)),
+                    serialize_ms=sum(serialize_ms(devices[src], devices[dst],
+                                                  graph.tensors[t].bytes,
+                                                  quantized=tensor_bits.get(t, 32) <= 8)
+                                     for t in names))
 
 
 def _prediction(compute: dict[str, float], transfers: list[Transfer],
                 parallel: Sequence[str]) -> Prediction:
     """Serial devices and transfers add up; of the parallel devices the slowest (compute and
     its own transfers) counts."""
-    branch = {d: [compute[d], 0.0, 0.0] for d in parallel}
-    serial = [sum(ms for d, ms in compute.items() if d not in branch), 0.0, 0.0]
+    # per part: [compute, wire time, latency, serialisation]
+    branch = {d: [compute[d], 0.0, 0.0, 0.0] for d in parallel}
+    serial = [sum(ms for d, ms in compute.items() if d not in branch), 0.0, 0.0, 0.0]
     for t in transfers:
         touched = [d for d in (t.src, t.dst) if d in branch]
         part = branch[touched[0]] if touched else serial
         part[1] += t.ms
         part[2] += t.latency_ms
-    slowest = max(branch.values(), key=sum, default=[0.0, 0.0, 0.0])
+        part[3] += t.serialize_ms
+    slowest = max(branch.values(), key=sum, default=[0.0, 0.0, 0.0, 0.0])
     return Prediction(compute_ms=compute, transfer_ms=serial[1] + slowest[1],
-                      rtt_ms=serial[2] + slowest[2], total_ms=sum(serial) + sum(slowest))
+                      rtt_ms=serial[2] + slowest[2], serialize_ms=serial[3] + slowest[3],
+                      total_ms=sum(serial) + sum(slowest))
 
 
 def assemble_plan(graph: LayerGraph, placement: Mapping[str, Sequence[str]], network: Network,

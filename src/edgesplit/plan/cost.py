@@ -4,7 +4,9 @@ total = edge compute + uplink transfer of every crossing tensor (each once, what
 of cloud readers) + cloud compute + downlink return of results computed on the cloud (when the
 result is needed on the edge) + the link's one-way latency (rtt/2) for each direction that
 carries anything: a full round trip when a result comes back (the convention of every plan,
-:mod:`edgesplit.plan.assemble`, docs/cost-model.md).
+:mod:`edgesplit.plan.assemble`, docs/cost-model.md) + the serialisation of every tensor that
+crosses (wire-format encode on the sender, decode on the receiver,
+:func:`edgesplit.hardware.serialize_ms`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from typing import Literal
 
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import INPUT, LayerGraph, TensorInfo, prefix_peak_memory
-from edgesplit.hardware import Device, LatencyEstimator, LayerWork, Link, estimator_for
+from edgesplit.hardware import (
+    Device,
+    LatencyEstimator,
+    LayerWork,
+    Link,
+    estimator_for,
+    serialize_ms,
+)
 from edgesplit.plan.assemble import one_way_latency_ms
 
 __all__ = ["Breakdown", "CostTable", "EdgeCloudSetting", "wire_size"]
@@ -23,6 +32,11 @@ __all__ = ["Breakdown", "CostTable", "EdgeCloudSetting", "wire_size"]
 
 def _is_float(tensor: TensorInfo) -> bool:
     return tensor.dtype.startswith(("float", "bfloat", "torch.float", "torch.bfloat"))
+
+
+def _quantized(tensor: TensorInfo, input_bits: int) -> bool:
+    """Whether ``tensor`` is quantized to cross (priced at the codec's quantized speed)."""
+    return tensor.producer == INPUT and _is_float(tensor) and input_bits <= 8
 
 
 def wire_size(tensor: TensorInfo, input_bits: int) -> int:
@@ -69,23 +83,29 @@ class Breakdown:
     rtt_ms: float
     sent_bytes: int
     crossing: tuple[str, ...]
+    serialize_ms: float = 0.0  # encode + decode of the crossing tensors and returned results
 
     @property
     def total_ms(self) -> float:
-        return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms
+        return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms + self.serialize_ms
 
 
 @dataclass
 class CostTable:
-    """Per-layer latency on each device and per-tensor transfer time for one graph."""
+    """Per-layer latency on each device and per-tensor cost of crossing the link for one graph.
+
+    ``up_ms``/``down_ms`` are what planners minimise: a tensor's link time plus its
+    serialisation, which ``up_codec_ms``/``down_codec_ms`` hold apart (for the breakdown)."""
 
     graph: LayerGraph
     setting: EdgeCloudSetting
     edge_ms: dict[str, float]
     cloud_ms: dict[str, float]
-    up_ms: dict[str, float]  # per tensor, uplink
+    up_ms: dict[str, float]  # per tensor, uplink: link + encode on the edge + decode on the cloud
     down_ms: dict[str, float] = field(default_factory=dict)  # per output tensor, downlink
     wire_bytes: dict[str, int] = field(default_factory=dict)  # per tensor, as sent uplink
+    up_codec_ms: dict[str, float] = field(default_factory=dict)  # the serialisation in up_ms
+    down_codec_ms: dict[str, float] = field(default_factory=dict)  # the one in down_ms
 
     def __post_init__(self) -> None:
         if not self.wire_bytes:
@@ -101,15 +121,22 @@ class CostTable:
         works = [LayerWork.of(graph, layer) for layer in graph.layers]
         link = setting.link
         wire = {t.name: wire_size(t, setting.input_bits) for t in graph.tensors.values()}
+        up_codec = {t.name: serialize_ms(setting.edge, setting.cloud, t.bytes,
+                                         quantized=_quantized(t, setting.input_bits))
+                    for t in graph.tensors.values()}
+        down_codec = {t: serialize_ms(setting.cloud, setting.edge, graph.tensors[t].bytes)
+                      for t in graph.outputs}
         return cls(
             graph=graph,
             setting=setting,
             edge_ms={w.name: edge_est.layer_ms(w, setting.edge) for w in works},
             cloud_ms={w.name: cloud_est.layer_ms(w, setting.cloud) for w in works},
-            up_ms={name: link.transfer_ms(size) for name, size in wire.items()},
+            up_ms={name: link.transfer_ms(size) + up_codec[name] for name, size in wire.items()},
             down_ms={t: link.transfer_ms(graph.tensors[t].bytes, direction="down")
-                     for t in graph.outputs},
+                     + down_codec[t] for t in graph.outputs},
             wire_bytes=wire,
+            up_codec_ms=up_codec,
+            down_codec_ms=down_codec,
         )
 
     def wire_bits(self, tensor: str) -> int | None:
@@ -141,15 +168,18 @@ class CostTable:
         crossing = self.crossing(edge)
         returned = self.returned(edge)
         link = self.setting.link
+        codec = (sum(self.up_codec_ms.get(t, 0.0) for t in crossing)
+                 + sum(self.down_codec_ms.get(t, 0.0) for t in returned))
         return Breakdown(
             edge_ms=sum(self.edge_ms[n] for n in edge),
             transfer_ms=(sum(self.up_ms[t] for t in crossing)
-                         + sum(self.down_ms[t] for t in returned)),
+                         + sum(self.down_ms[t] for t in returned)) - codec,
             cloud_ms=sum(ms for n, ms in self.cloud_ms.items() if n not in edge),
             rtt_ms=one_way_latency_ms(link, bool(crossing)) + one_way_latency_ms(link,
                                                                                  bool(returned)),
             sent_bytes=sum(self.wire_bytes[t] for t in crossing),
             crossing=tuple(crossing),
+            serialize_ms=codec,
         )
 
     # ---- constraints -----------------------------------------------------------------------

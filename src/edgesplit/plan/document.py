@@ -84,6 +84,7 @@ def _edge_cloud_entry(plan: Plan) -> dict[str, Any]:
         "transfer_ms": plan.predicted.transfer_ms,
         "cloud_ms": plan.predicted.compute_ms.get("cloud", 0.0),
         "rtt_ms": plan.predicted.rtt_ms,
+        "serialize_ms": plan.predicted.serialize_ms,
         "total_ms": plan.predicted.total_ms,
         "edge_memory_bytes": plan.edge_memory_bytes,
         "quality": plan.quality.model_dump(mode="json") if plan.quality else None,

@@ -22,14 +22,15 @@ up to 4,096 assignments, greedily by longest branch first beyond that).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
 
 from edgesplit.errors import ConfigError, InfeasibleError
-from edgesplit.graph import LayerGraph
-from edgesplit.hardware import LayerWork, Topology, chain, estimator_for
+from edgesplit.graph import LayerGraph, TensorInfo
+from edgesplit.hardware import Device, LayerWork, Topology, chain, estimator_for, serialize_ms
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 from edgesplit.plan.model import Plan
 from edgesplit.plan.multisplit import ChainCosts, _solve, chain_plan
@@ -119,18 +120,24 @@ class MeshSolution:
     description: str
 
 
-def _branch_stages(graph: LayerGraph, layer_ms: np.ndarray, comps, fork_bytes: int, link_in,
-                   link_out) -> tuple[float, float, float]:
-    """(incoming transfer, compute, outgoing transfer) of one branch device."""
+def _branch_stages(graph: LayerGraph, layer_ms: np.ndarray, comps, fork: Sequence[TensorInfo],
+                   link_in, link_out, devices: tuple[Device, Device, Device]
+                   ) -> tuple[float, float, float]:
+    """(incoming transfer, compute, outgoing transfer) of one branch device; ``devices``: the
+    chain's last device, this branch's and the aggregator (who encodes and decodes)."""
     if not comps:
         return (0.0, 0.0, 0.0)
+    root, here, agg = devices
     layers = [i for comp in comps for i in comp]
     names = {graph.layers[i].name for i in layers}
-    out_bytes = sum(graph.tensors[t].bytes for i in layers for t in graph.layers[i].outputs
-                    if any(c not in names for c in graph.tensors[t].consumers))
-    return (link_in.transfer_ms(fork_bytes) + one_way_latency_ms(link_in, fork_bytes > 0),
+    out = [graph.tensors[t] for i in layers for t in graph.layers[i].outputs
+           if any(c not in names for c in graph.tensors[t].consumers)]
+    fork_bytes, out_bytes = sum(t.bytes for t in fork), sum(t.bytes for t in out)
+    return (link_in.transfer_ms(fork_bytes) + one_way_latency_ms(link_in, fork_bytes > 0)
+            + sum(serialize_ms(root, here, t.bytes) for t in fork),
             float(layer_ms[layers].sum()),
-            link_out.transfer_ms(out_bytes) + one_way_latency_ms(link_out, out_bytes > 0))
+            link_out.transfer_ms(out_bytes) + one_way_latency_ms(link_out, out_bytes > 0)
+            + sum(serialize_ms(here, agg, t.bytes) for t in out))
 
 
 def _fits(costs: ChainCosts, device, layers) -> bool:
@@ -145,9 +152,9 @@ def _fits(costs: ChainCosts, device, layers) -> bool:
 
 def plan_period_ms(plan) -> float:
     """The slowest pipeline stage of a plan: one device's compute or one transfer (its
-    serialisation and latency)."""
+    serialisation, latency and encode/decode)."""
     return max((*plan.predicted.compute_ms.values(),
-                *(t.ms + t.latency_ms for t in plan.transfers)),
+                *(t.ms + t.latency_ms + t.serialize_ms for t in plan.transfers)),
                default=0.0)
 
 
@@ -236,7 +243,7 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
         chain_ms = best_end[region.fork]
         if chain_ms == float("inf"):
             continue
-        fork_bytes = cuts[region.fork].bytes
+        fork = cuts[region.fork].tensors
         branch_costs = [[float(layer_ms[d][list(c)].sum()) for c in region.components]
                         for d in shape.branches]
         agg_ms = float(agg_suffix[region.join])
@@ -247,9 +254,11 @@ def _best_parallel(graph: LayerGraph, topology: Topology, shape: MeshShape, sour
             stages = []
             for j, d in enumerate(shape.branches):
                 comps = [c for c, dev in zip(region.components, choice, strict=True) if dev == j]
-                stages.append(_branch_stages(graph, layer_ms[d], comps, fork_bytes,
-                                             topology.link(shape.chain[-1], d),
-                                             topology.link(d, shape.aggregator)))
+                stages.append(_branch_stages(
+                    graph, layer_ms[d], comps, fork, topology.link(shape.chain[-1], d),
+                    topology.link(d, shape.aggregator),
+                    (topology.device(shape.chain[-1]), topology.device(d),
+                     topology.device(shape.aggregator))))
             if max(max(st) for st in stages) > period_bound or not all(
                     _fits(prefix, topology.device(d),
                           [i for c, dev in zip(region.components, choice, strict=True)

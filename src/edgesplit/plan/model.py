@@ -95,9 +95,11 @@ class PlanLayer(BaseModel):
 
 
 class Transfer(BaseModel):
-    """Tensors sent over one link in one direction. ``ms`` is the serialisation time (bytes /
-    bandwidth); ``latency_ms`` the link's one-way latency (half its RTT) when anything is sent
-    (see docs/cost-model.md)."""
+    """Tensors sent over one link in one direction. ``ms`` is the time on the wire (bytes /
+    bandwidth); ``latency_ms`` the link's one-way latency (half its RTT) when anything is sent;
+    ``serialize_ms`` the CPU time of encoding the tensors on ``src`` and decoding them on
+    ``dst`` in the wire format (0 in plans written before it was priced; see
+    docs/cost-model.md)."""
 
     model_config = _STRICT
     src: str
@@ -107,17 +109,20 @@ class Transfer(BaseModel):
     bytes: int
     ms: float
     latency_ms: float = 0.0
+    serialize_ms: float = 0.0
 
 
 class Prediction(BaseModel):
-    """The predicted latency along the critical path: ``transfer_ms`` sums the transfers'
-    serialisation, ``rtt_ms`` their one-way latencies (parallel devices: the slowest branch's)."""
+    """The predicted latency along the critical path: ``transfer_ms`` sums the transfers' time
+    on the wire, ``rtt_ms`` their one-way latencies, ``serialize_ms`` their encode + decode
+    (parallel devices: the slowest branch's). ``total_ms`` is compute + the three."""
 
     model_config = _STRICT
     compute_ms: dict[str, float]
     transfer_ms: float
     rtt_ms: float
     total_ms: float
+    serialize_ms: float = 0.0  # absent from plans written before it was priced: 0
 
 
 class PlanQuality(BaseModel):
@@ -236,9 +241,9 @@ def recompute_total(plan: Plan) -> float:
     for t in plan.transfers:
         touched = {t.src, t.dst} & parallel
         if touched:
-            branch[touched.pop()] += t.ms + t.latency_ms
+            branch[touched.pop()] += t.ms + t.latency_ms + t.serialize_ms
         else:
-            serial += t.ms + t.latency_ms
+            serial += t.ms + t.latency_ms + t.serialize_ms
     for d in parallel:
         branch[d] += per_device[d]
     # Plans written before transfers carried their latency put it in predicted.rtt_ms alone.

@@ -32,7 +32,13 @@ import numpy as np
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import LayerGraph
 from edgesplit.graph.memory import live_bytes
-from edgesplit.hardware import LatencyEstimator, LayerWork, Topology, estimator_for
+from edgesplit.hardware import (
+    LatencyEstimator,
+    LayerWork,
+    Topology,
+    estimator_for,
+    serialize_ms,
+)
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 
 if TYPE_CHECKING:
@@ -77,9 +83,13 @@ class ChainCosts:
         cuts = graph.cuts()
         cut_bytes = [c.bytes for c in cuts]
         links = [topology.link(a, b) for a, b in itertools.pairwise(order)]
-        link_ms = np.array([[link.transfer_ms(nb) + one_way_latency_ms(link, nb > 0)
-                             for nb in cut_bytes] for link in links]).reshape(len(links),
-                                                                               len(cut_bytes))
+        # a cut's tensors cross the link between devices m and m+1: wire time, latency and
+        # their encode on m and decode on m+1
+        link_ms = np.array([[link.transfer_ms(c.bytes) + one_way_latency_ms(link, c.bytes > 0)
+                             + sum(serialize_ms(a, b, t.bytes) for t in c.tensors)
+                             for c in cuts]
+                            for link, a, b in zip(links, devices, devices[1:], strict=False)]
+                           ).reshape(len(links), len(cut_bytes))
         return cls(graph, order, layer_ms, link_ms, cut_bytes,
                    np.array(live_bytes(graph), dtype=np.int64),
                    np.concatenate([[0], np.cumsum([l.param_bytes for l in graph.layers])]),

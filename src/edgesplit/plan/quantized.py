@@ -23,7 +23,7 @@ from typing import Any
 from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError, GraphError, option
 from edgesplit.graph import INPUT, LayerGraph, capture
-from edgesplit.hardware import LayerWork, estimator_for
+from edgesplit.hardware import LayerWork, estimator_for, serialize_ms
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 from edgesplit.plan.cost import CostTable
 from edgesplit.plan.mincut import min_cut_edge_set
@@ -74,6 +74,7 @@ class Solution:
     cloud_layer_ms: dict[str, float] = field(default_factory=dict)
     drop: float | None = None  # measured accuracy drop (percentage points)
     cloud_bits: int = 32  # the cloud part's width (16: CLOUD16's FP16)
+    serialize_ms: float = 0.0  # encode + decode of what crosses (see cost.CostTable)
 
     @property
     def split(self) -> int:
@@ -81,7 +82,7 @@ class Solution:
 
     @property
     def total_ms(self) -> float:
-        return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms
+        return self.edge_ms + self.transfer_ms + self.cloud_ms + self.rtt_ms + self.serialize_ms
 
     def bits(self) -> dict[str, tuple[int, int]]:
         """Every layer that does not run in float, with its (weight, activation) width."""
@@ -146,7 +147,11 @@ def evaluate(costs: CostTable, edge: Sequence[str], w_bits: dict[str, int],
     sent_bytes = sum(graph.tensors[t].bytes_at(b) for t, b in sent.items())
     returned = costs.returned(edge_set)
     transfer = sum(setting.link.transfer_ms(graph.tensors[t].bytes_at(b)) for t, b in sent.items())
-    transfer += sum(costs.down_ms[t] for t in returned)
+    down_codec = sum(costs.down_codec_ms.get(t, 0.0) for t in returned)
+    transfer += sum(costs.down_ms[t] for t in returned) - down_codec
+    # the codec reads the tensor as computed; at 8 bits or fewer it quantizes and packs
+    codec = down_codec + sum(serialize_ms(setting.edge, setting.cloud, graph.tensors[t].bytes,
+                                          quantized=b <= 8) for t, b in sent.items())
     return Solution(
         edge=tuple(order), w_bits={n: w_bits.get(n, 32) for n in order},
         a_bits={n: a_bits.get(n, 32) for n in order}, distortion=distortion,
@@ -155,7 +160,7 @@ def evaluate(costs: CostTable, edge: Sequence[str], w_bits: dict[str, int],
         rtt_ms=one_way_latency_ms(setting.link, bool(sent))
         + one_way_latency_ms(setting.link, bool(returned)), sent=sent,
         sent_bytes=sent_bytes, layer_ms=layer_ms, cloud_layer_ms=cloud_layer_ms,
-        cloud_bits=cloud_bits)
+        cloud_bits=cloud_bits, serialize_ms=codec)
 
 
 def total_distortion(table: DistortionTable, solution_bits: dict[str, tuple[int, int]]) -> float:

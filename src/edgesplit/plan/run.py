@@ -134,5 +134,6 @@ def cut_breakdown(problem: PlanningProblem, *, single_tensor_only: bool = True
         b = costs.evaluate([layer.name for layer in layers[: cut.index + 1]])
         rows.append({"index": cut.index, "after": cut.after, "edge_ms": b.edge_ms,
                      "transfer_ms": b.transfer_ms, "cloud_ms": b.cloud_ms, "rtt_ms": b.rtt_ms,
-                     "total_ms": b.total_ms, "sent_bytes": b.sent_bytes})
+                     "serialize_ms": b.serialize_ms, "total_ms": b.total_ms,
+                     "sent_bytes": b.sent_bytes})
     return rows

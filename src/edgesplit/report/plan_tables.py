@@ -32,8 +32,8 @@ def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -
                   caption=f"chosen: {chosen}" + "".join(f"\n{m}: {r}"
                                                          for m, r in notes.items()))
     for col in ("method", "graph", "split", "edge layers", "bits", "sent", "edge ms",
-                "transfer ms", "cloud ms", "total ms", "edge memory", "accuracy drop",
-                "feasible"):
+                "transfer ms", "serialize ms", "cloud ms", "total ms", "edge memory",
+                "accuracy drop", "feasible"):
         table.add_column(col, overflow="fold", justify="right" if "ms" in col else "left")
     for method, plan in plans.items():
         n = len(problem.graph_of(plan.model.graph).layers)
@@ -42,7 +42,7 @@ def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -
             ("* " if method == chosen else "") + method, plan.model.graph, _split(plan, n),
             f"{len(plan.edge_layers)}/{n}", _bits(plan), human_bytes(plan.transfers[0].bytes),
             f"{p.compute_ms['edge']:.2f}", f"{p.transfer_ms + p.rtt_ms:.2f}",
-            f"{p.compute_ms['cloud']:.2f}", f"{p.total_ms:.2f}",
+            f"{p.serialize_ms:.2f}", f"{p.compute_ms['cloud']:.2f}", f"{p.total_ms:.2f}",
             human_bytes(plan.edge_memory_bytes), _drop(plan),
             "yes" if plan.feasible else f"no: {plan.reason}")
     return table
@@ -139,6 +139,8 @@ def run_table(report: dict[str, Any]) -> Table:
     predicted = report.get("predicted_breakdown_ms", {})
     for key in ("edge", "serialize", "transfer", "remote", "total"):
         table.add_row(key, _ms(report["breakdown_ms"][key]), _ms(predicted.get(key)))
+    for device, ms in report.get("emulated_ms", {}).items():  # part of edge / remote above
+        table.add_row(f"  {device} emulated (slept)", _ms(ms), "")
     for message in report.get("error_messages", []):
         table.add_row("error", message, "")
     return table

@@ -127,7 +127,9 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     n = len(rows)
     xs = list(range(n))
     edge = [float(r["edge_ms"]) for r in rows]
-    link = [float(r["transfer_ms"]) + float(r.get("rtt_ms", 0.0)) for r in rows]
+    # the link's part: wire time, latency and the tensors' encode/decode
+    link = [float(r["transfer_ms"]) + float(r.get("rtt_ms", 0.0))
+            + float(r.get("serialize_ms", 0.0)) for r in rows]
     cloud = [float(r["cloud_ms"]) for r in rows]
     stacked = [e + t + c for e, t, c in zip(edge, link, cloud, strict=True)]
     total = [float(r.get("total_ms", s)) for r, s in zip(rows, stacked, strict=True)]
@@ -140,7 +142,7 @@ def plot_cut_breakdown(rows: list[dict[str, Any]], path: str | Path, *, title: s
     ax.bar(xs, edge, width, color="#4c72b0", edgecolor=edgecolor, linewidth=0.4,
            label="edge compute")
     ax.bar(xs, link, width, bottom=edge, color="#dd8452", edgecolor=edgecolor, linewidth=0.4,
-           label="transfer + RTT")
+           label="transfer + RTT + serialize")
     ax.bar(xs, cloud, width, bottom=[e + t for e, t in zip(edge, link, strict=True)],
            color="#55a868", edgecolor=edgecolor, linewidth=0.4, label="cloud compute")
 
