@@ -28,6 +28,7 @@ from edgesplit.quant import (
     pack_bits,
     packed_size,
     unpack_bits,
+    wire,
 )
 
 SPEC = Path(__file__).resolve().parents[1] / "docs" / "wire-format.md"
@@ -409,3 +410,154 @@ def test_the_specification_example_decodes_and_encodes_to_its_bytes():
     assert message.endswith(bytes.fromhex(example["payload_hex"]))
     assert message[48:52] == struct.pack("<I", int(example["crc32"], 16))
     assert zlib.crc32(message[:48] + message[52:]) == int(example["crc32"], 16)
+
+
+# ---- the compiled kernels against the numpy/torch reference -------------------------------------
+@contextlib.contextmanager
+def reference_path():
+    """Encode and decode with the numpy/torch reference path, as where numba does not import."""
+    saved = list(wire._KERNELS)
+    wire._KERNELS[:] = [None]
+    try:
+        yield
+    finally:
+        wire._KERNELS[:] = saved
+
+
+def kernels_load() -> bool:
+    return wire._kernels() is not None
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(0)
+    halves = torch.arange(-40, 41, dtype=torch.float32) / 4  # x / s + z lands on .5 often
+    yield "halves", halves, None
+    yield "0-d", torch.tensor(-2.5), None
+    yield "empty", torch.zeros(0, 3), None
+    yield "empty per-channel", torch.zeros(2, 0, 3), 0
+    yield "constant", torch.full((5, 7), 3.25), None
+    yield "zeros with -0.0", torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0]), None
+    yield "relu", torch.relu(torch.randn(1, 16, 9, 7, generator=g)), 1
+    for n in (1, 7, 8, 9, 15, 17, 63, 1001):
+        yield f"odd length {n}", torch.randn(n, generator=g) * 5 - 1, None
+    x = torch.randn(2, 5, 3, 8, generator=g) * torch.arange(1, 6).reshape(1, 5, 1, 1)
+    for axis in (0, 1, 2, 3):  # rows of 1, 3, 8 and 120 values: streamed and row by row
+        yield f"per-channel axis {axis}", x, axis
+    yield "Table 6", torch.randn(1, 256, 36, 64, generator=g), None
+    yield "Table 6 per-channel", torch.randn(1, 256, 36, 64, generator=g), 1
+    yield "large", torch.randn(3, 100_003, generator=g), None  # chunked across threads
+    yield "float64", torch.randn(33, dtype=torch.float64, generator=g), None
+    yield "bfloat16", torch.randn(4, 9, generator=g).bfloat16(), 1
+    yield "float16", torch.randn(41, generator=g).half(), None
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_kernels_give_the_reference_bytes_and_values(bits, monkeypatch):
+    monkeypatch.setattr(kernels_module(), "PARALLEL_MIN", 1 << 16)  # chunk the large ones
+    for name, x, axis in _tensors():
+        fast = encode_tensor(x, bits, per_channel_axis=axis)
+        with reference_path():
+            slow = encode_tensor(x, bits, per_channel_axis=axis)
+            expected = decode_tensor(slow)
+        assert fast == slow, f"{name}: the kernels' message differs"
+        decoded = decode_tensor(fast)
+        assert decoded.dtype == expected.dtype and decoded.shape == expected.shape, name
+        assert torch.equal(decoded.float().view(torch.int32).reshape(-1),
+                           expected.float().view(torch.int32).reshape(-1)), name
+        for compress in ("zstd", "lz4"):  # the kernels write the raw payload the same way
+            with reference_path():
+                packed = encode_tensor(x, bits, compress, per_channel_axis=axis)
+            assert encode_tensor(x, bits, compress, per_channel_axis=axis) == packed, name
+            assert torch.equal(decode_tensor(packed), decoded), name
+
+
+def kernels_module():
+    from edgesplit.quant import _kernels
+
+    return _kernels
+
+
+def test_zero_point_sign_does_not_depend_on_which_zero_is_the_minimum():
+    a = encode_tensor(torch.tensor([0.0, -0.0, 1.0]), 4)
+    b = encode_tensor(torch.tensor([-0.0, 0.0, 1.0]), 4)
+    assert a == b and message_info(a)["shape"] == [3]
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+def test_float16_conversions_match_torch_bit_for_bit():
+    every_half = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    decoded = decode_tensor(encode_tensor(every_half, 16), expect_dtype=torch.float16)
+    assert torch.equal(decoded.view(torch.int16), every_half.view(torch.int16))
+    as_float = every_half.float()
+    y = decode_tensor(encode_tensor(as_float, 16))  # f32 -> f16 -> f32 through both kernels
+    numbers = ~torch.isnan(as_float)
+    assert torch.equal(y[numbers].view(torch.int32), as_float[numbers].view(torch.int32))
+    assert torch.isnan(y[~numbers]).all()
+    bits = torch.randint(-2**31, 2**31 - 1, (200_000,), dtype=torch.int64,
+                         generator=torch.Generator().manual_seed(1)).to(torch.int32)
+    edges = torch.tensor([0x33000000, 0x33000001, 0x387FFFFF, 0x38800000, 0x477FEFFF, 0x477FF000,
+                          0x47800000, 0x7F800000, 0x00000001], dtype=torch.int32)
+    x = torch.cat([bits, edges, edges | -2**31]).view(torch.float32)
+    numbers = ~torch.isnan(x)
+    fast = decode_tensor(encode_tensor(x, 16))
+    with reference_path():
+        slow = decode_tensor(encode_tensor(x, 16))
+    assert torch.equal(fast[numbers].view(torch.int32), slow[numbers].view(torch.int32))
+    assert torch.equal(fast[numbers].view(torch.int32), x[numbers].half().float().view(torch.int32))
+    assert torch.isnan(fast[~numbers]).all()
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+def test_plain_floats_from_a_slice_of_a_reused_receive_buffer(bits):
+    """The data plane decodes a memoryview slice of its receive buffer, at any offset, and then
+    reuses the buffer: the tensor must own its memory. Large payloads take the copy that
+    checksums as it goes; a corrupted one is refused all the same."""
+    for n in (5, 25_000, 1 << 20):
+        x = torch.randn(n)
+        message = encode_tensor(x, bits)
+        receive = bytearray(3 + len(message) + 5)
+        receive[3:3 + len(message)] = message
+        y = decode_tensor(memoryview(receive)[3:3 + len(message)])
+        receive[:] = bytes(len(receive))  # the buffer is reused
+        assert torch.equal(y, x if bits == 32 else x.half().float())
+        corrupt = bytearray(message)
+        corrupt[-1] ^= 0x40
+        with pytest.raises(WireError, match="checksum"):
+            decode_tensor(memoryview(corrupt))
+
+
+def test_reference_path_decodes_what_the_kernels_encode():
+    x = torch.randn(2, 3, 17)
+    for bits in (2, 4, 6, 8, 16):
+        message = encode_tensor(x, bits, per_channel_axis=2 if bits <= 8 else None)
+        with reference_path():
+            assert encode_tensor(x, bits, per_channel_axis=2 if bits <= 8 else None) == message
+            expected = decode_tensor(message)
+        assert torch.equal(decode_tensor(message), expected)
+
+
+def test_messages_are_bytes():
+    """gRPC's protobuf fields take bytes only; the message is built in place all the same."""
+    for x, bits in ((torch.randn(3), 4), (torch.randn(3), 32), (torch.tensor([1, 2]), 8)):
+        assert type(encode_tensor(x, bits)) is bytes
+
+
+def test_without_numba_the_reference_path_runs(monkeypatch):
+    import sys
+
+    import edgesplit.quant
+
+    monkeypatch.setattr(wire, "_KERNELS", [])
+    monkeypatch.delattr(edgesplit.quant, "_kernels", raising=False)
+    monkeypatch.setitem(sys.modules, "edgesplit.quant._kernels", None)  # import fails
+    monkeypatch.setitem(sys.modules, "numba", None)
+    assert wire._kernels() is None
+    x = torch.randn(4, 9)
+    assert decode_tensor(encode_tensor(x, 4)).shape == (4, 9)
+
+
+def test_kernels_can_be_turned_off(monkeypatch):
+    monkeypatch.setattr(wire, "_KERNELS", [])
+    monkeypatch.setenv("EDGESPLIT_WIRE_KERNELS", "0")
+    assert wire._kernels() is None

@@ -24,11 +24,17 @@ their header alone.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import math
+import os
 import struct
+import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from types import ModuleType
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -70,6 +76,28 @@ _COMPRESSION_CODES = {v: k for k, v in _COMPRESSIONS.items()}
 _NUMPY = {torch.int64: "<i8", torch.int32: "<i4", torch.uint8: "u1", torch.bool: "u1",
           torch.int8: "i1"}
 Compress = Literal["zstd", "lz4", "auto"] | None
+Message = bytes | bytearray | memoryview  # what decode_tensor reads
+_HOST_LE = sys.byteorder == "little"
+
+
+# ---- the compiled kernels, loaded at first use ---------------------------------------------------
+_KERNELS: list[ModuleType | None] = []  # empty until the first quantized tensor
+
+
+def _kernels() -> ModuleType | None:
+    """The numba kernels (quant/_kernels.py), or None: then the numpy/torch reference path runs,
+    with the same bytes. Imported at first use, not with edgesplit (numba takes a while to
+    import, and compiles each kernel at its first call, from its on-disk cache after that).
+    EDGESPLIT_WIRE_KERNELS=0 turns them off; big-endian hosts use the reference path."""
+    if not _KERNELS:
+        loaded: ModuleType | None = None
+        if _HOST_LE and os.environ.get("EDGESPLIT_WIRE_KERNELS", "1") != "0":
+            try:
+                from edgesplit.quant import _kernels as loaded
+            except (ImportError, OSError):  # numba or its LLVM missing or broken: numpy path
+                loaded = None
+        _KERNELS.append(loaded)
+    return _KERNELS[0]
 
 
 # ---- shared limits ------------------------------------------------------------------------------
@@ -104,9 +132,112 @@ def _le_bytes(a: np.ndarray) -> bytes:
     return a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
+# ---- the message buffer and the checksum ------------------------------------------------------
+def _crc_function() -> Callable[..., int]:
+    """CRC-32 of zlib from python-isal when it imports (same polynomial and values, about ten
+    times faster than zlib's here), else zlib's own: the format does not change."""
+    try:
+        from isal import isal_zlib
+    except ImportError:  # pragma: no cover - isal is a dependency; kept for odd platforms
+        return zlib.crc32
+    return isal_zlib.crc32
+
+
+_crc32 = _crc_function()
+_FUSE_MIN = 2 << 20  # above this, copy and checksum in cache-sized steps (measured: 4 MB 1.7x)
+_FUSE_STEP = 256 << 10
+
+
+def _copy_crc(dst: np.ndarray, src: np.ndarray, crc: int) -> int:
+    """Copy ``src`` into ``dst`` (uint8, same size) and return the CRC of the copied bytes.
+
+    A payload larger than the cache is checksummed step by step right after each step is
+    copied, while it is still in cache, instead of being read from memory a second time."""
+    if dst.size < _FUSE_MIN:
+        np.copyto(dst, src)
+        return int(_crc32(dst, crc))
+    for at in range(0, dst.size, _FUSE_STEP):
+        step = dst[at: at + _FUSE_STEP]
+        np.copyto(step, src[at: at + _FUSE_STEP])
+        crc = _crc32(step, crc)
+    return int(crc)
+
+
+def _bytes_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
+    if sys.implementation.name != "cpython":
+        return None
+    api = ctypes.pythonapi
+    new, at, view = api.PyBytes_FromStringAndSize, api.PyBytes_AsString, api.PyMemoryView_FromMemory
+    new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+    at.restype, at.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+    view.restype = ctypes.py_object
+    view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+    return new, at, view
+
+
+_BYTES_API = _bytes_api()
+_PYBUF_WRITE = 0x200
+
+
+def _new_message(size: int) -> tuple[bytes | bytearray, memoryview]:
+    """A message of ``size`` bytes and a writable view of it, to be filled in place.
+
+    Messages are ``bytes`` (gRPC's protobuf fields take nothing else), and building one in a
+    bytearray would cost a payload-sized copy at the end. CPython's documented way to build
+    bytes without that copy is PyBytes_FromStringAndSize(NULL, size), filled through its
+    buffer before anyone else sees the object; elsewhere a bytearray is filled and copied."""
+    if _BYTES_API is None or size < 2:  # 0 and 1 byte objects are shared singletons
+        buf = bytearray(size)
+        return buf, memoryview(buf)
+    new, at, view = _BYTES_API
+    message = new(None, size)
+    return message, view(at(message), size, _PYBUF_WRITE)
+
+
+def _assemble(head: bytes, raw_len: int, body_len: int, fill: Callable[[np.ndarray], None] | None,
+              source: np.ndarray | None) -> bytes:
+    """The message: ``head``, the two lengths, the CRC, and a body of ``body_len`` bytes either
+    copied from ``source`` (uint8) or written in place by ``fill``; one buffer, no copy."""
+    crc_at = len(head) + _LENGTHS.size
+    message, view = _new_message(crc_at + _CRC.size + body_len)
+    view[: len(head)] = head
+    _LENGTHS.pack_into(view, len(head), raw_len, body_len)
+    body = np.frombuffer(view, np.uint8)[crc_at + _CRC.size:]
+    crc = _crc32(view[:crc_at])
+    if source is not None:
+        crc = _copy_crc(body, source, crc)
+    else:
+        assert fill is not None
+        fill(body)
+        crc = _crc32(body, crc)
+    _CRC.pack_into(view, crc_at, crc)
+    del view, body  # no writable view outlives the build
+    return bytes(message) if isinstance(message, bytearray) else message
+
+
 # ---- encoding -----------------------------------------------------------------------------------
+def _params_from_range(lo: np.ndarray, hi: np.ndarray, bits: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) per channel from the float32 range, in float32, each operation
+    rounded as torch rounds it. A minimum of -0.0 is taken as +0.0: which zero a min-reduction
+    returns depends on its order, and the zero point's sign would show in the header."""
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise WireError(f"cannot quantize a tensor holding inf or NaN to {bits} bits: send it "
+                        f"at 16 or 32 bits")
+    lo = lo.astype(np.float32) + np.float32(0.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        scale = (hi.astype(np.float32) - lo) / np.float32((1 << bits) - 1)
+        scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)  # constant
+        zero = (-lo / scale).astype(np.float32)
+    if not (np.isfinite(scale).all() and np.isfinite(zero).all()):
+        raise WireError(f"the values span a range float32 cannot scale at {bits} bits: send "
+                        f"the tensor at 32 bits")
+    return scale, zero
+
+
 def _quant_params(x: torch.Tensor, bits: int, axis: int | None
                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The reference path's range: torch reductions."""
     channels = 1 if axis is None else x.shape[axis]
     if x.numel() == 0:  # nothing to scale; any valid parameters do
         return np.ones(channels, np.float32), np.zeros(channels, np.float32)
@@ -115,20 +246,12 @@ def _quant_params(x: torch.Tensor, bits: int, axis: int | None
     else:  # amin/amax along a dim are vectorised; aminmax(dim=) is 20x slower on CPU
         rows = x.movedim(axis, 0).reshape(channels, -1)
         lo, hi = rows.amin(dim=1), rows.amax(dim=1)
-    if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
-        raise WireError(f"cannot quantize a tensor holding inf or NaN to {bits} bits: send it "
-                        f"at 16 or 32 bits")
-    scale = (hi - lo) / ((1 << bits) - 1)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # constant tensors
-    zero = -lo / scale
-    if not (torch.isfinite(scale).all() and torch.isfinite(zero).all()):
-        raise WireError(f"the values span a range float32 cannot scale at {bits} bits: send "
-                        f"the tensor at 32 bits")
-    return scale.numpy().astype(np.float32), zero.numpy().astype(np.float32)
+    return _params_from_range(lo.numpy(), hi.numpy(), bits)
 
 
 def _quantize(x: torch.Tensor, bits: int, axis: int | None) -> tuple[np.ndarray, np.ndarray,
                                                                     np.ndarray]:
+    """The reference quantization (torch, several passes): codes, scales, zero points."""
     scale, zero = _quant_params(x, bits, axis)
     view = [1] * x.dim()  # keeps a 0-d tensor 0-d
     if axis is not None:
@@ -138,16 +261,122 @@ def _quantize(x: torch.Tensor, bits: int, axis: int | None) -> tuple[np.ndarray,
     return q.numpy(), scale, zero
 
 
-def _compress(payload: bytes, method: Compress) -> tuple[int, bytes]:
-    if method not in ("zstd", "lz4", "auto", None):
-        raise WireError(f"unknown compression {method!r}: use 'zstd', 'lz4', 'auto' or None")
+def _rows(shape: Sequence[int], axis: int | None) -> tuple[int, int, int]:
+    """(outer, channels, inner): the flat tensor as outer x channels x inner."""
+    if axis is None:
+        return 1, 1, math.prod(shape)
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _fast_params(x: np.ndarray, bits: int, axis: int | None, shape: Sequence[int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' range: numpy's SIMD min and max (a NaN propagates into them, an inf is
+    one of them, so checking the two catches every non-finite value)."""
+    outer, channels, inner = _rows(shape, axis)
+    if x.size == 0:
+        return np.ones(channels, np.float32), np.zeros(channels, np.float32)
+    rows = x.reshape(outer, channels, inner)
+    lo, hi = rows.min(axis=(0, 2)), rows.max(axis=(0, 2))
+    return _params_from_range(lo, hi, bits)
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What a payload is, and how to put it in the message: copied from ``source`` (uint8
+    bytes) or written in place by ``fill``."""
+    bits: int
+    layout: int
+    axis: int
+    params: tuple[np.ndarray, np.ndarray]
+    raw_len: int
+    source: np.ndarray | None = None
+    fill: Callable[[np.ndarray], None] | None = None
+
+
+_NO_PARAMS = (np.ones(0, np.float32), np.zeros(0, np.float32))
+_NO_PARAMS_READ = np.zeros((0, 2), "<f4")
+
+
+def _raw_bytes(a: np.ndarray) -> np.ndarray:
+    """The little-endian bytes of ``a`` as a flat uint8 array (a view on little-endian hosts)."""
+    if _HOST_LE or a.dtype.itemsize == 1:
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return np.frombuffer(_le_bytes(a), np.uint8)
+
+
+def _converting(t: torch.Tensor, wire: torch.dtype) -> Callable[[np.ndarray], None]:
+    """Write ``t`` converted to ``wire`` (float16 or float32) straight into the payload, with
+    torch's conversion (the rounding the reference's ``t.to(wire)`` does)."""
+    kernels = _kernels() if (t.dtype, wire) == (torch.float32, torch.float16) else None
+
+    def fill(out: np.ndarray) -> None:
+        if kernels is not None:  # torch's own threads crawl on a busy machine (20x at 4 MB)
+            flat = t.numpy().reshape(-1)
+            kernels.run(kernels.float_to_half, flat.size, flat, out.view(np.uint16))
+            return
+        words = out.view(np.float16 if wire == torch.float16 else np.float32)
+        torch.from_numpy(words).copy_(t.reshape(-1))
+    return fill
+
+
+def _plain(t: torch.Tensor, bits: int) -> _Body:
+    """A payload that is not quantized: integers, bfloat16 at 16 bits, floats at 16/32."""
+    if not t.is_floating_point():
+        return _Body(t.element_size() * 8, 0, 0, _NO_PARAMS, t.numel() * t.element_size(),
+                     source=_raw_bytes(t.numpy()))
+    if bits == 16 and t.dtype == torch.bfloat16:  # its own words: lossless
+        return _Body(16, 0, 0, _NO_PARAMS, t.numel() * 2,
+                     source=_raw_bytes(t.view(torch.int16).numpy()))
+    wire = torch.float16 if bits == 16 else torch.float32
+    if t.dtype == wire:
+        return _Body(bits, 0, 0, _NO_PARAMS, t.numel() * bits // 8, source=_raw_bytes(t.numpy()))
+    if _HOST_LE:
+        return _Body(bits, 0, 0, _NO_PARAMS, t.numel() * bits // 8, fill=_converting(t, wire))
+    return _Body(bits, 0, 0, _NO_PARAMS, t.numel() * bits // 8,
+                 source=_raw_bytes(t.to(wire).numpy()))
+
+
+def _quantized(t: torch.Tensor, bits: int, axis: int | None) -> _Body:
+    """A quantized payload: fused kernels where they load, else the reference path."""
+    layout, axis_field, x = (0 if axis is None else 1), axis or 0, t.float()
+    raw_len = packed_size(x.numel(), bits)
+    kernels = _kernels()
+    if kernels is None:
+        q, scale, zero = _quantize(x, bits, axis)
+        return _Body(bits, layout, axis_field, (scale, zero), raw_len,
+                     source=np.frombuffer(pack_bits(q, bits), np.uint8))
+    flat = x.numpy().reshape(-1)
+    scale, zero = _fast_params(flat, bits, axis, x.shape)
+    inner = _rows(x.shape, axis)[2]
+
+    def fill(out: np.ndarray) -> None:
+        if flat.size:
+            kernels.run(kernels.quantize_pack, flat.size, flat, scale, zero, inner, bits, out)
+    return _Body(bits, layout, axis_field, (scale, zero), raw_len, fill=fill)
+
+
+def _body(t: torch.Tensor, bits: int, per_channel_axis: int | None) -> _Body:
+    """The payload of a contiguous tensor."""
+    if not t.is_floating_point() or bits in (16, 32):
+        return _plain(t, bits)
+    if per_channel_axis is None:
+        return _quantized(t, bits, None)
+    if not -t.dim() <= per_channel_axis < t.dim():
+        allowed = f" or {-t.dim()}..{t.dim() - 1}" if t.dim() else ""
+        raise WireError(f"per_channel_axis {per_channel_axis} is not an axis of a "
+                        f"{t.dim()}-d tensor: use None (per tensor){allowed}")
+    return _quantized(t, bits, per_channel_axis % t.dim())
+
+
+def _compress(payload: np.ndarray, method: Compress) -> tuple[int, np.ndarray | bytes]:
     candidates = ["zstd", "lz4"] if method == "auto" else [method] if method else []
-    best = (0, payload)
+    best: tuple[int, np.ndarray | bytes] = (0, payload)
     for name in candidates:
         if name == "zstd":
             import zstandard
 
-            packed = zstandard.ZstdCompressor(level=3).compress(payload)  # states content size
+            # one call: the frame states its content size
+            packed = zstandard.ZstdCompressor(level=3).compress(payload.data)
         elif len(payload) > _LZ4_MAX_INPUT:
             continue  # beyond what an lz4 block holds: send it another way
         else:
@@ -159,26 +388,16 @@ def _compress(payload: bytes, method: Compress) -> tuple[int, bytes]:
     return best
 
 
-def _payload(t: torch.Tensor, bits: int, per_channel_axis: int | None
-             ) -> tuple[int, int, int, tuple[np.ndarray, np.ndarray], bytes]:
-    """(wire bits, layout, axis, (scales, zero points), raw payload) of a contiguous tensor."""
-    no_params = (np.ones(0, np.float32), np.zeros(0, np.float32))
-    if not t.is_floating_point():
-        return t.element_size() * 8, 0, 0, no_params, _le_bytes(t.numpy())
-    if bits == 16 and t.dtype == torch.bfloat16:  # its own words: lossless
-        return 16, 0, 0, no_params, _le_bytes(t.view(torch.int16).numpy())
-    if bits in (16, 32):
-        wire = t.to(torch.float16 if bits == 16 else torch.float32)
-        return bits, 0, 0, no_params, _le_bytes(wire.numpy())
-    layout, axis = 0, 0
-    if per_channel_axis is not None:
-        if not -t.dim() <= per_channel_axis < t.dim():
-            allowed = f" or {-t.dim()}..{t.dim() - 1}" if t.dim() else ""
-            raise WireError(f"per_channel_axis {per_channel_axis} is not an axis of a "
-                            f"{t.dim()}-d tensor: use None (per tensor){allowed}")
-        layout, axis = 1, per_channel_axis % t.dim()
-    q, scale, zero = _quantize(t.float(), bits, axis if layout else None)
-    return bits, layout, axis, (scale, zero), pack_bits(q, bits)
+def _head(t: torch.Tensor, body: _Body, code: int) -> bytes:
+    head = _FIXED.pack(MAGIC, WIRE_VERSION, _CODES[t.dtype], body.bits, body.layout, body.axis,
+                       code, t.dim(), 0)
+    scale, zero = body.params
+    head += struct.pack(f"<{t.dim() + 1}I", *t.shape, len(scale))
+    if not len(scale):
+        return head
+    pairs = np.empty((len(scale), 2), "<f4")
+    pairs[:, 0], pairs[:, 1] = scale, zero
+    return head + pairs.tobytes()
 
 
 def encode_tensor(t: torch.Tensor, bits: int, compress: Compress = None, *,
@@ -186,21 +405,29 @@ def encode_tensor(t: torch.Tensor, bits: int, compress: Compress = None, *,
     """Quantize (floating tensors at 1-8 bits) or convert (16/32 bits) and pack ``t``.
 
     Integer and bool tensors travel as they are at any valid ``bits``; ``per_channel_axis``
-    applies to quantized floats only. docs/wire-format.md specifies the bytes."""
+    applies to quantized floats only. docs/wire-format.md specifies the bytes. Uncompressed,
+    the message is built in one buffer: the payload is written (or quantized and packed)
+    straight into it."""
     t = t.detach().cpu().contiguous()
     if t.dtype not in _CODES:
         raise WireError(f"dtype {t.dtype} cannot be sent; supported: "
                         f"{', '.join(str(d) for d in _CODES)}")
     if not (1 <= bits <= 8 or bits in (16, 32)):
         raise WireError(f"bits must be 1-8 (quantized), 16 or 32 (float), got {bits}")
+    if compress not in ("zstd", "lz4", "auto", None):
+        raise WireError(f"unknown compression {compress!r}: use 'zstd', 'lz4', 'auto' or None")
     _check_shape(t.shape)
-    width, layout, axis, params, payload = _payload(t, bits, per_channel_axis)
-    code, body = _compress(payload, compress)
-    head = _FIXED.pack(MAGIC, WIRE_VERSION, _CODES[t.dtype], width, layout, axis, code, t.dim(), 0)
-    head += struct.pack(f"<{t.dim()}I", *t.shape) + struct.pack("<I", len(params[0]))
-    head += np.stack(params, axis=1).astype("<f4").tobytes()
-    prefix = head + _LENGTHS.pack(len(payload), len(body))
-    return prefix + _CRC.pack(zlib.crc32(body, zlib.crc32(prefix))) + body
+    body = _body(t, bits, per_channel_axis)
+    if compress is None:
+        return _assemble(_head(t, body, 0), body.raw_len, body.raw_len, body.fill, body.source)
+    payload = body.source
+    if payload is None:
+        payload = np.empty(body.raw_len, np.uint8)
+        assert body.fill is not None
+        body.fill(payload)
+    code, packed = _compress(payload, compress)
+    return _assemble(_head(t, body, code), body.raw_len, len(packed), None,
+                     np.frombuffer(packed, np.uint8))
 
 
 # ---- parsing: each step checks one part of the header ------------------------------------------
@@ -216,12 +443,9 @@ class _Header:
     params: np.ndarray  # n_params x 2 float32: scale, zero point
     raw_len: int
 
-    @property
+    @functools.cached_property
     def count(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def quantized(self) -> bool:
@@ -245,7 +469,7 @@ class _Reader:
         return chunk
 
 
-def _as_view(data: bytes) -> memoryview:
+def _as_view(data: Message) -> memoryview:
     """The message's bytes without copying them (a copy would be payload-sized)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"a tensor message is bytes, not {type(data).__name__}")
@@ -301,6 +525,8 @@ def _read_params(reader: _Reader, quantized: bool, layout: int, axis: int,
     if n_params != expected:
         raise WireError(f"malformed header: {n_params} quantization parameters, the layout "
                         f"needs {expected}")
+    if n_params == 0:  # unquantized: nothing to check (numpy calls cost microseconds each)
+        return _NO_PARAMS_READ
     params = np.frombuffer(reader.take(8 * n_params, "the parameters"), dtype="<f4")
     params = params.reshape(n_params, 2)
     if not np.isfinite(params).all():
@@ -345,9 +571,10 @@ def _check_expectations(header: _Header, shape: Sequence[int] | None,
                             f"max_raw_bytes={max_raw_bytes}")
 
 
-def _parse(data: bytes, shape: Sequence[int] | None = None, dtype: torch.dtype | None = None,
-           max_raw_bytes: int | None = None) -> tuple[_Header, memoryview]:
-    """The checked header and the (still compressed) payload; nothing payload-sized allocated."""
+def _parse(data: Message, shape: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+           max_raw_bytes: int | None = None) -> tuple[_Header, memoryview, _Checksum]:
+    """The checked header, the (still compressed) payload, and what its CRC must be; nothing
+    payload-sized allocated."""
     view = _as_view(data)
     reader = _Reader(view)
     version, dt, bits, layout, axis, compression, ndim = _read_fixed(reader)
@@ -369,8 +596,27 @@ def _parse(data: bytes, shape: Sequence[int] | None = None, dtype: torch.dtype |
     body = reader.take(body_len, "the payload")
     if reader.pos != len(view):
         raise WireError(f"{len(view) - reader.pos} unexpected bytes after the payload")
-    if zlib.crc32(body, zlib.crc32(view[:crc_end])) != crc:
-        raise WireError("checksum mismatch: the message was corrupted")
+    return header, body, _Checksum(int(_crc32(view[:crc_end])), crc)
+
+
+@dataclass(frozen=True)
+class _Checksum:
+    """The CRC of the bytes before the checksum field, and the field: the payload's part is
+    added by whoever reads the payload (a large plain payload is checked while copied)."""
+    head: int
+    expected: int
+
+    def verify(self, payload_crc: int) -> None:
+        if payload_crc != self.expected:
+            raise WireError("checksum mismatch: the message was corrupted")
+
+
+def _parse_checked(data: Message, shape: Sequence[int] | None = None,
+                   dtype: torch.dtype | None = None, max_raw_bytes: int | None = None
+                   ) -> tuple[_Header, memoryview]:
+    """The header and the payload of a message whose CRC matches."""
+    header, body, checksum = _parse(data, shape, dtype, max_raw_bytes)
+    checksum.verify(int(_crc32(body, checksum.head)))
     return header, body
 
 
@@ -422,14 +668,19 @@ def _decompress(body: memoryview, method: str | None, raw_len: int) -> memoryvie
     return out
 
 
-def _dequantize(body: memoryview, h: _Header) -> torch.Tensor:
-    """x = (q - zero_point) * scale in float32, in place on one float32 array, then cast.
+def _layout(h: _Header) -> tuple[np.ndarray, np.ndarray, int]:
+    """Scales, zero points (fresh float32 arrays) and the run length of one channel."""
+    scale = np.array(h.params[:, 0], dtype=np.float32)
+    zero = np.array(h.params[:, 1], dtype=np.float32)
+    return scale, zero, _rows(h.shape, h.axis if h.layout == 1 else None)[2]
 
-    The decompressed bytes and the unpacked values are freed before the cast allocates the
-    result, so the peak stays near 5 bytes a value plus the result."""
-    raw = _decompress(body, h.compression, h.raw_len)
+
+def _dequantize_reference(raw: memoryview | bytes, h: _Header) -> torch.Tensor:
+    """x = (q - zero_point) * scale in float32, in place on one float32 array.
+
+    The unpacked values are freed before the result is used, so the peak stays near 5 bytes a
+    value plus the result."""
     q = np.frombuffer(raw, np.uint8) if h.bits == 8 else unpack_bits(raw, h.bits, h.count)
-    del raw
     x = torch.from_numpy(q.astype(np.float32).reshape(h.shape))
     del q
     view = [1] * len(h.shape)  # per tensor: broadcast everywhere, and a 0-d tensor stays 0-d
@@ -437,12 +688,67 @@ def _dequantize(body: memoryview, h: _Header) -> torch.Tensor:
         view[h.axis] = -1
     x.sub_(torch.from_numpy(h.params[:, 1].astype(np.float32)).reshape(view))
     x.mul_(torch.from_numpy(h.params[:, 0].astype(np.float32)).reshape(view))
+    return x
+
+
+def _dequantize(body: memoryview, h: _Header) -> torch.Tensor:
+    """The float32 values of a quantized payload, then cast to the tensor's dtype: unpacked and
+    dequantized in one pass straight into the result where the kernels load."""
+    raw = _decompress(body, h.compression, h.raw_len)
+    kernels = _kernels()
+    if kernels is None:
+        x = _dequantize_reference(raw, h)
+    else:
+        x = torch.empty(h.shape, dtype=torch.float32)
+        if h.count:
+            scale, zero, inner = _layout(h)
+            kernels.run(kernels.unpack_dequantize, h.count, np.frombuffer(raw, np.uint8), scale,
+                        zero, inner, h.bits, x.numpy().reshape(-1))
+    del raw
     return x if h.dtype == torch.float32 else x.to(h.dtype)
 
 
+def _copied(body: memoryview, h: _Header, checksum: _Checksum) -> torch.Tensor:
+    """An uncompressed payload whose words are the tensor's own (float32 at 32 bits, float16 or
+    bfloat16 at 16, integers, bool): one copy into a tensor that owns its memory (the message
+    may be a receive buffer about to be reused), checksummed as it is copied."""
+    source = np.frombuffer(body, np.uint8)
+    if source.size < _FUSE_MIN:  # checked before anything payload-sized is allocated
+        checksum.verify(int(_crc32(source, checksum.head)))
+    out = torch.empty(h.shape, dtype=h.dtype)
+    words = out.view(torch.int16) if h.dtype == torch.bfloat16 else out  # numpy has no bf16
+    target = words.numpy().reshape(-1).view(np.uint8)
+    if source.size < _FUSE_MIN:
+        np.copyto(target, source)
+    else:  # the size of bytes received, allocated before the CRC is known (docs/wire-format.md)
+        checksum.verify(_copy_crc(target, source, checksum.head))
+    if h.dtype == torch.bool and h.count and target.max() > 1:
+        raise WireError("malformed payload: a bool byte other than 0 or 1")
+    return out
+
+
+def _is_copy(h: _Header) -> bool:
+    if h.compression is not None or not _HOST_LE:
+        return False
+    if not h.dtype.is_floating_point:
+        return True
+    if h.bits == 16 and h.dtype == torch.bfloat16:
+        return h.version >= 2  # version 1 sent float16 words
+    return h.bits == h.dtype.itemsize * 8
+
+
 def _unquantized(body: memoryview, h: _Header) -> torch.Tensor:
+    """Payloads to convert (or decompress): float16 words to float32 with the kernel, others
+    as numpy words converted by torch."""
     wire = np.dtype(_wire_numpy(h.dtype, h.bits, h.version))
     payload = _decompress(body, h.compression, h.raw_len)
+    kernels = _kernels()
+    if wire == np.dtype("<f2") and h.dtype == torch.float32 and kernels is not None:
+        out = torch.empty(h.shape, dtype=torch.float32)
+        if h.count:
+            kernels.run(kernels.half_to_float, h.count, np.frombuffer(payload, np.uint8),
+                        out.view(-1).view(torch.int32).numpy().view(np.uint32))
+        return out
     words = np.frombuffer(payload, dtype=wire).astype(wire.newbyteorder("="))  # owned copy
     del payload
     if h.dtype == torch.bool:
@@ -455,22 +761,28 @@ def _unquantized(body: memoryview, h: _Header) -> torch.Tensor:
     return t if t.dtype == h.dtype else t.to(h.dtype)
 
 
-def decode_tensor(data: bytes, *, expect_shape: Sequence[int] | None = None,
+def decode_tensor(data: Message, *,
+                  expect_shape: Sequence[int] | None = None,
                   expect_dtype: torch.dtype | None = None,
                   max_raw_bytes: int | None = None) -> torch.Tensor:
     """The (dequantized) tensor of a message from :func:`encode_tensor`.
 
-    Any malformed, truncated, corrupted or hostile message raises WireError. A caller that knows
-    what it expects refuses other messages from their header, before anything payload-sized is
-    allocated: ``expect_shape`` and ``expect_dtype`` must match exactly; ``max_raw_bytes`` bounds
-    both the uncompressed payload and the decoded tensor (elements x element size)."""
-    header, body = _parse(data, expect_shape, expect_dtype, max_raw_bytes)
+    ``data`` may be bytes, a bytearray or a memoryview (a slice of a larger receive buffer
+    included); the tensor never shares memory with it. Any malformed, truncated, corrupted or
+    hostile message raises WireError. A caller that knows what it expects refuses other
+    messages from their header, before anything payload-sized is allocated: ``expect_shape``
+    and ``expect_dtype`` must match exactly; ``max_raw_bytes`` bounds both the uncompressed
+    payload and the decoded tensor (elements x element size)."""
+    header, body, checksum = _parse(data, expect_shape, expect_dtype, max_raw_bytes)
+    if _is_copy(header):
+        return _copied(body, header, checksum)
+    checksum.verify(int(_crc32(body, checksum.head)))
     return _dequantize(body, header) if header.quantized else _unquantized(body, header)
 
 
-def message_info(data: bytes) -> dict:
+def message_info(data: Message) -> dict:
     """The header of a message (validated, CRC included), without decoding the payload."""
-    h, body = _parse(data)
+    h, body = _parse_checked(data)
     return {"version": h.version, "dtype": str(h.dtype).replace("torch.", ""), "bits": h.bits,
             "shape": list(h.shape), "layout": "per-channel" if h.layout else "per-tensor",
             "axis": h.axis, "compression": h.compression, "payload_bytes": len(body),

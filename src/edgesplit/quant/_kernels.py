@@ -1,0 +1,328 @@
+# numba types these kernels (uint32 arithmetic, intrinsics) in ways mypy cannot follow.
+# mypy: disable-error-code="import-untyped,call-arg,var-annotated,assignment"
+"""Compiled kernels of the wire format: fused quantize + pack and unpack + dequantize.
+
+The numpy/torch path in wire.py and pack.py makes several passes and a temporary array per step
+(x / s, + z, round, clamp, a uint8 array, lanes, the packed bytes, then a copy into the
+message); these kernels make one pass, reading the float32 input and writing the packed bytes
+straight into the message (and back: the packed bytes straight into the result's float32
+memory). numba compiles them on first use (``cache=True`` keeps the machine code across
+processes) and they release the GIL, so server threads encode and decode side by side.
+
+The results are byte-identical to the reference path (tests/test_wire.py compares them): every
+operation is the reference's, in float32, in the same order, rounded after each step (no
+fastmath, so no reassociation and no fused multiply-add): ``q = clamp(rint(x / s + z), 0, top)``
+with round-half-even, and ``x = (float32(q) - z) * s``. Bit widths 1, 2, 4, 6 and 8 have
+loops of their own; 3, 5 and 7 go through a 64-bit word per group of eight values, as pack.py
+does. Per-channel tensors whose rows (the elements of one channel between two others) are a
+multiple of eight values long run row by row through the same loops; other per-channel shapes
+go value by value with a running channel index.
+
+Every index is derived from sizes that the caller (wire.py) has checked against the message;
+numba does not check bounds, so these functions are private and take only checked sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["PARALLEL_MIN", "float_to_half", "half_to_float", "quantize_pack", "run",
+           "unpack_dequantize"]
+
+_F0 = np.float32(0.0)
+_U = np.uint32
+_MAGIC = np.float32(1 << 23)
+_U64_FF = np.uint64(0xFF)
+
+
+@njit(inline="always")
+def _q(v, s, z, top):
+    """One value's code, float32 throughout as the reference computes it. Clamping before
+    rounding gives the reference's clamp(rint(.)) (0 and top are integers, no NaN reaches
+    here), and on [0, top] adding and subtracting 2^23 is rint, half to even, in two
+    vectorisable float32 operations where np.rint is a library call."""
+    r = v / s + z
+    if r < _F0:
+        r = _F0
+    if r > top:
+        r = top
+    return np.uint32((r + _MAGIC) - _MAGIC)
+
+
+@njit(inline="always")
+def _dq(q, s, z):
+    return (np.float32(q) - z) * s
+
+
+@njit(inline="always")
+def _qpack_tail(x, start, stop, s, z, bits, top, out):
+    """The last, partial group of eight: only the bytes its values need are written."""
+    word = np.uint64(0)
+    for j in range(stop - start):
+        word |= np.uint64(_q(x[start + j], s, z, top)) << np.uint64(j * bits)
+    first = start // 8 * bits
+    for b in range(((stop - start) * bits + 7) // 8):
+        out[first + b] = np.uint8((word >> np.uint64(8 * b)) & _U64_FF)
+
+
+@njit(nogil=True, cache=True)
+def _qpack_run(x, start, stop, s, z, bits, out):
+    """Values [start, stop) of ``x`` (start a multiple of 8) at one scale and zero point.
+
+    The loops run over slices from index 0: numba wraps negative indices, and only an index
+    known to be non-negative lets LLVM drop that check and vectorise."""
+    top = np.float32((1 << bits) - 1)
+    full = start + (stop - start) // 8 * 8
+    v = x[start:full]
+    o = out[start // 8 * bits: full // 8 * bits]
+    if bits == 8:
+        for i in range(o.size):
+            o[i] = np.uint8(_q(v[i], s, z, top))
+    elif bits == 4:
+        for i in range(o.size):
+            o[i] = np.uint8(_q(v[2 * i], s, z, top) | (_q(v[2 * i + 1], s, z, top) << 4))
+    elif bits == 2:
+        for i in range(o.size):
+            j = 4 * i
+            o[i] = np.uint8(_q(v[j], s, z, top) | (_q(v[j + 1], s, z, top) << 2)
+                            | (_q(v[j + 2], s, z, top) << 4) | (_q(v[j + 3], s, z, top) << 6))
+    elif bits == 1:
+        for i in range(o.size):
+            j = 8 * i
+            b = np.uint32(0)
+            for k in range(8):
+                b |= _q(v[j + k], s, z, top) << k
+            o[i] = np.uint8(b)
+    elif bits == 6:  # four values in three bytes
+        for g in range(o.size // 3):
+            j = 4 * g
+            a, b = _q(v[j], s, z, top), _q(v[j + 1], s, z, top)
+            c, d = _q(v[j + 2], s, z, top), _q(v[j + 3], s, z, top)
+            o[3 * g] = np.uint8((a | (b << 6)) & 0xFF)
+            o[3 * g + 1] = np.uint8(((b >> 2) | (c << 4)) & 0xFF)
+            o[3 * g + 2] = np.uint8(((c >> 4) | (d << 2)) & 0xFF)
+    else:  # 3, 5, 7: a 64-bit word per group of eight, its low `bits` bytes kept
+        for g in range(v.size // 8):
+            word = np.uint64(0)
+            for k in range(8):
+                word |= np.uint64(_q(v[8 * g + k], s, z, top)) << np.uint64(k * bits)
+            for b in range(bits):
+                o[g * bits + b] = np.uint8((word >> np.uint64(8 * b)) & _U64_FF)
+    if full < stop:
+        _qpack_tail(x, full, stop, s, z, bits, top, out)
+
+
+@njit(nogil=True, cache=True)
+def _qpack_stream(x, scale, zero, inner, bits, out, start, stop):
+    """Per channel, rows of any length: groups of eight with a running channel index."""
+    top = np.float32((1 << bits) - 1)
+    channels = scale.size
+    c, k = (start // inner) % channels, start % inner
+    i = start
+    while i < stop:
+        m = min(8, stop - i)
+        word = np.uint64(0)
+        for j in range(m):
+            word |= np.uint64(_q(x[i + j], scale[c], zero[c], top)) << np.uint64(j * bits)
+            k += 1
+            if k == inner:
+                k = 0
+                c = c + 1 if c + 1 < channels else 0
+        first = i // 8 * bits
+        for b in range((m * bits + 7) // 8):
+            out[first + b] = np.uint8((word >> np.uint64(8 * b)) & _U64_FF)
+        i += m
+
+
+@njit(nogil=True, cache=True)
+def quantize_pack(x, scale, zero, inner, bits, out, start, stop):
+    """Quantize values [start, stop) of the flat float32 ``x`` and pack them into ``out``.
+
+    ``scale``/``zero`` hold one pair (per tensor) or one per channel, channel c covering the
+    runs of ``inner`` values at flat index (o * channels + c) * inner. ``start`` is a multiple
+    of 8, so chunks write disjoint bytes."""
+    if scale.size == 1:
+        _qpack_run(x, start, stop, scale[0], zero[0], bits, out)
+    elif inner % 8 == 0:
+        row, pos = start // inner, start
+        while pos < stop:
+            end = min((row + 1) * inner, stop)
+            c = row % scale.size
+            _qpack_run(x, pos, end, scale[c], zero[c], bits, out)
+            pos, row = end, row + 1
+    else:
+        _qpack_stream(x, scale, zero, inner, bits, out, start, stop)
+
+
+@njit(inline="always")
+def _code(raw, i, bits, mask):
+    """Value i of the packed stream, read from the (at most two) bytes that hold it."""
+    bit = i * bits
+    lo = np.uint32(raw[bit >> 3])
+    if (bit & 7) + bits > 8:
+        lo |= np.uint32(raw[(bit >> 3) + 1]) << 8
+    return (lo >> np.uint32(bit & 7)) & mask
+
+
+@njit(nogil=True, cache=True)
+def _dq_run(raw, start, stop, s, z, bits, out):
+    """Values [start, stop) (start a multiple of 8) at one scale and zero point; loops over
+    slices from index 0, as in _qpack_run."""
+    full = start + (stop - start) // 8 * 8
+    mask = np.uint32((1 << bits) - 1)
+    r = raw[start // 8 * bits: full // 8 * bits]
+    v = out[start:full]
+    if bits == 8:
+        for i in range(r.size):
+            v[i] = _dq(r[i], s, z)
+    elif bits == 4:
+        for i in range(r.size):
+            b = np.uint32(r[i])
+            v[2 * i] = _dq(b & 15, s, z)
+            v[2 * i + 1] = _dq(b >> 4, s, z)
+    elif bits == 2:
+        for i in range(r.size):
+            b = np.uint32(r[i])
+            v[4 * i] = _dq(b & 3, s, z)
+            v[4 * i + 1] = _dq((b >> 2) & 3, s, z)
+            v[4 * i + 2] = _dq((b >> 4) & 3, s, z)
+            v[4 * i + 3] = _dq(b >> 6, s, z)
+    elif bits == 1:
+        for i in range(r.size):
+            b = np.uint32(r[i])
+            for k in range(8):
+                v[8 * i + k] = _dq((b >> k) & 1, s, z)
+    elif bits == 6:
+        for g in range(r.size // 3):
+            b0, b1, b2 = np.uint32(r[3 * g]), np.uint32(r[3 * g + 1]), np.uint32(r[3 * g + 2])
+            v[4 * g] = _dq(b0 & 63, s, z)
+            v[4 * g + 1] = _dq((b0 >> 6) | ((b1 & 15) << 2), s, z)
+            v[4 * g + 2] = _dq((b1 >> 4) | ((b2 & 3) << 4), s, z)
+            v[4 * g + 3] = _dq(b2 >> 2, s, z)
+    else:
+        for i in range(v.size):
+            v[i] = _dq(_code(r, i, bits, mask), s, z)
+    for i in range(full, stop):
+        out[i] = _dq(_code(raw, i, bits, mask), s, z)
+
+
+@njit(nogil=True, cache=True)
+def unpack_dequantize(raw, scale, zero, inner, bits, out, start, stop):
+    """Unpack values [start, stop) of ``raw`` and dequantize them into the flat float32 ``out``
+    (the layout of :func:`quantize_pack`)."""
+    if scale.size == 1:
+        _dq_run(raw, start, stop, scale[0], zero[0], bits, out)
+    elif inner % 8 == 0:
+        row, pos = start // inner, start
+        while pos < stop:
+            end = min((row + 1) * inner, stop)
+            c = row % scale.size
+            _dq_run(raw, pos, end, scale[c], zero[c], bits, out)
+            pos, row = end, row + 1
+    else:
+        mask = np.uint32((1 << bits) - 1)
+        channels = scale.size
+        c, k = (start // inner) % channels, start % inner
+        for i in range(start, stop):
+            out[i] = _dq(_code(raw, i, bits, mask), scale[c], zero[c])
+            k += 1
+            if k == inner:
+                k = 0
+                c = c + 1 if c + 1 < channels else 0
+
+
+@intrinsic
+def _bits(typingctx, value):
+    """The IEEE bits of a float32 as a uint32 (numba has no scalar view)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@njit(nogil=True, cache=True)
+def half_to_float(raw, out, start, stop):
+    """IEEE binary16 words (little-endian bytes, any alignment) to float32 bits in ``out``
+    (uint32), branch-free so that it vectorises: exact for every number, as torch converts
+    them; a NaN stays a NaN of its sign, made quiet with its payload kept (what torch's
+    vectorised conversion does; its scalar one returns one canonical NaN, so NaN bits are not
+    part of the contract)."""
+    r = raw[2 * start: 2 * stop]
+    o = out[start:stop]
+    for i in range(o.size):
+        h = np.uint32(r[2 * i]) | (np.uint32(r[2 * i + 1]) << 8)
+        sign = (h & 0x8000) << 16
+        exp = (h >> 10) & 0x1F
+        man = h & 0x3FF
+        normal = sign | ((exp + 112) << 23) | (man << 13)
+        special = sign | 0x7F800000 | (man << 13) | (np.uint32(man != 0) << 22)
+        small = sign | _bits(np.float32(man) * np.float32(2.0 ** -24))  # exact: man * 2^-24
+        o[i] = special if exp == 0x1F else (small if exp == 0 else normal)
+
+
+@njit(nogil=True, cache=True)
+def float_to_half(x, out, start, stop):
+    """float32 to IEEE binary16 words (uint16), rounded to nearest, ties to even, branch-free
+    (F. Giesen's float_to_half_fast3_rtne): bit for bit what torch's conversion gives for every
+    number (beyond binary16's range: infinity); a NaN stays a NaN, made quiet, its payload's
+    high bits kept as the hardware conversion keeps them."""
+    v = x[start:stop]
+    o = out[start:stop]
+    for i in range(o.size):
+        u = _bits(v[i])
+        sign = (u >> _U(16)) & _U(0x8000)
+        a = u & _U(0x7FFFFFFF)
+        nan = _U(0x200) | ((a >> _U(13)) & _U(0x3FF))
+        special = _U(0x7C00) | (nan if a > _U(0x7F800000) else _U(0))
+        # below 2^-14: adding 0.5 rounds |x| to a multiple of 2^-24 (0.5's ulp), half to even
+        small = _bits(np.abs(v[i]) + np.float32(0.5)) - _U(0x3F000000)
+        # rebias the exponent (-112 << 23), round half to even at bit 13 (+0xFFF + odd), shift
+        normal = (a - _U(0x37FFF001) + ((a >> _U(13)) & _U(1))) >> _U(13)
+        w = special if a >= _U(0x47800000) else (small if a < _U(0x38800000) else normal)
+        o[i] = np.uint16(w | sign)
+
+
+# ---- running a kernel over chunks ---------------------------------------------------------------
+# Below this many values one call on the caller's thread is faster than a hand-off to another.
+PARALLEL_MIN = 1 << 20
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One small pool shared by every caller (os.cpu_count() threads, started on first use).
+
+    Not numba's parallel=True: its default threading layer aborts the process when two threads
+    call a parallel kernel at once, and servers encode and decode from many threads."""
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                            thread_name_prefix="edgesplit-wire"))
+        return _POOL[0]
+
+
+def run(kernel: Callable[..., None], count: int, *args: Any) -> None:
+    """``kernel(*args, start, stop)`` over [0, count): on this thread for small tensors, else in
+    chunks of a multiple of 8 values (packed bytes never straddle two chunks), one per CPU, the
+    first on this thread while the pool runs the others."""
+    workers = os.cpu_count() or 1
+    if count < PARALLEL_MIN or workers < 2:
+        kernel(*args, 0, count)
+        return
+    step = (-(-count // workers) + 7) // 8 * 8
+    pool = _pool()
+    futures = [pool.submit(kernel, *args, at, min(at + step, count))
+               for at in range(step, count, step)]
+    try:
+        kernel(*args, 0, step)
+    finally:
+        for future in futures:
+            future.result()
