@@ -17,7 +17,8 @@ from torch.fx.node import Argument
 
 from edgesplit.graph.ops import OpCategory, op_category, op_name
 
-__all__ = ["fold_batchnorm", "fold_constants", "remove_unused_attributes", "strip_checks"]
+__all__ = ["fold_batchnorm", "fold_constants", "free_batch", "remove_unused_attributes",
+           "strip_checks"]
 
 # Operators kept by export only to check the input at run time; they produce no tensor.
 _CHECK_OPS = {"_assert_tensor_metadata", "_assert_async", "sym_constrain_range",
@@ -233,3 +234,32 @@ def remove_unused_attributes(gm: GraphModule) -> GraphModule:
         owner = gm.get_submodule(owner_path) if owner_path else gm
         delattr(owner, leaf)
     return gm
+
+
+_SHAPED = (torch.ops.aten.view.default, torch.ops.aten.reshape.default,
+           torch.ops.aten.expand.default, torch.ops.aten._unsafe_view.default)
+
+
+def free_batch(gm: GraphModule, batch: int) -> int:
+    """Let ``gm`` (captured at batch size ``batch``) run at any batch size, in place.
+
+    torch.export bakes the example's batch size into ``view`` / ``reshape`` / ``expand``
+    shapes; each shape whose first entry is ``batch`` gets its input's own size 0 instead. The
+    caller checks the result against the captured model (a model that moves the batch out of
+    dimension 0 before such a reshape is not batch-first, and is refused there). Returns how
+    many shapes were rewritten.
+    """
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SHAPED or len(node.args) < 2:
+            continue
+        shape = node.args[1]
+        if not isinstance(shape, (list, tuple)) or len(shape) < 2 or shape[0] != batch:
+            continue
+        with gm.graph.inserting_before(node):
+            size = gm.graph.call_function(torch.ops.aten.sym_size.int, (node.args[0], 0))
+        node.args = (node.args[0], [size, *shape[1:]], *node.args[2:])
+        count += 1
+    if count:
+        gm.recompile()
+    return count

@@ -16,8 +16,9 @@ from torch import nn
 from torch.fx import GraphModule
 
 from edgesplit.errors import GraphError
+from edgesplit.graph.passes import free_batch
 
-__all__ = ["BlockModule", "free_batch", "own_weights"]
+__all__ = ["BlockModule", "free_batch", "own_weights"]  # free_batch: from graph.passes
 
 
 def own_weights(gm: GraphModule, *, trainable: bool) -> GraphModule:
@@ -42,35 +43,6 @@ def own_weights(gm: GraphModule, *, trainable: bool) -> GraphModule:
             names[target] = flat
         node.target = names[target]
     return GraphModule(holder, graph, class_name="Block")
-
-
-_SHAPED = (torch.ops.aten.view.default, torch.ops.aten.reshape.default,
-           torch.ops.aten.expand.default, torch.ops.aten._unsafe_view.default)
-
-
-def free_batch(gm: GraphModule, batch: int) -> int:
-    """Let ``gm`` (captured at batch size ``batch``) run at any batch size, in place.
-
-    torch.export bakes the example's batch size into ``view`` / ``reshape`` / ``expand``
-    shapes; each shape whose first entry is ``batch`` gets its input's own size 0 instead. The
-    caller checks the result against the captured model (a model that moves the batch out of
-    dimension 0 before such a reshape is not batch-first, and is refused there). Returns how
-    many shapes were rewritten.
-    """
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _SHAPED or len(node.args) < 2:
-            continue
-        shape = node.args[1]
-        if not isinstance(shape, (list, tuple)) or len(shape) < 2 or shape[0] != batch:
-            continue
-        with gm.graph.inserting_before(node):
-            size = gm.graph.call_function(torch.ops.aten.sym_size.int, (node.args[0], 0))
-        node.args = (node.args[0], [size, *shape[1:]], *node.args[2:])
-        count += 1
-    if count:
-        gm.recompile()
-    return count
 
 
 def _fetch(gm: GraphModule, target: str) -> torch.Tensor:
