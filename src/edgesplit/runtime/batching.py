@@ -1,16 +1,26 @@
-"""Dynamic batching for a served device: requests that arrive within ``max_wait_ms`` of each
-other (up to ``max_batch``) run as one batch, then each gets its own rows back.
+"""Dynamic batching for a served device: requests waiting together (up to ``max_batch``) run as
+one batch, then each gets its own rows back.
 
-Captured programs are shape-specialised, so the device's partition is built a second time
-from the model captured at batch ``max_batch``; a short batch is padded by repeating its last
-request and the padding is dropped. Inference-mode layers treat samples independently (and
-edgesplit rounds activations per sample), so a request's answer does not depend on the others
-in its batch; a request the batch cannot take (a failing one) is retried alone so it cannot
-fail the others.
+Which batches: whatever is queued when the worker is free (a lone client never waits for
+company, so batching costs it nothing), optionally waiting up to ``max_wait_ms`` for more.
+Under load the queue fills while a batch computes, and the next batch takes it all.
+
+How: captured programs bake the example's batch size into their reshapes. :func:`flexible_step`
+frees it (:func:`edgesplit.graph.passes.free_batch`) and checks the result on distinct
+samples against each sample alone, so any batch size runs without padding; a model that
+mixes samples (or moves the batch out of dimension 0) fails the check and is served unbatched.
+:func:`batched_step` is the older way for built-in models: capture again at ``max_batch`` and
+pad short batches by repeating the last request. Inference-mode layers treat samples
+independently (and edgesplit rounds activations per sample), so a request's answer does not
+depend on the others in its batch; a request the batch cannot take (a failing one) is retried
+alone so it cannot fail the others.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -20,9 +30,15 @@ import torch
 
 from edgesplit.errors import ConfigError, option
 from edgesplit.graph import capture
+from edgesplit.graph.partition import Partition
+from edgesplit.graph.passes import free_batch
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 
-__all__ = ["Batcher", "batched_step"]
+__all__ = ["Batcher", "batched_step", "flexible_step"]
+
+log = logging.getLogger(__name__)
+CHECK_SAMPLES = 3  # distinct samples a freed batch is checked with, against each alone
+CHECK_TOL = 1e-4  # relative to the output's scale: batched kernels may round differently
 
 
 def batched_step(program: PlanProgram, device: str, max_batch: int) -> DeviceStep:
@@ -39,18 +55,84 @@ def batched_step(program: PlanProgram, device: str, max_batch: int) -> DeviceSte
     return PlanProgram.load(plan, graph).step(device)
 
 
+def flexible_step(program: PlanProgram, device: str) -> DeviceStep | str:
+    """``device``'s step running at any batch size, or why it cannot (a sentence).
+
+    The partition's graph is copied with its batch freed, then ``CHECK_SAMPLES`` distinct
+    samples run as one batch must give each sample's own answer."""
+    step = program.step(device)
+    shapes = program.plan.model.input_shapes
+    if step.partition is None:
+        return "the device only relays"
+    if not shapes or any(s[0] != 1 for s in shapes):
+        return "the plan was made at a batch size above 1"
+    if step.backend.name != "torch":
+        return f"the {step.backend.name} backend runs a fixed batch size"
+    gm = copy.deepcopy(step.partition.module)
+    free_batch(gm, 1)
+    flexible = dataclasses.replace(step, partition=dataclasses.replace(step.partition, module=gm))
+    try:
+        ok = _same_as_alone(step, flexible, program)
+    except Exception as exc:  # a shape the freed graph cannot take: not batch-first
+        ok = False
+        log.debug("freed batch of %s fails: %s", device, exc)
+    return flexible if ok else "its layers mix the samples of a batch (not batch-first)"
+
+
+def _samples(program: PlanProgram, step: DeviceStep) -> list[dict[str, torch.Tensor]]:
+    """Distinct inputs for ``step`` shaped like the plan's: the example perturbed."""
+    assert step.partition is not None
+    example = program.example_values()
+    out = []
+    for k in range(CHECK_SAMPLES):
+        g = torch.Generator().manual_seed(1234 + k)
+        sample = {}
+        for name in step.partition.inputs:
+            x = example[name]
+            if x.is_floating_point():
+                sample[name] = x + torch.randn(x.shape, generator=g, dtype=x.dtype) * (
+                    x.abs().mean() + 1e-3)
+            else:  # ids and masks: other values from the same range
+                sample[name] = torch.randint(int(x.min()), int(x.max()) + 1, x.shape,
+                                             generator=g, dtype=x.dtype)
+        out.append(sample)
+    return out
+
+
+def _same_as_alone(step: DeviceStep, flexible: DeviceStep, program: PlanProgram) -> bool:
+    assert step.partition is not None
+    samples = _samples(program, step)
+    alone = [step.compute(s) for s in samples]
+    together = flexible.compute({n: torch.cat([s[n] for s in samples])
+                                 for n in step.partition.inputs})
+    for name in step.partition.outputs:
+        rows = torch.cat([a[name] for a in alone])
+        got = together[name]
+        if got.shape != rows.shape:
+            return False
+        scale = float(rows.abs().max()) if rows.numel() and rows.is_floating_point() else 1.0
+        if not torch.allclose(got.double(), rows.double(), rtol=0, atol=CHECK_TOL * (scale + 1)):
+            return False
+    return True
+
+
 class Batcher:
-    """Collects single requests for ``step`` and runs them in batches on one worker thread."""
+    """Collects single requests for ``step`` and runs them in batches on one worker thread.
+    ``batched`` runs any batch size (``flexible``, from :func:`flexible_step`) or exactly
+    ``max_batch`` rows (from :func:`batched_step`; short batches are padded)."""
 
     def __init__(self, single: DeviceStep, batched: DeviceStep, max_batch: int,
-                 max_wait_ms: float) -> None:
+                 max_wait_ms: float = 0.0, *, flexible: bool = False) -> None:
         if max_batch < 2:
             raise ConfigError(f"{option('max_batch')} must be at least 2 to batch anything")
-        self.single, self.batched = single, batched
+        if max_wait_ms < 0:
+            raise ConfigError(f"{option('max_wait_ms')} must be 0 or more")
+        self.single, self.batched, self.flexible = single, batched, flexible
         self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1e3
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.batches_run = 0
+        self.requests_batched = 0
         self._worker = threading.Thread(target=self._loop, name="edgesplit-batcher", daemon=True)
         self._worker.start()
 
@@ -70,6 +152,11 @@ class Batcher:
             return []
         items, deadline = [first], time.perf_counter() + self.max_wait_s
         while len(items) < self.max_batch:
+            try:  # what is queued already, then (max_wait_ms) what arrives in time
+                items.append(self._queue.get_nowait())
+                continue
+            except queue.Empty:
+                pass
             left = deadline - time.perf_counter()
             if left <= 0:
                 break
@@ -94,6 +181,7 @@ class Batcher:
                     self._run_alone(values, done)
                 continue
             self.batches_run += 1
+            self.requests_batched += len(items)
             for (_, done), result in zip(items, results, strict=True):
                 done.set_result(result)
 
@@ -105,12 +193,14 @@ class Batcher:
 
     def _run_batch(self, requests: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         n = len(requests)
-        names = list(self.single.partition.inputs) if self.single.partition else []
+        partition: Partition | None = self.single.partition
+        names = list(partition.inputs) if partition else []
         stacked = {}
         for name in names:
             rows = [r[name] for r in requests]
-            rows += [rows[-1]] * (self.max_batch - n)  # padding, dropped below
+            if not self.flexible:
+                rows += [rows[-1]] * (self.max_batch - n)  # padding, dropped below
             stacked[name] = torch.cat(rows)
         out = self.batched.compute(stacked)
-        produced = self.single.partition.outputs if self.single.partition else ()
+        produced = partition.outputs if partition else ()
         return [{**requests[i], **{t: out[t][i:i + 1] for t in produced}} for i in range(n)]

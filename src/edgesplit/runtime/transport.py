@@ -27,6 +27,7 @@ from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Part
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
@@ -47,9 +48,12 @@ from edgesplit.transport import (
     remaining_timeout,
     serve_forever,
 )
+from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
+from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
 
 if TYPE_CHECKING:  # the star module imports this one
+    from edgesplit.runtime.batching import Batcher
     from edgesplit.runtime.star import Join
 
 __all__ = [
@@ -127,20 +131,40 @@ def _link_before(program: PlanProgram, device_index: int):
 
 
 # ---- server ---------------------------------------------------------------------------------
+DEFAULT_MAX_BATCH = 32  # batches up to this many requests where the partition allows it
+
+
+def _batcher(program: PlanProgram, device: str, max_batch: int | None, max_wait_ms: float
+             ) -> tuple[Batcher | None, str]:
+    """Dynamic batching for ``device`` (``max_batch`` None: up to DEFAULT_MAX_BATCH where
+    the partition allows it; 1: none), and a few words saying what was decided."""
+    from edgesplit.runtime.batching import Batcher, flexible_step
+
+    limit = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+    if limit <= 1:
+        return None, "off"
+    flexible = flexible_step(program, device)
+    if isinstance(flexible, str):
+        log.warning("device %s serves requests one by one: %s", device, flexible)
+        return None, f"off ({flexible})"
+    return (Batcher(program.step(device), flexible, limit, max_wait_ms, flexible=True),
+            f"up to {limit}")
+
+
 class _Servicer(pb_grpc.PartitionServiceServicer):
     def __init__(self, server: PartitionServer) -> None:
         self.s = server
 
     def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
         self.s.check_token(context)
-        return answer(context, lambda: self.s.handle(request, context), self.s.failure)
+        return answer(context, lambda: self.s.reply_pb(request, context), self.s.failure)
 
     def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
                   ) -> Iterator[pb.Bundle]:
         self.s.check_token(context)
         for request in request_iterator:
             try:
-                yield self.s.handle(request, context)
+                yield self.s.reply_pb(request, context)
             except (BadRequest, RemoteError) as exc:  # one bad request ends only itself
                 yield pb.Bundle(request_id=request.request_id, error=str(exc),
                                 plan_id=self.s.program.plan_id)
@@ -154,7 +178,8 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
         step = self.s.step
         return pb.Description(plan_id=self.s.program.plan_id, plan_version=PLAN_VERSION,
                               device=step.name, inputs=list(step.receives),
-                              outputs=list(step.returns), max_message_bytes=self.s.limit)
+                              outputs=list(step.returns), max_message_bytes=self.s.limit,
+                              data_port=self.s.data_port or 0)
 
 
 class PartitionServer(GrpcServer):
@@ -164,14 +189,20 @@ class PartitionServer(GrpcServer):
     join key travelling on; the sink joins its sources' calls (see
     :class:`edgesplit.runtime.star.Join`: ``join_timeout_s``, ``max_joins``), runs with
     ``max_workers`` per source (a call waiting for the other sources holds a worker) and does
-    not batch (``max_batch > 1`` is refused: each join already computes once)."""
+    not batch (``max_batch > 1`` is refused: each join already computes once).
+
+    Besides gRPC, :meth:`start` opens the data plane (length-prefixed frames over TCP,
+    :mod:`edgesplit.transport.frames`) on ``data_port`` (0: any free port; None: none) and
+    names it in ``Describe``; a chain's calls go there unless the client says ``grpc``. A
+    star's devices serve gRPC only. ``data_plane`` says how this server calls the next hop."""
 
     def __init__(self, program: PlanProgram, device: str, *,
                  next_address: str | LoopbackChannel | None = None,
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
                  max_workers: int = 32, next_timeout_s: float = 60.0,
-                 max_batch: int = 1, max_wait_ms: float = 2.0,
-                 join_timeout_s: float = 10.0, max_joins: int = 256) -> None:
+                 max_batch: int | None = None, max_wait_ms: float = 0.0,
+                 join_timeout_s: float = 10.0, max_joins: int = 256,
+                 data_port: int | None = 0, data_plane: DataPlane = "auto") -> None:
         self.program, self.step = program, program.step(plan_device(program, device))
         device = self.step.name
         if program.kind == "chain" and self.step.index == 0:
@@ -182,21 +213,19 @@ class PartitionServer(GrpcServer):
             raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
                               f"{option('next_address', 'HOST:PORT', flag='--next')}")
         self.token, self.tls = token, tls
-        self.batcher = None
+        self.batcher: Batcher | None = None
+        self.batching = "off"
         self.join: Join | None = None
         if device == program.sink:
             from edgesplit.runtime.star import Join
 
-            if max_batch > 1:
+            if max_batch is not None and max_batch > 1:
                 raise ConfigError(f"device {device!r} joins a star's sources and computes each "
                                   f"request once: it does not batch ({option('max_batch', 1)})")
             self.join = Join(self, join_timeout_s, max_joins, shape)
             max_workers *= len(program.sources)
-        if max_batch > 1 and self.step.partition is not None:
-            from edgesplit.runtime.batching import Batcher, batched_step
-
-            self.batcher = Batcher(self.step, batched_step(program, device, max_batch),
-                                   max_batch, max_wait_ms)
+        elif self.step.partition is not None and self.step.emulate_ms is None:  # emulation paces
+            self.batcher, self.batching = _batcher(program, device, max_batch, max_wait_ms)
         self.limit = max_message_bytes(program)
         upstream, downstream = _links(program, self.step)
         self.upstream = LinkShaper(upstream, shape)  # replies
@@ -204,18 +233,40 @@ class PartitionServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._states: OrderedDict[str, Any] = OrderedDict()  # backend state per session
         self._states_lock = threading.Lock()
-        self._next = None
-        if next_address is not None:
-            channel = _channel(next_address, self.limit, tls)
-            self._next = pb_grpc.PartitionServiceStub(channel)
+        self._next = None if next_address is None else Hop(next_address, self.limit, tls,
+                                                             data_plane)
+        self._frames: FrameServer | None = None
+        self._want_data_port = None if program.kind == "star" else data_port
+        self.data_port: int | None = None
+        self._slots = threading.BoundedSemaphore(max_workers)  # the data plane's workers
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             _Servicer(self), server), self.limit, max_workers)
 
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen for gRPC on host:port (0 = any free port), and for the data plane on
+        ``data_port`` of the same host; returns the gRPC port."""
+        bound = super().start(host, port)
+        if self._want_data_port is not None:
+            frames = FrameServer(self._frame_call, self.limit, self.tls)
+            try:
+                self.data_port = frames.start(host, self._want_data_port)
+            except OSError as exc:
+                super().stop(0)
+                raise ConfigError(f"cannot open the data plane on {host}:"
+                                  f"{self._want_data_port} ({exc.strerror or exc}): pick "
+                                  f"another {option('data_port')} or turn it off") from None
+            self._frames = frames
+        return bound
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Finish requests in flight (up to ``grace_s``), refuse new ones."""
+        if self._frames is not None:
+            self._frames.stop(grace_s)
         super().stop(grace_s)
         if self.batcher is not None:
             self.batcher.close()
+        if self._next is not None:
+            self._next.close()
 
     def _state(self, context: grpc.ServicerContext | None) -> Any:
         """The backend state of the caller's session (metadata ``edgesplit-session``), made
@@ -272,12 +323,47 @@ class PartitionServer(GrpcServer):
                                   f"{_planned(self.program, t.name)}") from None
         return values
 
-    def handle(self, request: pb.Bundle, context: grpc.ServicerContext | None = None
-               ) -> pb.Bundle:
-        """Answer one request; ``context`` (the caller's call) gives the deadline and
-        cancellation that travel down the chain."""
+    def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext | None = None
+                 ) -> pb.Bundle:
+        """Answer one gRPC request, the reply's time on the link included."""
         if self.join is not None:  # a star's sink: wait for every source, compute once
             return self.join.handle(request, context)
+        reply = self.handle(request, context).to_pb()
+        self.upstream.send(reply.ByteSize(), "down")
+        return reply
+
+    def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
+        """Answer one data-plane call: the same checks, errors and work as over gRPC."""
+        call = cast(grpc.ServicerContext, context)  # the part of it our servicers use
+        try:
+            self.check_token(call)
+            reply = answer(call, lambda: self._handle_slot(frame, call), self.failure)
+        except Aborted:
+            return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
+                           context.details)
+        out = reply.to_frame(REPLY)
+        if self.upstream.enabled:
+            self.upstream.send(out.nbytes(), "down")
+        return out
+
+    def _handle_slot(self, frame: Frame, context: grpc.ServicerContext) -> Message:
+        """At most ``max_workers`` requests at once, as gRPC's thread pool allows; a request
+        that waits for a slot past its deadline is dropped."""
+        request = Message.from_frame(frame)
+        if not self._slots.acquire(timeout=remaining_timeout(context, self.next_timeout_s)):
+            check_alive(context, self.step.name)
+            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"device {self.step.name!r} is busy with {option('max_workers')} "
+                             "requests")
+        try:
+            return self.handle(request, context)
+        finally:
+            self._slots.release()
+
+    def handle(self, request: pb.Bundle | Message,
+               context: grpc.ServicerContext | None = None) -> Message:
+        """Answer one chain request (gRPC's or the data plane's); ``context`` (the caller's
+        call) gives the deadline and cancellation that travel down the chain."""
         t_in = time.perf_counter()
         values = self._decode(request)
         timings: dict[str, float] = {f"{self.step.name}.serialize_ms":
@@ -290,39 +376,36 @@ class PartitionServer(GrpcServer):
         else:  # a session's state is its own: no batching across sessions
             values = self.step.compute(values, state)
         timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
+        timings.update(self.step.emulation_timings())  # compute emulation: the time slept
         downstream: dict[str, bytes] = {}
         if self.step.sends:
             downstream, more = self._forward(request, values, context, timings)
             timings.update(more)
         t1 = time.perf_counter()
-        reply = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
-                          request_id=request.request_id)
+        parts = []
         for name in self.step.returns:
             data = downstream.get(name)
-            if data is None:
-                data = encode_tensor(values[name], 32)
-            reply.tensors.add(name=name, data=data)
+            parts.append(Part(name, data if data is not None else encode_tensor(values[name], 32)))
         timings[f"{self.step.name}.serialize_ms"] = \
             timings.get(f"{self.step.name}.serialize_ms", 0.0) + (time.perf_counter() - t1) * 1e3
-        reply.timings_ms.update(timings)
-        self.upstream.send(reply.ByteSize(), "down")
-        return reply
+        return Message(self.program.plan_id, PLAN_VERSION, request.request_id, parts, timings)
 
-    def _forward(self, request: pb.Bundle, values: Mapping[str, torch.Tensor],
+    def _forward(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
                  context: grpc.ServicerContext | None, timings: dict[str, float]
-                 ) -> tuple[dict[str, bytes], dict[str, float]]:
+                 ) -> tuple[dict[str, Any], dict[str, float]]:
         t0 = time.perf_counter()
-        out = pb.Bundle(plan_id=request.plan_id, plan_version=request.plan_version,
-                        request_id=request.request_id)
-        for name, data in self.program.encode(self.step, values, self.step.sends).items():
-            out.tensors.add(name=name, data=data)
+        encoded = self.program.encode(self.step, values, self.step.sends)
+        out = Message(request.plan_id, request.plan_version, request.request_id,
+                      [Part(name, data) for name, data in encoded.items()])
         key = f"{self.step.name}.serialize_ms"
         timings[key] = timings.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
-        self.downstream.send(out.ByteSize(), "up")
+        if self.downstream.enabled:
+            assert self._next is not None
+            self.downstream.send(self._next.wire_size(out), "up")
         return self._call_next(out, context)
 
-    def _call_next(self, out: pb.Bundle, context: grpc.ServicerContext | None
-                   ) -> tuple[dict[str, bytes], dict[str, float]]:
+    def _call_next(self, out: Message, context: grpc.ServicerContext | None
+                   ) -> tuple[dict[str, Any], dict[str, float]]:
         """Forward within what is left of the caller's deadline, and cancel the downstream
         call when the caller gives up, so abandoned requests free every hop's workers."""
         metadata = context.invocation_metadata() if context is not None else ()
@@ -332,11 +415,9 @@ class PartitionServer(GrpcServer):
         check_alive(context, self.step.name)
         timeout = remaining_timeout(context, self.next_timeout_s)
         assert self._next is not None  # a step that sends was given a next address
-        call = self._next.Run.future(out, timeout=timeout, metadata=auth)
-        if context is not None:
-            context.add_callback(call.cancel)  # runs when the caller's call ends, any way
+        self._next.resolve(timeout, auth)
         try:
-            reply = call.result()
+            reply = self._next.run(out, timeout, auth, context)
         except grpc.FutureCancelledError:
             raise BadRequest(grpc.StatusCode.CANCELLED, "the caller cancelled the request"
                               ) from None
@@ -359,13 +440,15 @@ class RequestResult:
 
 
 class ChainClient:
-    """Runs device 0's partition and sends the rest of the chain to ``address``."""
+    """Runs device 0's partition and sends the rest of the chain to ``address``: over the
+    server's data plane when it offers one (``data_plane="auto"``, the default; ``"tcp"``
+    insists on it), else, or with ``"grpc"``, over gRPC. Safe to share between threads."""
 
     def __init__(self, program: PlanProgram, address: str | LoopbackChannel, *,
                  token: str | None = None,
                  tls: TlsFiles | None = None, shape: bool = True, timeout_s: float = 60.0,
                  retries: int = 0, retry_backoff_s: float = 0.2,
-                 session: str | None = None) -> None:
+                 session: str | None = None, data_plane: DataPlane = "auto") -> None:
         self.program, self.step = program, program.steps[0]
         self.metadata = bearer_metadata(token)
         if session is not None:  # the servers keep backend state (a KV cache) per session
@@ -374,15 +457,20 @@ class ChainClient:
         self.limit = max_message_bytes(program)
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
                                  shape)
-        self._channel = _channel(address, self.limit, tls)
+        self._hop = Hop(address, self.limit, tls, data_plane)
         self.address = _name(address)
-        self._stub = pb_grpc.PartitionServiceStub(self._channel)
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
         self._plan_checked = False
 
     def close(self) -> None:
-        self._channel.close()
+        self._hop.close()
+
+    @property
+    def data_plane(self) -> str:
+        """How requests travel now: "tcp HOST:PORT" or "grpc" (decided by the first
+        :meth:`describe`, which :meth:`request` makes before its first request)."""
+        return self._hop.data_plane
 
     def __enter__(self) -> ChainClient:
         return self
@@ -391,12 +479,13 @@ class ChainClient:
         self.close()
 
     def describe(self) -> pb.Description:
-        return self._call(self._stub.Describe, pb.DescribeRequest())
+        return self._call(self._hop.describe)
 
-    def _call(self, method, request):
+    def _call(self, method: Any) -> Any:
+        """``method(timeout, metadata)``, retried on UNAVAILABLE and DEADLINE_EXCEEDED."""
         for attempt in range(self.retries + 1):
             try:
-                return method(request, timeout=self.timeout_s, metadata=self.metadata)
+                return method(self.timeout_s, self.metadata)
             except grpc.RpcError as exc:
                 code = exc.code()
                 retryable = code in (grpc.StatusCode.UNAVAILABLE,
@@ -434,13 +523,13 @@ class ChainClient:
                                  {"edge": edge_ms, "serialize": 0.0, "transfer": 0.0,
                                   "remote": 0.0, "total": total})
         t0 = time.perf_counter()
-        bundle = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
-                           request_id=request_id)
-        for name, data in self.program.encode(self.step, values, self.step.sends).items():
-            bundle.tensors.add(name=name, data=data)
+        encoded = self.program.encode(self.step, values, self.step.sends)
+        message = Message(self.program.plan_id, PLAN_VERSION, request_id,
+                          [Part(name, data) for name, data in encoded.items()])
         serialize_ms = (time.perf_counter() - t0) * 1e3
-        self.shaper.send(bundle.ByteSize(), "up")
-        reply = self._call(self._stub.Run, bundle)
+        if self.shaper.enabled:
+            self.shaper.send(self._hop.wire_size(message), "up")
+        reply = self._call(lambda timeout, metadata: self._hop.run(message, timeout, metadata))
         if reply.request_id != request_id:
             raise RemoteError(f"reply for request {reply.request_id} arrived for request "
                               f"{request_id}")
@@ -460,7 +549,7 @@ class ChainClient:
             hops)
 
 
-    def _decode_reply(self, reply: pb.Bundle) -> dict[str, torch.Tensor]:
+    def _decode_reply(self, reply: Message) -> dict[str, torch.Tensor]:
         """The outputs a server answered with: only the ones this client waits for, each of
         the plan's shape and dtype (a hostile or broken server cannot make it allocate more)."""
         expected = set(self.program.steps[1].returns)
@@ -487,11 +576,13 @@ def _planned(program: PlanProgram, name: str) -> str:
     return f"shape {list(info.shape)}, dtype {info.dtype}"
 
 
-def decode_planned(program: PlanProgram, name: str, data: bytes) -> torch.Tensor:
+def decode_planned(program: PlanProgram, name: str, data: bytes | bytearray | memoryview
+                   ) -> torch.Tensor:
     """Decode tensor ``name`` of the plan, refusing (WireError) any other shape or dtype before
     its payload is decompressed or allocated."""
     info = program.graph.tensors[name]
-    return decode_tensor(data, expect_shape=info.shape, expect_dtype=_torch_dtype(info.dtype))
+    return decode_tensor(cast(bytes, data),  # any contiguous bytes-like: read, not copied
+                         expect_shape=info.shape, expect_dtype=_torch_dtype(info.dtype))
 
 
 def _channel(address: str | grpc.Channel | LoopbackChannel, limit: int, tls: TlsFiles | None

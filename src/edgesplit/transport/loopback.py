@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-__all__ = ["LoopbackChannel", "LoopbackContext", "LoopbackError", "LoopbackServer"]
+__all__ = ["Aborted", "LoopbackChannel", "LoopbackContext", "LoopbackError", "LoopbackServer"]
 
 Metadata = Sequence[tuple[str, str]]
 
@@ -35,7 +35,7 @@ class LoopbackError(grpc.RpcError):
         return self._details
 
 
-class _Aborted(Exception):
+class Aborted(Exception):
     """What ``context.abort`` raises, as gRPC's does, to end the servicer method."""
 
 
@@ -78,7 +78,7 @@ class LoopbackContext:
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.code, self.details = code, details
-        raise _Aborted(details)
+        raise Aborted(details)
 
     def finish(self) -> None:
         """The call ended: run its callbacks, as gRPC does."""
@@ -147,7 +147,7 @@ class _Method:
              context: LoopbackContext) -> Any:
         try:
             return behaviour(request, context)
-        except _Aborted:
+        except Aborted:
             raise LoopbackError(context.code or grpc.StatusCode.UNKNOWN, context.details
                                 ) from None
         except grpc.RpcError:
@@ -187,7 +187,7 @@ class _StreamStream(_Method):
             for reply in self._run(handler.stream_stream, parsed, context):
                 yield self._carry(reply, handler.response_serializer, self.deserialize,
                                   "Received")
-        except _Aborted:
+        except Aborted:
             raise LoopbackError(context.code or grpc.StatusCode.UNKNOWN, context.details
                                 ) from None
         finally:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/edgesplit/runtime/proto/edgesplit_runtime.proto\x12\x14\x65\x64gesplit.runtime.v1\"$\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xf4\x01\n\x06\x42undle\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x14\n\x0cplan_version\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12-\n\x07tensors\x18\x04 \x03(\x0b\x32\x1c.edgesplit.runtime.v1.Tensor\x12?\n\ntimings_ms\x18\x05 \x03(\x0b\x32+.edgesplit.runtime.v1.Bundle.TimingsMsEntry\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0f\x44\x65scribeRequest\"\x80\x01\n\x0b\x44\x65scription\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x14\n\x0cplan_version\x18\x02 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x32\xf8\x01\n\x10PartitionService\x12\x41\n\x03Run\x12\x1c.edgesplit.runtime.v1.Bundle\x1a\x1c.edgesplit.runtime.v1.Bundle\x12K\n\tRunStream\x12\x1c.edgesplit.runtime.v1.Bundle\x1a\x1c.edgesplit.runtime.v1.Bundle(\x01\x30\x01\x12T\n\x08\x44\x65scribe\x12%.edgesplit.runtime.v1.DescribeRequest\x1a!.edgesplit.runtime.v1.Descriptionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/edgesplit/runtime/proto/edgesplit_runtime.proto\x12\x14\x65\x64gesplit.runtime.v1\"$\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xf4\x01\n\x06\x42undle\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x14\n\x0cplan_version\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12-\n\x07tensors\x18\x04 \x03(\x0b\x32\x1c.edgesplit.runtime.v1.Tensor\x12?\n\ntimings_ms\x18\x05 \x03(\x0b\x32+.edgesplit.runtime.v1.Bundle.TimingsMsEntry\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0f\x44\x65scribeRequest\"\x93\x01\n\x0b\x44\x65scription\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x14\n\x0cplan_version\x18\x02 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x11\n\tdata_port\x18\x07 \x01(\r2\xf8\x01\n\x10PartitionService\x12\x41\n\x03Run\x12\x1c.edgesplit.runtime.v1.Bundle\x1a\x1c.edgesplit.runtime.v1.Bundle\x12K\n\tRunStream\x12\x1c.edgesplit.runtime.v1.Bundle\x1a\x1c.edgesplit.runtime.v1.Bundle(\x01\x30\x01\x12T\n\x08\x44\x65scribe\x12%.edgesplit.runtime.v1.DescribeRequest\x1a!.edgesplit.runtime.v1.Descriptionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,7 +42,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_start=358
   _globals['_DESCRIBEREQUEST']._serialized_end=375
   _globals['_DESCRIPTION']._serialized_start=378
-  _globals['_DESCRIPTION']._serialized_end=506
-  _globals['_PARTITIONSERVICE']._serialized_start=509
-  _globals['_PARTITIONSERVICE']._serialized_end=757
+  _globals['_DESCRIPTION']._serialized_end=525
+  _globals['_PARTITIONSERVICE']._serialized_start=528
+  _globals['_PARTITIONSERVICE']._serialized_end=776
 # @@protoc_insertion_point(module_scope)

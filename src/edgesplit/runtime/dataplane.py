@@ -1,0 +1,191 @@
+"""What a request is, whichever way it travels, and the caller of a next device.
+
+A :class:`Message` is the runtime's request or reply: the plan it belongs to, its id, its
+tensors as wire-format messages by name, and the hops' timings. It converts to and from gRPC's
+``Bundle`` (the control plane, and any peer without a data plane) and to and from a data-plane
+:class:`~edgesplit.transport.frames.Frame`, whose tensor bytes are never copied into a
+protobuf. :class:`Hop` calls the next device: it asks the server's ``Describe`` once for a data
+port and then sends ``Run`` as frames there, or over gRPC when there is none (``mode``
+``"auto"``), always over gRPC (``"grpc"``), or only over the data plane (``"tcp"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import grpc
+
+from edgesplit.errors import ConfigError, option
+from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
+from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.transport import BadRequest, LoopbackChannel, LoopbackError, TlsFiles, open_channel
+from edgesplit.transport.frames import CALL, Buffer, Frame, FrameClient
+
+__all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "split_address"]
+
+DataPlane = Literal["auto", "grpc", "tcp"]
+Metadata = Sequence[tuple[str, str | bytes]]
+DATA_PLANES = ("auto", "grpc", "tcp")
+
+
+@dataclass
+class Part:
+    name: str
+    data: Buffer  # one wire-format tensor message
+
+
+@dataclass
+class Message:
+    """A request or reply; attribute names as gRPC's ``Bundle``, so code reading one reads
+    the other."""
+
+    plan_id: str = ""
+    plan_version: int = 0
+    request_id: int = 0
+    tensors: list[Part] = field(default_factory=list)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, bundle: Any) -> Message:
+        """From a gRPC ``Bundle`` (its tensor bytes are read once, here)."""
+        return cls(bundle.plan_id, bundle.plan_version, bundle.request_id,
+                   [Part(t.name, t.data) for t in bundle.tensors], dict(bundle.timings_ms))
+
+    def to_pb(self) -> Any:
+        bundle = pb.Bundle(plan_id=self.plan_id, plan_version=self.plan_version,
+                           request_id=self.request_id)
+        for part in self.tensors:
+            bundle.tensors.add(name=part.name, data=bytes(part.data))
+        bundle.timings_ms.update(self.timings_ms)
+        return bundle
+
+    def to_frame(self, kind: int = CALL, **meta: Any) -> Frame:
+        meta.update(plan_id=self.plan_id, plan_version=self.plan_version,
+                    names=[p.name for p in self.tensors])
+        if self.timings_ms:
+            meta["timings_ms"] = self.timings_ms
+        return Frame(kind, self.request_id, meta, [p.data for p in self.tensors])
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Message:
+        """A frame's message, its fields checked (a hostile peer wrote them): BadRequest."""
+        meta = frame.meta
+        names, timings = meta.get("names", []), meta.get("timings_ms", {})
+        plan, version = meta.get("plan_id", ""), meta.get("plan_version", 0)
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)
+                and len(names) == len(frame.parts)):
+            raise _malformed("the tensor names do not match its parts")
+        if not (isinstance(plan, str) and isinstance(version, int) and version >= 0):
+            raise _malformed("plan_id must be a string and plan_version a count")
+        if not (isinstance(timings, dict) and all(
+                isinstance(k, str) and isinstance(v, int | float) for k, v in timings.items())):
+            raise _malformed("timings_ms must map names to numbers")
+        return cls(plan, version, frame.request_id,
+                   [Part(n, d) for n, d in zip(names, frame.parts, strict=True)],
+                   {k: float(v) for k, v in timings.items()})
+
+
+def _malformed(what: str) -> BadRequest:
+    return BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"malformed data-plane frame: {what}")
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of ``HOST:PORT`` or ``[V6]:PORT``; None for other gRPC targets (``unix:``,
+    ``dns:///...``), which keep to gRPC."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host or host.startswith(("unix", "dns")):
+        return None
+    return host.strip("[]"), int(port)
+
+
+class Hop:
+    """Calls one device's server: ``describe`` over gRPC, ``run`` over the data plane the
+    server offers (found by the first successful ``describe``) or over gRPC."""
+
+    def __init__(self, address: str | grpc.Channel | LoopbackChannel, limit: int,
+                 tls: TlsFiles | None, mode: DataPlane = "auto") -> None:
+        if mode not in DATA_PLANES:
+            raise ConfigError(f"unknown data plane {mode!r}: use {', '.join(DATA_PLANES)} "
+                              f"({option('data_plane')})")
+        self.address = address if isinstance(address, str) else "in-process"
+        self.limit, self.tls, self.mode = limit, tls, mode
+        self.channel = open_channel(address, limit, tls) if isinstance(address, str) \
+            else address
+        self.stub = pb_grpc.PartitionServiceStub(self.channel)
+        self.frames: FrameClient | None = None
+        self._resolved = False
+        self._lock = threading.Lock()
+
+    @property
+    def data_plane(self) -> str:
+        """What ``run`` uses now: "tcp HOST:PORT" or "grpc"."""
+        return f"tcp {self.frames.host}:{self.frames.port}" if self.frames else "grpc"
+
+    def close(self) -> None:
+        if self.frames is not None:
+            self.frames.close()
+        self.channel.close()
+
+    def describe(self, timeout: float | None, metadata: Metadata) -> Any:
+        """The server's Description; the first one also decides the data plane."""
+        described = self.stub.Describe(pb.DescribeRequest(), timeout=timeout,
+                                       metadata=metadata)
+        with self._lock:
+            if not self._resolved:
+                self.frames = self._frames(described)
+                self._resolved = True
+        return described
+
+    def _frames(self, described: Any) -> FrameClient | None:
+        where = split_address(self.address) if isinstance(self.channel, grpc.Channel) else None
+        offered = bool(described.data_port) and where is not None
+        if self.mode == "tcp" and not offered:
+            raise ConfigError(f"server {self.address} offers no data plane (started with "
+                              "--data-port off, an older edgesplit, or not a host:port "
+                              f"address): use {option('data_plane', 'grpc')}")
+        if self.mode == "grpc" or not offered or where is None:
+            return None
+        return FrameClient(where[0], int(described.data_port), self.limit, self.tls)
+
+    def resolve(self, timeout: float | None, metadata: Metadata) -> None:
+        """Ask once which data plane to use (gRPC until a Describe has succeeded)."""
+        if not self._resolved and self.mode != "grpc":
+            with contextlib.suppress(grpc.RpcError):  # Run over gRPC fails the same way
+                self.describe(timeout, metadata)
+
+    def wire_size(self, message: Message) -> int:
+        """The bytes ``message`` takes on the way ``run`` sends it (what a shaper charges)."""
+        if self.frames is not None:
+            return message.to_frame().nbytes()
+        return int(message.to_pb().ByteSize())
+
+    def run(self, message: Message, timeout: float | None,
+            metadata: Metadata, context: Any = None) -> Message:
+        """The next device's reply to ``message`` (raises ``grpc.RpcError`` as gRPC would).
+        Over gRPC, the call is cancelled when ``context`` (the caller's own call) ends; over
+        the data plane, the deadline bounds it."""
+        if self.frames is not None:
+            pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
+            frame = message.to_frame(metadata=pairs, timeout_s=timeout)
+            return self.frames.call(frame, timeout, _owned_reply)
+        call = self.stub.Run.future(message.to_pb(), timeout=timeout, metadata=metadata)
+        if context is not None:
+            context.add_callback(call.cancel)  # runs when the caller's call ends, any way
+        return Message.of(call.result())
+
+
+def _owned_reply(frame: Frame) -> Message:
+    """A reply read off a connection the next call reuses: its bytes copied out (replies
+    carry model outputs, small next to the requests)."""
+    try:
+        reply = Message.from_frame(frame)
+    except BadRequest as exc:
+        raise LoopbackError(grpc.StatusCode.INTERNAL, f"the server answered with a {exc}"
+                            ) from None
+    for part in reply.tensors:
+        part.data = bytes(part.data)
+    return reply

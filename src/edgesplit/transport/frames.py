@@ -1,0 +1,463 @@
+"""The data plane: length-prefixed frames over plain TCP (TLS when configured), for the bytes
+gRPC's Python stack costs more to move than the socket does.
+
+gRPC keeps the control plane (``Describe``, health, cross-language access); a server that
+offers this data plane names its port there, and a client that finds one sends its calls
+here. A connection carries one call at a time (a client keeps several open for concurrent
+calls), each call and its answer one *frame*::
+
+    magic "ESF1" | version u8 | kind u8 | reserved u16 | request_id u64 | meta_len u32 |
+    n_parts u32 | part lengths: n_parts x u64 | meta: meta_len bytes, a UTF-8 JSON object |
+    the parts, back to back
+
+all little-endian. Kind 1 is a call, 2 its answer, 3 a failed call, whose meta holds ``code``
+(a gRPC status code's name) and ``details``, so a failure reads exactly as it does over gRPC.
+A receiver checks the header and every size against its limit before it reads a payload byte
+(a frame over the limit is answered RESOURCE_EXHAUSTED and the connection closed), reads the
+parts into one buffer per connection that is reused call after call (no per-message
+allocation) and hands them out as memoryviews of it; a sender writes header, meta and parts
+with one scatter-gather ``sendmsg``: no part is copied to be framed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from edgesplit.transport.loopback import LoopbackContext, LoopbackError
+from edgesplit.transport.tls import TlsFiles
+
+__all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "FrameServer",
+           "read_frame", "write_frame"]
+
+MAGIC, VERSION = b"ESF1", 1
+CALL, REPLY, FAILED = 1, 2, 3
+_HEADER = struct.Struct("<4sBBHQII")
+MAX_META = 1 << 16  # bytes of JSON: names, metadata, timings; never payload
+MAX_PARTS = 4096
+_IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass
+class Frame:
+    kind: int
+    request_id: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    parts: Sequence[Buffer] = ()
+
+    def nbytes(self) -> int:
+        """The frame's size on the wire (what a link shaper is charged)."""
+        meta = len(json.dumps(self.meta, separators=(",", ":")).encode())
+        return _HEADER.size + 8 * len(self.parts) + meta + sum(len(p) for p in self.parts)
+
+
+class FrameTooLarge(Exception):
+    """A frame whose header declares more than the receiver's limit: nothing of it is read."""
+
+
+class _Closed(Exception):
+    """The peer closed the connection between two frames (its normal way to hang up)."""
+
+
+# ---- the bytes --------------------------------------------------------------------------------
+def write_frame(sock: socket.socket, frame: Frame) -> int:
+    """Send ``frame`` (one scatter-gather write where the kernel takes it all); its size."""
+    meta = json.dumps(frame.meta, separators=(",", ":")).encode()
+    head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
+                        len(frame.parts))
+    head += struct.pack(f"<{len(frame.parts)}Q", *(len(p) for p in frame.parts)) + meta
+    buffers = [memoryview(head), *(memoryview(p).cast("B") for p in frame.parts if len(p))]
+    total = sum(b.nbytes for b in buffers)
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg through TLS: one record stream
+        for b in buffers:
+            sock.sendall(b)
+        return total
+    while buffers:
+        sent = sock.sendmsg(buffers[:_IOV_MAX])
+        while sent and buffers:  # drop what went out, keep the rest of a partial buffer
+            if sent >= buffers[0].nbytes:
+                sent -= buffers[0].nbytes
+                buffers.pop(0)
+            else:
+                buffers[0], sent = buffers[0][sent:], 0
+    return total
+
+
+def _recv_into(sock: socket.socket, view: memoryview, at_start: bool = False) -> None:
+    got = 0
+    while got < view.nbytes:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            if at_start and got == 0:
+                raise _Closed
+            raise ConnectionError("the connection closed in the middle of a frame")
+        got += n
+
+
+class _Inbox:
+    """One connection's receive buffer, grown to the largest frame seen, never beyond the
+    limit the header was checked against."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(64 * 1024)
+
+    def view(self, n: int) -> memoryview:
+        if len(self.buffer) < n:
+            self.buffer = bytearray(max(n, 2 * len(self.buffer)))
+        return memoryview(self.buffer)[:n]
+
+
+def read_frame(sock: socket.socket, inbox: _Inbox, limit: int) -> Frame:
+    """The next frame; its parts are views of ``inbox``, valid until the next read. Raises
+    ValueError for a malformed frame, FrameTooLarge for one over ``limit`` bytes of parts,
+    _Closed when the peer hung up cleanly before it."""
+    head = bytearray(_HEADER.size)
+    _recv_into(sock, memoryview(head), at_start=True)
+    magic, version, kind, reserved, request_id, meta_len, n_parts = _HEADER.unpack(head)
+    if magic != MAGIC or version != VERSION or reserved:
+        raise ValueError("not an edgesplit data-plane frame (bad magic, version or reserved "
+                         "bits): is this the server's data port?")
+    if kind not in (CALL, REPLY, FAILED) or meta_len > MAX_META or n_parts > MAX_PARTS:
+        raise ValueError(f"malformed frame header (kind {kind}, {meta_len} meta bytes, "
+                         f"{n_parts} parts)")
+    sizes_raw = bytearray(8 * n_parts)
+    _recv_into(sock, memoryview(sizes_raw))
+    sizes = struct.unpack(f"<{n_parts}Q", sizes_raw)
+    total = sum(sizes)
+    if total > limit:
+        raise FrameTooLarge(f"Received message larger than max ({total} vs. {limit})")
+    meta_raw = bytearray(meta_len)
+    _recv_into(sock, memoryview(meta_raw))
+    view = inbox.view(total)
+    _recv_into(sock, view)
+    meta = _parse_meta(meta_raw)
+    parts, at = [], 0
+    for n in sizes:
+        parts.append(view[at:at + n])
+        at += n
+    return Frame(kind, request_id, meta, parts)
+
+
+def _parse_meta(raw: bytearray) -> dict[str, Any]:
+    try:
+        meta = json.loads(raw.decode()) if raw else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed frame metadata: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ValueError("malformed frame metadata: not a JSON object")
+    return meta
+
+
+def failure(request_id: int, code: grpc.StatusCode, details: str) -> Frame:
+    return Frame(FAILED, request_id, {"code": code.name, "details": details})
+
+
+def _status(name: Any) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN) if isinstance(name, str) \
+        else grpc.StatusCode.UNKNOWN
+
+
+# ---- server -------------------------------------------------------------------------------------
+class FrameContext(LoopbackContext):
+    """gRPC's ``ServicerContext`` for a call that came in as a frame: metadata, the caller's
+    deadline, and whether the caller is still there (its connection still open)."""
+
+    def __init__(self, sock: socket.socket, metadata: Sequence[tuple[str, str]],
+                 timeout: float | None) -> None:
+        super().__init__(metadata, timeout)
+        self._sock = sock
+
+    def is_active(self) -> bool:
+        return super().is_active() and not _peer_closed(self._sock)
+
+    def peer(self) -> str:
+        try:
+            host, port = self._sock.getpeername()[:2]
+        except OSError:
+            return "gone"
+        return f"tcp:{host}:{port}"
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True when the caller hung up (a clean close reads as zero bytes): one non-blocking peek."""
+    if isinstance(sock, ssl.SSLSocket):
+        return False  # a TLS peek would read a record: the deadline still bounds the work
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+Handler = Callable[[Frame, FrameContext], Frame]
+
+
+class FrameServer:
+    """Accepts connections and answers each one's calls in its own thread with ``handler``
+    (which may raise nothing: it turns failures into FAILED frames itself). At most
+    ``max_connections`` connections at once; more are answered RESOURCE_EXHAUSTED."""
+
+    def __init__(self, handler: Handler, limit: int, tls: TlsFiles | None = None,
+                 max_connections: int = 256) -> None:
+        self.handler, self.limit, self.max_connections = handler, limit, max_connections
+        self._ssl = _server_context(tls)
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._busy = 0  # calls being answered, for a graceful stop
+        self._idle = threading.Condition(self._lock)
+        self._stopping = False
+        self.port: int | None = None
+
+    def start(self, host: str, port: int = 0) -> int:
+        listener = socket.create_server((host, port), reuse_port=False, backlog=128)
+        self._listener, self.port = listener, listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="edgesplit-data-accept", daemon=True).start()
+        return self.port
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Refuse new calls, wait up to ``grace_s`` for the calls being answered, close."""
+        with self._lock:
+            self._stopping = True
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        deadline = time.monotonic() + grace_s
+        with self._idle:
+            while self._busy and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            conns = list(self._conns)
+        for conn in conns:
+            _close(conn)
+
+    def _accept(self) -> None:
+        while True:
+            listener = self._listener
+            if listener is None:
+                return
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed by stop()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                full = len(self._conns) >= self.max_connections or self._stopping
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                self._refuse(conn)
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="edgesplit-data-conn",
+                             daemon=True).start()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(1.0)
+            write_frame(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      f"the server holds {self.max_connections} data-plane "
+                                      "connections already: try again later"))
+        except OSError:
+            pass
+        _close(conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        inbox = _Inbox()
+        try:
+            if self._ssl is not None:
+                conn.settimeout(10.0)  # the handshake must not hold a thread forever
+                conn = self._ssl.wrap_socket(conn, server_side=True)
+                conn.settimeout(None)
+            while self._answer(conn, inbox):
+                pass
+        except (OSError, ssl.SSLError):
+            pass  # the peer went away or spoke something else: nobody left to tell
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            _close(conn)
+
+    def _answer(self, conn: socket.socket, inbox: _Inbox) -> bool:
+        """Read one call and answer it; False when the connection is done."""
+        try:
+            frame = read_frame(conn, inbox, self.limit)
+        except _Closed:
+            return False
+        except FrameTooLarge as exc:
+            write_frame(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)))
+            return False  # the body is still unread: the connection cannot go on
+        except ValueError as exc:
+            write_frame(conn, failure(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+            return False
+        with self._lock:
+            if self._stopping:
+                write_frame(conn, failure(frame.request_id, grpc.StatusCode.UNAVAILABLE,
+                                          "the server is shutting down"))
+                return False
+            self._busy += 1
+        try:
+            reply = self._handle(conn, frame)
+        finally:
+            with self._idle:
+                self._busy -= 1
+                self._idle.notify_all()
+        write_frame(conn, reply)
+        return True
+
+    def _handle(self, conn: socket.socket, frame: Frame) -> Frame:
+        meta = frame.meta
+        metadata = meta.get("metadata", [])
+        timeout = meta.get("timeout_s")
+        if frame.kind != CALL or not _pairs(metadata) or not (
+                timeout is None or (isinstance(timeout, int | float) and timeout >= 0)):
+            return failure(frame.request_id, grpc.StatusCode.INVALID_ARGUMENT,
+                           "malformed call frame (kind, metadata or timeout)")
+        context = FrameContext(conn, [tuple(p) for p in metadata], timeout)
+        try:
+            return self.handler(frame, context)
+        finally:
+            context.finish()
+
+
+def _pairs(metadata: Any) -> bool:
+    return isinstance(metadata, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
+        for p in metadata)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already shut down by the peer
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def _server_context(tls: TlsFiles | None) -> ssl.SSLContext | None:
+    if tls is None or tls.cert is None or tls.key is None:
+        return None
+    return _context(ssl.PROTOCOL_TLS_SERVER, chain=(tls.cert, tls.key))
+
+
+def _context(protocol: int, chain: tuple[bytes, bytes] | None = None,
+             ca: bytes | None = None) -> ssl.SSLContext:
+    import tempfile
+    from pathlib import Path
+
+    context = ssl.SSLContext(protocol)
+    if ca is not None:
+        context.load_verify_locations(cadata=ca.decode())
+    if chain is not None:
+        with tempfile.TemporaryDirectory() as tmp:  # ssl reads a key pair from files only
+            cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+            cert.write_bytes(chain[0])
+            key.write_bytes(chain[1])
+            key.chmod(0o600)
+            context.load_cert_chain(cert, key)
+    return context
+
+
+# ---- client -------------------------------------------------------------------------------------
+class FrameClient:
+    """Calls one data-plane server. Thread-safe: each call borrows an idle connection (or opens
+    one) and gives it back when the answer has been read; a connection whose call failed
+    midway is closed, never reused."""
+
+    def __init__(self, host: str, port: int, limit: int, tls: TlsFiles | None = None,
+                 connect_timeout_s: float = 10.0) -> None:
+        self.host, self.port, self.limit = host, port, limit
+        self.connect_timeout_s = connect_timeout_s
+        self._ssl = _context(ssl.PROTOCOL_TLS_CLIENT, ca=tls.ca) if tls and tls.ca else None
+        self._idle: list[tuple[socket.socket, _Inbox]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            _close(sock)
+
+    def call(self, frame: Frame, timeout: float | None,
+             on_reply: Callable[[Frame], Any] = lambda f: f) -> Any:
+        """Send ``frame``, wait for its answer (at most ``timeout`` seconds in all) and return
+        ``on_reply(answer)``, run while the answer's parts are still valid (they are views of
+        the connection's buffer). Failures raise LoopbackError (a ``grpc.RpcError``) with
+        the status gRPC would give: UNAVAILABLE when the server cannot be reached or hangs up,
+        DEADLINE_EXCEEDED after ``timeout``, and the server's own for a FAILED answer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sock, inbox = self._borrow(timeout)
+        keep = False
+        try:
+            sock.settimeout(_left(deadline))
+            write_frame(sock, frame)
+            sock.settimeout(_left(deadline))
+            answer = read_frame(sock, inbox, self.limit)
+            if answer.kind == FAILED:
+                keep = answer.request_id == frame.request_id
+                raise LoopbackError(_status(answer.meta.get("code")),
+                                    str(answer.meta.get("details", "")))
+            if answer.kind != REPLY or answer.request_id != frame.request_id:
+                raise LoopbackError(grpc.StatusCode.INTERNAL,
+                                    f"the data plane answered request {answer.request_id} "
+                                    f"(kind {answer.kind}) to request {frame.request_id}")
+            result = on_reply(answer)
+            keep = True
+            return result
+        except TimeoutError:
+            raise LoopbackError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+                                ) from None
+        except FrameTooLarge as exc:
+            raise LoopbackError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
+        except (_Closed, ConnectionError, ValueError, OSError, ssl.SSLError) as exc:
+            raise LoopbackError(grpc.StatusCode.UNAVAILABLE,
+                                f"the data plane connection failed: {exc or type(exc).__name__}"
+                                ) from None
+        finally:
+            self._give_back(sock, inbox, keep)
+
+    def _borrow(self, timeout: float | None) -> tuple[socket.socket, _Inbox]:
+        with self._lock:
+            if self._closed:
+                raise LoopbackError(grpc.StatusCode.CANCELLED, "the client was closed")
+            if self._idle:
+                return self._idle.pop()
+        wait = self.connect_timeout_s if timeout is None else min(timeout,
+                                                                  self.connect_timeout_s)
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=wait)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl is not None:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
+        except (OSError, ssl.SSLError) as exc:
+            raise LoopbackError(grpc.StatusCode.UNAVAILABLE,
+                                f"failed to connect to the data plane at {self.host}:"
+                                f"{self.port}: {exc}") from None
+        return sock, _Inbox()
+
+    def _give_back(self, sock: socket.socket, inbox: _Inbox, keep: bool) -> None:
+        with self._lock:
+            if keep and not self._closed:
+                self._idle.append((sock, inbox))
+                return
+        _close(sock)
+
+
+def _left(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left

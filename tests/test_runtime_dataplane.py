@@ -1,0 +1,337 @@
+"""The data plane (length-prefixed frames over TCP beside gRPC) and dynamic batching: the same
+answers, errors and refusals as the gRPC path, hostile frames refused without harm, and
+batches whose every reply is its own request's.
+
+Servers run in this process on loopback sockets (`PartitionServer.start`); each test stops its
+own. The bad-input suite is test_runtime.py's, sent as frames instead of gRPC messages.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import torch
+from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
+
+from edgesplit.errors import ConfigError, RemoteError
+from edgesplit.graph import capture
+from edgesplit.hardware import chain, get_device, get_link
+from edgesplit.plan import PLAN_VERSION, EdgeCloudSetting, PlanningProblem
+from edgesplit.plan.planners import Manual
+from edgesplit.runtime import PlanProgram
+from edgesplit.runtime.batching import flexible_step
+from edgesplit.runtime.dataplane import Message, Part, split_address
+from edgesplit.runtime.transport import ChainClient, PartitionServer, TlsFiles, max_message_bytes
+from edgesplit.transport import LoopbackError
+from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
+
+pytestmark = pytest.mark.xdist_group("runtime")
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def program():
+    problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
+        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
+    return PlanProgram.load(Manual(["down1.0"]).plan(problem))
+
+
+@pytest.fixture(scope="module")
+def served(program):
+    """One server with a token, batching as by default; (server, gRPC address)."""
+    server = PartitionServer(program, "cloud", shape=False, token=TOKEN)
+    port = server.start()
+    yield server, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def _x(k: int) -> tuple[torch.Tensor]:
+    return (torch.randn(1, 1, 32, 32, generator=torch.Generator().manual_seed(k)),)
+
+
+def _frames(server: PartitionServer) -> FrameClient:
+    return FrameClient("127.0.0.1", server.data_port, max_message_bytes(server.program) * 4)
+
+
+def _call(program: PlanProgram, tensors: list[Part], request_id: int = 7,
+          metadata=AUTH, **fields) -> Frame:
+    message = Message(program.plan_id, PLAN_VERSION, request_id, tensors)
+    for key, value in fields.items():
+        setattr(message, key, value)
+    return message.to_frame(metadata=[list(p) for p in metadata], timeout_s=30)
+
+
+def _good(program: PlanProgram, k: int = 3) -> list[Part]:
+    step = program.steps[0]
+    values = step.compute(program.input_values(list(_x(k))))
+    return [Part(n, d) for n, d in program.encode(step, values, step.sends).items()]
+
+
+# ---- the same answers --------------------------------------------------------------------------
+def test_requests_go_over_the_data_plane_and_equal_the_unsplit_model(program, served):
+    server, address = served
+    assert server.data_port and server.batching == "up to 32"
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:
+        for k in range(3):
+            out = client.request(_x(k)).outputs[0]
+            assert torch.allclose(out, program.unsplit(_x(k))[0], atol=TOL)
+        assert client.data_plane == f"tcp 127.0.0.1:{server.data_port}"
+    with ChainClient(program, address, token=TOKEN, shape=False, data_plane="grpc") as client:
+        assert torch.allclose(client.request(_x(5)).outputs[0], program.unsplit(_x(5))[0],
+                              atol=TOL)
+        assert client.data_plane == "grpc"
+
+
+def test_one_client_shared_by_threads_gets_every_reply_matched(program, served):
+    """16 threads share one client (a connection each when they overlap); batching groups
+    their requests; every output is its own input's."""
+    server, address = served
+    before = server.batcher.batches_run
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:
+        def one(k: int) -> float:
+            out = client.request(_x(k)).outputs[0]
+            return float((out - program.unsplit(_x(k))[0]).abs().max())
+
+        with ThreadPoolExecutor(16) as pool:
+            diffs = list(pool.map(one, range(96)))
+    assert max(diffs) <= TOL
+    assert server.batcher.batches_run > before  # concurrent requests really were batched
+
+
+def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
+    graph = capture("digits_cnn")
+    from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
+
+    base = get_device("raspberry-pi-4")
+    devices = [base.model_copy(update={"name": n}) for n in ("a", "b", "c")]
+    topology = chain("abc", devices, [get_link("4g")] * 2)
+    costs = ChainCosts.build(graph, topology)
+    n = len(graph.layers)
+    plan = chain_plan(costs, evaluate_boundaries(costs, [0, 2, 5, n]), topology,
+                      method="manual", source="a")
+    hops = PlanProgram.load(plan, graph)
+    last = PartitionServer(hops, "c", shape=False)
+    mid = PartitionServer(hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
+    try:
+        with ChainClient(hops, f"127.0.0.1:{mid.start()}", shape=False) as client:
+            out = client.request().outputs[0]
+        assert torch.allclose(out, hops.unsplit()[0], atol=TOL)
+        assert mid._next is not None and mid._next.data_plane.startswith("tcp")
+    finally:
+        mid.stop(0)
+        last.stop(0)
+
+
+def test_tls_covers_the_data_plane(program, tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    server = PartitionServer(program, "cloud", shape=False, token=TOKEN,
+                             tls=TlsFiles(cert=cert.read_bytes(), key=key.read_bytes()))
+    port = server.start()
+    try:
+        ca = TlsFiles(ca=cert.read_bytes())
+        with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
+                         token=TOKEN) as client:
+            assert torch.allclose(client.request(_x(1)).outputs[0],
+                                  program.unsplit(_x(1))[0], atol=TOL)
+            assert client.data_plane.startswith("tcp")
+        plain = FrameClient("127.0.0.1", server.data_port, 1 << 20)  # no TLS: refused
+        with pytest.raises(LoopbackError) as info:
+            plain.call(_call(program, _good(program)), 5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(0)
+
+
+def test_data_plane_off_and_required(program):
+    server = PartitionServer(program, "cloud", shape=False, data_port=None)
+    address = f"127.0.0.1:{server.start()}"
+    try:
+        assert server.data_port is None
+        with ChainClient(program, address, shape=False) as client:  # auto: gRPC
+            assert torch.allclose(client.request(_x(2)).outputs[0],
+                                  program.unsplit(_x(2))[0], atol=TOL)
+            assert client.data_plane == "grpc"
+        with (ChainClient(program, address, shape=False, data_plane="tcp") as client,
+              pytest.raises(ConfigError, match="offers no data plane")):
+            client.request()
+    finally:
+        server.stop(0)
+    with pytest.raises(ConfigError, match="unknown data plane"):
+        ChainClient(program, address, data_plane="udp")  # type: ignore[arg-type]
+
+
+# ---- the same errors ---------------------------------------------------------------------------
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_message_fails_alone_over_the_data_plane(program, served, case):
+    server, _ = served
+    limit = max_message_bytes(program)
+    tensors, fields, code, text = _bad_cases(limit)[case]
+    parts = [Part(t.name, t.data) for t in tensors]
+    client = _frames(server)
+    try:
+        with pytest.raises(LoopbackError) as info:
+            client.call(_call(program, parts, **fields), 30)
+        assert info.value.code() == code, info.value.details()
+        assert text in info.value.details()
+        reply = client.call(_call(program, _good(program)), 30, Message.from_frame)
+        assert torch.equal(torch.tensor(reply.request_id), torch.tensor(7))
+    finally:
+        client.close()
+
+
+def test_token_plan_and_deadline_errors_read_as_over_grpc(program, served):
+    server, address = served
+    for token in ("wrong", None):
+        with (ChainClient(program, address, token=token, shape=False) as client,
+              pytest.raises(RemoteError, match=r"UNAUTHENTICATED.*token")):
+            client.request()
+    client = _frames(server)
+    try:
+        with pytest.raises(LoopbackError, match="plan mismatch"):
+            client.call(_call(program, _good(program), plan_id="0123456789abcdef"), 30)
+    finally:
+        client.close()
+    step = program.step("cloud")
+    release = threading.Event()
+    compute = step.compute
+    step.compute = lambda values, state=None: (release.wait(10), compute(values, state))[1]
+    try:
+        with (ChainClient(program, address, token=TOKEN, shape=False, timeout_s=0.3,
+                          data_plane="tcp") as slow,
+              pytest.raises(RemoteError, match="did not answer in time")):
+            slow.request()
+    finally:
+        release.set()
+        del step.compute
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:  # still serving
+        assert client.request(_x(4)).outputs[0].shape == (1, 10)
+
+
+def test_a_stopped_server_is_unavailable_promptly(program):
+    server = PartitionServer(program, "cloud", shape=False)
+    address = f"127.0.0.1:{server.start()}"
+    with ChainClient(program, address, shape=False, timeout_s=5) as client:
+        client.request()
+        server.stop(0)
+        with pytest.raises(RemoteError, match="unavailable"):
+            client.request()
+
+
+# ---- hostile frames ----------------------------------------------------------------------------
+def _raw(server: PartitionServer, data: bytes) -> bytes:
+    """Send raw bytes to the data port; what comes back before the server hangs up."""
+    with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _failure(data: bytes) -> dict:
+    class _Sock:
+        def __init__(self) -> None:
+            self.data = memoryview(data)
+
+        def recv_into(self, view: memoryview) -> int:
+            n = min(len(view), len(self.data))
+            view[:n] = self.data[:n]
+            self.data = self.data[n:]
+            return n
+
+    from edgesplit.transport.frames import _Inbox
+
+    frame = read_frame(_Sock(), _Inbox(), 1 << 20)  # type: ignore[arg-type]
+    assert frame.kind == FAILED
+    return frame.meta
+
+
+HEAD = struct.Struct("<4sBBHQII")
+
+
+@pytest.mark.parametrize("data, code, text", [
+    (b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 16, "INVALID_ARGUMENT", "not an edgesplit"),
+    (HEAD.pack(b"ESF1", 1, 9, 0, 1, 0, 0), "INVALID_ARGUMENT", "malformed frame header"),
+    (HEAD.pack(b"ESF1", 1, CALL, 0, 1, 1 << 20, 0), "INVALID_ARGUMENT", "malformed frame"),
+    (HEAD.pack(b"ESF1", 1, CALL, 0, 1, 0, 1) + struct.pack("<Q", 1 << 62),
+     "RESOURCE_EXHAUSTED", "larger than max"),
+    (HEAD.pack(b"ESF1", 1, CALL, 0, 1, 3, 0) + b"{x}", "INVALID_ARGUMENT", "metadata"),
+    (HEAD.pack(b"ESF1", 1, CALL, 0, 1, 2, 0) + b"[]", "INVALID_ARGUMENT", "not a JSON object"),
+    (HEAD.pack(b"ESF1", 1, CALL, 0, 1, 22, 0) + b'{"metadata": [[1, 2]]}', "INVALID_ARGUMENT",
+     "malformed call frame"),
+    (HEAD.pack(b"ESF1", 1, REPLY, 0, 1, 2, 0) + b"{}", "INVALID_ARGUMENT", "malformed call"),
+])
+def test_hostile_frames_are_refused_and_the_server_goes_on(program, served, data, code, text):
+    server, address = served
+    meta = _failure(_raw(server, data))
+    assert meta["code"] == code and text in meta["details"], meta
+    _raw(server, data[: len(data) // 2])  # cut mid-frame: the server just hangs up
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:
+        assert torch.allclose(client.request(_x(6)).outputs[0], program.unsplit(_x(6))[0],
+                              atol=TOL)
+
+
+def test_names_that_do_not_match_the_parts_are_refused(program, served):
+    server, _ = served
+    frame = _call(program, _good(program))
+    frame.meta["names"] = ["relu_1", "extra"]
+    client = _frames(server)
+    try:
+        with pytest.raises(LoopbackError, match="names do not match") as info:
+            client.call(frame, 30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        client.close()
+
+
+def test_split_address():
+    assert split_address("127.0.0.1:50051") == ("127.0.0.1", 50051)
+    assert split_address("[::1]:7") == ("::1", 7)
+    assert split_address("localhost:x") is None
+    assert split_address("unix:/tmp/sock") is None
+
+
+# ---- batching ----------------------------------------------------------------------------------
+def test_a_model_that_mixes_its_batch_is_served_one_by_one():
+    class Mixer(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(x * 2.0)
+            return h - h.mean(dim=0, keepdim=True) + h.sum()  # every row sees the others
+
+    problem = PlanningProblem(Mixer(), EdgeCloudSetting(
+        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")),
+        example_inputs=(torch.randn(1, 8),))
+    graph = problem.graph
+    first = graph.layers[0].name
+    mixer = PlanProgram.load(Manual([first]).plan(problem), graph)
+    reason = flexible_step(mixer, "cloud")
+    assert isinstance(reason, str) and "mix" in reason
+    server = PartitionServer(mixer, "cloud", shape=False)
+    try:
+        assert server.batcher is None and server.batching.startswith("off")
+    finally:
+        server.stop(0)
+
+
+def test_flexible_step_runs_any_batch_size_like_each_alone(program):
+    flexible = flexible_step(program, "cloud")
+    assert not isinstance(flexible, str)
+    step = program.step("cloud")
+    xs = [torch.randn(1, 32, 16, 16, generator=torch.Generator().manual_seed(k))
+          for k in range(5)]
+    together = flexible.compute({"relu_1": torch.cat(xs)})
+    for i, x in enumerate(xs):
+        alone = step.compute({"relu_1": x})
+        for name in step.partition.outputs:
+            assert torch.allclose(together[name][i:i + 1], alone[name], atol=1e-5)
