@@ -137,7 +137,7 @@ def test_the_plan_prices_each_sensors_reduced_feature_and_no_view(plan, graph):
         assert t.ms == pytest.approx(bus.transfer_ms(t.bytes, senders=VIEWS))
     # T_sen + T_comm of the slowest sensor, then T_agg
     compute = plan.predicted.compute_ms
-    slowest = max(compute[t.src] + t.ms + t.latency_ms for t in sent)
+    slowest = max(compute[t.src] + t.ms + t.latency_ms + t.serialize_ms for t in sent)
     assert plan.predicted.total_ms == pytest.approx(slowest + compute["aggregator"])
     assert recompute_total(plan) == pytest.approx(plan.predicted.total_ms)
     assert (plan.shape, plan.runnable) == ("star", True)

@@ -17,11 +17,19 @@ A *star* plan (:func:`edgesplit.plan.star_layout`: SplitNets' V sensors and one 
 runs as ``kind == "star"``: each source receives its own model inputs and sends its transfer
 to the sink; the sink receives what every source sends and returns the model outputs, which
 every source relays to its caller. Other parallel (mesh) plans are not executable.
+
+*Compute emulation* (:meth:`PlanProgram.emulate`, ``serve``/``run --emulate-device``): a step
+with an ``emulate_ms`` target sleeps after computing until its compute took what the plan
+predicts for its device (``plan.predicted.compute_ms``), so a fast machine rehearses a slower
+device preset end to end. It cannot speed a slower machine up: then it warns once and runs as
+is. How long each call slept is reported per device (``<device>.emulated_ms``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +47,9 @@ from edgesplit.quant.wire import decode_tensor, encode_tensor
 from edgesplit.runtime.backends import Backend, TorchBackend, get_backend
 
 __all__ = ["DeviceStep", "PlanProgram", "dynamic_fake_quant", "plan_id"]
+
+log = logging.getLogger(__name__)
+_WARN_LOCK = threading.Lock()
 
 
 def plan_id(plan: Plan) -> str:
@@ -74,17 +85,60 @@ class DeviceStep:
 
     session: object | None = None  # what a backend prepared (an ONNX Runtime session)
     backend: Backend = field(default_factory=TorchBackend)
+    # compute emulation: each compute lasts at least this long (the plan's prediction for the
+    # device); None: run at this machine's own speed
+    emulate_ms: float | None = None
+    _emulated: threading.local = field(default_factory=threading.local, repr=False)
+    _warned: bool = field(default=False, repr=False)
 
     def compute(self, values: dict[str, torch.Tensor], state: Any = None
                 ) -> dict[str, torch.Tensor]:
         """Run the partition on ``values`` (by name); returns ``values`` plus its outputs.
-        ``state``: this client session's backend state (see :mod:`edgesplit.runtime.backends`)."""
+        ``state``: this client session's backend state (see :mod:`edgesplit.runtime.backends`).
+        With ``emulate_ms`` set, sleeps until the call has lasted that long."""
         if self.partition is None:
             return dict(values)
         missing = [t for t in self.partition.inputs if t not in values]
         if missing:
             raise ConfigError(f"device {self.name!r} needs tensor(s) {missing} it did not get")
-        return {**values, **self.backend.run(self, values, state)}
+        start = time.perf_counter()
+        out = {**values, **self.backend.run(self, values, state)}
+        if self.emulate_ms is not None:
+            self._emulated.ms = self._emulate(start)
+        return out
+
+    def _emulate(self, start: float) -> float:
+        """Sleep what is left of ``emulate_ms`` since ``start``; returns the milliseconds slept
+        (noted per thread: the caller of :meth:`compute` reports its own call's with
+        :meth:`take_emulated_ms`)."""
+        assert self.emulate_ms is not None
+        measured_ms = (time.perf_counter() - start) * 1e3
+        left_s = (self.emulate_ms - measured_ms) / 1e3
+        if left_s <= 0:
+            with _WARN_LOCK:  # once per step (server threads race): every request would repeat it
+                warn, self._warned = not self._warned, True
+            if warn:
+                log.warning("device %r computed in %.2f ms, slower than the plan's %.2f ms for "
+                            "it: emulation cannot speed this machine up, it runs as is",
+                            self.name, measured_ms, self.emulate_ms)
+            return 0.0
+        slept = time.perf_counter()
+        time.sleep(left_s)
+        return (time.perf_counter() - slept) * 1e3
+
+    def take_emulated_ms(self) -> float:
+        """Milliseconds this thread's last :meth:`compute` slept emulating (0 without emulation,
+        and once taken)."""
+        done = getattr(self._emulated, "ms", 0.0)
+        self._emulated.ms = 0.0
+        return done
+
+    def emulation_timings(self) -> dict[str, float]:
+        """``{"<device>.emulated_ms": ms}`` of this thread's last compute when emulating (what a
+        server adds to its reply's timings), else nothing."""
+        if self.emulate_ms is None:
+            return {}
+        return {f"{self.name}.emulated_ms": self.take_emulated_ms()}
 
     def to_onnx(self, example: dict[str, torch.Tensor]) -> bytes:
         """The partition as an ONNX model whose inputs and outputs are named by tensor."""
@@ -250,6 +304,25 @@ class PlanProgram:
         """One ONNX model per device that computes something, by device name."""
         values = self.example_values()
         return {s.name: s.to_onnx(values) for s in self.steps if s.partition is not None}
+
+    def emulate(self, devices: Sequence[str] | None = None) -> dict[str, float]:
+        """Compute emulation: make each step of ``devices`` (None: every computing step) last
+        what the plan predicts for its device (``plan.predicted.compute_ms``); returns the
+        targets by device. A request's compute then follows the plan's prediction wherever this
+        machine is faster than the device it was planned for."""
+        names = [s.name for s in self.steps] if devices is None else list(devices)
+        targets = {}
+        for name in names:
+            step = self.step(name)
+            if step.partition is None:
+                continue
+            predicted = self.plan.predicted.compute_ms.get(name)
+            if predicted is None:
+                raise ConfigError(f"the plan predicts no compute for device {name!r}: it cannot "
+                                  "be emulated (plan it again)")
+            step.emulate_ms = predicted
+            targets[name] = predicted
+        return targets
 
     def use_backend(self, backend: Backend) -> None:
         """Run every computing step with ``backend`` (prepared here, once)."""

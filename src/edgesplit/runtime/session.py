@@ -115,7 +115,9 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                     with lock:
                         errors.append(str(exc))
                     continue
-                row = {"client": client_index, **_row(r, references[which])}
+                # this thread ran the first device's compute: what it slept emulating is here
+                row = {"client": client_index,
+                       **_row(r, references[which], program.steps[0].emulation_timings())}
                 with lock:
                     results.append(row)
                 if on_done:
@@ -129,30 +131,46 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
 
 
 def _predicted(program: PlanProgram) -> dict[str, float]:
-    """The plan's own breakdown in the measured one's terms (it has no serialisation). A
-    star's edge is its critical source's compute (the slowest with its transfer)."""
+    """The plan's own breakdown in the measured one's terms (``serialize``: the encode and
+    decode it prices, 0 in plans written before it did). A star's edge is its critical
+    source's compute (the slowest with its transfer)."""
     p = program.plan.predicted
     if program.kind == "star":
         def branch_ms(source: str) -> float:
             return p.compute_ms.get(source, 0.0) + sum(
-                t.ms + t.latency_ms for t in program.plan.transfers if t.src == source)
+                t.ms + t.latency_ms + t.serialize_ms for t in program.plan.transfers
+                if t.src == source)
 
         critical = max(program.sources, key=branch_ms)
-        return {"edge": p.compute_ms.get(critical, 0.0), "serialize": 0.0,
+        return {"edge": p.compute_ms.get(critical, 0.0), "serialize": p.serialize_ms,
                 "transfer": p.transfer_ms + p.rtt_ms,
                 "remote": p.compute_ms.get(program.sink or "", 0.0), "total": p.total_ms}
     first = program.steps[0].name
-    return {"edge": p.compute_ms.get(first, 0.0), "serialize": 0.0,
+    return {"edge": p.compute_ms.get(first, 0.0), "serialize": p.serialize_ms,
             "transfer": p.transfer_ms + p.rtt_ms,
             "remote": sum(ms for d, ms in p.compute_ms.items() if d != first),
             "total": p.total_ms}
 
 
-def _row(r: RequestResult, reference: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+def _row(r: RequestResult, reference: tuple[torch.Tensor, ...],
+         local_timings: Mapping[str, float] | None = None) -> dict[str, Any]:
     diff = max(float((o.float() - ref.float()).abs().max()) for o, ref in
                zip(r.outputs, reference, strict=True))
-    return {"request_id": r.request_id, "max_abs_diff": diff, "breakdown_ms": r.breakdown_ms,
-            "hops_ms": r.hops_ms}
+    row = {"request_id": r.request_id, "max_abs_diff": diff, "breakdown_ms": r.breakdown_ms,
+           "hops_ms": r.hops_ms}
+    # compute emulation: the time each device slept (part of its compute), by device
+    slept = {k: v for k, v in {**r.hops_ms, **(local_timings or {})}.items()
+             if k.endswith(".emulated_ms")}
+    if slept:
+        row["emulated_ms"] = {k.removesuffix(".emulated_ms"): v for k, v in slept.items()}
+    return row
+
+
+def _emulated(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean time slept emulating per device over the requests (compute emulation)."""
+    devices = sorted({d for r in rows for d in r.get("emulated_ms", {})})
+    return {d: float(np.mean([r.get("emulated_ms", {}).get(d, 0.0) for r in rows]))
+            for d in devices}
 
 
 def _report(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str], sent: int,
@@ -191,6 +209,7 @@ def _document(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str
         "latency_ms": _percentiles(totals),
         "breakdown_ms": {k: float(np.mean([r["breakdown_ms"][k] for r in rows])) if rows
                          else float("nan") for k in BREAKDOWN_KEYS},
+        **({"emulated_ms": _emulated(rows)} if any("emulated_ms" in r for r in rows) else {}),
         "predicted_ms": program.plan.predicted.total_ms,
         "predicted_breakdown_ms": _predicted(program),
         "throughput_rps": len(rows) / wall_s if wall_s > 0 else float("nan"),

@@ -279,7 +279,8 @@ class Join:
             t1 = time.perf_counter()
             entry.outputs = {name: encode_tensor(values[name], 32) for name in step.returns}
             entry.timings = {f"{self.sink}.compute_ms": (t1 - t0) * 1e3,
-                             f"{self.sink}.serialize_ms": (time.perf_counter() - t1) * 1e3}
+                             f"{self.sink}.serialize_ms": (time.perf_counter() - t1) * 1e3,
+                             **step.emulation_timings()}
             with self._lock:
                 self.computed += 1
         except Exception as exc:  # every caller of the join gets the failure

@@ -23,6 +23,7 @@ from torch import nn
 
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.capture import export_model
+from edgesplit.hardware import serialize_ms
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 from edgesplit.plan import Plan
@@ -100,12 +101,22 @@ class JointLatency:
                                     if layer.module_path.split(".")[0] == "side")
         link = setting.link
         raw = dict(zip(supernet.side.input_names, inputs, strict=True))
-        self.side_up_ms = {n: link.transfer_ms(_raw_bytes(raw[n], setting.input_bits)
-                                               if n in raw else _bytes(t))
+        # each tensor's link time plus its encode on the sender and decode on the receiver,
+        # as the plan prices it (a raw float input is quantized to input_bits to cross)
+        self.side_up_ms = {n: (link.transfer_ms(_raw_bytes(raw[n], setting.input_bits))
+                               + self._codec(raw[n], raw=True)) if n in raw
+                           else link.transfer_ms(_bytes(t)) + self._codec(t)
                            for n, t in side.items() if n != supernet.main_input}
-        self.boundary_ms = [link.transfer_ms(_bytes(t)) for t in starts]
-        self.input_ms = sum(link.transfer_ms(_raw_bytes(x, setting.input_bits)) for x in inputs)
-        self.result_down_ms = link.transfer_ms(_bytes(starts[-1]), direction="down")
+        self.boundary_ms = [link.transfer_ms(_bytes(t)) + self._codec(t) for t in starts]
+        self.input_ms = sum(link.transfer_ms(_raw_bytes(x, setting.input_bits))
+                            + self._codec(x, raw=True) for x in inputs)
+        self.result_down_ms = link.transfer_ms(_bytes(starts[-1]), direction="down") \
+            + serialize_ms(setting.cloud, setting.edge, _bytes(starts[-1]))
+
+    def _codec(self, x: torch.Tensor, raw: bool = False) -> float:
+        """Encoding ``x`` on the edge and decoding it on the cloud (``raw``: a model input)."""
+        quantized = raw and x.is_floating_point() and self.setting.input_bits <= 8
+        return serialize_ms(self.setting.edge, self.setting.cloud, _bytes(x), quantized)
 
     def split(self, arch: Sequence[str]) -> SplitChoice:
         """The best cut of subnet ``arch`` (ties: more on the edge)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesplit.errors import ConfigError
-from edgesplit.hardware import Device, Link, Topology, estimator_for
+from edgesplit.hardware import Device, Link, Topology, estimator_for, serialize_ms
 from edgesplit.hardware.work import LayerWork
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 
@@ -281,10 +281,17 @@ class SplitHardware:
         t_sen = sum(sensor_est.layer_ms(w, self.sensor) for w in sensor.works())
         t_agg = sum(agg_est.layer_ms(w, self.aggregator) for w in agg.works())
         feature = sensor.sizes[z]
-        comm = self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+        comm = self._comm_ms(feature)
         return SplitCost(t_sen, comm, t_agg, sum(l.params for l in sensor.layers) * FLOAT_BYTES,
                          sensor.peak_activation_bytes((x,), (z,)), feature,
                          sum(l.macs for l in sensor.layers), sum(l.macs for l in agg.layers))
+
+    def _comm_ms(self, feature: int) -> float:
+        """One sensor's feature of ``feature`` bytes to the aggregator: its share of the link,
+        half the RTT, and its encode on the sensor and decode on the aggregator (as the plan
+        prices every crossing tensor)."""
+        return (self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+                + serialize_ms(self.sensor, self.aggregator, feature))
 
     def check_memory(self, cost: SplitCost) -> float:
         """How far over Mem_sen the sensor is (bytes; 0 when it fits)."""
@@ -314,7 +321,7 @@ class SplitHardware:
             sent = x if k == 0 else part.layers[k - 1].output
             prefix = _Part(part.layers[:k], part.sizes)
             feature = part.sizes[sent]
-            comm = self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+            comm = self._comm_ms(feature)
             memory = prefix.peak_activation_bytes((x,), (sent,)) if k else feature
             cost = SplitCost(sum(on_sensor[:k]), comm, sum(on_agg[k:]),
                              sum(l.params for l in part.layers[:k]) * FLOAT_BYTES, memory,
@@ -332,7 +339,7 @@ class SplitHardware:
         per_view = sum(est.layer_ms(w, self.aggregator) for w in sensor.works())
         rest = sum(est.layer_ms(w, self.aggregator) for w in agg.works())
         feature = sensor.sizes[x]
-        comm = self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
+        comm = self._comm_ms(feature)
         return SplitCost(0.0, comm, per_view * space.views + rest, 0, feature, feature, 0,
                          sum(l.macs for l in sensor.layers) * space.views +
                          sum(l.macs for l in agg.layers))
