@@ -26,6 +26,10 @@ from edgesplit.cli._app import (
 if TYPE_CHECKING:
     from edgesplit.runtime import PlanProgram
 
+EMULATE_HELP = ("Compute emulation: after each compute, sleep until it took what the plan "
+                "predicts for this device, so this machine runs at the speed of the device "
+                "preset it was planned with (it cannot speed up a slower one).")
+
 
 @app.command()
 @user_errors
@@ -80,14 +84,22 @@ def serve(
     join_timeout_s: float = typer.Option(10.0, "--join-timeout-s", help="A star's sink: how "
                                          "long a request waits for every source."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+    emulate_device: bool = typer.Option(False, "--emulate-device", help=EMULATE_HELP),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully). A star plan's sink joins its sources' calls of each request; each source
     forwards to it (--next)."""
-    from edgesplit.runtime.transport import PartitionServer, read_token, serve_forever
+    from edgesplit.runtime.transport import PartitionServer, plan_device, read_token, serve_forever
 
     token = read_token(token, token_file)
     program = load_program(plan_path, backend, trust_model_file)
+    if emulate_device:
+        if max_batch > 1:
+            from edgesplit.errors import ConfigError
+
+            raise ConfigError("--emulate-device paces each request to the plan's compute time: "
+                              "it does not batch (leave out --max-batch)")
+        _emulate(program, plan_device(program, device))
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
                              max_workers=workers, max_batch=max_batch,
@@ -120,6 +132,7 @@ def run(
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+    emulate_device: bool = typer.Option(False, "--emulate-device", help=EMULATE_HELP),
 ) -> None:
     """Run the first device's part of PLAN here and the rest on the served chain (a star
     plan: send every source its own inputs, --source per source); report measured against
@@ -130,6 +143,13 @@ def run(
     token = read_token(token, token_file)
     program = load_program(plan_path, backend, trust_model_file)
     address = _addresses(program, server, sources)
+    if emulate_device:
+        if program.kind == "star":
+            from edgesplit.errors import ConfigError
+
+            raise ConfigError("in a star plan `run` computes nothing: give --emulate-device to "
+                              "each `edgesplit serve` instead")
+        _emulate(program, program.steps[0].name)
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": not no_shape,
                "retries": retries, "timeout_s": timeout_s}
@@ -145,6 +165,17 @@ def run(
         out.print(run_table(report))
     if report["errors"]:
         raise typer.Exit(1)
+
+
+def _emulate(program: PlanProgram, device: str) -> None:
+    """Turn on compute emulation for ``device`` and say so on stderr (one line)."""
+    targets = program.emulate([device])
+    preset = next(d.device.name for d in program.plan.devices if d.name == device)
+    if targets:
+        err.print(f"emulating {device} ({preset}): each compute lasts the plan's "
+                  f"{targets[device]:.2f} ms")
+    else:
+        err.print(f"--emulate-device: {device} computes nothing in this plan (it only relays)")
 
 
 def _addresses(program: PlanProgram, server: str | None, sources: list[str]
