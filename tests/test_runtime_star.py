@@ -461,7 +461,8 @@ def test_star_served_by_processes_equals_the_unsplit_model(plan, program, tmp_pa
         assert (doc["sources"], doc["sink"]) == (SENSORS, "aggregator")
         assert doc["predicted_ms"] == pytest.approx(plan.predicted.total_ms)
         b = doc["predicted_breakdown_ms"]
-        assert b["edge"] + b["transfer"] + b["remote"] == pytest.approx(b["total"])
+        assert b["edge"] + b["serialize"] + b["transfer"] + b["remote"] == pytest.approx(
+            b["total"])
         # and from Python, on other inputs
         with StarClient(program, {s: p.address for s, p in sensors.items()},
                         timeout_s=30) as client:
