@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import torch
-from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
 
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.graph import capture
@@ -30,6 +29,7 @@ from edgesplit.runtime.dataplane import Message, Part, split_address
 from edgesplit.runtime.transport import ChainClient, PartitionServer, TlsFiles, max_message_bytes
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
+from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
 
 pytestmark = pytest.mark.xdist_group("runtime")
 TOL = 1e-5
@@ -335,3 +335,21 @@ def test_flexible_step_runs_any_batch_size_like_each_alone(program):
         alone = step.compute({"relu_1": x})
         for name in step.partition.outputs:
             assert torch.allclose(together[name][i:i + 1], alone[name], atol=1e-5)
+
+
+# ---- the CLI -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["serve", "{plan}", "--device", "cloud", "--data-port", "eighty"], "--data-port takes"),
+    (["serve", "{plan}", "--device", "cloud", "--data-plane", "udp"], "--data-plane takes"),
+    (["run", "{plan}", "--server", "127.0.0.1:1", "--data-plane", "udp"], "--data-plane takes"),
+])
+def test_cli_refuses_bad_data_plane_options_in_one_line(program, tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from edgesplit.cli import app
+
+    path = tmp_path / "plan.json"
+    program.plan.save(path)
+    result = CliRunner().invoke(app, [a.format(plan=path) for a in args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output

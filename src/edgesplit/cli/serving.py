@@ -5,7 +5,7 @@ addresses with `--source NAME=HOST:PORT`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -25,6 +25,7 @@ from edgesplit.cli._app import (
 
 if TYPE_CHECKING:
     from edgesplit.runtime import PlanProgram
+    from edgesplit.runtime.dataplane import DataPlane
 
 EMULATE_HELP = ("Compute emulation: after each compute, sleep until it took what the plan "
                 "predicts for this device, so this machine runs at the speed of the device "
@@ -77,10 +78,15 @@ def serve(
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
-    max_batch: int = typer.Option(1, "--max-batch", help="Batch up to this many concurrent "
-                                                          "requests (1: no batching)."),
-    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="With --max-batch: longest "
-                                                                 "wait for a batch to fill."),
+    max_batch: int | None = typer.Option(None, "--max-batch", help="Batch up to this many "
+                                         "waiting requests (default 32 where the partition "
+                                         "allows it; 1: no batching)."),
+    max_wait_ms: float = typer.Option(0.0, "--max-wait-ms", help="Wait this long for a batch "
+                                      "to fill (0: run what is waiting at once)."),
+    data_port: str = typer.Option("0", "--data-port", help="Port of the data plane (TCP "
+                                  "frames beside gRPC; 0: any free port; off: none)."),
+    data_plane: str = typer.Option("auto", "--data-plane", help="How to call --next: auto "
+                                   "(its data plane if it has one), grpc or tcp."),
     join_timeout_s: float = typer.Option(10.0, "--join-timeout-s", help="A star's sink: how "
                                          "long a request waits for every source."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
@@ -94,19 +100,25 @@ def serve(
     token = read_token(token, token_file)
     program = load_program(plan_path, backend, trust_model_file)
     if emulate_device:
-        if max_batch > 1:
+        if max_batch is not None and max_batch > 1:
             from edgesplit.errors import ConfigError
 
             raise ConfigError("--emulate-device paces each request to the plan's compute time: "
                               "it does not batch (leave out --max-batch)")
+        max_batch = 1
         _emulate(program, plan_device(program, device))
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
                              max_workers=workers, max_batch=max_batch,
-                             max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s)
+                             max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
+                             data_port=_data_port(data_port),
+                             data_plane=_data_plane(data_plane))
     bound = server.start(host, port)
-    # one machine-readable line on stdout: scripts and tests wait for it
-    print(f"listening on {host}:{bound} device={device} plan={program.plan_id}", flush=True)
+    data = f"{host}:{server.data_port}" if server.data_port else "off"
+    # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
+    batch = server.batcher.max_batch if server.batcher is not None else "off"
+    print(f"listening on {host}:{bound} device={device} plan={program.plan_id} data={data} "
+          f"batch={batch}", flush=True)
     serve_forever(server)
 
 
@@ -130,6 +142,8 @@ def run(
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),
     warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
+    data_plane: str = typer.Option("auto", "--data-plane", help="auto (the server's data "
+                                   "plane if it has one), grpc or tcp."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=EMULATE_HELP),
@@ -153,6 +167,8 @@ def run(
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": not no_shape,
                "retries": retries, "timeout_s": timeout_s}
+    if program.kind == "chain":  # a star's sources are called over gRPC
+        options["data_plane"] = _data_plane(data_plane)
     where = server if isinstance(address, str) else ", ".join(address.values())
     with err.status(f"{requests * concurrency} request(s) to {where} ...", spinner="dots"):
         report = run_requests(program, address, requests=requests, concurrency=concurrency,
@@ -176,6 +192,27 @@ def _emulate(program: PlanProgram, device: str) -> None:
                   f"{targets[device]:.2f} ms")
     else:
         err.print(f"--emulate-device: {device} computes nothing in this plan (it only relays)")
+
+
+def _data_port(value: str) -> int | None:
+    """--data-port: a port number, 0 for any free one, or off."""
+    from edgesplit.errors import ConfigError
+
+    if value.lower() in ("off", "none", "no"):
+        return None
+    if not value.isdigit() or int(value) > 65535:
+        raise ConfigError(f"--data-port takes a port (0-65535; 0: any free port) or off, "
+                          f"not {value!r}")
+    return int(value)
+
+
+def _data_plane(value: str) -> DataPlane:
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.dataplane import DATA_PLANES
+
+    if value not in DATA_PLANES:
+        raise ConfigError(f"--data-plane takes {', '.join(DATA_PLANES)}, not {value!r}")
+    return cast("DataPlane", value)
 
 
 def _addresses(program: PlanProgram, server: str | None, sources: list[str]
