@@ -1,5 +1,5 @@
-"""`edgesplit devices | links | topologies | profile`: the hardware presets and per-layer
-profiles."""
+"""`edgesplit devices | links | topologies | profile | calibrate`: the hardware presets, per-layer
+profiles, and a roofline calibrated to this machine."""
 
 from __future__ import annotations
 
@@ -128,3 +128,44 @@ def _validate(graph, prof, warmup: int, repeats: int):
 
     return validate_estimators(graph, default_estimators(prof, get_device("this-machine")),
                                warmup=warmup, repeats=repeats)
+
+
+@app.command()
+@user_errors
+def calibrate(
+    models: list[str] = typer.Argument(..., help="Built-in model names or .pt2 files to fit "
+                                                 "on (several kinds of layers fit best)."),
+    out_path: Path = typer.Option(Path("this-machine-calibrated.json"), "--out", "-o",
+                                  help="Write the calibrated device file here."),
+    name: str = typer.Option("this-machine-calibrated", "--name", help="The device's name."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed runs first."),
+    repeats: int = typer.Option(20, "--repeats", min=1, help="Timed runs per model."),
+    as_json: bool = typer.Option(False, "--json", help="Print the device JSON."),
+    trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+) -> None:
+    """Fit this-machine's roofline (per-op-class efficiency, effective memory bandwidth,
+    per-layer overhead) to per-layer profiles of MODELS measured now, and measure its wire
+    codec: a device file whose roofline predicts this machine (use it as --edge/--cloud)."""
+    from edgesplit.graph import capture
+    from edgesplit.hardware import get_device
+    from edgesplit.hardware.calibrate import calibrate_roofline
+    from edgesplit.hardware.profile import profile_graph
+    from edgesplit.plan.codec import measure_wire_codec
+
+    profiles = []
+    for model in models:
+        with err.status(f"profiling {model} ...", spinner="dots"):
+            graph = capture(model, trust_model_file=trust_model_file)
+            profiles.append(profile_graph(graph, warmup=warmup, repeats=repeats, onnx=False))
+    with err.status("fitting the roofline, timing the wire codec ...", spinner="dots"):
+        device = calibrate_roofline(get_device("this-machine"), profiles, name=name)
+        device = device.model_copy(update={"wire": measure_wire_codec()})
+    doc = device.model_dump(mode="json")
+    emit_json(doc, out_path)
+    if as_json:
+        emit_json(doc)
+        return
+    from edgesplit.report.hardware_tables import calibration_table
+
+    out.print(calibration_table(device))
+    err.print(f"device written to {out_path}")

@@ -91,3 +91,26 @@ def validation_table(report: dict[str, Any]) -> Table:
         table.add_row(name, f"{stats['whole_model_error_pct']:.1f}", f"{stats['mape_pct']:.1f}",
                       f"{stats['worst_pct']:.1f}")
     return table
+
+
+def calibration_table(device: Device) -> Table:
+    """A calibrated device's fitted roofline and wire codec (`edgesplit calibrate`)."""
+    compute = device.compute
+    table = Table(title=f"{device.name}: {device.source}", min_width=60)
+    table.add_column("parameter")
+    table.add_column("value", justify="right")
+    if isinstance(compute, AnalyticalCompute):
+        table.add_row("peak FP32 GFLOP/s", f"{compute.peak_gops[max(compute.peak_gops)]:g}")
+        table.add_row("effective memory GB/s", f"{compute.memory_bandwidth_gb_per_s:g}")
+        table.add_row("per-layer overhead ms", f"{compute.layer_overhead_ms:.4f}")
+        for op_class, eff in compute.efficiency.items():
+            table.add_row(f"efficiency {op_class}", f"{eff:.3f}")
+        table.add_row("efficiency (other classes)", f"{compute.default_efficiency:.3f}")
+    codec = device.codec()
+    table.add_row("wire encode / decode GB/s",
+                  f"{codec.encode_gb_per_s:g} / {codec.decode_gb_per_s:g}")
+    table.add_row("wire 8-bit encode / decode GB/s",
+                  f"{codec.quantized_encode_gb_per_s:g} / {codec.quantized_decode_gb_per_s:g}")
+    table.add_row("wire per tensor ms (encode / decode)",
+                  f"{codec.encode_tensor_ms:.4f} / {codec.decode_tensor_ms:.4f}")
+    return table
