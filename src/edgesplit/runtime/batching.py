@@ -119,7 +119,11 @@ def _same_as_alone(step: DeviceStep, flexible: DeviceStep, program: PlanProgram)
 class Batcher:
     """Collects single requests for ``step`` and runs them in batches on one worker thread.
     ``batched`` runs any batch size (``flexible``, from :func:`flexible_step`) or exactly
-    ``max_batch`` rows (from :func:`batched_step`; short batches are padded)."""
+    ``max_batch`` rows (from :func:`batched_step`; short batches are padded).
+
+    A request that finds nothing computing and nothing queued runs at once on its caller's
+    thread (a lone client pays no hand-off to the worker); while it runs, others queue for
+    the worker's next batch. One computation at a time either way (``_computing``)."""
 
     def __init__(self, single: DeviceStep, batched: DeviceStep, max_batch: int,
                  max_wait_ms: float = 0.0, *, flexible: bool = False) -> None:
@@ -130,6 +134,7 @@ class Batcher:
         self.single, self.batched, self.flexible = single, batched, flexible
         self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1e3
         self._queue: queue.Queue = queue.Queue()
+        self._computing = threading.Lock()
         self._stop = threading.Event()
         self.batches_run = 0
         self.requests_batched = 0
@@ -137,6 +142,12 @@ class Batcher:
         self._worker.start()
 
     def compute(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.max_wait_s == 0 and self._queue.empty() and \
+                self._computing.acquire(blocking=False):
+            try:
+                return self.single.compute(values)
+            finally:
+                self._computing.release()
         done: Future = Future()
         self._queue.put((values, done))
         return done.result()
@@ -145,11 +156,7 @@ class Batcher:
         self._stop.set()
         self._worker.join(timeout=5)
 
-    def _collect(self) -> list:
-        try:
-            first = self._queue.get(timeout=0.1)
-        except queue.Empty:
-            return []
+    def _collect(self, first: tuple) -> list:
         items, deadline = [first], time.perf_counter() + self.max_wait_s
         while len(items) < self.max_batch:
             try:  # what is queued already, then (max_wait_ms) what arrives in time
@@ -168,22 +175,27 @@ class Batcher:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            items = self._collect()
-            if not items:
-                continue
-            if len(items) == 1:
-                self._run_alone(*items[0])
-                continue
             try:
-                results = self._run_batch([v for v, _ in items])
-            except Exception:
-                for values, done in items:
-                    self._run_alone(values, done)
+                first = self._queue.get(timeout=0.1)
+            except queue.Empty:
                 continue
-            self.batches_run += 1
-            self.requests_batched += len(items)
-            for (_, done), result in zip(items, results, strict=True):
-                done.set_result(result)
+            with self._computing:  # then gather: what queued while a caller computed joins
+                self._run(self._collect(first))
+
+    def _run(self, items: list) -> None:
+        if len(items) == 1:
+            self._run_alone(*items[0])
+            return
+        try:
+            results = self._run_batch([v for v, _ in items])
+        except Exception:
+            for values, done in items:
+                self._run_alone(values, done)
+            return
+        self.batches_run += 1
+        self.requests_batched += len(items)
+        for (_, done), result in zip(items, results, strict=True):
+            done.set_result(result)
 
     def _run_alone(self, values: dict[str, torch.Tensor], done: Future) -> None:
         try:
