@@ -42,16 +42,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import bench_predicted as predicted  # section 3, also runnable alone (benchmarks/ is on the path)
 import numpy as np
 import torch
 
-from edgesplit.hardware import Device, Link, MeasuredCompute, get_device
-from edgesplit.hardware.profile import machine_info, profile_graph, save_profile, time_call
+from edgesplit.hardware import Device, Link, get_device
+from edgesplit.hardware.profile import machine_info, time_call
 from edgesplit.plan import (
     EdgeCloudSetting,
     PlanningProblem,
-    best_plan,
-    compare_methods,
     get_planner,
 )
 from edgesplit.plan.model import Plan
@@ -78,11 +77,7 @@ SHAPING_SPLITS = [("digits_cnn", "down2.0"),
                   ("resnet18", "resnet.encoder.stages.1.layers.1.add")]
 SHAPING_MBPS = (3.0, 25.0, 100.0)
 SHAPING_RTT_MS = 20.0
-# 3. predicted vs measured
-# (efficientnet_b0 and resnet50 also work: --models; they add about two minutes)
-E2E_MODELS = ["resnet18", "mobilenet_v2", "digits_cnn", "bert_mini", "alexnet", "vit_tiny",
-              "googlenet", "mnasnet"]
-E2E_LINK = Link(name="shaped-25mbps-10ms", bandwidth_mbps=25.0, rtt_ms=10.0, medium="wired")
+# 3. predicted vs measured: models and link in benchmarks/bench_predicted.py
 UNSHAPED_LINK = Link(name="loopback", bandwidth_mbps=10_000.0, rtt_ms=0.0, medium="wired")
 # 4. load
 LOAD_SPLIT = ("digits_cnn", "down2.0")
@@ -322,124 +317,13 @@ def bench_shaping(device: Device, requests: int) -> list[dict[str, Any]]:
     return rows
 
 
-# ---- 3. predicted vs measured -------------------------------------------------------------------
-def _constraints(graph) -> tuple[str, int]:
-    """A privacy layer a third of the way through the single-tensor cuts and an edge memory limit
-    that the prefix up to two thirds just meets: with identical edge and cloud the best plan is
-    otherwise always edge-only (no link), so these force a real split in between."""
-    cuts = [c for c in graph.single_tensor_cuts() if 0 <= c.index < len(graph.layers) - 1]
-    lo, hi = cuts[len(cuts) // 3], cuts[(2 * len(cuts)) // 3]
-    prefix = [layer.name for layer in graph.layers[: hi.index + 1]]
-    return lo.after, graph.peak_memory(prefix).total_bytes
-
-
-def _prediction(problem: PlanningProblem, plan: Plan) -> dict[str, float]:
-    """What ``problem``'s cost model predicts for ``plan``'s edge part."""
-    b = problem.costs(plan.model.graph).evaluate(plan.edge_layers)
-    return {"edge": b.edge_ms, "transfer": b.transfer_ms + b.rtt_ms, "cloud": b.cloud_ms,
-            "total": b.total_ms}
-
-
-def _measure(program: PlanProgram, requests: int) -> dict[str, Any]:
-    with serving(program, shape=True) as (address, _server):
-        report = run_requests(program, address, requests=requests, warmup=2,
-                              client_options={"shape": True})
-    totals = [r["breakdown_ms"]["total"] for r in report["per_request"]]
-    return {"errors": report["errors"], "max_abs_diff": report["max_abs_diff"],
-            "latency_ms": report["latency_ms"], "breakdown_ms": report["breakdown_ms"],
-            "totals_ms": totals}
-
-
-def _describe(plan: Plan) -> dict[str, Any]:
-    sent = plan.transfers[0] if plan.transfers and plan.transfers[0].tensors else None
-    return {"method": plan.method, "edge_layers": len(plan.edge_layers),
-            "layers": len(plan.layers),
-            "last_edge_layer": plan.edge_layers[-1] if plan.edge_layers else None,
-            "crossing": list(sent.tensors) if sent else [],
-            "sent_bytes": sent.bytes if sent else 0}
-
-
-def bench_predicted(device: Device, models: list[str], requests: int, tmp: Path
-                    ) -> list[dict[str, Any]]:
-    rows = []
-    for model in models:
-        t0 = time.perf_counter()
-        load_avg = os.getloadavg()[0]
-        roof = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=E2E_LINK))
-        graph = roof.graph
-        privacy, limit = _constraints(graph)
-        # a per-layer profile measured right before this model's requests (the machine drifts);
-        # of two, the one with the lower sum (stalls from other jobs only ever add time)
-        profile = min((profile_graph(graph, warmup=3, repeats=10, onnx=False) for _ in range(2)),
-                      key=lambda p: p["sum_of_layers_ms"]["eager"])
-        path = tmp / f"{model}.profile.json"
-        save_profile(profile, path)
-        measured_dev = Device(name="this-machine-profiled", kind="cpu",
-                              compute=MeasuredCompute(profile=str(path)),
-                              memory_bytes=device.memory_bytes,
-                              description="this machine, per-layer eager profile")
-        prof = _with_setting(roof, EdgeCloudSetting(edge=measured_dev, cloud=measured_dev,
-                                                    link=E2E_LINK))
-        forced = {"privacy_layer": privacy, "edge_memory_bytes": limit}
-        roof_c = _with_setting(roof, dataclasses.replace(roof.setting, **forced))
-        prof_c = _with_setting(prof, dataclasses.replace(prof.setting, **forced))
-
-        best_name, best = best_plan(compare_methods(roof))
-        # (kind, planned by, plan, the problems that predict it); a plan both predictors chose
-        # is one row, measured once
-        candidates: list[tuple[str, list[str], Plan, PlanningProblem, PlanningProblem]] = [
-            ("best (unconstrained)", ["roofline"], best, roof, prof)]
-        plan_r = get_planner("qdmp").plan(roof_c)
-        plan_p = get_planner("qdmp").plan(prof_c)
-        candidates.append(("forced split", ["roofline"], plan_r, roof_c, prof_c))
-        if plan_p.edge_layers == plan_r.edge_layers:
-            candidates[-1][1].append("profile")
-        else:
-            candidates.append(("forced split", ["profile"], plan_p, roof_c, prof_c))
-
-        for kind, planned_by, plan, by_roof, by_prof in candidates:
-            program = PlanProgram.load(plan, graph=roof.graph_of(plan.model.graph))
-            m = _measure(program, requests)
-            pred = {"roofline": _prediction(by_roof, plan), "profile": _prediction(by_prof, plan)}
-            mean, p50 = m["breakdown_ms"]["total"], m["latency_ms"]["p50"]
-            rows.append({
-                "model": model, "plan": kind, "planned_by": planned_by,
-                "method": best_name if kind.startswith("best") else "qdmp",
-                "feasible": plan.feasible,
-                "privacy_layer": privacy if kind == "forced split" else None,
-                "edge_memory_limit_bytes": limit if kind == "forced split" else None,
-                **_describe(plan),
-                "predicted_ms": {k: v["total"] for k, v in pred.items()},
-                "predicted_parts_ms": pred,
-                "plan_predicted_total_ms": plan.predicted.total_ms,
-                "measured_mean_ms": mean, "measured_p50_ms": p50,
-                "measured": m,
-                "error_pct": {k: 100 * abs(v["total"] - mean) / mean for k, v in pred.items()},
-                "signed_error_pct": {k: 100 * (v["total"] - mean) / mean
-                                     for k, v in pred.items()},
-                "error_pct_vs_p50": {k: 100 * abs(v["total"] - p50) / p50
-                                     for k, v in pred.items()},
-            })
-        # the same profile again after the requests: how far the machine drifted meanwhile
-        after = profile_graph(graph, warmup=3, repeats=10, onnx=False)
-        drift = {"load_average_at_start": load_avg,
-                 "profile_sum_before_ms": profile["sum_of_layers_ms"]["eager"],
-                 "profile_sum_after_ms": after["sum_of_layers_ms"]["eager"],
-                 "whole_model_before_ms": profile["whole_model"]["eager_ms"]["median"],
-                 "whole_model_after_ms": after["whole_model"]["eager_ms"]["median"]}
-        drift["after_over_before"] = drift["profile_sum_after_ms"] / drift["profile_sum_before_ms"]
-        for r in rows:
-            if r["model"] == model:
-                r["machine_drift"] = drift
-        print(f"e2e {model}: {time.perf_counter() - t0:.1f} s")
-    return rows
-
-
-def _mape(rows: list[dict[str, Any]], plan: str, estimator: str, planned_by: str | None = None,
-          key: str = "error_pct", agg=np.mean) -> float:
-    sel = [r[key][estimator] for r in rows if r["plan"] == plan
-           and (planned_by is None or planned_by in r["planned_by"])]
-    return float(agg(sel)) if sel else float("nan")
+# ---- 3. predicted vs measured: benchmarks/bench_predicted.py ----------------------------------
+def bench_predicted_section(models: list[str], requests: int, tmp: Path) -> dict[str, Any]:
+    before = os.getloadavg()[0]
+    rows, extra = predicted.bench_predicted(models, requests, tmp)
+    return {"rows": rows, **extra, "requests": requests, "models": models,
+            "load_before": before, "load_after": os.getloadavg()[0],
+            "summary": predicted.summary(rows)}
 
 
 # ---- 4. load ------------------------------------------------------------------------------------
@@ -594,80 +478,7 @@ def _render_shaping(doc: dict[str, Any]) -> list[str]:
 
 
 def _render_predicted(doc: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
-    s = doc["predicted_summary"]
-    lines += ["## 3. Predicted vs measured end-to-end latency", "",
-              f"Edge = cloud = `this-machine`, link {E2E_LINK.bandwidth_mbps:g} Mbps / "
-              f"{E2E_LINK.rtt_ms:g} ms RTT, shaping on, {doc['e2e_requests']} requests per plan "
-              "after 2 warm-ups. Two predictors for the *same* plan: `roofline` (the "
-              "`this-machine` preset: live peaks, hand-set efficiencies) and `profile` (a device "
-              "with `MeasuredCompute`: the model's per-layer eager profile measured right before "
-              "its requests, the less disturbed (lower sum) of two of 10 repeats; layers the "
-              "profile lacks fall back to a regression "
-              "fitted on it). Plans: `best (unconstrained)` is "
-              "`best_plan(compare_methods(...))`; with identical devices on both ends it always "
-              "keeps everything on the edge (no link use: the client never calls the server), "
-              "so it tests only the compute prediction. `forced split` is QDMP with a privacy "
-              "layer a third of the way through the model's single-tensor cuts and an edge "
-              "memory limit met by the prefix up to two thirds, which forces a cut in between; "
-              "it is planned with each predictor (`planned by`), and a plan both chose is one "
-              "row. Errors are against the mean total, signed (+: the prediction is too high). "
-              "`drift` is the profile's sum of layers re-measured after the requests over the "
-              "one the prediction used; `profiler's whole-model ms` is the whole forward pass "
-              "the profiler timed alongside the layers (median, same moment as the profile), "
-              "the direct counterpart of an edge-only request.", "",
-              "| model | plan | planned by | method | edge layers | crossing | bytes sent | "
-              "roofline ms | profile ms | measured mean ms | measured p50 ms | roofline err % | "
-              "profile err % | max abs diff | drift | profiler's whole-model ms |",
-              "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in doc["predicted"]:
-        lines.append(
-            f"| {r['model']} | {r['plan']} | {' = '.join(r['planned_by'])} | {r['method']} | "
-            f"{r['edge_layers']}/{r['layers']} | {', '.join(r['crossing']) or '-'} | "
-            f"{r['sent_bytes']:,} | {r['predicted_ms']['roofline']:.1f} | "
-            f"{r['predicted_ms']['profile']:.1f} | {r['measured_mean_ms']:.1f} | "
-            f"{r['measured_p50_ms']:.1f} | "
-            f"{r['signed_error_pct']['roofline']:+.1f} | {r['signed_error_pct']['profile']:+.1f}"
-            f" | {r['measured']['max_abs_diff']:.2g} | "
-            f"x{r['machine_drift']['after_over_before']:.2f} | "
-            + (f"{r['machine_drift']['whole_model_before_ms']:.1f} |"
-               if r["plan"].startswith("best") else "- |"))
-    differ = s["plans_that_differ_by_predictor"]
-    lines += ["", f"Error over {len(s['models'])} models: MAPE against the mean total (against "
-              "the median total in brackets), and the median of the absolute errors, which one "
-              "stalled measurement cannot move:", "",
-              "| plans | roofline MAPE % | profile MAPE % | roofline median APE % | "
-              "profile median APE % |", "|---|---:|---:|---:|---:|",
-              f"| best (unconstrained: edge-only, compute only) | {s['best_roofline']:.1f} "
-              f"({s['best_roofline_vs_p50']:.1f}) | {s['best_profile']:.1f} "
-              f"({s['best_profile_vs_p50']:.1f}) | {s['best_roofline_median_ape']:.1f} | "
-              f"{s['best_profile_median_ape']:.1f} |",
-              f"| forced split planned by the roofline | {s['split_roofline']:.1f} "
-              f"({s['split_roofline_vs_p50']:.1f}) | {s['split_roofline_plan_profile']:.1f} "
-              f"({s['split_roofline_plan_profile_vs_p50']:.1f}) | "
-              f"{s['split_roofline_median_ape']:.1f} | "
-              f"{s['split_roofline_plan_profile_median_ape']:.1f} |",
-              f"| forced split planned by the profile | {s['split_profile_plan_roofline']:.1f} | "
-              f"{s['split_profile']:.1f} | | |", "",
-              ("The two predictors chose the same forced split for every model."
-               if not differ else
-               f"The predictors chose different forced splits for {', '.join(differ)}."), "",
-              "Per part, forced split planned by the roofline (predicted roofline / profile / "
-              "measured mean, ms; predicted `transfer` = link transfer + RTT, measured = the "
-              "client's transfer; `serialize` is not in the plan's prediction):", "",
-              "| model | edge R / P / measured | transfer predicted / measured | "
-              "cloud R / P / measured | serialize measured |", "|---|---:|---:|---:|---:|"]
-    for r in doc["predicted"]:
-        if r["plan"] != "forced split" or "roofline" not in r["planned_by"]:
-            continue
-        pr, pp, b = (r["predicted_parts_ms"]["roofline"], r["predicted_parts_ms"]["profile"],
-                     r["measured"]["breakdown_ms"])
-        lines.append(f"| {r['model']} | {pr['edge']:.1f} / {pp['edge']:.1f} / {b['edge']:.1f} | "
-                     f"{pr['transfer']:.1f} / {b['transfer']:.1f} | {pr['cloud']:.1f} / "
-                     f"{pp['cloud']:.1f} / {b['remote']:.1f} | {b['serialize']:.2f} |")
-    lines += ["", doc["notes"]["predicted"], ""]
-
-    return lines
+    return [*predicted.render(doc["predicted"]), "", doc["notes"]["predicted"], ""]
 
 
 def _render_load(doc: dict[str, Any]) -> list[str]:
@@ -760,50 +571,16 @@ def _note_shaping(doc: dict[str, Any]) -> str:
 
 
 def _note_predicted(doc: dict[str, Any]) -> str:
-    pr = doc["predicted_summary"]
-    rows = doc["predicted"]
-    split = [r for r in rows if r["plan"] == "forced split" and "roofline" in r["planned_by"]]
-    low = sum(r["signed_error_pct"]["profile"] < 0 for r in rows)
-    extra = [r["measured"]["breakdown_ms"]["transfer"] - r["predicted_parts_ms"]["profile"]
-             ["transfer"] for r in split]
-    compute = [(r["measured"]["breakdown_ms"]["edge"] + r["measured"]["breakdown_ms"]["remote"])
-               / (r["predicted_parts_ms"]["profile"]["edge"]
-                  + r["predicted_parts_ms"]["profile"]["cloud"]) for r in split]
-    drift = sorted({r["model"]: r["machine_drift"]["after_over_before"] for r in rows}.values())
-    best = [r for r in rows if r["plan"].startswith("best")]
-    whole_over_sum = sorted(r["machine_drift"]["whole_model_before_ms"]
-                            / r["machine_drift"]["profile_sum_before_ms"] for r in best)
-    runtime_over_whole = sorted(r["measured_mean_ms"] / r["machine_drift"]["whole_model_before_ms"]
-                                for r in best)
-    peak = doc["this_machine"]["compute"]["peak_gops"]["32"]
-    return (
-        f"The roofline is off by {pr['best_roofline']:.0f} % MAPE on the compute-only plans and "
-        f"{pr['split_roofline']:.0f} % on the forced splits; the profile measured just before "
-        f"gives {pr['best_profile']:.0f} % and {pr['split_roofline_plan_profile']:.0f} % on the "
-        f"same plans (median absolute errors: roofline {pr['split_roofline_median_ape']:.0f} %,"
-        f" profile {pr['split_roofline_plan_profile_median_ape']:.0f} % on the splits). The "
-        f"profile prediction is too low in {low} of {len(rows)} rows, too high in the rest. On the "
-        "split plans the shaped transfer, the largest part at 25 Mbps, is predicted to within "
-        f"{min(extra):+.1f} to {max(extra):+.1f} ms (the transport overhead of section 1 plus "
-        "the shaper's sleep overshoot), so the error is compute: the measured edge + cloud "
-        f"compute is x{min(compute):.2f}-x{max(compute):.2f} the profile's, plus the "
-        "serialisation the plan does not model. Three things drive the compute error here. "
-        "(1) This 2-core machine is shared with other jobs: the same profile re-measured after "
-        f"each model's requests was x{drift[0]:.2f}-x{drift[-1]:.2f} the one used for the "
-        "prediction, and the roofline's peak is itself measured once at start-up "
-        f"({peak} GFLOP/s in this run), so both predictors inherit the machine's state at "
-        "the moment they were measured. (2) The profile predicts with the *sum of per-layer "
-        "medians*; a preemption lands in one layer's sample and the median drops it, while a "
-        "request pays for every stall: in the same profiling runs the whole forward pass took "
-        f"x{whole_over_sum[0]:.2f}-x{whole_over_sum[-1]:.2f} the sum of layer medians, which "
-        "biases the profile low under steady contention (on a quiet machine the two agree to a "
-        "few per cent, `estimators.md`); a profile taken during a burst of load is high "
-        "instead. Edge-only requests took "
-        f"x{runtime_over_whole[0]:.2f}-x{runtime_over_whole[-1]:.2f} the profiler's own "
-        "whole-model time. (3) Requests run their partitions in worker threads under "
-        "`torch.no_grad()`, the profiler on the main thread in inference mode (a few per cent "
-        "in a side test). None of this is the runtime's overhead, which section 1 bounds at a "
-        "few milliseconds.")
+    s = doc["predicted"]["summary"]
+    goal = predicted.GOAL_MAPE
+    parts = [f"On the forced splits of {len(s['models'])} models the fresh profile is off by "
+             f"{s['forced_profile_mape']:.1f} % MAPE (median {s['forced_profile_median_ape']:.1f}"
+             f" %) and the calibrated roofline by {s['forced_calibrated_mape']:.1f} % (median "
+             f"{s['forced_calibrated_median_ape']:.1f} %); the goal is {goal:g} %: "
+             + ", ".join(f"{name} {'met' if s[f'forced_{k}_mape'] <= goal else 'missed'}"
+                         for k, name in (("profile", "profile"), ("calibrated", "calibrated")))
+             + f". The hand-set preset gives {s['forced_preset_mape']:.1f} %."]
+    return " ".join(parts)
 
 
 def _note_load(doc: dict[str, Any]) -> str:
@@ -830,34 +607,6 @@ def _note_load(doc: dict[str, Any]) -> str:
     return " ".join(text)
 
 
-def _predicted_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "best_roofline": _mape(rows, "best (unconstrained)", "roofline"),
-        "best_profile": _mape(rows, "best (unconstrained)", "profile"),
-        "split_roofline": _mape(rows, "forced split", "roofline", "roofline"),
-        "split_roofline_plan_profile": _mape(rows, "forced split", "profile", "roofline"),
-        "split_profile": _mape(rows, "forced split", "profile", "profile"),
-        "split_profile_plan_roofline": _mape(rows, "forced split", "roofline", "profile"),
-        "best_roofline_vs_p50": _mape(rows, "best (unconstrained)", "roofline",
-                                      key="error_pct_vs_p50"),
-        "best_profile_vs_p50": _mape(rows, "best (unconstrained)", "profile",
-                                     key="error_pct_vs_p50"),
-        "split_roofline_vs_p50": _mape(rows, "forced split", "roofline", "roofline",
-                                       key="error_pct_vs_p50"),
-        "split_roofline_plan_profile_vs_p50": _mape(rows, "forced split", "profile", "roofline",
-                                                    key="error_pct_vs_p50"),
-        "best_roofline_median_ape": _mape(rows, "best (unconstrained)", "roofline", agg=np.median),
-        "best_profile_median_ape": _mape(rows, "best (unconstrained)", "profile", agg=np.median),
-        "split_roofline_median_ape": _mape(rows, "forced split", "roofline", "roofline",
-                                           agg=np.median),
-        "split_roofline_plan_profile_median_ape": _mape(rows, "forced split", "profile",
-                                                        "roofline", agg=np.median),
-        "plans_that_differ_by_predictor": sorted(
-            {r["model"] for r in rows if r["planned_by"] == ["profile"]}),
-        "models": sorted({r["model"] for r in rows}),
-    }
-
-
 SECTIONS = ("overhead", "shaping", "predicted", "load")
 
 
@@ -880,7 +629,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument("--allow-load", type=float, default=QUIET_LOAD,
                         help="highest 1-minute load average to start at (default: quiet)")
-    parser.add_argument("--models", default=",".join(E2E_MODELS),
+    parser.add_argument("--models", default=",".join(predicted.MODELS),
                         help="models for section 3 (predicted vs measured)")
     parser.add_argument("--requests", type=int, default=10, help="requests per plan, section 3")
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds, section 1")
@@ -903,7 +652,7 @@ def main() -> None:
     doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "sections": sections,
                            "this_machine": device.model_dump(mode="json"),
                            "load_average": list(load_start),
-                           "e2e_link": E2E_LINK.model_dump(mode="json"),
+                           "e2e_link": predicted.LINK.model_dump(mode="json"),
                            "e2e_requests": args.requests}
     with tempfile.TemporaryDirectory(prefix="edgesplit-bench-") as tmp:
         if "overhead" in sections:
@@ -911,9 +660,8 @@ def main() -> None:
         if "shaping" in sections:
             doc["shaping"] = bench_shaping(device, args.shaping_requests)
         if "predicted" in sections:
-            doc["predicted"] = bench_predicted(device, args.models.split(","), args.requests,
-                                               Path(tmp))
-            doc["predicted_summary"] = _predicted_summary(doc["predicted"])
+            doc["predicted"] = bench_predicted_section(args.models.split(","), args.requests,
+                                                       Path(tmp))
         if "load" in sections:
             doc["load"] = bench_load(device, Path(tmp))
     doc["load_average_end"] = list(os.getloadavg())
