@@ -7,10 +7,12 @@ here. A connection carries one call at a time (a client keeps several open for c
 calls), each call and its answer one *frame*::
 
     magic "ESF1" | version u8 | kind u8 | reserved u16 | request_id u64 | meta_len u32 |
-    n_parts u32 | part lengths: n_parts x u64 | meta: meta_len bytes, a UTF-8 JSON object |
-    the parts, back to back
+    n_parts u32 | rest u64 | part lengths: n_parts x u64 | meta: meta_len bytes, a UTF-8
+    JSON object | the parts, back to back
 
-all little-endian. Kind 1 is a call, 2 its answer, 3 a failed call, whose meta holds ``code``
+all little-endian; ``rest`` is the byte count after the fixed header (lengths, meta and
+parts), so a receiver reads a frame in two reads: the header, then the rest. Kind 1 is a
+call, 2 its answer, 3 a failed call, whose meta holds ``code``
 (a gRPC status code's name) and ``details``, so a failure reads exactly as it does over gRPC.
 A receiver checks the header and every size against its limit before it reads a payload byte
 (a frame over the limit is answered RESOURCE_EXHAUSTED and the connection closed), reads the
@@ -42,7 +44,7 @@ __all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "F
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
-_HEADER = struct.Struct("<4sBBHQII")
+_HEADER = struct.Struct("<4sBBHQIIQ")
 MAX_META = 1 << 16  # bytes of JSON: names, metadata, timings; never payload
 MAX_PARTS = 4096
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
@@ -75,9 +77,11 @@ class _Closed(Exception):
 def write_frame(sock: socket.socket, frame: Frame) -> int:
     """Send ``frame`` (one scatter-gather write where the kernel takes it all); its size."""
     meta = json.dumps(frame.meta, separators=(",", ":")).encode()
+    sizes = [len(p) for p in frame.parts]
+    rest = 8 * len(sizes) + len(meta) + sum(sizes)
     head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
-                        len(frame.parts))
-    head += struct.pack(f"<{len(frame.parts)}Q", *(len(p) for p in frame.parts)) + meta
+                        len(sizes), rest)
+    head += struct.pack(f"<{len(sizes)}Q", *sizes) + meta
     buffers = [memoryview(head), *(memoryview(p).cast("B") for p in frame.parts if len(p))]
     total = sum(b.nbytes for b in buffers)
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg through TLS: one record stream
@@ -95,15 +99,21 @@ def write_frame(sock: socket.socket, frame: Frame) -> int:
     return total
 
 
-def _recv_into(sock: socket.socket, view: memoryview, at_start: bool = False) -> None:
+def _recv_into(sock: socket.socket, view: memoryview, at_start: bool = False,
+               deadline: float | None = None) -> None:
     got = 0
     while got < view.nbytes:
-        n = sock.recv_into(view[got:])
+        try:
+            n = sock.recv_into(view[got:])
+        except BlockingIOError:  # SO_RCVTIMEO ran out (a client's deadline)
+            raise TimeoutError from None
         if n == 0:
             if at_start and got == 0:
                 raise _Closed
             raise ConnectionError("the connection closed in the middle of a frame")
         got += n
+        if deadline is not None and got < view.nbytes and time.monotonic() > deadline:
+            raise TimeoutError
 
 
 class _Inbox:
@@ -111,6 +121,7 @@ class _Inbox:
     limit the header was checked against."""
 
     def __init__(self) -> None:
+        self.head = bytearray(_HEADER.size)
         self.buffer = bytearray(64 * 1024)
 
     def view(self, n: int) -> memoryview:
@@ -119,40 +130,45 @@ class _Inbox:
         return memoryview(self.buffer)[:n]
 
 
-def read_frame(sock: socket.socket, inbox: _Inbox, limit: int) -> Frame:
+def read_frame(sock: socket.socket, inbox: _Inbox, limit: int,
+               deadline: float | None = None) -> Frame:
     """The next frame; its parts are views of ``inbox``, valid until the next read. Raises
     ValueError for a malformed frame, FrameTooLarge for one over ``limit`` bytes of parts,
-    _Closed when the peer hung up cleanly before it."""
-    head = bytearray(_HEADER.size)
-    _recv_into(sock, memoryview(head), at_start=True)
-    magic, version, kind, reserved, request_id, meta_len, n_parts = _HEADER.unpack(head)
+    _Closed when the peer hung up cleanly before it, TimeoutError past ``deadline``."""
+    head = inbox.head
+    _recv_into(sock, memoryview(head), at_start=True, deadline=deadline)
+    magic, version, kind, reserved, request_id, meta_len, n_parts, rest = _HEADER.unpack(head)
     if magic != MAGIC or version != VERSION or reserved:
         raise ValueError("not an edgesplit data-plane frame (bad magic, version or reserved "
                          "bits): is this the server's data port?")
     if kind not in (CALL, REPLY, FAILED) or meta_len > MAX_META or n_parts > MAX_PARTS:
         raise ValueError(f"malformed frame header (kind {kind}, {meta_len} meta bytes, "
                          f"{n_parts} parts)")
-    sizes_raw = bytearray(8 * n_parts)
-    _recv_into(sock, memoryview(sizes_raw))
-    sizes = struct.unpack(f"<{n_parts}Q", sizes_raw)
-    total = sum(sizes)
+    total = rest - 8 * n_parts - meta_len  # the parts' bytes, checked against their sizes
     if total > limit:
         raise FrameTooLarge(f"Received message larger than max ({total} vs. {limit})")
-    meta_raw = bytearray(meta_len)
-    _recv_into(sock, memoryview(meta_raw))
-    view = inbox.view(total)
-    _recv_into(sock, view)
-    meta = _parse_meta(meta_raw)
-    parts, at = [], 0
+    if total < 0:
+        raise ValueError(f"malformed frame header: {rest} bytes cannot hold {n_parts} part "
+                         f"lengths and {meta_len} meta bytes")
+    view = inbox.view(rest)
+    _recv_into(sock, view, deadline=deadline)
+    sizes = struct.unpack_from(f"<{n_parts}Q", view)
+    if sum(sizes) != total:
+        raise ValueError(f"malformed frame: part lengths add up to {sum(sizes)}, the header "
+                         f"leaves {total}")
+    at = 8 * n_parts
+    meta = _parse_meta(view[at:at + meta_len])
+    parts = []
+    at += meta_len
     for n in sizes:
         parts.append(view[at:at + n])
         at += n
     return Frame(kind, request_id, meta, parts)
 
 
-def _parse_meta(raw: bytearray) -> dict[str, Any]:
+def _parse_meta(raw: memoryview) -> dict[str, Any]:
     try:
-        meta = json.loads(raw.decode()) if raw else {}
+        meta = json.loads(bytes(raw)) if raw.nbytes else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"malformed frame metadata: {exc}") from None
     if not isinstance(meta, dict):
@@ -178,9 +194,14 @@ class FrameContext(LoopbackContext):
                  timeout: float | None) -> None:
         super().__init__(metadata, timeout)
         self._sock = sock
+        self._arrived = time.monotonic()
 
     def is_active(self) -> bool:
-        return super().is_active() and not _peer_closed(self._sock)
+        if not super().is_active():
+            return False
+        # a call answered as soon as it arrived has a caller waiting: peek only for one that
+        # waited (for a worker, a batch, the next hop), which its caller may have given up on
+        return time.monotonic() - self._arrived < 1e-3 or not _peer_closed(self._sock)
 
     def peer(self) -> str:
         try:
@@ -295,11 +316,11 @@ class FrameServer:
             frame = read_frame(conn, inbox, self.limit)
         except _Closed:
             return False
-        except FrameTooLarge as exc:
-            write_frame(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)))
-            return False  # the body is still unread: the connection cannot go on
+        except FrameTooLarge as exc:  # the body is unread: the connection cannot go on
+            _refuse(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)), self.limit)
+            return False
         except ValueError as exc:
-            write_frame(conn, failure(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+            _refuse(conn, failure(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)), self.limit)
             return False
         with self._lock:
             if self._stopping:
@@ -329,6 +350,20 @@ class FrameServer:
             return self.handler(frame, context)
         finally:
             context.finish()
+
+
+def _refuse(conn: socket.socket, answer: Frame, limit: int) -> None:
+    """Answer a frame that cannot be read and end the connection so that the caller reads
+    the answer: stop sending, then drain what it still sends (closing with unread bytes would
+    reset the connection, and a reset can discard the answer before the caller reads it),
+    for at most a second and ``limit`` bytes."""
+    write_frame(conn, answer)
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(1.0)
+        sink, left = bytearray(1 << 16), limit
+        while left > 0 and (n := conn.recv_into(sink)):
+            left -= n
 
 
 def _pairs(metadata: Any) -> bool:
@@ -400,10 +435,12 @@ class FrameClient:
         sock, inbox = self._borrow(timeout)
         keep = False
         try:
-            sock.settimeout(_left(deadline))
-            write_frame(sock, frame)
-            sock.settimeout(_left(deadline))
-            answer = read_frame(sock, inbox, self.limit)
+            _bound(sock, _left(deadline))
+            # refused midway (too large, malformed): the server's answer says why, read below
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                write_frame(sock, frame)
+            _bound(sock, _left(deadline))
+            answer = read_frame(sock, inbox, self.limit, deadline)
             if answer.kind == FAILED:
                 keep = answer.request_id == frame.request_id
                 raise LoopbackError(_status(answer.meta.get("code")),
@@ -415,7 +452,7 @@ class FrameClient:
             result = on_reply(answer)
             keep = True
             return result
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_SNDTIMEO ran out
             raise LoopbackError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
                                 ) from None
         except FrameTooLarge as exc:
@@ -440,6 +477,8 @@ class FrameClient:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
+            else:
+                sock.settimeout(None)  # blocking; calls are bounded by kernel timeouts
         except (OSError, ssl.SSLError) as exc:
             raise LoopbackError(grpc.StatusCode.UNAVAILABLE,
                                 f"failed to connect to the data plane at {self.host}:"
@@ -452,6 +491,22 @@ class FrameClient:
                 self._idle.append((sock, inbox))
                 return
         _close(sock)
+
+
+def _bound(sock: socket.socket, seconds: float | None) -> None:
+    """Bound each send and receive on ``sock`` by ``seconds`` (None: no bound). A plain socket
+    stays blocking with kernel timeouts (a Python timeout would poll before every call);
+    TLS keeps Python's."""
+    if isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(seconds)
+        return
+    if seconds is None:
+        value = struct.pack("ll", 0, 0)  # no timeout
+    else:
+        whole = int(seconds)
+        value = struct.pack("ll", whole, max(1, int((seconds - whole) * 1e6)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 def _left(deadline: float | None) -> float | None:
