@@ -136,7 +136,10 @@ def test_plan_json_contract(tmp_path):
         assert {"feasible", "edge_layers", "sent_bytes", "edge_ms", "transfer_ms", "cloud_ms",
                 "total_ms", "edge_memory_bytes", "plan"} <= set(entry)
         assert entry["total_ms"] == pytest.approx(entry["edge_ms"] + entry["transfer_ms"]
-                                                  + entry["cloud_ms"] + entry["rtt_ms"])
+                                                  + entry["cloud_ms"] + entry["rtt_ms"]
+                                                  + entry["serialize_ms"])
+        assert entry["serialize_ms"] == pytest.approx(
+            sum(t.get("serialize_ms", 0.0) for t in entry["plan"]["transfers"]))
     manual = doc["methods"]["manual"]
     assert manual["edge_layers"][-1] == "resnet.encoder.stages.1.layers.1.add"
     assert manual["sent_bytes"] == 128 * 28 * 28 * 4
@@ -212,7 +215,9 @@ def test_plan_over_a_topology_json_contract(tmp_path):
             link_bytes[hop] += t["bytes"]
     transfer = sum(b * 8 / (l["bandwidth_mbps"] * 1e3) + (l["rtt_ms"] / 2 if b else 0)
                    for b, l in zip(link_bytes, doc["topology"]["links"], strict=True))
-    assert best["total_ms"] == pytest.approx(compute + transfer)
+    serialize = sum(t.get("serialize_ms", 0.0) for t in best["plan"]["transfers"])
+    assert best["serialize_ms"] == pytest.approx(serialize)  # encode + decode of what crosses
+    assert best["total_ms"] == pytest.approx(compute + transfer + serialize)
     assert best["total_ms"] <= doc["methods"]["sink_only"]["total_ms"]
     assert drawing.read_bytes()[:4] == b"\x89PNG"
     throughput = json.loads(_run("plan", "mobilenet_v2", "--topology", "jmsnas-chain", "--json",

@@ -121,6 +121,7 @@ def _topology(problem: PlanningProblem, plans: dict[str, Plan]) -> dict[str, Any
             m: {"feasible": p.feasible, "runnable": p.runnable,
                 "assignment": {d.name: d.layers for d in p.devices},
                 key: _objective(problem, p), "total_ms": p.predicted.total_ms,
+                "serialize_ms": p.predicted.serialize_ms,
                 "period_ms": plan_period_ms(p), "plan": p.model_dump(mode="json")}
             for m, p in plans.items()
         },
