@@ -35,3 +35,33 @@ def block_graph() -> LayerGraph:
     from test_cuts_memory import InvertedResidual
 
     return capture(InvertedResidual(), torch.randn(1, 3, 8, 8))
+
+
+@pytest.fixture(scope="session")
+def digits_chain():
+    """digits_cnn cut after down1.0 (relu_1, 1x32x16x16, crosses) for a Jetson Nano and a V100
+    over 4G: the program the serving tests run."""
+    from edgesplit.hardware import get_device, get_link
+    from edgesplit.plan import EdgeCloudSetting, PlanningProblem
+    from edgesplit.plan.planners import Manual
+    from edgesplit.runtime import PlanProgram
+
+    problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
+        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
+    return PlanProgram.load(Manual(["down1.0"]).plan(problem))
+
+
+def self_signed(folder):
+    """A self-signed certificate for localhost and 127.0.0.1 (the openssl command line):
+    (server TlsFiles, client TlsFiles trusting it)."""
+    import subprocess
+
+    from edgesplit.runtime.transport import TlsFiles
+
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return (TlsFiles(cert=cert.read_bytes(), key=key.read_bytes()),
+            TlsFiles(ca=cert.read_bytes()))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +18,7 @@ import grpc
 import pytest
 import torch
 
+from conftest import self_signed
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link
@@ -27,7 +27,7 @@ from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.batching import flexible_step
 from edgesplit.runtime.dataplane import Message, Part, split_address
-from edgesplit.runtime.transport import ChainClient, PartitionServer, TlsFiles, max_message_bytes
+from edgesplit.runtime.transport import ChainClient, PartitionServer, max_message_bytes
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
 from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
@@ -37,10 +37,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def program():
-    problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
-        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
-    return PlanProgram.load(Manual(["down1.0"]).plan(problem))
+def program(digits_chain):
+    return digits_chain
 
 
 @pytest.fixture(scope="module")
@@ -130,16 +128,10 @@ def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
 
 
 def test_tls_covers_the_data_plane(program, tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    server = PartitionServer(program, "cloud", shape=False, token=TOKEN,
-                             tls=TlsFiles(cert=cert.read_bytes(), key=key.read_bytes()))
+    tls, ca = self_signed(tmp_path)
+    server = PartitionServer(program, "cloud", shape=False, token=TOKEN, tls=tls)
     port = server.start()
     try:
-        ca = TlsFiles(ca=cert.read_bytes())
         with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
                          token=TOKEN) as client:
             assert torch.allclose(client.request(_x(1)).outputs[0],

@@ -28,10 +28,8 @@ from edgesplit.runtime.transport import (
 
 
 @pytest.fixture(scope="module")
-def program():
-    problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
-        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
-    return PlanProgram.load(Manual(["down1.0"]).plan(problem))
+def program(digits_chain):
+    return digits_chain
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,8 @@ from edgesplit.runtime.transport import ChainClient, PartitionServer
 
 
 @pytest.fixture(scope="module")
-def program():
-    problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
-        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
-    return PlanProgram.load(Manual(["down1.0"]).plan(problem))
+def program(digits_chain):
+    return digits_chain
 
 
 def _inputs(k: int) -> tuple[torch.Tensor, ...]:
@@ -67,21 +65,13 @@ def test_a_failing_request_does_not_fail_its_batch(program):
 
 def test_tls_with_a_token_end_to_end(program, tmp_path):
     """A self-signed certificate (made with the openssl command line) secures the hop."""
-    import subprocess
-
+    from conftest import self_signed
     from edgesplit.errors import RemoteError
-    from edgesplit.runtime.transport import TlsFiles
 
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    tls = TlsFiles(cert=cert.read_bytes(), key=key.read_bytes())
+    tls, ca = self_signed(tmp_path)
     server = PartitionServer(program, "cloud", shape=False, tls=tls, token="s3cret")
     port = server.start()
     try:
-        ca = TlsFiles(ca=cert.read_bytes())
         with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
                          token="s3cret") as client:
             out = client.request(_inputs(1)).outputs[0]
