@@ -12,6 +12,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -141,6 +142,10 @@ def test_tls_covers_the_data_plane(program, tmp_path):
         with pytest.raises(LoopbackError) as info:
             plain.call(_call(program, _good(program)), 5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        deadline = time.monotonic() + 5  # every closed connection gives its slot back
+        while server._frames._conns and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server._frames._conns
     finally:
         server.stop(0)
 
@@ -356,3 +361,20 @@ def test_cli_refuses_bad_data_plane_options_in_one_line(program, tmp_path, args,
     result = CliRunner().invoke(app, [a.format(plan=path) for a in args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
+    import edgesplit.transport.frames as frames
+
+    monkeypatch.setattr(frames, "IDLE_S", 0.3)
+    server = PartitionServer(program, "cloud", shape=False)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as s:
+            assert s.recv(1) == b""  # the server hung up on a caller that said nothing
+        deadline = time.monotonic() + 5
+        while server._frames._conns and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server._frames._conns  # its slot is free again
+    finally:
+        server.stop(0)

@@ -48,6 +48,7 @@ _HEADER = struct.Struct("<4sBBHQIIQ")
 MAX_META = 1 << 16  # bytes of JSON: names, metadata, timings; never payload
 MAX_PARTS = 4096
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
+IDLE_S = 300.0  # a server closes a connection that sends nothing for this long
 
 Buffer = bytes | bytearray | memoryview
 
@@ -294,20 +295,22 @@ class FrameServer:
             pass
         _close(conn)
 
-    def _serve(self, conn: socket.socket) -> None:
-        inbox = _Inbox()
+    def _serve(self, raw: socket.socket) -> None:
+        inbox, conn = _Inbox(), raw
         try:
             if self._ssl is not None:
-                conn.settimeout(10.0)  # the handshake must not hold a thread forever
-                conn = self._ssl.wrap_socket(conn, server_side=True)
-                conn.settimeout(None)
+                raw.settimeout(10.0)  # the handshake must not hold a thread forever
+                conn = self._ssl.wrap_socket(raw, server_side=True)
+            # a connection silent for IDLE_S is closed: idle ones cannot pin the
+            # max_connections threads forever
+            _bound(conn, IDLE_S)
             while self._answer(conn, inbox):
                 pass
         except (OSError, ssl.SSLError):
-            pass  # the peer went away or spoke something else: nobody left to tell
+            pass  # the peer went away, fell silent or spoke something else: nobody to tell
         finally:
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.discard(raw)
             _close(conn)
 
     def _answer(self, conn: socket.socket, inbox: _Inbox) -> bool:
