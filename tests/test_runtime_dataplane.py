@@ -378,3 +378,21 @@ def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
         assert not server._frames._conns  # its slot is free again
     finally:
         server.stop(0)
+
+
+def test_a_retry_finds_a_restarted_servers_new_data_port(program):
+    first = PartitionServer(program, "cloud", shape=False)
+    port = first.start()
+    address = f"127.0.0.1:{port}"
+    with ChainClient(program, address, shape=False, retries=4, retry_backoff_s=0.2) as client:
+        client.request(_x(1))
+        old = client.data_plane
+        first.stop(0)
+        second = PartitionServer(program, "cloud", shape=False)  # same gRPC port, new data port
+        second.start(port=port)
+        try:
+            out = client.request(_x(2)).outputs[0]
+            assert torch.allclose(out, program.unsplit(_x(2))[0], atol=TOL)
+            assert client.data_plane == f"tcp 127.0.0.1:{second.data_port}" != old
+        finally:
+            second.stop(0)

@@ -151,6 +151,14 @@ class Hop:
             return None
         return FrameClient(where[0], int(described.data_port), self.limit, self.tls)
 
+    def forget(self) -> None:
+        """Drop the data plane found so far: the next call asks ``Describe`` again (a server
+        restarted on its gRPC port may have opened its data plane on another one)."""
+        with self._lock:
+            frames, self.frames, self._resolved = self.frames, None, False
+        if frames is not None:
+            frames.close()
+
     def resolve(self, timeout: float | None, metadata: Metadata) -> None:
         """Ask once which data plane to use (gRPC until a Describe has succeeded)."""
         if not self._resolved and self.mode != "grpc":
@@ -168,10 +176,17 @@ class Hop:
         """The next device's reply to ``message`` (raises ``grpc.RpcError`` as gRPC would).
         Over gRPC, the call is cancelled when ``context`` (the caller's own call) ends; over
         the data plane, the deadline bounds it."""
-        if self.frames is not None:
+        self.resolve(timeout, metadata)
+        frames = self.frames
+        if frames is not None:
             pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
             frame = message.to_frame(metadata=pairs, timeout_s=timeout)
-            return self.frames.call(frame, timeout, _owned_reply)
+            try:
+                return frames.call(frame, timeout, _owned_reply)
+            except LoopbackError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self.forget()  # a retry finds the server's data plane anew
+                raise
         call = self.stub.Run.future(message.to_pb(), timeout=timeout, metadata=metadata)
         if context is not None:
             context.add_callback(call.cancel)  # runs when the caller's call ends, any way

@@ -415,7 +415,6 @@ class PartitionServer(GrpcServer):
         check_alive(context, self.step.name)
         timeout = remaining_timeout(context, self.next_timeout_s)
         assert self._next is not None  # a step that sends was given a next address
-        self._next.resolve(timeout, auth)
         try:
             reply = self._next.run(out, timeout, auth, context)
         except grpc.FutureCancelledError:
