@@ -65,3 +65,18 @@ def self_signed(folder):
                    check=True, capture_output=True)
     return (TlsFiles(cert=cert.read_bytes(), key=key.read_bytes()),
             TlsFiles(ca=cert.read_bytes()))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module (``pytestmark =
+    pytest.mark.usefixtures("one_torch_thread")``): small convolutions on a two-thread team
+    wait for a descheduled partner when the machine is shared (elastify ran 20x slower, a
+    0.2 ms partition took 150 ms at load 7 on two cores), which timing-based code (emulation,
+    latency tables, switching) cannot tell from the model's own speed."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

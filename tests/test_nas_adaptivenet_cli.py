@@ -21,14 +21,7 @@ TINY_SEARCH = ["--population", "6", "--iterations", "2", "--repeats", "2"]
 JOINT = ["--edge", "raspberry-pi-4", "--cloud", "v100-server", "--link", "5g"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: digits_cnn is tiny, and two threads on a machine busy with other
-    work spin against each other (elastify ran 20x slower that way)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest
 
 
 def _invoke(*args: str) -> dict:

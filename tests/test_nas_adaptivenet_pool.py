@@ -51,14 +51,7 @@ def paths(space: ElasticSpace, position: int = 0) -> Iterator[SubnetArch]:
             yield (branch.name, *rest)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny convolutions on two threads wait for each other for milliseconds when another
-    process holds a core; one thread keeps the file fast on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
 
 from edgesplit.hardware import AnalyticalCompute, Device, Link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, get_planner
@@ -26,15 +25,7 @@ def _slow(name: str, gops: float) -> Device:
         layer_overhead_ms=1.0))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a machine shared with other jobs, a two-thread team waits for
-    its descheduled partner (a 0.2 ms partition took 150 ms at load 7 on two cores), which no
-    emulation can hide; one thread keeps the real compute far below the presets'."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest
 
 
 @pytest.fixture(scope="module")
