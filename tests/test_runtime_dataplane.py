@@ -182,7 +182,7 @@ def test_bad_message_fails_alone_over_the_data_plane(program, served, case):
         assert info.value.code() == code, info.value.details()
         assert text in info.value.details()
         reply = client.call(_call(program, _good(program)), 30, Message.from_frame)
-        assert torch.equal(torch.tensor(reply.request_id), torch.tensor(7))
+        assert reply.request_id == 7 and [t.name for t in reply.tensors] == program.outputs
     finally:
         client.close()
 
@@ -396,3 +396,13 @@ def test_a_retry_finds_a_restarted_servers_new_data_port(program):
             assert client.data_plane == f"tcp 127.0.0.1:{second.data_port}" != old
         finally:
             second.stop(0)
+
+
+def test_the_flexible_step_shares_the_partitions_weights(program):
+    flexible = flexible_step(program, "cloud")
+    assert not isinstance(flexible, str)
+    original = dict(program.step("cloud").partition.module.named_parameters(remove_duplicate=False))
+    original.update(program.step("cloud").partition.module.named_buffers())
+    shared = dict(flexible.partition.module.named_parameters(remove_duplicate=False))
+    shared.update(flexible.partition.module.named_buffers())
+    assert shared and all(shared[k].data_ptr() == original[k].data_ptr() for k in shared)

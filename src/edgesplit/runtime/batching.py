@@ -27,6 +27,7 @@ import time
 from concurrent.futures import Future
 
 import torch
+from torch.fx import GraphModule
 
 from edgesplit.errors import ConfigError, option
 from edgesplit.graph import capture
@@ -68,7 +69,10 @@ def flexible_step(program: PlanProgram, device: str) -> DeviceStep | str:
         return "the plan was made at a batch size above 1"
     if step.backend.name != "torch":
         return f"the {step.backend.name} backend runs a fixed batch size"
-    gm = copy.deepcopy(step.partition.module)
+    # a new graph over the same module: the weights are shared, not copied (a deep copy would
+    # double the server's memory for its partition)
+    source = step.partition.module
+    gm = GraphModule(source, copy.deepcopy(source.graph))
     free_batch(gm, 1)
     flexible = dataclasses.replace(step, partition=dataclasses.replace(step.partition, module=gm))
     try:
