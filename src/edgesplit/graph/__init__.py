@@ -7,6 +7,7 @@ from edgesplit.graph.capture import (
     optimize_program,
     parse_shape,
 )
+from edgesplit.graph.causal_lm import CausalLM, Phase, describe_causal_lm
 from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
 from edgesplit.graph.memory import MemoryReport, peak_memory, prefix_peak_memory
@@ -15,15 +16,18 @@ from edgesplit.graph.model_file import TrustedModelFile, unsafe_payloads
 __all__ = [
     "INPUT",
     "OUTPUT",
+    "CausalLM",
     "Cut",
     "Layer",
     "LayerGraph",
     "MemoryReport",
     "OutputLeaf",
+    "Phase",
     "TensorInfo",
     "TrustedModelFile",
     "capture",
     "crossing_tensors",
+    "describe_causal_lm",
     "export_model",
     "load_program",
     "optimize_program",

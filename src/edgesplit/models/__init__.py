@@ -109,7 +109,7 @@ def register_model(
 
 def _ensure_loaded() -> None:
     # Definitions register themselves on import; importing here keeps `import edgesplit` light.
-    from edgesplit.models import _hf, _minilm, _vision, digits  # noqa: F401
+    from edgesplit.models import _causal_lm, _hf, _minilm, _vision, digits  # noqa: F401
 
 
 def list_models() -> list[str]:
