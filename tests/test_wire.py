@@ -561,3 +561,51 @@ def test_kernels_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(wire, "_KERNELS", [])
     monkeypatch.setenv("EDGESPLIT_WIRE_KERNELS", "0")
     assert wire._kernels() is None
+
+
+# ---- plain messages whose header is known in advance -------------------------------------------
+PLAIN = [(torch.float32, 32), (torch.float16, 16), (torch.bfloat16, 16), (torch.int64, 8),
+         (torch.int32, 32), (torch.uint8, 8), (torch.bool, 8), (torch.int8, 8)]
+
+
+def _general_path(monkeypatch) -> None:
+    """Encode and decode without the known-header shortcut (the full builder and parser)."""
+    monkeypatch.setattr(wire, "_plain_head", lambda *args: None)
+
+
+@pytest.mark.parametrize("dtype,bits", PLAIN)
+@pytest.mark.parametrize("shape", [(1, 64, 7, 7), (3,), (), (0, 4)])
+def test_known_headers_give_the_general_bytes_and_values(dtype, bits, shape, monkeypatch):
+    g = torch.Generator().manual_seed(len(shape))
+    t = (torch.randn(shape, generator=g) * 9).to(dtype) if dtype.is_floating_point \
+        else torch.randint(0, 2, shape, generator=g).to(dtype)
+    fast = encode_tensor(t, bits)
+    decoded = decode_tensor(memoryview(fast), expect_shape=shape, expect_dtype=dtype)
+    with monkeypatch.context() as m:
+        _general_path(m)
+        assert encode_tensor(t, bits) == fast
+        general = decode_tensor(fast, expect_shape=shape, expect_dtype=dtype)
+    assert decoded.dtype == dtype and torch.equal(decoded, general) and torch.equal(decoded, t)
+
+
+def test_known_header_decoding_refuses_what_the_parser_refuses(monkeypatch):
+    """Every corruption and truncation of a plain message fails with the same error whether
+    its header is the expected one or not."""
+    shape, message = (2, 3), encode_tensor(torch.randn(2, 3), 32)
+    variants = [message[:n] for n in range(len(message))] + [message + b"\0"]
+    for i in range(len(message)):
+        corrupt = bytearray(message)
+        corrupt[i] ^= 0x80
+        variants.append(bytes(corrupt))
+    for data in variants:
+        errors = []
+        for general in (False, True):
+            with monkeypatch.context() as m:
+                if general:
+                    _general_path(m)
+                with pytest.raises(WireError) as info:
+                    decode_tensor(data, expect_shape=shape, expect_dtype=torch.float32)
+                errors.append(str(info.value))
+        assert errors[0] == errors[1]
+    with pytest.raises(WireError, match="max_raw_bytes"):
+        decode_tensor(message, expect_shape=shape, expect_dtype=torch.float32, max_raw_bytes=8)

@@ -24,6 +24,9 @@ their header alone.
 Speed: quantized payloads go through the fused numba kernels of quant/_kernels.py where numba
 imports (one pass each way, byte-identical to the numpy/torch reference path kept here and in
 pack.py); a message is built once, in place; the CRC is python-isal's (zlib's CRC-32, faster).
+A plain tensor (sent as its own words) has a header that depends on its shape and dtype alone:
+it is built once and cached, and a decoder told what to expect compares those bytes instead of
+parsing them (same checks, same errors: any other message goes through the parser).
 """
 
 from __future__ import annotations
@@ -134,6 +137,69 @@ def _wire_numpy(dtype: torch.dtype, bits: int, version: int) -> str:
 
 def _le_bytes(a: np.ndarray) -> bytes:
     return a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+# ---- plain messages: a header known in advance --------------------------------------------------
+@functools.lru_cache(maxsize=512)
+def _plain_head(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[bytes, int] | None:
+    """The bytes before the CRC field of an uncompressed message whose payload is ``dtype``'s
+    own words (float32 at 32 bits, float16 and bfloat16 at 16, integers and bool), and their
+    CRC; None for dtypes sent otherwise (float64) or shapes the format refuses.
+
+    A request's tensors have the plan's shapes, so their headers repeat call after call: the
+    encoder writes this one without building it, and a decoder that expects it compares bytes
+    instead of parsing fields (a served request runs its codec right after compute, with cold
+    caches, where each of the ~30 field checks costs several microseconds)."""
+    bits = dtype.itemsize * 8
+    if dtype not in _CODES or not _HOST_LE or (dtype.is_floating_point and bits not in (16, 32)):
+        return None
+    try:
+        _check_shape(shape)
+    except WireError:
+        return None
+    raw_len = math.prod(shape) * dtype.itemsize
+    head = (_FIXED.pack(MAGIC, WIRE_VERSION, _CODES[dtype], bits, 0, 0, 0, len(shape), 0)
+            + struct.pack(f"<{len(shape) + 1}I", *shape, 0) + _LENGTHS.pack(raw_len, raw_len))
+    return head, int(_crc32(head))
+
+
+def _words(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a flat uint8 array, a view (numpy has no bfloat16: int16 words)."""
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().reshape(-1).view(np.uint8)
+
+
+def _encode_plain(t: torch.Tensor, head: bytes, head_crc: int) -> bytes:
+    """The message of a contiguous tensor sent as its own words: one copy, checksummed as
+    copied."""
+    source = _words(t)
+    message, view = _new_message(len(head) + _CRC.size + source.size)
+    view[: len(head)] = head
+    body = np.frombuffer(view, np.uint8, offset=len(head) + _CRC.size)
+    _CRC.pack_into(view, len(head), _copy_crc(body, source, head_crc))
+    del view, body  # no writable view outlives the build
+    return bytes(message) if isinstance(message, bytearray) else message
+
+
+def _decode_expected(data: Message, shape: tuple[int, ...], dtype: torch.dtype,
+                     max_raw_bytes: int | None) -> torch.Tensor | None:
+    """The tensor of a plain message whose header is byte for byte the one expected (and whose
+    length fits it exactly); None for any other message, which the full parser then reads and
+    reports on. Same checks, same result: the header's fields hold what the parser would
+    accept, so only the CRC is left to verify."""
+    plain = _plain_head(shape, dtype)
+    if plain is None or not isinstance(data, (bytes, bytearray, memoryview)):
+        return None
+    head, head_crc = plain
+    view = memoryview(data)
+    size = len(head) + _CRC.size + math.prod(shape) * dtype.itemsize
+    if (view.format != "B" or view.ndim != 1 or not view.c_contiguous or view.nbytes != size
+            or view[: len(head)] != head
+            or (max_raw_bytes is not None and size - len(head) - _CRC.size > max_raw_bytes)):
+        return None
+    (crc,) = _CRC.unpack_from(view, len(head))
+    return _copy_out(view[len(head) + _CRC.size:], shape, dtype, _Checksum(head_crc, crc))
 
 
 # ---- the message buffer and the checksum ------------------------------------------------------
@@ -425,6 +491,10 @@ def encode_tensor(t: torch.Tensor, bits: int, compress: Compress = None, *,
         raise WireError(f"bits must be 1-8 (quantized), 16 or 32 (float), got {bits}")
     if compress not in ("zstd", "lz4", "auto", None):
         raise WireError(f"unknown compression {compress!r}: use 'zstd', 'lz4', 'auto' or None")
+    if compress is None and bits == t.dtype.itemsize * 8:
+        plain = _plain_head(tuple(t.shape), t.dtype)
+        if plain is not None:
+            return _encode_plain(t, *plain)
     _check_shape(t.shape)
     body = _body(t, bits, per_channel_axis)
     if compress is None:
@@ -718,20 +788,24 @@ def _dequantize(body: memoryview, h: _Header) -> torch.Tensor:
 
 
 def _copied(body: memoryview, h: _Header, checksum: _Checksum) -> torch.Tensor:
+    return _copy_out(body, h.shape, h.dtype, checksum)
+
+
+def _copy_out(body: memoryview, shape: tuple[int, ...], dtype: torch.dtype,
+              checksum: _Checksum) -> torch.Tensor:
     """An uncompressed payload whose words are the tensor's own (float32 at 32 bits, float16 or
     bfloat16 at 16, integers, bool): one copy into a tensor that owns its memory (the message
     may be a receive buffer about to be reused), checksummed as it is copied."""
     source = np.frombuffer(body, np.uint8)
     if source.size < _FUSE_MIN:  # checked before anything payload-sized is allocated
         checksum.verify(int(_crc32(source, checksum.head)))
-    out = torch.empty(h.shape, dtype=h.dtype)
-    words = out.view(torch.int16) if h.dtype == torch.bfloat16 else out  # numpy has no bf16
-    target = words.numpy().reshape(-1).view(np.uint8)
+    out = torch.empty(shape, dtype=dtype)
+    target = _words(out)
     if source.size < _FUSE_MIN:
         np.copyto(target, source)
     else:  # the size of bytes received, allocated before the CRC is known (docs/wire-format.md)
         checksum.verify(_copy_crc(target, source, checksum.head))
-    if h.dtype == torch.bool and h.count and target.max() > 1:
+    if dtype == torch.bool and target.size and target.max() > 1:
         raise WireError("malformed payload: a bool byte other than 0 or 1")
     return out
 
@@ -782,6 +856,10 @@ def decode_tensor(data: Message, *,
     messages from their header, before anything payload-sized is allocated: ``expect_shape``
     and ``expect_dtype`` must match exactly; ``max_raw_bytes`` bounds both the uncompressed
     payload and the decoded tensor (elements x element size)."""
+    if expect_shape is not None and expect_dtype is not None:
+        fast = _decode_expected(data, tuple(expect_shape), expect_dtype, max_raw_bytes)
+        if fast is not None:
+            return fast
     header, body, checksum = _parse(data, expect_shape, expect_dtype, max_raw_bytes)
     if _is_copy(header):
         return _copied(body, header, checksum)

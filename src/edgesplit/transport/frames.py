@@ -124,6 +124,21 @@ class _Inbox:
     def __init__(self) -> None:
         self.head = bytearray(_HEADER.size)
         self.buffer = bytearray(64 * 1024)
+        self.bound: float | None = -1.0  # the socket's kernel timeouts as last set (-1: unset)
+
+    def bound_to(self, sock: socket.socket, seconds: float | None) -> None:
+        """:func:`_bound` the connection to ``seconds``, unless it is bound within a
+        millisecond of that already: a client with a fixed timeout makes the same two
+        setsockopt calls before every call otherwise, each costly in the cold path right
+        after compute; a deadline may be overrun by at most that millisecond."""
+        last = self.bound
+        if seconds is None and last is None:
+            return
+        if seconds is not None and last is not None and last >= 0 and \
+                abs(seconds - last) < 1e-3:
+            return
+        _bound(sock, seconds)
+        self.bound = seconds
 
     def view(self, n: int) -> memoryview:
         if len(self.buffer) < n:
@@ -438,11 +453,11 @@ class FrameClient:
         sock, inbox = self._borrow(timeout)
         keep = False
         try:
-            _bound(sock, _left(deadline))
+            # one bound for the call: each receive is also checked against the deadline
+            inbox.bound_to(sock, _left(deadline))
             # refused midway (too large, malformed): the server's answer says why, read below
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 write_frame(sock, frame)
-            _bound(sock, _left(deadline))
             answer = read_frame(sock, inbox, self.limit, deadline)
             if answer.kind == FAILED:
                 keep = answer.request_id == frame.request_id
