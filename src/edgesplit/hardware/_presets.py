@@ -318,7 +318,7 @@ _link(name="4g", bandwidth_mbps=10.0, down_bandwidth_mbps=30.0, rtt_ms=50.0, med
 _link(name="5g", bandwidth_mbps=30.0, down_bandwidth_mbps=200.0, rtt_ms=20.0, medium="wireless",
       description="5G sub-6 GHz cellular, typical values",
       source="typical values (Ookla 5G reports 2022 medians; ITU-R M.2410 targets are higher)")
-_link(name="wifi", bandwidth_mbps=50.0, down_bandwidth_mbps=100.0, rtt_ms=5.0,
+WIFI = _link(name="wifi", bandwidth_mbps=50.0, down_bandwidth_mbps=100.0, rtt_ms=5.0,
       medium="wireless",
       description="Wi-Fi 5 (802.11ac) home/office link, typical values",
       source="typical values (Ookla Speedtest Global Index fixed-broadband medians)")
@@ -424,7 +424,21 @@ def _hmd_star() -> Topology:
     )
 
 
+def _home_wifi() -> Topology:
+    return chain(
+        "home-wifi",
+        [_named(PHONE_2022, "phone"), _named(RTX3050_LAPTOP, "laptop"),
+         _named(JETSON_TX2, "jetson")],
+        [WIFI, WIFI],
+        description="A home LLM cluster: phone -> laptop GPU -> Jetson TX2 over Wi-Fi (20 GiB "
+                    "in all, no device holding an 8B model in float16 alone; the setting of "
+                    "exo issues #489 and #957)",
+        source="device presets' data sheets; Wi-Fi typical values",
+    )
+
+
 register_topology("jmsnas-chain", _jmsnas_chain)
 register_topology("jmsnas-mesh", _jmsnas_mesh)
 register_topology("autosplit-edge-cloud", _autosplit_edge_cloud)
 register_topology("hmd-star", _hmd_star)
+register_topology("home-wifi", _home_wifi)

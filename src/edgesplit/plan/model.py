@@ -21,6 +21,10 @@ from edgesplit.validation import build
 
 __all__ = [
     "PLAN_VERSION",
+    "LLMBlock",
+    "LLMHop",
+    "LLMPlan",
+    "LLMStage",
     "ModelRef",
     "Plan",
     "PlanAlternative",
@@ -48,13 +52,14 @@ PlanShape = Literal["chain", "star", "mesh"]
 
 class ModelRef(BaseModel):
     """Enough to capture the same program again: a built-in name or a .pt2 path, the input
-    shapes, and whether the plan refers to the optimised or the raw layer graph."""
+    shapes, and whether the plan refers to the optimised or the raw layer graph, or (``blocks``)
+    to a causal LM's blocks (``Plan.llm``; ``source`` is then a causal LM name or config)."""
 
     model_config = _STRICT
     name: str
     source: str  # built-in name or path to a .pt2 file
     input_shapes: list[list[int]]
-    graph: Literal["optimized", "raw"] = "optimized"
+    graph: Literal["optimized", "raw", "blocks"] = "optimized"
 
 
 class PlanDevice(BaseModel):
@@ -156,6 +161,110 @@ class PlanAlternative(BaseModel):
     cloud_bits: int = 32  # 16: the cloud part runs in FP16
 
 
+class LLMBlock(BaseModel):
+    """A causal LM block (``embed``, ``block.i``, ``head``): the transformers modules it runs
+    and what it stores."""
+
+    model_config = _STRICT
+    name: str
+    kind: Literal["embed", "decoder", "head"]
+    modules: list[str]
+    param_bytes: int
+    kv_bytes_per_token: int = 0
+
+
+class LLMStage(BaseModel):
+    """One device's contiguous blocks ``[start, end)`` (none: it relays), its memory at the
+    plan's sessions and max context, and its compute per prefill and per decode step."""
+
+    model_config = _STRICT
+    device: str
+    blocks: list[str]
+    start: int
+    end: int
+    weight_bytes: int
+    kv_cache_bytes: int
+    activation_bytes: int
+    memory_bytes: int
+    memory_limit_bytes: int | None
+    prefill_ms: float
+    decode_ms: float
+
+
+class LLMHop(BaseModel):
+    """Link ``src -> dst`` of the chain per step: what the prefill and a decode step send
+    forward (token ids or a hidden state; 0 past the head) and the token sent back towards
+    the first device; each ``*_ms`` is wire time + half the RTT + encode/decode."""
+
+    model_config = _STRICT
+    src: str
+    dst: str
+    tensor: str | None
+    prefill_bytes: int
+    prefill_ms: float
+    decode_bytes: int
+    decode_ms: float
+    return_bytes: int
+    return_ms: float
+
+
+class LLMPlan(BaseModel):
+    """The causal-LM part of a stage plan (``Plan.llm``): the model's shape and dtype, the
+    workload it was planned for, its blocks, one stage per device in chain order, one hop per
+    link, and the predicted TTFT, TPOT and tokens/s. The runtime builds each stage from
+    ``blocks[start:end]`` (plus ``shared_modules``) and keeps its KV cache per session, sized
+    for ``max_context``. The Plan's layers are the blocks and its latencies are one request's
+    (prefill + (new_tokens - 1) decode steps), so ``recompute_total`` holds."""
+
+    model_config = _STRICT
+    architecture: str
+    dtype: str
+    dtype_bytes: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    tied_embeddings: bool
+    shared_modules: list[str]
+    objective: Literal["latency", "throughput"]
+    prompt_tokens: int
+    new_tokens: int
+    max_context: int
+    sessions: int
+    decode_cached_tokens: int  # the cache length TPOT is priced at (the generation's mean)
+    blocks: list[LLMBlock]
+    stages: list[LLMStage]
+    hops: list[LLMHop]
+    ttft_ms: float
+    tpot_ms: float
+    request_ms: float
+    period_ms: float  # the slowest stage of a decode step (a stream's bound)
+    tokens_per_s: float  # one session
+    pipeline_tokens_per_s: float  # a stream with enough sessions in flight
+
+    def check(self, plan: Plan) -> None:
+        """ValueError unless the stages tile the blocks in chain order and match the plan."""
+        names = [b.name for b in self.blocks]
+        if [layer.name for layer in plan.layers] != names:
+            raise ValueError("an LLM plan's layers must be its blocks, in order")
+        if [s.device for s in self.stages] != [d.name for d in plan.devices]:
+            raise ValueError("an LLM plan has one stage per device, in chain order")
+        start = 0
+        for stage, device in zip(self.stages, plan.devices, strict=True):
+            if stage.start != start or stage.end < stage.start or \
+                    stage.blocks != names[stage.start:stage.end] or device.layers != stage.blocks:
+                raise ValueError(f"stage {stage.device}: blocks [{stage.start}, {stage.end}) "
+                                 "must continue the previous stage and be the device's layers")
+            start = stage.end
+        if start != len(names):
+            raise ValueError("the LLM stages must cover every block")
+        if len(self.hops) != len(self.stages) - 1:
+            raise ValueError("an LLM plan has one hop per link of its chain")
+
+
 class Plan(BaseModel):
     model_config = _STRICT
 
@@ -176,6 +285,7 @@ class Plan(BaseModel):
     reason: str | None = None  # why infeasible, or a note from the planner
     quality: PlanQuality | None = None  # measured on held-out data, when there was any
     alternatives: list[PlanAlternative] = Field(default_factory=list)
+    llm: LLMPlan | None = None  # a causal LM's stages (absent from layer-graph plans)
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
@@ -190,6 +300,8 @@ class Plan(BaseModel):
         for t in self.transfers:
             if t.src not in devices or t.dst not in devices:
                 raise ValueError(f"transfer {t.src}->{t.dst} names an unknown device")
+        if self.llm is not None:
+            self.llm.check(self)
         return self
 
     # ---- convenience -----------------------------------------------------------------------
@@ -218,8 +330,9 @@ class Plan(BaseModel):
     @property
     def runnable(self) -> bool:
         """Whether ``edgesplit run`` can execute this plan: the runtime executes chains and
-        stars of devices; any other plan with parallel devices (a mesh) is a prediction only."""
-        return self.shape != "mesh"
+        stars of devices; any other plan with parallel devices (a mesh) is a prediction only,
+        and a causal LM's stage plan (``llm``) is for the LLM runtime, not this one."""
+        return self.shape != "mesh" and self.llm is None
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
