@@ -227,3 +227,12 @@ def test_evaluate_rejects_malformed_boundaries():
     costs = plan_llm("llama_tiny", get_topology("jmsnas-chain")).costs
     with pytest.raises(ValueError, match="boundaries"):
         evaluate_placement(costs, (0, 3, 2, 4, costs.n))
+
+
+def test_layer_graph_plans_serialise_as_before():
+    # the llm section is left out of other plans' JSON: older readers (extra fields are
+    # refused) and plan fingerprints see the same document as before it existed
+    plan = plan_llm("llama_tiny", get_topology("jmsnas-chain")).plan
+    legacy = plan.model_copy(update={"llm": None})
+    assert "llm" not in legacy.model_dump() and '"llm"' not in legacy.model_dump_json()
+    assert "llm" in plan.model_dump()

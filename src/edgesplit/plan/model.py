@@ -285,7 +285,9 @@ class Plan(BaseModel):
     reason: str | None = None  # why infeasible, or a note from the planner
     quality: PlanQuality | None = None  # measured on held-out data, when there was any
     alternatives: list[PlanAlternative] = Field(default_factory=list)
-    llm: LLMPlan | None = None  # a causal LM's stages (absent from layer-graph plans)
+    # A causal LM's stages. Left out of a layer-graph plan's JSON, so those files (and their
+    # fingerprints) are what they were before LLM plans existed.
+    llm: LLMPlan | None = Field(None, exclude_if=lambda value: value is None)
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
