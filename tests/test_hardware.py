@@ -1,5 +1,6 @@
-"""Devices, links and files: validation errors, roofline arithmetic by hand, regression fit on
-synthetic profiles with known coefficients, and profiling/partition consistency."""
+"""Devices, links and files: validation errors, roofline arithmetic by hand (memory tiers
+included), regression fit on synthetic profiles with known coefficients, and
+profiling/partition consistency."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ import numpy as np
 import pytest
 
 from edgesplit.errors import ConfigError, UnknownNameError
-from edgesplit.hardware.catalog import get_device, resolve_device, resolve_link, resolve_topology
-from edgesplit.hardware.device import AnalyticalCompute, Device
+from edgesplit.hardware.catalog import (
+    get_device,
+    list_devices,
+    resolve_device,
+    resolve_link,
+    resolve_topology,
+)
+from edgesplit.hardware.device import AnalyticalCompute, Device, MemoryTier
 from edgesplit.hardware.estimators import (
     ProfileEstimator,
     RegressionEstimator,
@@ -19,7 +26,10 @@ from edgesplit.hardware.estimators import (
 )
 from edgesplit.hardware.files import load_device, load_link, load_topology
 from edgesplit.hardware.link import Link
+from edgesplit.hardware.this_machine import monotone_tiers
 from edgesplit.hardware.work import LayerWork
+
+MiB = 2**20
 
 
 def _device(**compute) -> Device:
@@ -54,6 +64,82 @@ def test_sub_8_bit_computes_at_int8_but_moves_fewer_bytes():
     at8 = est.layer_ms(_work(macs=1, i=10**8, bits=8), device) - 0.5
     at4 = est.layer_ms(_work(macs=1, i=5 * 10**7, bits=4), device) - 0.5
     assert at8 == pytest.approx(10.0) and at4 == pytest.approx(5.0)
+
+
+def _tiered(**compute) -> Device:
+    # 1 MiB at 100 GB/s, 16 MiB at 50, larger at the off-chip 10 GB/s
+    return _device(memory_tiers=[MemoryTier(max_bytes=MiB, bandwidth_gb_per_s=100.0),
+                                 MemoryTier(max_bytes=16 * MiB, bandwidth_gb_per_s=50.0)],
+                   **compute)
+
+
+def test_memory_tiers_price_a_layer_by_its_working_set():
+    est, device = RooflineEstimator(), _tiered()
+    # 1 MB (fits 1 MiB) at 100 GB/s = 0.01 ms; 10 MB at 50 = 0.2 ms; 100 MB at 10 = 10 ms
+    assert est.layer_ms(_work(macs=1, w=10**6), device) == pytest.approx(0.01)
+    assert est.layer_ms(_work(macs=1, w=10**7), device) == pytest.approx(0.2)
+    assert est.layer_ms(_work(macs=1, w=10**8), device) == pytest.approx(10.0)
+    # the working set is weights + input + output: 0.5 MB of weights with a 1 MB input is 1.5 MB
+    assert est.layer_ms(_work(macs=1, w=5 * 10**5, i=10**6), device) == pytest.approx(0.03)
+    # without tiers every layer streams at the off-chip bandwidth, as before
+    assert est.layer_ms(_work(macs=1, w=10**6), _device()) == pytest.approx(0.1)
+
+
+def test_an_embedding_streams_the_rows_it_gathers_not_its_table():
+    # a 32 MB table read for 2 KB of output: 1 KB of ids + 2 KB out + 2 KB of rows
+    work = _work(macs=0, flops=0, w=32 * 10**6, i=1000, o=2000, op_class="embedding")
+    assert work.bytes_touched == 5000 and work.bytes_moved == 32_003_000
+    assert RooflineEstimator().layer_ms(work, _tiered()) == pytest.approx(5000 / 100e9 * 1e3)
+    # untiered devices keep pricing the whole table (their published numbers stand)
+    assert RooflineEstimator().layer_ms(work, _device()) == pytest.approx(3.2003)
+
+
+def test_device_files_without_memory_tiers_load_and_dump_as_before(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"name": "old", "kind": "npu", "compute": {
+        "model": "analytical", "peak_gops": {"8": 68.0}, "memory_bandwidth_gb_per_s": 1.0,
+        "efficiency": {"conv": 0.7}, "default_efficiency": 0.5, "layer_overhead_ms": 0.0}}))
+    device = load_device(old)
+    assert device.compute.memory_tiers == () and device.compute.bandwidth_for(1) == 1.0
+    # dumps of untiered devices have no memory_tiers key: files and fingerprints unchanged
+    assert device.model_dump(mode="json")["compute"] == json.loads(old.read_text())["compute"]
+    presets = [get_device(name) for name in list_devices() if name != "this-machine"]
+    assert all("memory_tiers" not in d.model_dump()["compute"] for d in presets)
+    tiered = _tiered().model_dump(mode="json")
+    assert [t["max_bytes"] for t in tiered["compute"]["memory_tiers"]] == [MiB, 16 * MiB]
+    assert Device.model_validate(tiered) == _tiered()
+
+
+@pytest.mark.parametrize(("tiers", "message"), [
+    ([{"max_bytes": 16 * MiB, "bandwidth_gb_per_s": 50}, {"max_bytes": MiB,
+                                                          "bandwidth_gb_per_s": 100}],
+     "must grow in max_bytes"),
+    ([{"max_bytes": MiB, "bandwidth_gb_per_s": 50}, {"max_bytes": 16 * MiB,
+                                                     "bandwidth_gb_per_s": 100}],
+     "must not grow"),
+    ([{"max_bytes": MiB, "bandwidth_gb_per_s": 5}], "nor fall below"),
+    ([{"max_bytes": 0, "bandwidth_gb_per_s": 50}], "max_bytes"),
+])
+def test_memory_tiers_are_validated(tmp_path, tiers, message):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"name": "d", "kind": "cpu", "compute": {
+        "peak_gops": {"32": 100}, "memory_bandwidth_gb_per_s": 10, "memory_tiers": tiers}}))
+    with pytest.raises(ConfigError, match=message):
+        load_device(path)
+
+
+def test_measured_rates_become_monotone_tiers():
+    # a small buffer's call overhead makes it look slower than 1 MiB: it takes 1 MiB's rate;
+    # 16 and 64 MiB stream alike: one tier; 256 MiB is off-chip
+    measured = {256 << 10: 60.0, MiB: 110.0, 4 * MiB: 95.0, 16 * MiB: 57.0, 64 * MiB: 57.0,
+                256 * MiB: 30.0}
+    tiers, off_chip = monotone_tiers(measured)
+    assert off_chip == 30.0
+    assert [(t.max_bytes, t.bandwidth_gb_per_s) for t in tiers] == [
+        (MiB, 110.0), (4 * MiB, 95.0), (64 * MiB, 57.0)]
+    assert monotone_tiers({MiB: 20.0, 4 * MiB: 30.0}) == ((), 30.0)  # noise: no faster tier
+    with pytest.raises(ConfigError):
+        monotone_tiers({})
 
 
 def test_layer_work_at_bit_widths(block_graph):
@@ -184,6 +270,8 @@ def test_this_machine_is_measured_live():
     device = get_device("this-machine")
     assert device.kind == "cpu" and device.compute.peak_gops[32] > 0
     assert device.compute.memory_bandwidth_gb_per_s > 0
+    assert all(t.bandwidth_gb_per_s >= device.compute.memory_bandwidth_gb_per_s
+               for t in device.compute.memory_tiers)  # validated: caches are not slower
     assert isinstance(estimator_for(device), RooflineEstimator)
 
 

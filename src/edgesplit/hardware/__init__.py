@@ -18,6 +18,7 @@ from edgesplit.hardware.device import (
     AnalyticalCompute,
     Device,
     MeasuredCompute,
+    MemoryTier,
     WireCodec,
     serialize_ms,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "LayerWork",
     "Link",
     "MeasuredCompute",
+    "MemoryTier",
     "ProfileEstimator",
     "RegressionEstimator",
     "RooflineEstimator",

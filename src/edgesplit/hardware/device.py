@@ -1,7 +1,8 @@
 """Devices: what a processor can compute, how fast, at which precisions, with how much memory.
 
 Two compute models. *Analytical*: a roofline from peak operations per second per bit-width and
-off-chip memory bandwidth, with a per-op-class efficiency and a fixed per-layer overhead.
+off-chip memory bandwidth (optionally faster for working sets that fit a cache: memory tiers),
+with a per-op-class efficiency and a fixed per-layer overhead.
 *Measured*: a per-layer profile table written by ``edgesplit profile``.
 
 Bit-widths (AUTO-SPLIT section 5.1): a layer computed at b bits runs at the peak of the narrowest
@@ -11,7 +12,8 @@ they do move fewer bytes, which the memory term of the roofline sees.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from itertools import pairwise
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -19,12 +21,14 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 __all__ = ["DEVICE_KINDS", "OP_CLASSES", "AnalyticalCompute", "Device", "MeasuredCompute",
-           "WireCodec", "serialize_ms"]
+           "MemoryTier", "WireCodec", "serialize_ms"]
 
 DEVICE_KINDS = ("cpu", "gpu", "npu", "accelerator", "soc", "mcu")
 # Op classes the efficiency table and the regression estimator distinguish (see graph.ops).
@@ -32,6 +36,17 @@ OP_CLASSES = ("conv", "dwconv", "matmul", "attention", "pool", "norm", "elementw
               "embedding", "view", "other")
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class MemoryTier(BaseModel):
+    """A level of the memory hierarchy as a layer sees it: working sets of at most ``max_bytes``
+    stream at ``bandwidth_gb_per_s`` (e.g. a cache; measured by streaming a buffer that size)."""
+
+    model_config = _STRICT
+
+    max_bytes: PositiveInt = Field(description="largest working set (bytes) this tier holds")
+    bandwidth_gb_per_s: PositiveFloat = Field(
+        description="bandwidth of a working set that fits, in gigabytes per second")
 
 
 class AnalyticalCompute(BaseModel):
@@ -52,6 +67,10 @@ class AnalyticalCompute(BaseModel):
         0.5, description="fraction of peak for op classes not listed in `efficiency`")
     layer_overhead_ms: Annotated[float, Field(ge=0)] = Field(
         0.0, description="fixed cost per layer (kernel launch, dispatch)")
+    memory_tiers: tuple[MemoryTier, ...] = Field(
+        (), description="faster levels (caches) by working-set size, smallest first: a layer "
+                        "whose working set fits a tier streams at its bandwidth, a larger one at "
+                        "memory_bandwidth_gb_per_s; empty = one bandwidth for every layer")
 
     @model_validator(mode="after")
     def _known_classes(self) -> AnalyticalCompute:
@@ -60,6 +79,37 @@ class AnalyticalCompute(BaseModel):
             raise ValueError(f"unknown op class(es) {unknown} in efficiency; known: "
                              f"{', '.join(OP_CLASSES)}")
         return self
+
+    @model_validator(mode="after")
+    def _tiers_ordered(self) -> AnalyticalCompute:
+        # a larger working set never streams faster: tiers grow in size, shrink in bandwidth,
+        # and none is slower than off-chip memory (catches swapped or mis-sorted entries)
+        sizes = [t.max_bytes for t in self.memory_tiers]
+        rates = [t.bandwidth_gb_per_s for t in self.memory_tiers] + [
+            self.memory_bandwidth_gb_per_s]
+        if any(a >= b for a, b in pairwise(sizes)):
+            raise ValueError(f"memory_tiers must grow in max_bytes, smallest first: {sizes}")
+        if any(a < b for a, b in pairwise(rates)):
+            raise ValueError("memory_tiers' bandwidths must not grow with max_bytes, nor fall "
+                             f"below memory_bandwidth_gb_per_s: {rates} GB/s")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_tiers(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a device without tiers dumps exactly as before they existed: its files still load in
+        # older versions and its fingerprint (nas latency tables are keyed by it) is unchanged
+        data: dict[str, Any] = handler(self)
+        if not self.memory_tiers:
+            data.pop("memory_tiers", None)
+        return data
+
+    def bandwidth_for(self, working_set_bytes: float) -> float:
+        """The bandwidth a layer touching ``working_set_bytes`` streams at: that of the smallest
+        tier holding it, else the off-chip ``memory_bandwidth_gb_per_s``."""
+        for tier in self.memory_tiers:
+            if working_set_bytes <= tier.max_bytes:
+                return tier.bandwidth_gb_per_s
+        return self.memory_bandwidth_gb_per_s
 
     def compute_bits(self, bits: int) -> int:
         """The native precision a ``bits``-bit layer runs at (narrowest native width >= bits,

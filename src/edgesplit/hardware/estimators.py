@@ -56,21 +56,32 @@ class RooflineEstimator(LatencyEstimator):
 
     The compute precision is the narrowest native width holding the layer's bit-width (the
     wider of weights and activations), so 4-bit layers on INT8 hardware compute at INT8 speed
-    while moving half the bytes (AUTO-SPLIT section 5.1)."""
+    while moving half the bytes (AUTO-SPLIT section 5.1). The bandwidth is the device's
+    off-chip one, or with ``memory_tiers`` that of the smallest tier holding the layer's
+    working set (see :meth:`memory_ms`)."""
 
     def layer_ms(self, work: LayerWork, device: Device) -> float:
         compute = device.compute
         if not isinstance(compute, AnalyticalCompute):
             raise ConfigError(f"device {device.name!r} has a measured compute model; the roofline "
                               "estimator needs peak_gops and memory_bandwidth_gb_per_s")
+        if work.op_class == "view":  # reshapes move no data on a real engine
+            return compute.layer_overhead_ms
         native = compute.compute_bits(work.bits)
         efficiency = compute.efficiency.get(work.op_class, compute.default_efficiency)
         ops = max(work.flops, 2 * work.macs)
         compute_ms = ops / (compute.peak_gops[native] * 1e9 * efficiency) * 1e3
-        memory_ms = work.bytes_moved / (compute.memory_bandwidth_gb_per_s * 1e9) * 1e3
-        if work.op_class == "view":  # reshapes move no data on a real engine
-            return compute.layer_overhead_ms
-        return max(compute_ms, memory_ms) + compute.layer_overhead_ms
+        return max(compute_ms, self.memory_ms(work, compute)) + compute.layer_overhead_ms
+
+    @staticmethod
+    def memory_ms(work: LayerWork, compute: AnalyticalCompute) -> float:
+        """The memory side of the roofline. Without tiers: ``bytes_moved`` at the off-chip
+        bandwidth (as every preset has always been priced). With tiers: the bytes the layer
+        really streams (``bytes_touched``) at the bandwidth of the level its working set fits."""
+        if not compute.memory_tiers:
+            return work.bytes_moved / (compute.memory_bandwidth_gb_per_s * 1e9) * 1e3
+        nbytes = work.bytes_touched
+        return nbytes / (compute.bandwidth_for(nbytes) * 1e9) * 1e3
 
 
 class ProfileEstimator(LatencyEstimator):

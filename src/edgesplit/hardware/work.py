@@ -33,6 +33,15 @@ class LayerWork:
     def bytes_moved(self) -> int:
         return self.weight_bytes + self.input_bytes + self.output_bytes
 
+    @property
+    def bytes_touched(self) -> int:
+        """The bytes a call really streams: ``bytes_moved``, except that an embedding gathers
+        one row per output element instead of reading its whole table (a 30k-word table is
+        tens of MB, of which a sentence reads a few KB)."""
+        if self.op_class == "embedding":
+            return min(self.weight_bytes, self.output_bytes) + self.input_bytes + self.output_bytes
+        return self.bytes_moved
+
     @classmethod
     def of(cls, graph: LayerGraph, layer: Layer | str, *, w_bits: int | None = None,
            a_bits: int | None = None) -> LayerWork:

@@ -134,7 +134,10 @@ def scale_sensors(topology: Topology, speedup: float) -> Topology:
                                   f"{option('sensor_speedup')} needs an analytical one")
             compute = d.compute.model_copy(update={
                 "peak_gops": {b: g * speedup for b, g in d.compute.peak_gops.items()},
-                "memory_bandwidth_gb_per_s": d.compute.memory_bandwidth_gb_per_s * speedup})
+                "memory_bandwidth_gb_per_s": d.compute.memory_bandwidth_gb_per_s * speedup,
+                "memory_tiers": tuple(t.model_copy(update={
+                    "bandwidth_gb_per_s": t.bandwidth_gb_per_s * speedup})
+                    for t in d.compute.memory_tiers)})
             d = d.model_copy(update={"compute": compute})
         devices.append(d)
     return topology.model_copy(update={"devices": tuple(devices),
