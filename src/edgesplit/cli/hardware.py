@@ -143,9 +143,10 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print the device JSON."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
 ) -> None:
-    """Fit this-machine's roofline (per-op-class efficiency, effective memory bandwidth,
-    per-layer overhead) to per-layer profiles of MODELS measured now, and measure its wire
-    codec: a device file whose roofline predicts this machine (use it as --edge/--cloud)."""
+    """Fit this-machine's roofline (per-op-class efficiency, per-layer overhead) to per-layer
+    profiles of MODELS measured now, under its memory bandwidths measured by working-set size
+    (caches, off-chip), and measure its wire codec: a device file whose roofline predicts this
+    machine (use it as --edge/--cloud)."""
     from edgesplit.graph import capture
     from edgesplit.hardware import get_device
     from edgesplit.hardware.calibrate import calibrate_roofline

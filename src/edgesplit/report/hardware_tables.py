@@ -101,7 +101,11 @@ def calibration_table(device: Device) -> Table:
     table.add_column("value", justify="right")
     if isinstance(compute, AnalyticalCompute):
         table.add_row("peak FP32 GFLOP/s", f"{compute.peak_gops[max(compute.peak_gops)]:g}")
-        table.add_row("effective memory GB/s", f"{compute.memory_bandwidth_gb_per_s:g}")
+        for tier in compute.memory_tiers:
+            table.add_row(f"memory GB/s, working set <= {human_bytes(tier.max_bytes)}",
+                          f"{tier.bandwidth_gb_per_s:g}")
+        table.add_row("memory GB/s, larger (off-chip)" if compute.memory_tiers
+                      else "memory GB/s", f"{compute.memory_bandwidth_gb_per_s:g}")
         table.add_row("per-layer overhead ms", f"{compute.layer_overhead_ms:.4f}")
         for op_class, eff in compute.efficiency.items():
             table.add_row(f"efficiency {op_class}", f"{eff:.3f}")
