@@ -56,7 +56,9 @@ def llm_methods_table(result: LLMPlanning) -> Table:
     objective = costs.workload.objective
     best = result.placements["dp"].key(objective)[0]
     table = Table(title=f"{result.lm.name} over {costs.topology.name}: objective {objective}",
-                  caption="* the exact placement (DP); the others are baselines")
+                  caption="* the exact placement (DP); the others are baselines; vs dp: their "
+                          + ("request time" if objective == "latency" else "slowest stage")
+                          + " over the DP's")
     table.add_column("method")
     for device in costs.devices:
         table.add_column(f"{device} blocks", justify="right")
@@ -64,11 +66,13 @@ def llm_methods_table(result: LLMPlanning) -> Table:
                 "vs dp", "feasible"):
         table.add_column(col, justify="right")
     for method, p in result.placements.items():
-        plan = result.plans[method]
         counts = [str(b - a) for a, b in p.ranges()]
-        ratio = p.key(objective)[0] / best if best > 0 else 1.0
+        ratio = f"x{p.key(objective)[0] / best:.2f}" if best > 0 and p.feasible else "-"
+        over = [f"{d} {human_bytes(need)} > {human_bytes(limit)}"
+                for d, need, limit in zip(costs.devices, p.memory_bytes, costs.memory_limits,
+                                          strict=True) if limit is not None and need > limit]
         table.add_row(("* " if method == "dp" else "") + method, *counts, f"{p.ttft_ms:.2f}",
                       f"{p.tpot_ms:.3f}", f"{p.request_ms:.1f}", f"{p.tokens_per_s:.1f}",
-                      f"{p.pipeline_tokens_per_s:.1f}", f"x{ratio:.2f}",
-                      "yes" if p.feasible else f"no: {plan.reason}")
+                      f"{p.pipeline_tokens_per_s:.1f}", ratio,
+                      "yes" if p.feasible else "no: " + ", ".join(over))
     return table
