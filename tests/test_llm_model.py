@@ -141,3 +141,25 @@ def test_clear_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ConfigError, match="not supported"):
         describe_causal_lm(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["llama_tiny", "gpt2_tiny"])
+def test_prefill_macs_match_the_captured_layer_graph(name):
+    # the repo's own counter (graph/ops.py on the torch.export capture, attention as SDPA)
+    from edgesplit.graph import capture
+
+    prompt = 9
+    graph = capture(name, input_shape=(1, prompt))
+    lm = describe_causal_lm(name)
+    captured = dict.fromkeys((b.name for b in lm.blocks), 0)
+    for layer in graph.layers:
+        for block in lm.blocks:
+            if any(layer.module_path == m or layer.module_path.startswith(m + ".")
+                   for m in block.modules):
+                captured[block.name] += layer.macs
+                break
+    phase = Phase.prefill(prompt)
+    expected = {b.name: lm.macs(b.index, phase) for b in lm.blocks}
+    # the captured model computes logits at every position; a stage plan, at the last only
+    assert captured["head"] == prompt * expected.pop("head")
+    assert {k: v for k, v in captured.items() if k != "head"} == expected
