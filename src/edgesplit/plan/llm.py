@@ -62,9 +62,9 @@ def plan_llm(model: Any, topology: Topology, workload: LLMWorkload | None = None
              dtype: str = "float32",
              estimators: Mapping[str, LatencyEstimator] | None = None) -> LLMPlanning:
     """Place ``model`` (anything :func:`~edgesplit.graph.describe_causal_lm` takes, or a
-    :class:`CausalLM`) on the chain ``topology``. InfeasibleError if no placement fits the
-    devices' memory; the baselines are returned even when they do not fit
-    (``feasible=False``, the reason naming the device)."""
+    :class:`CausalLM`, whose own dtype then applies) on the chain ``topology``.
+    InfeasibleError if no placement fits the devices' memory; the baselines are returned even
+    when they do not fit (``feasible=False``, the reason naming the device)."""
     lm = model if isinstance(model, CausalLM) else describe_causal_lm(model, dtype=dtype)
     costs = LLMChainCosts.build(lm, topology, workload or LLMWorkload(), estimators=estimators)
     placements = {name: method(costs) for name, method in LLM_METHODS.items()}

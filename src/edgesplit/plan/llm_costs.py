@@ -152,8 +152,11 @@ class LLMChainCosts:
             workload.decode_cached)
         bits = 8 * lm.dtype_bytes
 
+        # one estimator per device for both phases (a measured one loads and fits its profile)
+        chosen = {d.name: (estimators or {}).get(d.name) or estimator_for(d) for d in devices}
+
         def block_ms(device: Device, phase: Phase) -> list[float]:
-            estimator = (estimators or {}).get(device.name) or estimator_for(device)
+            estimator = chosen[device.name]
             return [sum(estimator.layer_ms(LayerWork(**vars(op), bits=bits), device)
                         for op in lm.ops(i, phase)) for i in range(lm.n)]
 
