@@ -406,3 +406,20 @@ def test_the_flexible_step_shares_the_partitions_weights(program):
     shared = dict(flexible.partition.module.named_parameters(remove_duplicate=False))
     shared.update(flexible.partition.module.named_buffers())
     assert shared and all(shared[k].data_ptr() == original[k].data_ptr() for k in shared)
+
+
+def test_a_repeated_meta_is_parsed_once_and_a_changed_one_anew():
+    from edgesplit.transport.frames import _Inbox, write_frame
+
+    a, b = socket.socketpair()
+    inbox = _Inbox()
+    with a, b:
+        metas = [{"names": ["x"], "timeout_s": 1.0}, {"names": ["x"], "timeout_s": 1.0},
+                 {"names": ["y"], "timeout_s": 2.0}]
+        seen = []
+        for i, meta in enumerate(metas):
+            write_frame(a, Frame(CALL, i, dict(meta), [b"abc"]))
+            frame = read_frame(b, inbox, 1 << 20)
+            assert frame.meta == meta and bytes(frame.parts[0]) == b"abc"
+            seen.append(frame.meta)
+    assert seen[1] is seen[0] and seen[2] is not seen[1]

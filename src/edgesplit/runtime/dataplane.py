@@ -23,7 +23,7 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import BadRequest, LoopbackChannel, LoopbackError, TlsFiles, open_channel
-from edgesplit.transport.frames import CALL, Buffer, Frame, FrameClient
+from edgesplit.transport.frames import CALL, Buffer, Frame, FrameClient, encode_meta
 
 __all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "split_address"]
 
@@ -119,6 +119,7 @@ class Hop:
         self.frames: FrameClient | None = None
         self._resolved = False
         self._lock = threading.Lock()
+        self._last_meta: tuple[dict[str, Any], bytes] = ({}, b"")
 
     @property
     def data_plane(self) -> str:
@@ -165,6 +166,16 @@ class Hop:
             with contextlib.suppress(grpc.RpcError):  # Run over gRPC fails the same way
                 self.describe(timeout, metadata)
 
+    def _frame(self, message: Message, timeout: float | None, metadata: Metadata) -> Frame:
+        """The call's frame, its meta encoded once for as long as it repeats: a client's
+        calls differ only in their id and tensors."""
+        pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
+        frame = message.to_frame(metadata=pairs, timeout_s=timeout)
+        if frame.meta != self._last_meta[0]:
+            self._last_meta = (frame.meta, encode_meta(frame.meta))
+        frame.meta_json = self._last_meta[1]
+        return frame
+
     def wire_size(self, message: Message) -> int:
         """The bytes ``message`` takes on the way ``run`` sends it (what a shaper charges)."""
         if self.frames is not None:
@@ -179,8 +190,7 @@ class Hop:
         self.resolve(timeout, metadata)
         frames = self.frames
         if frames is not None:
-            pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
-            frame = message.to_frame(metadata=pairs, timeout_s=timeout)
+            frame = self._frame(message, timeout, metadata)
             try:
                 return frames.call(frame, timeout, _owned_reply)
             except LoopbackError as exc:

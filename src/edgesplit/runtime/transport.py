@@ -350,7 +350,9 @@ class PartitionServer(GrpcServer):
         """At most ``max_workers`` requests at once, as gRPC's thread pool allows; a request
         that waits for a slot past its deadline is dropped."""
         request = Message.from_frame(frame)
-        if not self._slots.acquire(timeout=remaining_timeout(context, self.next_timeout_s)):
+        # a free slot is taken without the timed wait's bookkeeping (most requests find one)
+        if not self._slots.acquire(blocking=False) and not self._slots.acquire(
+                timeout=remaining_timeout(context, self.next_timeout_s)):
             check_alive(context, self.step.name)
             raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"device {self.step.name!r} is busy with {option('max_workers')} "

@@ -40,7 +40,7 @@ from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
 
 __all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "FrameServer",
-           "read_frame", "write_frame"]
+           "encode_meta", "read_frame", "write_frame"]
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
@@ -57,13 +57,23 @@ Buffer = bytes | bytearray | memoryview
 class Frame:
     kind: int
     request_id: int
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # read-only once built or read
     parts: Sequence[Buffer] = ()
+    meta_json: bytes | None = None  # ``meta`` already encoded, by a sender that caches it
+
+    def encoded_meta(self) -> bytes:
+        if self.meta_json is None:
+            self.meta_json = encode_meta(self.meta)
+        return self.meta_json
 
     def nbytes(self) -> int:
         """The frame's size on the wire (what a link shaper is charged)."""
-        meta = len(json.dumps(self.meta, separators=(",", ":")).encode())
-        return _HEADER.size + 8 * len(self.parts) + meta + sum(len(p) for p in self.parts)
+        return (_HEADER.size + 8 * len(self.parts) + len(self.encoded_meta())
+                + sum(len(p) for p in self.parts))
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, separators=(",", ":")).encode()
 
 
 class FrameTooLarge(Exception):
@@ -77,7 +87,7 @@ class _Closed(Exception):
 # ---- the bytes --------------------------------------------------------------------------------
 def write_frame(sock: socket.socket, frame: Frame) -> int:
     """Send ``frame`` (one scatter-gather write where the kernel takes it all); its size."""
-    meta = json.dumps(frame.meta, separators=(",", ":")).encode()
+    meta = frame.encoded_meta()
     sizes = [len(p) for p in frame.parts]
     rest = 8 * len(sizes) + len(meta) + sum(sizes)
     head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
@@ -125,6 +135,10 @@ class _Inbox:
         self.head = bytearray(_HEADER.size)
         self.buffer = bytearray(64 * 1024)
         self.bound: float | None = -1.0  # the socket's kernel timeouts as last set (-1: unset)
+        # the last frame's meta, raw and parsed: a client's calls repeat theirs, and parsing
+        # JSON costs tens of microseconds in the cold path after compute
+        self.meta_raw: bytes = b""
+        self.meta: dict[str, Any] = {}
 
     def bound_to(self, sock: socket.socket, seconds: float | None) -> None:
         """:func:`_bound` the connection to ``seconds``, unless it is bound within a
@@ -173,7 +187,12 @@ def read_frame(sock: socket.socket, inbox: _Inbox, limit: int,
         raise ValueError(f"malformed frame: part lengths add up to {sum(sizes)}, the header "
                          f"leaves {total}")
     at = 8 * n_parts
-    meta = _parse_meta(view[at:at + meta_len])
+    raw = view[at:at + meta_len]
+    if raw == inbox.meta_raw:  # the same bytes parse to the same (read-only) object
+        meta = inbox.meta
+    else:
+        meta = _parse_meta(raw)
+        inbox.meta_raw, inbox.meta = bytes(raw), meta
     parts = []
     at += meta_len
     for n in sizes:
