@@ -33,7 +33,7 @@ def _read_gb_per_s(nbytes: int) -> float:
     rows = max(1, nbytes // (4 * cols))
     matrix = torch.ones(rows, cols)
     vector = torch.ones(cols)
-    repeats = min(200, max(5, _STREAMED_PER_SIZE // nbytes))
+    repeats = min(200, max(8, _STREAMED_PER_SIZE // nbytes))
     # the fastest call, not the median: the least disturbed by other processes (STREAM's rule)
     best_ms = time_call(lambda: torch.mv(matrix, vector), warmup=2, repeats=repeats)["min"]
     return rows * cols * 4 / (best_ms * 1e-3) / 1e9
