@@ -15,10 +15,12 @@ from typing import Any
 __all__ = [
     "CaptureError",
     "ConfigError",
+    "ContextLimitError",
     "EdgesplitError",
     "GraphError",
     "InfeasibleError",
     "RemoteError",
+    "SessionError",
     "UnknownNameError",
     "WireError",
     "cli_options",
@@ -59,6 +61,15 @@ class WireError(EdgesplitError):
 
 class RemoteError(EdgesplitError):
     """A remote peer failed or could not be reached."""
+
+
+class SessionError(EdgesplitError):
+    """An LLM generation session cannot take this step (unknown or evicted session, a step
+    out of order); the message says to start it again."""
+
+
+class ContextLimitError(SessionError):
+    """An LLM session would hold more tokens than the plan's max context."""
 
 
 # How an error message names the setting that fixes it: Python users see the keyword argument

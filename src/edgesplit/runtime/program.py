@@ -172,6 +172,11 @@ def _capture_for(plan: Plan, trust_model_file: bool = False) -> LayerGraph:
 
 
 def _chain(plan: Plan) -> list[str]:
+    if plan.llm is not None:  # its layers are blocks with KV caches, not a captured graph
+        raise ConfigError("this plan splits a causal LM into stages: serve its devices with "
+                          "`edgesplit llm serve` and generate with `edgesplit llm generate` "
+                          "(in Python: runtime.llm_server.LLMStageServer, "
+                          "runtime.llm_client.LLMClient)")
     if not plan.runnable:
         raise ConfigError(f"this plan runs {', '.join(plan.parallel_devices)} in parallel (a "
                           "mesh): a prediction only, the runtime executes chains of devices. "

@@ -1,0 +1,214 @@
+"""Generating with a causal LM split across devices: ``LLMClient`` runs the first stage itself
+(the prompt starts and the tokens end on the chain's first device) and drives the rest of the
+chain one step at a time, yielding each token as soon as its step returns.
+
+Greedy decoding: the prefill sends the prompt, each decode step the previous token; every
+stage adds the step's positions to its own KV cache for this client's session. The tokens are
+exactly those of single-process ``model.generate(do_sample=False)`` on the same weights.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import grpc
+import torch
+from torch import nn
+
+from edgesplit.errors import ConfigError, ContextLimitError, RemoteError, option
+from edgesplit.plan.model import PLAN_VERSION, Plan
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.llm_server import head_stage, llm_message_bytes
+from edgesplit.runtime.llm_sessions import LLMSessions
+from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
+from edgesplit.runtime.llm_wire import (
+    END_SESSION,
+    POSITION,
+    TOKEN,
+    decode_int,
+    message,
+    session_error,
+)
+from edgesplit.runtime.program import plan_id
+from edgesplit.runtime.transport import SESSION_KEY
+from edgesplit.transport import (
+    MAX_BACKOFF_S,
+    LoopbackChannel,
+    TlsFiles,
+    bearer_metadata,
+    explain,
+)
+
+__all__ = ["GeneratedToken", "LLMClient"]
+
+Phase = Literal["prefill", "decode"]
+
+
+@dataclass
+class GeneratedToken:
+    """One generated token: its index in the generation, the step that made it (``prefill``
+    for the first), when it arrived since the generation started and how long its step took,
+    and each stage's compute and codec time in that step (by device)."""
+
+    index: int
+    token: int
+    phase: Phase
+    elapsed_ms: float
+    step_ms: float
+    compute_ms: dict[str, float] = field(default_factory=dict)
+    serialize_ms: dict[str, float] = field(default_factory=dict)
+
+
+class LLMClient:
+    """The first stage of ``plan`` plus a caller of the second device at ``address`` (not
+    needed when the first device holds every block). ``session`` names this client's KV
+    caches on every stage (default: a random id). ``model``: the transformers model to take
+    the first stage's blocks from (default: built from the plan's source)."""
+
+    def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
+                 session: str | None = None, token: str | None = None,
+                 tls: TlsFiles | None = None, timeout_s: float = 60.0, retries: int = 0,
+                 retry_backoff_s: float = 0.2, data_plane: DataPlane = "auto",
+                 model: nn.Module | None = None) -> None:
+        self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
+        self.stage = LLMStageModel(plan, 0, model)
+        self.device = plan.devices[0].name
+        self.session = session or uuid.uuid4().hex
+        self.metadata = [*bearer_metadata(token), (SESSION_KEY, self.session)]
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
+        self.sessions = LLMSessions(self.device, self.stage.new_cache, max_sessions=1,
+                                    max_context=self.llm.max_context)
+        self.remote = head_stage(self.llm) > 0
+        if self.remote and address is None:
+            raise ConfigError(f"the chain continues at {plan.devices[1].name!r}: give its "
+                              f"server's address ({option('address', flag='--address')} "
+                              "HOST:PORT, where `edgesplit llm serve` listens)")
+        self.address = address if isinstance(address, str) else "in-process"
+        self._hop = Hop(address, llm_message_bytes(self.llm), tls, data_plane) \
+            if self.remote and address is not None else None
+        self._ids = iter(range(1, 1 << 62))
+        self._checked = False
+
+    def close(self) -> None:
+        if self._hop is not None:
+            self._hop.close()
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def generate(self, prompt: Sequence[int] | torch.Tensor, new_tokens: int
+                 ) -> Iterator[GeneratedToken]:
+        """Greedy tokens after ``prompt`` (token ids), one by one as they arrive. A new
+        generation restarts this client's session on every stage. ContextLimitError, before
+        anything runs, when the prompt and the tokens fed back exceed the plan's max context."""
+        ids = torch.as_tensor(prompt, dtype=torch.int64).reshape(1, -1)
+        if ids.shape[1] < 1 or new_tokens < 1:
+            raise ConfigError("generation needs a prompt of at least one token and at least "
+                              f"one new token, got {ids.shape[1]} and {new_tokens}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.llm.vocab_size:
+            raise ConfigError(f"prompt token ids must lie in [0, {self.llm.vocab_size}) (the "
+                              "model's vocabulary)")
+        held = ids.shape[1] + new_tokens - 1  # the last token is never fed back
+        if held > self.llm.max_context:
+            raise ContextLimitError(
+                f"a prompt of {ids.shape[1]} tokens and {new_tokens} new tokens needs a KV "
+                f"cache of {held} tokens, more than the plan's max context of "
+                f"{self.llm.max_context}: ask for fewer tokens or plan with a larger "
+                f"{option('max_context', flag='--max-context')}")
+        if self._hop is not None and not self._checked:
+            self._check_plan()
+        start = time.perf_counter()
+        x, position = ids, 0
+        for index in range(new_tokens):
+            t0 = time.perf_counter()
+            token, compute, codec = self._step(x, position)
+            now = time.perf_counter()
+            yield GeneratedToken(index, token, "prefill" if index == 0 else "decode",
+                                 (now - start) * 1e3, (now - t0) * 1e3, compute, codec)
+            position += int(x.shape[1])
+            x = torch.tensor([[token]], dtype=torch.int64)
+
+    def end_session(self) -> None:
+        """Free this session's KV caches on every stage (a later generation starts anew)."""
+        self.sessions.end(self.session)
+        if self._hop is not None:
+            end = message(self.plan_id, PLAN_VERSION, next(self._ids),
+                          {END_SESSION: torch.zeros(1, dtype=torch.int64)})
+            self._call(lambda timeout, md: self._hop.run(end, timeout, md))
+
+    # ---- one step ----------------------------------------------------------------------------
+    def _step(self, x: torch.Tensor, position: int
+              ) -> tuple[int, dict[str, float], dict[str, float]]:
+        compute: dict[str, float] = {}
+        codec: dict[str, float] = {}
+        with self.sessions.step(self.session, position, int(x.shape[1])) as state:
+            t0 = time.perf_counter()
+            out = self.stage.step(x, position, state.cache)
+            compute[self.device] = (time.perf_counter() - t0) * 1e3
+            if self._hop is None:
+                return int(out.reshape(-1)[0]), compute, codec
+            t1 = time.perf_counter()
+            request_id = next(self._ids)
+            step = message(self.plan_id, PLAN_VERSION, request_id,
+                           {self.stage.io.sends: out,
+                            POSITION: torch.tensor([position], dtype=torch.int64)})
+            codec[self.device] = (time.perf_counter() - t1) * 1e3
+            reply = self._call(lambda timeout, md: self._hop.run(step, timeout, md))
+            token = self._token(reply, request_id)
+        for key, ms in reply.timings_ms.items():
+            device, _, kind = key.rpartition(".")
+            if kind == "compute_ms":
+                compute[device] = compute.get(device, 0.0) + ms
+            elif kind == "serialize_ms":
+                codec[device] = codec.get(device, 0.0) + ms
+        return token, compute, codec
+
+    def _token(self, reply: Message, request_id: int) -> int:
+        names = [t.name for t in reply.tensors]
+        if reply.request_id != request_id or names != [TOKEN]:
+            raise RemoteError(f"server {self.address} answered request {reply.request_id} "
+                              f"with {names}; expected {TOKEN!r} for request {request_id}")
+        try:
+            return int(decode_int(reply.tensors[0].data, TOKEN, [1, 1])[0, 0])
+        except Exception as exc:
+            raise RemoteError(f"server {self.address} answered with a bad token: {exc}"
+                              ) from None
+
+    def _check_plan(self) -> None:
+        assert self._hop is not None
+        described = self._call(self._hop.describe)
+        if described.plan_id != self.plan_id or described.plan_version != PLAN_VERSION:
+            raise RemoteError(f"server {self.address} runs plan {described.plan_id} (version "
+                              f"{described.plan_version}), this client {self.plan_id} "
+                              f"(version {PLAN_VERSION}); start both sides from the same "
+                              "plan file")
+        self._checked = True
+
+    def _call(self, method: Any) -> Any:
+        """``method(timeout, metadata)``, retried on UNAVAILABLE (a step is only retried
+        when it never reached a server); a stage's session status becomes its error."""
+        for attempt in range(self.retries + 1):
+            try:
+                return method(self.timeout_s, self.metadata)
+            except grpc.RpcError as exc:
+                code, details = exc.code(), " ".join((exc.details() or "").split())
+                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
+                    continue
+                session = session_error(code, details)
+                if session is not None:
+                    raise session from None
+                raise RemoteError(explain(
+                    code, details, self.address,
+                    unavailable_hint="; is `edgesplit llm serve` running there? "
+                    f"({option('retries')} retries with backoff)",
+                    timeout_hint=f"raise {option('timeout_s')}")) from None
+        raise AssertionError("unreachable")
+

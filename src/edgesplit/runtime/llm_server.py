@@ -1,0 +1,306 @@
+"""Serving one stage of a causal LM plan: ``LLMStageServer``.
+
+It speaks the layer runtime's service (``PartitionService``: ``Run``, ``RunStream``,
+``Describe``) and data plane, with its bearer token, TLS, deadlines and request errors, so a
+stage is reached, secured and timed out like any partition server; only what a request means
+differs (:mod:`edgesplit.runtime.llm_wire`). Each stage keeps one KV cache per session
+(:class:`~edgesplit.runtime.llm_sessions.LLMSessions`), runs its blocks, and forwards the
+hidden state to the next stage with the caller's token and session; the stage holding the head
+answers the greedy token, which travels back along the chain to the client.
+
+A session's error is its request's status: past the max context OUT_OF_RANGE, unknown (evicted,
+never started) or out of step ABORTED; a malformed request INVALID_ARGUMENT; another plan
+FAILED_PRECONDITION. A failed step leaves every session as it was.
+
+Not the layer ``PartitionServer`` itself: that one checks each tensor against a captured
+LayerGraph's fixed shapes and batches across requests, while a stage's tensors grow with the
+prompt and its state is a per-session cache that must not be silently recreated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+import grpc
+import torch
+from torch import nn
+
+from edgesplit.errors import ConfigError, RemoteError, SessionError, option
+from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.llm_sessions import LLMSessions
+from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
+from edgesplit.runtime.llm_wire import (
+    END_SESSION,
+    POSITION,
+    TOKEN,
+    decode_int,
+    decode_step,
+    message,
+    session_status,
+)
+from edgesplit.runtime.program import plan_id
+from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
+from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.transport import SESSION_KEY
+from edgesplit.transport import (
+    BadRequest,
+    GrpcServer,
+    LoopbackChannel,
+    TlsFiles,
+    answer,
+    check_alive,
+    remaining_timeout,
+)
+from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
+from edgesplit.transport.loopback import Aborted
+
+__all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
+
+log = logging.getLogger(__name__)
+
+
+def llm_message_bytes(llm: LLMPlan) -> int:
+    """The largest step message: a prompt's hidden state at max context, 8 bytes a value
+    at most, plus headers."""
+    return max(64 * 1024, llm.max_context * llm.hidden_size * 8 + 64 * 1024)
+
+
+def stage_index(plan: Plan, device: str) -> int:
+    """The stage of ``device``: a plan device's name, or the preset it was planned with when
+    exactly one plan device uses it."""
+    names = [d.name for d in plan.devices]
+    if device in names:
+        return names.index(device)
+    matches = [i for i, d in enumerate(plan.devices) if d.device.name == device]
+    if len(matches) == 1:
+        return matches[0]
+    presets = ", ".join(f"{d.name} ({d.device.name})" for d in plan.devices)
+    if matches:
+        raise ConfigError(f"{len(matches)} plan devices use {device!r}: name one of {presets}")
+    raise ConfigError(f"device {device!r} is not in the plan; its devices are {presets}")
+
+
+def head_stage(llm: LLMPlan) -> int:
+    """The stage holding the head: the chain ends there (later devices hold no blocks)."""
+    return next(i for i, s in enumerate(llm.stages) if s.end == len(llm.blocks)
+                and (s.start < s.end or len(llm.blocks) == 0))
+
+
+class _Servicer(pb_grpc.PartitionServiceServicer):
+    def __init__(self, server: LLMStageServer) -> None:
+        self.s = server
+
+    def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
+        self.s.check_token(context)
+        return answer(context, lambda: self.s.handle(request, context).to_pb(), self.s.failure)
+
+    def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
+                  ) -> Iterator[pb.Bundle]:
+        self.s.check_token(context)
+        for request in request_iterator:
+            try:
+                yield self.s.handle(request, context).to_pb()
+            except (BadRequest, RemoteError) as exc:  # one bad step ends only itself
+                yield pb.Bundle(request_id=request.request_id, error=str(exc),
+                                plan_id=self.s.plan_id)
+            except Exception as exc:
+                yield pb.Bundle(request_id=request.request_id, error=self.s.failure(exc),
+                                plan_id=self.s.plan_id)
+
+    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
+                 ) -> pb.Description:
+        self.s.check_token(context)
+        io = self.s.stage.io
+        return pb.Description(plan_id=self.s.plan_id, plan_version=PLAN_VERSION,
+                              device=self.s.device, inputs=[io.receives, POSITION],
+                              outputs=[TOKEN], max_message_bytes=self.s.limit,
+                              data_port=self.s.data_port or 0)
+
+
+class LLMStageServer(GrpcServer):
+    """Serves stage ``device`` of the LLM ``plan``; a stage before the head forwards to
+    ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
+    what its memory was planned for), the least recently used evicted first. ``model``: the
+    transformers model to take the stage's blocks from (default: built from the plan's
+    source, as every device does). The data plane opens on ``data_port`` (None: none)."""
+
+    def __init__(self, plan: Plan, device: str, *,
+                 next_address: str | LoopbackChannel | None = None, token: str | None = None,
+                 tls: TlsFiles | None = None, max_sessions: int | None = None,
+                 max_workers: int = 8, next_timeout_s: float = 60.0,
+                 data_port: int | None = 0, data_plane: DataPlane = "auto",
+                 model: nn.Module | None = None) -> None:
+        llm = llm_section(plan)
+        index = stage_index(plan, device)
+        self.device = plan.devices[index].name
+        head = head_stage(llm)
+        if index == 0:
+            raise ConfigError(f"device {self.device!r} is the first of the chain: it runs in "
+                              "the client (`edgesplit llm generate`), not as a server")
+        if index > head:
+            raise ConfigError(f"device {self.device!r} holds no blocks and the chain ends "
+                              f"before it (at {plan.devices[head].name!r}, with the head): "
+                              "nothing to serve there")
+        if index < head and next_address is None:
+            raise ConfigError(f"device {self.device!r} sends to "
+                              f"{plan.devices[index + 1].name!r}: give its address with "
+                              f"{option('next_address', 'HOST:PORT', flag='--next')}")
+        self.plan, self.llm, self.plan_id = plan, llm, plan_id(plan)
+        self.stage = LLMStageModel(plan, index, model)
+        self.sessions = LLMSessions(self.device, self.stage.new_cache,
+                                    max_sessions=max_sessions or llm.sessions,
+                                    max_context=llm.max_context)
+        self.token, self.tls = token, tls
+        self.limit = llm_message_bytes(llm)
+        self.next_timeout_s = next_timeout_s
+        self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
+                                                      data_plane)
+        self._want_data_port = data_port
+        self._frames: FrameServer | None = None
+        self.data_port: int | None = None
+        self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
+            _Servicer(self), server), self.limit, max_workers)
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen for gRPC on host:port (0: any free port) and for the data plane on
+        ``data_port``; returns the gRPC port."""
+        bound = super().start(host, port)
+        if self._want_data_port is not None:
+            frames = FrameServer(self._frame_call, self.limit, self.tls)
+            try:
+                self.data_port = frames.start(host, self._want_data_port)
+            except OSError as exc:
+                super().stop(0)
+                raise ConfigError(f"cannot open the data plane on {host}:"
+                                  f"{self._want_data_port} ({exc.strerror or exc}): pick "
+                                  f"another {option('data_port')} or turn it off") from None
+            self._frames = frames
+        return bound
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self._frames is not None:
+            self._frames.stop(grace_s)
+        super().stop(grace_s)
+        if self._next is not None:
+            self._next.close()
+
+    def failure(self, exc: BaseException) -> str:
+        log.exception("device %s failed on a step", self.device)
+        return f"device {self.device!r} failed on this step: {type(exc).__name__}: {exc}"
+
+    def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
+        """A data-plane call: the same checks, errors and work as over gRPC."""
+        call = cast(grpc.ServicerContext, context)
+        try:
+            self.check_token(call)
+            reply = answer(call, lambda: self.handle(Message.from_frame(frame), call),
+                           self.failure)
+        except Aborted:
+            return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
+                           context.details)
+        return reply.to_frame(REPLY)
+
+    # ---- a step ------------------------------------------------------------------------------
+    def handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None = None
+               ) -> Message:
+        """Answer one step (or an end of session) of the caller's session."""
+        t_in = time.perf_counter()
+        self._check_plan(request)
+        session = _session(context)
+        parts = {t.name: t.data for t in request.tensors}
+        if list(parts) == [END_SESSION]:
+            return self._end(request, session, context)
+        io = self.stage.io
+        if set(parts) != {io.receives, POSITION} or len(request.tensors) != 2:
+            raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"device {self.device!r} expects tensors {io.receives!r} and "
+                             f"{POSITION!r} (or only {END_SESSION!r}), got "
+                             f"{[t.name for t in request.tensors]}")
+        position = int(decode_int(parts[POSITION], POSITION, [1])[0])
+        x = decode_step(parts[io.receives], io.receives,
+                        hidden_size=self.llm.hidden_size if io.hidden_in else None,
+                        vocab_size=self.llm.vocab_size, max_tokens=self.llm.max_context)
+        timings = {f"{self.device}.serialize_ms": (time.perf_counter() - t_in) * 1e3}
+        check_alive(context, self.device)
+        try:
+            with self.sessions.step(session, position, int(x.shape[1])) as state:
+                t0 = time.perf_counter()
+                out = self.stage.step(x, position, state.cache)
+                timings[f"{self.device}.compute_ms"] = (time.perf_counter() - t0) * 1e3
+                if self._next is None:
+                    token = out
+                else:  # the rest of the chain; its failure rolls this stage back too
+                    token, more = self._forward(request, session, out, position, context)
+                    timings.update(more)
+        except SessionError as exc:
+            raise session_status(exc) from None
+        return message(self.plan_id, PLAN_VERSION, request.request_id, {TOKEN: token},
+                       timings)
+
+    def _check_plan(self, request: pb.Bundle | Message) -> None:
+        if request.plan_id != self.plan_id or request.plan_version != PLAN_VERSION:
+            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"plan mismatch: this server runs plan {self.plan_id} (version "
+                             f"{PLAN_VERSION}), the request is for {request.plan_id or '?'} "
+                             f"(version {request.plan_version}); start both sides from the "
+                             "same plan file")
+
+    def _end(self, request: pb.Bundle | Message, session: str,
+             context: grpc.ServicerContext | None) -> Message:
+        self.sessions.end(session)
+        if self._next is not None:
+            end = message(self.plan_id, PLAN_VERSION, request.request_id,
+                          {END_SESSION: torch.zeros(1, dtype=torch.int64)})
+            self._call_next(end, context)
+        return Message(self.plan_id, PLAN_VERSION, request.request_id, [], {})
+
+    def _forward(self, request: pb.Bundle | Message, session: str, out: torch.Tensor,
+                 position: int, context: grpc.ServicerContext | None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        t0 = time.perf_counter()
+        step = message(self.plan_id, PLAN_VERSION, request.request_id,
+                       {self.stage.io.sends: out,
+                        POSITION: torch.tensor([position], dtype=torch.int64)})
+        serialize_ms = (time.perf_counter() - t0) * 1e3
+        reply = self._call_next(step, context)
+        names = [t.name for t in reply.tensors]
+        if names != [TOKEN]:
+            raise RemoteError(f"the stage after {self.device!r} answered with {names}, "
+                              f"not {TOKEN!r}")
+        token = decode_int(reply.tensors[0].data, TOKEN, [1, 1])
+        timings = dict(reply.timings_ms)
+        key = f"{self.device}.serialize_ms"
+        timings[key] = timings.get(key, 0.0) + serialize_ms
+        return token, timings
+
+    def _call_next(self, out: Message, context: grpc.ServicerContext | None) -> Message:
+        """Forward within what is left of the caller's deadline, with its token and session;
+        the next stage's session errors come back as this request's."""
+        metadata = context.invocation_metadata() if context is not None else ()
+        passed = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY)]
+        check_alive(context, self.device)
+        assert self._next is not None
+        try:
+            return self._next.run(out, remaining_timeout(context, self.next_timeout_s),
+                                   passed, context)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details()
+            if code in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ABORTED,
+                        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                        grpc.StatusCode.INVALID_ARGUMENT):
+                raise BadRequest(code, details or code.name) from None
+            raise RemoteError(f"next hop after {self.device!r} failed: {code.name}: "
+                              f"{details}") from None
+
+
+def _session(context: grpc.ServicerContext | None) -> str:
+    session = dict(context.invocation_metadata()).get(SESSION_KEY) if context else None
+    if not isinstance(session, str) or not session:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"an LLM stage keeps a KV cache per session: name yours with call "
+                         f"metadata {SESSION_KEY!r} (LLMClient does)")
+    return session

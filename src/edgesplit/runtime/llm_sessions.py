@@ -1,0 +1,134 @@
+"""A stage's KV caches, one per client session: bounded (the least recently used session goes
+first), each limited to the plan's max context, checked before anything is computed.
+
+A step names its session, the position it continues from (the tokens the session's cache
+already holds) and how many tokens it adds. Position 0 starts the session afresh (a new
+prompt; an existing cache is dropped). Any other position must be exactly what the cache
+holds: a session that was evicted, never started or is out of step fails with a message that
+says to send the prompt again. A step that would take the session past ``max_context`` fails
+before the cache is touched. A step whose compute (or the rest of the chain) fails is rolled
+back, so the session stays where it was.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from edgesplit.errors import ContextLimitError, SessionError, option
+
+__all__ = ["LLMSessions", "SessionState"]
+
+
+@dataclass
+class SessionState:
+    """One session's cache on one stage and the tokens it holds."""
+
+    cache: Any
+    length: int = 0
+    lock: threading.Lock | None = None
+
+    def __post_init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+class LLMSessions:
+    """At most ``max_sessions`` sessions of at most ``max_context`` tokens each on
+    ``device``; ``new_cache`` makes an empty KV cache."""
+
+    def __init__(self, device: str, new_cache: Callable[[], Any], *, max_sessions: int,
+                 max_context: int) -> None:
+        if max_sessions < 1 or max_context < 1:
+            raise SessionError(f"{option('max_sessions')} and the plan's max context must be "
+                               f"at least 1, got {max_sessions} and {max_context}")
+        self.device, self.new_cache = device, new_cache
+        self.max_sessions, self.max_context = max_sessions, max_context
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._lock = threading.Lock()
+        self.evicted = 0  # sessions dropped to make room, since start
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session: str) -> bool:
+        return session in self._sessions
+
+    def length(self, session: str) -> int:
+        """Tokens ``session``'s cache holds (0: unknown)."""
+        state = self._sessions.get(session)
+        return 0 if state is None else state.length
+
+    def check(self, session: str, position: int, tokens: int) -> None:
+        """SessionError / ContextLimitError unless a step of ``tokens`` at ``position`` fits."""
+        if tokens < 1 or position < 0:
+            raise SessionError(f"a step adds at least one token at a position >= 0, got "
+                               f"{tokens} token(s) at {position}")
+        if position + tokens > self.max_context:
+            raise ContextLimitError(
+                f"session {session!r} would hold {position + tokens} tokens, more than the "
+                f"plan's max context of {self.max_context}: start a new session (a shorter "
+                f"prompt or fewer new tokens), or plan with a larger "
+                f"{option('max_context', flag='--max-context')}")
+        if position == 0:
+            return
+        held = self._sessions.get(session)
+        if held is None:
+            raise SessionError(
+                f"session {session!r} is not on device {self.device!r} (evicted to make room "
+                f"for newer sessions, the server restarted, or it never started): send its "
+                f"prompt again from position 0")
+        if held.length != position:
+            raise SessionError(
+                f"session {session!r} holds {held.length} tokens on device {self.device!r}, "
+                f"the step continues from {position}: send its prompt again from position 0")
+
+    @contextmanager
+    def step(self, session: str, position: int, tokens: int) -> Iterator[SessionState]:
+        """The session's state for one step of ``tokens`` at ``position`` (checked first);
+        the tokens count once the block exits normally, an exception rolls the cache back."""
+        self.check(session, position, tokens)
+        state = self._take(session, fresh=position == 0)
+        assert state.lock is not None
+        with state.lock:
+            self.check(session, position, tokens)  # another step of the session came first
+            try:
+                yield state
+            except BaseException:
+                _crop(state.cache, position)
+                raise
+            state.length = position + tokens
+
+    def _take(self, session: str, *, fresh: bool) -> SessionState:
+        with self._lock:
+            state = self._sessions.get(session)
+            if state is not None and not fresh:
+                self._sessions.move_to_end(session)
+                return state
+            self._sessions.pop(session, None)
+            while len(self._sessions) >= self.max_sessions:
+                self._sessions.popitem(last=False)
+                self.evicted += 1
+            state = SessionState(self.new_cache())
+            self._sessions[session] = state
+            return state
+
+    def end(self, session: str) -> bool:
+        """Forget ``session`` (its cache's memory is freed); whether it was here."""
+        with self._lock:
+            return self._sessions.pop(session, None) is not None
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Drop what a failed step appended: the cache holds ``length`` tokens again."""
+    if cache is None:
+        return
+    # layer by layer: a stage's cache spans the model's depth, other stages' layers stay empty
+    # (and transformers' crop takes the number of tokens to remove)
+    for layer in cache.layers:
+        extra = layer.get_seq_length() - length if layer.is_initialized else 0
+        if extra > 0:
+            layer.crop(-extra)

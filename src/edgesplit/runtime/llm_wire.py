@@ -1,0 +1,105 @@
+"""What an LLM generation step carries between stages, as the runtime's ordinary messages
+(:class:`~edgesplit.runtime.dataplane.Message`, wire-format tensors by name), so the gRPC
+service, the data plane and their checks are the layer runtime's own.
+
+A step's request to a stage holds the tensor crossing into it (``input_ids`` ``[1, T]`` int64
+when it starts at the embedding, else the hidden state ``<block>.out`` ``[1, T, H]``) and
+``position`` (``[1]`` int64: the tokens the session's caches hold before this step; 0 starts
+the session afresh). The reply holds ``token`` (``[1, 1]`` int64: the greedy next token). A
+request holding only ``end_session`` ends the caller's session on every stage. The session is
+call metadata ``edgesplit-session``, as for any stateful backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+import torch
+
+from edgesplit.errors import ContextLimitError, SessionError, WireError
+from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.runtime.dataplane import Message, Part
+from edgesplit.transport import BadRequest
+
+__all__ = [
+    "END_SESSION",
+    "POSITION",
+    "TOKEN",
+    "decode_int",
+    "decode_step",
+    "message",
+    "session_error",
+    "session_status",
+]
+
+POSITION = "position"
+TOKEN = "token"
+END_SESSION = "end_session"
+
+# a stage's session errors as gRPC statuses (and back, in the client)
+_CONTEXT_STATUS = grpc.StatusCode.OUT_OF_RANGE
+_SESSION_STATUS = grpc.StatusCode.ABORTED
+
+
+def session_status(exc: SessionError) -> BadRequest:
+    """A session error as the status its request fails with."""
+    code = _CONTEXT_STATUS if isinstance(exc, ContextLimitError) else _SESSION_STATUS
+    return BadRequest(code, str(exc))
+
+
+def session_error(code: grpc.StatusCode, message: str) -> SessionError | None:
+    """The client's error for a stage's session status (None: another failure)."""
+    if code == _CONTEXT_STATUS:
+        return ContextLimitError(message)
+    if code == _SESSION_STATUS:
+        return SessionError(message)
+    return None
+
+
+def message(plan_id: str, version: int, request_id: int,
+            tensors: Mapping[str, torch.Tensor], timings: dict[str, float] | None = None
+            ) -> Message:
+    """A step's message; hidden states travel at their own precision (32 or 16 bits)."""
+    parts = [Part(name, encode_tensor(t, 16 if t.dtype in (torch.float16, torch.bfloat16)
+                                      else 32)) for name, t in tensors.items()]
+    return Message(plan_id, version, request_id, parts, dict(timings or {}))
+
+
+def decode_int(data: Any, name: str, shape: Sequence[int]) -> torch.Tensor:
+    """An int64 tensor of exactly ``shape`` (BadRequest otherwise, before it is allocated)."""
+    try:
+        return decode_tensor(data, expect_shape=list(shape), expect_dtype=torch.int64)
+    except WireError as exc:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"tensor {name!r}: {exc}; expected int64 of shape {list(shape)}"
+                         ) from None
+
+
+def decode_step(data: Any, name: str, *, hidden_size: int | None, vocab_size: int,
+                max_tokens: int) -> torch.Tensor:
+    """The tensor entering a stage: token ids ``[1, T]`` below ``vocab_size``
+    (``hidden_size`` None) or a floating hidden state ``[1, T, hidden_size]``, with
+    1 <= T <= ``max_tokens``; BadRequest naming what is wrong."""
+    width = 1 if hidden_size is None else hidden_size
+    try:  # bounded before anything payload-sized is allocated
+        x = decode_tensor(data, max_raw_bytes=max_tokens * width * 8)
+    except WireError as exc:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: {exc}") from None
+    if hidden_size is None:
+        want = "int64 token ids of shape [1, T]"
+        ok = x.dtype == torch.int64 and x.dim() == 2 and x.shape[0] == 1
+    else:
+        want = f"a floating hidden state of shape [1, T, {hidden_size}]"
+        ok = x.is_floating_point() and x.dim() == 3 and x.shape[0] == 1 and \
+            x.shape[2] == hidden_size
+    if not ok or not 1 <= x.shape[1] <= max_tokens:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"tensor {name!r} is {x.dtype} of shape {list(x.shape)}; expected "
+                         f"{want}, 1 <= T <= {max_tokens} (the plan's max context)")
+    if hidden_size is None and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"token ids must lie in [0, {vocab_size}), got {int(x.min())}.."
+                         f"{int(x.max())}")
+    return x

@@ -1,0 +1,348 @@
+"""The LLM runtime: stages served by LLMStageServer, driven by LLMClient, against
+single-process ``model.generate``; sessions (context limit, interleaving, eviction, ending) and
+malformed requests.
+
+Stages run in-process over the loopback transport (the servicer code without sockets), one
+test over real sockets and the data plane. The weights are the registered tiny models' with a
+seeded perturbation (their random initialisation makes GPT-2 repeat one token, which would
+make equality trivial), shared by reference, stages and client.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import grpc
+import pytest
+import torch
+
+from edgesplit.errors import ConfigError, ContextLimitError, SessionError
+from edgesplit.hardware import chain, get_topology
+from edgesplit.models.causal_lm import create_causal_lm
+from edgesplit.plan import LLMWorkload, plan_llm
+from edgesplit.plan.llm_assemble import assemble_llm_plan
+from edgesplit.plan.llm_placement import evaluate_placement
+from edgesplit.plan.model import PLAN_VERSION, Plan
+from edgesplit.runtime.dataplane import Hop
+from edgesplit.runtime.llm_client import LLMClient
+from edgesplit.runtime.llm_server import LLMStageServer
+from edgesplit.runtime.llm_wire import END_SESSION, POSITION, message
+from edgesplit.runtime.program import PlanProgram
+from edgesplit.runtime.transport import SESSION_KEY
+
+PROMPT = 8
+NEW = 10
+MAX_CONTEXT = 32
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, torch.nn.Module]:
+    out = {}
+    for name in ("llama_tiny", "gpt2_tiny"):
+        model = create_causal_lm(name)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+        out[name] = model
+    return out
+
+
+def _plan(model: str, boundaries: tuple[int, ...], *, sessions: int = 1,
+          max_context: int = MAX_CONTEXT) -> Plan:
+    """``model`` split at ``boundaries`` over the first len-1 devices of home-wifi."""
+    full = get_topology("home-wifi")
+    m = len(boundaries) - 1
+    topology = chain("test", full.devices[:m], [tl.link for tl in full.links[:m - 1]])
+    costs = plan_llm(model, topology, LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW,
+                                                  max_context=max_context,
+                                                  sessions=sessions)).costs
+    return assemble_llm_plan(costs, evaluate_placement(costs, boundaries), method="test")
+
+
+def _reference(model: torch.nn.Module, prompt: torch.Tensor, new: int = NEW) -> list[int]:
+    # an explicit mask: generate would otherwise take prompt tokens equal to the pad id
+    # for padding; min_new_tokens: no early stop at a random model's EOS
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                         min_new_tokens=new, do_sample=False, pad_token_id=0)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def _prompt(model: torch.nn.Module, seed: int = 0, n: int = PROMPT) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+
+
+class Chain:
+    """Servers for every stage after the first, each calling the next in-process; the
+    client's address is the second device's loopback channel."""
+
+    def __init__(self, plan: Plan, model: torch.nn.Module, **options) -> None:
+        from edgesplit.runtime.llm_server import head_stage
+
+        assert plan.llm is not None
+        head = head_stage(plan.llm)
+        self.servers: list[LLMStageServer] = []
+        nxt = None
+        for i in range(head, 0, -1):
+            server = LLMStageServer(plan, plan.devices[i].name, next_address=nxt, model=model,
+                                    data_port=None, **options)
+            self.servers.insert(0, server)
+            nxt = server.loopback_channel()
+        self.address = nxt
+        self.plan, self.model = plan, model
+
+    def client(self, **options) -> LLMClient:
+        return LLMClient(self.plan, self.address, model=self.model, **options)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop(0)
+
+
+def _tokens(client: LLMClient, prompt: torch.Tensor, new: int = NEW) -> list[int]:
+    return [t.token for t in client.generate(prompt[0].tolist(), new)]
+
+
+# ---- token equality -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["llama_tiny", "gpt2_tiny"])
+@pytest.mark.parametrize("boundaries", [(0, 3, 6), (0, 2, 4, 6)], ids=["2-stage", "3-stage"])
+def test_tokens_equal_generate(models, name, boundaries):
+    model = models[name]
+    prompt = _prompt(model)
+    expected = _reference(model, prompt)
+    assert len(set(expected)) > 2  # the perturbed weights do not repeat one token
+    line = Chain(_plan(name, boundaries), model)
+    try:
+        with line.client() as client:
+            got = list(client.generate(prompt[0].tolist(), NEW))
+    finally:
+        line.stop()
+    assert [t.token for t in got] == expected
+    assert [t.phase for t in got] == ["prefill"] + ["decode"] * (NEW - 1)
+    assert [t.index for t in got] == list(range(NEW))
+    devices = [d.name for d in line.plan.devices]
+    assert all(set(t.compute_ms) == set(devices) for t in got)  # every stage reports
+    assert all(a.elapsed_ms <= b.elapsed_ms for a, b in itertools.pairwise(got))
+
+
+@pytest.mark.parametrize("boundaries", [(0, 0, 3, 6), (0, 3, 3, 6), (0, 3, 6, 6)],
+                         ids=["client-relays", "middle-relays", "last-empty"])
+def test_relaying_stages(models, boundaries):
+    model = models["llama_tiny"]
+    prompt = _prompt(model, 3)
+    line = Chain(_plan("llama_tiny", boundaries), model)
+    try:
+        with line.client() as client:
+            assert _tokens(client, prompt) == _reference(model, prompt)
+    finally:
+        line.stop()
+
+
+def test_single_device_plan_needs_no_server(models):
+    model = models["gpt2_tiny"]
+    prompt = _prompt(model, 4)
+    with LLMClient(_plan("gpt2_tiny", (0, 6)), model=model) as client:
+        assert _tokens(client, prompt) == _reference(model, prompt)
+
+
+def test_over_sockets_and_the_data_plane(models):
+    """Three stages as real servers on 127.0.0.1: gRPC for Describe, the data plane for the
+    steps, a bearer token on every hop."""
+    model = models["gpt2_tiny"]
+    plan = _plan("gpt2_tiny", (0, 2, 4, 6))
+    last = LLMStageServer(plan, "jetson", model=model, token="s3cret")
+    last_port = last.start()
+    middle = LLMStageServer(plan, "laptop", next_address=f"127.0.0.1:{last_port}",
+                            model=model, token="s3cret")
+    port = middle.start()
+    try:
+        prompt = _prompt(model, 5)
+        with LLMClient(plan, f"127.0.0.1:{port}", model=model, token="s3cret") as client:
+            assert _tokens(client, prompt) == _reference(model, prompt)
+            assert client._hop is not None and client._hop.data_plane.startswith("tcp ")
+        with LLMClient(plan, f"127.0.0.1:{port}", model=model, token="wrong") as client, \
+                pytest.raises(Exception, match="UNAUTHENTICATED"):
+            _tokens(client, prompt, 2)
+    finally:
+        middle.stop(0)
+        last.stop(0)
+
+
+# ---- sessions -------------------------------------------------------------------------------
+def test_context_limit_is_checked_before_anything_runs(models):
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    try:
+        with line.client() as client:
+            prompt = _prompt(model, 1, n=30)
+            with pytest.raises(ContextLimitError, match=r"33 tokens.*max context of 32.*"
+                                                        r"max_context"):
+                list(client.generate(prompt[0].tolist(), 4))
+            assert len(line.servers[0].sessions) == 0  # nothing was sent
+            # 30 + 3 - 1 = 32 tokens fit exactly
+            assert len(_tokens(client, prompt, 3)) == 3
+    finally:
+        line.stop()
+
+
+def _raw(server: LLMStageServer, tensors: dict[str, torch.Tensor], session: str | None,
+         plan_id: str | None = None):
+    hop = Hop(server.loopback_channel(), server.limit, None)
+    md = [(SESSION_KEY, session)] if session else []
+    return hop.run(message(plan_id or server.plan_id, PLAN_VERSION, 1, tensors), 10.0, md)
+
+
+def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models):
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    server = line.servers[0]
+    try:
+        with line.client(session="s1") as client:
+            _tokens(client, _prompt(model), 4)  # the cache holds 8 + 3 tokens
+        assert server.sessions.length("s1") == 11
+        hidden = torch.randn(1, 30, model.config.hidden_size)
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(server, {"block.1.out": hidden, POSITION: torch.tensor([11])}, "s1")
+        assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert "would hold 41 tokens" in info.value.details()
+        assert "start a new session" in info.value.details()
+        assert server.sessions.length("s1") == 11  # untouched
+        reply = _raw(server, {"block.1.out": hidden[:, :1], POSITION: torch.tensor([11])}, "s1")
+        assert [t.name for t in reply.tensors] == ["token"]
+        assert server.sessions.length("s1") == 12
+    finally:
+        line.stop()
+
+
+def test_interleaved_sessions_equal_each_alone(models):
+    model = models["gpt2_tiny"]
+    line = Chain(_plan("gpt2_tiny", (0, 2, 4, 6), sessions=2), model)
+    prompts = [_prompt(model, 7), _prompt(model, 8, n=5)]
+    try:
+        a, b = line.client(session="a"), line.client(session="b")
+        streams = [a.generate(prompts[0][0].tolist(), NEW), b.generate(prompts[1][0].tolist(),
+                                                                          NEW)]
+        got: list[list[int]] = [[], []]
+        for _ in range(NEW):
+            for i, stream in enumerate(streams):
+                got[i].append(next(stream).token)
+        assert got == [_reference(model, p) for p in prompts]
+        assert all(len(s.sessions) == 2 for s in line.servers)
+        a.end_session()
+        assert all("a" not in s.sessions and "b" in s.sessions for s in line.servers)
+    finally:
+        line.stop()
+
+
+def test_eviction_of_the_least_recently_used_session(models):
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 2, 4, 6), sessions=1), model)
+    try:
+        a, b = line.client(session="a"), line.client(session="b")
+        stream = a.generate(_prompt(model, 1)[0].tolist(), NEW)
+        next(stream), next(stream)
+        _tokens(b, _prompt(model, 2))  # room for one session: "a" goes
+        assert [s.sessions.evicted for s in line.servers] == [1, 1]
+        with pytest.raises(SessionError, match=r"session 'a' is not on device 'laptop' "
+                                               r"\(evicted.*send its prompt again"):
+            next(stream)
+        prompt = _prompt(model, 1)
+        assert _tokens(a, prompt) == _reference(model, prompt)  # a new generation works
+    finally:
+        line.stop()
+
+
+# ---- malformed requests and configuration ---------------------------------------------------
+def test_malformed_requests_get_clear_statuses(models):
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 0, 3, 6)), model)  # the laptop starts at the embedding
+    server = line.servers[0]
+    ids = {"input_ids": torch.tensor([[1, 2, 3]]), POSITION: torch.tensor([0])}
+    cases = [
+        (ids, None, None, grpc.StatusCode.INVALID_ARGUMENT, "metadata 'edgesplit-session'"),
+        (ids, "s", "0" * 16, grpc.StatusCode.FAILED_PRECONDITION, "plan mismatch"),
+        ({"input_ids": ids["input_ids"]}, "s", None, grpc.StatusCode.INVALID_ARGUMENT,
+         "expects tensors 'input_ids' and 'position'"),
+        ({"input_ids": torch.tensor([[1, 2, 10**6]]), POSITION: torch.tensor([0])}, "s", None,
+         grpc.StatusCode.INVALID_ARGUMENT, "token ids must lie in"),
+        ({"input_ids": torch.randn(1, 3, 4), POSITION: torch.tensor([0])}, "s", None,
+         grpc.StatusCode.INVALID_ARGUMENT, "expected int64 token ids of shape [1, T]"),
+        ({"input_ids": ids["input_ids"], POSITION: torch.tensor([0, 1])}, "s", None,
+         grpc.StatusCode.INVALID_ARGUMENT, "'position'"),
+        ({"input_ids": ids["input_ids"], POSITION: torch.tensor([5])}, "never", None,
+         grpc.StatusCode.ABORTED, "session 'never' is not on device 'laptop'"),
+    ]
+    try:
+        for tensors, session, pid, code, text in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                _raw(server, tensors, session, pid)
+            assert info.value.code() == code, (text, info.value.details())
+            assert text in info.value.details()
+        _raw(server, ids, "s")
+        with pytest.raises(grpc.RpcError) as info:  # out of step: the session holds 3
+            _raw(server, {**ids, POSITION: torch.tensor([7])}, "s")
+        assert info.value.code() == grpc.StatusCode.ABORTED
+        assert "holds 3 tokens" in info.value.details()
+        _raw(server, {END_SESSION: torch.zeros(1, dtype=torch.int64)}, "s")
+        assert all("s" not in s.sessions for s in line.servers)
+    finally:
+        line.stop()
+
+
+def test_wrong_hidden_shape(models):
+    model = models["gpt2_tiny"]
+    line = Chain(_plan("gpt2_tiny", (0, 3, 6)), model)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(line.servers[0], {"block.1.out": torch.randn(1, 2, 5),
+                                   POSITION: torch.tensor([0])}, "s")
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"[1, T, {model.config.hidden_size}]" in info.value.details()
+    finally:
+        line.stop()
+
+
+def test_configuration_errors(models):
+    plan = _plan("llama_tiny", (0, 2, 4, 6))
+    model = models["llama_tiny"]
+    with pytest.raises(ConfigError, match=r"first of the chain.*llm generate"):
+        LLMStageServer(plan, "phone", model=model)
+    with pytest.raises(ConfigError, match="next_address"):
+        LLMStageServer(plan, "laptop", model=model)
+    with pytest.raises(ConfigError, match="not in the plan"):
+        LLMStageServer(plan, "toaster", model=model)
+    with pytest.raises(ConfigError, match="nothing to serve"):
+        LLMStageServer(_plan("llama_tiny", (0, 3, 6, 6)), "jetson", model=model)
+    with pytest.raises(ConfigError, match="address"):
+        LLMClient(plan, model=model)
+    with pytest.raises(ConfigError, match=r"llm serve.*llm generate"):
+        PlanProgram.load(plan)
+
+
+def test_a_failure_further_down_the_chain_rolls_every_stage_back(models):
+    """The last stage keeps one session, the middle one two: "a" evicted at the end only.
+    Its next step fails there, and the middle stage's cache for "a" is as it was."""
+    model = models["llama_tiny"]
+    plan = _plan("llama_tiny", (0, 2, 4, 6), sessions=2)
+    last = LLMStageServer(plan, "jetson", model=model, data_port=None, max_sessions=1)
+    middle = LLMStageServer(plan, "laptop", next_address=last.loopback_channel(), model=model,
+                            data_port=None)
+    try:
+        a = LLMClient(plan, middle.loopback_channel(), model=model, session="a")
+        b = LLMClient(plan, middle.loopback_channel(), model=model, session="b")
+        stream = a.generate(_prompt(model, 1)[0].tolist(), NEW)
+        next(stream)
+        held = middle.sessions.length("a")
+        _tokens(b, _prompt(model, 2), 2)
+        with pytest.raises(SessionError, match="not on device 'jetson'"):
+            next(stream)
+        assert middle.sessions.length("a") == held == PROMPT
+        layer = middle.sessions._sessions["a"].cache.layers[2]  # the middle stage's first
+        assert layer.get_seq_length() == held
+        assert a.sessions.length("a") == held  # the client's own stage too
+    finally:
+        middle.stop(0)
+        last.stop(0)
