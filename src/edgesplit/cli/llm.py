@@ -1,6 +1,7 @@
 """`edgesplit llm ...`: causal language models split across devices, a command group of its
-own (``llm_app``, mounted as ``llm``). ``plan`` places a model's blocks on a chain; serving and
-generation are the LLM runtime's commands."""
+own (``llm_app``, mounted as ``llm``). ``plan`` places a model's blocks on a chain; ``serve``
+runs one device's stage with its KV caches, ``generate`` runs the first stage and streams the
+tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import typer
 
-from edgesplit.cli._app import app, emit_json, out, user_errors
+from edgesplit.cli._app import (
+    TOKEN_FILE_HELP,
+    TOKEN_HELP,
+    app,
+    emit_json,
+    out,
+    tls_files,
+    user_errors,
+)
 
 __all__ = ["llm_app"]
 
@@ -74,3 +83,136 @@ def plan(
     out.print(llm_methods_table(result))
     if out_path is not None:
         out.print(f"plan written to {out_path}")
+
+
+@llm_app.command("serve")
+@user_errors
+def serve(
+    plan_path: Path = typer.Argument(..., help="An LLM plan (`edgesplit llm plan --out`)."),
+    device: str = typer.Option(..., "--device", "-d", help="The plan device this server runs "
+                                                           "(any but the first: that one is "
+                                                           "`llm generate`)."),
+    port: int = typer.Option(50061, "--port", "-p", help="Port (0: any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
+    next_hop: str | None = typer.Option(None, "--next", help="HOST:PORT of the next device's "
+                                                             "server (every stage before the "
+                                                             "one holding the head)."),
+    max_sessions: int | None = typer.Option(None, "--max-sessions", min=1,
+                                            help="KV caches kept at once, the least recently "
+                                                 "used evicted first (default: the plan's "
+                                                 "sessions, what its memory was planned for)."),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
+                                                              "trusting this CA."),
+    workers: int = typer.Option(8, "--workers", help="Concurrent steps served."),
+    data_port: str = typer.Option("0", "--data-port", help="Port of the data plane (TCP "
+                                  "frames beside gRPC; 0: any free port; off: none)."),
+    data_plane: str = typer.Option("auto", "--data-plane", help="How to call --next: auto "
+                                   "(its data plane if it has one), grpc or tcp."),
+) -> None:
+    """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
+    plan names, one KV cache per client session (up to the plan's max context)."""
+    from edgesplit.cli.serving import _data_plane, _data_port
+    from edgesplit.plan import load_plan
+    from edgesplit.runtime.llm_server import LLMStageServer
+    from edgesplit.transport import read_token, serve_forever
+
+    token = read_token(token, token_file)
+    plan = load_plan(plan_path)
+    server = LLMStageServer(plan, device, next_address=next_hop, token=token,
+                            tls=tls_files(tls_cert, tls_key, tls_ca), max_sessions=max_sessions,
+                            max_workers=workers, data_port=_data_port(data_port),
+                            data_plane=_data_plane(data_plane))
+    bound = server.start(host, port)
+    data = f"{host}:{server.data_port}" if server.data_port else "off"
+    # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
+    print(f"listening on {host}:{bound} device={server.device} plan={server.plan_id} "
+          f"data={data} sessions={server.sessions.max_sessions}", flush=True)
+    serve_forever(server)
+
+
+@llm_app.command("generate")
+@user_errors
+def generate(
+    plan_path: Path = typer.Argument(..., help="An LLM plan (`edgesplit llm plan --out`)."),
+    server: str | None = typer.Option(None, "--server", help="HOST:PORT of the second "
+                                                             "device's `llm serve` (not needed "
+                                                             "when the first holds every "
+                                                             "block)."),
+    prompt_ids: str | None = typer.Option(None, "--prompt-ids",
+                                          help="The prompt as token ids, comma-separated."),
+    prompt_tokens: int | None = typer.Option(None, "--prompt-tokens", "-p", min=1,
+                                             help="A random prompt of this many tokens "
+                                                  "(--seed); default the plan's."),
+    new_tokens: int | None = typer.Option(None, "--new-tokens", "-n", min=1,
+                                          help="Tokens to generate; default the plan's."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random prompt."),
+    session: str | None = typer.Option(None, "--session", help="Session id (default: a "
+                                                               "random one)."),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
+    retries: int = typer.Option(0, "--retries", help="Retry an unavailable server this often."),
+    timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
+    data_plane: str = typer.Option("auto", "--data-plane", help="auto (the server's data "
+                                   "plane if it has one), grpc or tcp."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (no "
+                                                       "streaming)."),
+) -> None:
+    """Generate greedily with an LLM plan: run its first stage here, the rest on the `llm
+    serve` chain at --server; print the tokens as they arrive, then time to first token,
+    tokens/s and each stage's compute against the plan's."""
+    import sys
+
+    from edgesplit.cli.serving import _data_plane
+    from edgesplit.plan import load_plan
+    from edgesplit.runtime.llm_client import LLMClient
+    from edgesplit.runtime.llm_report import generation_report
+    from edgesplit.transport import read_token
+
+    plan = load_plan(plan_path)
+    prompt = _prompt(plan, prompt_ids, prompt_tokens, seed)
+    count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)
+    client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
+                       tls=tls_files(None, None, tls_ca), timeout_s=timeout_s, retries=retries,
+                       data_plane=_data_plane(data_plane))
+    got = []
+    with client:
+        for t in client.generate(prompt, count):
+            got.append(t)
+            if not as_json:  # each token as it arrives
+                sys.stdout.write(f"{t.token}{' ' if t.index + 1 < count else chr(10)}")
+                sys.stdout.flush()
+        client.end_session()
+    doc = generation_report(plan, prompt, got, session=client.session,
+                            data_plane=client.data_plane)
+    if as_json:
+        emit_json(doc)
+        return
+    from edgesplit.report.llm_tables import llm_generation_table
+
+    out.print(llm_generation_table(doc))
+
+
+def _prompt(plan, prompt_ids: str | None, prompt_tokens: int | None, seed: int) -> list[int]:
+    """--prompt-ids, or a seeded random prompt of --prompt-tokens (default the plan's)."""
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.llm_stage import llm_section
+
+    llm = llm_section(plan)
+    if prompt_ids is not None and prompt_tokens is not None:
+        raise ConfigError("give --prompt-ids or --prompt-tokens, not both")
+    if prompt_ids is not None:
+        try:
+            return [int(x) for x in prompt_ids.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise ConfigError(f"--prompt-ids takes comma-separated token ids, not "
+                              f"{prompt_ids!r}") from None
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    n = prompt_tokens or llm.prompt_tokens
+    return torch.randint(0, llm.vocab_size, (n,), generator=g).tolist()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 
 from edgesplit.plan import LLMPlanning, Plan
 from edgesplit.report.format import human_bytes
 
-__all__ = ["llm_methods_table", "llm_stages_table"]
+__all__ = ["llm_generation_table", "llm_methods_table", "llm_stages_table"]
 
 
 def _blocks(first: str, last: str, count: int) -> str:
@@ -75,4 +77,34 @@ def llm_methods_table(result: LLMPlanning) -> Table:
                       f"{p.tpot_ms:.3f}", f"{p.request_ms:.1f}", f"{p.tokens_per_s:.1f}",
                       f"{p.pipeline_tokens_per_s:.1f}", ratio,
                       "yes" if p.feasible else "no: " + ", ".join(over))
+    return table
+
+
+def _ms(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def llm_generation_table(doc: dict[str, Any]) -> Table:
+    """A generation (``llm generate``'s document): per stage its measured compute in the
+    prefill and per decode step next to the plan's, and its codec time; TTFT and tokens/s
+    against the plan's in the caption."""
+    p = doc["predicted"]
+    rate = doc["tokens_per_s"]
+    table = Table(
+        title=f"{doc['model']} ({doc['method']}): prompt {doc['prompt_tokens']} tokens, "
+              f"{doc['new_tokens']} new (plan: prompt {p['prompt_tokens']}); steps over "
+              f"{doc['data_plane']}",
+        caption=f"TTFT {doc['ttft_ms']:.2f} ms (plan {p['ttft_ms']:.2f}), "
+                f"{'-' if rate is None else f'{rate:.1f}'} tokens/s "
+                f"(plan {p['tokens_per_s']:.1f}), TPOT {_ms(doc['tpot_ms'], 3)} ms "
+                f"(plan {p['tpot_ms']:.3f})")
+    for col in ("device", "blocks", "prefill ms", "plan prefill ms", "decode ms",
+                "plan decode ms", "codec ms / step"):
+        table.add_column(col, justify="left" if col in ("device", "blocks") else "right")
+    for s in doc["stages"]:
+        blocks = s["blocks"]
+        table.add_row(s["device"], _blocks(blocks[0], blocks[-1], len(blocks)) if blocks
+                      else _blocks("", "", 0), _ms(s["prefill_ms"]),
+                      _ms(s["predicted_prefill_ms"]), _ms(s["decode_ms"], 3),
+                      _ms(s["predicted_decode_ms"], 3), _ms(s["serialize_ms"], 3))
     return table

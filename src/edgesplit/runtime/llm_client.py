@@ -85,13 +85,18 @@ class LLMClient:
         self.remote = head_stage(self.llm) > 0
         if self.remote and address is None:
             raise ConfigError(f"the chain continues at {plan.devices[1].name!r}: give its "
-                              f"server's address ({option('address', flag='--address')} "
+                              f"server's address ({option('address', flag='--server')} "
                               "HOST:PORT, where `edgesplit llm serve` listens)")
         self.address = address if isinstance(address, str) else "in-process"
         self._hop = Hop(address, llm_message_bytes(self.llm), tls, data_plane) \
             if self.remote and address is not None else None
         self._ids = iter(range(1, 1 << 62))
         self._checked = False
+
+    @property
+    def data_plane(self) -> str:
+        """How steps travel: "tcp HOST:PORT", "grpc", or "local" (one device holds it all)."""
+        return "local" if self._hop is None else self._hop.data_plane
 
     def close(self) -> None:
         if self._hop is not None:
