@@ -14,6 +14,7 @@ from edgesplit.cli._app import (
     TOKEN_HELP,
     app,
     emit_json,
+    err,
     out,
     tls_files,
     user_errors,
@@ -26,6 +27,10 @@ llm_app = typer.Typer(no_args_is_help=True,
 app.add_typer(llm_app, name="llm")
 
 _WORKLOAD = "Workload"
+_EMULATE_HELP = ("Compute emulation: each step of this device's stage lasts what the plan "
+                 "predicts for it (prefill or decode), so this machine runs at the speed of "
+                 "the device preset it was planned with (it cannot speed up a slower one).")
+_NO_SHAPE_HELP = "Do not emulate the plan's links (each send waits its bandwidth and RTT)."
 
 
 @llm_app.command("plan")
@@ -112,6 +117,8 @@ def serve(
                                   "frames beside gRPC; 0: any free port; off: none)."),
     data_plane: str = typer.Option("auto", "--data-plane", help="How to call --next: auto "
                                    "(its data plane if it has one), grpc or tcp."),
+    emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
+    no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
 ) -> None:
     """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
     plan names, one KV cache per client session (up to the plan's max context)."""
@@ -125,7 +132,10 @@ def serve(
     server = LLMStageServer(plan, device, next_address=next_hop, token=token,
                             tls=tls_files(tls_cert, tls_key, tls_ca), max_sessions=max_sessions,
                             max_workers=workers, data_port=_data_port(data_port),
-                            data_plane=_data_plane(data_plane))
+                            data_plane=_data_plane(data_plane), emulate=emulate_device,
+                            shape=not no_shape)
+    if server.pacer is not None:
+        _say_emulating(plan, server.device)
     bound = server.start(host, port)
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
@@ -161,6 +171,8 @@ def generate(
                                    "plane if it has one), grpc or tcp."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (no "
                                                        "streaming)."),
+    emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
+    no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
 ) -> None:
     """Generate greedily with an LLM plan: run its first stage here, the rest on the `llm
     serve` chain at --server; print the tokens as they arrive, then time to first token,
@@ -178,7 +190,10 @@ def generate(
     count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)
     client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca), timeout_s=timeout_s, retries=retries,
-                       data_plane=_data_plane(data_plane))
+                       data_plane=_data_plane(data_plane), emulate=emulate_device,
+                       shape=not no_shape)
+    if client.pacer is not None:
+        _say_emulating(plan, client.device)
     got = []
     with client:
         for t in client.generate(prompt, count):
@@ -195,6 +210,18 @@ def generate(
     from edgesplit.report.llm_tables import llm_generation_table
 
     out.print(llm_generation_table(doc))
+
+
+def _say_emulating(plan, device: str) -> None:
+    """One line on stderr: which preset this stage emulates, and its targets."""
+    stage = next(s for s in plan.llm.stages if s.device == device)
+    preset = next(d.device.name for d in plan.devices if d.name == device)
+    if stage.start == stage.end:
+        err.print(f"--emulate-device: {device} holds no blocks in this plan (it only relays)")
+        return
+    err.print(f"emulating {device} ({preset}): prefill {stage.prefill_ms:.2f} ms (for "
+              f"{plan.llm.prompt_tokens} prompt tokens), decode {stage.decode_ms:.2f} ms a "
+              "step")
 
 
 def _prompt(plan, prompt_ids: str | None, prompt_tokens: int | None, seed: int) -> list[int]:

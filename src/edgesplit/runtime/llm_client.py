@@ -5,6 +5,9 @@ chain one step at a time, yielding each token as soon as its step returns.
 Greedy decoding: the prefill sends the prompt, each decode step the previous token; every
 stage adds the step's positions to its own KV cache for this client's session. The tokens are
 exactly those of single-process ``model.generate(do_sample=False)`` on the same weights.
+
+``emulate=True`` paces the first stage to the plan's times and ``shape`` (on by default) makes
+its sends take the plan's first link (:mod:`edgesplit.runtime.llm_emulation`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import grpc
 import torch
@@ -22,6 +25,7 @@ from torch import nn
 from edgesplit.errors import ConfigError, ContextLimitError, RemoteError, option
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.llm_emulation import Phase, StagePacer, phase_of, stage_links
 from edgesplit.runtime.llm_server import head_stage, llm_message_bytes
 from edgesplit.runtime.llm_sessions import LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
@@ -42,17 +46,18 @@ from edgesplit.transport import (
     bearer_metadata,
     explain,
 )
+from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["GeneratedToken", "LLMClient"]
 
-Phase = Literal["prefill", "decode"]
 
 
 @dataclass
 class GeneratedToken:
     """One generated token: its index in the generation, the step that made it (``prefill``
     for the first), when it arrived since the generation started and how long its step took,
-    and each stage's compute and codec time in that step (by device)."""
+    and each stage's compute and codec time in that step (by device), and, where a stage
+    emulates its device, the part of its compute it slept."""
 
     index: int
     token: int
@@ -61,19 +66,23 @@ class GeneratedToken:
     step_ms: float
     compute_ms: dict[str, float] = field(default_factory=dict)
     serialize_ms: dict[str, float] = field(default_factory=dict)
+    emulated_ms: dict[str, float] = field(default_factory=dict)
 
 
 class LLMClient:
     """The first stage of ``plan`` plus a caller of the second device at ``address`` (not
     needed when the first device holds every block). ``session`` names this client's KV
     caches on every stage (default: a random id). ``model``: the transformers model to take
-    the first stage's blocks from (default: built from the plan's source)."""
+    the first stage's blocks from (default: built from the plan's source). ``emulate``: the
+    first stage lasts the plan's time per phase; ``shape``: its sends take the plan's link
+    time."""
 
     def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
                  session: str | None = None, token: str | None = None,
                  tls: TlsFiles | None = None, timeout_s: float = 60.0, retries: int = 0,
                  retry_backoff_s: float = 0.2, data_plane: DataPlane = "auto",
-                 model: nn.Module | None = None) -> None:
+                 model: nn.Module | None = None, emulate: bool = False,
+                 shape: bool = True) -> None:
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
         self.stage = LLMStageModel(plan, 0, model)
         self.device = plan.devices[0].name
@@ -90,6 +99,8 @@ class LLMClient:
         self.address = address if isinstance(address, str) else "in-process"
         self._hop = Hop(address, llm_message_bytes(self.llm), tls, data_plane) \
             if self.remote and address is not None else None
+        self.pacer = StagePacer.of(plan, 0) if emulate else None
+        self.shaper = LinkShaper(stage_links(plan, 0)[1] if self.remote else None, shape)
         self._ids = iter(range(1, 1 << 62))
         self._checked = False
 
@@ -133,10 +144,10 @@ class LLMClient:
         x, position = ids, 0
         for index in range(new_tokens):
             t0 = time.perf_counter()
-            token, compute, codec = self._step(x, position)
+            token, compute, codec, slept = self._step(x, position)
             now = time.perf_counter()
             yield GeneratedToken(index, token, "prefill" if index == 0 else "decode",
-                                 (now - start) * 1e3, (now - t0) * 1e3, compute, codec)
+                                 (now - start) * 1e3, (now - t0) * 1e3, compute, codec, slept)
             position += int(x.shape[1])
             x = torch.tensor([[token]], dtype=torch.int64)
 
@@ -150,21 +161,26 @@ class LLMClient:
 
     # ---- one step ----------------------------------------------------------------------------
     def _step(self, x: torch.Tensor, position: int
-              ) -> tuple[int, dict[str, float], dict[str, float]]:
+              ) -> tuple[int, dict[str, float], dict[str, float], dict[str, float]]:
         compute: dict[str, float] = {}
         codec: dict[str, float] = {}
+        slept: dict[str, float] = {}
         with self.sessions.step(self.session, position, int(x.shape[1])) as state:
             t0 = time.perf_counter()
             out = self.stage.step(x, position, state.cache)
+            if self.pacer is not None:  # the time slept is part of the compute
+                slept[self.device] = self.pacer.pace(t0, phase_of(position))
             compute[self.device] = (time.perf_counter() - t0) * 1e3
             if self._hop is None:
-                return int(out.reshape(-1)[0]), compute, codec
+                return int(out.reshape(-1)[0]), compute, codec, slept
             t1 = time.perf_counter()
             request_id = next(self._ids)
             step = message(self.plan_id, PLAN_VERSION, request_id,
                            {self.stage.io.sends: out,
                             POSITION: torch.tensor([position], dtype=torch.int64)})
             codec[self.device] = (time.perf_counter() - t1) * 1e3
+            if self.shaper.enabled:
+                self.shaper.send(self._hop.wire_size(step), "up")
             reply = self._call(lambda timeout, md: self._hop.run(step, timeout, md))
             token = self._token(reply, request_id)
         for key, ms in reply.timings_ms.items():
@@ -173,7 +189,9 @@ class LLMClient:
                 compute[device] = compute.get(device, 0.0) + ms
             elif kind == "serialize_ms":
                 codec[device] = codec.get(device, 0.0) + ms
-        return token, compute, codec
+            elif kind == "emulated_ms":
+                slept[device] = slept.get(device, 0.0) + ms
+        return token, compute, codec, slept
 
     def _token(self, reply: Message, request_id: int) -> int:
         names = [t.name for t in reply.tensors]

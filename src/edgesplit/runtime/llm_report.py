@@ -5,7 +5,8 @@ Time to first token is the prefill step as the client saw it; tokens/s is the de
 (the tokens after the first over the time after the first), as the plan's ``tokens_per_s``
 (1 / TPOT). Per stage: its compute in the prefill and its mean compute per decode step, next
 to the plan's ``prefill_ms`` / ``decode_ms`` (priced for the plan's prompt length), and its
-codec time (encode and decode of what it sends and receives).
+codec time (encode and decode of what it sends and receives). A stage emulating its device
+(``--emulate-device``) also says how much of its prefill and decode compute it slept.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def generation_report(plan: Plan, prompt: Sequence[int], tokens: Sequence[Genera
     stages = []
     for stage in served:
         d = stage.device
-        stages.append({
+        row: dict[str, Any] = {
             "device": d,
             "blocks": stage.blocks,
             "prefill_ms": tokens[0].compute_ms.get(d, 0.0),
@@ -49,7 +50,11 @@ def generation_report(plan: Plan, prompt: Sequence[int], tokens: Sequence[Genera
             "serialize_ms": _mean([t.serialize_ms.get(d, 0.0) for t in tokens]),
             "predicted_prefill_ms": stage.prefill_ms,
             "predicted_decode_ms": stage.decode_ms,
-        })
+        }
+        if any(d in t.emulated_ms for t in tokens):
+            row["emulated_prefill_ms"] = tokens[0].emulated_ms.get(d, 0.0)
+            row["emulated_decode_ms"] = _mean([t.emulated_ms.get(d, 0.0) for t in decode])
+        stages.append(row)
     return {
         "version": GENERATE_VERSION,
         "model": plan.model.name,

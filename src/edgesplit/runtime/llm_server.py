@@ -12,6 +12,9 @@ A session's error is its request's status: past the max context OUT_OF_RANGE, un
 never started) or out of step ABORTED; a malformed request INVALID_ARGUMENT; another plan
 FAILED_PRECONDITION. A failed step leaves every session as it was.
 
+With ``emulate=True`` each step lasts what the plan predicts for the stage in its phase, and
+links are shaped to the plan's unless ``shape=False`` (:mod:`edgesplit.runtime.llm_emulation`).
+
 Not the layer ``PartitionServer`` itself: that one checks each tensor against a captured
 LayerGraph's fixed shapes and batches across requests, while a stage's tensors grow with the
 prompt and its state is a per-session cache that must not be silently recreated.
@@ -31,6 +34,7 @@ from torch import nn
 from edgesplit.errors import ConfigError, RemoteError, SessionError, option
 from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.llm_emulation import StagePacer, phase_of, stage_links
 from edgesplit.runtime.llm_sessions import LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 from edgesplit.runtime.llm_wire import (
@@ -57,6 +61,7 @@ from edgesplit.transport import (
 )
 from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
 from edgesplit.transport.loopback import Aborted
+from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
 
@@ -126,14 +131,17 @@ class LLMStageServer(GrpcServer):
     ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
     what its memory was planned for), the least recently used evicted first. ``model``: the
     transformers model to take the stage's blocks from (default: built from the plan's
-    source, as every device does). The data plane opens on ``data_port`` (None: none)."""
+    source, as every device does). The data plane opens on ``data_port`` (None: none).
+    ``emulate``: each step lasts the plan's prefill/decode time for this stage; ``shape``: its
+    sends and replies take the plan's link time."""
 
     def __init__(self, plan: Plan, device: str, *,
                  next_address: str | LoopbackChannel | None = None, token: str | None = None,
                  tls: TlsFiles | None = None, max_sessions: int | None = None,
                  max_workers: int = 8, next_timeout_s: float = 60.0,
                  data_port: int | None = 0, data_plane: DataPlane = "auto",
-                 model: nn.Module | None = None) -> None:
+                 model: nn.Module | None = None, emulate: bool = False,
+                 shape: bool = True) -> None:
         llm = llm_section(plan)
         index = stage_index(plan, device)
         self.device = plan.devices[index].name
@@ -159,6 +167,10 @@ class LLMStageServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
                                                       data_plane)
+        self.pacer = StagePacer.of(plan, index) if emulate else None
+        before, after = stage_links(plan, index)
+        self.upstream = LinkShaper(before, shape)  # replies, towards the caller
+        self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
         self._want_data_port = data_port
         self._frames: FrameServer | None = None
         self.data_port: int | None = None
@@ -230,6 +242,9 @@ class LLMStageServer(GrpcServer):
             with self.sessions.step(session, position, int(x.shape[1])) as state:
                 t0 = time.perf_counter()
                 out = self.stage.step(x, position, state.cache)
+                if self.pacer is not None:  # the time slept is part of the compute
+                    timings[f"{self.device}.emulated_ms"] = self.pacer.pace(
+                        t0, phase_of(position))
                 timings[f"{self.device}.compute_ms"] = (time.perf_counter() - t0) * 1e3
                 if self._next is None:
                     token = out
@@ -238,8 +253,11 @@ class LLMStageServer(GrpcServer):
                     timings.update(more)
         except SessionError as exc:
             raise session_status(exc) from None
-        return message(self.plan_id, PLAN_VERSION, request.request_id, {TOKEN: token},
-                       timings)
+        reply = message(self.plan_id, PLAN_VERSION, request.request_id, {TOKEN: token},
+                        timings)
+        if self.upstream.enabled:  # the token's way back to the caller
+            self.upstream.send(reply.to_frame(REPLY).nbytes(), "down")
+        return reply
 
     def _check_plan(self, request: pb.Bundle | Message) -> None:
         if request.plan_id != self.plan_id or request.plan_version != PLAN_VERSION:
@@ -266,6 +284,9 @@ class LLMStageServer(GrpcServer):
                        {self.stage.io.sends: out,
                         POSITION: torch.tensor([position], dtype=torch.int64)})
         serialize_ms = (time.perf_counter() - t0) * 1e3
+        if self.downstream.enabled:
+            assert self._next is not None
+            self.downstream.send(self._next.wire_size(step), "up")
         reply = self._call_next(step, context)
         names = [t.name for t in reply.tensors]
         if names != [TOKEN]:
