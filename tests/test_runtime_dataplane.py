@@ -423,3 +423,49 @@ def test_a_repeated_meta_is_parsed_once_and_a_changed_one_anew():
             assert frame.meta == meta and bytes(frame.parts[0]) == b"abc"
             seen.append(frame.meta)
     assert seen[1] is seen[0] and seen[2] is not seen[1]
+
+
+def test_a_frame_the_kernel_takes_in_pieces_arrives_whole():
+    """sendmsg may take part of a frame (a send timeout, a full buffer): the rest follows,
+    from the right byte of the right part, memoryviews of other formats included."""
+    from edgesplit.transport.frames import _Inbox, write_frame
+
+    class Trickle:  # a socket whose kernel takes at most 7 bytes a call
+        def __init__(self) -> None:
+            self.out = bytearray()
+
+        def sendmsg(self, buffers):
+            data = b"".join(bytes(memoryview(b).cast("B")) for b in buffers)[:7]
+            self.out += data
+            return len(data)
+
+    floats = memoryview(bytearray(struct.pack("<4f", 1, 2, 3, 4))).cast("f")
+    frame = Frame(CALL, 9, {"names": ["a", "b", "c"]}, [b"xyz" * 11, b"", floats])
+    sock = Trickle()
+    assert write_frame(sock, frame) == len(sock.out)  # type: ignore[arg-type]
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(sock.out)
+        got = read_frame(b, _Inbox(), 1 << 20)
+    assert [bytes(p) for p in got.parts] == [b"xyz" * 11, b"", floats.tobytes()]
+    assert got.request_id == 9 and got.meta == {"names": ["a", "b", "c"]}
+
+
+def test_timings_travel_as_a_binary_part_and_bad_ones_are_refused():
+    message = Message("p", 1, 3, [Part("y", b"abc")], {"cloud.compute_ms": 1.5, "x_ms": 2.0})
+    frame = message.to_frame(REPLY)
+    assert frame.meta["timings"] == ["cloud.compute_ms", "x_ms"] and len(frame.parts) == 2
+    back = Message.from_frame(frame)
+    assert back.timings_ms == message.timings_ms and [p.name for p in back.tensors] == ["y"]
+    legacy = Frame(REPLY, 3, {"plan_id": "p", "plan_version": 1, "names": ["y"],
+                              "timings_ms": {"a": 1}}, [b"abc"])  # the first data plane's
+    assert Message.from_frame(legacy).timings_ms == {"a": 1.0}
+    for meta, parts, text in [
+            ({"names": ["y"], "timings": ["a", "b"]}, [b"abc", b"\0" * 8], "need 16 bytes"),
+            ({"names": ["y"], "timings": []}, [b"abc", b""], "timings must name"),
+            ({"names": ["y"], "timings": [1]}, [b"abc", b"\0" * 8], "timings must name"),
+            ({"names": ["y"], "timings": ["a"]}, [b"abc"], "names do not match")]:
+        with pytest.raises(Exception, match=text) as info:
+            Message.from_frame(Frame(REPLY, 3, {"plan_id": "p", "plan_version": 1, **meta},
+                                     parts))
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT

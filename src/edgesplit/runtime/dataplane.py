@@ -12,6 +12,7 @@ port and then sends ``Run`` as frames there, or over gRPC when there is none (``
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import BadRequest, LoopbackChannel, LoopbackError, TlsFiles, open_channel
-from edgesplit.transport.frames import CALL, Buffer, Frame, FrameClient, encode_meta
+from edgesplit.transport.frames import CALL, Buffer, Frame, FrameClient, MetaCache
 
 __all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "split_address"]
 
@@ -64,29 +65,65 @@ class Message:
         return bundle
 
     def to_frame(self, kind: int = CALL, **meta: Any) -> Frame:
+        """The message as a frame: names in the meta, tensors as parts, and the timings as
+        their names in the meta plus one last part of float64 values (so that the meta of a
+        server's answers repeats call after call, and is encoded and parsed once)."""
         meta.update(plan_id=self.plan_id, plan_version=self.plan_version,
                     names=[p.name for p in self.tensors])
+        parts = [p.data for p in self.tensors]
         if self.timings_ms:
-            meta["timings_ms"] = self.timings_ms
-        return Frame(kind, self.request_id, meta, [p.data for p in self.tensors])
+            meta["timings"] = list(self.timings_ms)
+            parts.append(struct.pack(f"<{len(self.timings_ms)}d", *self.timings_ms.values()))
+        return Frame(kind, self.request_id, meta, parts)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Message:
-        """A frame's message, its fields checked (a hostile peer wrote them): BadRequest."""
-        meta = frame.meta
-        names, timings = meta.get("names", []), meta.get("timings_ms", {})
-        plan, version = meta.get("plan_id", ""), meta.get("plan_version", 0)
-        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)
-                and len(names) == len(frame.parts)):
-            raise _malformed("the tensor names do not match its parts")
-        if not (isinstance(plan, str) and isinstance(version, int) and version >= 0):
-            raise _malformed("plan_id must be a string and plan_version a count")
-        if not (isinstance(timings, dict) and all(
-                isinstance(k, str) and isinstance(v, int | float) for k, v in timings.items())):
-            raise _malformed("timings_ms must map names to numbers")
-        return cls(plan, version, frame.request_id,
-                   [Part(n, d) for n, d in zip(names, frame.parts, strict=True)],
-                   {k: float(v) for k, v in timings.items()})
+        """A frame's message, its fields checked (a hostile peer wrote them): BadRequest. A
+        meta seen last time (the same object: a connection parses a repeated one once) is not
+        checked again."""
+        global _last_meta, _last_parts
+        meta, parts = frame.meta, frame.parts
+        names, timing_names = meta.get("names", []), meta.get("timings")
+        if _last_meta is not meta or _last_parts != len(parts):
+            _check(meta, len(parts))
+            _last_meta, _last_parts = meta, len(parts)
+        timings: dict[str, float]
+        if timing_names is None:  # a peer that sends them in the meta (the first data plane)
+            timings = {k: float(v) for k, v in meta.get("timings_ms", {}).items()}
+        elif len(parts[-1]) != 8 * len(timing_names):
+            raise _malformed(f"{len(timing_names)} timings need {8 * len(timing_names)} bytes, "
+                             f"the part has {len(parts[-1])}")
+        else:
+            values = struct.unpack(f"<{len(timing_names)}d", parts[-1])
+            timings = dict(zip(timing_names, values, strict=True))
+        return cls(meta.get("plan_id", ""), meta.get("plan_version", 0), frame.request_id,
+                   [Part(n, d) for n, d in zip(names, parts, strict=False)], timings)
+
+
+# the last meta found well formed, and its frame's part count (compared by identity: frames
+# read off one connection share the object of a repeated meta; once replaced, it is rechecked)
+_last_meta: dict[str, Any] | None = None
+_last_parts = -1
+
+
+def _check(meta: dict[str, Any], n_parts: int) -> None:
+    names, timing_names = meta.get("names", []), meta.get("timings")
+    plan, version = meta.get("plan_id", ""), meta.get("plan_version", 0)
+    n_timing_parts = 0 if timing_names is None else 1
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)
+            and len(names) + n_timing_parts == n_parts):
+        raise _malformed("the tensor names do not match its parts")
+    if not (isinstance(plan, str) and isinstance(version, int) and version >= 0):
+        raise _malformed("plan_id must be a string and plan_version a count")
+    if timing_names is not None:
+        if not (isinstance(timing_names, list) and timing_names
+                and all(isinstance(k, str) for k in timing_names)):
+            raise _malformed("timings must name one or more timings")
+        return
+    timings = meta.get("timings_ms", {})
+    if not (isinstance(timings, dict) and all(
+            isinstance(k, str) and isinstance(v, int | float) for k, v in timings.items())):
+        raise _malformed("timings_ms must map names to numbers")
 
 
 def _malformed(what: str) -> BadRequest:
@@ -119,7 +156,7 @@ class Hop:
         self.frames: FrameClient | None = None
         self._resolved = False
         self._lock = threading.Lock()
-        self._last_meta: tuple[dict[str, Any], bytes] = ({}, b"")
+        self._metas = MetaCache()
 
     @property
     def data_plane(self) -> str:
@@ -167,14 +204,9 @@ class Hop:
                 self.describe(timeout, metadata)
 
     def _frame(self, message: Message, timeout: float | None, metadata: Metadata) -> Frame:
-        """The call's frame, its meta encoded once for as long as it repeats: a client's
-        calls differ only in their id and tensors."""
+        """The call's frame, its meta encoded once for as long as it repeats."""
         pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
-        frame = message.to_frame(metadata=pairs, timeout_s=timeout)
-        if frame.meta != self._last_meta[0]:
-            self._last_meta = (frame.meta, encode_meta(frame.meta))
-        frame.meta_json = self._last_meta[1]
-        return frame
+        return self._metas.fill(message.to_frame(metadata=pairs, timeout_s=timeout))
 
     def wire_size(self, message: Message) -> int:
         """The bytes ``message`` takes on the way ``run`` sends it (what a shaper charges)."""

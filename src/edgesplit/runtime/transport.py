@@ -48,7 +48,14 @@ from edgesplit.transport import (
     remaining_timeout,
     serve_forever,
 )
-from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
+from edgesplit.transport.frames import (
+    REPLY,
+    Frame,
+    FrameContext,
+    FrameServer,
+    MetaCache,
+    failure,
+)
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
 
@@ -239,6 +246,8 @@ class PartitionServer(GrpcServer):
         self._want_data_port = None if program.kind == "star" else data_port
         self.data_port: int | None = None
         self._slots = threading.BoundedSemaphore(max_workers)  # the data plane's workers
+        self._token_checked: object = None  # the call metadata last found to hold the token
+        self._reply_metas = MetaCache()
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             _Servicer(self), server), self.limit, max_workers)
 
@@ -336,12 +345,15 @@ class PartitionServer(GrpcServer):
         """Answer one data-plane call: the same checks, errors and work as over gRPC."""
         call = cast(grpc.ServicerContext, context)  # the part of it our servicers use
         try:
-            self.check_token(call)
+            metadata = context.invocation_metadata()
+            if metadata is not self._token_checked:  # a connection's repeated metadata
+                self.check_token(call)                # is one object, checked once
+                self._token_checked = metadata
             reply = answer(call, lambda: self._handle_slot(frame, call), self.failure)
         except Aborted:
             return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
                            context.details)
-        out = reply.to_frame(REPLY)
+        out = self._reply_metas.fill(reply.to_frame(REPLY))
         if self.upstream.enabled:
             self.upstream.send(out.nbytes(), "down")
         return out
@@ -538,9 +550,12 @@ class ChainClient:
         remote = self._decode_reply(reply)
         serialize_ms += (time.perf_counter() - t1) * 1e3
         total = (time.perf_counter() - start) * 1e3
-        hops = dict(reply.timings_ms)
-        remote_ms = sum(v for k, v in hops.items() if k.endswith(".compute_ms"))
-        serialize_ms += sum(v for k, v in hops.items() if k.endswith(".serialize_ms"))
+        hops, remote_ms = reply.timings_ms, 0.0
+        for key, ms in hops.items():
+            if key.endswith(".compute_ms"):
+                remote_ms += ms
+            elif key.endswith(".serialize_ms"):
+                serialize_ms += ms
         outputs = tuple(local.get(t, remote.get(t)) for t in self.program.outputs)
         if any(o is None for o in outputs):
             raise RemoteError("the chain did not return every model output")

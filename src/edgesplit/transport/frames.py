@@ -40,7 +40,7 @@ from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
 
 __all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "FrameServer",
-           "encode_meta", "read_frame", "write_frame"]
+           "MetaCache", "encode_meta", "read_frame", "write_frame"]
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
@@ -76,6 +76,23 @@ def encode_meta(meta: dict[str, Any]) -> bytes:
     return json.dumps(meta, separators=(",", ":")).encode()
 
 
+class MetaCache:
+    """One sender's last meta and its JSON, reused while the next frame's meta equals it: a
+    client's calls, and a server's answers, differ only in their ids and parts (comparing two
+    small dicts costs a fraction of encoding one, in the cold path after compute)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[dict[str, Any], bytes] = ({}, b"{}")
+
+    def fill(self, frame: Frame) -> Frame:
+        """``frame`` with its meta's JSON set (from the cache when it repeats)."""
+        last = self._last
+        if frame.meta != last[0]:
+            last = self._last = (frame.meta, encode_meta(frame.meta))
+        frame.meta_json = last[1]
+        return frame
+
+
 class FrameTooLarge(Exception):
     """A frame whose header declares more than the receiver's limit: nothing of it is read."""
 
@@ -88,26 +105,36 @@ class _Closed(Exception):
 def write_frame(sock: socket.socket, frame: Frame) -> int:
     """Send ``frame`` (one scatter-gather write where the kernel takes it all); its size."""
     meta = frame.encoded_meta()
-    sizes = [len(p) for p in frame.parts]
-    rest = 8 * len(sizes) + len(meta) + sum(sizes)
+    # byte sizes (a memoryview's len counts items); the parts go out as they are
+    sizes = [p.nbytes if type(p) is memoryview else len(p) for p in frame.parts]
+    total = _HEADER.size + 8 * len(sizes) + len(meta) + sum(sizes)
     head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
-                        len(sizes), rest)
+                        len(sizes), total - _HEADER.size)
     head += struct.pack(f"<{len(sizes)}Q", *sizes) + meta
-    buffers = [memoryview(head), *(memoryview(p).cast("B") for p in frame.parts if len(p))]
-    total = sum(b.nbytes for b in buffers)
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg through TLS: one record stream
-        for b in buffers:
-            sock.sendall(b)
+        sock.sendall(head)
+        for p in frame.parts:
+            sock.sendall(p)
         return total
-    while buffers:
-        sent = sock.sendmsg(buffers[:_IOV_MAX])
-        while sent and buffers:  # drop what went out, keep the rest of a partial buffer
-            if sent >= buffers[0].nbytes:
-                sent -= buffers[0].nbytes
-                buffers.pop(0)
-            else:
-                buffers[0], sent = buffers[0][sent:], 0
+    buffers = [head, *frame.parts]
+    sent = sock.sendmsg(buffers[:_IOV_MAX])
+    if sent < total:  # the kernel took part of it (a timeout, a large frame): send the rest
+        _send_rest(sock, buffers, sent)
     return total
+
+
+def _send_rest(sock: socket.socket, buffers: list[Buffer], sent: int) -> None:
+    """Send what ``sent`` bytes of ``buffers`` left over, in byte-addressed pieces."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        while sent and views:  # drop what went out, keep the rest of a partial buffer
+            if sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0], sent = views[0][sent:], 0
+        if views:
+            sent = sock.sendmsg(views[:_IOV_MAX])
 
 
 def _recv_into(sock: socket.socket, view: memoryview, at_start: bool = False,
@@ -139,6 +166,8 @@ class _Inbox:
         # JSON costs tens of microseconds in the cold path after compute
         self.meta_raw: bytes = b""
         self.meta: dict[str, Any] = {}
+        # a server's last call meta found well formed, and its metadata as pairs
+        self.checked: tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]] = (None, ())
 
     def bound_to(self, sock: socket.socket, seconds: float | None) -> None:
         """:func:`_bound` the connection to ``seconds``, unless it is bound within a
@@ -366,23 +395,29 @@ class FrameServer:
                 return False
             self._busy += 1
         try:
-            reply = self._handle(conn, frame)
+            reply = self._handle(conn, frame, inbox)
         finally:
             with self._idle:
                 self._busy -= 1
-                self._idle.notify_all()
+                if self._stopping:  # only stop() waits on it
+                    self._idle.notify_all()
         write_frame(conn, reply)
         return True
 
-    def _handle(self, conn: socket.socket, frame: Frame) -> Frame:
+    def _handle(self, conn: socket.socket, frame: Frame, inbox: _Inbox) -> Frame:
         meta = frame.meta
-        metadata = meta.get("metadata", [])
         timeout = meta.get("timeout_s")
-        if frame.kind != CALL or not _pairs(metadata) or not (
-                timeout is None or (isinstance(timeout, int | float) and timeout >= 0)):
+        if inbox.checked[0] is not meta:  # a repeated meta is the same object, checked once
+            metadata = meta.get("metadata", [])
+            if not _pairs(metadata) or not (
+                    timeout is None or (isinstance(timeout, int | float) and timeout >= 0)):
+                return failure(frame.request_id, grpc.StatusCode.INVALID_ARGUMENT,
+                               "malformed call frame (kind, metadata or timeout)")
+            inbox.checked = (meta, tuple((k, v) for k, v in metadata))
+        if frame.kind != CALL:
             return failure(frame.request_id, grpc.StatusCode.INVALID_ARGUMENT,
                            "malformed call frame (kind, metadata or timeout)")
-        context = FrameContext(conn, [tuple(p) for p in metadata], timeout)
+        context = FrameContext(conn, inbox.checked[1], timeout)
         try:
             return self.handler(frame, context)
         finally:
