@@ -28,8 +28,9 @@ memory-proportional and the best single device. Goals (issue 20): the DP's token
 memory-proportional's, and never below the best single device's.
 
 Quiet machine: refuses to start above a 1-minute load of 1.0 (``--allow-load`` for a trial
-run, with ``--out`` elsewhere); the load is recorded before and after. Writes llm.md and
-llm.json (to benchmarks/results/ by default). ``--quick``: a smoke run (short workload, one
+run, with ``--out`` elsewhere); the load is recorded before and after. Writes llm.md,
+llm.json and llm.png (measured against planned, by method; to benchmarks/results/ by
+default). ``--quick``: a smoke run (short workload, one
 generation, no warm-up) in a few seconds.
 
     python benchmarks/bench_llm.py [--quick] [--repeats 3] [--out DIR] [--allow-load X]
@@ -54,6 +55,7 @@ from edgesplit.hardware.profile import machine_info
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan import LLMWorkload, plan_llm
 from edgesplit.plan.model import Plan
+from edgesplit.report.plots import plot_llm_methods
 from edgesplit.runtime.llm_client import LLMClient
 from edgesplit.runtime.llm_report import generation_report
 from edgesplit.runtime.llm_server import LLMStageServer, head_stage
@@ -309,6 +311,10 @@ def write(doc: dict[str, Any], out: Path) -> None:
     (out / "llm.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = render(doc)
     (out / "llm.md").write_text("\n".join(lines) + "\n")
+    w = doc["workload"]
+    plot_llm_methods(doc["methods"], out / "llm.png",
+                     title=f"{doc['model']} over {doc['topology']}: prompt {w['prompt_tokens']}, "
+                           f"{w['new_tokens']} new tokens (bars measured, lines planned)")
     print("\n".join(lines))
 
 

@@ -153,3 +153,15 @@ def test_search_progress_and_accuracy_latency_figures(tmp_path):
     assert_png(plot_accuracy_latency(points, tmp_path / "fig6.png"))
     with pytest.raises(ConfigError, match="no history"):
         plot_search_progress({"x": {"history": [], "latency_budget_ms": 1}}, tmp_path / "x.png")
+
+
+def test_llm_methods_figure(tmp_path):
+    from edgesplit.report.plots import plot_llm_methods
+
+    methods = {name: {"tokens_per_s": rate, "ttft_ms": ttft,
+                      "predicted": {"tokens_per_s": rate * 1.05, "ttft_ms": ttft * 0.97}}
+               for name, rate, ttft in (("dp", 29.0, 133.0), ("memory_proportional", 11.3, 365.0),
+                                        ("single_device", 11.4, 97.0))}
+    assert_png(plot_llm_methods(methods, tmp_path / "llm.png", title="llama_1b"))
+    with pytest.raises(ConfigError, match="no methods"):
+        plot_llm_methods({}, tmp_path / "x.png")

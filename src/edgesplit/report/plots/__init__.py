@@ -1,12 +1,13 @@
 """PNG figures, one module per domain: ``plan`` (link sweeps, cut breakdowns, assignments,
 Pareto fronts), ``hardware`` (profiles), ``train`` (L2S and split training), ``nas``
-(searches), ``adaptivenet`` (search efficiency, switching under load). This package
-re-exports them all, so ``from edgesplit.report.plots import
-plot_pareto`` keeps working."""
+(searches), ``adaptivenet`` (search efficiency, switching under load), ``llm`` (split
+generation by placement method). This package re-exports them all, so
+``from edgesplit.report.plots import plot_pareto`` keeps working."""
 
 from edgesplit.report.plots._figure import DPI, short_layer_name
 from edgesplit.report.plots.adaptivenet import plot_search_efficiency, plot_switching
 from edgesplit.report.plots.hardware import plot_profile
+from edgesplit.report.plots.llm import plot_llm_methods
 from edgesplit.report.plots.nas import (
     plot_accuracy_latency,
     plot_search_front,
@@ -30,6 +31,7 @@ __all__ = [
     "plot_l2s",
     "plot_l2s_curves",
     "plot_link_sweep",
+    "plot_llm_methods",
     "plot_pareto",
     "plot_profile",
     "plot_search_efficiency",
