@@ -469,3 +469,20 @@ def test_timings_travel_as_a_binary_part_and_bad_ones_are_refused():
             Message.from_frame(Frame(REPLY, 3, {"plan_id": "p", "plan_version": 1, **meta},
                                      parts))
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_slots_bound_holders_and_wake_a_waiter():
+    from edgesplit.transport.slots import Slots
+
+    slots = Slots(2)
+    assert slots.take() and slots.take(0.5)
+    assert not slots.take(0.05)  # all taken: times out
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(slots.take(30)))
+    waiter.start()
+    time.sleep(0.05)
+    slots.give()  # wakes the waiter, which takes the freed slot
+    waiter.join(timeout=30)
+    assert got == [True] and not slots.take(0)
+    with pytest.raises(ValueError):
+        Slots(0)

@@ -146,7 +146,9 @@ class Batcher:
         self._worker.start()
 
     def compute(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.max_wait_s == 0 and self._queue.empty() and \
+        # the queue's deque read without its mutex (a Python-level lock): a request queued
+        # meanwhile waits for the worker, which runs once this one releases _computing
+        if self.max_wait_s == 0 and not self._queue.queue and \
                 self._computing.acquire(blocking=False):
             try:
                 return self.single.compute(values)

@@ -58,6 +58,7 @@ from edgesplit.transport.frames import (
 )
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
+from edgesplit.transport.slots import Slots
 
 if TYPE_CHECKING:  # the star module imports this one
     from edgesplit.runtime.batching import Batcher
@@ -245,7 +246,7 @@ class PartitionServer(GrpcServer):
         self._frames: FrameServer | None = None
         self._want_data_port = None if program.kind == "star" else data_port
         self.data_port: int | None = None
-        self._slots = threading.BoundedSemaphore(max_workers)  # the data plane's workers
+        self._slots = Slots(max_workers)  # the data plane's workers
         self._token_checked: object = None  # the call metadata last found to hold the token
         self._reply_metas = MetaCache()
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
@@ -362,9 +363,7 @@ class PartitionServer(GrpcServer):
         """At most ``max_workers`` requests at once, as gRPC's thread pool allows; a request
         that waits for a slot past its deadline is dropped."""
         request = Message.from_frame(frame)
-        # a free slot is taken without the timed wait's bookkeeping (most requests find one)
-        if not self._slots.acquire(blocking=False) and not self._slots.acquire(
-                timeout=remaining_timeout(context, self.next_timeout_s)):
+        if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
             check_alive(context, self.step.name)
             raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"device {self.step.name!r} is busy with {option('max_workers')} "
@@ -372,7 +371,7 @@ class PartitionServer(GrpcServer):
         try:
             return self.handle(request, context)
         finally:
-            self._slots.release()
+            self._slots.give()
 
     def handle(self, request: pb.Bundle | Message,
                context: grpc.ServicerContext | None = None) -> Message:

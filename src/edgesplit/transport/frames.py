@@ -397,7 +397,7 @@ class FrameServer:
         try:
             reply = self._handle(conn, frame, inbox)
         finally:
-            with self._idle:
+            with self._lock:  # the condition's own lock, taken directly (the hot path)
                 self._busy -= 1
                 if self._stopping:  # only stop() waits on it
                     self._idle.notify_all()
