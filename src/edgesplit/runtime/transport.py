@@ -212,6 +212,9 @@ class PartitionServer(GrpcServer):
                  join_timeout_s: float = 10.0, max_joins: int = 256,
                  data_port: int | None = 0, data_plane: DataPlane = "auto") -> None:
         self.program, self.step = program, program.step(plan_device(program, device))
+        # the timing names this server reports, built once (a request's path stays short)
+        self._ser_key = f"{self.step.name}.serialize_ms"
+        self._compute_key = f"{self.step.name}.compute_ms"
         device = self.step.name
         if program.kind == "chain" and self.step.index == 0:
             raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
@@ -379,8 +382,7 @@ class PartitionServer(GrpcServer):
         call) gives the deadline and cancellation that travel down the chain."""
         t_in = time.perf_counter()
         values = self._decode(request)
-        timings: dict[str, float] = {f"{self.step.name}.serialize_ms":
-                                     (time.perf_counter() - t_in) * 1e3}
+        timings: dict[str, float] = {self._ser_key: (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.step.name)  # the client may have given up while we queued
         t0 = time.perf_counter()
         state = self._state(context)
@@ -388,8 +390,9 @@ class PartitionServer(GrpcServer):
             values = (self.batcher or self.step).compute(values)
         else:  # a session's state is its own: no batching across sessions
             values = self.step.compute(values, state)
-        timings[f"{self.step.name}.compute_ms"] = (time.perf_counter() - t0) * 1e3
-        timings.update(self.step.emulation_timings())  # compute emulation: the time slept
+        timings[self._compute_key] = (time.perf_counter() - t0) * 1e3
+        if self.step.emulate_ms is not None:  # compute emulation: the time slept
+            timings.update(self.step.emulation_timings())
         downstream: dict[str, bytes] = {}
         if self.step.sends:
             downstream, more = self._forward(request, values, context, timings)
@@ -399,8 +402,7 @@ class PartitionServer(GrpcServer):
         for name in self.step.returns:
             data = downstream.get(name)
             parts.append(Part(name, data if data is not None else encode_tensor(values[name], 32)))
-        timings[f"{self.step.name}.serialize_ms"] = \
-            timings.get(f"{self.step.name}.serialize_ms", 0.0) + (time.perf_counter() - t1) * 1e3
+        timings[self._ser_key] = timings.get(self._ser_key, 0.0) + (time.perf_counter() - t1) * 1e3
         return Message(self.program.plan_id, PLAN_VERSION, request.request_id, parts, timings)
 
     def _forward(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
