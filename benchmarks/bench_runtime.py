@@ -732,11 +732,12 @@ def _note_overhead(doc: dict[str, Any]) -> str:
         flat = [r["runtime_transfer_ms"] for r in tcp]
         extra = [r["runtime_serialize_ms"] - r["local_serialize_ms"] for r in tcp]
         text.append(f"The data plane's own transfer stays at {min(flat):.2f}-{max(flat):.2f} ms "
-                    "from 100 KB to 800 KB: what remains is fixed per-request work in Python "
-                    "(frame header and JSON meta, token, plan and deadline checks, the reply's "
-                    "message), which runs cold after the compute before it; the reply's encode "
-                    f"and decode add {min(extra):.2f}-{max(extra):.2f} ms. Past a few megabytes "
-                    "the bytes dominate and the goal is met.")
+                    "from 100 KB to 800 KB, and the reply's encode and decode add "
+                    f"{min(extra):.2f}-{max(extra):.2f} ms: fixed per-request work in Python "
+                    "(request and reply objects, framing, the worker slot, deadline checks; "
+                    "a connection's repeated meta is encoded, parsed and checked once), run "
+                    "cold right after compute, where every call costs several microseconds. "
+                    "Past a few megabytes the bytes dominate.")
     return " ".join(text)
 
 
