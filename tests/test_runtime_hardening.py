@@ -4,6 +4,7 @@ abandoned requests free every hop."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 
@@ -14,7 +15,7 @@ import torch
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link
-from edgesplit.plan import EdgeCloudSetting, PlanningProblem
+from edgesplit.plan import PLAN_VERSION, EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
@@ -175,6 +176,43 @@ def test_deadlines_travel_down_the_chain_and_abandoned_requests_free_the_hops(th
                 reply = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        hop.stop(0)
+        last.stop(0)
+
+
+def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(three_hops):
+    """Over frames there is no gRPC callback to cancel the next hop's call: the middle hop
+    watches its caller's connection while it waits, so a caller that hangs up with a long
+    deadline left frees the hop's worker at once instead of after that deadline."""
+    import time
+
+    from edgesplit.runtime.dataplane import Message, Part
+    from edgesplit.transport.frames import write_frame
+
+    last = PartitionServer(three_hops, "c", shape=False)
+    hop = PartitionServer(three_hops, "b", shape=False, max_workers=1,
+                          next_address=f"127.0.0.1:{last.start()}")
+    hop.start()
+    a = three_hops.steps[0]
+    values = a.compute(three_hops.input_values())
+    message = Message(three_hops.plan_id, PLAN_VERSION, 1, [
+        Part(n, d) for n, d in three_hops.encode(a, values, a.sends).items()])
+    assert hop.data_port is not None
+
+    def wait_for(condition, seconds: float = 10.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return condition()
+
+    try:
+        with _Held(three_hops, "c"):
+            caller = socket.create_connection(("127.0.0.1", hop.data_port))
+            write_frame(caller, message.to_frame(metadata=[], timeout_s=60.0))
+            assert wait_for(lambda: hop._slots._free == 0)  # forwarded, waiting on "c"
+            caller.close()  # the caller hangs up with 60 s left
+            assert wait_for(lambda: hop._slots._free == 1), "the hop still waits on 'c'"
     finally:
         hop.stop(0)
         last.stop(0)

@@ -217,14 +217,15 @@ class Hop:
     def run(self, message: Message, timeout: float | None,
             metadata: Metadata, context: Any = None) -> Message:
         """The next device's reply to ``message`` (raises ``grpc.RpcError`` as gRPC would).
-        Over gRPC, the call is cancelled when ``context`` (the caller's own call) ends; over
-        the data plane, the deadline bounds it."""
+        The call is cancelled when ``context`` (the caller's own call) ends: over gRPC by its
+        callback, over the data plane when the caller's connection hangs up."""
         self.resolve(timeout, metadata)
         frames = self.frames
         if frames is not None:
             frame = self._frame(message, timeout, metadata)
-            try:
-                return frames.call(frame, timeout, _owned_reply)
+            try:  # a middle hop stops waiting when its own caller hangs up
+                return frames.call(frame, timeout, _owned_reply,
+                                   caller=getattr(context, "connection", None))
             except LoopbackError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     self.forget()  # a retry finds the server's data plane anew

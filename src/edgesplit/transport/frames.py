@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
 import ssl
 import struct
@@ -267,6 +268,12 @@ class FrameContext(LoopbackContext):
         # waited (for a worker, a batch, the next hop), which its caller may have given up on
         return time.monotonic() - self._arrived < 1e-3 or not _peer_closed(self._sock)
 
+    @property
+    def connection(self) -> socket.socket:
+        """The caller's connection: a middle hop watches it while it waits on the next hop,
+        to cancel that call when the caller hangs up (gRPC cancels its own)."""
+        return self._sock
+
     def peer(self) -> str:
         try:
             host, port = self._sock.getpeername()[:2]
@@ -497,12 +504,16 @@ class FrameClient:
             _close(sock)
 
     def call(self, frame: Frame, timeout: float | None,
-             on_reply: Callable[[Frame], Any] = lambda f: f) -> Any:
+             on_reply: Callable[[Frame], Any] = lambda f: f, *,
+             caller: socket.socket | None = None) -> Any:
         """Send ``frame``, wait for its answer (at most ``timeout`` seconds in all) and return
         ``on_reply(answer)``, run while the answer's parts are still valid (they are views of
         the connection's buffer). Failures raise LoopbackError (a ``grpc.RpcError``) with
         the status gRPC would give: UNAVAILABLE when the server cannot be reached or hangs up,
-        DEADLINE_EXCEEDED after ``timeout``, and the server's own for a FAILED answer."""
+        DEADLINE_EXCEEDED after ``timeout``, and the server's own for a FAILED answer. With
+        ``caller`` (the connection of the call this one serves), the wait ends CANCELLED as
+        soon as that caller hangs up, and this call's connection is closed (the server it
+        calls then drops the work it has not started)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         sock, inbox = self._borrow(timeout)
         keep = False
@@ -512,6 +523,8 @@ class FrameClient:
             # refused midway (too large, malformed): the server's answer says why, read below
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 write_frame(sock, frame)
+            if caller is not None:
+                _await_answer(sock, caller, deadline)
             answer = read_frame(sock, inbox, self.limit, deadline)
             if answer.kind == FAILED:
                 keep = answer.request_id == frame.request_id
@@ -563,6 +576,28 @@ class FrameClient:
                 self._idle.append((sock, inbox))
                 return
         _close(sock)
+
+
+_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+
+
+def _await_answer(sock: socket.socket, caller: socket.socket, deadline: float | None) -> None:
+    """Wait until ``sock`` has an answer to read; LoopbackError CANCELLED when ``caller`` hangs
+    up first, TimeoutError past ``deadline``. Where the platform cannot tell a hang-up from
+    data (no POLLRDHUP), or TLS holds decrypted bytes already, it returns at once and the
+    deadline alone bounds the wait."""
+    if not hasattr(select, "POLLRDHUP") or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+        return
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(caller, _HUNG_UP)
+    while True:
+        left = _left(deadline)
+        events = dict(poller.poll(None if left is None else max(1, int(left * 1e3))))
+        if events.get(caller.fileno(), 0) & _HUNG_UP:
+            raise LoopbackError(grpc.StatusCode.CANCELLED, "the caller hung up")
+        if events.get(sock.fileno()):
+            return
 
 
 def _bound(sock: socket.socket, seconds: float | None) -> None:
