@@ -346,3 +346,32 @@ def test_a_failure_further_down_the_chain_rolls_every_stage_back(models):
     finally:
         middle.stop(0)
         last.stop(0)
+
+
+def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails_alone(models):
+    """RunStream: one call carrying a session's steps; each reply's token equals the one the
+    same step gets as its own Run call, and a malformed step in the middle fails alone."""
+    from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 3, 6), sessions=2), model)
+    server = line.servers[0]
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(1, 6, model.config.hidden_size, generator=g)
+    steps = [{"block.1.out": hidden[:, :4], POSITION: torch.tensor([0])},
+             {"block.1.out": hidden[:, 4:5], POSITION: torch.tensor([4])},
+             {"block.1.out": torch.randn(1, 1, 3), POSITION: torch.tensor([5])},  # bad width
+             {"block.1.out": hidden[:, 5:6], POSITION: torch.tensor([5])}]
+    try:
+        singles = [_raw(server, s, "alone") for i, s in enumerate(steps) if i != 2]
+        bundles = [message(server.plan_id, PLAN_VERSION, i + 1, s).to_pb()
+                   for i, s in enumerate(steps)]
+        stub = pb_grpc.PartitionServiceStub(server.loopback_channel())
+        replies = list(stub.RunStream(iter(bundles), timeout=30,
+                                      metadata=[(SESSION_KEY, "streamed")]))
+        assert [r.request_id for r in replies] == [1, 2, 3, 4]
+        assert "hidden state" in replies[2].error and not replies[2].tensors
+        got = [bytes(r.tensors[0].data) for i, r in enumerate(replies) if i != 2]
+        assert got == [bytes(s.tensors[0].data) for s in singles]
+    finally:
+        line.stop()
