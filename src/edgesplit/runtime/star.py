@@ -43,10 +43,10 @@ from edgesplit.runtime.transport import (
     JOIN_KEY,
     SESSION_KEY,
     RequestResult,
-    _channel,
-    _explain,
-    _name,
+    address_name,
+    connect,
     decode_planned,
+    explain_failure,
     max_message_bytes,
 )
 from edgesplit.transport import (
@@ -345,8 +345,8 @@ class StarClient:
             self.metadata.append((SESSION_KEY, session))
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         limit = max_message_bytes(program)
-        self._channels = {s: _channel(addresses[s], limit, tls) for s in program.sources}
-        self.addresses = {s: _name(addresses[s]) for s in program.sources}
+        self._channels = {s: connect(addresses[s], limit, tls) for s in program.sources}
+        self.addresses = {s: address_name(addresses[s]) for s in program.sources}
         self._stubs = {s: pb_grpc.PartitionServiceStub(c) for s, c in self._channels.items()}
         self._client_key = secrets.token_hex(8)  # join keys: this client's id + request id
         self._ids = iter(range(1, 1 << 62))
@@ -507,7 +507,7 @@ class StarClient:
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and details.startswith("next hop after"):
             # the sink timed the join out: its message names the missing sources
             return f"source {source} ({address}) is up, but the sink did not answer: {details}"
-        return f"source {source}: {_explain(code, details, address)}"
+        return f"source {source}: {explain_failure(code, details, address)}"
 
 
 class _Failed(Exception):

@@ -73,8 +73,11 @@ __all__ = [
     "PartitionServer",
     "RequestResult",
     "TlsFiles",
+    "address_name",
     "check_tls_pair",
+    "connect",
     "decode_planned",
+    "explain_failure",
     "max_message_bytes",
     "open_channel",
     "plan_device",
@@ -472,7 +475,7 @@ class ChainClient:
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
                                  shape)
         self._hop = Hop(address, self.limit, tls, data_plane)
-        self.address = _name(address)
+        self.address = address_name(address)
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
         self._plan_checked = False
@@ -507,7 +510,7 @@ class ChainClient:
                 if retryable and attempt < self.retries:
                     time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
                     continue
-                raise RemoteError(_explain(code, exc.details(), self.address)) from None
+                raise RemoteError(explain_failure(code, exc.details(), self.address)) from None
         raise AssertionError("unreachable")
 
     def check_plan(self) -> None:
@@ -602,17 +605,17 @@ def decode_planned(program: PlanProgram, name: str, data: bytes | bytearray | me
                          expect_shape=info.shape, expect_dtype=_torch_dtype(info.dtype))
 
 
-def _channel(address: str | grpc.Channel | LoopbackChannel, limit: int, tls: TlsFiles | None
+def connect(address: str | grpc.Channel | LoopbackChannel, limit: int, tls: TlsFiles | None
              ) -> grpc.Channel | LoopbackChannel:
     """A channel to ``address``, or the channel given (a server's ``loopback_channel()``)."""
     return open_channel(address, limit, tls) if isinstance(address, str) else address
 
 
-def _name(address: str | grpc.Channel | LoopbackChannel) -> str:
+def address_name(address: str | grpc.Channel | LoopbackChannel) -> str:
     return address if isinstance(address, str) else "in-process"
 
 
-def _explain(code: grpc.StatusCode, details: str | None, address: str) -> str:
+def explain_failure(code: grpc.StatusCode, details: str | None, address: str) -> str:
     return explain(code, details, address,
                    unavailable_hint="; is `edgesplit serve` running there? "
                    f"({option('retries')} retries with backoff)",
