@@ -486,3 +486,13 @@ def test_slots_bound_holders_and_wake_a_waiter():
     assert got == [True] and not slots.take(0)
     with pytest.raises(ValueError):
         Slots(0)
+
+
+def test_a_meta_checked_once_is_checked_again_with_another_part_count():
+    """The same meta object (a connection's repeated meta) with a different number of parts
+    is checked anew: a peer cannot slip extra or missing tensors past the first check."""
+    meta = {"plan_id": "p", "plan_version": 1, "names": ["x"]}
+    assert [p.name for p in Message.from_frame(Frame(CALL, 1, meta, [b"a"])).tensors] == ["x"]
+    for parts in ([b"a", b"b"], []):
+        with pytest.raises(Exception, match="names do not match"):
+            Message.from_frame(Frame(CALL, 2, meta, parts))

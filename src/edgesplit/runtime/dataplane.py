@@ -81,12 +81,13 @@ class Message:
         """A frame's message, its fields checked (a hostile peer wrote them): BadRequest. A
         meta seen last time (the same object: a connection parses a repeated one once) is not
         checked again."""
-        global _last_meta, _last_parts
+        global _last_checked
         meta, parts = frame.meta, frame.parts
         names, timing_names = meta.get("names", []), meta.get("timings")
-        if _last_meta is not meta or _last_parts != len(parts):
+        last = _last_checked  # one read: other threads replace the pair, never half of it
+        if last[0] is not meta or last[1] != len(parts):
             _check(meta, len(parts))
-            _last_meta, _last_parts = meta, len(parts)
+            _last_checked = (meta, len(parts))
         timings: dict[str, float]
         if timing_names is None:  # a peer that sends them in the meta (the first data plane)
             timings = {k: float(v) for k, v in meta.get("timings_ms", {}).items()}
@@ -100,10 +101,10 @@ class Message:
                    [Part(n, d) for n, d in zip(names, parts, strict=False)], timings)
 
 
-# the last meta found well formed, and its frame's part count (compared by identity: frames
-# read off one connection share the object of a repeated meta; once replaced, it is rechecked)
-_last_meta: dict[str, Any] | None = None
-_last_parts = -1
+# the last meta found well formed with its frame's part count, as one pair (compared by
+# identity: frames read off one connection share the object of a repeated meta; the pair holds
+# a reference, so that object's id cannot be reused meanwhile)
+_last_checked: tuple[dict[str, Any] | None, int] = (None, -1)
 
 
 def _check(meta: dict[str, Any], n_parts: int) -> None:
