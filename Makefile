@@ -26,6 +26,8 @@ demo: $(STAMP)
 	$(VENV)/bin/edgesplit profile resnet18 --repeats 10 --validate
 	$(VENV)/bin/edgesplit plan digits_cnn --edge eyeriss --cloud tpu --link autosplit-3mbps \
 		--method neurosurgeon,qdmp,qdmp_e_u4,u8,cloud16,autosplit --eval-data digits
+	$(VENV)/bin/edgesplit llm plan llama3_8b --topology home-wifi --dtype float16 \
+		--prompt-tokens 256 --new-tokens 128 --max-context 2048
 	$(PY) scripts/runtime_demo.py
 	$(VENV)/bin/edgesplit simulate-l2s --model resnet34 --device jetson-nano \
 		--bandwidth-mbps 100 --drop-at 300 --drop-to 60 --restore-at 600 --rounds 900
