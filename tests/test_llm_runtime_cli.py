@@ -42,7 +42,7 @@ def _edgesplit(*args: str) -> list[str]:
 
 def test_serve_and_generate_end_to_end(plan_file):
     server = subprocess.Popen(_edgesplit("llm", "serve", str(plan_file), "--device", "laptop",
-                                         "--port", "0"),
+                                         "--port", "0", "--threads", "1"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()  # the server's `listening on` line
@@ -53,7 +53,7 @@ def test_serve_and_generate_end_to_end(plan_file):
         prompt = [5, 0, 17, 42, 99, 3]
         done = subprocess.run(_edgesplit("llm", "generate", str(plan_file), "--server", address,
                                          "--prompt-ids", ",".join(map(str, prompt)), "-n", "8",
-                                         "--json"),
+                                         "--json", "--threads", "1"),
                               capture_output=True, text=True, timeout=START_TIMEOUT_S)
         assert done.returncode == 0, done.stderr
         doc = json.loads(done.stdout)

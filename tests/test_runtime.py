@@ -215,7 +215,7 @@ def programs(plans, graph) -> dict[str, PlanProgram]:
 # (the other tests talk to in-process servers over the loopback transport: ``local``)
 SERVERS = {
     "chain": ("chain", "cloud", "--no-shape", "--token", TOKEN),
-    "dag": ("dag", "cloud", "--no-shape"),  # killed by its test
+    "dag": ("dag", "cloud", "--no-shape", "--threads", "1"),  # killed by its test
     "topo-server": ("topo", "server", "--no-shape"),
 }
 

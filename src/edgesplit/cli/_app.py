@@ -102,6 +102,20 @@ def tls_files(cert: Path | None, key: Path | None, ca: Path | None):
     return TlsFiles(cert=read(cert), key=read(key), ca=read(ca))
 
 
+def set_threads(threads: int | None) -> None:
+    """Set torch's thread count for this command (None: torch's default, one per core). A
+    busy machine's cores are better left to one thread than fought over by two, and several
+    servers on one machine each want their share, not all of it."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+THREADS_HELP = ("Torch threads for compute (default: one per core; give each of several "
+                "processes on one machine its share).")
+
+
 def load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool = False):
     """The plan file made executable, with a spinner while the model is captured again."""
     from edgesplit.plan import load_plan

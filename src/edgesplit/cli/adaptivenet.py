@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from edgesplit.cli._app import emit_json, err, out, user_errors
+from edgesplit.cli._app import emit_json, err, out, set_threads, user_errors
 from edgesplit.cli.nas import nas_app, progress_bar
 
 if TYPE_CHECKING:
@@ -21,15 +21,6 @@ adaptivenet_app = typer.Typer(no_args_is_help=True,
                               help="AdaptiveNet: elastify a pretrained model, search it on the "
                                    "device, switch subnets at run time.")
 nas_app.add_typer(adaptivenet_app, name="adaptivenet")
-
-
-def _threads(threads: int | None) -> None:
-    """Set torch's thread count for this command (a busy machine's cores are better left to
-    one thread than fought over by two)."""
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -83,7 +74,7 @@ def elastify(
     trainer = ElasticTrainer(distill_epochs=distill_epochs, tune_epochs=tune_epochs,
                              batch_size=batch_size, lr=lr, tune_lr=tune_lr, seed=seed)
     shape = parse_shape(input_shape) if input_shape else None
-    _threads(threads)
+    set_threads(threads)
     with progress_bar(f"AdaptiveNet {model}") as progress:
         _, doc = elastify_model(model, input_shape=shape, config=config, data=data, task=task,
                                 trainer=trainer, out=out_dir, progress=progress, seed=seed)
@@ -157,7 +148,7 @@ def search(
     from edgesplit.nas.adaptivenet.run import search_device
 
     setting = _setting(edge, cloud, link)
-    _threads(threads)
+    set_threads(threads)
     with progress_bar(f"AdaptiveNet search of {supernet}") as progress:
         run = search_device(supernet, budget=budget, budget_ms=budget_ms, delta=delta,
                             setting=setting, population=population, iterations=iterations,

@@ -10,12 +10,14 @@ from pathlib import Path
 import typer
 
 from edgesplit.cli._app import (
+    THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
     app,
     emit_json,
     err,
     out,
+    set_threads,
     tls_files,
     user_errors,
 )
@@ -119,6 +121,7 @@ def serve(
                                    "(its data plane if it has one), grpc or tcp."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
     no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
     plan names, one KV cache per client session (up to the plan's max context)."""
@@ -127,6 +130,7 @@ def serve(
     from edgesplit.runtime.llm_server import LLMStageServer
     from edgesplit.transport import read_token, serve_forever
 
+    set_threads(threads)
     token = read_token(token, token_file)
     plan = load_plan(plan_path)
     server = LLMStageServer(plan, device, next_address=next_hop, token=token,
@@ -173,6 +177,7 @@ def generate(
                                                        "streaming)."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
     no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Generate greedily with an LLM plan: run its first stage here, the rest on the `llm
     serve` chain at --server; print the tokens as they arrive, then time to first token,
@@ -185,6 +190,7 @@ def generate(
     from edgesplit.runtime.llm_report import generation_report
     from edgesplit.transport import read_token
 
+    set_threads(threads)
     plan = load_plan(plan_path)
     prompt = _prompt(plan, prompt_ids, prompt_tokens, seed)
     count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)

@@ -11,6 +11,7 @@ import typer
 
 from edgesplit.cli._app import (
     BACKEND_HELP,
+    THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
     TRUST_HELP,
@@ -19,6 +20,7 @@ from edgesplit.cli._app import (
     err,
     load_program,
     out,
+    set_threads,
     tls_files,
     user_errors,
 )
@@ -91,12 +93,14 @@ def serve(
                                          "long a request waits for every source."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=EMULATE_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully). A star plan's sink joins its sources' calls of each request; each source
     forwards to it (--next)."""
     from edgesplit.runtime.transport import PartitionServer, plan_device, read_token, serve_forever
 
+    set_threads(threads)
     token = read_token(token, token_file)
     program = load_program(plan_path, backend, trust_model_file)
     if emulate_device:
@@ -147,6 +151,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=EMULATE_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Run the first device's part of PLAN here and the rest on the served chain (a star
     plan: send every source its own inputs, --source per source); report measured against
@@ -154,6 +159,7 @@ def run(
     from edgesplit.runtime.session import load_inputs, run_requests
     from edgesplit.runtime.transport import read_token
 
+    set_threads(threads)
     token = read_token(token, token_file)
     program = load_program(plan_path, backend, trust_model_file)
     address = _addresses(program, server, sources)
