@@ -496,3 +496,17 @@ def test_a_meta_checked_once_is_checked_again_with_another_part_count():
     for parts in ([b"a", b"b"], []):
         with pytest.raises(Exception, match="names do not match"):
             Message.from_frame(Frame(CALL, 2, meta, parts))
+
+
+def test_a_busy_data_port_is_a_one_line_config_error_and_frees_the_grpc_port(program):
+    busy = socket.create_server(("127.0.0.1", 0))
+    try:
+        server = PartitionServer(program, "cloud", shape=False,
+                                 data_port=busy.getsockname()[1])
+        with pytest.raises(ConfigError, match=r"cannot open the data plane.*another data.port"):
+            server.start("127.0.0.1", 0)
+        again = PartitionServer(program, "cloud", shape=False)  # nothing was left half-open
+        again.start("127.0.0.1", 0)
+        again.stop(0)
+    finally:
+        busy.close()

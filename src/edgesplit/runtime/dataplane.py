@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,9 +24,18 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import BadRequest, LoopbackChannel, LoopbackError, TlsFiles, open_channel
-from edgesplit.transport.frames import CALL, Buffer, Frame, FrameClient, MetaCache
+from edgesplit.transport.frames import (
+    CALL,
+    Buffer,
+    Frame,
+    FrameClient,
+    FrameServer,
+    Handler,
+    MetaCache,
+)
 
-__all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "split_address"]
+__all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "open_data_plane",
+           "split_address"]
 
 DataPlane = Literal["auto", "grpc", "tcp"]
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -129,6 +138,21 @@ def _check(meta: dict[str, Any], n_parts: int) -> None:
 
 def _malformed(what: str) -> BadRequest:
     return BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"malformed data-plane frame: {what}")
+
+
+def open_data_plane(handler: Handler, limit: int, tls: TlsFiles | None, host: str, port: int,
+                    on_failure: Callable[[], None]) -> tuple[FrameServer, int]:
+    """A started frame server beside a server's gRPC port, and its port. When the port cannot
+    be opened, ``on_failure`` runs (the caller stops its gRPC server) and a ConfigError says
+    what to change."""
+    frames = FrameServer(handler, limit, tls)
+    try:
+        return frames, frames.start(host, port)
+    except OSError as exc:
+        on_failure()
+        raise ConfigError(f"cannot open the data plane on {host}:{port} "
+                          f"({exc.strerror or exc}): pick another {option('data_port')} or "
+                          "turn it off") from None
 
 
 def split_address(address: str) -> tuple[str, int] | None:

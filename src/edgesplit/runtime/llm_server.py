@@ -33,7 +33,7 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, SessionError, option
 from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message, open_data_plane
 from edgesplit.runtime.llm_emulation import StagePacer, phase_of, stage_links
 from edgesplit.runtime.llm_sessions import LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
@@ -182,15 +182,9 @@ class LLMStageServer(GrpcServer):
         ``data_port``; returns the gRPC port."""
         bound = super().start(host, port)
         if self._want_data_port is not None:
-            frames = FrameServer(self._frame_call, self.limit, self.tls)
-            try:
-                self.data_port = frames.start(host, self._want_data_port)
-            except OSError as exc:
-                super().stop(0)
-                raise ConfigError(f"cannot open the data plane on {host}:"
-                                  f"{self._want_data_port} ({exc.strerror or exc}): pick "
-                                  f"another {option('data_port')} or turn it off") from None
-            self._frames = frames
+            self._frames, self.data_port = open_data_plane(
+                self._frame_call, self.limit, self.tls, host, self._want_data_port,
+                lambda: GrpcServer.stop(self, 0))  # the gRPC server just started
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:

@@ -27,7 +27,7 @@ from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import decode_tensor, encode_tensor
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Part
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Part, open_data_plane
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
@@ -263,15 +263,9 @@ class PartitionServer(GrpcServer):
         ``data_port`` of the same host; returns the gRPC port."""
         bound = super().start(host, port)
         if self._want_data_port is not None:
-            frames = FrameServer(self._frame_call, self.limit, self.tls)
-            try:
-                self.data_port = frames.start(host, self._want_data_port)
-            except OSError as exc:
-                super().stop(0)
-                raise ConfigError(f"cannot open the data plane on {host}:"
-                                  f"{self._want_data_port} ({exc.strerror or exc}): pick "
-                                  f"another {option('data_port')} or turn it off") from None
-            self._frames = frames
+            self._frames, self.data_port = open_data_plane(
+                self._frame_call, self.limit, self.tls, host, self._want_data_port,
+                lambda: GrpcServer.stop(self, 0))  # the gRPC server just started
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:

@@ -41,7 +41,7 @@ from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
 
 __all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "FrameServer",
-           "MetaCache", "encode_meta", "read_frame", "write_frame"]
+           "Handler", "MetaCache", "encode_meta", "read_frame", "write_frame"]
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
