@@ -59,7 +59,11 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             with cli_options():  # library messages name flags, not keyword arguments
                 return fn(*args, **kwargs)
         except EdgesplitError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            from rich.markup import escape
+
+            # escaped: a message's own brackets (pip install 'edgesplit[ray]') are not markup
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                      soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper

@@ -94,14 +94,37 @@ def serve(
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=EMULATE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    engine: str = typer.Option("local", "--engine", help="What computes: local (this process) "
+                               "or ray (a Ray Serve deployment this server forwards to; needs "
+                               "pip install 'edgesplit[ray]')."),
+    replicas: int | None = typer.Option(None, "--replicas", help="--engine ray: replicas "
+                                        "(with --max-replicas: the initial count; default 1)."),
+    min_replicas: int | None = typer.Option(None, "--min-replicas", help="--engine ray: "
+                                            "autoscaling's lower bound (default 1)."),
+    max_replicas: int | None = typer.Option(None, "--max-replicas", help="--engine ray: "
+                                            "autoscale up to this many replicas."),
+    target_ongoing: float | None = typer.Option(None, "--target-ongoing", help="--engine ray: "
+                                                "requests per replica autoscaling aims at "
+                                                "(default 2)."),
+    replica_cpus: float | None = typer.Option(None, "--replica-cpus", help="--engine ray: "
+                                              "Ray CPUs per replica (default 1; its torch "
+                                              "threads follow)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="--engine ray: a "
+                                           "running Ray cluster (HOST:PORT or auto; default: "
+                                           "start one for this server)."),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully). A star plan's sink joins its sources' calls of each request; each source
-    forwards to it (--next)."""
+    forwards to it (--next). With --engine ray the partition runs on Ray Serve replicas
+    (batched, optionally autoscaled) and this server is their ingress."""
     from edgesplit.runtime.transport import PartitionServer, plan_device, read_token, serve_forever
 
     set_threads(threads)
     token = read_token(token, token_file)
+    ray_settings = {"replicas": replicas, "min_replicas": min_replicas,
+                    "max_replicas": max_replicas, "target_ongoing": target_ongoing,
+                    "replica_cpus": replica_cpus, "address": ray_address}
+    _check_engine(engine, ray_settings)
     program = load_program(plan_path, backend, trust_model_file)
     if emulate_device:
         if max_batch is not None and max_batch > 1:
@@ -111,19 +134,68 @@ def serve(
                               "it does not batch (leave out --max-batch)")
         max_batch = 1
         _emulate(program, plan_device(program, device))
+    ray_engine = None
+    if engine == "ray":
+        ray_engine = _ray_engine(program, plan_device(program, device), ray_settings,
+                                 max_batch, max_wait_ms, trust_model_file, emulate_device)
+        max_batch = None  # the deployment batches
     server = PartitionServer(program, device, next_address=next_hop, token=token,
                              tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
                              max_workers=workers, max_batch=max_batch,
                              max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
                              data_port=_data_port(data_port),
-                             data_plane=_data_plane(data_plane))
-    bound = server.start(host, port)
+                             data_plane=_data_plane(data_plane), engine=ray_engine)
+    try:
+        bound = server.start(host, port)
+    except BaseException:
+        if ray_engine is not None:  # the deployment must not outlive a server that never ran
+            ray_engine.close()
+        raise
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
     batch = server.batcher.max_batch if server.batcher is not None else "off"
+    where = "engine=local"
+    if ray_engine is not None:
+        opts = ray_engine.options
+        batching = ray_engine.replica_info["batching"]
+        batch = opts.max_batch if batching.startswith("up to") else "off"
+        scale = (f"replicas={opts.replicas}" if opts.max_replicas is None else
+                 f"replicas={opts.min_replicas or 1}..{opts.max_replicas}")
+        where = f"engine=ray {scale} app={ray_engine.app_name}"
     print(f"listening on {host}:{bound} device={device} plan={program.plan_id} data={data} "
-          f"batch={batch}", flush=True)
+          f"batch={batch} {where}", flush=True)
     serve_forever(server)
+
+
+def _check_engine(engine: str, ray_settings: dict) -> None:
+    """--engine is local or ray; the Ray options need --engine ray (given alone they would be
+    ignored without a word)."""
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.ray_engine import ENGINES
+
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine takes {', '.join(ENGINES)}, not {engine!r}")
+    given = [k for k, v in ray_settings.items() if v is not None]
+    if engine != "ray" and given:
+        flags = ", ".join("--" + ("ray-address" if k == "address" else k.replace("_", "-"))
+                          for k in given)
+        raise ConfigError(f"{flags} configure the Ray engine: add --engine ray")
+
+
+def _ray_engine(program: PlanProgram, device: str, settings: dict, max_batch: int | None,
+                max_wait_ms: float, trust_model_file: bool, emulate: bool):
+    """The deployment ``serve --engine ray`` forwards to (deployed here, with a spinner)."""
+    from edgesplit.runtime.ray_engine import RayEngine, RayOptions, import_ray
+
+    import_ray()  # without the extra: one line naming the install command, before any work
+    options = RayOptions(**{k: v for k, v in settings.items() if v is not None},
+                         max_batch=32 if max_batch is None else max_batch,
+                         max_wait_ms=max_wait_ms)
+    with err.status(f"deploying {device} on Ray Serve ...", spinner="dots"):
+        engine = RayEngine(program, device, options, trust_model_file=trust_model_file,
+                           emulate=emulate)
+    err.print(f"Ray Serve: {engine.app_name}, batching {engine.replica_info['batching']}")
+    return engine
 
 
 @app.command()

@@ -35,7 +35,7 @@ from edgesplit.graph.partition import Partition
 from edgesplit.graph.passes import free_batch
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 
-__all__ = ["Batcher", "batched_step", "flexible_step"]
+__all__ = ["Batcher", "batched_step", "flexible_step", "run_together"]
 
 log = logging.getLogger(__name__)
 CHECK_SAMPLES = 3  # distinct samples a freed batch is checked with, against each alone
@@ -210,15 +210,24 @@ class Batcher:
             done.set_exception(exc)
 
     def _run_batch(self, requests: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        n = len(requests)
-        partition: Partition | None = self.single.partition
-        names = list(partition.inputs) if partition else []
-        stacked = {}
-        for name in names:
-            rows = [r[name] for r in requests]
-            if not self.flexible:
-                rows += [rows[-1]] * (self.max_batch - n)  # padding, dropped below
-            stacked[name] = torch.cat(rows)
-        out = self.batched.compute(stacked)
-        produced = partition.outputs if partition else ()
-        return [{**requests[i], **{t: out[t][i:i + 1] for t in produced}} for i in range(n)]
+        return run_together(self.single, self.batched, requests,
+                            None if self.flexible else self.max_batch)
+
+
+def run_together(single: DeviceStep, batched: DeviceStep, requests: list[dict[str, torch.Tensor]],
+                 pad_to: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """``requests`` (each one sample's inputs by name) computed as one batch by ``batched``;
+    each gets its own values back with its rows of the outputs. ``pad_to``: a fixed-batch
+    step's size (short batches repeat the last request; the padding is dropped)."""
+    n = len(requests)
+    partition: Partition | None = single.partition
+    names = list(partition.inputs) if partition else []
+    stacked = {}
+    for name in names:
+        rows = [r[name] for r in requests]
+        if pad_to is not None:
+            rows += [rows[-1]] * (pad_to - n)  # padding, dropped below
+        stacked[name] = torch.cat(rows)
+    out = batched.compute(stacked)
+    produced = partition.outputs if partition else ()
+    return [{**requests[i], **{t: out[t][i:i + 1] for t in produced}} for i in range(n)]

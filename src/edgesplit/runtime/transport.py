@@ -62,6 +62,7 @@ from edgesplit.transport.slots import Slots
 
 if TYPE_CHECKING:  # the star module imports this one
     from edgesplit.runtime.batching import Batcher
+    from edgesplit.runtime.ray_engine import RayEngine
     from edgesplit.runtime.star import Join
 
 __all__ = [
@@ -205,7 +206,11 @@ class PartitionServer(GrpcServer):
     Besides gRPC, :meth:`start` opens the data plane (length-prefixed frames over TCP,
     :mod:`edgesplit.transport.frames`) on ``data_port`` (0: any free port; None: none) and
     names it in ``Describe``; a chain's calls go there unless the client says ``grpc``. A
-    star's devices serve gRPC only. ``data_plane`` says how this server calls the next hop."""
+    star's devices serve gRPC only. ``data_plane`` says how this server calls the next hop.
+
+    With ``engine`` (a :class:`~edgesplit.runtime.ray_engine.RayEngine`) this server is an
+    ingress: it checks and decodes each request as always, and the engine's deployment computes
+    it (and batches); health follows the deployment's, and :meth:`stop` shuts it down too."""
 
     def __init__(self, program: PlanProgram, device: str, *,
                  next_address: str | LoopbackChannel | None = None,
@@ -213,7 +218,8 @@ class PartitionServer(GrpcServer):
                  max_workers: int = 32, next_timeout_s: float = 60.0,
                  max_batch: int | None = None, max_wait_ms: float = 0.0,
                  join_timeout_s: float = 10.0, max_joins: int = 256,
-                 data_port: int | None = 0, data_plane: DataPlane = "auto") -> None:
+                 data_port: int | None = 0, data_plane: DataPlane = "auto",
+                 engine: RayEngine | None = None) -> None:
         self.program, self.step = program, program.step(plan_device(program, device))
         # the timing names this server reports, built once (a request's path stays short)
         self._ser_key = f"{self.step.name}.serialize_ms"
@@ -230,7 +236,12 @@ class PartitionServer(GrpcServer):
         self.batcher: Batcher | None = None
         self.batching = "off"
         self.join: Join | None = None
-        if device == program.sink:
+        self.engine = engine
+        if engine is not None:  # the deployment computes and batches
+            if engine.device != device:
+                raise ConfigError(f"the engine runs device {engine.device!r}, not {device!r}")
+            self.batching = "in the engine"
+        elif device == program.sink:
             from edgesplit.runtime.star import Join
 
             if max_batch is not None and max_batch > 1:
@@ -262,6 +273,12 @@ class PartitionServer(GrpcServer):
         """Listen for gRPC on host:port (0 = any free port), and for the data plane on
         ``data_port`` of the same host; returns the gRPC port."""
         bound = super().start(host, port)
+        if self.engine is not None:
+            from grpc_health.v1 import health_pb2
+
+            status = health_pb2.HealthCheckResponse
+            self.engine.watch(lambda ok: self.health.set(
+                "", status.SERVING if ok else status.NOT_SERVING))
         if self._want_data_port is not None:
             self._frames, self.data_port = open_data_plane(
                 self._frame_call, self.limit, self.tls, host, self._want_data_port,
@@ -269,7 +286,10 @@ class PartitionServer(GrpcServer):
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Finish requests in flight (up to ``grace_s``), refuse new ones."""
+        """Finish requests in flight (up to ``grace_s``), refuse new ones; then shut the
+        engine's deployment down."""
+        if self.engine is not None:  # its health watch must not say SERVING again
+            self.engine.stop_watching()
         if self._frames is not None:
             self._frames.stop(grace_s)
         super().stop(grace_s)
@@ -277,6 +297,8 @@ class PartitionServer(GrpcServer):
             self.batcher.close()
         if self._next is not None:
             self._next.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def _state(self, context: grpc.ServicerContext | None) -> Any:
         """The backend state of the caller's session (metadata ``edgesplit-session``), made
@@ -381,15 +403,12 @@ class PartitionServer(GrpcServer):
         values = self._decode(request)
         timings: dict[str, float] = {self._ser_key: (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.step.name)  # the client may have given up while we queued
-        t0 = time.perf_counter()
-        state = self._state(context)
-        if state is None:
-            values = (self.batcher or self.step).compute(values)
-        else:  # a session's state is its own: no batching across sessions
-            values = self.step.compute(values, state)
-        timings[self._compute_key] = (time.perf_counter() - t0) * 1e3
-        if self.step.emulate_ms is not None:  # compute emulation: the time slept
-            timings.update(self.step.emulation_timings())
+        if self.engine is not None:  # the deployment's compute, and the hop to it
+            values, more = self.engine.compute(values,
+                                               remaining_timeout(context, self.next_timeout_s))
+            timings.update(more)
+        else:
+            values = self._compute(values, context, timings)
         downstream: dict[str, bytes] = {}
         if self.step.sends:
             downstream, more = self._forward(request, values, context, timings)
@@ -401,6 +420,19 @@ class PartitionServer(GrpcServer):
             parts.append(Part(name, data if data is not None else encode_tensor(values[name], 32)))
         timings[self._ser_key] = timings.get(self._ser_key, 0.0) + (time.perf_counter() - t1) * 1e3
         return Message(self.program.plan_id, PLAN_VERSION, request.request_id, parts, timings)
+
+    def _compute(self, values: dict[str, torch.Tensor], context: grpc.ServicerContext | None,
+                 timings: dict[str, float]) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        state = self._state(context)
+        if state is None:
+            values = (self.batcher or self.step).compute(values)
+        else:  # a session's state is its own: no batching across sessions
+            values = self.step.compute(values, state)
+        timings[self._compute_key] = (time.perf_counter() - t0) * 1e3
+        if self.step.emulate_ms is not None:  # compute emulation: the time slept
+            timings.update(self.step.emulation_timings())
+        return values
 
     def _forward(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
                  context: grpc.ServicerContext | None, timings: dict[str, float]

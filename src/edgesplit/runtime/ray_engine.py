@@ -1,0 +1,312 @@
+"""The cloud side of a plan on Ray Serve: one device's partition as a deployment of replicas
+(fixed or autoscaled), behind edgesplit's own service.
+
+Devices keep calling :class:`~edgesplit.runtime.transport.PartitionServer` (the same .proto,
+data plane, token, TLS, plan fingerprint and wire format): with ``engine=RayEngine(...)`` that
+server is an *ingress*. It authenticates, checks the plan and decodes every request as the
+local server does (so bad requests get the same errors), then hands the tensors to the
+deployment through its ``DeploymentHandle`` instead of computing them, and forwards to the
+next hop (a middle hop of a chain) or answers. Ray's own HTTP and gRPC proxies are not started
+(``proxy_location`` ``Disabled``): nothing of Ray faces the devices.
+
+A replica that dies mid-request (killed, its node lost) fails only that attempt: the engine
+sends the request again to a live replica, up to ``RayOptions.retries`` times within the
+caller's deadline. A partition's compute has no side effects, so a retry cannot duplicate one;
+each request is answered once, under its own id.
+
+Health maps onto Ray's: the ingress's gRPC health service says SERVING while the application
+is RUNNING in Ray Serve (checked every ``health_period_s``), NOT_SERVING otherwise. Shutdown
+is graceful in order: the ingress stops taking requests and finishes those in flight, then the
+application is deleted (replicas drain, up to ``graceful_shutdown_timeout_s``), then a cluster
+this process started is stopped; one it joined (``address``) is left running.
+
+Ray is an optional dependency (``pip install 'edgesplit[ray]'``); without it the engine
+refuses with that command.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+from edgesplit.errors import ConfigError, option
+from edgesplit.runtime.program import PlanProgram
+from edgesplit.transport import BadRequest
+
+__all__ = ["ENGINES", "RAY_INSTALL", "RayEngine", "RayOptions", "import_ray"]
+
+log = logging.getLogger(__name__)
+ENGINES = ("local", "ray")
+RAY_INSTALL = "pip install 'edgesplit[ray]'"
+
+
+def import_ray() -> tuple[Any, Any]:
+    """``(ray, ray.serve)``, or a ConfigError naming the install command."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ConfigError(f"{option('engine', 'ray')} needs Ray Serve, which is not installed: "
+                          f"{RAY_INSTALL}") from None
+    return ray, serve
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how the deployment runs. ``max_replicas`` set: autoscaling between
+    ``min_replicas`` and it (starting at ``replicas``), aiming at ``target_ongoing`` requests
+    per replica; else ``replicas`` fixed."""
+
+    address: str | None = None  # a running cluster ("auto", "HOST:PORT"); None: start one here
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing: float = 2.0
+    replica_cpus: float = 1.0  # Ray CPUs per replica; its torch threads follow
+    max_batch: int = 32  # @serve.batch bound (1: no batching)
+    max_wait_ms: float = 0.0
+    retries: int = 3  # a request's attempts after its replica died
+    app_name: str | None = None  # default: edgesplit-<plan id>-<device>
+    grace_s: float = 5.0  # replicas' graceful shutdown
+    health_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"{option('replicas')} must be at least 1")
+        if self.min_replicas is not None and self.max_replicas is None:
+            raise ConfigError(f"{option('min_replicas')} bounds autoscaling: give "
+                              f"{option('max_replicas')} too")
+        if self.max_replicas is not None:
+            low = 1 if self.min_replicas is None else self.min_replicas
+            if low < 0 or self.max_replicas < max(1, low):
+                raise ConfigError(f"autoscaling needs 0 <= {option('min_replicas')} <= "
+                                  f"{option('max_replicas')} and {option('max_replicas')} >= 1")
+        if self.target_ongoing <= 0:
+            raise ConfigError(f"{option('target_ongoing')} must be above 0")
+        if self.replica_cpus <= 0:
+            raise ConfigError(f"{option('replica_cpus')} must be above 0")
+        if self.max_batch < 1:
+            raise ConfigError(f"{option('max_batch')} must be at least 1")
+        if self.max_wait_ms < 0 or self.retries < 0:
+            raise ConfigError(f"{option('max_wait_ms')} and {option('retries')} must be 0 or "
+                              "more")
+
+    def deployment(self) -> dict[str, Any]:
+        """Ray Serve deployment options."""
+        opts: dict[str, Any] = {
+            "ray_actor_options": {"num_cpus": self.replica_cpus},
+            # a replica takes a whole batch at once, and a little more to queue the next
+            "max_ongoing_requests": max(8, 2 * self.max_batch),
+            "graceful_shutdown_timeout_s": self.grace_s,
+        }
+        if self.max_replicas is None:
+            opts["num_replicas"] = self.replicas
+        else:
+            low = 1 if self.min_replicas is None else self.min_replicas
+            opts["autoscaling_config"] = {
+                "min_replicas": low, "max_replicas": self.max_replicas,
+                "initial_replicas": min(max(self.replicas, low), self.max_replicas),
+                "target_ongoing_requests": self.target_ongoing}
+        return opts
+
+
+class RayEngine:
+    """``device``'s partition of ``program`` deployed on Ray Serve; :meth:`compute` is what a
+    :class:`~edgesplit.runtime.transport.PartitionServer` calls instead of computing."""
+
+    def __init__(self, program: PlanProgram, device: str, options: RayOptions | None = None, *,
+                 trust_model_file: bool = False, emulate: bool = False) -> None:
+        self.options = options or RayOptions()
+        step = program.step(device)
+        if step.partition is None:
+            raise ConfigError(f"device {device!r} computes nothing in this plan (it only "
+                              f"relays): serve it without {option('engine', 'ray')}")
+        if program.kind == "star" and device == program.sink:
+            raise ConfigError(f"device {device!r} joins a star's sources; the Ray engine "
+                              "serves a chain's devices and a star's sources")
+        self.ray, self.serve = import_ray()
+        self.device = step.name
+        self.inputs = tuple(step.partition.inputs)
+        self.app_name = self.options.app_name or f"edgesplit-{program.plan_id}-{self.device}"
+        self._compute_key = f"{self.device}.compute_ms"
+        self._engine_key = f"{self.device}.engine_ms"
+        self._emulated_key = f"{self.device}.emulated_ms"
+        self.served_by: collections.Counter[str] = collections.Counter()  # replies per replica
+        self.retried = 0  # attempts sent again after their replica died
+        self._stats_lock = threading.Lock()
+        self._own_cluster = False
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._start_cluster()
+        self.handle = self._deploy(program, trust_model_file, emulate)
+        self.replica_info: dict[str, Any] = self.handle.describe.remote().result(timeout_s=60)
+
+    # ---- cluster and deployment ------------------------------------------------------------
+    def _start_cluster(self) -> None:
+        ray = self.ray
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.options.address, include_dashboard=False,
+                         log_to_driver=False, logging_level=logging.WARNING)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                where = self.options.address or "a local cluster"
+                raise ConfigError(f"cannot start or join Ray at {where}: {_first_line(exc)}; "
+                                  f"check {option('ray_address')} (a running cluster's "
+                                  "HOST:PORT or auto)") from None
+            self._own_cluster = self.options.address is None
+        for name in ("ray.serve", "ray"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        # no HTTP proxy: devices reach the deployment only through our ingress
+        self.serve.start(proxy_location="Disabled")
+
+    def _deploy(self, program: PlanProgram, trust_model_file: bool, emulate: bool) -> Any:
+        from edgesplit.runtime.ray_replica import PartitionReplica
+
+        opts = self.options
+        deployment = self.serve.deployment(PartitionReplica, name=f"edgesplit-{self.device}"
+                                           ).options(**opts.deployment())
+        app = deployment.bind(
+            _portable(program).model_dump_json(), self.device,
+            backend=program.step(self.device).backend.name, trust_model_file=trust_model_file,
+            threads=max(1, int(opts.replica_cpus)), max_batch=opts.max_batch,
+            max_wait_ms=opts.max_wait_ms, emulate=emulate)
+        try:
+            return self.serve.run(app, name=self.app_name, route_prefix=None,
+                                  logging_config={"log_level": "WARNING"})
+        except Exception as exc:  # a replica's constructor failed, or the cluster is full
+            self.close()
+            raise ConfigError(f"Ray Serve could not deploy {self.app_name}: "
+                              f"{_first_line(exc)}") from None
+
+    # ---- requests --------------------------------------------------------------------------
+    def compute(self, values: dict[str, torch.Tensor], timeout_s: float
+                ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """``values`` plus the partition's outputs, computed by a replica, and the timings to
+        report (the replica's compute, the hop to it, emulation's sleep)."""
+        from edgesplit.runtime.ray_replica import from_arrays, to_arrays
+
+        arrays = to_arrays(values, self.inputs)
+        start = time.perf_counter()
+        reply = self._call(arrays, start + timeout_s)
+        total_ms = (time.perf_counter() - start) * 1e3
+        if reply.error is not None:
+            raise ReplicaError(reply.error)
+        assert reply.outputs is not None
+        with self._stats_lock:
+            self.served_by[reply.replica] += 1
+        timings = {self._compute_key: reply.compute_ms,
+                   self._engine_key: max(0.0, total_ms - reply.compute_ms
+                                         - (reply.emulated_ms or 0.0))}
+        if reply.emulated_ms is not None:
+            timings[self._emulated_key] = reply.emulated_ms
+        return {**values, **from_arrays(reply.outputs)}, timings
+
+    def _call(self, arrays: dict, deadline: float) -> Any:
+        """One request to the deployment, sent again while its replica died under it."""
+        exc_types = _replica_lost(self.ray)
+        from ray.serve.exceptions import BackPressureError
+
+        for attempt in range(self.options.retries + 1):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            response = self.handle.remote(arrays)
+            try:
+                return response.result(timeout_s=left)
+            except TimeoutError:
+                response.cancel()
+                break
+            except BackPressureError:
+                raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"device {self.device!r}: every Ray replica is busy") from None
+            except exc_types as exc:
+                if attempt == self.options.retries:
+                    raise BadRequest(grpc.StatusCode.UNAVAILABLE,
+                                     f"device {self.device!r}: its Ray replica died and "
+                                     f"{self.options.retries} retries failed: "
+                                     f"{_first_line(exc)}") from None
+                with self._stats_lock:
+                    self.retried += 1
+                log.warning("device %s: a replica died under a request; sending it again",
+                            self.device)
+        raise BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"device {self.device!r}: the Ray deployment did not answer within "
+                         "the caller's deadline")
+
+    # ---- health and shutdown ---------------------------------------------------------------
+    def healthy(self) -> bool:
+        """Whether Ray Serve reports the application RUNNING."""
+        try:
+            app = self.serve.status().applications.get(self.app_name)
+        except Exception:  # the controller is unreachable: not serving
+            return False
+        return app is not None and str(app.status).endswith("RUNNING")
+
+    def watch(self, on_change: Callable[[bool], None]) -> None:
+        """Call ``on_change(healthy)`` whenever Ray's view of the application changes."""
+        def loop() -> None:
+            last: bool | None = None
+            while not self._watch_stop.is_set():
+                now = self.healthy()
+                if now != last and not self._watch_stop.is_set():
+                    on_change(now)
+                    last = now
+                self._watch_stop.wait(self.options.health_period_s)
+
+        self._watcher = threading.Thread(target=loop, name="edgesplit-ray-health", daemon=True)
+        self._watcher.start()
+
+    def stop_watching(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=10)
+
+    def close(self) -> None:
+        """Delete the application (replicas drain), and stop a cluster this engine started."""
+        self.stop_watching()
+        try:
+            if self.app_name in self.serve.status().applications:
+                self.serve.delete(self.app_name)
+        except Exception as exc:  # the cluster went first: nothing left to drain
+            log.warning("deleting %s: %s", self.app_name, _first_line(exc))
+        if self._own_cluster:
+            self.serve.shutdown()
+            self.ray.shutdown()
+            self._own_cluster = False
+
+
+class ReplicaError(Exception):
+    """A replica's compute failed (its exception's type and message)."""
+
+
+def _replica_lost(ray: Any) -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "the replica went away", not "the request failed"."""
+    from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
+
+    return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+            ReplicaUnavailableError, DeploymentUnavailableError)
+
+
+def _portable(program: PlanProgram):
+    """The plan with a relative ``.pt2`` source made absolute (replicas may run elsewhere
+    than this process's folder)."""
+    plan = program.plan
+    source = str(plan.model.source)
+    if source.endswith(".pt2") and not Path(source).is_absolute() and Path(source).exists():
+        model = plan.model.model_copy(update={"source": str(Path(source).resolve())})
+        return plan.model_copy(update={"model": model})
+    return plan
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
