@@ -125,6 +125,51 @@ def test_replica_batches_are_exact_and_a_bad_request_fails_alone(cluster, progra
         engine.close()
 
 
+def test_a_middle_hop_can_be_a_deployment(cluster):
+    """a -> b -> c with b on Ray: its ingress computes through the deployment and forwards to
+    c; the token travels on."""
+    program = _three_hops("digits_cnn")
+    last = PartitionServer(program, "c", shape=False, token="s3cret")
+    c_address = f"127.0.0.1:{last.start()}"
+    engine = RayEngine(program, "b", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-mid"))
+    middle = PartitionServer(program, "b", shape=False, token="s3cret", engine=engine,
+                             next_address=c_address)
+    try:
+        address = f"127.0.0.1:{middle.start()}"
+        for k in range(3):
+            with ChainClient(program, address, shape=False, token="s3cret") as client:
+                result = client.request(_inputs(k))
+            assert torch.allclose(result.outputs[0], program.unsplit(_inputs(k))[0], atol=TOL,
+                                  rtol=0)
+            assert {"b.engine_ms", "c.compute_ms"} <= set(result.hops_ms)
+    finally:
+        middle.stop(0)
+        last.stop(0)
+
+
+def _three_hops(source: str) -> PlanProgram:
+    """digits_cnn over a -> b -> c (``source``: the plan's model source)."""
+    from edgesplit.graph import capture
+    from edgesplit.hardware import chain, get_device, get_link
+    from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
+
+    graph = capture("digits_cnn")
+    base = get_device("raspberry-pi-4")
+    devices = [base.model_copy(update={"name": n}) for n in ("a", "b", "c")]
+    topology = chain("abc", devices, [get_link("4g")] * 2)
+    costs = ChainCosts.build(graph, topology)
+    assignment = evaluate_boundaries(costs, [0, 2, 5, len(graph.layers)])
+    plan = chain_plan(costs, assignment, topology, method="manual", source=source)
+    return PlanProgram.load(plan, graph)
+
+
+def test_a_replica_that_cannot_load_the_plan_is_named(cluster):
+    program = _three_hops("no_such_model")  # loads here (its graph is given), not in Ray
+    with pytest.raises(ConfigError, match="unknown model 'no_such_model'"):
+        RayEngine(program, "b", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-bad"))
+    assert "test-bad" not in serve.status().applications
+
+
 # ---- failures -------------------------------------------------------------------------------
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster, program):
     engine = RayEngine(program, "cloud", RayOptions(replicas=2, replica_cpus=REPLICA_CPUS,
@@ -134,29 +179,40 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster, program):
     try:
         before = _replica_ids("test-kill")
         assert len(before) == 2
-        seen: list[int] = []
-        lock = threading.Lock()
+        seen: list[tuple[int, int]] = []  # (client, request id) of every reply
+        lock, stop = threading.Lock(), threading.Event()
 
         def client(c: int) -> float:
-            worst = 0.0
+            worst, i = 0.0, 0
             with ChainClient(program, address, shape=False, retries=3) as chain:
-                for i in range(15):
-                    k = 100 * c + i
+                while not stop.is_set():
+                    k, i = 1000 * c + i, i + 1
                     result = chain.request(_inputs(k))
                     with lock:
-                        seen.append(result.request_id * 100 + c)
+                        seen.append((c, result.request_id))
                     worst = max(worst, float(
                         (result.outputs[0] - program.unsplit(_inputs(k))[0]).abs().max()))
             return worst
 
+        def wait_for(n: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(seen) < n:
+                assert time.monotonic() < deadline, f"{len(seen)} replies, waiting for {n}"
+                time.sleep(0.01)
+
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(client, c) for c in range(4)]
-            time.sleep(0.5)  # mid-load
+            wait_for(20)  # mid-load: requests in flight on both replicas
             ray.kill(ray.get_actor(f"SERVE_REPLICA::test-kill#edgesplit-cloud#{before[0]}",
                                    namespace="serve"), no_restart=True)
+            at_kill = len(seen)
+            wait_for(at_kill + 40)  # and the load goes on without it
+            stop.set()
             worst = max(f.result(timeout=120) for f in futures)
-        assert worst < TOL
-        assert len(seen) == len(set(seen)) == 60  # each request answered once, under its id
+        assert worst < TOL  # every reply is its own request's answer
+        for c in range(4):  # each request answered once, in order: none lost or repeated
+            ids = [r for client, r in seen if client == c]
+            assert ids == list(range(1, len(ids) + 1))
         deadline = time.monotonic() + 120
         while True:  # Serve starts a replacement
             now = _replica_ids("test-kill")

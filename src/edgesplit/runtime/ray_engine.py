@@ -47,6 +47,7 @@ __all__ = ["ENGINES", "RAY_INSTALL", "RayEngine", "RayOptions", "import_ray"]
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 RAY_INSTALL = "pip install 'edgesplit[ray]'"
+RETRY_BACKOFF_S = 0.05  # before sending a request again after its replica died (doubling)
 
 
 def import_ray() -> tuple[Any, Any]:
@@ -107,6 +108,8 @@ class RayOptions:
             # a replica takes a whole batch at once, and a little more to queue the next
             "max_ongoing_requests": max(8, 2 * self.max_batch),
             "graceful_shutdown_timeout_s": self.grace_s,
+            # a replica that cannot load the plan fails the same way every time: say so soon
+            "max_constructor_retry_count": 3,
         }
         if self.max_replicas is None:
             opts["num_replicas"] = self.replicas
@@ -183,9 +186,24 @@ class RayEngine:
             return self.serve.run(app, name=self.app_name, route_prefix=None,
                                   logging_config={"log_level": "WARNING"})
         except Exception as exc:  # a replica's constructor failed, or the cluster is full
+            why = self._replica_failure() or _first_line(exc)
             self.close()
-            raise ConfigError(f"Ray Serve could not deploy {self.app_name}: "
-                              f"{_first_line(exc)}") from None
+            raise ConfigError(f"Ray Serve could not deploy {self.app_name}: {why}") from None
+
+    def _replica_failure(self) -> str | None:
+        """The exception a failed replica raised, from Serve's status (its message holds the
+        replica's traceback; the exception is its last line)."""
+        try:
+            app = self.serve.status().applications[self.app_name]
+            messages = [d.message for d in app.deployments.values() if d.message]
+        except Exception:
+            return None
+        for message in messages:
+            lines = [line.strip() for line in message.splitlines() if line.strip()]
+            errors = [line for line in lines if "Error:" in line or "Exception:" in line]
+            if errors:
+                return errors[-1][:300]
+        return None
 
     # ---- requests --------------------------------------------------------------------------
     def compute(self, values: dict[str, torch.Tensor], timeout_s: float
@@ -238,6 +256,9 @@ class RayEngine:
                     self.retried += 1
                 log.warning("device %s: a replica died under a request; sending it again",
                             self.device)
+                # the router may not know yet: give it a moment before the next attempt
+                time.sleep(min(RETRY_BACKOFF_S * 2 ** attempt, max(0.0, deadline
+                                                                  - time.perf_counter())))
         raise BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"device {self.device!r}: the Ray deployment did not answer within "
                          "the caller's deadline")
