@@ -289,6 +289,12 @@ def test_health_follows_the_deployment_and_stop_says_not_serving(cluster, progra
         health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+def test_an_application_of_the_same_name_is_not_taken_over(served, program):
+    with pytest.raises(ConfigError, match="already runs an application 'test-two'"):
+        RayEngine(program, "cloud", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-two"))
+    assert _diff(program, served[1], 2) < TOL  # the running one is untouched
+
+
 def test_the_engine_refuses_a_relay_and_the_wrong_device(cluster, program):
     with pytest.raises(ConfigError, match="engine runs device"):
         engine = RayEngine.__new__(RayEngine)

@@ -112,6 +112,9 @@ def serve(
     ray_address: str | None = typer.Option(None, "--ray-address", help="--engine ray: a "
                                            "running Ray cluster (HOST:PORT or auto; default: "
                                            "start one for this server)."),
+    app_name: str | None = typer.Option(None, "--app-name", help="--engine ray: the Ray Serve "
+                                        "application's name (default: edgesplit-<plan "
+                                        "id>-<device>)."),
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully). A star plan's sink joins its sources' calls of each request; each source
@@ -123,7 +126,8 @@ def serve(
     token = read_token(token, token_file)
     ray_settings = {"replicas": replicas, "min_replicas": min_replicas,
                     "max_replicas": max_replicas, "target_ongoing": target_ongoing,
-                    "replica_cpus": replica_cpus, "address": ray_address}
+                    "replica_cpus": replica_cpus, "address": ray_address,
+                    "app_name": app_name}
     _check_engine(engine, ray_settings)
     program = load_program(plan_path, backend, trust_model_file)
     if emulate_device:

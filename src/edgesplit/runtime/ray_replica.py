@@ -71,6 +71,8 @@ class PartitionReplica:
         self.produced = tuple(t for t in partition.outputs if t in wanted)
         self.batched: DeviceStep | None = None
         self.batching = "off"
+        self._busy = 0  # requests computing alone (the event loop's own: no lock needed)
+        self._wait = max_wait_ms > 0
         if max_batch > 1 and not emulate:
             flexible = flexible_step(program, self.step.name)
             self.batched = None if isinstance(flexible, str) else flexible
@@ -83,8 +85,14 @@ class PartitionReplica:
             self.replica = "local"
 
     async def __call__(self, arrays: Arrays) -> ReplicaReply:
-        if self.batched is None:
-            return await asyncio.to_thread(self._alone, arrays)
+        # without a batch wait, a request alone on the replica runs at once: a lone client pays
+        # no batch queue (as the local server's Batcher); others arriving meanwhile batch
+        if self.batched is None or (self._busy == 0 and not self._wait):
+            self._busy += 1
+            try:
+                return await asyncio.to_thread(self._alone, arrays)
+            finally:
+                self._busy -= 1
         return await self.run_batch(arrays)
 
     def describe(self) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """PNG figures, one module per domain: ``plan`` (link sweeps, cut breakdowns, assignments,
 Pareto fronts), ``hardware`` (profiles), ``train`` (L2S and split training), ``nas``
 (searches), ``adaptivenet`` (search efficiency, switching under load), ``llm`` (split
-generation by placement method). This package re-exports them all, so
-``from edgesplit.report.plots import plot_pareto`` keeps working."""
+generation by placement method), ``serving`` (requests/s by Ray replicas). This package
+re-exports them all, so ``from edgesplit.report.plots import plot_pareto`` keeps working."""
 
 from edgesplit.report.plots._figure import DPI, short_layer_name
 from edgesplit.report.plots.adaptivenet import plot_search_efficiency, plot_switching
@@ -20,6 +20,7 @@ from edgesplit.report.plots.plan import (
     plot_link_sweep,
     plot_pareto,
 )
+from edgesplit.report.plots.serving import plot_replica_scaling
 from edgesplit.report.plots.train import plot_l2s, plot_l2s_curves, plot_train_split
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "plot_llm_methods",
     "plot_pareto",
     "plot_profile",
+    "plot_replica_scaling",
     "plot_search_efficiency",
     "plot_search_front",
     "plot_search_progress",
