@@ -71,6 +71,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_nas_splitnets.py
 	$(PY) benchmarks/bench_nas_adaptivenet.py
 	$(PY) benchmarks/bench_llm.py
+	$(PY) benchmarks/bench_ray.py
 
 # 500,000 mutated wire messages through the decoder (a few minutes): every one must raise
 # WireError or decode as its header says, within 4x its declared size and 100 ms.

@@ -289,6 +289,30 @@ def test_health_follows_the_deployment_and_stop_says_not_serving(cluster, progra
         health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+def test_autoscaling_bounds_and_emulation_reach_the_replicas(cluster, program):
+    """An autoscaled deployment serves; --emulate-device paces the replica's compute to the
+    plan (and turns batching off there), and the reply says how long it slept."""
+    engine = RayEngine(program, "cloud", RayOptions(
+        min_replicas=1, max_replicas=2, replica_cpus=REPLICA_CPUS, app_name="test-auto"),
+        emulate=True)
+    server = PartitionServer(program, "cloud", shape=False, engine=engine)
+    try:
+        address = f"127.0.0.1:{server.start()}"
+        assert engine.replica_info["batching"] == "off"
+        app = serve.status().applications["test-auto"]
+        assert str(app.status).endswith("RUNNING")
+        with ChainClient(program, address, shape=False) as client:
+            result = client.request(_inputs(4))
+        target = program.plan.predicted.compute_ms["cloud"]
+        hops = result.hops_ms
+        assert hops["cloud.compute_ms"] >= target * 0.99  # slept up to the plan's time
+        assert "cloud.emulated_ms" in hops
+        assert torch.allclose(result.outputs[0], program.unsplit(_inputs(4))[0], atol=TOL,
+                              rtol=0)
+    finally:
+        server.stop(0)
+
+
 def test_an_application_of_the_same_name_is_not_taken_over(served, program):
     with pytest.raises(ConfigError, match="already runs an application 'test-two'"):
         RayEngine(program, "cloud", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-two"))
