@@ -166,7 +166,8 @@ def _three_hops(source: str) -> PlanProgram:
 def test_a_replica_that_cannot_load_the_plan_is_named(cluster):
     program = _three_hops("no_such_model")  # loads here (its graph is given), not in Ray
     with pytest.raises(ConfigError, match="unknown model 'no_such_model'"):
-        RayEngine(program, "b", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-bad"))
+        RayEngine(program, "b", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-bad",
+                                           constructor_retries=1))
     assert "test-bad" not in serve.status().applications
 
 
@@ -266,32 +267,13 @@ def test_bad_requests_get_the_same_errors_as_the_local_server(served, program):
     assert _diff(program, served[1], 1) < TOL  # and it serves the next request
 
 
-def test_health_follows_the_deployment_and_stop_says_not_serving(cluster, program):
+def test_autoscaling_emulation_and_health(cluster, program):
+    """An autoscaled deployment serves; --emulate-device paces the replica's compute to the
+    plan (and turns batching off there), and the reply says how long it slept. The ingress's
+    health says SERVING while the application runs, NOT_SERVING once it is gone and after
+    stop."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    engine = RayEngine(program, "cloud", RayOptions(replica_cpus=REPLICA_CPUS,
-                                                    app_name="test-health"))
-    server = PartitionServer(program, "cloud", shape=False, engine=engine)
-    port = server.start()
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        check = health_pb2_grpc.HealthStub(channel).Check
-        assert check(health_pb2.HealthCheckRequest(), timeout=10).status == \
-            health_pb2.HealthCheckResponse.SERVING
-        assert engine.healthy()
-        serve.delete("test-health")  # the deployment goes away under the ingress
-        deadline = time.monotonic() + 30
-        while check(health_pb2.HealthCheckRequest(), timeout=10).status == \
-                health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, "health still says SERVING"
-            time.sleep(0.2)
-    server.stop(0)
-    assert server.health.Check(health_pb2.HealthCheckRequest(), None).status == \
-        health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def test_autoscaling_bounds_and_emulation_reach_the_replicas(cluster, program):
-    """An autoscaled deployment serves; --emulate-device paces the replica's compute to the
-    plan (and turns batching off there), and the reply says how long it slept."""
     engine = RayEngine(program, "cloud", RayOptions(
         min_replicas=1, max_replicas=2, replica_cpus=REPLICA_CPUS, app_name="test-auto"),
         emulate=True)
@@ -309,14 +291,42 @@ def test_autoscaling_bounds_and_emulation_reach_the_replicas(cluster, program):
         assert "cloud.emulated_ms" in hops
         assert torch.allclose(result.outputs[0], program.unsplit(_inputs(4))[0], atol=TOL,
                               rtol=0)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        with grpc.insecure_channel(address) as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            assert check(health_pb2.HealthCheckRequest(), timeout=10).status == serving
+            serve.delete("test-auto")  # the deployment goes away under the ingress
+            deadline = time.monotonic() + 30
+            while check(health_pb2.HealthCheckRequest(), timeout=10).status == serving:
+                assert time.monotonic() < deadline, "health still says SERVING"
+                time.sleep(0.2)
     finally:
         server.stop(0)
+    assert server.health.Check(health_pb2.HealthCheckRequest(), None).status == \
+        health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_an_application_of_the_same_name_is_not_taken_over(served, program):
     with pytest.raises(ConfigError, match="already runs an application 'test-two'"):
         RayEngine(program, "cloud", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-two"))
     assert _diff(program, served[1], 2) < TOL  # the running one is untouched
+
+
+def test_replicas_the_cluster_cannot_place_are_refused_or_warned(cluster, program, caplog):
+    # the tests' cluster was joined, not started by the engine (it may grow): a warning; a
+    # cluster the engine started itself cannot: an error (checked without starting one)
+    engine = RayEngine.__new__(RayEngine)
+    engine.ray, engine.serve = import_ray()
+    engine.options = RayOptions(replicas=5, replica_cpus=1)
+    engine._own_cluster, engine._watcher = False, None
+    engine._watch_stop = threading.Event()
+    with caplog.at_level("WARNING"):
+        engine._check_room()
+    assert "need 5 CPUs; the Ray cluster has 2" in caplog.text
+    engine._own_cluster = True
+    engine.close = lambda **_: None  # (it would stop the tests' cluster)
+    with pytest.raises(ConfigError, match="lower replicas or replica_cpus"):
+        engine._check_room()
 
 
 def test_the_engine_refuses_a_relay_and_the_wrong_device(cluster, program):

@@ -143,13 +143,13 @@ def serve(
         ray_engine = _ray_engine(program, plan_device(program, device), ray_settings,
                                  max_batch, max_wait_ms, trust_model_file, emulate_device)
         max_batch = None  # the deployment batches
-    server = PartitionServer(program, device, next_address=next_hop, token=token,
-                             tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
-                             max_workers=workers, max_batch=max_batch,
-                             max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
-                             data_port=_data_port(data_port),
-                             data_plane=_data_plane(data_plane), engine=ray_engine)
     try:
+        server = PartitionServer(program, device, next_address=next_hop, token=token,
+                                 tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
+                                 max_workers=workers, max_batch=max_batch,
+                                 max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
+                                 data_port=_data_port(data_port),
+                                 data_plane=_data_plane(data_plane), engine=ray_engine)
         bound = server.start(host, port)
     except BaseException:
         if ray_engine is not None:  # the deployment must not outlive a server that never ran
@@ -179,6 +179,10 @@ def _check_engine(engine: str, ray_settings: dict) -> None:
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine takes {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "ray":
+        from edgesplit.runtime.ray_engine import import_ray
+
+        import_ray()  # without the extra: one line naming the install command, before any work
     given = [k for k, v in ray_settings.items() if v is not None]
     if engine != "ray" and given:
         flags = ", ".join("--" + ("ray-address" if k == "address" else k.replace("_", "-"))
@@ -189,9 +193,8 @@ def _check_engine(engine: str, ray_settings: dict) -> None:
 def _ray_engine(program: PlanProgram, device: str, settings: dict, max_batch: int | None,
                 max_wait_ms: float, trust_model_file: bool, emulate: bool):
     """The deployment ``serve --engine ray`` forwards to (deployed here, with a spinner)."""
-    from edgesplit.runtime.ray_engine import RayEngine, RayOptions, import_ray
+    from edgesplit.runtime.ray_engine import RayEngine, RayOptions
 
-    import_ray()  # without the extra: one line naming the install command, before any work
     options = RayOptions(**{k: v for k, v in settings.items() if v is not None},
                          max_batch=32 if max_batch is None else max_batch,
                          max_wait_ms=max_wait_ms)

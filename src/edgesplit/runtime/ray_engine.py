@@ -81,6 +81,7 @@ class RayOptions:
     max_batch: int = 32  # @serve.batch bound (1: no batching)
     max_wait_ms: float = 0.0
     retries: int = 3  # a request's attempts after its replica died
+    constructor_retries: int = 3  # Serve's tries at starting a replica before it gives up
     app_name: str | None = None  # default: edgesplit-<plan id>-<device>
     grace_s: float = 5.0  # replicas' graceful shutdown
     health_period_s: float = 2.0
@@ -102,6 +103,8 @@ class RayOptions:
             raise ConfigError(f"{option('replica_cpus')} must be above 0")
         if self.max_batch < 1:
             raise ConfigError(f"{option('max_batch')} must be at least 1")
+        if self.constructor_retries < 1:
+            raise ConfigError(f"{option('constructor_retries')} must be at least 1")
         if self.max_wait_ms < 0 or self.retries < 0:
             raise ConfigError(f"{option('max_wait_ms')} and {option('retries')} must be 0 or "
                               "more")
@@ -119,7 +122,7 @@ class RayOptions:
             "max_ongoing_requests": max(8, 2 * self.max_batch),
             "graceful_shutdown_timeout_s": self.grace_s,
             # a replica that cannot load the plan fails the same way every time: say so soon
-            "max_constructor_retry_count": 3,
+            "max_constructor_retry_count": self.constructor_retries,
         }
         if self.max_replicas is None:
             opts["num_replicas"] = self.replicas
@@ -160,8 +163,15 @@ class RayEngine:
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._start_cluster()
+        self._check_room()
         self.handle = self._deploy(program, trust_model_file, emulate)
-        self.replica_info: dict[str, Any] = self.handle.describe.remote().result(timeout_s=60)
+        try:
+            self.replica_info: dict[str, Any] = self.handle.describe.remote().result(
+                timeout_s=60)
+        except Exception as exc:
+            self.close()
+            raise ConfigError(f"the deployment {self.app_name} does not answer: "
+                              f"{_first_line(exc)}") from None
 
     # ---- cluster and deployment ------------------------------------------------------------
     def _start_cluster(self) -> None:
@@ -181,6 +191,26 @@ class RayEngine:
             logging.getLogger(name).setLevel(logging.WARNING)
         # no HTTP proxy: devices reach the deployment only through our ingress
         self.serve.start(proxy_location="Disabled")
+
+    def _check_room(self) -> None:
+        """Refuse replicas a cluster can never place: Serve would wait for them forever. A
+        cluster this engine started cannot grow; one it joined may (an autoscaler), so there
+        it is only a warning."""
+        opts = self.options
+        start = opts.replicas if opts.max_replicas is None else \
+            opts.deployment()["autoscaling_config"]["initial_replicas"]
+        need = start * opts.replica_cpus
+        total = float(self.ray.cluster_resources().get("CPU", 0.0))
+        if need <= total + 1e-9:
+            return
+        text = (f"{start} replica(s) x {opts.replica_cpus:g} CPU need {need:g} CPUs; the Ray "
+                f"cluster has {total:g}")
+        if self._own_cluster:
+            self.close(delete=False)
+            raise ConfigError(f"{text}: lower {option('replicas')} or {option('replica_cpus')} "
+                              f"(a fraction shares a core), or join a larger cluster with "
+                              f"{option('ray_address')}")
+        log.warning("%s: Serve waits until the cluster has room for them", text)
 
     def _deploy(self, program: PlanProgram, trust_model_file: bool, emulate: bool) -> Any:
         from edgesplit.runtime.ray_replica import PartitionReplica
