@@ -230,8 +230,9 @@ class RayEngine:
             threads=max(1, int(opts.replica_cpus)), max_batch=opts.max_batch,
             max_wait_ms=opts.max_wait_ms, emulate=emulate)
         try:
-            return self.serve.run(app, name=self.app_name, route_prefix=None,
-                                  logging_config={"log_level": "WARNING"})
+            handle = self.serve.run(app, name=self.app_name, route_prefix=None,
+                                    logging_config={"log_level": "WARNING"})
+            return _by_value(handle)
         except Exception as exc:  # a replica's constructor failed, or the cluster is full
             why = self._replica_failure() or _first_line(exc)
             self.close()
@@ -362,6 +363,16 @@ def _replica_lost(ray: Any) -> tuple[type[BaseException], ...]:
 
     return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
             ReplicaUnavailableError, DeploymentUnavailableError)
+
+
+def _by_value(handle: Any) -> Any:
+    """The handle sending requests to replicas by value, over Serve's direct gRPC transport,
+    rather than as Ray actor calls whose results are object references: ~1.8 ms less a call
+    at 1 MiB here (3.0 against 4.8 ms). Serve versions without the option keep the default."""
+    try:
+        return handle.options(_by_reference=False)
+    except TypeError:
+        return handle
 
 
 def _portable(program: PlanProgram):
