@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -48,10 +47,6 @@ __all__ = ["ENGINES", "RAY_INSTALL", "RayEngine", "RayOptions", "import_ray"]
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 RAY_INSTALL = "pip install 'edgesplit[ray]'"
-# Arguments up to this size travel inside the call to the replica instead of through the object
-# store (a put and a fetch): ~0.5 ms less at 1 MiB here. Read by Ray when it starts in this
-# process, so set only then.
-DIRECT_CALL_BYTES = 16 << 20
 RETRY_BACKOFF_S = 0.05  # before sending a request again after its replica died (doubling)
 
 
@@ -177,7 +172,6 @@ class RayEngine:
     def _start_cluster(self) -> None:
         ray = self.ray
         if not ray.is_initialized():
-            os.environ.setdefault("RAY_max_direct_call_object_size", str(DIRECT_CALL_BYTES))
             try:
                 ray.init(address=self.options.address, include_dashboard=False,
                          log_to_driver=False, logging_level=logging.WARNING)
@@ -230,9 +224,8 @@ class RayEngine:
             threads=max(1, int(opts.replica_cpus)), max_batch=opts.max_batch,
             max_wait_ms=opts.max_wait_ms, emulate=emulate)
         try:
-            handle = self.serve.run(app, name=self.app_name, route_prefix=None,
-                                    logging_config={"log_level": "WARNING"})
-            return _by_value(handle)
+            return self.serve.run(app, name=self.app_name, route_prefix=None,
+                                  logging_config={"log_level": "WARNING"})
         except Exception as exc:  # a replica's constructor failed, or the cluster is full
             why = self._replica_failure() or _first_line(exc)
             self.close()
@@ -363,16 +356,6 @@ def _replica_lost(ray: Any) -> tuple[type[BaseException], ...]:
 
     return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
             ReplicaUnavailableError, DeploymentUnavailableError)
-
-
-def _by_value(handle: Any) -> Any:
-    """The handle sending requests to replicas by value, over Serve's direct gRPC transport,
-    rather than as Ray actor calls whose results are object references: ~1.8 ms less a call
-    at 1 MiB here (3.0 against 4.8 ms). Serve versions without the option keep the default."""
-    try:
-        return handle.options(_by_reference=False)
-    except TypeError:
-        return handle
 
 
 def _portable(program: PlanProgram):
