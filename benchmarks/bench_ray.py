@@ -139,6 +139,54 @@ def bench_hop(tmp: Path, rounds: int) -> dict[str, Any]:
     return {"request_bytes": request_bytes, "reply_bytes": 40, "rounds": rounds, "rows": rows}
 
 
+# Ray Serve's own call, without edgesplit: a deployment that takes a dict of numpy arrays and
+# answers 40 bytes, called from a driver as our ingress calls its deployment, with the same
+# Ray settings. What any Serve-based ingress pays on this machine.
+_FLOOR = """
+import json, statistics, sys, time
+import numpy as np, ray
+from ray import serve
+ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+serve.start(proxy_location="Disabled")
+env = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
+@serve.deployment(ray_actor_options={"num_cpus": 1, "runtime_env": env})
+class Echo:
+    async def __call__(self, arrays):
+        return {"y": np.zeros(10, np.float32)}
+handle = serve.run(Echo.bind(), name="floor", route_prefix=None,
+                   logging_config={"log_level": "ERROR"})
+by_value = handle.options(_by_reference=False)  # Serve's direct gRPC transport
+out = {}
+for label, nbytes, h in (("empty", 0, handle), ("1 MiB", 1 << 20, handle),
+                         ("1 MiB by value", 1 << 20, by_value)):
+    arrays = {"x": np.random.rand(1, 64, 64, nbytes // 16384).astype(np.float32)}
+    times = []
+    for i in range(int(sys.argv[1]) + 50):  # gRPC's flow-control window grows meanwhile
+        t = time.perf_counter()
+        h.remote(arrays).result()
+        if i >= 50:
+            times.append((time.perf_counter() - t) * 1e3)
+    out[label] = statistics.median(times)
+print(json.dumps(out))
+serve.shutdown()
+ray.shutdown()
+"""
+
+
+def bench_floor(rounds: int) -> dict[str, float]:
+    """Ray Serve's own handle call (p50 ms), empty and at 1 MiB, in a process of its own."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FLOOR, str(rounds)], capture_output=True,
+                          text=True, timeout=600, check=True)
+    # Ray's own processes may print after the result line
+    floor = json.loads(next(line for line in reversed(done.stdout.splitlines())
+                            if line.startswith("{")))
+    print("floor: Ray Serve's call p50 " + ", ".join(f"{k} {v:.2f} ms" for k, v in floor.items()))
+    return floor
+
+
 def _pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(len(xs) * q / 100))]
 
@@ -189,10 +237,23 @@ def render(doc: dict[str, Any]) -> list[str]:
                      f"{r['local_p50_ms']:.2f} | {r['added_ms']:+.2f} ms | "
                      f"{r['engine_ms_p50']:.2f} ms |")
     met = ray_row["added_ms"] <= GOAL_HOP_MS
+    floor = hop.get("ray_floor_ms")
     lines += [
         "",
         f"Goal: the added hop <= {GOAL_HOP_MS:g} ms at p50: {ray_row['added_ms']:.2f} ms "
         f"({'met' if met else 'MISSED'}).",
+    ]
+    if floor:
+        lines += [
+            "",
+            f"Ray Serve's own call, without edgesplit (a deployment answering 40 bytes, called "
+            f"from a driver with the same Ray settings, in a process of its own): p50 "
+            f"{floor['empty']:.2f} ms empty, {floor['1 MiB']:.2f} ms with 1 MiB of numpy "
+            f"({floor['1 MiB by value']:.2f} ms by value over Serve's direct gRPC transport, "
+            "`_by_reference=False`). The ingress's hop is "
+            f"{ray_row['engine_ms_p50'] - floor['1 MiB']:+.2f} ms from Ray's own call.",
+        ]
+    lines += [
         "",
         f"## 2. Requests/s by replicas ({rep['clients']} clients)",
         "",
@@ -260,6 +321,7 @@ def main() -> None:
                            "ray_version": ray.__version__}
     with _tmp() as tmp:
         doc["hop"] = bench_hop(tmp, args.rounds)
+        doc["hop"]["ray_floor_ms"] = bench_floor(args.rounds)
         doc["replicas"] = bench_replicas(tmp, [int(n) for n in args.replicas.split(",")])
     doc["load_after"] = os.getloadavg()[0]
     doc["wall_s"] = time.perf_counter() - start
