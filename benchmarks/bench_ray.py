@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_runtime import _load_run, serve_process  # benchmarks/ is on the path
+from bench_llm import _quiet  # benchmarks/ is on the path
+from bench_runtime import _load_run, serve_process
 
 from edgesplit.graph import export_model
 from edgesplit.hardware import Link, get_device
@@ -285,15 +286,6 @@ def write(doc: dict[str, Any], out: Path) -> None:
                          title=f"Requests/s by Ray Serve replicas, {doc['replicas']['clients']} "
                                f"clients, {os.cpu_count()} cores")
     print("\n".join(lines))
-
-
-def _quiet(threshold: float) -> float:
-    load = os.getloadavg()[0]
-    if load > threshold:
-        raise SystemExit(f"load average {load:.2f} > {threshold:g}: the machine is not quiet "
-                         "(tests, helpers or other jobs running?); wait, or pass --allow-load "
-                         "for a trial run (with --out elsewhere)")
-    return load
 
 
 @contextlib.contextmanager

@@ -399,18 +399,13 @@ def test_cli_serve_engine_ray_joins_a_cluster_and_stops_gracefully(cluster, prog
     assert ray.is_initialized() and ray.cluster_resources().get("CPU") == CPUS
 
 
-def test_cli_refuses_engine_options_without_the_engine(program, tmp_path):
+@pytest.mark.parametrize("flags, text", [
+    (["--replicas", "2"], "--replicas configure the Ray engine: add --engine ray"),
+    (["--engine", "spark"], "--engine takes local, ray, not 'spark'"),
+])
+def test_cli_refuses_ray_options_without_the_engine_and_unknown_engines(program, tmp_path,
+                                                                         flags, text):
     plan = tmp_path / "plan.json"
     program.plan.save(plan)
-    result = CliRunner().invoke(app, ["serve", str(plan), "--device", "cloud", "--replicas",
-                                      "2"])
-    assert result.exit_code == 2 and "--engine ray" in result.output
-
-
-def test_cli_refuses_an_unknown_engine(program, tmp_path):
-    plan = tmp_path / "plan.json"
-    program.plan.save(plan)
-    result = CliRunner().invoke(app, ["serve", str(plan), "--device", "cloud", "--engine",
-                                      "spark"])
-    assert result.exit_code == 2 and "local, ray" in result.output
-
+    result = CliRunner().invoke(app, ["serve", str(plan), "--device", "cloud", *flags])
+    assert result.exit_code == 2 and text in result.output, result.output
