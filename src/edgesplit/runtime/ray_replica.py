@@ -30,6 +30,7 @@ __all__ = ["Arrays", "PartitionReplica", "ReplicaReply", "from_arrays", "to_arra
 
 Arrays = dict[str, np.ndarray]
 DEFAULT_BATCH = 32  # @serve.batch's bound until __init__ sets the configured one
+INLINE_MS = 0.5  # partitions faster than this compute on the replica's event loop
 
 
 class ReplicaReply(NamedTuple):
@@ -41,6 +42,20 @@ class ReplicaReply(NamedTuple):
     emulated_ms: float | None  # the time compute emulation slept; None: not emulating
     replica: str  # the replica's id (requests spread over replicas)
     batch: int  # requests computed together with this one (itself included)
+
+
+def _compute_ms(step: DeviceStep, program: PlanProgram) -> float:
+    """The partition's compute on the plan's example (median of 3, after a warm-up), ms."""
+    assert step.partition is not None
+    example = program.example_values()
+    values = {t: example[t] for t in step.partition.inputs}
+    step.compute(values)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        step.compute(values)
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[1]
 
 
 def to_arrays(values: dict[str, torch.Tensor], names: tuple[str, ...] | list[str]) -> Arrays:
@@ -73,6 +88,9 @@ class PartitionReplica:
         self.batching = "off"
         self._busy = 0  # requests computing alone (the event loop's own: no lock needed)
         self._wait = max_wait_ms > 0
+        # a partition that computes in well under a millisecond runs on the event loop: the
+        # hand-off to a thread and back would cost about as much as the compute
+        self._inline = not emulate and _compute_ms(self.step, program) < INLINE_MS
         if max_batch > 1 and not emulate:
             flexible = flexible_step(program, self.step.name)
             self.batched = None if isinstance(flexible, str) else flexible
@@ -88,6 +106,8 @@ class PartitionReplica:
         # without a batch wait, a request alone on the replica runs at once: a lone client pays
         # no batch queue (as the local server's Batcher); others arriving meanwhile batch
         if self.batched is None or (self._busy == 0 and not self._wait):
+            if self._inline:
+                return self._alone(arrays)
             self._busy += 1
             try:
                 return await asyncio.to_thread(self._alone, arrays)
@@ -98,7 +118,7 @@ class PartitionReplica:
     def describe(self) -> dict[str, Any]:
         """What this replica runs (the ingress prints it once)."""
         return {"replica": self.replica, "device": self.step.name, "batching": self.batching,
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), "inline": self._inline}
 
     @serve.batch(max_batch_size=DEFAULT_BATCH, batch_wait_timeout_s=0.0)
     async def run_batch(self, requests: list[Arrays]) -> list[ReplicaReply]:
