@@ -89,7 +89,9 @@ class PartitionReplica:
         self._busy = 0  # requests computing alone (the event loop's own: no lock needed)
         self._wait = max_wait_ms > 0
         # a partition that computes in well under a millisecond runs on the event loop: the
-        # hand-off to a thread and back would cost about as much as the compute
+        # hand-off to a thread and back would cost about as much as the compute. Requests
+        # then run one by one as they arrive (none is ever seen waiting), so such a partition
+        # batches only with a batch wait (max_wait_ms)
         self._inline = not emulate and _compute_ms(self.step, program) < INLINE_MS
         if max_batch > 1 and not emulate:
             flexible = flexible_step(program, self.step.name)
