@@ -147,8 +147,9 @@ def test_a_middle_hop_can_be_a_deployment(cluster):
         last.stop(0)
 
 
-def _three_hops(source: str) -> PlanProgram:
-    """digits_cnn over a -> b -> c (``source``: the plan's model source)."""
+def _three_hops(source: str, cuts: tuple[int, int] = (2, 5)) -> PlanProgram:
+    """digits_cnn over a -> b -> c (``source``: the plan's model source; b holds the layers
+    between the two ``cuts``)."""
     from edgesplit.graph import capture
     from edgesplit.hardware import chain, get_device, get_link
     from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
@@ -158,7 +159,7 @@ def _three_hops(source: str) -> PlanProgram:
     devices = [base.model_copy(update={"name": n}) for n in ("a", "b", "c")]
     topology = chain("abc", devices, [get_link("4g")] * 2)
     costs = ChainCosts.build(graph, topology)
-    assignment = evaluate_boundaries(costs, [0, 2, 5, len(graph.layers)])
+    assignment = evaluate_boundaries(costs, [0, *cuts, len(graph.layers)])
     plan = chain_plan(costs, assignment, topology, method="manual", source=source)
     return PlanProgram.load(plan, graph)
 
@@ -330,9 +331,14 @@ def test_replicas_the_cluster_cannot_place_are_refused_or_warned(cluster, progra
 
 
 def test_the_engine_refuses_a_relay_and_the_wrong_device(cluster, program):
+    relay = _three_hops("digits_cnn", cuts=(2, 2))  # b holds no layers: it only relays
+    assert relay.step("b").partition is None
+    with pytest.raises(ConfigError, match="computes nothing in this plan"):
+        RayEngine(relay, "b", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-relay"))
+    assert "test-relay" not in serve.status().applications
+    engine = RayEngine.__new__(RayEngine)
+    engine.device = "edge"
     with pytest.raises(ConfigError, match="engine runs device"):
-        engine = RayEngine.__new__(RayEngine)
-        engine.device = "edge"
         PartitionServer(program, "cloud", shape=False, engine=engine)
 
 
