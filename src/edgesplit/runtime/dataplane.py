@@ -35,7 +35,7 @@ from edgesplit.transport.frames import (
 )
 
 __all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "open_data_plane",
-           "split_address"]
+           "reply_of", "split_address"]
 
 DataPlane = Literal["auto", "grpc", "tcp"]
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -164,6 +164,14 @@ def split_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _owned(reply: Message) -> Message:
+    """``reply`` with its tensors' bytes copied out of the connection's buffer."""
+    for part in reply.tensors:
+        if not isinstance(part.data, bytes):
+            part.data = bytes(part.data)
+    return reply
+
+
 class Hop:
     """Calls one device's server: ``describe`` over gRPC, ``run`` over the data plane the
     server offers (found by the first successful ``describe``) or over gRPC."""
@@ -182,6 +190,8 @@ class Hop:
         self._resolved = False
         self._lock = threading.Lock()
         self._metas = MetaCache()
+        # the last call's (metadata, timeout, names, plan id, version) and its meta and JSON
+        self._last_call: tuple[Any, ...] = (None,) * 7
 
     @property
     def data_plane(self) -> str:
@@ -229,9 +239,21 @@ class Hop:
                 self.describe(timeout, metadata)
 
     def _frame(self, message: Message, timeout: float | None, metadata: Metadata) -> Frame:
-        """The call's frame, its meta encoded once for as long as it repeats."""
-        pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
-        return self._metas.fill(message.to_frame(metadata=pairs, timeout_s=timeout))
+        """The call's frame, its meta built and encoded once for as long as it repeats (the
+        same names, timeout and metadata object: a client's calls)."""
+        names = [p.name for p in message.tensors]
+        last = self._last_call
+        if not (last[0] is metadata and last[1] == timeout and last[2] == names
+                and message.plan_id == last[3] and message.plan_version == last[4]
+                and not message.timings_ms):
+            pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
+            frame = self._metas.fill(message.to_frame(metadata=pairs, timeout_s=timeout))
+            if not message.timings_ms:
+                self._last_call = (metadata, timeout, names, message.plan_id,
+                                   message.plan_version, frame.meta, frame.meta_json)
+            return frame
+        return Frame(CALL, message.request_id, last[5], [p.data for p in message.tensors],
+                     last[6])
 
     def wire_size(self, message: Message) -> int:
         """The bytes ``message`` takes on the way ``run`` sends it (what a shaper charges)."""
@@ -239,17 +261,24 @@ class Hop:
             return message.to_frame().nbytes()
         return int(message.to_pb().ByteSize())
 
-    def run(self, message: Message, timeout: float | None,
-            metadata: Metadata, context: Any = None) -> Message:
-        """The next device's reply to ``message`` (raises ``grpc.RpcError`` as gRPC would).
-        The call is cancelled when ``context`` (the caller's own call) ends: over gRPC by its
+    def run(self, message: Message, timeout: float | None, metadata: Metadata,
+            context: Any = None, read: Callable[[Message], Any] = _owned,
+            read_frame: Callable[[Frame], Any] | None = None) -> Any:
+        """``read`` (by default: the tensors' bytes copied out) of the next device's reply to
+        ``message``; raises ``grpc.RpcError`` as gRPC would. ``read`` runs while the reply's
+        tensor data may still be views of the connection's buffer, which the next call
+        reuses: it must copy or decode what it keeps. ``read_frame``, when given, reads a
+        data-plane reply instead, from its frame (:func:`reply_of` makes its Message). The
+        call is cancelled when ``context`` (the caller's own call) ends: over gRPC by its
         callback, over the data plane when the caller's connection hangs up."""
-        self.resolve(timeout, metadata)
+        if not self._resolved:
+            self.resolve(timeout, metadata)
         frames = self.frames
         if frames is not None:
             frame = self._frame(message, timeout, metadata)
             try:  # a middle hop stops waiting when its own caller hangs up
-                return frames.call(frame, timeout, _owned_reply,
+                return frames.call(frame, timeout,
+                                   read_frame or (lambda answer: read(reply_of(answer))),
                                    caller=getattr(context, "connection", None))
             except LoopbackError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -258,17 +287,14 @@ class Hop:
         call = self.stub.Run.future(message.to_pb(), timeout=timeout, metadata=metadata)
         if context is not None:
             context.add_callback(call.cancel)  # runs when the caller's call ends, any way
-        return Message.of(call.result())
+        return read(Message.of(call.result()))
 
 
-def _owned_reply(frame: Frame) -> Message:
-    """A reply read off a connection the next call reuses: its bytes copied out (replies
-    carry model outputs, small next to the requests)."""
+def reply_of(frame: Frame) -> Message:
+    """The reply a data-plane server answered with, its fields checked (LoopbackError
+    INTERNAL for a malformed one)."""
     try:
-        reply = Message.from_frame(frame)
+        return Message.from_frame(frame)
     except BadRequest as exc:
         raise LoopbackError(grpc.StatusCode.INTERNAL, f"the server answered with a {exc}"
                             ) from None
-    for part in reply.tensors:
-        part.data = bytes(part.data)
-    return reply

@@ -274,6 +274,9 @@ class PlanProgram:
     kind: Literal["chain", "star"] = "chain"
     sources: tuple[str, ...] = ()  # a star's source devices, in plan order
     sink: str | None = None  # a star's sink device
+    # (shape, dtype) of each tensor decoded so far, by name (see decode)
+    _planned: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
@@ -403,6 +406,19 @@ class PlanProgram:
     def encode(self, step: DeviceStep, values: Mapping[str, torch.Tensor],
                names: Sequence[str], default_bits: int = 32) -> dict[str, bytes]:
         return {t: encode_tensor(values[t], step.send_bits.get(t, default_bits)) for t in names}
+
+    def decode(self, name: str, data: bytes | bytearray | memoryview) -> torch.Tensor:
+        """Tensor ``name`` of the plan from its wire message, refusing (WireError) any other
+        shape or dtype before its payload is decompressed or allocated (any contiguous
+        bytes-like is read, not copied)."""
+        planned = self._planned.get(name)
+        if planned is None:  # looked up once per name: a served request decodes in its cold path
+            info = self.graph.tensors[name]
+            dtype = getattr(torch, info.dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ConfigError(f"the plan names an unknown dtype {info.dtype!r}")
+            planned = self._planned[name] = (tuple(info.shape), dtype)
+        return decode_tensor(data, expect_shape=planned[0], expect_dtype=planned[1])
 
     def next_device(self, step: DeviceStep) -> str | None:
         """Where ``step`` sends: the next device of a chain, a star's sink (None: nowhere)."""

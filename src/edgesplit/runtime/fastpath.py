@@ -1,0 +1,111 @@
+"""The data plane's short way through a last hop for the call every client repeats.
+
+A served request runs its serving code right after compute, with cold caches, where each
+Python call and object costs several microseconds; the general path
+(:meth:`PartitionServer._handle_slot`) builds a request :class:`Message`, its parts, checks the
+plan and the tensor names, a reply :class:`Message` and its frame, call after call. For a
+server that only computes and answers (no next hop, deployment engine, star join or compute
+emulation), a call whose frame meta was found to be the plan's own once (the same object: a
+connection parses a repeated meta once) needs none of that again: :class:`FastPath` decodes its
+parts by the plan's names, computes, and answers with the reply meta built once. Whatever
+differs (another meta, a part count, a tensor that does not decode) takes the general path,
+which says what is wrong in its own words, so both paths give the same answers and errors.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from edgesplit.errors import WireError
+from edgesplit.plan.model import PLAN_VERSION
+from edgesplit.quant.wire import encode_tensor
+from edgesplit.runtime.dataplane import Message
+from edgesplit.transport import check_alive
+from edgesplit.transport.frames import REPLY, Frame, encode_meta
+
+if TYPE_CHECKING:
+    import torch
+
+    from edgesplit.runtime.transport import PartitionServer
+
+__all__ = ["FastPath"]
+
+MAX_METAS = 256  # call metas found fit, remembered by identity (one or a few per connection)
+_TIMINGS = struct.Struct("<2d")  # the reply's serialize and compute milliseconds
+
+
+class FastPath:
+    """Answers the calls that ``fits`` with ``reply``; the server answers the others."""
+
+    def __init__(self, server: PartitionServer) -> None:
+        self.server, step = server, server.step
+        self.receives, self.returns = list(step.receives), list(step.returns)
+        # what the general path's reply meta holds: the timings it reports, in its order
+        self.reply_meta = {"plan_id": server.program.plan_id, "plan_version": PLAN_VERSION,
+                           "names": self.returns,
+                           "timings": [f"{step.name}.serialize_ms", f"{step.name}.compute_ms"]}
+        self.reply_json = encode_meta(self.reply_meta)
+        self._fit: dict[int, dict[str, Any]] = {}  # id -> meta, held so that no id is reused
+
+    def _serves(self) -> bool:
+        s = self.server
+        return (s.engine is None and s.join is None and not s.step.sends
+                and s.step.emulate_ms is None)
+
+    def _fits(self, meta: dict[str, Any]) -> bool:
+        """Whether calls with this meta are the plan's plain ones: its plan, its tensor names
+        in order, no timings and no session (a session's state is the general path's)."""
+        from edgesplit.runtime.transport import SESSION_KEY
+
+        return (self._serves() and meta.get("plan_id") == self.server.program.plan_id
+                and meta.get("plan_version") == PLAN_VERSION
+                and meta.get("names") == self.receives
+                and "timings" not in meta and "timings_ms" not in meta
+                and all(k != SESSION_KEY for k, _ in meta.get("metadata", ())))
+
+    def fits(self, frame: Frame) -> bool:
+        """Whether ``frame`` is a plain call (checked by its meta's identity after the first)."""
+        meta = frame.meta
+        if self._fit.get(id(meta)) is not meta:
+            if not self._fits(meta):
+                return False
+            if len(self._fit) >= MAX_METAS:
+                self._fit.clear()
+            self._fit[id(meta)] = meta
+        return len(frame.parts) == len(self.receives)
+
+    def reply(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
+        """Decode, compute (in one of the server's worker slots, batched where the server
+        batches) and answer a plain call: the general path's reply, frame for frame. A call
+        whose tensors do not decode is answered by the general path, which says why."""
+        server = self.server
+        server.take_slot(context)
+        try:
+            t0 = time.perf_counter()
+            values = self._decode(frame)
+            if values is None:
+                return server.reply_frame(server.handle(Message.from_frame(frame), context))
+            t1 = time.perf_counter()
+            check_alive(context, server.step.name)  # the client may have given up meanwhile
+            out = (server.batcher or server.step).compute(values)
+            t2 = time.perf_counter()
+            parts: list[Any] = [encode_tensor(out[name], 32) for name in self.returns]
+        finally:
+            server._slots.give()
+        serialize_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
+        parts.append(_TIMINGS.pack(serialize_ms, (t2 - t1) * 1e3))
+        return Frame(REPLY, frame.request_id, self.reply_meta, parts, self.reply_json)
+
+    def _decode(self, frame: Frame) -> dict[str, torch.Tensor] | None:
+        decode = self.server.program.decode
+        values = {}
+        try:
+            for name, data in zip(self.receives, frame.parts, strict=True):
+                values[name] = decode(name, data)
+        except WireError:
+            return None
+        return values
