@@ -25,10 +25,16 @@ from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link
 from edgesplit.plan import PLAN_VERSION, EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.planners import Manual
+from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.batching import flexible_step
 from edgesplit.runtime.dataplane import Message, Part, split_address
-from edgesplit.runtime.transport import ChainClient, PartitionServer, max_message_bytes
+from edgesplit.runtime.transport import (
+    SESSION_KEY,
+    ChainClient,
+    PartitionServer,
+    max_message_bytes,
+)
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
 from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
@@ -510,3 +516,74 @@ def test_a_busy_data_port_is_a_one_line_config_error_and_frees_the_grpc_port(pro
         again.stop(0)
     finally:
         busy.close()
+
+
+# ---- the short ways (runtime/fastpath.py, ChainClient._read_frame) ---------------------------
+def _reply_parts(frame: Frame) -> tuple[dict, list[bytes]]:
+    """A reply's meta and its tensor bytes (the last part, the timings, differs call by
+    call)."""
+    return frame.meta, [bytes(p) for p in frame.parts[:-1]]
+
+
+def test_the_servers_short_way_answers_as_its_general_path(program, served):
+    """A plain call (the plan's names, no session) goes the short way; with a session it goes
+    the general way: the same reply meta and the same tensor bytes."""
+    server, _ = served
+    client = _frames(server)
+    try:
+        short = client.call(_call(program, _good(program)), 30, _reply_parts)
+        assert any(m.get("names") == list(server.step.receives)
+                   for m in server._fast._fit.values())
+        with_session = [*AUTH, (SESSION_KEY, "s1")]
+        general = client.call(_call(program, _good(program), metadata=with_session), 30,
+                              _reply_parts)
+    finally:
+        client.close()
+    assert short == general
+    assert short[0]["timings"] == ["cloud.serialize_ms", "cloud.compute_ms"]
+
+
+@pytest.mark.parametrize("case", ["wrong shape", "wrong dtype", "truncated", "corrupt",
+                                  "not a tensor"])
+def test_a_bad_tensor_after_good_calls_fails_as_on_the_general_path(program, served, case):
+    """Once a connection's meta was found plain, a bad tensor under that same meta fails with
+    the general path's code and words, and the connection serves the next call."""
+    server, _ = served
+    tensors, _, code, text = _bad_cases(max_message_bytes(program))[case]
+    client = _frames(server)
+    try:
+        for _ in range(2):
+            client.call(_call(program, _good(program)), 30)
+        with pytest.raises(LoopbackError) as info:
+            client.call(_call(program, [Part(t.name, t.data) for t in tensors]), 30)
+        assert info.value.code() == code and text in info.value.details()
+        reply = client.call(_call(program, _good(program)), 30, Message.from_frame)
+        assert [t.name for t in reply.tensors] == program.outputs
+    finally:
+        client.close()
+
+
+def test_the_clients_short_read_refuses_a_bad_reply_under_a_checked_meta(program):
+    """After a well-formed reply, a reply under the same meta object (a connection's repeated
+    meta) with a corrupt tensor or a timings part of the wrong size is refused as the
+    general reader refuses it."""
+    client = ChainClient(program, "127.0.0.1:1", shape=False)  # nothing is called
+    try:
+        out = program.steps[1].returns[0]
+        good = encode_tensor(program.unsplit(_x(1))[0], 32)
+        reply = Message(program.plan_id, PLAN_VERSION, 9, [Part(out, good)],
+                        {"cloud.serialize_ms": 0.5, "cloud.compute_ms": 1.5}).to_frame(REPLY)
+        meta, parts = reply.meta, list(reply.parts)
+        for _ in range(2):  # the first read checks the meta, the second takes the short way
+            rid, timings, remote, _ = client._read_frame(Frame(REPLY, 9, meta, parts))
+            assert rid == 9 and timings == {"cloud.serialize_ms": 0.5, "cloud.compute_ms": 1.5}
+            assert torch.equal(remote[out], program.unsplit(_x(1))[0])
+        assert client._reply_meta is meta
+        corrupt = bytearray(good)
+        corrupt[-3] ^= 0xFF
+        with pytest.raises(RemoteError, match=r"bad tensor.*checksum"):
+            client._read_frame(Frame(REPLY, 10, meta, [bytes(corrupt), parts[1]]))
+        with pytest.raises(LoopbackError, match="timings"):
+            client._read_frame(Frame(REPLY, 11, meta, [good, parts[1][:8]]))
+    finally:
+        client.close()

@@ -584,10 +584,9 @@ class ChainClient:
         start = time.perf_counter()
         values = self.step.compute(self.program.input_values(inputs))
         edge_ms = (time.perf_counter() - start) * 1e3
-        local = {t: values[t] for t in self.program.outputs if t in values}
         if not self.step.sends:  # edge-only: nothing crosses
             total = (time.perf_counter() - start) * 1e3
-            return RequestResult(request_id, tuple(local[t] for t in self.program.outputs),
+            return RequestResult(request_id, tuple(values[t] for t in self.program.outputs),
                                  {"edge": edge_ms, "serialize": 0.0, "transfer": 0.0,
                                   "remote": 0.0, "total": total})
         t0 = time.perf_counter()
@@ -603,14 +602,14 @@ class ChainClient:
         if reply_id != request_id:
             raise RemoteError(f"reply for request {reply_id} arrived for request {request_id}")
         serialize_ms += decode_ms
-        total = (time.perf_counter() - start) * 1e3
+        total = (time.perf_counter() - start) * 1e3  # the request's clock stops here
         remote_ms = 0.0
         for key, ms in hops.items():
             if key.endswith(".compute_ms"):
                 remote_ms += ms
             elif key.endswith(".serialize_ms"):
                 serialize_ms += ms
-        outputs = tuple(local.get(t, remote.get(t)) for t in self.program.outputs)
+        outputs = tuple(values.get(t, remote.get(t)) for t in self.program.outputs)
         if any(o is None for o in outputs):
             raise RemoteError("the chain did not return every model output")
         return RequestResult(request_id, cast(tuple[torch.Tensor, ...], outputs), {
