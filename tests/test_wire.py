@@ -30,6 +30,7 @@ from edgesplit.quant import (
     unpack_bits,
     wire,
 )
+from edgesplit.quant.wire import PlainCodec
 
 SPEC = Path(__file__).resolve().parents[1] / "docs" / "wire-format.md"
 
@@ -609,3 +610,54 @@ def test_known_header_decoding_refuses_what_the_parser_refuses(monkeypatch):
         assert errors[0] == errors[1]
     with pytest.raises(WireError, match="max_raw_bytes"):
         decode_tensor(message, expect_shape=shape, expect_dtype=torch.float32, max_raw_bytes=8)
+
+
+# ---- PlainCodec: one planned tensor's messages, the header checked once ----------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bfloat16,
+                                   torch.bool])
+def test_plain_codec_writes_and_reads_what_the_general_functions_do(dtype):
+    shape = (2, 3, 5)
+    t = (torch.randn(shape) * 3).to(dtype)
+    codec = PlainCodec(shape, dtype)
+    bits = 32 if dtype == torch.int64 else dtype.itemsize * 8  # ids travel as they are
+    message = codec.encode(t, bits)
+    assert message == encode_tensor(t, bits)
+    for data in (message, memoryview(message), bytearray(message),
+                 memoryview(b"xx" + message)[2:]):
+        out = codec.decode(data)
+        assert out.dtype == dtype and tuple(out.shape) == shape and torch.equal(out, t)
+        out.add_(1) if dtype != torch.bool else None  # the tensor owns its memory
+    assert bytes(message) == encode_tensor(t, bits)  # the message was not written to
+
+
+def test_plain_codec_hands_what_it_does_not_fit_to_the_general_functions():
+    codec = PlainCodec((4, 6), torch.float32)
+    x = torch.randn(4, 6)
+    others = [x.t().contiguous().t(),               # not contiguous
+              x.clone().requires_grad_(),           # with grad: the same bytes
+              x[:2],                                 # another shape
+              x.double()]                            # another dtype
+    for t in others:
+        assert codec.encode(t, 32) == encode_tensor(t, 32)
+    assert codec.encode(x, 8) == encode_tensor(x, 8)  # quantized
+    quantized = encode_tensor(x, 4)
+    assert torch.equal(codec.decode(quantized),
+                       decode_tensor(quantized, expect_shape=(4, 6), expect_dtype=torch.float32))
+
+
+@pytest.mark.parametrize("damage", ["checksum", "shape", "truncated"])
+def test_plain_codec_refuses_bad_messages_in_the_general_words(damage):
+    codec = PlainCodec((4, 6), torch.float32)
+    good = bytearray(encode_tensor(torch.randn(4, 6), 32))
+    if damage == "checksum":
+        good[-2] ^= 0x10
+        bad = bytes(good)
+    elif damage == "shape":
+        bad = encode_tensor(torch.randn(6, 4), 32)
+    else:
+        bad = bytes(good[:-4])
+    with pytest.raises(WireError) as mine:
+        codec.decode(bad)
+    with pytest.raises(WireError) as general:
+        decode_tensor(bad, expect_shape=(4, 6), expect_dtype=torch.float32)
+    assert str(mine.value) == str(general.value)

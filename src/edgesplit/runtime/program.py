@@ -43,7 +43,7 @@ from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
 from edgesplit.plan.model import Plan, PlanDevice, StarLayout, star_layout
 from edgesplit.quant.fakequant import fake_quantize, quantize_weight, set_tensor_attr
-from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.quant.wire import PlainCodec
 from edgesplit.runtime.backends import Backend, TorchBackend, get_backend
 
 __all__ = ["DeviceStep", "PlanProgram", "dynamic_fake_quant", "plan_id"]
@@ -274,9 +274,9 @@ class PlanProgram:
     kind: Literal["chain", "star"] = "chain"
     sources: tuple[str, ...] = ()  # a star's source devices, in plan order
     sink: str | None = None  # a star's sink device
-    # (shape, dtype) of each tensor decoded so far, by name (see decode)
-    _planned: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
+    # the wire codec of each tensor encoded or decoded so far, by name (see codec)
+    _codecs: dict[str, PlainCodec] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     @classmethod
     def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
@@ -405,20 +405,26 @@ class PlanProgram:
 
     def encode(self, step: DeviceStep, values: Mapping[str, torch.Tensor],
                names: Sequence[str], default_bits: int = 32) -> dict[str, bytes]:
-        return {t: encode_tensor(values[t], step.send_bits.get(t, default_bits)) for t in names}
+        return {t: self.codec(t).encode(values[t], step.send_bits.get(t, default_bits))
+                for t in names}
 
     def decode(self, name: str, data: bytes | bytearray | memoryview) -> torch.Tensor:
         """Tensor ``name`` of the plan from its wire message, refusing (WireError) any other
         shape or dtype before its payload is decompressed or allocated (any contiguous
         bytes-like is read, not copied)."""
-        planned = self._planned.get(name)
-        if planned is None:  # looked up once per name: a served request decodes in its cold path
+        return self.codec(name).decode(data)
+
+    def codec(self, name: str) -> PlainCodec:
+        """The wire codec of tensor ``name`` at its planned shape and dtype (made once: a
+        served request encodes and decodes in its cold path right after compute)."""
+        codec = self._codecs.get(name)
+        if codec is None:
             info = self.graph.tensors[name]
             dtype = getattr(torch, info.dtype, None)
             if not isinstance(dtype, torch.dtype):
                 raise ConfigError(f"the plan names an unknown dtype {info.dtype!r}")
-            planned = self._planned[name] = (tuple(info.shape), dtype)
-        return decode_tensor(data, expect_shape=planned[0], expect_dtype=planned[1])
+            codec = self._codecs[name] = PlainCodec(info.shape, dtype)
+        return codec
 
     def next_device(self, step: DeviceStep) -> str | None:
         """Where ``step`` sends: the next device of a chain, a star's sink (None: nowhere)."""
@@ -441,8 +447,10 @@ class PlanProgram:
             values = step.compute(values)
             t1 = time.perf_counter()
             results.update({t: values[t] for t in self.outputs if t in values})
-            # the next device gets exactly what the plan sends, through the wire format
-            values = {t: decode_tensor(b) for t, b in self.encode(step, values, step.sends).items()}
+            # the next device gets exactly what the plan sends, through the wire format, decoded
+            # as its server decodes it
+            values = {t: self.decode(t, b)
+                      for t, b in self.encode(step, values, step.sends).items()}
             timings["compute"] += (t1 - t0) * 1e3
             timings["serialize"] += (time.perf_counter() - t1) * 1e3
         return tuple(results[t] for t in self.outputs), timings
@@ -458,7 +466,7 @@ class PlanProgram:
             out = step.compute({t: values[t] for t in step.receives})
             t1 = time.perf_counter()
             # the sink gets exactly what each source sends, through the wire format
-            arrived.update({t: decode_tensor(b)
+            arrived.update({t: self.decode(t, b)
                             for t, b in self.encode(step, out, step.sends).items()})
             timings["compute"] += (t1 - t0) * 1e3
             timings["serialize"] += (time.perf_counter() - t1) * 1e3
