@@ -265,7 +265,8 @@ class PlainCodec:
             view = memoryview(data)
             at = len(self.head)
             if (view.nbytes == self.size and view[:at] == self.head
-                    and (type(data) is bytes or (view.format == "B" and view.c_contiguous))):
+                    and (type(data) is bytes
+                         or (view.format == "B" and view.ndim == 1 and view.c_contiguous))):
                 body = view[at + _CRC.size:]
                 if _crc32(body, self.head_crc) != _CRC.unpack_from(view, at)[0]:
                     raise WireError("checksum mismatch: the message was corrupted")
