@@ -575,15 +575,15 @@ def test_the_clients_short_read_refuses_a_bad_reply_under_a_checked_meta(program
                         {"cloud.serialize_ms": 0.5, "cloud.compute_ms": 1.5}).to_frame(REPLY)
         meta, parts = reply.meta, list(reply.parts)
         for _ in range(2):  # the first read checks the meta, the second takes the short way
-            rid, timings, remote, _ = client._read_frame(Frame(REPLY, 9, meta, parts), {})
+            rid, timings, remote, _ = client._read_frame(Frame(REPLY, 9, meta, parts))
             assert rid == 9 and timings == {"cloud.serialize_ms": 0.5, "cloud.compute_ms": 1.5}
             assert torch.equal(remote[out], program.unsplit(_x(1))[0])
         assert client._reply_meta is meta
         corrupt = bytearray(good)
         corrupt[-3] ^= 0xFF
         with pytest.raises(RemoteError, match=r"bad tensor.*checksum"):
-            client._read_frame(Frame(REPLY, 10, meta, [bytes(corrupt), parts[1]]), {})
+            client._read_frame(Frame(REPLY, 10, meta, [bytes(corrupt), parts[1]]))
         with pytest.raises(LoopbackError, match="timings"):
-            client._read_frame(Frame(REPLY, 11, meta, [good, parts[1][:8]]), {})
+            client._read_frame(Frame(REPLY, 11, meta, [good, parts[1][:8]]))
     finally:
         client.close()

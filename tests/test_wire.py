@@ -661,16 +661,3 @@ def test_plain_codec_refuses_bad_messages_in_the_general_words(damage):
     with pytest.raises(WireError) as general:
         decode_tensor(bad, expect_shape=(4, 6), expect_dtype=torch.float32)
     assert str(mine.value) == str(general.value)
-
-
-def test_plain_codec_decodes_into_a_tensor_made_ahead_or_falls_back():
-    codec = PlainCodec((4, 6), torch.float32)
-    x = torch.randn(4, 6)
-    target = codec.empty()
-    assert target is not None
-    out = codec.decode(encode_tensor(x, 32), into=target)
-    assert out is target[0] and torch.equal(out, x)
-    quantized = encode_tensor(x, 4)  # not a plain message: decoded the general way
-    other = codec.decode(quantized, into=codec.empty())
-    assert torch.equal(other, decode_tensor(quantized))
-    assert PlainCodec((4, 6), torch.bool).empty() is None  # bool bytes are checked one by one

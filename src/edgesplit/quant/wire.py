@@ -85,7 +85,6 @@ _NUMPY = {torch.int64: "<i8", torch.int32: "<i4", torch.uint8: "u1", torch.bool:
           torch.int8: "i1"}
 Compress = Literal["zstd", "lz4", "auto"] | None
 Message = bytes | bytearray | memoryview  # what decode_tensor reads
-Target = tuple[torch.Tensor, memoryview]  # a tensor to decode into, and its bytes
 _HOST_LE = sys.byteorder == "little"
 
 
@@ -248,19 +247,8 @@ class PlainCodec:
         words = _memory(t) if _BYTES_API is not None else memoryview(t.detach().numpy().data)
         return b"".join((self.head, _CRC.pack(_crc32(words, self.head_crc)), words))
 
-    def empty(self) -> Target | None:
-        """A new tensor of the planned shape and dtype, and a byte view of it, for
-        :meth:`decode` to copy a message into (None where the short way does not go). Made
-        ahead, while the caller is idle or warm, it spares the decode the tensor's creation in
-        its cold path: ~40 us after compute here."""
-        if not self.short:
-            return None
-        t = torch.empty(self.shape, dtype=self.dtype)
-        return t, t.numpy().data.cast("B")
-
-    def decode(self, data: Message, into: Target | None = None) -> torch.Tensor:
-        """``decode_tensor(data, expect_shape=shape, expect_dtype=dtype)``; a plain message is
-        copied into ``into`` (from :meth:`empty`, used once) when given."""
+    def decode(self, data: Message) -> torch.Tensor:
+        """``decode_tensor(data, expect_shape=shape, expect_dtype=dtype)``."""
         if self.short and type(data) in (bytes, memoryview):
             view = memoryview(data)
             at = len(self.head)
@@ -270,10 +258,7 @@ class PlainCodec:
                 body = view[at + _CRC.size:]
                 if _crc32(body, self.head_crc) != _CRC.unpack_from(view, at)[0]:
                     raise WireError("checksum mismatch: the message was corrupted")
-                if into is None:
-                    return torch.frombuffer(bytearray(body), dtype=self.dtype).view(self.shape)
-                into[1][:] = body  # one copy, no tensor made here
-                return into[0]
+                return torch.frombuffer(bytearray(body), dtype=self.dtype).view(self.shape)
         return decode_tensor(data, expect_shape=self.shape, expect_dtype=self.dtype)
 
 

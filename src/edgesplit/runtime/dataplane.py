@@ -141,12 +141,11 @@ def _malformed(what: str) -> BadRequest:
 
 
 def open_data_plane(handler: Handler, limit: int, tls: TlsFiles | None, host: str, port: int,
-                    on_failure: Callable[[], None], prepare: Callable[[], None] | None = None
-                    ) -> tuple[FrameServer, int]:
-    """A started frame server beside a server's gRPC port, and its port (``prepare``: see
-    :class:`FrameServer`). When the port cannot be opened, ``on_failure`` runs (the caller
-    stops its gRPC server) and a ConfigError says what to change."""
-    frames = FrameServer(handler, limit, tls, prepare=prepare)
+                    on_failure: Callable[[], None]) -> tuple[FrameServer, int]:
+    """A started frame server beside a server's gRPC port, and its port. When the port cannot
+    be opened, ``on_failure`` runs (the caller stops its gRPC server) and a ConfigError says
+    what to change."""
+    frames = FrameServer(handler, limit, tls)
     try:
         return frames, frames.start(host, port)
     except OSError as exc:

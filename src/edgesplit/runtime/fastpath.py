@@ -15,7 +15,6 @@ which says what is wrong in its own words, so both paths give the same answers a
 from __future__ import annotations
 
 import struct
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +44,6 @@ class FastPath:
         self.server, step = server, server.step
         self.receives, self.returns = list(step.receives), list(step.returns)
         self.encoders = [(name, server.program.codec(name).encode) for name in self.returns]
-        self.decoders = [(name, server.program.codec(name)) for name in self.receives]
-        self._local = threading.local()  # a connection thread's tensors for its next call
         # what the general path's reply meta holds: the timings it reports, in its order
         self.reply_meta = {"plan_id": server.program.plan_id, "plan_version": PLAN_VERSION,
                            "names": self.returns,
@@ -103,20 +100,12 @@ class FastPath:
         parts.append(_TIMINGS.pack(serialize_ms, (t2 - t1) * 1e3))
         return Frame(REPLY, frame.request_id, self.reply_meta, parts, self.reply_json)
 
-    def prepare(self) -> None:
-        """Make the next call's input tensors in this connection's thread, between calls
-        (a call then copies its tensors into them instead of making them in its cold path).
-        A connection holds one set, under 2 MB a tensor (PlainCodec's short way)."""
-        if getattr(self._local, "inputs", None) is None and self._serves():
-            self._local.inputs = {name: codec.empty() for name, codec in self.decoders}
-
     def _decode(self, frame: Frame) -> dict[str, torch.Tensor] | None:
-        into = getattr(self._local, "inputs", None) or {}
-        self._local.inputs = None  # each tensor serves one call
+        decode = self.server.program.decode
         values = {}
         try:
-            for (name, codec), data in zip(self.decoders, frame.parts, strict=True):
-                values[name] = codec.decode(data, into.get(name))
+            for name, data in zip(self.receives, frame.parts, strict=True):
+                values[name] = decode(name, data)
         except WireError:
             return None
         return values

@@ -27,7 +27,7 @@ import torch
 from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
-from edgesplit.quant.wire import Target, encode_tensor
+from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime.dataplane import (
     DataPlane,
     Hop,
@@ -292,8 +292,7 @@ class PartitionServer(GrpcServer):
         if self._want_data_port is not None:
             self._frames, self.data_port = open_data_plane(
                 self._frame_call, self.limit, self.tls, host, self._want_data_port,
-                lambda: GrpcServer.stop(self, 0),  # the gRPC server just started
-                self._fast.prepare)
+                lambda: GrpcServer.stop(self, 0))  # the gRPC server just started
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -530,7 +529,6 @@ class ChainClient:
         self._id_lock = threading.Lock()
         self._plan_checked = False
         self._returns = list(program.steps[1].returns) if len(program.steps) > 1 else []
-        self._decoders = [(name, program.codec(name)) for name in self._returns]
         self._reply_meta: dict[str, Any] | None = None  # a reply meta found well formed
 
     def close(self) -> None:
@@ -584,11 +582,8 @@ class ChainClient:
         with self._id_lock:
             request_id = next(self._ids)
         start = time.perf_counter()
-        # the reply's tensors are made now, while warm: the reply is copied into them
-        into = {name: codec.empty() for name, codec in self._decoders}
-        t_edge = time.perf_counter()
         values = self.step.compute(self.program.input_values(inputs))
-        edge_ms = (time.perf_counter() - t_edge) * 1e3
+        edge_ms = (time.perf_counter() - start) * 1e3
         if not self.step.sends:  # edge-only: nothing crosses
             total = (time.perf_counter() - start) * 1e3
             return RequestResult(request_id, tuple(values[t] for t in self.program.outputs),
@@ -598,13 +593,12 @@ class ChainClient:
         encoded = self.program.encode(self.step, values, self.step.sends)
         message = Message(self.program.plan_id, PLAN_VERSION, request_id,
                           [Part(name, data) for name, data in encoded.items()])
-        serialize_ms = (time.perf_counter() - t0 + t_edge - start) * 1e3
+        serialize_ms = (time.perf_counter() - t0) * 1e3
         if self.shaper.enabled:
             self.shaper.send(self._hop.wire_size(message), "up")
         # the reply's tensors decode straight from the connection's buffer (no copy first)
         reply_id, hops, remote, decode_ms = self._call(lambda timeout, metadata: self._hop.run(
-            message, timeout, metadata, read=self._read_reply,
-            read_frame=lambda answer: self._read_frame(answer, into)))
+            message, timeout, metadata, read=self._read_reply, read_frame=self._read_frame))
         if reply_id != request_id:
             raise RemoteError(f"reply for request {reply_id} arrived for request {request_id}")
         serialize_ms += decode_ms
@@ -631,7 +625,7 @@ class ChainClient:
         remote = self._decode_reply(reply)
         return reply.request_id, reply.timings_ms, remote, (time.perf_counter() - t0) * 1e3
 
-    def _read_frame(self, answer: Frame, into: Mapping[str, Target | None]) -> Reply:
+    def _read_frame(self, answer: Frame) -> Reply:
         """:meth:`_read_reply` of a data-plane reply, read from its frame: once its meta (the
         same object while a connection's replies repeat it) was found to name this plan's
         outputs in order and its timings, later replies decode their parts without building
@@ -645,10 +639,10 @@ class ChainClient:
                 self._reply_meta = meta
             return read
         t0 = time.perf_counter()
-        names = meta["timings"]
+        names, decode = meta["timings"], self.program.decode
         try:
-            remote = {name: codec.decode(data, into.get(name))  # the last part: timings
-                      for (name, codec), data in zip(self._decoders, parts, strict=False)}
+            remote = {name: decode(name, data)  # the last part holds the timings
+                      for name, data in zip(self._returns, parts, strict=False)}
         except WireError:
             return self._read_reply(reply_of(answer))
         if len(parts[-1]) != 8 * len(names):

@@ -300,15 +300,11 @@ Handler = Callable[[Frame, FrameContext], Frame]
 class FrameServer:
     """Accepts connections and answers each one's calls in its own thread with ``handler``
     (which may raise nothing: it turns failures into FAILED frames itself). At most
-    ``max_connections`` connections at once; more are answered RESOURCE_EXHAUSTED.
-    ``prepare``, when given, runs in a connection's thread after each answer is sent and
-    before the next call is read: off the calls' path, while that thread is warm."""
+    ``max_connections`` connections at once; more are answered RESOURCE_EXHAUSTED."""
 
     def __init__(self, handler: Handler, limit: int, tls: TlsFiles | None = None,
-                 max_connections: int = 256, prepare: Callable[[], None] | None = None
-                 ) -> None:
+                 max_connections: int = 256) -> None:
         self.handler, self.limit, self.max_connections = handler, limit, max_connections
-        self.prepare = prepare
         self._ssl = _server_context(tls)
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
@@ -378,8 +374,6 @@ class FrameServer:
             # a connection silent for IDLE_S is closed: idle ones cannot pin the
             # max_connections threads forever
             _bound(conn, IDLE_S)
-            if self.prepare is not None:
-                self.prepare()
             while self._answer(conn, inbox):
                 pass
         except (OSError, ssl.SSLError):
@@ -415,8 +409,6 @@ class FrameServer:
                 if self._stopping:  # only stop() waits on it
                     self._idle.notify_all()
         write_frame(conn, reply)
-        if self.prepare is not None:
-            self.prepare()
         return True
 
     def _handle(self, conn: socket.socket, frame: Frame, inbox: _Inbox) -> Frame:
