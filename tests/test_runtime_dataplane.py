@@ -587,3 +587,15 @@ def test_the_clients_short_read_refuses_a_bad_reply_under_a_checked_meta(program
             client._read_frame(Frame(REPLY, 11, meta, [good, parts[1][:8]]))
     finally:
         client.close()
+
+
+def test_a_changed_metadata_list_is_sent_as_changed(program, served):
+    """The call meta a Hop reuses follows the caller's metadata by value: a token changed in
+    the client's list between calls is the one the next call carries."""
+    server, address = served
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:
+        client.request(_x(1))
+        client.request(_x(2))  # the second call reuses the first one's meta
+        client.metadata[0] = ("authorization", "Bearer wrong")
+        with pytest.raises(RemoteError, match="UNAUTHENTICATED"):
+            client.request(_x(3))

@@ -240,16 +240,17 @@ class Hop:
 
     def _frame(self, message: Message, timeout: float | None, metadata: Metadata) -> Frame:
         """The call's frame, its meta built and encoded once for as long as it repeats (the
-        same names, timeout and metadata object: a client's calls)."""
+        same names, timeout and metadata: a client's calls)."""
         names = [p.name for p in message.tensors]
+        pairs_now = tuple(metadata)  # compared by value: a caller may change its list
         last = self._last_call
-        if not (last[0] is metadata and last[1] == timeout and last[2] == names
+        if not (last[0] == pairs_now and last[1] == timeout and last[2] == names
                 and message.plan_id == last[3] and message.plan_version == last[4]
                 and not message.timings_ms):
             pairs = [[k, v] for k, v in metadata if isinstance(v, str)]  # no binary headers
             frame = self._metas.fill(message.to_frame(metadata=pairs, timeout_s=timeout))
             if not message.timings_ms:
-                self._last_call = (metadata, timeout, names, message.plan_id,
+                self._last_call = (pairs_now, timeout, names, message.plan_id,
                                    message.plan_version, frame.meta, frame.meta_json)
             return frame
         return Frame(CALL, message.request_id, last[5], [p.data for p in message.tensors],
