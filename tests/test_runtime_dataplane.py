@@ -592,7 +592,7 @@ def test_the_clients_short_read_refuses_a_bad_reply_under_a_checked_meta(program
 def test_a_changed_metadata_list_is_sent_as_changed(program, served):
     """The call meta a Hop reuses follows the caller's metadata by value: a token changed in
     the client's list between calls is the one the next call carries."""
-    server, address = served
+    _, address = served
     with ChainClient(program, address, token=TOKEN, shape=False) as client:
         client.request(_x(1))
         client.request(_x(2))  # the second call reuses the first one's meta
