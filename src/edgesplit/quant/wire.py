@@ -176,9 +176,9 @@ def _encode_plain(t: torch.Tensor, head: bytes, head_crc: int) -> bytes:
     copied. Below the size where checksumming during the copy pays, the message is joined
     from its pieces: three calls instead of a dozen, which is what counts in the cold path
     right after compute (a 4 KB reply 3x faster)."""
-    words = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
     if t.nbytes < _FUSE_MIN:
-        array = memoryview(words.numpy().data)  # a buffer of the tensor's own bytes
+        # the tensor's own bytes, read in place (through numpy where ctypes is missing)
+        array = _memory(t) if _BYTES_API is not None else memoryview(_words(t).data)
         return b"".join((head, _CRC.pack(_crc32(array, head_crc)), array))
     source = _words(t)
     message, view = _new_message(len(head) + _CRC.size + source.size)
@@ -190,12 +190,15 @@ def _encode_plain(t: torch.Tensor, head: bytes, head_crc: int) -> bytes:
 
 
 def _decode_expected(data: Message, shape: tuple[int, ...], dtype: torch.dtype,
-                     max_raw_bytes: int | None) -> torch.Tensor | None:
+                     max_raw_bytes: int | None,
+                     plain: tuple[bytes, int] | None = None) -> torch.Tensor | None:
     """The tensor of a plain message whose header is byte for byte the one expected (and whose
     length fits it exactly); None for any other message, which the full parser then reads and
     reports on. Same checks, same result: the header's fields hold what the parser would
-    accept, so only the CRC is left to verify."""
-    plain = _plain_head(shape, dtype)
+    accept, so only the CRC is left to verify. ``plain``: the expected header and its CRC
+    (:func:`_plain_head`), when the caller keeps them."""
+    if plain is None:
+        plain = _plain_head(shape, dtype)
     if plain is None or type(data) not in (bytes, bytearray, memoryview):
         return None
     head, head_crc = plain
@@ -220,45 +223,30 @@ def _decode_expected(data: Message, shape: tuple[int, ...], dtype: torch.dtype,
 class PlainCodec:
     """The plain messages of one planned tensor (its shape and dtype; its own words, 16 or 32
     bits, uncompressed): :func:`encode_tensor` and :func:`decode_tensor` with the header built
-    and the expectations checked once, for a served request's cold path right after compute
-    (a 4 KB reply's encode and decode there: ~200 -> ~120 us). Same bytes, same errors: any
-    tensor or message it does not fit goes through the general functions."""
+    and the expectations checked once, for a served request's cold path right after compute,
+    where every call costs microseconds. It runs the general functions' own plain-message
+    steps (:func:`_encode_plain`, :func:`_decode_expected`), so the bytes and errors are
+    theirs; any tensor or message it does not fit goes through them whole."""
 
     def __init__(self, shape: Sequence[int], dtype: torch.dtype) -> None:
         self.shape, self.dtype = tuple(shape), dtype
-        plain = _plain_head(self.shape, dtype)
         self.bits = dtype.itemsize * 8
-        self.head, self.head_crc = plain if plain is not None else (b"", 0)
-        self.payload = math.prod(self.shape) * dtype.itemsize
-        # the short way: words read as they are, bool (checked byte by byte), empty and
-        # cache-sized payloads (checksummed while copied) go the general way
-        self.short = (plain is not None and dtype != torch.bool and dtype != torch.bfloat16
-                      and 0 < self.payload < _FUSE_MIN)
-        self.size = len(self.head) + _CRC.size + self.payload
+        self.plain = _plain_head(self.shape, dtype)  # None: this tensor never travels plain
 
     def encode(self, t: torch.Tensor, bits: int) -> bytes:
         """``encode_tensor(t, bits)``."""
-        if not (self.short and bits == self.bits and t.dtype is self.dtype
+        if not (self.plain is not None and bits == self.bits and t.dtype is self.dtype
                 and t.shape == self.shape and t.is_cpu and t.layout is torch.strided
                 and t.is_contiguous()):
             return encode_tensor(t, bits)
-        # the tensor's memory read in place (numpy would refuse a tensor with grad; its bytes
-        # are the same)
-        words = _memory(t) if _BYTES_API is not None else memoryview(t.detach().numpy().data)
-        return b"".join((self.head, _CRC.pack(_crc32(words, self.head_crc)), words))
+        return _encode_plain(t, *self.plain)
 
     def decode(self, data: Message) -> torch.Tensor:
         """``decode_tensor(data, expect_shape=shape, expect_dtype=dtype)``."""
-        if self.short and type(data) in (bytes, memoryview):
-            view = memoryview(data)
-            at = len(self.head)
-            if (view.nbytes == self.size and view[:at] == self.head
-                    and (type(data) is bytes
-                         or (view.format == "B" and view.ndim == 1 and view.c_contiguous))):
-                body = view[at + _CRC.size:]
-                if _crc32(body, self.head_crc) != _CRC.unpack_from(view, at)[0]:
-                    raise WireError("checksum mismatch: the message was corrupted")
-                return torch.frombuffer(bytearray(body), dtype=self.dtype).view(self.shape)
+        if self.plain is not None:
+            out = _decode_expected(data, self.shape, self.dtype, None, self.plain)
+            if out is not None:
+                return out
         return decode_tensor(data, expect_shape=self.shape, expect_dtype=self.dtype)
 
 
