@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from edgesplit.errors import ConfigError, EdgesplitError, option
+from edgesplit.hardware.threads import release_thread_pool
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.star import StarClient, check_addresses
 from edgesplit.runtime.transport import ChainClient, RequestResult
@@ -123,9 +124,14 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                 if on_done:
                     on_done(1)
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for f in [pool.submit(client_loop, i) for i in range(concurrency)]:
-            f.result()
+    if concurrency == 1:  # on this thread: it computed the references, its OpenMP team is
+        client_loop(0)    # warm, and no second team makes libgomp throttle (hardware/threads.py)
+    else:
+        # this thread only waits now: its OpenMP team must not throttle the clients'
+        release_thread_pool()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for f in [pool.submit(client_loop, i) for i in range(concurrency)]:
+                f.result()
     wall_s = time.perf_counter() - started[0]
     return _report(program, results, errors, requests * concurrency, concurrency, wall_s)
 

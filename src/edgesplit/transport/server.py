@@ -86,8 +86,13 @@ def serve_forever(server: GrpcServer) -> None:  # pragma: no cover - exercised v
     import signal
     import threading
 
+    from edgesplit.hardware.threads import release_thread_pool
+
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
+    # this thread loaded the model and now only waits: its OpenMP team would otherwise make
+    # libgomp throttle the team of the thread that computes (hardware/threads.py)
+    release_thread_pool()
     done.wait()
     server.stop()
