@@ -113,9 +113,10 @@ def test_profile_writes_a_file_and_validates(tmp_path):
 
 def test_profile_batch_size_replaces_the_first_dimension():
     result = _run("profile", "alexnet", "--batch-size", "2", "--repeats", "1", "--warmup", "0",
-                  "--no-onnx", "--json")
+                  "--no-onnx", "--idle-ms", "2", "--threads", "1", "--json")
     doc = json.loads(result.stdout)
     assert doc["input_shapes"] == [[2, 3, 224, 224]]
+    assert doc["idle_ms"] == 2.0 and doc["machine"]["threads"] == 1
     assert all(r["onnx_ms"] is None for r in doc["layers"])
 
 

@@ -299,3 +299,40 @@ def test_measured_device_uses_its_profile_with_regression_fallback(tmp_path, blo
     bad.write_text(json.dumps({**load_profile(tmp_path / "prof.json"), "version": 99}))
     with pytest.raises(ConfigError, match="version 99"):
         load_profile(bad)
+
+
+def test_profile_idles_before_each_pass_and_says_so(block_graph):
+    from edgesplit.hardware.profile import profile_graph
+
+    prof = profile_graph(block_graph, warmup=0, repeats=2, onnx=False, idle_ms=1.0)
+    assert prof["idle_ms"] == 1.0
+    assert all(row["eager_ms"]["median"] >= 0 for row in prof["layers"])
+    with pytest.raises(ConfigError, match="idle_ms"):
+        profile_graph(block_graph, warmup=0, repeats=1, onnx=False, idle_ms=-1.0)
+
+
+def test_thread_pool_release_is_torchs_own_runtime_and_keeps_results():
+    """The release pauses torch's OpenMP, not the copy another wheel loaded (scikit-learn's
+    libgomp), and torch computes the same afterwards, on this thread and on another."""
+    import os
+    import threading
+
+    import sklearn.datasets  # noqa: F401  (loads scikit-learn's own libgomp beside torch's)
+    import torch
+
+    from edgesplit.hardware.threads import openmp_library, release_thread_pool
+
+    lib = openmp_library.__wrapped__()  # found afresh, with both copies loaded
+    if lib is None:
+        pytest.skip("torch's OpenMP runtime has no omp_pause_resource_all here")
+    assert lib._name.startswith(os.path.dirname(torch.__file__))
+    x = torch.arange(1 << 20, dtype=torch.float32)
+    want = (x * 2).sum()
+    assert release_thread_pool()
+    assert torch.equal((x * 2).sum(), want)
+    got = []
+    worker = threading.Thread(target=lambda: got.append((release_thread_pool(),
+                                                         torch.equal((x * 2).sum(), want))))
+    worker.start()
+    worker.join()
+    assert got == [(True, True)]

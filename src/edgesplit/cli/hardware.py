@@ -7,7 +7,16 @@ from pathlib import Path
 
 import typer
 
-from edgesplit.cli._app import TRUST_HELP, app, emit_json, err, out, user_errors
+from edgesplit.cli._app import (
+    THREADS_HELP,
+    TRUST_HELP,
+    app,
+    emit_json,
+    err,
+    out,
+    set_threads,
+    user_errors,
+)
 
 
 @app.command()
@@ -71,6 +80,11 @@ def profile(
                                                "dimension of the input shape)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed runs first."),
     repeats: int = typer.Option(20, "--repeats", min=1, help="Timed runs."),
+    idle_ms: float = typer.Option(0.0, "--idle-ms", min=0.0,
+                                  help="Sleep this long before each PyTorch pass, as a split's "
+                                       "partition idles on its link between requests (0: back "
+                                       "to back, the machine warm)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip ONNX Runtime timings."),
     validate: bool = typer.Option(False, "--validate", help="Also measure the whole model and "
                                   "partitions as one piece and report each estimator's error."),
@@ -83,6 +97,7 @@ def profile(
     from edgesplit.graph import capture, parse_shape
     from edgesplit.hardware.profile import profile_graph, save_profile
 
+    set_threads(threads)
     shape = _batch_shape(model, parse_shape(input_shape) if input_shape else None, batch_size)
     with err.status(f"capturing {model} ...", spinner="dots"):
         graph = capture(model, input_shape=shape, trust_model_file=trust_model_file)
@@ -94,7 +109,7 @@ def profile(
             bar.update(task, description=stage, completed=done, total=total)
 
         prof = profile_graph(graph, warmup=warmup, repeats=repeats, onnx=not no_onnx,
-                             progress=progress)
+                             progress=progress, idle_ms=idle_ms)
         report = _validate(graph, prof, warmup, repeats) if validate else None
     if report is not None:
         prof["validation"] = report

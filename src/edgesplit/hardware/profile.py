@@ -148,9 +148,10 @@ def _ticked_program(graph: LayerGraph, program: torch.fx.GraphModule,
 
 
 def _eager_in_context(graph: LayerGraph, warmup: int, repeats: int,
-                      progress: Progress | None) -> tuple[list[dict], dict]:
+                      progress: Progress | None, idle_ms: float = 0.0) -> tuple[list[dict], dict]:
     """Per-layer times from the ticked program and whole-model times of the plain program,
-    interleaved run by run so both see the same machine conditions."""
+    interleaved run by run so both see the same machine conditions; each run after
+    ``idle_ms`` of sleep."""
     program = graph.program
     if program is None:
         raise GraphError("this LayerGraph has no program to profile (capture it again)")
@@ -160,9 +161,11 @@ def _eager_in_context(graph: LayerGraph, warmup: int, repeats: int,
     samples: list[list[float]] = [[] for _ in graph.layers]
     whole: list[float] = []
     for run in range(warmup + repeats):
+        time.sleep(idle_ms / 1e3)
         start = time.perf_counter_ns()
         program(*args)
         elapsed = (time.perf_counter_ns() - start) / 1e6
+        time.sleep(idle_ms / 1e3)
         ticked(*args)
         if run >= warmup:
             whole.append(elapsed)
@@ -192,18 +195,26 @@ def _onnx_steps(parts: list[Partition], values: dict, progress: Progress | None 
 
 
 def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx: bool = True,
-                  progress: Progress | None = None) -> dict[str, Any]:
+                  progress: Progress | None = None, idle_ms: float = 0.0) -> dict[str, Any]:
     """Per-layer and whole-model latency of ``graph`` on this machine (the profile document).
 
     Per-layer times are taken in context, inside real forward passes (PyTorch: a clock tick
-    compiled in after each layer; ONNX Runtime: one session per layer, run in model order)."""
+    compiled in after each layer; ONNX Runtime: one session per layer, run in model order).
+
+    ``idle_ms``: sleep this long before each PyTorch pass, as a split's partition waits on its
+    link between requests. Back to back (0), a pass finds the machine warm: its cores awake,
+    its caches holding the weights. After idle it often is not (cores and caches given to other
+    work, clocks lowered): here a pass after 100 ms idle took x1.15 (ResNet-18) to x2.7
+    (BERT-mini) the back-to-back time. Profile with the idle a deployment's requests see."""
+    if idle_ms < 0:
+        raise ConfigError(f"idle_ms must be at least 0, not {idle_ms}")
     onnx = onnx and onnx_available()
     values = record_tensors(graph)
     inputs = {name: values[name] for name in graph.inputs}
     # no_grad, not inference_mode: the mode the runtime runs partitions in (TorchBackend), so
     # that a profile predicts requests (inference mode is a few per cent faster)
     with torch.no_grad():
-        eager, whole_eager = _eager_in_context(graph, warmup, repeats, progress)
+        eager, whole_eager = _eager_in_context(graph, warmup, repeats, progress, idle_ms)
         whole = {"eager_ms": whole_eager, "onnx_ms": None}
         onnx_rows: Sequence[dict[str, float] | None] = [None] * len(graph.layers)
         if onnx:
@@ -227,6 +238,7 @@ def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx
         "machine": machine_info(),
         "warmup": warmup,
         "repeats": repeats,
+        "idle_ms": idle_ms,
         "layers": rows,
         "whole_model": whole,
         "sum_of_layers_ms": {
