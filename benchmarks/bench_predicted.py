@@ -12,8 +12,9 @@ Every predictor prices the serialisation of crossing tensors with the wire codec
 Plans: ``best (unconstrained)`` (edge-only with identical devices: compute only) and a
 ``forced split`` (QDMP with a privacy layer a third of the way in and an edge memory limit met
 at two thirds), both planned with the calibrated roofline, and the profile's forced split when
-it differs. Each plan is served in this process (a PartitionServer on loopback, shaped
-25 Mbps / 10 ms) and measured over ``--requests`` after 2 warm-ups.
+it differs. Each plan is served as deployed, its cloud part by an `edgesplit serve` process
+and its edge part by a client in this one, on loopback shaped 25 Mbps / 10 ms, and measured
+over ``--requests`` after 2 warm-ups.
 
 Quiet machine: the 1-minute load average is read before and after. With more than
 ``--max-load`` before, or a rise beyond what the benchmark's own threads explain (its torch
@@ -25,19 +26,23 @@ threads) plus ``--max-load``, it prints why and exits 3 without writing anything
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from edgesplit.graph import LayerGraph
 from edgesplit.hardware import Device, Link, MeasuredCompute, get_device
 from edgesplit.hardware.calibrate import calibrate_roofline
 from edgesplit.hardware.profile import machine_info, profile_graph, save_profile
@@ -52,7 +57,6 @@ from edgesplit.plan.codec import measure_wire_codec
 from edgesplit.plan.model import Plan
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.session import run_requests
-from edgesplit.runtime.transport import PartitionServer
 
 RESULTS = Path(__file__).parent / "results"
 MODELS = ["resnet18", "mobilenet_v2", "digits_cnn", "bert_mini", "alexnet", "vit_tiny",
@@ -60,6 +64,13 @@ MODELS = ["resnet18", "mobilenet_v2", "digits_cnn", "bert_mini", "alexnet", "vit
 LINK = Link(name="shaped-25mbps-10ms", bandwidth_mbps=25.0, rtt_ms=10.0, medium="wired")
 PREDICTORS = ("profile", "calibrated", "preset")
 GOAL_MAPE = 15.0
+# torch threads per device: edge and cloud share this machine, one core each. Two teams of two
+# OpenMP threads on two shared cores make each other wait: a request's compute then took up to
+# x20 (digits_cnn) its time on one thread.
+THREADS = 1
+# profiles time each pass after this much sleep: a forced split's partitions here wait 15-105 ms
+# on the shaped link between their computes, and a pass after idle is slower than back to back
+IDLE_MS = 50.0
 
 
 # ---- quiet machine --------------------------------------------------------------------------
@@ -107,16 +118,45 @@ def _prediction(problem: PlanningProblem, plan: Plan) -> dict[str, float]:
             "cloud": b.cloud_ms, "total": b.total_ms}
 
 
-def _measure(program: PlanProgram, requests: int) -> dict[str, Any]:
-    server = PartitionServer(program, program.steps[1].name, shape=True, max_batch=1)
+@contextlib.contextmanager
+def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator[str]:
+    """`edgesplit serve` for the plan's cloud part in its own process (shaping its replies or
+    not); its gRPC address."""
+    proc = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),
+                             "--device", "cloud", "--port", "0",
+                             *([] if shape else ["--no-shape"]), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        report = run_requests(program, server.loopback_channel(), requests=requests, warmup=2,
-                              client_options={"shape": True})
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("listening on"):
+            raise RuntimeError(f"the server did not start (exit {proc.poll()})")
+        yield line.split()[2]
     finally:
-        server.stop(grace_s=1.0)
+        proc.terminate()
+        proc.wait(10)
+
+
+def _measure(plan: Plan, program: PlanProgram, requests: int, tmp: Path) -> dict[str, Any]:
+    """The plan served as deployed: its cloud part by an `edgesplit serve` process, its edge
+    part by a client in this one, both shaping the link. (Both parts in one process would
+    measure their compute slowed by each other's OpenMP team: see hardware/threads.py.)"""
+    path = tmp / f"{program.plan_id}.plan.json"
+    plan.save(path)
+    with serve_process(path, "--max-batch", "1", "--threads", str(THREADS), shape=True) as address:
+        report = run_requests(program, address, requests=requests, warmup=2,
+                              client_options={"shape": True})
     return {"errors": report["errors"], "max_abs_diff": report["max_abs_diff"],
             "latency_ms": report["latency_ms"], "breakdown_ms": report["breakdown_ms"],
             "totals_ms": [r["breakdown_ms"]["total"] for r in report["per_request"]]}
+
+
+def _graph_for(problem: PlanningProblem, plan: Plan) -> LayerGraph:
+    """The captured graph ``plan`` was made on: the optimized one, or the raw one DADS plans
+    on (it can win the unconstrained comparison)."""
+    names = [layer.name for layer in plan.layers]
+    return next((g for g in (problem.graph, problem.graph_of("raw"))
+                 if [layer.name for layer in g.layers] == names), problem.graph)
 
 
 def _describe(plan: Plan) -> dict[str, Any]:
@@ -141,19 +181,32 @@ def _devices(base: Device, model: str, profiles: dict[str, dict], fresh: Path, c
 
 def bench_predicted(models: list[str], requests: int, tmp: Path, log=print
                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each device gets one of this machine's cores: one torch thread here (profiles, the edge
+    part) and in the server (the cloud part)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        return _bench_predicted(models, requests, tmp, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench_predicted(models: list[str], requests: int, tmp: Path, log
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     base = get_device("this-machine")
     codec = measure_wire_codec()
     problems = {m: PlanningProblem(m, EdgeCloudSetting(edge=base, cloud=base, link=LINK))
                 for m in models}
     # profiles to calibrate on (each model's is used only for the others)
-    profiles = {m: profile_graph(p.graph, warmup=3, repeats=10, onnx=False)
+    profiles = {m: profile_graph(p.graph, warmup=3, repeats=10, onnx=False, idle_ms=IDLE_MS)
                 for m, p in problems.items()}
     rows = []
     for model in models:
         t0 = time.perf_counter()
         graph = problems[model].graph
         privacy, limit = _constraints(graph)
-        fresh = min((profile_graph(graph, warmup=3, repeats=10, onnx=False) for _ in range(2)),
+        fresh = min((profile_graph(graph, warmup=3, repeats=10, onnx=False, idle_ms=IDLE_MS)
+                     for _ in range(2)),
                     key=lambda p: p["sum_of_layers_ms"]["eager"])
         path = tmp / f"{model}.profile.json"
         save_profile(_scaled_to_whole(fresh), path)
@@ -173,8 +226,8 @@ def bench_predicted(models: list[str], requests: int, tmp: Path, log=print
         else:
             candidates.append(("forced split", ["profile"], plan_p, forced))
         for kind, planned_by, plan, predictors in candidates:
-            program = PlanProgram.load(plan, graph=graph)
-            m = _measure(program, requests)
+            program = PlanProgram.load(plan, graph=_graph_for(problems[model], plan))
+            m = _measure(plan, program, requests, tmp)
             pred = {k: _prediction(p, plan) for k, p in predictors.items()}
             mean = m["breakdown_ms"]["total"]
             rows.append({
@@ -216,12 +269,16 @@ def render(doc: dict[str, Any]) -> list[str]:
     """Section 3 as Markdown lines."""
     s = doc["summary"]
     lines = ["## 3. Predicted vs measured end-to-end latency", "",
-             f"Edge = cloud = this machine, link {LINK.bandwidth_mbps:g} Mbps / {LINK.rtt_ms:g} "
+             f"Edge = cloud = one core of this machine each ({doc.get('threads', THREADS)} torch "
+             "thread: the cloud part in an `edgesplit serve --threads 1` process, the edge part "
+             f"in this one), link {LINK.bandwidth_mbps:g} Mbps / {LINK.rtt_ms:g} "
              f"ms RTT, shaping on, {doc['requests']} requests per plan after 2 warm-ups; load "
              f"average {doc['load_before']:.2f} before, {doc['load_after']:.2f} after. "
              "Predictors (see `benchmarks/bench_predicted.py`): `profile` (fresh per-layer "
-             "profile scaled to its whole forward pass), `calibrated` (roofline fitted to the "
-             "*other* models' profiles), `preset` (hand-set this-machine roofline). All price "
+             f"profile, each pass after {doc.get('idle_ms', IDLE_MS):g} ms idle as a request's "
+             "partition waits on its link, scaled to its whole forward pass), `calibrated` "
+             "(roofline fitted to the *other* models' profiles), `preset` (hand-set "
+             "this-machine roofline, measured with all cores: for reference). All price "
              "the crossing tensors' serialisation with the wire codec measured here. Errors are "
              "signed against the mean total (+: the prediction is too high).", "",
              "| model | plan | planned by | edge layers | crossing | bytes sent | profile ms | "
@@ -281,7 +338,8 @@ def main() -> None:
                                       log=lambda m: print(m, file=sys.stderr))
     after = os.getloadavg()[0]
     doc = {"version": 1, "machine": machine_info(), "models": models,
-           "requests": args.requests, "load_before": before, "load_after": after,
+           "requests": args.requests, "threads": THREADS, "idle_ms": IDLE_MS,
+           "load_before": before, "load_after": after,
            "wall_s": time.perf_counter() - start, "rows": rows, **extra,
            "summary": summary(rows)}
     lines = render(doc)

@@ -17,7 +17,7 @@ end-to-end latency, and how one server holds up under concurrent clients.
 4. Load: 1 and 32 concurrent clients against an ``edgesplit serve`` process for digits_cnn,
    over each plane, with and without dynamic batching.
 
-Sections 2-3 run their servers in this process; every server is stopped in a ``finally``. The
+Section 2 runs its servers in this process; every server is stopped in a ``finally``. The
 benchmark refuses to start on a busy machine (1-minute load above 1.0; ``--allow-load`` for a
 trial run, with ``--out`` elsewhere). Writes runtime.md and runtime.json (to
 benchmarks/results/ by default); quote the ratios, not absolute times.
@@ -36,8 +36,6 @@ import os
 import socket
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -319,6 +317,7 @@ def _peer_process(plan_path: str, max_reply: int, ports: Any, stop: Any) -> None
     go on ``ports``, and the process ends when ``stop`` is set."""
     from edgesplit.plan import load_plan
 
+    torch.set_num_threads(predicted.THREADS)  # a device: one core, as the served side has
     program = PlanProgram.load(load_plan(plan_path))
     ports.put((_listen_thread(lambda c: Echo.serve(c, max_reply)),
                _listen_thread(lambda c: MinimalSplit.serve(c, program, True)),
@@ -412,6 +411,15 @@ def bench_overhead(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any
     interleaved round by round. Every server is a process of its own (`edgesplit serve`, and
     one process for the reference peers), as a split's two sides are: in one process the
     client's and the server's threads would take turns on one interpreter lock."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(predicted.THREADS)  # this process is the edge device: one core
+    try:
+        return _overhead_splits(device, rounds, tmp)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _overhead_splits(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any]]:
     rows = []
     for i, (model, layer) in enumerate(OVERHEAD_SPLITS):
         problem = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=UNSHAPED_LINK))
@@ -419,7 +427,7 @@ def bench_overhead(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any
         plan_path = tmp / f"overhead-{i}.json"
         plan.save(plan_path)
         up, down = _wire_bytes(program)
-        with serve_process(plan_path) as address, \
+        with serve_process(plan_path, "--threads", str(predicted.THREADS)) as address, \
                 reference_peers(plan_path, max(down, 1)) as (echo_port, floor_port, raw_port), \
                 ChainClient(program, address, shape=False, data_plane="tcp") as tcp, \
                 ChainClient(program, address, shape=False, data_plane="grpc") as grpc_client:
@@ -526,26 +534,13 @@ def bench_predicted_section(models: list[str], requests: int, tmp: Path) -> dict
     before = os.getloadavg()[0]
     rows, extra = predicted.bench_predicted(models, requests, tmp)
     return {"rows": rows, **extra, "requests": requests, "models": models,
-            "load_before": before, "load_after": os.getloadavg()[0],
+            "threads": predicted.THREADS, "idle_ms": predicted.IDLE_MS, "load_before": before,
+            "load_after": os.getloadavg()[0],
             "summary": predicted.summary(rows)}
 
 
 # ---- 4. load ------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def serve_process(plan_path: Path, *flags: str) -> Iterator[str]:
-    """`edgesplit serve` for the plan's cloud part in its own process; its gRPC address."""
-    proc = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),
-                             "--device", "cloud", "--port", "0", "--no-shape", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("listening on"):
-            raise RuntimeError(f"the server did not start (exit {proc.poll()})")
-        yield line.split()[2]
-    finally:
-        proc.terminate()
-        proc.wait(10)
+serve_process = predicted.serve_process  # section 3 serves its plans the same way
 
 
 def _client_process(plan_path: str, address: str, plane: str, threads: int, requests: int,
@@ -673,12 +668,14 @@ def _render_header(doc: dict[str, Any]) -> list[str]:
         f"with nothing else running: load average {before:.2f} before, {after:.2f} after (the "
         "benchmark's own threads and server processes raise it). Quote the ratios, not the "
         "absolute times.", "",
-        "**Setup.** Sections 1 and 4 run every server as a process of its own (`edgesplit "
-        "serve`, and a process for section 1's references), as a deployment would; sections "
-        "2-3 run theirs *in this process*: a `PartitionServer` serves the plan's cloud part on "
-        "127.0.0.1 and a `ChainClient` runs the edge part, so both sides share the two cores "
-        "and the Python interpreter. A request's edge and cloud compute run one after the "
-        "other, never at once.", ""]
+        "**Setup.** Sections 1, 3 and 4 run every server as a process of its own (`edgesplit "
+        "serve`, and a process for section 1's references), as a deployment would, and in "
+        "sections 1 and 3 each side computes on one torch thread: the edge and cloud devices "
+        "get one of the two cores each (two OpenMP teams of two threads on two shared cores "
+        "make each other wait). Section 2 runs its server *in this process*: a "
+        "`PartitionServer` serves the plan's cloud part on 127.0.0.1 and a `ChainClient` runs "
+        "the edge part. A request's edge and cloud compute run one after the other, never at "
+        "once.", ""]
 
 
 def _render_overhead(doc: dict[str, Any]) -> list[str]:
@@ -880,13 +877,17 @@ def _note_predicted(doc: dict[str, Any]) -> str:
               / (r["predicted_parts_ms"]["profile"]["edge"]
                  + r["predicted_parts_ms"]["profile"]["cloud"]) for r in forced]
     if ratios:
-        parts.append(f"The link is priced within a few percent; the error is compute: a "
-                     f"request's edge and cloud parts measured x{min(ratios):.2f}-"
-                     f"x{max(ratios):.2f} (median x{statistics.median(ratios):.2f}) the "
-                     "profile's, which times each layer back to back, while a shaped request "
-                     "computes after tens of milliseconds idle on the link (caches and cores "
-                     "gone cold): the predictors do not model that, and how much it costs "
-                     "varies with the machine's state from run to run.")
+        parts.append(f"The link is priced within a few percent; a request's edge and cloud "
+                     f"compute measured x{min(ratios):.2f}-x{max(ratios):.2f} (median "
+                     f"x{statistics.median(ratios):.2f}) the profile's. Two things make that "
+                     "hold: the profile times each pass after idle, as a shaped request's "
+                     "partition computes after tens of milliseconds on the link (back to back, "
+                     "the machine is warmer: here a pass after 100 ms idle took up to x2.7 "
+                     "its back-to-back time with two threads); and each device computes on "
+                     "one core. With two torch threads per process, the two sides' OpenMP "
+                     "teams share two cores and make each other wait (digits_cnn's parts ran "
+                     "up to x20 their one-thread time), and a second team in one process "
+                     "makes libgomp throttle both (hardware/threads.py).")
     return " ".join(parts)
 
 
