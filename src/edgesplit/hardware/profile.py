@@ -205,7 +205,8 @@ def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx
     link between requests. Back to back (0), a pass finds the machine warm: its cores awake,
     its caches holding the weights. After idle it often is not (cores and caches given to other
     work, clocks lowered): here a pass after 100 ms idle took x1.15 (ResNet-18) to x2.7
-    (BERT-mini) the back-to-back time. Profile with the idle a deployment's requests see."""
+    (BERT-mini) the back-to-back time, with two threads. Profile with the idle a deployment's
+    requests see."""
     if idle_ms < 0:
         raise ConfigError(f"idle_ms must be at least 0, not {idle_ms}")
     onnx = onnx and onnx_available()

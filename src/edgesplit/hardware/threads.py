@@ -61,8 +61,9 @@ def openmp_library() -> ctypes.CDLL | None:
 
 
 def release_thread_pool() -> bool:
-    """End the calling thread's OpenMP team (its idle workers exit). True if the runtime did,
-    False where there is none to end or no OpenMP 5 runtime. Safe to call from any thread: it
-    touches only the caller's own team and refuses inside a parallel region."""
+    """End the calling thread's OpenMP team, if it has one (its idle workers exit). True when
+    the runtime accepted (also with no team to end); False with no OpenMP 5 runtime or inside
+    a parallel region, which it refuses. Safe from any thread: it touches only the caller's
+    own team."""
     lib = openmp_library()
     return lib is not None and lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
