@@ -155,8 +155,9 @@ def _graph_for(problem: PlanningProblem, plan: Plan) -> LayerGraph:
     """The captured graph ``plan`` was made on: the optimized one, or the raw one DADS plans
     on (it can win the unconstrained comparison)."""
     names = [layer.name for layer in plan.layers]
-    return next((g for g in (problem.graph, problem.graph_of("raw"))
-                 if [layer.name for layer in g.layers] == names), problem.graph)
+    if [layer.name for layer in problem.graph.layers] == names:
+        return problem.graph
+    return problem.graph_of("raw")  # captured (and kept) when DADS planned
 
 
 def _describe(plan: Plan) -> dict[str, Any]:

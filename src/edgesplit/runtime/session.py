@@ -124,8 +124,10 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                 if on_done:
                     on_done(1)
 
-    if concurrency == 1:  # on this thread: it computed the references, its OpenMP team is
-        client_loop(0)    # warm, and no second team makes libgomp throttle (hardware/threads.py)
+    if concurrency == 1:
+        # on this thread: it computed the references, its OpenMP team is warm, and no second
+        # team makes libgomp throttle both (hardware/threads.py)
+        client_loop(0)
     else:
         # this thread only waits now: its OpenMP team must not throttle the clients'
         release_thread_pool()
