@@ -558,7 +558,7 @@ def _client_process(plan_path: str, address: str, plane: str, threads: int, requ
     for c in clients:  # connect and warm up before the clock starts
         c.request(inputs[0])
     barrier.wait()
-    latencies, diffs, errors = [], [], []
+    latencies, answers, errors = [], [], []
 
     def loop(k: int) -> None:
         for i in range(requests):
@@ -570,8 +570,7 @@ def _client_process(plan_path: str, address: str, plane: str, threads: int, requ
                 errors.append(str(exc))
                 continue
             latencies.append((time.monotonic() - t) * 1e3)
-            diffs.append(max(float((o - ref).abs().max())
-                             for o, ref in zip(r.outputs, references[x], strict=True)))
+            answers.append((x, r.outputs))  # checked once the clock has stopped
 
     start = time.monotonic()
     with ThreadPoolExecutor(threads) as pool:
@@ -579,6 +578,8 @@ def _client_process(plan_path: str, address: str, plane: str, threads: int, requ
     end = time.monotonic()
     for c in clients:
         c.close()
+    diffs = [max(float((o - ref).abs().max()) for o, ref in zip(out, references[x], strict=True))
+             for x, out in answers]
     results.put({"start": start, "end": end, "latencies_ms": latencies, "errors": errors,
                  "max_abs_diff": max(diffs, default=float("nan"))})
 

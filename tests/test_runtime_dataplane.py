@@ -431,6 +431,47 @@ def test_a_repeated_meta_is_parsed_once_and_a_changed_one_anew():
     assert seen[1] is seen[0] and seen[2] is not seen[1]
 
 
+def test_metas_are_padded_so_that_parts_arrive_8_aligned():
+    """A frame's parts follow its lengths and meta; the meta's JSON is padded with spaces to a
+    multiple of 8 bytes, so the parts start aligned in the receive buffer (where a server
+    reads a float payload in place) and the meta still parses to itself."""
+    from edgesplit.transport.frames import _Inbox, encode_meta, write_frame
+
+    a, b = socket.socketpair()
+    inbox = _Inbox()
+    with a, b:
+        for names in (["x"], ["a_longer_name", "y"], ["z" * 13]):
+            meta = {"names": names, "timeout_s": 1.5}
+            assert len(encode_meta(meta)) % 8 == 0
+            write_frame(a, Frame(CALL, 1, meta, [b"abcd", b"efgh"]))
+            frame = read_frame(b, inbox, 1 << 20)
+            assert frame.meta == meta
+            base = torch.frombuffer(inbox.buffer, dtype=torch.uint8).data_ptr()
+            first = torch.frombuffer(frame.parts[0], dtype=torch.uint8).data_ptr()
+            assert (first - base) % 8 == 0 and bytes(frame.parts[1]) == b"efgh"
+
+
+def test_the_server_reads_requests_in_place_and_answers_as_from_a_copy(program, served):
+    """The short way decodes a request's tensors where they lie in the connection's buffer
+    (no copy); the answers are the unsplit model's, request after request, the buffer being
+    overwritten by each next one."""
+    server, address = served
+    decoded = []
+    decoders = server._fast.decoders
+    server._fast.decoders = [lambda data, d=d: decoded.append(d(data)) or decoded[-1]
+                             for d in decoders]
+    try:
+        with ChainClient(program, address, token=TOKEN, shape=False) as client:
+            for k in range(4):
+                out = client.request(_x(k)).outputs[0]
+                assert torch.allclose(out, program.unsplit(_x(k))[0], atol=TOL)
+    finally:
+        server._fast.decoders = decoders
+    assert len(decoded) == 4
+    # no copy: every request's tensor lies at the same place, the connection's buffer
+    assert len({t.data_ptr() for t in decoded}) == 1
+
+
 def test_a_frame_the_kernel_takes_in_pieces_arrives_whole():
     """sendmsg may take part of a frame (a send timeout, a full buffer): the rest follows,
     from the right byte of the right part, memoryviews of other formats included."""

@@ -661,3 +661,48 @@ def test_plain_codec_refuses_bad_messages_in_the_general_words(damage):
     with pytest.raises(WireError) as general:
         decode_tensor(bad, expect_shape=(4, 6), expect_dtype=torch.float32)
     assert str(mine.value) == str(general.value)
+
+
+# ---- reading a plain message in place (a server's receive buffer) -----------------------------
+def test_plain_codec_reads_an_aligned_message_in_place_and_equal_to_a_copy():
+    shape, t = (2, 3, 5), torch.randn(2, 3, 5)
+    codec = PlainCodec(shape, torch.float32)
+    message = codec.encode(t, 32)
+    buffer = bytearray(len(message) + 16)
+    at = 16 - (len(message) - t.nbytes) % 16  # the payload 16-aligned in the buffer
+    view = memoryview(buffer)[at:at + len(message)]
+    view[:] = message
+    out = codec.decode_in_place(view)
+    assert torch.equal(out, t) and torch.equal(out, codec.decode(view))
+    base = torch.frombuffer(buffer, dtype=torch.uint8).data_ptr()
+    assert base <= out.data_ptr() < base + len(buffer)  # a view of the buffer, not a copy
+    del out
+
+
+@pytest.mark.parametrize("case", ["misaligned", "read-only", "bool"])
+def test_plain_codec_copies_what_it_cannot_read_in_place(case):
+    dtype = torch.bool if case == "bool" else torch.float32
+    t = torch.randn(4, 6) > 0 if case == "bool" else torch.randn(4, 6)
+    codec = PlainCodec((4, 6), dtype)
+    message = codec.encode(t, dtype.itemsize * 8)
+    if case == "read-only":
+        data = memoryview(message)
+    else:
+        buffer = bytearray(len(message) + 16)
+        start = torch.frombuffer(buffer, dtype=torch.uint8).data_ptr()
+        at = next(a for a in range(1, 16)  # the payload off its 4-byte alignment
+                  if (start + a + len(message) - t.nbytes) % 4)
+        data = memoryview(buffer)[at:at + len(message)]
+        data[:] = message
+    out = codec.decode_in_place(data)
+    assert torch.equal(out, t)
+    out.logical_not_() if dtype == torch.bool else out.add_(1)  # its own memory
+    assert torch.equal(codec.decode(data), t)
+
+
+def test_plain_codec_in_place_refuses_a_corrupted_message():
+    codec = PlainCodec((4, 6), torch.float32)
+    message = bytearray(codec.encode(torch.randn(4, 6), 32))
+    message[-2] ^= 0x10
+    with pytest.raises(WireError, match="checksum"):
+        codec.decode_in_place(memoryview(message))

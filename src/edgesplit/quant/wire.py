@@ -249,6 +249,39 @@ class PlainCodec:
                 return out
         return decode_tensor(data, expect_shape=self.shape, expect_dtype=self.dtype)
 
+    def decode_in_place(self, data: Message) -> torch.Tensor:
+        """:meth:`decode`, but a plain message in a writable buffer whose payload is aligned
+        for the dtype is read where it lies: the tensor is a view of ``data`` (checksummed,
+        not copied), valid only while the caller leaves the buffer alone. For a server that
+        computes on a request before it reads the next one into the same buffer; anything
+        else is decoded as :meth:`decode` does."""
+        if self.plain is not None and type(data) is memoryview and not data.readonly \
+                and self.dtype != torch.bool:
+            out = _view_expected(data, self.shape, self.dtype, self.plain)
+            if out is not None:
+                return out
+        return self.decode(data)
+
+
+def _view_expected(data: memoryview, shape: tuple[int, ...], dtype: torch.dtype,
+                   plain: tuple[bytes, int]) -> torch.Tensor | None:
+    """The tensor of a plain message whose header is the one expected, as a view of its
+    payload in ``data`` after the CRC matched; None when the message is not that, or its
+    payload is empty or not aligned for the dtype (the copying decoder then reads it)."""
+    head, head_crc = plain
+    at = len(head) + _CRC.size
+    if (data.nbytes - at != math.prod(shape) * dtype.itemsize or data.nbytes == at
+            or data.format != "B" or data.ndim != 1 or not data.c_contiguous
+            or data[: len(head)] != head):
+        return None
+    body = data[at:]
+    if int(_crc32(body, head_crc)) != _CRC.unpack_from(data, len(head))[0]:
+        raise WireError("checksum mismatch: the message was corrupted")
+    flat = torch.frombuffer(body, dtype=torch.uint8)
+    if flat.data_ptr() % dtype.itemsize:
+        return None
+    return flat.view(dtype).view(shape)
+
 
 def _memory(t: torch.Tensor) -> memoryview:
     """A read-only view of a contiguous CPU tensor's bytes (valid while ``t`` lives)."""

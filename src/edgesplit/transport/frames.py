@@ -74,7 +74,11 @@ class Frame:
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:
-    return json.dumps(meta, separators=(",", ":")).encode()
+    """The meta as JSON, padded with spaces to a multiple of 8 bytes: the parts that follow the
+    lengths and the meta then start 8-aligned in a receive buffer, where a float payload can
+    be read in place (:meth:`~edgesplit.quant.wire.PlainCodec.decode_in_place`)."""
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
 
 
 class MetaCache:
