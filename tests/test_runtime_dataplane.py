@@ -451,6 +451,40 @@ def test_metas_are_padded_so_that_parts_arrive_8_aligned():
             assert (first - base) % 8 == 0 and bytes(frame.parts[1]) == b"efgh"
 
 
+@pytest.mark.parametrize("tls", [False, True])
+def test_pieces_go_out_joined_without_a_copy(tls):
+    """A part given as Pieces (a message's header and a tensor's memory) arrives as the joined
+    bytes, over a plain socket's scatter-gather write and over TLS alike; its frame's size
+    counts every piece."""
+    from edgesplit.transport.frames import Pieces, _Inbox, write_frame
+
+    body = memoryview(bytearray(range(256)) * 300)
+    pieces = Pieces((b"head", body))
+    frame = Frame(REPLY, 9, {"names": ["y"]}, [b"x" * 10, pieces])
+    assert frame.nbytes() == Frame(REPLY, 9, {"names": ["y"]}, [b"x" * 10, bytes(pieces)]
+                                   ).nbytes()
+    a, b = socket.socketpair()
+    with a, b:
+        if tls:  # TLS has no sendmsg: each piece is written in turn
+            import ssl
+
+            class Recorder(ssl.SSLSocket):
+                def __init__(self) -> None:  # no handshake: only sendall is used
+                    self.sent: list[bytes] = []
+
+                def sendall(self, data, flags=0):
+                    self.sent.append(bytes(data))
+
+            sock = Recorder.__new__(Recorder)
+            sock.__init__()
+            write_frame(sock, frame)
+            a.sendall(b"".join(sock.sent))
+        else:
+            write_frame(a, frame)
+        got = read_frame(b, _Inbox(), 1 << 20)
+    assert bytes(got.parts[0]) == b"x" * 10 and bytes(got.parts[1]) == b"head" + bytes(body)
+
+
 def test_the_server_reads_requests_in_place_and_answers_as_from_a_copy(program, served):
     """The short way decodes a request's tensors where they lie in the connection's buffer
     (no copy); the answers are the unsplit model's, request after request, the buffer being

@@ -706,3 +706,19 @@ def test_plain_codec_in_place_refuses_a_corrupted_message():
     message[-2] ^= 0x10
     with pytest.raises(WireError, match="checksum"):
         codec.decode_in_place(memoryview(message))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_plain_codec_pieces_join_to_the_message(dtype):
+    """A large plain tensor's message comes as its header with the checksum and the tensor's
+    own memory (not copied); joined, the pieces are encode()'s bytes. Small or non-plain
+    tensors come as those bytes."""
+    shape = (1, 64, 32, 32)
+    t = torch.randn(shape).to(dtype)
+    codec = PlainCodec(shape, dtype)
+    head, body = codec.encode_pieces(t, dtype.itemsize * 8)
+    assert head + bytes(body) == codec.encode(t, dtype.itemsize * 8)
+    assert torch.frombuffer(body, dtype=torch.uint8).data_ptr() == t.data_ptr()
+    small, x = PlainCodec((2, 3), dtype), torch.randn(2, 3).to(dtype)
+    assert small.encode_pieces(x, dtype.itemsize * 8) == small.encode(x, dtype.itemsize * 8)
+    assert codec.encode_pieces(t, 8) == codec.encode(t, 8)  # quantized: a message of its own

@@ -241,6 +241,19 @@ class PlainCodec:
             return encode_tensor(t, bits)
         return _encode_plain(t, *self.plain)
 
+    def encode_pieces(self, t: torch.Tensor, bits: int) -> bytes | tuple[bytes, memoryview]:
+        """:meth:`encode`'s message, for a plain tensor of :data:`PIECES_MIN` bytes or more as
+        two pieces to send back to back: its header with the checksum, and the tensor's own
+        memory, not copied (valid while ``t`` lives unchanged: a sender's scatter-gather
+        write joins them in the kernel). Anything else comes as :meth:`encode`'s bytes."""
+        if not (self.plain is not None and bits == self.bits and t.dtype is self.dtype
+                and t.nbytes >= PIECES_MIN and t.shape == self.shape and t.is_cpu
+                and t.layout is torch.strided and t.is_contiguous()):
+            return self.encode(t, bits)
+        head, head_crc = self.plain
+        body = memoryview(_words(t).data)  # holds the array, which holds the tensor
+        return head + _CRC.pack(int(_crc32(body, head_crc))), body
+
     def decode(self, data: Message) -> torch.Tensor:
         """``decode_tensor(data, expect_shape=shape, expect_dtype=dtype)``."""
         if self.plain is not None:
@@ -301,6 +314,7 @@ def _crc_function() -> Callable[..., int]:
 
 
 _crc32 = _crc_function()
+PIECES_MIN = 64 << 10  # below this a copy costs less than building the pieces
 _FUSE_MIN = 2 << 20  # above this, copy and checksum in cache-sized steps (measured: 4 MB 1.7x)
 _FUSE_STEP = 256 << 10
 

@@ -16,7 +16,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import grpc
 
@@ -32,9 +32,10 @@ from edgesplit.transport.frames import (
     FrameServer,
     Handler,
     MetaCache,
+    Pieces,
 )
 
-__all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "open_data_plane",
+__all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "as_part", "open_data_plane",
            "reply_of", "split_address"]
 
 DataPlane = Literal["auto", "grpc", "tcp"]
@@ -45,7 +46,13 @@ DATA_PLANES = ("auto", "grpc", "tcp")
 @dataclass
 class Part:
     name: str
-    data: Buffer  # one wire-format tensor message
+    data: Buffer  # one wire-format tensor message (a sender's may be Pieces: sent as they are)
+
+
+def as_part(message: bytes | tuple[bytes, memoryview]) -> Buffer:
+    """A codec's message as a frame part: ``encode_pieces``' two pieces stay apart (Pieces;
+    typed as the buffer it stands for, which the data plane sends without joining it)."""
+    return message if type(message) is bytes else cast(Buffer, Pieces(message))
 
 
 @dataclass

@@ -22,7 +22,7 @@ import grpc
 
 from edgesplit.errors import WireError
 from edgesplit.plan.model import PLAN_VERSION
-from edgesplit.runtime.dataplane import Message
+from edgesplit.runtime.dataplane import Message, as_part
 from edgesplit.transport import check_alive
 from edgesplit.transport.frames import REPLY, Frame, encode_meta
 
@@ -43,7 +43,9 @@ class FastPath:
     def __init__(self, server: PartitionServer) -> None:
         self.server, step = server, server.step
         self.receives, self.returns = list(step.receives), list(step.returns)
-        self.encoders = [(name, server.program.codec(name).encode) for name in self.returns]
+        # a large answer goes out from the output tensor's own memory (no copy into a message)
+        self.encoders = [(name, server.program.codec(name).encode_pieces)
+                         for name in self.returns]
         # the request's tensors are read where they lie in the connection's buffer: the call
         # is computed and answered before that connection reads its next frame into it
         self.decoders = [server.program.codec(name).decode_in_place for name in self.receives]
@@ -96,7 +98,7 @@ class FastPath:
             check_alive(context, server.step.name)  # the client may have given up meanwhile
             out = (server.batcher or server.step).compute(values)
             t2 = time.perf_counter()
-            parts: list[Any] = [codec(out[name], 32) for name, codec in self.encoders]
+            parts: list[Any] = [as_part(codec(out[name], 32)) for name, codec in self.encoders]
         finally:
             server._slots.give()
         serialize_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
@@ -112,3 +114,4 @@ class FastPath:
         except WireError:
             return None
         return values
+

@@ -41,7 +41,7 @@ from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
 
 __all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "FrameServer",
-           "Handler", "MetaCache", "encode_meta", "read_frame", "write_frame"]
+           "Handler", "MetaCache", "Part", "Pieces", "encode_meta", "read_frame", "write_frame"]
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
@@ -54,12 +54,34 @@ IDLE_S = 300.0  # a server closes a connection that sends nothing for this long
 Buffer = bytes | bytearray | memoryview
 
 
+class Pieces(tuple):
+    """One part sent from consecutive buffers (a tensor message's header and the tensor's own
+    memory): the scatter-gather write joins them, no copy does."""
+
+    __slots__ = ()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes if type(b) is memoryview else len(b) for b in self)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self)
+
+
+Part = Buffer | Pieces
+
+
+def _size(part: Buffer | Pieces) -> int:
+    """A part's byte size (a memoryview's len counts items)."""
+    return part.nbytes if type(part) is memoryview or type(part) is Pieces else len(part)
+
+
 @dataclass
 class Frame:
     kind: int
     request_id: int
     meta: dict[str, Any] = field(default_factory=dict)  # read-only once built or read
-    parts: Sequence[Buffer] = ()
+    parts: Sequence[Buffer] = ()  # a sender's may also be Pieces (kept apart until sent)
     meta_json: bytes | None = None  # ``meta`` already encoded, by a sender that caches it
 
     def encoded_meta(self) -> bytes:
@@ -70,7 +92,7 @@ class Frame:
     def nbytes(self) -> int:
         """The frame's size on the wire (what a link shaper is charged)."""
         return (_HEADER.size + 8 * len(self.parts) + len(self.encoded_meta())
-                + sum(len(p) for p in self.parts))
+                + sum(_size(p) for p in self.parts))
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:
@@ -111,17 +133,21 @@ def write_frame(sock: socket.socket, frame: Frame) -> int:
     """Send ``frame`` (one scatter-gather write where the kernel takes it all); its size."""
     meta = frame.encoded_meta()
     # byte sizes (a memoryview's len counts items); the parts go out as they are
-    sizes = [p.nbytes if type(p) is memoryview else len(p) for p in frame.parts]
+    sizes = [_size(p) for p in frame.parts]
     total = _HEADER.size + 8 * len(sizes) + len(meta) + sum(sizes)
     head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
                         len(sizes), total - _HEADER.size)
     head += struct.pack(f"<{len(sizes)}Q", *sizes) + meta
+    buffers: list[Buffer] = [head]
+    for p in frame.parts:
+        if type(p) is Pieces:
+            buffers.extend(p)
+        else:
+            buffers.append(p)
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg through TLS: one record stream
-        sock.sendall(head)
-        for p in frame.parts:
-            sock.sendall(p)
+        for b in buffers:
+            sock.sendall(b)
         return total
-    buffers = [head, *frame.parts]
     sent = sock.sendmsg(buffers[:_IOV_MAX])
     if sent < total:  # the kernel took part of it (a timeout, a large frame): send the rest
         _send_rest(sock, buffers, sent)
