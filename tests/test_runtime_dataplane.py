@@ -110,6 +110,84 @@ def test_one_client_shared_by_threads_gets_every_reply_matched(program, served):
     assert server.batcher.batches_run > before  # concurrent requests really were batched
 
 
+@contextlib.contextmanager
+def _batcher_held(server: PartitionServer):
+    """The batcher busy (its compute lock held): calls that arrive meanwhile are queued and
+    answered later by its worker, once released."""
+    server.batcher._computing.acquire()
+    try:
+        yield
+    finally:
+        server.batcher._computing.release()
+
+
+def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined(
+        program, served):
+    """Two calls sent back to back on one connection while the batcher is busy: both are
+    queued (the connection reads the second while the first waits: each must own its
+    tensors), computed in one batch and answered from the worker, each with its own id and
+    its own input's outputs."""
+    from edgesplit.transport.frames import _Inbox, write_frame
+
+    server, _ = served
+    before = server.batcher.batches_run
+    with socket.create_connection(("127.0.0.1", server.data_port)) as sock:
+        with _batcher_held(server):
+            for k in (3, 4):
+                write_frame(sock, _call(program, _good(program, k), request_id=100 + k))
+            time.sleep(0.3)  # both read, waiting on the held batcher (one in its worker's hand)
+            assert server._frames._busy == 2 and server.batcher._queue.qsize() >= 1
+        answers = {}
+        inbox = _Inbox()
+        for _ in range(2):
+            frame = read_frame(sock, inbox, 1 << 22)
+            assert frame.kind == REPLY
+            answers[frame.request_id] = program.decode(program.outputs[0], frame.parts[0])
+    assert sorted(answers) == [103, 104]
+    for k in (3, 4):
+        assert torch.allclose(answers[100 + k], program.unsplit(_x(k))[0], atol=TOL)
+    assert server.batcher.batches_run == before + 1
+
+
+def test_a_queued_call_that_fails_is_answered_as_the_synchronous_path_would(program, served):
+    """A call answered by the batcher's worker whose compute fails gets the FAILED answer a
+    call computed on its own thread gets (status and words); the server goes on."""
+    server, address = served
+    batcher = server.batcher
+
+    class Boom:  # a partition whose compute fails, alone and in a batch
+        partition = batcher.single.partition
+
+        def compute(self, values):
+            raise RuntimeError("boom")
+
+    frames = _frames(server)
+    kept = batcher.single, batcher.batched
+    batcher.single = batcher.batched = Boom()
+    try:
+        failures = []
+        for held in (False, True):
+            with pytest.raises(LoopbackError) as err, ThreadPoolExecutor(1) as pool, \
+                    (_batcher_held(server) if held else contextlib.nullcontext()):
+                future = pool.submit(frames.call, _call(program, _good(program), 30 + held), 10)
+                time.sleep(0.2)
+                if held:  # let the worker run it
+                    batcher._computing.release()
+                    try:
+                        future.result(timeout=10)
+                    finally:
+                        batcher._computing.acquire()
+                future.result(timeout=10)
+            failures.append((err.value.code(), err.value.details()))
+        assert failures[0] == failures[1] and failures[0][0] == grpc.StatusCode.INTERNAL
+    finally:
+        batcher.single, batcher.batched = kept
+        frames.close()
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:
+        assert torch.allclose(client.request(_x(1)).outputs[0], program.unsplit(_x(1))[0],
+                              atol=TOL)
+
+
 def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
     graph = capture("digits_cnn")
     from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries

@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -163,6 +164,18 @@ class Batcher:
             raise waiting.error
         return waiting.result
 
+    def idle(self) -> bool:
+        """Whether a request now would run at once on its caller's thread (:meth:`compute`'s
+        short way: nothing computing, nothing queued)."""
+        return self.max_wait_s == 0 and self._queue.empty() and not self._computing.locked()
+
+    def submit(self, values: dict[str, torch.Tensor],
+               callback: Callable[[_Waiting], None]) -> None:
+        """Queue one request for the worker's next batch without waiting for it:
+        ``callback(waiting)`` runs on the worker once its ``result`` or ``error`` is set (it
+        must raise nothing; it must not block: the batch's other requests wait on it)."""
+        self._queue.put(_Waiting(values, callback))
+
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=5)
@@ -207,14 +220,14 @@ class Batcher:
         self.requests_batched += len(items)
         for waiting, result in zip(items, results, strict=True):
             waiting.result = result
-            waiting.done.release()
+            waiting.finish()
 
     def _run_alone(self, waiting: _Waiting) -> None:
         try:
             waiting.result = self.single.compute(waiting.values)
         except Exception as exc:
             waiting.error = exc
-        waiting.done.release()
+        waiting.finish()
 
     def _run_batch(self, requests: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         return run_together(self.single, self.batched, requests,
@@ -222,16 +235,28 @@ class Batcher:
 
 
 class _Waiting:
-    """One queued request: its inputs, then its outcome; ``done`` is held until it is set."""
+    """One queued request: its inputs, then its outcome; its caller waits on ``done`` (held
+    until the outcome is set), or ``callback`` gets it (a request submitted to answer later)."""
 
-    __slots__ = ("done", "error", "result", "values")
+    __slots__ = ("callback", "done", "error", "result", "values")
 
-    def __init__(self, values: dict[str, torch.Tensor]) -> None:
-        self.values = values
+    def __init__(self, values: dict[str, torch.Tensor],
+                 callback: Callable[[_Waiting], None] | None = None) -> None:
+        self.values, self.callback = values, callback
         self.result: Any = None
         self.error: Exception | None = None
         self.done = threading.Lock()
-        self.done.acquire()
+        if callback is None:
+            self.done.acquire()
+
+    def finish(self) -> None:
+        if self.callback is None:
+            self.done.release()
+            return
+        try:
+            self.callback(self)
+        except Exception:  # the worker must go on for the other requests
+            log.exception("answering a batched request failed")
 
 
 def run_together(single: DeviceStep, batched: DeviceStep, requests: list[dict[str, torch.Tensor]],

@@ -14,6 +14,7 @@ which says what is wrong in its own words, so both paths give the same answers a
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
 from typing import TYPE_CHECKING, Any
@@ -23,8 +24,9 @@ import grpc
 from edgesplit.errors import WireError
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.runtime.dataplane import Message, as_part
-from edgesplit.transport import check_alive
-from edgesplit.transport.frames import REPLY, Frame, encode_meta
+from edgesplit.transport import answer, check_alive
+from edgesplit.transport.frames import DEFERRED, REPLY, Frame, encode_meta, failure
+from edgesplit.transport.loopback import Aborted
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +49,10 @@ class FastPath:
         self.encoders = [(name, server.program.codec(name).encode_pieces)
                          for name in self.returns]
         # the request's tensors are read where they lie in the connection's buffer: the call
-        # is computed and answered before that connection reads its next frame into it
+        # is computed and answered before that connection reads its next frame into it;
+        # a call answered later (batched, the connection reading on) gets copies
         self.decoders = [server.program.codec(name).decode_in_place for name in self.receives]
+        self.copying = [server.program.codec(name).decode for name in self.receives]
         # what the general path's reply meta holds: the timings it reports, in its order
         self.reply_meta = {"plan_id": server.program.plan_id, "plan_version": PLAN_VERSION,
                            "names": self.returns,
@@ -86,9 +90,16 @@ class FastPath:
     def reply(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
         """Decode, compute (in one of the server's worker slots, batched where the server
         batches) and answer a plain call: the general path's reply, frame for frame. A call
-        whose tensors do not decode is answered by the general path, which says why."""
+        whose tensors do not decode is answered by the general path, which says why. A call
+        that would wait for a batch is answered by the batcher's worker (:meth:`_later`)."""
         server = self.server
         server.take_slot(context)
+        batcher = server.batcher
+        if batcher is not None and not batcher.idle() and not server.upstream.enabled:
+            later = getattr(context, "defer", None)
+            answered = self._later(frame, context, later) if later is not None else None
+            if answered is not None:
+                return answered
         try:
             t0 = time.perf_counter()
             values = self._decode(frame)
@@ -105,13 +116,63 @@ class FastPath:
         parts.append(_TIMINGS.pack(serialize_ms, (t2 - t1) * 1e3))
         return Frame(REPLY, frame.request_id, self.reply_meta, parts, self.reply_json)
 
-    def _decode(self, frame: Frame) -> dict[str, torch.Tensor] | None:
+    def _later(self, frame: Frame, context: Any, defer: Any) -> Frame | None:
+        """Queue the call for the batcher and answer it from there once its batch ran:
+        DEFERRED (the connection reads on, its thread is not woken to answer). None, with the
+        slot still taken, when its tensors do not decode (the general path then answers)."""
+        server = self.server
+        t0 = time.perf_counter()
+        values = self._decode(frame, self.copying)  # the connection's buffer is reused
+        if values is None:
+            return None
+        try:
+            check_alive(context, server.step.name)
+        except Exception:
+            server._slots.give()
+            raise
+        t1 = time.perf_counter()
+        send = defer()
+        request_id = frame.request_id
+
+        def answer(waiting: Any) -> None:  # on the batcher's worker
+            try:
+                if waiting.error is not None:
+                    raise waiting.error
+                t2 = time.perf_counter()
+                out = waiting.result
+                parts: list[Any] = [as_part(codec(out[name], 32))
+                                    for name, codec in self.encoders]
+                serialize_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
+                parts.append(_TIMINGS.pack(serialize_ms, (t2 - t1) * 1e3))
+                reply = Frame(REPLY, request_id, self.reply_meta, parts, self.reply_json)
+            except Exception as exc:
+                reply = _failed(context, request_id, exc, server.failure)
+            finally:
+                server._slots.give()
+            send(reply)
+
+        assert server.batcher is not None
+        server.batcher.submit(values, answer)
+        return DEFERRED
+
+    def _decode(self, frame: Frame, decoders: list[Any] | None = None
+                ) -> dict[str, torch.Tensor] | None:
         values = {}
         try:
-            for name, decode, data in zip(self.receives, self.decoders, frame.parts,
-                                          strict=True):
+            for name, decode, data in zip(self.receives, decoders or self.decoders,
+                                          frame.parts, strict=True):
                 values[name] = decode(data)
         except WireError:
             return None
         return values
+
+
+def _failed(context: Any, request_id: int, exc: Exception, failure_text: Any) -> Frame:
+    """The FAILED answer the synchronous path gives for ``exc`` (its status and words)."""
+    def rethrow() -> None:
+        raise exc
+
+    with contextlib.suppress(Aborted):  # it always raises: Aborted, with the status set
+        answer(context, rethrow, failure_text)
+    return failure(request_id, context.code or grpc.StatusCode.UNKNOWN, context.details)
 

@@ -40,8 +40,9 @@ import grpc
 from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
 
-__all__ = ["CALL", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext", "FrameServer",
-           "Handler", "MetaCache", "Part", "Pieces", "encode_meta", "read_frame", "write_frame"]
+__all__ = ["CALL", "DEFERRED", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext",
+           "FrameServer", "Handler", "MetaCache", "Part", "Pieces", "encode_meta", "read_frame",
+           "write_frame"]
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
@@ -199,6 +200,7 @@ class _Inbox:
         self.meta: dict[str, Any] = {}
         # a server's last call meta found well formed, and its metadata as pairs
         self.checked: tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]] = (None, ())
+        self.writing = threading.Lock()  # a server's answers: one frame at a time
 
     def bound_to(self, sock: socket.socket, seconds: float | None) -> None:
         """:func:`_bound` the connection to ``seconds``, unless it is bound within a
@@ -283,13 +285,28 @@ def _status(name: Any) -> grpc.StatusCode:
 # ---- server -------------------------------------------------------------------------------------
 class FrameContext(LoopbackContext):
     """gRPC's ``ServicerContext`` for a call that came in as a frame: metadata, the caller's
-    deadline, and whether the caller is still there (its connection still open)."""
+    deadline, and whether the caller is still there (its connection still open). A handler
+    may answer later, from another thread (:meth:`defer`)."""
 
     def __init__(self, sock: socket.socket, metadata: Sequence[tuple[str, str]],
-                 timeout: float | None) -> None:
+                 timeout: float | None, server: FrameServer | None = None,
+                 inbox: _Inbox | None = None) -> None:
         super().__init__(metadata, timeout)
         self._sock = sock
         self._arrived = time.monotonic()
+        self._server, self._inbox = server, inbox
+        self.deferred = False
+
+    def defer(self) -> Callable[[Frame], None] | None:
+        """Answer this call later: the handler returns :data:`DEFERRED`, and the function this
+        gives (call it once, from any thread) writes the answer and ends the call. The
+        connection reads its next frame meanwhile, so whatever the answer needs must not
+        be a view of the frame's parts. None where no server can answer later."""
+        server, inbox = self._server, self._inbox
+        if server is None or inbox is None:
+            return None
+        self.deferred = True
+        return lambda answer: server._answer_later(self._sock, inbox, answer, self)
 
     def is_active(self) -> bool:
         if not super().is_active():
@@ -310,6 +327,9 @@ class FrameContext(LoopbackContext):
         except OSError:
             return "gone"
         return f"tcp:{host}:{port}"
+
+
+DEFERRED = Frame(0, 0)  # a handler's answer when FrameContext.defer() answers later
 
 
 def _peer_closed(sock: socket.socket) -> bool:
@@ -420,26 +440,51 @@ class FrameServer:
         except _Closed:
             return False
         except FrameTooLarge as exc:  # the body is unread: the connection cannot go on
-            _refuse(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)), self.limit)
+            _refuse(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)), self.limit,
+                    inbox.writing)
             return False
         except ValueError as exc:
-            _refuse(conn, failure(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)), self.limit)
+            _refuse(conn, failure(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)), self.limit,
+                    inbox.writing)
             return False
         with self._lock:
-            if self._stopping:
+            stopping = self._stopping
+            if not stopping:
+                self._busy += 1
+        if stopping:
+            with inbox.writing:
                 write_frame(conn, failure(frame.request_id, grpc.StatusCode.UNAVAILABLE,
                                           "the server is shutting down"))
-                return False
-            self._busy += 1
+            return False
+        deferred = False
         try:
             reply = self._handle(conn, frame, inbox)
+            deferred = reply is DEFERRED
         finally:
-            with self._lock:  # the condition's own lock, taken directly (the hot path)
-                self._busy -= 1
-                if self._stopping:  # only stop() waits on it
-                    self._idle.notify_all()
-        write_frame(conn, reply)
+            if not deferred:
+                self._call_done()
+        if not deferred:
+            with inbox.writing:  # a deferred answer may be written meanwhile
+                write_frame(conn, reply)
         return True
+
+    def _call_done(self) -> None:
+        with self._lock:  # the condition's own lock, taken directly (the hot path)
+            self._busy -= 1
+            if self._stopping:  # only stop() waits on it
+                self._idle.notify_all()
+
+    def _answer_later(self, conn: socket.socket, inbox: _Inbox, answer: Frame,
+                      context: FrameContext) -> None:
+        """Write a deferred call's answer and end the call (from whichever thread has it)."""
+        try:
+            with inbox.writing:
+                write_frame(conn, answer)
+        except OSError:
+            pass  # the caller hung up meanwhile: nobody to tell
+        finally:
+            context.finish()
+            self._call_done()
 
     def _handle(self, conn: socket.socket, frame: Frame, inbox: _Inbox) -> Frame:
         meta = frame.meta
@@ -454,19 +499,22 @@ class FrameServer:
         if frame.kind != CALL:
             return failure(frame.request_id, grpc.StatusCode.INVALID_ARGUMENT,
                            "malformed call frame (kind, metadata or timeout)")
-        context = FrameContext(conn, inbox.checked[1], timeout)
+        context = FrameContext(conn, inbox.checked[1], timeout, self, inbox)
         try:
             return self.handler(frame, context)
         finally:
-            context.finish()
+            if not context.deferred:
+                context.finish()
 
 
-def _refuse(conn: socket.socket, answer: Frame, limit: int) -> None:
+def _refuse(conn: socket.socket, answer: Frame, limit: int,
+            writing: threading.Lock | None = None) -> None:
     """Answer a frame that cannot be read and end the connection so that the caller reads
     the answer: stop sending, then drain what it still sends (closing with unread bytes would
     reset the connection, and a reset can discard the answer before the caller reads it),
-    for at most a second and ``limit`` bytes."""
-    write_frame(conn, answer)
+    for at most a second and ``limit`` bytes. ``writing``: the connection's write lock."""
+    with writing or contextlib.nullcontext():
+        write_frame(conn, answer)
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_WR)
         conn.settimeout(1.0)
