@@ -118,10 +118,22 @@ def _prediction(problem: PlanningProblem, plan: Plan) -> dict[str, float]:
             "cloud": b.cloud_ms, "total": b.total_ms}
 
 
+class Served(str):
+    """A served process's gRPC address (a str, as callers use it) and its process id."""
+
+    pid: int
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator[str]:
+def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator[Served]:
     """`edgesplit serve` for the plan's cloud part in its own process (shaping its replies or
-    not); its gRPC address."""
+    not); its gRPC address (with the process id)."""
     proc = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),
                              "--device", "cloud", "--port", "0",
                              *([] if shape else ["--no-shape"]), *flags],
@@ -131,7 +143,9 @@ def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator
         line = proc.stdout.readline()
         if not line.startswith("listening on"):
             raise RuntimeError(f"the server did not start (exit {proc.poll()})")
-        yield line.split()[2]
+        address = Served(line.split()[2])
+        address.pid = proc.pid
+        yield address
     finally:
         proc.terminate()
         proc.wait(10)

@@ -83,7 +83,8 @@ SHAPING_RTT_MS = 20.0
 UNSHAPED_LINK = Link(name="loopback", bandwidth_mbps=10_000.0, rtt_ms=0.0, medium="wired")
 # 4. load
 LOAD_SPLIT = ("digits_cnn", "down2.0")
-LOAD_CLIENTS, LOAD_REQUESTS, LOAD_SINGLE_REQUESTS = 32, 50, 200
+# long enough (a few seconds each) that start and end, and a slow second, weigh little
+LOAD_CLIENTS, LOAD_REQUESTS, LOAD_SINGLE_REQUESTS = 32, 150, 600
 LOAD_PROCESSES = 4  # client processes (devices), LOAD_CLIENTS // LOAD_PROCESSES clients each
 LOAD_SETUPS = [("tcp", True), ("grpc", True), ("tcp", False), ("grpc", False)]
 QUIET_LOAD = 1.0  # 1-minute load average above which the machine is not quiet (2 cores)
@@ -572,22 +573,25 @@ def _client_process(plan_path: str, address: str, plane: str, threads: int, requ
             latencies.append((time.monotonic() - t) * 1e3)
             answers.append((x, r.outputs))  # checked once the clock has stopped
 
+    cpu = time.process_time()  # this device's CPU (all its threads) for the run
     start = time.monotonic()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(loop, range(threads)))
     end = time.monotonic()
+    cpu = time.process_time() - cpu
     for c in clients:
         c.close()
     diffs = [max(float((o - ref).abs().max()) for o, ref in zip(out, references[x], strict=True))
              for x, out in answers]
     results.put({"start": start, "end": end, "latencies_ms": latencies, "errors": errors,
-                 "max_abs_diff": max(diffs, default=float("nan"))})
+                 "max_abs_diff": max(diffs, default=float("nan")), "cpu_s": cpu})
 
 
 def _load_run(plan_path: Path, address: str, plane: str, processes: int, threads: int,
               requests: int) -> dict[str, Any]:
     """``processes`` client processes x ``threads`` clients each, ``requests`` each; what they
-    measured together (throughput from the first start to the last end)."""
+    measured together (throughput from the first start to the last end), and the CPU the
+    clients and (for a served process's address) the server used per request."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")  # no fork after torch and gRPC started
@@ -597,7 +601,10 @@ def _load_run(plan_path: Path, address: str, plane: str, processes: int, threads
              for _ in range(processes)]
     for p in procs:
         p.start()
+    pid = getattr(address, "pid", None)
+    server_cpu = predicted.process_cpu_s(pid) if pid else 0.0  # idle until the clients start
     parts = [results.get(timeout=600) for _ in procs]
+    server_cpu = predicted.process_cpu_s(pid) - server_cpu if pid else float("nan")
     for p in procs:
         p.join(10)
     lat = [x for part in parts for x in part["latencies_ms"]]
@@ -612,6 +619,10 @@ def _load_run(plan_path: Path, address: str, plane: str, processes: int, threads
                        "p95": float(np.percentile(lat, 95)),
                        "p99": float(np.percentile(lat, 99)), "max": float(np.max(lat))},
         "throughput_rps": len(lat) / wall, "wall_s": wall,
+        # CPU per answered request; cores busy = all of it over the wall time
+        "client_cpu_ms": 1e3 * sum(p["cpu_s"] for p in parts) / max(len(lat), 1),
+        "server_cpu_ms": 1e3 * server_cpu / max(len(lat), 1),
+        "cores_busy": (sum(p["cpu_s"] for p in parts) + server_cpu) / wall,
     }
 
 
@@ -626,7 +637,9 @@ def bench_load(device: Device, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"model": model, "split_after": layer, "setups": []}
     threads = LOAD_CLIENTS // LOAD_PROCESSES
     for plane, batching in LOAD_SETUPS:
-        flags = () if batching else ("--max-batch", "1")
+        # one torch thread, as every device in this benchmark: an idle OpenMP worker of the
+        # server would spin on the cores the clients need
+        flags = ("--threads", "1") if batching else ("--threads", "1", "--max-batch", "1")
         with serve_process(tmp / "load.json", *flags) as address:
             one = _load_run(tmp / "load.json", address, plane, 1, 1, LOAD_SINGLE_REQUESTS)
             many = _load_run(tmp / "load.json", address, plane, LOAD_PROCESSES, threads,
@@ -755,7 +768,7 @@ def _render_predicted(doc: dict[str, Any]) -> list[str]:
 def _render_load(doc: dict[str, Any]) -> list[str]:
     ld = doc["load"]
     lines = [f"## 4. Load: {LOAD_CLIENTS} concurrent clients x {LOAD_REQUESTS} requests", "",
-             f"One `edgesplit serve` process for {ld['model']} split after "
+             f"One `edgesplit serve --threads 1` process for {ld['model']} split after "
              f"`{ld['split_after']}`, no shaping, with and without dynamic batching (the "
              "default batches up to 32 waiting requests; `--max-batch 1` turns it off). The "
              f"{LOAD_CLIENTS} clients are {LOAD_PROCESSES} client processes (devices) of "
@@ -765,11 +778,16 @@ def _render_load(doc: dict[str, Any]) -> list[str]:
              f"({LOAD_SINGLE_REQUESTS} requests), the reference for the ratios. Each request "
              "goes over the data plane or gRPC with one of 16 distinct inputs and its output is "
              "checked against the unsplit model on that input; a reply for another request id "
-             "would be an error. Throughput: requests answered from the first start to the "
-             "last end.", "",
+             "would be an error (outputs are checked once the clock has stopped). Throughput: "
+             "requests answered from the first start to the last end. CPU per request: the "
+             "client processes' and the server process's CPU time (all threads, user and "
+             "system; the server's from the clients' start, their connection and one warm-up "
+             "request each included) over the requests; cores busy: all of it over the wall "
+             "time (2 at most here).", "",
              "| plane | batching | clients x requests | ok | errors | mean ms | p50 ms | p95 ms "
-             "| p99 ms | req/s | x one client | max abs diff |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| p99 ms | req/s | x one client | client CPU ms/req | server CPU ms/req "
+             "| cores busy | max abs diff |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for setup in ld["setups"]:
         for label in ("single client", "concurrent"):
             r = setup[label]
@@ -779,8 +797,16 @@ def _render_load(doc: dict[str, Any]) -> list[str]:
                 f"| {setup['plane']} | {'on' if setup['batching'] else 'off'} | "
                 f"{r['clients']} x {r['requests_per_client']} | {r['ok']} | {r['errors']} | "
                 f"{lat['mean']:.2f} | {lat['p50']:.2f} | {lat['p95']:.2f} | {lat['p99']:.2f} | "
-                f"{r['throughput_rps']:.0f} | {ratio} | {r['max_abs_diff']:.2g} |")
+                f"{r['throughput_rps']:.0f} | {ratio} | {_cpu(r, 'client_cpu_ms')} | "
+                f"{_cpu(r, 'server_cpu_ms')} | {_cpu(r, 'cores_busy', '.2f')} | "
+                f"{r['max_abs_diff']:.2g} |")
     return [*lines, "", doc["notes"]["load"], ""]
+
+
+def _cpu(run: dict[str, Any], key: str, fmt: str = ".3f") -> str:
+    """A CPU column ("-" in results measured before it was recorded)."""
+    value = run.get(key)
+    return "-" if value is None or value != value else format(value, fmt)
 
 
 def _notes(doc: dict[str, Any]) -> dict[str, str]:
@@ -911,9 +937,32 @@ def _note_load(doc: dict[str, Any]) -> str:
                     "each request then runs the cloud part alone, and on two cores the "
                     "clients' edge parts and the server's requests compete for the same CPU; "
                     "a batch costs far less than its requests run one by one.")
-    text.append("A lone client leaves the CPU idle during its round trips, which is where "
-                "concurrency gains before the cores fill.")
-    return " ".join(text)
+    text.append(_note_load_cpu(ld))
+    return " ".join(t for t in text if t)
+
+
+def _note_load_cpu(ld: dict[str, Any]) -> str:
+    """Why the ratio is what it is, from the CPU the runs used: throughput is cores busy over
+    CPU per request, so the ratio is (cores busy, 32 over 1) x (CPU per request, 1 over 32)."""
+    setup = next((s for s in ld["setups"] if s["plane"] == "tcp" and s["batching"]), None)
+    if setup is None or "cores_busy" not in setup["concurrent"]:
+        return ""
+    one, many = setup["single client"], setup["concurrent"]
+    cpu1 = one["client_cpu_ms"] + one["server_cpu_ms"]
+    cpu32 = many["client_cpu_ms"] + many["server_cpu_ms"]
+    return (f"Where the tcp/batching ratio comes from: throughput is cores busy over CPU per "
+            f"request. A lone client keeps {one['cores_busy']:.2f} cores busy at "
+            f"{cpu1:.3f} ms of CPU a request (client {one['client_cpu_ms']:.3f}, server "
+            f"{one['server_cpu_ms']:.3f}): its request's parts run one after the other, so a "
+            f"round trip is about one core's worth of work, not idle time. {LOAD_CLIENTS} "
+            f"clients keep {many['cores_busy']:.2f} cores busy at {cpu32:.3f} ms a request "
+            f"(client {many['client_cpu_ms']:.3f}, server {many['server_cpu_ms']:.3f}): "
+            f"x{many['cores_busy'] / one['cores_busy']:.2f} the cores, each request "
+            f"x{cpu1 / cpu32:.2f} as cheap. Batching makes the server's share cheaper, while "
+            "the clients' share (their edge compute, encode and socket calls, with "
+            f"{LOAD_CLIENTS // LOAD_PROCESSES} threads to a process) grows; on 2 cores shared "
+            "by the devices and the server, 2x one client's rate needs the whole request to "
+            "cost less under load than alone, which only the server's part can.")
 
 
 SECTIONS = ("overhead", "shaping", "predicted", "load")
