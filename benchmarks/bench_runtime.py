@@ -847,12 +847,14 @@ def _note_overhead(doc: dict[str, Any]) -> str:
     codec = [r["runtime_serialize_ms"] - r["local_serialize_ms"] for r in goal
              if r["plane"] == "tcp"]
     if codec:
-        text.append(f"Of the overhead, {min(codec):.2f}-{max(codec):.2f} ms is serialisation "
-                    "beyond run_local's: the reply's encode and decode, and the request's "
-                    "decode run on a server that slept through the edge compute (run_local "
-                    "decodes right after encoding); torch's tensor calls cost tens of "
-                    "microseconds each with cold caches, a 4 KB reply nearly as much as a "
-                    "131 KB one.")
+        text.append(f"Served serialisation differs from run_local's by {min(codec):+.2f} to "
+                    f"{max(codec):+.2f} ms: a served request also encodes and decodes its "
+                    "reply, and decodes the request on a server that slept through the edge "
+                    "compute (cold caches: torch's tensor calls cost tens of microseconds "
+                    "each there); but it sends a large tensor from the tensor's own memory "
+                    "(header and checksum in front, no copy) and the server reads a plain "
+                    "request where it lies in its receive buffer, which run_local's round "
+                    "trip through bytes does not.")
     pairs = {(r["model"], r["split_after"]): {} for r in rows}
     for r in rows:
         pairs[(r["model"], r["split_after"])][r["plane"]] = r["overhead_ms"]
