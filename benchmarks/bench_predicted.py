@@ -148,7 +148,13 @@ def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator
         yield address
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:  # a graceful stop gives calls in flight up to 5 s on each of its two planes
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            print(f"warning: the server for {plan_path.name} did not stop in 30 s; killed",
+                  file=sys.stderr)
 
 
 def _measure(plan: Plan, program: PlanProgram, requests: int, tmp: Path) -> dict[str, Any]:
