@@ -188,6 +188,33 @@ def test_a_queued_call_that_fails_is_answered_as_the_synchronous_path_would(prog
                               atol=TOL)
 
 
+def test_a_deferred_answer_never_waits_on_a_caller_that_does_not_read():
+    """The batch worker writes a deferred answer only as far as the kernel takes it at once:
+    a caller that does not read (its buffers full) gets the rest from a thread of its own,
+    the worker returns at once, and the call ends once the rest is sent."""
+    from edgesplit.transport.frames import FrameContext, FrameServer, _Inbox
+
+    server = FrameServer(lambda frame, context: frame, 1 << 30)
+    a, b = socket.socketpair()
+    with a, b:
+        inbox, big = _Inbox(), b"x" * (16 << 20)  # far more than the socket buffers hold
+        context = FrameContext(a, (), None, server, inbox)
+        send = context.defer()
+        server._busy = 1
+        worker = threading.Thread(target=send, args=(Frame(REPLY, 5, {}, [big]),))
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive()  # it did not wait for b to read
+        assert server._busy == 1  # the rest is still on its way
+        got = read_frame(b, _Inbox(), 1 << 30)
+        assert got.request_id == 5 and bytes(got.parts[0]) == big
+        for _ in range(100):
+            if server._busy == 0:
+                break
+            time.sleep(0.05)
+        assert server._busy == 0 and not inbox.writing.locked()
+
+
 def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
     graph = capture("digits_cnn")
     from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
@@ -222,6 +249,14 @@ def test_tls_covers_the_data_plane(program, tmp_path):
             assert torch.allclose(client.request(_x(1)).outputs[0],
                                   program.unsplit(_x(1))[0], atol=TOL)
             assert client.data_plane.startswith("tcp")
+            # a call that waits for a batch is answered by its own thread over TLS (no
+            # non-blocking write there), still right
+            with ThreadPoolExecutor(1) as pool, _batcher_held(server):
+                waiting = pool.submit(client.request, _x(2))
+                time.sleep(0.2)
+                assert not waiting.done()
+            assert torch.allclose(waiting.result(timeout=10).outputs[0],
+                                  program.unsplit(_x(2))[0], atol=TOL)
         plain = FrameClient("127.0.0.1", server.data_port, 1 << 20)  # no TLS: refused
         with pytest.raises(LoopbackError) as info:
             plain.call(_call(program, _good(program)), 5)

@@ -95,9 +95,11 @@ class FastPath:
         server = self.server
         server.take_slot(context)
         batcher = server.batcher
-        if batcher is not None and not batcher.idle() and not server.upstream.enabled:
-            later = getattr(context, "defer", None)
-            answered = self._later(frame, context, later) if later is not None else None
+        defer = getattr(context, "defer", None)
+        if batcher is not None and defer is not None and not batcher.idle() \
+                and not server.upstream.enabled:
+            send = defer()
+            answered = self._later(frame, context, send) if send is not None else None
             if answered is not None:
                 return answered
         try:
@@ -116,7 +118,7 @@ class FastPath:
         parts.append(_TIMINGS.pack(serialize_ms, (t2 - t1) * 1e3))
         return Frame(REPLY, frame.request_id, self.reply_meta, parts, self.reply_json)
 
-    def _later(self, frame: Frame, context: Any, defer: Any) -> Frame | None:
+    def _later(self, frame: Frame, context: Any, send: Any) -> Frame | None:
         """Queue the call for the batcher and answer it from there once its batch ran:
         DEFERRED (the connection reads on, its thread is not woken to answer). None, with the
         slot still taken, when its tensors do not decode (the general path then answers)."""
@@ -131,7 +133,6 @@ class FastPath:
             server._slots.give()
             raise
         t1 = time.perf_counter()
-        send = defer()
         request_id = frame.request_id
 
         def answer(waiting: Any) -> None:  # on the batcher's worker

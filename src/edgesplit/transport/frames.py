@@ -132,19 +132,7 @@ class _Closed(Exception):
 # ---- the bytes --------------------------------------------------------------------------------
 def write_frame(sock: socket.socket, frame: Frame) -> int:
     """Send ``frame`` (one scatter-gather write where the kernel takes it all); its size."""
-    meta = frame.encoded_meta()
-    # byte sizes (a memoryview's len counts items); the parts go out as they are
-    sizes = [_size(p) for p in frame.parts]
-    total = _HEADER.size + 8 * len(sizes) + len(meta) + sum(sizes)
-    head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
-                        len(sizes), total - _HEADER.size)
-    head += struct.pack(f"<{len(sizes)}Q", *sizes) + meta
-    buffers: list[Buffer] = [head]
-    for p in frame.parts:
-        if type(p) is Pieces:
-            buffers.extend(p)
-        else:
-            buffers.append(p)
+    buffers, total = _buffers(frame)
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg through TLS: one record stream
         for b in buffers:
             sock.sendall(b)
@@ -153,6 +141,24 @@ def write_frame(sock: socket.socket, frame: Frame) -> int:
     if sent < total:  # the kernel took part of it (a timeout, a large frame): send the rest
         _send_rest(sock, buffers, sent)
     return total
+
+
+def _buffers(frame: Frame) -> tuple[list[Buffer], int]:
+    """The frame's bytes as buffers to write in order (header, lengths and meta, then the
+    parts as they are, Pieces spread), and their total size."""
+    meta = frame.encoded_meta()
+    # byte sizes (a memoryview's len counts items); the parts go out as they are
+    sizes = [_size(p) for p in frame.parts]
+    total = _HEADER.size + 8 * len(sizes) + len(meta) + sum(sizes)
+    head = _HEADER.pack(MAGIC, VERSION, frame.kind, 0, frame.request_id, len(meta),
+                        len(sizes), total - _HEADER.size)
+    buffers: list[Buffer] = [head + struct.pack(f"<{len(sizes)}Q", *sizes) + meta]
+    for p in frame.parts:
+        if type(p) is Pieces:
+            buffers.extend(p)
+        else:
+            buffers.append(p)
+    return buffers, total
 
 
 def _send_rest(sock: socket.socket, buffers: list[Buffer], sent: int) -> None:
@@ -295,17 +301,17 @@ class FrameContext(LoopbackContext):
         self._sock = sock
         self._arrived = time.monotonic()
         self._server, self._inbox = server, inbox
-        self.deferred = False
 
     def defer(self) -> Callable[[Frame], None] | None:
-        """Answer this call later: the handler returns :data:`DEFERRED`, and the function this
-        gives (call it once, from any thread) writes the answer and ends the call. The
-        connection reads its next frame meanwhile, so whatever the answer needs must not
-        be a view of the frame's parts. None where no server can answer later."""
+        """How to answer this call later: a handler that returns :data:`DEFERRED` must call
+        the function this gives once, from any thread, with the answer; it writes it (without
+        waiting on a caller slow to read it) and ends the call. The connection reads its next
+        frame meanwhile, so whatever the answer needs must not be a view of the frame's
+        parts. None where the call cannot be answered later (no server, or TLS: no
+        non-blocking write); asking commits to nothing."""
         server, inbox = self._server, self._inbox
-        if server is None or inbox is None:
+        if server is None or inbox is None or isinstance(self._sock, ssl.SSLSocket):
             return None
-        self.deferred = True
         return lambda answer: server._answer_later(self._sock, inbox, answer, self)
 
     def is_active(self) -> bool:
@@ -476,15 +482,37 @@ class FrameServer:
 
     def _answer_later(self, conn: socket.socket, inbox: _Inbox, answer: Frame,
                       context: FrameContext) -> None:
-        """Write a deferred call's answer and end the call (from whichever thread has it)."""
+        """Write a deferred call's answer and end the call. The calling thread (a batch
+        worker, which other calls wait on) writes what the kernel takes at once; a caller too
+        slow to take the rest gets it from a thread of its own."""
+        buffers, total = _buffers(answer)
+        inbox.writing.acquire()
         try:
-            with inbox.writing:
-                write_frame(conn, answer)
+            try:
+                sent = conn.sendmsg(buffers[:_IOV_MAX], [], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
         except OSError:
-            pass  # the caller hung up meanwhile: nobody to tell
+            sent = total  # the caller hung up meanwhile: nobody to tell
+        if sent >= total:
+            self._answered_later(inbox, context)
+            return
+        threading.Thread(target=self._send_rest_later, name="edgesplit-data-answer",
+                         args=(conn, inbox, buffers, sent, context), daemon=True).start()
+
+    def _send_rest_later(self, conn: socket.socket, inbox: _Inbox, buffers: list[Buffer],
+                         sent: int, context: FrameContext) -> None:
+        try:
+            _send_rest(conn, buffers, sent)
+        except OSError:
+            pass  # the caller hung up, or read nothing for IDLE_S: nobody to tell
         finally:
-            context.finish()
-            self._call_done()
+            self._answered_later(inbox, context)
+
+    def _answered_later(self, inbox: _Inbox, context: FrameContext) -> None:
+        inbox.writing.release()
+        context.finish()
+        self._call_done()
 
     def _handle(self, conn: socket.socket, frame: Frame, inbox: _Inbox) -> Frame:
         meta = frame.meta
@@ -500,10 +528,12 @@ class FrameServer:
             return failure(frame.request_id, grpc.StatusCode.INVALID_ARGUMENT,
                            "malformed call frame (kind, metadata or timeout)")
         context = FrameContext(conn, inbox.checked[1], timeout, self, inbox)
+        reply = None
         try:
-            return self.handler(frame, context)
+            reply = self.handler(frame, context)
+            return reply
         finally:
-            if not context.deferred:
+            if reply is not DEFERRED:  # a deferred call ends when it is answered
                 context.finish()
 
 
