@@ -713,7 +713,7 @@ def test_plain_codec_pieces_join_to_the_message(dtype):
     """A large plain tensor's message comes as its header with the checksum and the tensor's
     own memory (not copied); joined, the pieces are encode()'s bytes. Small or non-plain
     tensors come as those bytes."""
-    shape = (1, 64, 32, 32)
+    shape = (1, 512, 32, 32)  # 1 MB at 16 bits: PIECES_MIN
     t = torch.randn(shape).to(dtype)
     codec = PlainCodec(shape, dtype)
     head, body = codec.encode_pieces(t, dtype.itemsize * 8)

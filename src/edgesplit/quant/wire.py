@@ -314,7 +314,8 @@ def _crc_function() -> Callable[..., int]:
 
 
 _crc32 = _crc_function()
-PIECES_MIN = 64 << 10  # below this a copy costs less than building the pieces
+PIECES_MIN = 1 << 20  # below this a copy costs less than building the pieces (a 131 KB
+# message was about 0.04 ms slower as pieces in the cold path after compute, 803 KB no faster)
 _FUSE_MIN = 2 << 20  # above this, copy and checksum in cache-sized steps (measured: 4 MB 1.7x)
 _FUSE_STEP = 256 << 10
 
