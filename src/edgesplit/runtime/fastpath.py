@@ -135,7 +135,7 @@ class FastPath:
         t1 = time.perf_counter()
         request_id = frame.request_id
 
-        def answer(waiting: Any) -> None:  # on the batcher's worker
+        def finish(waiting: Any) -> None:  # on the batcher's worker, once the batch ran
             try:
                 if waiting.error is not None:
                     raise waiting.error
@@ -153,7 +153,7 @@ class FastPath:
             send(reply)
 
         assert server.batcher is not None
-        server.batcher.submit(values, answer)
+        server.batcher.submit(values, finish)
         return DEFERRED
 
     def _decode(self, frame: Frame, decoders: list[Any] | None = None
