@@ -94,5 +94,9 @@ def serve_forever(server: GrpcServer) -> None:  # pragma: no cover - exercised v
     # this thread loaded the model and now only waits: its OpenMP team would otherwise make
     # libgomp throttle the team of the thread that computes (hardware/threads.py)
     release_thread_pool()
-    done.wait()
+    # a timed wait: the kernel may deliver the signal to another of the process's threads, and
+    # Python runs its handler only when the main thread runs bytecode; an untimed wait on a
+    # lock never returns then (a served process once ignored SIGTERM this way)
+    while not done.wait(0.25):
+        pass
     server.stop()
