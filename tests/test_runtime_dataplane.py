@@ -110,6 +110,16 @@ def test_one_client_shared_by_threads_gets_every_reply_matched(program, served):
     assert server.batcher.batches_run > before  # concurrent requests really were batched
 
 
+def _soon(condition, within_s: float = 10.0) -> bool:
+    """Whether ``condition()`` holds within ``within_s`` (polled: no machine-speed guess)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 @contextlib.contextmanager
 def _batcher_held(server: PartitionServer):
     """The batcher busy (its compute lock held): calls that arrive meanwhile are queued and
@@ -135,8 +145,9 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
         with _batcher_held(server):
             for k in (3, 4):
                 write_frame(sock, _call(program, _good(program, k), request_id=100 + k))
-            time.sleep(0.3)  # both read, waiting on the held batcher (one in its worker's hand)
-            assert server._frames._busy == 2 and server.batcher._queue.qsize() >= 1
+            # both read, waiting on the held batcher (one in its worker's hand)
+            assert _soon(lambda: server._frames._busy == 2)
+            assert server.batcher._queue.qsize() >= 1
         answers = {}
         inbox = _Inbox()
         for _ in range(2):
@@ -170,8 +181,8 @@ def test_a_queued_call_that_fails_is_answered_as_the_synchronous_path_would(prog
             with pytest.raises(LoopbackError) as err, ThreadPoolExecutor(1) as pool, \
                     (_batcher_held(server) if held else contextlib.nullcontext()):
                 future = pool.submit(frames.call, _call(program, _good(program), 30 + held), 10)
-                time.sleep(0.2)
-                if held:  # let the worker run it
+                if held:  # once it waits for the batch, let the worker run it
+                    assert _soon(lambda: server._frames._busy == 1)
                     batcher._computing.release()
                     try:
                         future.result(timeout=10)
@@ -208,11 +219,7 @@ def test_a_deferred_answer_never_waits_on_a_caller_that_does_not_read():
         assert server._busy == 1  # the rest is still on its way
         got = read_frame(b, _Inbox(), 1 << 30)
         assert got.request_id == 5 and bytes(got.parts[0]) == big
-        for _ in range(100):
-            if server._busy == 0:
-                break
-            time.sleep(0.05)
-        assert server._busy == 0 and not inbox.writing.locked()
+        assert _soon(lambda: server._busy == 0) and not inbox.writing.locked()
 
 
 def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
