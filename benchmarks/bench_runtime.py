@@ -23,7 +23,7 @@ trial run, with ``--out`` elsewhere). Writes runtime.md and runtime.json (to
 benchmarks/results/ by default); quote the ratios, not absolute times.
 
     python benchmarks/bench_runtime.py [--sections overhead,load] [--out DIR] [--models a,b]
-        [--requests 10] [--rounds 40] [--render-only]
+        [--requests 10] [--rounds 60] [--render-only]
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ OVERHEAD_SPLITS = [("digits_cnn", "down2.0"),                                   
                    ("resnet18", "resnet.encoder.stages.1.layers.1.add"),         # 401 KB
                    ("resnet18", "resnet.embedder.pooler"),                       # 803 KB
                    ("resnet18", "resnet.embedder.embedder.convolution")]         # 3.2 MB
+# each variant runs OVERHEAD_BLOCK requests back to back, as a client streams them; one
+# request at a time, interleaved, left the served process idle through five other variants'
+# requests while the reference peers' process served three of the six (warmer, unfairly)
+OVERHEAD_BLOCK = 6
 GOAL_BYTES = (100_000, 4_000_000)  # the issue's range for "overhead <= 2x a raw round trip"
 GOAL_RATIO = 2.0
 PLANES = ("tcp", "grpc", "floor")  # floor: MinimalSplit, the least a Python server does
@@ -92,8 +96,8 @@ QUIET_LOAD = 1.0  # 1-minute load average above which the machine is not quiet (
 
 # ---- helpers ------------------------------------------------------------------------------------
 def _ms(fn) -> float:
-    """One timed call (the benchmark interleaves its variants round by round instead of timing
-    each in a block, so that all of them see the same machine conditions)."""
+    """One timed call (the benchmark interleaves its variants, in short blocks, round by round,
+    so that all of them see the same machine conditions)."""
     return time_call(fn, warmup=0, repeats=1)["median"]
 
 
@@ -392,6 +396,7 @@ def _overhead_row(model: str, layer: str, program: PlanProgram, plane: str,
     return {
         "model": model, "split_after": layer, "crossing": list(program.steps[0].sends),
         "plane": plane, "request_bytes": up, "reply_bytes": down, "rounds": len(results),
+        "block": OVERHEAD_BLOCK,
         "served_ms": _median(served), "run_local_ms": local, "raw_socket_rtt_ms": sock,
         "served_compute_ms": _median([r["edge"] + r["remote"] for r in results]),
         "local_compute_ms": _median([t["compute"] for t in local_timings]),
@@ -409,7 +414,7 @@ def _overhead_row(model: str, layer: str, program: PlanProgram, plane: str,
 def bench_overhead(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any]]:
     """Per split: the data plane and gRPC served side by side with run_local, a raw socket
     carrying the same bytes, the floor and the raw round trip between the same computations,
-    interleaved round by round. Every server is a process of its own (`edgesplit serve`, and
+    interleaved block by block. Every server is a process of its own (`edgesplit serve`, and
     one process for the reference peers), as a split's two sides are: in one process the
     client's and the server's threads would take turns on one interpreter lock."""
     threads = torch.get_num_threads()
@@ -458,8 +463,11 @@ def _overhead_splits(device: Device, rounds: int, tmp: Path) -> list[dict[str, A
 def _overhead_rounds(program: PlanProgram, rounds: int, tcp: ChainClient,
                      grpc_client: ChainClient, floor: MinimalSplit, echo: Echo,
                      in_place: MinimalSplit) -> tuple[dict[str, list], list, list, dict]:
-    """Every variant once per round, in an order that rotates round by round (so that all see
-    the same machine conditions and each follows each); three warm-up rounds first."""
+    """``rounds`` requests of every variant, in blocks of OVERHEAD_BLOCK back-to-back requests
+    (as a client streams them: its server wakes after the edge compute, not after five other
+    variants' requests to other processes), one block of each variant per round in an order
+    that rotates round by round (so that all see the same machine conditions and each follows
+    each); three warm-up requests of each first."""
     results: dict[str, list] = {"tcp": [], "grpc": [], "floor": [], "raw": []}
     served: dict[str, list[float]] = {"tcp": [], "grpc": [], "floor": []}
     local_timings: list = []
@@ -477,10 +485,11 @@ def _overhead_rounds(program: PlanProgram, rounds: int, tcp: ChainClient,
     for key in results:
         results[key].clear()
     local_timings.clear()
-    for r in range(rounds):
+    for r in range(-(-rounds // OVERHEAD_BLOCK)):
         for k in [(r + i) % len(variants) for i in range(len(variants))]:
-            t = _ms(variants[k])
-            (served["tcp"], served["grpc"], served["floor"], [], raw, [])[k].append(t)
+            for _ in range(OVERHEAD_BLOCK):
+                t = _ms(variants[k])
+                (served["tcp"], served["grpc"], served["floor"], [], raw, [])[k].append(t)
     return results, local_timings, raw, served
 
 
@@ -694,10 +703,13 @@ def _render_header(doc: dict[str, Any]) -> list[str]:
 
 def _render_overhead(doc: dict[str, Any]) -> list[str]:
     lines = ["## 1. Overhead of serving a split (loopback, no shaping)", "",
-             "Per split, interleaved round by round (the order rotates, so that every variant "
-             "follows every other): the chain served by an `edgesplit serve` process over the "
-             "data plane (`tcp`, TCP frames) and over gRPC (`grpc`), `PlanProgram.run_local()` "
-             "(the same partitions in one process, every hop through the same wire encoding), "
+             f"Per split, {OVERHEAD_BLOCK} requests of each variant back to back (as a client "
+             "streams them: a server sleeps only through the edge compute between them), one "
+             "such block per variant and round, the order rotating round by round so that "
+             "every variant follows every other: the chain served by an `edgesplit serve` "
+             "process over the data plane (`tcp`, TCP frames) and over gRPC (`grpc`), "
+             "`PlanProgram.run_local()` (the same partitions in one process, every hop through "
+             "the same wire encoding), "
              "and three references served by one more process: a raw TCP round trip carrying "
              "the same bytes as the request's and the reply's wire messages, measured warm "
              "(`raw warm`: nothing computes before or between), the same raw round trip in the "
@@ -711,7 +723,7 @@ def _render_overhead(doc: dict[str, Any]) -> list[str]:
              "`transfer` (everything else: framing, the transport, thread wake-ups). "
              "`overhead` = transfer + (served - local serialisation, i.e. the reply's "
              "encode/decode, which run_local does not do): what serving adds besides compute; "
-             "medians over the rounds. The goal: overhead at most "
+             "medians over the requests. The goal: overhead at most "
              f"{GOAL_RATIO:g}x a raw TCP round trip for requests of 100 KB-4 MB, checked "
              "against the round trip in place (the warm one is shown beside it: no split "
              "request can have it, since its peer sleeps while the other side computes and "
@@ -992,7 +1004,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(predicted.MODELS),
                         help="models for section 3 (predicted vs measured)")
     parser.add_argument("--requests", type=int, default=10, help="requests per plan, section 3")
-    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds, section 1")
+    parser.add_argument("--rounds", type=int, default=60,
+                        help=f"requests per variant, section 1 (in blocks of {OVERHEAD_BLOCK})")
     parser.add_argument("--shaping-requests", type=int, default=5)
     args = parser.parse_args()
     if args.render_only:
