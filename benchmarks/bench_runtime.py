@@ -1003,10 +1003,14 @@ def _note_load_cpu(ld: dict[str, Any]) -> str:
             f"(client {many['client_cpu_ms']:.3f}, server {many['server_cpu_ms']:.3f}): "
             f"x{many['cores_busy'] / one['cores_busy']:.2f} the cores, each request "
             f"x{cpu1 / cpu32:.2f} as cheap. Batching makes the server's share cheaper, while "
-            "the clients' share (their edge compute, encode and socket calls, with "
-            f"{LOAD_CLIENTS // LOAD_PROCESSES} threads to a process) grows; on 2 cores shared "
-            "by the devices and the server, 2x one client's rate needs the whole request to "
-            "cost less under load than alone, which only the server's part can.")
+            "the clients' share (their edge compute, encode and socket calls) grows: with "
+            f"{LOAD_CLIENTS // LOAD_PROCESSES} clients to a process, each torch operator of "
+            "the edge compute gives the interpreter lock up and takes it back, a hand-off "
+            "between threads (digits_cnn's edge part alone, no sockets: 0.34 ms of CPU a "
+            "pass on one thread, 0.67 ms with eight threads computing in one process, in a "
+            "trial). On 2 cores shared by the devices and the server, 2x one client's rate "
+            "needs the whole request to cost less under load than alone, which only the "
+            "server's part can.")
 
 
 SECTIONS = ("overhead", "shaping", "predicted", "load")
