@@ -44,8 +44,8 @@ class CountingBackend(TorchBackend):
 
 
 def test_builtin_backends_are_registered_and_follow_the_protocol():
-    assert {"torch", "onnxruntime"} <= set(BACKENDS.names())
-    for name in ("torch", "onnxruntime"):
+    assert {"torch", "torchscript", "onnxruntime"} <= set(BACKENDS.names())
+    for name in ("torch", "torchscript", "onnxruntime"):
         assert isinstance(BACKENDS.get(name)(), Backend)
     with pytest.raises(ConfigError, match="backend"):
         BACKENDS.get("tensorrt")

@@ -130,7 +130,9 @@ def load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool
                                 trust_model_file=trust_model_file)
 
 
-BACKEND_HELP = "torch (the captured program) or onnxruntime (each part exported to ONNX)."
+BACKEND_HELP = ("torch (the captured program), torchscript (the same, a part called again "
+                "with the same shapes run as a checked TorchScript trace) or onnxruntime (each "
+                "part exported to ONNX).")
 TOKEN_HELP = ("Bearer token (both sides give the same). Visible in `ps`: prefer --token-file "
               "or the EDGESPLIT_TOKEN environment variable.")
 TOKEN_FILE_HELP = "Read the bearer token from this file (one line)."

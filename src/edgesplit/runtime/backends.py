@@ -8,17 +8,22 @@ back to every :meth:`Backend.run` of that session. Stateless backends return Non
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+from torch.fx import GraphModule
 
 from edgesplit.registry import Registry
+from edgesplit.runtime.traced import TracedRunner
 
 if TYPE_CHECKING:
     from edgesplit.runtime.program import DeviceStep
 
-__all__ = ["BACKENDS", "Backend", "OnnxRuntimeBackend", "TorchBackend", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "OnnxRuntimeBackend", "TorchBackend", "TorchScriptBackend",
+           "get_backend"]
 
 
 @runtime_checkable
@@ -56,6 +61,38 @@ class TorchBackend:
             return step.partition.run(dict(values))
 
 
+class TorchScriptBackend(TorchBackend):
+    """The captured PyTorch program; a partition called again and again with the same input
+    shapes runs as a checked TorchScript trace of itself (:mod:`edgesplit.runtime.traced`:
+    the same operators without an interpreter-lock hand-off at each)."""
+
+    name = "torchscript"
+
+    def __init__(self) -> None:
+        # per partition module: a batching server's freed-batch copy is another module
+        self._runners: weakref.WeakKeyDictionary[GraphModule, TracedRunner] = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def run(self, step: DeviceStep, values: Mapping[str, torch.Tensor], state: Any
+            ) -> dict[str, torch.Tensor]:
+        partition = step.partition
+        assert partition is not None
+        if any(name not in values for name in partition.inputs):
+            return super().run(step, values, state)  # which says what is missing
+        with torch.no_grad():
+            out = self.runner(partition.module)(*(values[n] for n in partition.inputs))
+        return dict(zip(partition.outputs, out, strict=True))
+
+    def runner(self, module: GraphModule) -> TracedRunner:
+        """``module``'s runner (made at its first call)."""
+        runner = self._runners.get(module)
+        if runner is None:
+            with self._lock:
+                runner = self._runners.setdefault(module, TracedRunner(module))
+        return runner
+
+
 class OnnxRuntimeBackend:
     """Each partition exported to ONNX and run by ONNX Runtime on the CPU."""
 
@@ -83,6 +120,7 @@ class OnnxRuntimeBackend:
 
 BACKENDS: Registry[type[Backend]] = Registry("backend", label="Runtime backends")
 BACKENDS.register("torch", TorchBackend)
+BACKENDS.register("torchscript", TorchScriptBackend)
 BACKENDS.register("onnxruntime", OnnxRuntimeBackend)
 
 

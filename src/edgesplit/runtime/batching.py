@@ -34,6 +34,7 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.graph import capture
 from edgesplit.graph.partition import Partition
 from edgesplit.graph.passes import free_batch
+from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 
 __all__ = ["Batcher", "batched_step", "flexible_step", "run_together"]
@@ -68,7 +69,7 @@ def flexible_step(program: PlanProgram, device: str) -> DeviceStep | str:
         return "the device only relays"
     if not shapes or any(s[0] != 1 for s in shapes):
         return "the plan was made at a batch size above 1"
-    if step.backend.name != "torch":
+    if not isinstance(step.backend, TorchBackend):  # torchscript traces each batch size
         return f"the {step.backend.name} backend runs a fixed batch size"
     # a new graph over the same module: the weights are shared, not copied (a deep copy would
     # double the server's memory for its partition)

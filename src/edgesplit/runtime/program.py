@@ -281,10 +281,11 @@ class PlanProgram:
     @classmethod
     def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
              trust_model_file: bool = False) -> PlanProgram:
-        """``backend``: ``torch`` (the captured program) or ``onnxruntime`` (each partition
-        exported to ONNX and run by ONNX Runtime). ``trust_model_file`` lets the plan's
-        ``.pt2`` run the pickled code it may hold (a plan names any file: see
-        :func:`edgesplit.graph.load_program`)."""
+        """``backend``: ``torch`` (the captured program), ``torchscript`` (the same, a
+        partition called again with the same shapes run as a checked TorchScript trace) or
+        ``onnxruntime`` (each partition exported to ONNX and run by ONNX Runtime).
+        ``trust_model_file`` lets the plan's ``.pt2`` run the pickled code it may hold (a plan
+        names any file: see :func:`edgesplit.graph.load_program`)."""
         runner = get_backend(backend)  # an unknown name fails before the capture
         layout = star_layout(plan) if plan.shape == "star" else None
         order = _chain(plan) if layout is None else []
