@@ -136,3 +136,9 @@ def test_torchscript_backend_batches_and_answers_threads_alike(plan):
     name = program.step("cloud").partition.outputs[0]
     for g, w in zip(got, want, strict=True):
         assert torch.allclose(g[name], w[name], atol=1e-5)
+    batch = {n: torch.cat([s[n] for s in samples[:4]]) for n in flexible.partition.inputs}
+    for _ in range(TRACE_AFTER + 1):  # a batch size that repeats runs traced, as eager does
+        out = flexible.compute(batch)
+    assert flexible.backend.runner(flexible.partition.module).traces >= 1
+    eager = flexible.partition.module(*(batch[n] for n in flexible.partition.inputs))[0]
+    assert torch.equal(out[name], eager)
