@@ -160,6 +160,30 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
     assert server.batcher.batches_run == before + 1
 
 
+def test_a_queued_call_whose_deadline_passes_is_answered_without_computing(program, served):
+    """A call waiting for a batch past its caller's deadline is answered DEADLINE_EXCEEDED by
+    the worker, uncomputed; the server goes on."""
+    from edgesplit.transport.frames import _Inbox, write_frame
+
+    server, address = served
+    batcher = server.batcher
+    expired = batcher.requests_expired
+    call = Message(program.plan_id, PLAN_VERSION, 60, _good(program)).to_frame(
+        metadata=[list(p) for p in AUTH], timeout_s=0.3)
+    with socket.create_connection(("127.0.0.1", server.data_port)) as sock:
+        with _batcher_held(server):
+            write_frame(sock, call)
+            assert _soon(lambda: server._frames._busy == 1)  # it waits for the batch
+            time.sleep(0.5)  # more than its 0.3 s: the deadline has passed
+        answer = read_frame(sock, _Inbox(), 1 << 22)
+    assert answer.kind == FAILED and answer.request_id == 60
+    assert answer.meta["code"] == "DEADLINE_EXCEEDED"
+    assert batcher.requests_expired == expired + 1
+    with ChainClient(program, address, token=TOKEN, shape=False) as client:
+        assert torch.allclose(client.request(_x(1)).outputs[0], program.unsplit(_x(1))[0],
+                              atol=TOL)
+
+
 def test_a_queued_call_that_fails_is_answered_as_the_synchronous_path_would(program, served):
     """A call answered by the batcher's worker whose compute fails gets the FAILED answer a
     call computed on its own thread gets (status and words); the server goes on."""

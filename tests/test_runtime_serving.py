@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.batching import Batcher, batched_step
 from edgesplit.runtime.transport import ChainClient, PartitionServer
+from edgesplit.transport import BadRequest
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,42 @@ def test_a_failing_request_does_not_fail_its_batch(program):
         for r in (results[0], results[2], results[3]):
             assert torch.allclose(r[step.partition.outputs[0]],
                                   step.compute(good)[step.partition.outputs[0]], atol=1e-5)
+    finally:
+        batcher.close()
+
+
+def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_uncomputed(program):
+    """Two requests queue behind a busy batcher; the one whose caller's deadline passed is
+    answered DEADLINE_EXCEEDED without computing, the other is computed as alone."""
+    step = program.step("cloud")
+    computed = []
+
+    class Counting:  # the step, counting what it computes
+        partition = step.partition
+
+        def compute(self, values):
+            computed.append(values)
+            return step.compute(values)
+
+    batcher = Batcher(Counting(), Counting(), 4)
+    good = {"relu_1": torch.randn(1, 32, 16, 16)}
+    done: dict = {}
+    batcher._computing.acquire()  # busy: both wait in the queue (or the worker's hand)
+    try:
+        batcher.submit(good, lambda w: done.setdefault("late", w), time.monotonic() - 1.0)
+        batcher.submit(good, lambda w: done.setdefault("live", w), time.monotonic() + 600)
+    finally:
+        batcher._computing.release()
+    try:
+        waited = time.monotonic() + 10  # polled: no guess at this machine's speed
+        while len(done) < 2 and time.monotonic() < waited:
+            time.sleep(0.01)
+        late, live = done["late"], done["live"]
+        assert isinstance(late.error, BadRequest) and late.result is None
+        assert late.error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        name = step.partition.outputs[0]
+        assert live.error is None and torch.equal(live.result[name], step.compute(good)[name])
+        assert len(computed) == 1 and batcher.requests_expired == 1
     finally:
         batcher.close()
 

@@ -3,7 +3,9 @@ one batch, then each gets its own rows back.
 
 Which batches: whatever is queued when the worker is free (a lone client never waits for
 company, so batching costs it nothing), optionally waiting up to ``max_wait_ms`` for more.
-Under load the queue fills while a batch computes, and the next batch takes it all.
+Under load the queue fills while a batch computes, and the next batch takes it all. A request
+whose caller's deadline passes while it waits in the queue is answered DEADLINE_EXCEEDED
+without being computed: under overload, work nobody waits for would delay the live requests.
 
 How: captured programs bake the example's batch size into their reshapes. :func:`flexible_step`
 frees it (:func:`edgesplit.graph.passes.free_batch`) and checks the result on distinct
@@ -27,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import torch
 from torch.fx import GraphModule
 
@@ -36,6 +39,7 @@ from edgesplit.graph.partition import Partition
 from edgesplit.graph.passes import free_batch
 from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.program import DeviceStep, PlanProgram
+from edgesplit.transport.errors import BadRequest
 
 __all__ = ["Batcher", "batched_step", "flexible_step", "run_together"]
 
@@ -146,10 +150,15 @@ class Batcher:
         self._stop = threading.Event()
         self.batches_run = 0
         self.requests_batched = 0
+        self.requests_expired = 0  # dropped in the queue: their callers' deadlines passed
         self._worker = threading.Thread(target=self._loop, name="edgesplit-batcher", daemon=True)
         self._worker.start()
 
-    def compute(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def compute(self, values: dict[str, torch.Tensor], deadline: float | None = None
+                ) -> dict[str, torch.Tensor]:
+        """``values``' outputs, computed at once or in the worker's next batch. ``deadline``
+        (a ``time.monotonic()`` instant, its caller's): a request still queued when it
+        passes is dropped uncomputed (BadRequest DEADLINE_EXCEEDED)."""
         # a request queued meanwhile waits for the worker, which runs once this one releases
         # _computing
         if self.max_wait_s == 0 and self._queue.empty() and \
@@ -158,7 +167,7 @@ class Batcher:
                 return self.single.compute(values)
             finally:
                 self._computing.release()
-        waiting = _Waiting(values)
+        waiting = _Waiting(values, None, deadline)
         self._queue.put(waiting)
         waiting.done.acquire()  # released by the worker once the outcome is set
         if waiting.error is not None:
@@ -171,11 +180,12 @@ class Batcher:
         return self.max_wait_s == 0 and self._queue.empty() and not self._computing.locked()
 
     def submit(self, values: dict[str, torch.Tensor],
-               callback: Callable[[_Waiting], None]) -> None:
+               callback: Callable[[_Waiting], None], deadline: float | None = None) -> None:
         """Queue one request for the worker's next batch without waiting for it:
         ``callback(waiting)`` runs on the worker once its ``result`` or ``error`` is set (it
-        must raise nothing; it must not block: the batch's other requests wait on it)."""
-        self._queue.put(_Waiting(values, callback))
+        must raise nothing; it must not block: the batch's other requests wait on it).
+        ``deadline``: as :meth:`compute`'s."""
+        self._queue.put(_Waiting(values, callback, deadline))
 
     def close(self) -> None:
         self._stop.set()
@@ -208,6 +218,9 @@ class Batcher:
                 self._run(self._collect(first))
 
     def _run(self, items: list[_Waiting]) -> None:
+        items = self._unexpired(items)
+        if not items:
+            return
         if len(items) == 1:
             self._run_alone(items[0])
             return
@@ -223,6 +236,22 @@ class Batcher:
             waiting.result = result
             waiting.finish()
 
+    def _unexpired(self, items: list[_Waiting]) -> list[_Waiting]:
+        """The requests whose callers still wait; the others are answered DEADLINE_EXCEEDED
+        without computing (under overload a queue of them would eat the time of live ones)."""
+        now = time.monotonic()
+        live = []
+        for waiting in items:
+            if waiting.deadline is None or waiting.deadline > now:
+                live.append(waiting)
+                continue
+            self.requests_expired += 1
+            waiting.error = BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                       "the request waited for a batch past its caller's "
+                                       "deadline: dropped uncomputed")
+            waiting.finish()
+        return live
+
     def _run_alone(self, waiting: _Waiting) -> None:
         try:
             waiting.result = self.single.compute(waiting.values)
@@ -236,14 +265,16 @@ class Batcher:
 
 
 class _Waiting:
-    """One queued request: its inputs, then its outcome; its caller waits on ``done`` (held
-    until the outcome is set), or ``callback`` gets it (a request submitted to answer later)."""
+    """One queued request: its inputs and its caller's deadline, then its outcome; its caller
+    waits on ``done`` (held until the outcome is set), or ``callback`` gets it (a request
+    submitted to answer later)."""
 
-    __slots__ = ("callback", "done", "error", "result", "values")
+    __slots__ = ("callback", "deadline", "done", "error", "result", "values")
 
     def __init__(self, values: dict[str, torch.Tensor],
-                 callback: Callable[[_Waiting], None] | None = None) -> None:
-        self.values, self.callback = values, callback
+                 callback: Callable[[_Waiting], None] | None = None,
+                 deadline: float | None = None) -> None:
+        self.values, self.callback, self.deadline = values, callback, deadline
         self.result: Any = None
         self.error: Exception | None = None
         self.done = threading.Lock()

@@ -24,7 +24,7 @@ import grpc
 from edgesplit.errors import WireError
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.runtime.dataplane import Message, as_part
-from edgesplit.transport import answer, check_alive
+from edgesplit.transport import answer, check_alive, deadline_of
 from edgesplit.transport.frames import DEFERRED, REPLY, Frame, encode_meta, failure
 from edgesplit.transport.loopback import Aborted
 
@@ -109,7 +109,8 @@ class FastPath:
                 return server.reply_frame(server.handle(Message.from_frame(frame), context))
             t1 = time.perf_counter()
             check_alive(context, server.step.name)  # the client may have given up meanwhile
-            out = (server.batcher or server.step).compute(values)
+            out = batcher.compute(values, deadline_of(context)) if batcher is not None \
+                else server.step.compute(values)
             t2 = time.perf_counter()
             parts: list[Any] = [as_part(codec(out[name], 32)) for name, codec in self.encoders]
         finally:
@@ -153,7 +154,7 @@ class FastPath:
             send(reply)
 
         assert server.batcher is not None
-        server.batcher.submit(values, finish)
+        server.batcher.submit(values, finish, deadline_of(context))
         return DEFERRED
 
     def _decode(self, frame: Frame, decoders: list[Any] | None = None

@@ -52,6 +52,7 @@ from edgesplit.transport import (
     bearer_metadata,
     check_alive,
     check_tls_pair,
+    deadline_of,
     explain,
     open_channel,
     read_token,
@@ -446,7 +447,9 @@ class PartitionServer(GrpcServer):
         t0 = time.perf_counter()
         state = self._state(context)
         if state is None:
-            values = (self.batcher or self.step).compute(values)
+            batcher = self.batcher
+            values = batcher.compute(values, deadline_of(context)) if batcher is not None \
+                else self.step.compute(values)
         else:  # a session's state is its own: no batching across sessions
             values = self.step.compute(values, state)
         timings[self._compute_key] = (time.perf_counter() - t0) * 1e3

@@ -7,7 +7,7 @@ This layer sits below ``runtime`` and ``train`` and imports neither.
 
 from edgesplit.transport.auth import TOKEN_ENV, bearer_metadata, read_token, token_matches
 from edgesplit.transport.channel import MAX_BACKOFF_S, channel_options, open_channel, server_options
-from edgesplit.transport.deadline import check_alive, remaining_timeout
+from edgesplit.transport.deadline import check_alive, deadline_of, remaining_timeout
 from edgesplit.transport.errors import BadRequest, answer, explain, invalid
 from edgesplit.transport.loopback import LoopbackChannel, LoopbackContext, LoopbackError
 from edgesplit.transport.server import GrpcServer, serve_forever
@@ -29,6 +29,7 @@ __all__ = [
            "channel_options",
            "check_alive",
            "check_tls_pair",
+           "deadline_of",
            "explain",
            "invalid",
            "open_channel",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from edgesplit.transport.errors import BadRequest
 
-__all__ = ["check_alive", "remaining_timeout"]
+__all__ = ["check_alive", "deadline_of", "remaining_timeout"]
 
 
 def check_alive(context: grpc.ServicerContext | None, device: str) -> None:
@@ -25,3 +27,10 @@ def remaining_timeout(context: grpc.ServicerContext | None, limit_s: float) -> f
     at most ``limit_s``."""
     remaining = context.time_remaining() if context is not None else None
     return limit_s if remaining is None else min(remaining, limit_s)
+
+
+def deadline_of(context: grpc.ServicerContext | None) -> float | None:
+    """The caller's deadline as a ``time.monotonic()`` instant (None: it set none), for work
+    that waits before it starts (a batch queue) and should not start past it."""
+    remaining = context.time_remaining() if context is not None else None
+    return None if remaining is None else time.monotonic() + remaining
