@@ -71,6 +71,8 @@ class TracedRunner:
         return len(self._traced)
 
     def _ready(self, key: tuple[Any, ...]) -> bool:
+        if key in self._refused or len(self._traced) + len(self._refused) >= MAX_TRACES:
+            return False  # the common answer once settled: no lock on every eager call
         with self._lock:
             if key in self._refused or len(self._traced) + len(self._refused) >= MAX_TRACES:
                 return False
