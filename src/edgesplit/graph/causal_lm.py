@@ -15,7 +15,9 @@ the math and most CPU kernels compute). ``tests/test_llm_model.py`` checks the M
 ``torch.utils.flop_counter`` on real models, the parameters against the modules and the KV
 cache against a ``DynamicCache`` after a forward pass.
 
-Supported: transformers ``llama``, ``qwen2`` and ``gpt2`` configs (no sliding window).
+Supported: transformers ``llama``, ``mistral``, ``qwen2`` and ``gpt2`` configs (no sliding
+window), from a registered name, a config, or a real checkpoint
+(:mod:`edgesplit.models.llm_checkpoint`: its fingerprint is recorded).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ __all__ = [
     "describe_causal_lm",
 ]
 
-ARCHITECTURES = ("llama", "qwen2", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 TOKEN_BYTES = 8  # token ids travel as int64, as transformers keeps them
 BlockKind = Literal["embed", "decoder", "head"]
@@ -122,7 +124,8 @@ class CausalLMShape:
             return cls(arch, config.vocab_size, h, config.n_layer, config.n_head, config.n_head,
                        h // config.n_head, config.n_inner or 4 * h, config.n_positions, tied,
                        True, True, True)
-        if getattr(config, "use_sliding_window", False):
+        if getattr(config, "use_sliding_window", False) or \
+                (arch == "mistral" and getattr(config, "sliding_window", None)):
             raise ConfigError("sliding-window attention is not modelled: its KV cache is "
                               "bounded by the window; plan a config without it")
         h, heads = config.hidden_size, config.num_attention_heads
@@ -161,6 +164,8 @@ class CausalLM:
     # modules every stage with decoder blocks builds for itself (rotary embeddings: buffers
     # computed from the config, no weights)
     shared_modules: tuple[str, ...] = ()
+    # a real checkpoint's content fingerprint (models.llm_checkpoint); None: random weights
+    fingerprint: str | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -356,11 +361,30 @@ def describe_causal_lm(model: Any, *, dtype: str = "float32", name: str | None =
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"{option('dtype', dtype)} is not supported; choose one of "
                           f"{', '.join(DTYPE_BYTES)}")
-    config, label, source = _config_of(model)
+    checkpoint = _checkpoint_of(model)
+    if checkpoint is not None:
+        config, label, source = checkpoint.config(), _label(checkpoint.source), \
+            checkpoint.source
+    else:
+        config, label, source = _config_of(model)
     shape = CausalLMShape.from_config(config)
     _, _, _, shared = _modules(shape)
     return CausalLM(name or label, source, shape, dtype, _blocks(shape, DTYPE_BYTES[dtype]),
-                    shared)
+                    shared, checkpoint.fingerprint if checkpoint is not None else None)
+
+
+def _checkpoint_of(model: Any) -> Any:
+    """The real checkpoint ``model`` names (a built-in, a weights folder, a .gguf), if any."""
+    if not isinstance(model, (str, Path)):
+        return None
+    from edgesplit.models.llm_checkpoint import open_checkpoint
+
+    return open_checkpoint(model)
+
+
+def _label(source: str) -> str:
+    path = Path(source)
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 def _config_of(model: Any) -> tuple[PretrainedConfig, str, str]:

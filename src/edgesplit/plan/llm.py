@@ -81,6 +81,7 @@ def llm_plan_document(result: LLMPlanning) -> dict[str, Any]:
         "version": PLAN_VERSION,
         "model": lm.name,
         "source": lm.source,
+        "fingerprint": lm.fingerprint,
         "dtype": lm.dtype,
         "objective": w.objective,
         "workload": {"prompt_tokens": w.prompt_tokens, "new_tokens": w.new_tokens,

@@ -135,6 +135,7 @@ def assemble_llm_plan(costs: LLMChainCosts, placement: StagePlacement, *, method
             shared_modules=list(lm.shared_modules), objective=w.objective,
             prompt_tokens=w.prompt_tokens, new_tokens=w.new_tokens, max_context=w.context,
             sessions=w.sessions, decode_cached_tokens=w.decode_cached,
+            fingerprint=lm.fingerprint,
             blocks=[LLMBlock(name=b.name, kind=b.kind, modules=list(b.modules),
                              param_bytes=b.param_bytes, kv_bytes_per_token=b.kv_bytes_per_token)
                     for b in lm.blocks],

@@ -235,6 +235,9 @@ class LLMPlan(BaseModel):
     max_context: int
     sessions: int
     decode_cached_tokens: int  # the cache length TPOT is priced at (the generation's mean)
+    # a real checkpoint's content fingerprint (``model.source`` names it): each stage loads its
+    # blocks from it and refuses another; None: random weights built from the source's config
+    fingerprint: str | None = None
     blocks: list[LLMBlock]
     stages: list[LLMStage]
     hops: list[LLMHop]

@@ -2,9 +2,20 @@
 (the prompt starts and the tokens end on the chain's first device) and drives the rest of the
 chain one step at a time, yielding each token as soon as its step returns.
 
-Greedy decoding: the prefill sends the prompt, each decode step the previous token; every
-stage adds the step's positions to its own KV cache for this client's session. The tokens are
-exactly those of single-process ``model.generate(do_sample=False)`` on the same weights.
+The prefill sends the prompt, each decode step the previous token; every stage adds the
+step's positions to its own KV cache for the session. Greedy (the default), the tokens are
+exactly those of single-process ``model.generate(do_sample=False)`` on the same weights; with
+:class:`~edgesplit.runtime.llm_sampling.Sampling` the stage holding the head samples, and the
+tokens are those of the same logits through the same seeded draw in one process.
+
+*Sessions continue.* The client remembers, per session, the tokens every stage's cache holds.
+A generation whose prompt extends them (the next turn of a conversation: the whole
+conversation so far, re-sent) sends only what is new, from the position where the prompt
+leaves what is cached (stages rewind their caches to it where they hold more). When the
+session is gone from a stage (evicted to make room, a restarted server), the client
+re-prefills the whole prompt from its own copy, transparently, once, at the generation's
+first step; a session lost in the middle of a generation fails it with SessionError. Any
+failed generation forgets the session's tokens, so the next one starts from position 0.
 
 ``emulate=True`` paces the first stage to the plan's times and ``shape`` (on by default) makes
 its sends take the plan's first link (:mod:`edgesplit.runtime.llm_emulation`).
@@ -22,20 +33,21 @@ import grpc
 import torch
 from torch import nn
 
-from edgesplit.errors import ConfigError, ContextLimitError, RemoteError, option
+from edgesplit.errors import ConfigError, ContextLimitError, RemoteError, SessionError, option
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.llm_emulation import Phase, StagePacer, phase_of, stage_links
+from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.runtime.llm_server import head_stage, llm_message_bytes
 from edgesplit.runtime.llm_sessions import LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 from edgesplit.runtime.llm_wire import (
     END_SESSION,
-    POSITION,
     TOKEN,
     decode_int,
     message,
     session_error,
+    step_tensors,
 )
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.transport import SESSION_KEY
@@ -67,6 +79,7 @@ class GeneratedToken:
     compute_ms: dict[str, float] = field(default_factory=dict)
     serialize_ms: dict[str, float] = field(default_factory=dict)
     emulated_ms: dict[str, float] = field(default_factory=dict)
+    reused: int = 0  # prompt tokens the session's caches already held (not run again)
 
 
 class LLMClient:
@@ -87,10 +100,13 @@ class LLMClient:
         self.stage = LLMStageModel(plan, 0, model)
         self.device = plan.devices[0].name
         self.session = session or uuid.uuid4().hex
-        self.metadata = [*bearer_metadata(token), (SESSION_KEY, self.session)]
+        self._bearer = bearer_metadata(token)
+        self.metadata = self._metadata(self.session)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
-        self.sessions = LLMSessions(self.device, self.stage.new_cache, max_sessions=1,
+        self.sessions = LLMSessions(self.device, self.stage.new_cache,
+                                    max_sessions=self.llm.sessions,
                                     max_context=self.llm.max_context)
+        self._held: dict[str, list[int]] = {}  # per session: the tokens the caches hold
         self.remote = head_stage(self.llm) > 0
         if self.remote and address is None:
             raise ConfigError(f"the chain continues at {plan.devices[1].name!r}: give its "
@@ -119,11 +135,54 @@ class LLMClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def generate(self, prompt: Sequence[int] | torch.Tensor, new_tokens: int
+    def _metadata(self, session: str) -> list[tuple[str, str]]:
+        return [*self._bearer, (SESSION_KEY, session)]
+
+    def held(self, session: str | None = None) -> list[int]:
+        """The tokens the session's caches hold, as this client knows them."""
+        return list(self._held.get(session or self.session, []))
+
+    def generate(self, prompt: Sequence[int] | torch.Tensor, new_tokens: int, *,
+                 sampling: Sampling | None = None, session: str | None = None
                  ) -> Iterator[GeneratedToken]:
-        """Greedy tokens after ``prompt`` (token ids), one by one as they arrive. A new
-        generation restarts this client's session on every stage. ContextLimitError, before
-        anything runs, when the prompt and the tokens fed back exceed the plan's max context."""
+        """Tokens after ``prompt`` (token ids), one by one as they arrive: greedy, or drawn
+        as ``sampling`` says. The session (default: this client's) continues where the prompt
+        extends what its caches hold, else starts afresh (module docstring).
+        ContextLimitError, before anything runs, when the prompt and the tokens fed back
+        exceed the plan's max context."""
+        session = session or self.session
+        ids = self.check_prompt(prompt, new_tokens)
+        if self._hop is not None and not self._checked:
+            self._check_plan()
+        held = self._held.pop(session, [])  # set again after each step that succeeds
+        seq = ids[0].tolist()
+        position = _reusable(held, seq)
+        reused = position
+        start = time.perf_counter()
+        for index in range(new_tokens):
+            t0 = time.perf_counter()
+            x = torch.tensor([seq[position:]], dtype=torch.int64)
+            try:
+                token, compute, codec, slept = self._step(x, position, session, sampling)
+            except SessionError as exc:
+                if index > 0 or position == 0 or isinstance(exc, ContextLimitError):
+                    raise
+                # the caches are gone somewhere on the chain: the prompt again, from 0
+                x, position, reused = ids, 0, 0
+                token, compute, codec, slept = self._step(x, position, session, sampling)
+            now = time.perf_counter()
+            position = len(seq)
+            # every cache holds ``seq`` now; the new token is not fed back yet
+            self._held[session] = list(seq)
+            seq.append(token)
+            yield GeneratedToken(index, token, "prefill" if index == 0 else "decode",
+                                 (now - start) * 1e3, (now - t0) * 1e3, compute, codec, slept,
+                                 reused)
+
+    def check_prompt(self, prompt: Sequence[int] | torch.Tensor, new_tokens: int
+                     ) -> torch.Tensor:
+        """The prompt as ``[1, T]`` ids; ConfigError / ContextLimitError unless it and
+        ``new_tokens`` fit the model and the plan's max context."""
         ids = torch.as_tensor(prompt, dtype=torch.int64).reshape(1, -1)
         if ids.shape[1] < 1 or new_tokens < 1:
             raise ConfigError("generation needs a prompt of at least one token and at least "
@@ -138,36 +197,28 @@ class LLMClient:
                 f"cache of {held} tokens, more than the plan's max context of "
                 f"{self.llm.max_context}: ask for fewer tokens or plan with a larger "
                 f"{option('max_context', flag='--max-context')}")
-        if self._hop is not None and not self._checked:
-            self._check_plan()
-        start = time.perf_counter()
-        x, position = ids, 0
-        for index in range(new_tokens):
-            t0 = time.perf_counter()
-            token, compute, codec, slept = self._step(x, position)
-            now = time.perf_counter()
-            yield GeneratedToken(index, token, "prefill" if index == 0 else "decode",
-                                 (now - start) * 1e3, (now - t0) * 1e3, compute, codec, slept)
-            position += int(x.shape[1])
-            x = torch.tensor([[token]], dtype=torch.int64)
+        return ids
 
-    def end_session(self) -> None:
-        """Free this session's KV caches on every stage (a later generation starts anew)."""
-        self.sessions.end(self.session)
+    def end_session(self, session: str | None = None) -> None:
+        """Free the session's KV caches on every stage (a later generation starts anew)."""
+        session = session or self.session
+        self._held.pop(session, None)
+        self.sessions.end(session)
         if self._hop is not None:
             end = message(self.plan_id, PLAN_VERSION, next(self._ids),
                           {END_SESSION: torch.zeros(1, dtype=torch.int64)})
-            self._call(lambda timeout, md: self._hop.run(end, timeout, md))
+            md = self._metadata(session)
+            self._call(lambda timeout, _: self._hop.run(end, timeout, md))
 
     # ---- one step ----------------------------------------------------------------------------
-    def _step(self, x: torch.Tensor, position: int
+    def _step(self, x: torch.Tensor, position: int, session: str, sampling: Sampling | None
               ) -> tuple[int, dict[str, float], dict[str, float], dict[str, float]]:
         compute: dict[str, float] = {}
         codec: dict[str, float] = {}
         slept: dict[str, float] = {}
-        with self.sessions.step(self.session, position, int(x.shape[1])) as state:
+        with self.sessions.step(session, position, int(x.shape[1])) as state:
             t0 = time.perf_counter()
-            out = self.stage.step(x, position, state.cache)
+            out = self.stage.step(x, position, state.cache, sampling)
             if self.pacer is not None:  # the time slept is part of the compute
                 slept[self.device] = self.pacer.pace(t0, phase_of(position))
             compute[self.device] = (time.perf_counter() - t0) * 1e3
@@ -176,12 +227,16 @@ class LLMClient:
             t1 = time.perf_counter()
             request_id = next(self._ids)
             step = message(self.plan_id, PLAN_VERSION, request_id,
-                           {self.stage.io.sends: out,
-                            POSITION: torch.tensor([position], dtype=torch.int64)})
+                           step_tensors(self.stage.io.sends, out, position, sampling))
             codec[self.device] = (time.perf_counter() - t1) * 1e3
             if self.shaper.enabled:
                 self.shaper.send(self._hop.wire_size(step), "up")
-            reply = self._call(lambda timeout, md: self._hop.run(step, timeout, md))
+            md = self._metadata(session)
+            try:
+                reply = self._call(lambda timeout, _: self._hop.run(step, timeout, md))
+            except BaseException:
+                self._held.pop(session, None)  # what the stages hold is unknown now
+                raise
             token = self._token(reply, request_id)
         for key, ms in reply.timings_ms.items():
             device, _, kind = key.rpartition(".")
@@ -235,3 +290,14 @@ class LLMClient:
                     timeout_hint=f"raise {option('timeout_s')}")) from None
         raise AssertionError("unreachable")
 
+
+
+def _reusable(held: list[int], ids: list[int]) -> int:
+    """How many leading tokens of ``ids`` the caches already hold (their common prefix with
+    ``held``), leaving at least one token to run: the step must produce the next token."""
+    n = 0
+    for a, b in zip(held, ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    return min(n, len(ids) - 1)

@@ -35,16 +35,20 @@ from edgesplit.errors import ConfigError, RemoteError, SessionError, option
 from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message, open_data_plane
 from edgesplit.runtime.llm_emulation import StagePacer, phase_of, stage_links
+from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.runtime.llm_sessions import LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 from edgesplit.runtime.llm_wire import (
     END_SESSION,
     POSITION,
+    SAMPLING,
     TOKEN,
     decode_int,
+    decode_sampling,
     decode_step,
     message,
     session_status,
+    step_tensors,
 )
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
@@ -121,7 +125,7 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
         self.s.check_token(context)
         io = self.s.stage.io
         return pb.Description(plan_id=self.s.plan_id, plan_version=PLAN_VERSION,
-                              device=self.s.device, inputs=[io.receives, POSITION],
+                              device=self.s.device, inputs=[io.receives, POSITION, SAMPLING],
                               outputs=[TOKEN], max_message_bytes=self.s.limit,
                               data_port=self.s.data_port or 0)
 
@@ -221,12 +225,14 @@ class LLMStageServer(GrpcServer):
         if list(parts) == [END_SESSION]:
             return self._end(request, session, context)
         io = self.stage.io
-        if set(parts) != {io.receives, POSITION} or len(request.tensors) != 2:
+        if not {io.receives, POSITION} <= set(parts) <= {io.receives, POSITION, SAMPLING} or \
+                len(request.tensors) != len(parts):
             raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                              f"device {self.device!r} expects tensors {io.receives!r} and "
-                             f"{POSITION!r} (or only {END_SESSION!r}), got "
-                             f"{[t.name for t in request.tensors]}")
+                             f"{POSITION!r}, optionally {SAMPLING!r} (or only "
+                             f"{END_SESSION!r}), got {[t.name for t in request.tensors]}")
         position = int(decode_int(parts[POSITION], POSITION, [1])[0])
+        sampling = decode_sampling(parts[SAMPLING]) if SAMPLING in parts else None
         x = decode_step(parts[io.receives], io.receives,
                         hidden_size=self.llm.hidden_size if io.hidden_in else None,
                         vocab_size=self.llm.vocab_size, max_tokens=self.llm.max_context)
@@ -235,7 +241,7 @@ class LLMStageServer(GrpcServer):
         try:
             with self.sessions.step(session, position, int(x.shape[1])) as state:
                 t0 = time.perf_counter()
-                out = self.stage.step(x, position, state.cache)
+                out = self.stage.step(x, position, state.cache, sampling)
                 if self.pacer is not None:  # the time slept is part of the compute
                     timings[f"{self.device}.emulated_ms"] = self.pacer.pace(
                         t0, phase_of(position))
@@ -243,7 +249,8 @@ class LLMStageServer(GrpcServer):
                 if self._next is None:
                     token = out
                 else:  # the rest of the chain; its failure rolls this stage back too
-                    token, more = self._forward(request, session, out, position, context)
+                    token, more = self._forward(request, session, out, position, sampling,
+                                                context)
                     timings.update(more)
         except SessionError as exc:
             raise session_status(exc) from None
@@ -271,12 +278,11 @@ class LLMStageServer(GrpcServer):
         return Message(self.plan_id, PLAN_VERSION, request.request_id, [], {})
 
     def _forward(self, request: pb.Bundle | Message, session: str, out: torch.Tensor,
-                 position: int, context: grpc.ServicerContext | None
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
+                 position: int, sampling: Sampling | None,
+                 context: grpc.ServicerContext | None) -> tuple[torch.Tensor, dict[str, float]]:
         t0 = time.perf_counter()
         step = message(self.plan_id, PLAN_VERSION, request.request_id,
-                       {self.stage.io.sends: out,
-                        POSITION: torch.tensor([position], dtype=torch.int64)})
+                       step_tensors(self.stage.io.sends, out, position, sampling))
         serialize_ms = (time.perf_counter() - t0) * 1e3
         if self.downstream.enabled:
             assert self._next is not None

@@ -3,11 +3,13 @@ first), each limited to the plan's max context, checked before anything is compu
 
 A step names its session, the position it continues from (the tokens the session's cache
 already holds) and how many tokens it adds. Position 0 starts the session afresh (a new
-prompt; an existing cache is dropped). Any other position must be exactly what the cache
-holds: a session that was evicted, never started or is out of step fails with a message that
-says to send the prompt again. A step that would take the session past ``max_context`` fails
-before the cache is touched. A step whose compute (or the rest of the chain) fails is rolled
-back, so the session stays where it was.
+prompt; an existing cache is dropped). A position below what the cache holds rewinds the
+cache there first (the next turn of a conversation that shares only part of what was cached:
+the client keeps the common prefix). A position past what the cache holds, or a session that
+was evicted or never started, fails with a message that says to send the prompt again. A step
+that would take the session past ``max_context`` fails before the cache is touched. A step
+whose compute (or the rest of the chain) fails is rolled back to its position, so the session
+holds what it held, or, for a rewinding step, what it held up to the position.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class LLMSessions:
                 f"session {session!r} is not on device {self.device!r} (evicted to make room "
                 f"for newer sessions, the server restarted, or it never started): send its "
                 f"prompt again from position 0")
-        if held.length != position:
+        if held.length < position:
             raise SessionError(
                 f"session {session!r} holds {held.length} tokens on device {self.device!r}, "
                 f"the step continues from {position}: send its prompt again from position 0")
@@ -95,6 +97,9 @@ class LLMSessions:
         assert state.lock is not None
         with state.lock:
             self.check(session, position, tokens)  # another step of the session came first
+            if state.length > position:  # a rewind: keep the first ``position`` tokens
+                _crop(state.cache, position)
+                state.length = position
             try:
                 yield state
             except BaseException:

@@ -1,13 +1,20 @@
 """One device's stage of a causal LM plan, runnable: ``blocks[start:end]`` of ``Plan.llm``
 taken from the model the plan names, run over a KV cache of its own.
 
-Every process builds the whole model from the plan's source (:func:`create_causal_lm`: seed 0,
-so every device holds identical weights) and keeps only its blocks' modules and the shared ones
-(``shared_modules``: a Llama's rotary embedding). A step runs the stage on ``tokens`` new
-positions starting at ``position`` (the tokens its cache already holds): the prompt for the
-prefill, one token per decode step. The stage's decoder layers keep their own layer index, so
-the cache (a transformers ``DynamicCache`` for the whole depth) only ever fills this stage's
-layers, and the causal mask is sized against the stage's first layer.
+Where the plan names a real checkpoint (``Plan.llm.fingerprint`` set), the stage builds the
+model's skeleton without memory and reads only its own modules' tensors from the
+checkpoint's safetensors (:func:`~edgesplit.models.llm_checkpoint.load_modules`), after
+checking the checkpoint's fingerprint against the plan's. Otherwise it builds the whole model
+from the plan's source with seeded random weights (:func:`create_causal_lm`: seed 0, so every
+device holds identical weights) and keeps only its blocks' modules and the shared ones
+(``shared_modules``: a Llama's rotary embedding).
+
+A step runs the stage on ``tokens`` new positions starting at ``position`` (the tokens its
+cache already holds): the prompt for the prefill, one token per decode step. The stage's
+decoder layers keep their own layer index, so the cache (a transformers ``DynamicCache`` for
+the whole depth) only ever fills this stage's layers, and the causal mask is sized against the
+stage's first layer. The stage holding the head picks the next token from the last position's
+logits (:func:`~edgesplit.runtime.llm_sampling.sample`: greedy unless told otherwise).
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ from torch import nn
 
 from edgesplit.errors import ConfigError
 from edgesplit.plan.model import LLMPlan, Plan
+from edgesplit.runtime.llm_sampling import Sampling, sample
 
-__all__ = ["LLMStageModel", "StageIO", "llm_section", "stage_io"]
+__all__ = ["LLMStageModel", "StageIO", "llm_section", "open_plan_checkpoint", "stage_io"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,11 +82,32 @@ def _build_model(plan: Plan) -> nn.Module:
     source = plan.model.source
     if source not in list_causal_lms():
         raise ConfigError(f"the plan's model {source!r} is not a registered causal LM "
-                          f"({', '.join(list_causal_lms())}): the runtime builds the model by "
-                          "name so every device holds the same weights")
+                          f"({', '.join(list_causal_lms())}) nor a checkpoint: the runtime "
+                          "builds a config-only model by name so every device holds the "
+                          "same weights")
     llm = llm_section(plan)
     model: nn.Module = create_causal_lm(source)
     return model.to(_DTYPES.get(llm.dtype, torch.float32))
+
+
+def open_plan_checkpoint(plan: Plan) -> Any:
+    """The checkpoint the plan was made for (None: random weights); ConfigError when the
+    checkpoint at its source is missing or holds other weights (another fingerprint)."""
+    from edgesplit.models.llm_checkpoint import open_checkpoint
+
+    llm = llm_section(plan)
+    if llm.fingerprint is None:
+        return None
+    checkpoint = open_checkpoint(plan.model.source)
+    if checkpoint is None:
+        raise ConfigError(f"the plan was made for the checkpoint {plan.model.source!r}, which "
+                          "is not here: put the same checkpoint at that path on this device")
+    if checkpoint.fingerprint != llm.fingerprint:
+        raise ConfigError(f"the checkpoint at {plan.model.source!r} is not the one the plan was "
+                          f"made for (fingerprint {checkpoint.fingerprint[:12]}, the plan's "
+                          f"{llm.fingerprint[:12]}): copy the planned checkpoint here, or plan "
+                          "again for this one")
+    return checkpoint
 
 
 class LLMStageModel:
@@ -91,25 +120,50 @@ class LLMStageModel:
                               f"{len(self.llm.stages)})")
         self.io = stage_io(self.llm, index)
         self.device = self.llm.stages[index].device
+        self.dtype = _DTYPES.get(self.llm.dtype, torch.float32)
+        self.config: Any = None
+        self.blocks: list[tuple[str, list[nn.Module]]] = []
+        self.rotary: nn.Module | None = None
+        self.first_layer: int | None = None
+        self.modules: dict[str, nn.Module] = {}
         if self.io.empty:
-            self.config: Any = None
-            self.blocks: list[tuple[str, list[nn.Module]]] = []
-            self.rotary: nn.Module | None = None
-            self.first_layer: int | None = None
-            self.dtype = _DTYPES.get(self.llm.dtype, torch.float32)
             return
-        # model: the caller's own (tests: the same weights as a reference) or built from source
-        full = model if model is not None else _build_model(plan)
-        self.config = full.config
-        self.dtype = next(full.parameters()).dtype
         blocks = self.llm.blocks[self.io.start:self.io.end]
-        self.blocks = [(b.kind, [full.get_submodule(path) for path in b.modules])
-                       for b in blocks]
-        shared = [full.get_submodule(p) for p in self.llm.shared_modules]
+        decoders = any(b.kind == "decoder" for b in blocks)
+        shared = list(self.llm.shared_modules) if decoders else []
+        paths = [p for b in blocks for p in b.modules] + shared
+        self.config, found = self._modules(plan, paths, model)
+        self.modules = found
+        self.blocks = [(b.kind, [found[path] for path in b.modules]) for b in blocks]
         # the shared modules a stage needs: the rotary embedding, for its decoder layers
-        self.rotary = next((m for m in shared if hasattr(m, "inv_freq")), None)
+        self.rotary = next((found[p] for p in shared if hasattr(found[p], "inv_freq")), None)
         layers = [mods[0] for kind, mods in self.blocks if kind == "decoder"]
         self.first_layer = _layer_index(layers[0]) if layers else None
+
+    def _modules(self, plan: Plan, paths: list[str], model: nn.Module | None
+                 ) -> tuple[Any, dict[str, nn.Module]]:
+        """The stage's modules by path: the caller's model's (tests: the same weights as a
+        reference), the checkpoint's (only these read), or a seeded random model's."""
+        checkpoint = open_plan_checkpoint(plan) if model is None else None
+        if checkpoint is not None:
+            from edgesplit.models.llm_checkpoint import load_modules
+
+            return load_modules(checkpoint, paths, self.dtype)
+        full = model if model is not None else _build_model(plan)
+        self.dtype = next(full.parameters()).dtype
+        return full.config, {path: full.get_submodule(path) for path in paths}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer the stage holds, by ``module path.name`` (a tensor
+        shared by two modules once)."""
+        held: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for path, m in self.modules.items():
+            for name, t in [*m.named_parameters(), *m.named_buffers()]:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    held[f"{path}.{name}"] = t
+        return held
 
     def new_cache(self) -> Any:
         """An empty KV cache for one session (None: the stage has no decoder layers)."""
@@ -120,10 +174,12 @@ class LLMStageModel:
         return DynamicCache(config=self.config)
 
     @torch.no_grad()
-    def step(self, x: torch.Tensor, position: int, cache: Any) -> torch.Tensor:
+    def step(self, x: torch.Tensor, position: int, cache: Any,
+             sampling: Sampling | None = None) -> torch.Tensor:
         """Run the stage on ``x`` (token ids ``[1, T]`` or a hidden state ``[1, T, H]``)
         for positions ``position .. position + T - 1``; returns the hidden state it forwards,
-        or the greedy next token ``[1, 1]`` when it ends with the head."""
+        or, when it ends with the head, the next token ``[1, 1]`` picked by ``sampling``
+        (default greedy) for position ``position + T``."""
         h = x if not self.io.hidden_in else x.to(self.dtype)
         tokens = int(x.shape[1])
         positions = torch.arange(position, position + tokens).unsqueeze(0)
@@ -142,7 +198,10 @@ class LLMStageModel:
                 h = h[:, -1:, :]
                 for m in modules:
                     h = m(h)
-                return h.argmax(dim=-1)
+                if sampling is None or sampling.greedy:
+                    return h.argmax(dim=-1)
+                picked = sample(h.reshape(-1), sampling, position + tokens)
+                return torch.tensor([[picked]], dtype=torch.int64)
         return h
 
     def _attention_inputs(self, h: torch.Tensor, positions: torch.Tensor, cache: Any

@@ -5,8 +5,11 @@ service, the data plane and their checks are the layer runtime's own.
 A step's request to a stage holds the tensor crossing into it (``input_ids`` ``[1, T]`` int64
 when it starts at the embedding, else the hidden state ``<block>.out`` ``[1, T, H]``) and
 ``position`` (``[1]`` int64: the tokens the session's caches hold before this step; 0 starts
-the session afresh). The reply holds ``token`` (``[1, 1]`` int64: the greedy next token). A
-request holding only ``end_session`` ends the caller's session on every stage. The session is
+the session afresh; a position below what the cache holds rewinds it there first) and,
+optionally, ``sampling`` (``[4]`` int64: :meth:`~edgesplit.runtime.llm_sampling.Sampling.to_tensor`;
+absent: greedy), which every stage forwards to the one holding the head. The reply holds
+``token`` (``[1, 1]`` int64: the next token). A request holding only ``end_session`` ends the
+caller's session on every stage. The session is
 call metadata ``edgesplit-session``, as for any stateful backend.
 """
 
@@ -18,23 +21,28 @@ from typing import Any
 import grpc
 import torch
 
-from edgesplit.errors import ContextLimitError, SessionError, WireError
+from edgesplit.errors import ConfigError, ContextLimitError, SessionError, WireError
 from edgesplit.quant.wire import decode_tensor, encode_tensor
 from edgesplit.runtime.dataplane import Message, Part
+from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.transport import BadRequest
 
 __all__ = [
     "END_SESSION",
     "POSITION",
+    "SAMPLING",
     "TOKEN",
     "decode_int",
+    "decode_sampling",
     "decode_step",
     "message",
     "session_error",
     "session_status",
+    "step_tensors",
 ]
 
 POSITION = "position"
+SAMPLING = "sampling"
 TOKEN = "token"
 END_SESSION = "end_session"
 
@@ -103,3 +111,22 @@ def decode_step(data: Any, name: str, *, hidden_size: int | None, vocab_size: in
                          f"token ids must lie in [0, {vocab_size}), got {int(x.min())}.."
                          f"{int(x.max())}")
     return x
+
+
+def decode_sampling(data: Any) -> Sampling:
+    """A step's sampling settings (BadRequest when malformed or out of range)."""
+    t = decode_int(data, SAMPLING, [4])
+    try:
+        return Sampling.from_tensor(t)
+    except ConfigError as exc:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {SAMPLING!r}: {exc}"
+                         ) from None
+
+
+def step_tensors(name: str, x: torch.Tensor, position: int, sampling: Sampling | None
+                 ) -> dict[str, torch.Tensor]:
+    """A step's tensors: ``x`` as ``name``, the position, and sampling unless greedy."""
+    tensors = {name: x, POSITION: torch.tensor([position], dtype=torch.int64)}
+    if sampling is not None and not sampling.greedy:
+        tensors[SAMPLING] = sampling.to_tensor()
+    return tensors

@@ -1,0 +1,230 @@
+"""Text generation over a split causal LM: the engine that ``llm generate --prompt``,
+``llm chat`` and the OpenAI-compatible API (:mod:`edgesplit.runtime.llm_api`) drive.
+
+:class:`LLMEngine` wraps an :class:`~edgesplit.runtime.llm_client.LLMClient` (the first
+stage, here, and the chain behind it) with the checkpoint's tokenizer: text in through the
+chat template or plainly, text out as it decodes (:class:`~edgesplit.runtime.llm_text.
+IncrementalDetokenizer`: never half a character), ending at an end-of-sequence token (not
+shown), at a stop string (not shown; text that may begin one is held back until it cannot),
+or after ``max_new_tokens``.
+
+It keeps at most the plan's ``sessions`` KV caches on every stage (what their memory was
+planned for) and serves that many generations at once; one more waits up to ``queue_s`` for
+a free session, then fails with SessionError (the API answers 503). A generation takes the
+idle session whose cached tokens share the longest prefix with its prompt: the next turn of a
+conversation, re-sent whole as OpenAI's API does, runs only its new tokens (the client rewinds
+what differs). A generation that is abandoned (its iterator closed: a client that left) stops
+at once and keeps its session for reuse: nothing is computed for nobody.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast
+
+from edgesplit.errors import ConfigError, SessionError, option
+from edgesplit.plan.model import Plan
+from edgesplit.runtime.llm_client import LLMClient
+from edgesplit.runtime.llm_sampling import Sampling
+from edgesplit.runtime.llm_stage import llm_section, open_plan_checkpoint
+from edgesplit.runtime.llm_text import IncrementalDetokenizer, StopMatcher
+
+__all__ = ["Delta", "LLMEngine", "TextEngine", "open_engine", "plan_tokenizer"]
+
+FinishReason = Literal["stop", "length"]
+_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One piece of a generation's text as it decodes: ``text`` (possibly empty: a token
+    that completes no character, or text held back as a possible stop string), the token ids
+    it covers, and on the last delta only, why the generation ended."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    step: Any = None  # the GeneratedToken (timings) of the delta's token, where there is one
+
+
+class TextEngine(Protocol):
+    """What serves text: thread-safe, many generations at once (up to its sessions)."""
+
+    model_id: str  # the name /v1/models lists and requests must name
+    max_context: int  # prompt + generated tokens a session holds at most
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The conversation through the tokenizer's chat template, ready for the assistant's
+        turn (``add_generation_prompt``). ConfigError on a malformed message."""
+        ...
+
+    def text_ids(self, prompt: str) -> list[int]:
+        """A plain prompt's token ids (no chat template)."""
+        ...
+
+    def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling,
+               stop: Sequence[str] = ()) -> Iterator[Delta]:
+        """Deltas as tokens decode, ending at EOS or a stop string ("stop") or after
+        ``max_new_tokens`` ("length"). ContextLimitError before any work when the prompt and
+        ``max_new_tokens`` exceed ``max_context``. Closing the iterator early (a client that
+        left) ends the generation and frees its KV caches on every stage."""
+        ...
+
+
+def plan_tokenizer(plan: Plan) -> Any:
+    """The tokenizer of the checkpoint ``plan`` runs (ConfigError for a random-weights plan,
+    which has none)."""
+    from edgesplit.models.llm_checkpoint import load_tokenizer
+
+    checkpoint = open_plan_checkpoint(plan)
+    if checkpoint is None:
+        raise ConfigError(f"the plan's model {plan.model.source!r} has random weights and no "
+                          "tokenizer: text needs a real checkpoint (plan one: `edgesplit llm "
+                          "plan smollm2-135m-instruct ...`), or pass token ids "
+                          f"({option('prompt_ids', flag='--prompt-ids')})")
+    return load_tokenizer(checkpoint)
+
+
+def _eos_ids(tokenizer: Any, plan: Plan) -> frozenset[int]:
+    """Every id that ends a generation: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    checkpoint = open_plan_checkpoint(plan)
+    config = checkpoint.folder / "generation_config.json" if checkpoint else None
+    if config is not None and config.is_file():
+        import json
+
+        eos = json.loads(config.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    return frozenset(int(i) for i in ids)
+
+
+class LLMEngine:
+    """Text generation with ``client``'s chain and ``tokenizer``; at most ``sessions``
+    generations at once (default: the plan's), a further one waiting up to ``queue_s``."""
+
+    def __init__(self, client: LLMClient, tokenizer: Any, *, model_id: str | None = None,
+                 sessions: int | None = None, queue_s: float = 30.0,
+                 eos_ids: Sequence[int] | None = None) -> None:
+        self.client, self.tokenizer = client, tokenizer
+        self.model_id = model_id or client.plan.model.name
+        self.max_context = client.llm.max_context
+        self.eos_ids = frozenset(eos_ids) if eos_ids is not None else \
+            _eos_ids(tokenizer, client.plan)
+        n = sessions or client.llm.sessions
+        self.queue_s = queue_s
+        self._free = threading.Semaphore(n)
+        self._lock = threading.Lock()
+        # idle sessions, least recently used first; each id names caches on every stage
+        self._idle: OrderedDict[str, None] = OrderedDict((uuid.uuid4().hex, None)
+                                                          for _ in range(n))
+
+    # ---- text -> ids ----------------------------------------------------------------------
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        if not messages:
+            raise ConfigError("a chat needs at least one message")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in _ROLES or \
+                    not isinstance(m.get("content"), str):
+                raise ConfigError(f"message {i} must be {{'role': one of {', '.join(_ROLES)}, "
+                                  "'content': text}")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"the tokenizer of {self.model_id!r} has no chat template: "
+                              "send a plain prompt instead")
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        return [int(i) for i in ids]
+
+    def text_ids(self, prompt: str) -> list[int]:
+        if not prompt:
+            raise ConfigError("the prompt is empty")
+        return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
+
+    # ---- generation -----------------------------------------------------------------------
+    def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling,
+               stop: Sequence[str] = ()) -> Iterator[Delta]:
+        ids = list(prompt_ids)
+        self.client.check_prompt(ids, max_new_tokens)  # before waiting for a session
+        stopper = StopMatcher(stop)
+        return self._stream(ids, max_new_tokens, sampling, stopper)
+
+    def _stream(self, ids: list[int], max_new_tokens: int, sampling: Sampling,
+                stopper: StopMatcher) -> Iterator[Delta]:
+        session = self._take(ids)
+        detokenizer = IncrementalDetokenizer(self.tokenizer)
+        tokens = cast(Generator[Any, None, None], self.client.generate(
+            ids, max_new_tokens, sampling=sampling, session=session))
+        try:
+            for t in tokens:
+                if t.token in self.eos_ids:
+                    yield Delta(_last(stopper, detokenizer.flush()), (t.token,), "stop", t)
+                    return
+                text, stopped = stopper.push(detokenizer.push(t.token))
+                if stopped:
+                    yield Delta(text, (t.token,), "stop", t)
+                    return
+                if t.index + 1 == max_new_tokens:
+                    yield Delta(text + _last(stopper, detokenizer.flush()), (t.token,),
+                                "length", t)
+                    return
+                yield Delta(text, (t.token,), None, t)
+        finally:
+            tokens.close()  # no more steps: an abandoned generation costs nothing more
+            self._give_back(session)
+
+    def _take(self, ids: list[int]) -> str:
+        """A free session, the one whose cached tokens share most of ``ids``."""
+        if not self._free.acquire(timeout=self.queue_s):
+            raise SessionError(f"all {len(self._idle) or 'the'} sessions of this server are "
+                               f"busy generating (waited {self.queue_s:g} s): retry later, or "
+                               "plan with more --sessions")
+        with self._lock:
+            best = max(self._idle, key=lambda s: _shared(self.client.held(s), ids))
+            del self._idle[best]
+        return best
+
+    def _give_back(self, session: str) -> None:
+        with self._lock:
+            self._idle[session] = None
+        self._free.release()
+
+    def close(self) -> None:
+        """End every idle session on every stage, and the client's connections."""
+        with self._lock:
+            sessions = list(self._idle)
+        for session in sessions:
+            if self.client.held(session):
+                self.client.end_session(session)
+        self.client.close()
+
+
+def _last(stopper: StopMatcher, text: str) -> str:
+    """The end of a generation's text: what the detokenizer still held, then whatever the
+    stop matcher held back (no stop string can begin in it any more)."""
+    out, stopped = stopper.push(text)
+    return out if stopped else out + stopper.flush()
+
+
+def _shared(held: list[int], ids: list[int]) -> int:
+    n = 0
+    for a, b in zip(held, ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def open_engine(plan: Plan, server: str | None, *, token: str | None = None,
+                tls: Any = None, timeout_s: float = 60.0, retries: int = 0,
+                data_plane: Any = "auto", model_id: str | None = None,
+                emulate: bool = False, shape: bool = True) -> LLMEngine:
+    """An engine for ``plan``: its first stage here, the chain at ``server``, the plan's
+    checkpoint's tokenizer."""
+    llm_section(plan)
+    tokenizer = plan_tokenizer(plan)
+    client = LLMClient(plan, server, token=token, tls=tls, timeout_s=timeout_s,
+                       retries=retries, data_plane=data_plane, emulate=emulate, shape=shape)
+    return LLMEngine(client, tokenizer, model_id=model_id)
