@@ -21,6 +21,7 @@ from edgesplit.cli._app import (
     tls_files,
     user_errors,
 )
+from edgesplit.errors import ConfigError
 
 __all__ = ["llm_app"]
 
@@ -29,6 +30,8 @@ llm_app = typer.Typer(no_args_is_help=True,
 app.add_typer(llm_app, name="llm")
 
 _WORKLOAD = "Workload"
+_TEXT = "Text"
+_SAMPLING = "Sampling"
 _EMULATE_HELP = ("Compute emulation: each step of this device's stage lasts what the plan "
                  "predicts for it (prefill or decode), so this machine runs at the speed of "
                  "the device preset it was planned with (it cannot speed up a slower one).")
@@ -38,9 +41,11 @@ _NO_SHAPE_HELP = "Do not emulate the plan's links (each send waits its bandwidth
 @llm_app.command("plan")
 @user_errors
 def plan(
-    model: str = typer.Argument(..., help="Causal LM name (llama_tiny, gpt2_small, llama_1b, "
-                                          "llama3_8b, ...) or a transformers config.json (or "
-                                          "its folder)."),
+    model: str = typer.Argument(..., help="A real checkpoint: smollm2-135m-instruct "
+                                          "(built in), a transformers folder (config.json, "
+                                          "safetensors, tokenizer) or a .gguf file; or, "
+                                          "random weights: a causal LM name (llama_tiny, "
+                                          "llama3_8b, ...) or a config.json."),
     topology: str = typer.Option(..., "--topology", "-t",
                                  help="A chain of devices: preset (`edgesplit topologies`) or "
                                       "a YAML/TOML/JSON file. The prompt starts and the tokens "
@@ -156,6 +161,21 @@ def generate(
                                                              "device's `llm serve` (not needed "
                                                              "when the first holds every "
                                                              "block)."),
+    prompt_text: str | None = typer.Option(None, "--prompt", help="The prompt as text (the "
+                                           "checkpoint's tokenizer); text is printed as it "
+                                           "decodes.", rich_help_panel=_TEXT),
+    chat: bool = typer.Option(False, "--chat", help="Send --prompt as a user message through "
+                              "the tokenizer's chat template.", rich_help_panel=_TEXT),
+    system: str | None = typer.Option(None, "--system", help="A system message first "
+                                      "(with --chat).", rich_help_panel=_TEXT),
+    stop: list[str] = typer.Option([], "--stop", help="End the text before this string "
+                                   "(repeatable).", rich_help_panel=_TEXT),
+    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy; else sample at "
+                                      "this temperature.", rich_help_panel=_SAMPLING),
+    top_k: int = typer.Option(0, "--top-k", help="Sample among the k likeliest (0: all).",
+                              rich_help_panel=_SAMPLING),
+    top_p: float = typer.Option(1.0, "--top-p", help="Sample within this probability mass "
+                                "(1: all).", rich_help_panel=_SAMPLING),
     prompt_ids: str | None = typer.Option(None, "--prompt-ids",
                                           help="The prompt as token ids, comma-separated."),
     prompt_tokens: int | None = typer.Option(None, "--prompt-tokens", "-p", min=1,
@@ -163,7 +183,8 @@ def generate(
                                                   "(--seed); default the plan's."),
     new_tokens: int | None = typer.Option(None, "--new-tokens", "-n", min=1,
                                           help="Tokens to generate; default the plan's."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random prompt."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling and of a random "
+                             "prompt."),
     session: str | None = typer.Option(None, "--session", help="Session id (default: a "
                                                                "random one)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
@@ -179,20 +200,24 @@ def generate(
     no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
-    """Generate greedily with an LLM plan: run its first stage here, the rest on the `llm
-    serve` chain at --server; print the tokens as they arrive, then time to first token,
+    """Generate with an LLM plan: run its first stage here, the rest on the `llm serve` chain
+    at --server; print the text (or token ids) as it decodes, then time to first token,
     tokens/s and each stage's compute against the plan's."""
-    import sys
-
     from edgesplit.cli.serving import _data_plane
     from edgesplit.plan import load_plan
     from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_report import generation_report
+    from edgesplit.runtime.llm_sampling import Sampling
     from edgesplit.transport import read_token
 
     set_threads(threads)
     plan = load_plan(plan_path)
-    prompt = _prompt(plan, prompt_ids, prompt_tokens, seed)
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    text = prompt_text is not None
+    if not text and (chat or system is not None or stop):
+        raise ConfigError("--chat, --system and --stop take text: give --prompt TEXT")
+    if text and (prompt_ids is not None or prompt_tokens is not None):
+        raise ConfigError("give --prompt, --prompt-ids or --prompt-tokens, not several")
+    tokenizer = _tokenizer(plan) if text else None  # refused before connecting
     count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)
     client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca), timeout_s=timeout_s, retries=retries,
@@ -200,14 +225,167 @@ def generate(
                        shape=not no_shape)
     if client.pacer is not None:
         _say_emulating(plan, client.device)
-    got = []
     with client:
-        for t in client.generate(prompt, count):
-            got.append(t)
-            if not as_json:  # each token as it arrives
-                sys.stdout.write(f"{t.token}{' ' if t.index + 1 < count else chr(10)}")
-                sys.stdout.flush()
+        if tokenizer is not None:
+            from edgesplit.runtime.llm_engine import LLMEngine
+
+            engine = LLMEngine(client, tokenizer, session_ids=[client.session])
+            assert prompt_text is not None
+            messages = _messages(prompt_text, system) if chat else None
+            prompt = engine.chat_ids(messages) if messages else engine.text_ids(prompt_text)
+            got = _stream_text(engine, prompt, count, sampling, stop, as_json)
+        else:
+            prompt = _prompt(plan, prompt_ids, prompt_tokens, seed)
+            got = _stream_ids(client, prompt, count, sampling, as_json)
         client.end_session()
+    _report(plan, prompt, got, client, as_json, text)
+
+
+@llm_app.command("chat")
+@user_errors
+def chat_command(
+    plan_path: Path = typer.Argument(..., help="An LLM plan of a real checkpoint."),
+    server: str | None = typer.Option(None, "--server", help="HOST:PORT of the second "
+                                                             "device's `llm serve`."),
+    system: str | None = typer.Option(None, "--system", help="A system message first."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1,
+                                       help="Tokens a reply may take at most."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy.",
+                                      rich_help_panel=_SAMPLING),
+    top_k: int = typer.Option(0, "--top-k", rich_help_panel=_SAMPLING),
+    top_p: float = typer.Option(1.0, "--top-p", rich_help_panel=_SAMPLING),
+    seed: int = typer.Option(0, "--seed", rich_help_panel=_SAMPLING),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
+    timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
+    no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+) -> None:
+    """Chat with the split model: each line you type is a user turn (from a terminal or a
+    pipe); each reply streams as it decodes. A turn continues the session: only its new
+    tokens are prefilled on every stage. /reset starts a new conversation; EOF or /exit
+    ends."""
+    import sys
+
+    from edgesplit.runtime.llm_client import LLMClient
+    from edgesplit.runtime.llm_engine import LLMEngine
+    from edgesplit.runtime.llm_sampling import Sampling
+    from edgesplit.transport import read_token
+
+    set_threads(threads)
+    from edgesplit.plan import load_plan
+
+    plan = load_plan(plan_path)
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    tokenizer = _tokenizer(plan)
+    client = LLMClient(plan, server, token=read_token(token, token_file),
+                       tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
+                       shape=not no_shape)
+    first = [{"role": "system", "content": system}] if system is not None else []
+    messages = list(first)
+    with client:
+        engine = LLMEngine(client, tokenizer, session_ids=[client.session])
+        interactive = sys.stdin.isatty()
+        while True:
+            line = _read_turn(interactive)
+            if line is None or line.strip() == "/exit":
+                break
+            if line.strip() == "/reset":
+                messages = list(first)
+                continue
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line.strip()})
+            reply, got = _chat_turn(engine, messages, max_new_tokens, sampling)
+            messages.append({"role": "assistant", "content": reply})
+            _say_turn(got)
+        client.end_session()
+
+
+def _read_turn(interactive: bool) -> str | None:
+    import sys
+
+    if interactive:
+        sys.stdout.write("you> ")
+        sys.stdout.flush()
+    line = sys.stdin.readline()
+    return line if line else None
+
+
+def _chat_turn(engine, messages, max_new_tokens: int, sampling) -> tuple[str, list]:
+    import sys
+
+    prompt = engine.chat_ids(messages)
+    left = engine.max_context - len(prompt) + 1
+    if left < 1:
+        raise ConfigError(f"the conversation ({len(prompt)} tokens) fills the plan's max "
+                          f"context of {engine.max_context}: /reset, or plan with a larger "
+                          "--max-context")
+    text, got = [], []
+    for delta in engine.stream(prompt, max_new_tokens=min(max_new_tokens, left),
+                               sampling=sampling):
+        text.append(delta.text)
+        if delta.step is not None:
+            got.append(delta.step)
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return "".join(text), got
+
+
+def _say_turn(got: list) -> None:
+    """One line on stderr: what the turn reused, prefilled and decoded."""
+    if not got:
+        return
+    decode = got[-1].elapsed_ms - got[0].elapsed_ms
+    rate = f", {(len(got) - 1) / (decode / 1e3):.1f} tokens/s" if len(got) > 1 and decode else ""
+    err.print(f"[{len(got)} tokens; first after {got[0].elapsed_ms:.0f} ms, "
+              f"{got[0].reused} cached prompt tokens reused{rate}]")
+
+
+def _tokenizer(plan):
+    from edgesplit.runtime.llm_engine import plan_tokenizer
+
+    return plan_tokenizer(plan)
+
+
+def _messages(prompt: str, system: str | None) -> list[dict[str, str]]:
+    first = [{"role": "system", "content": system}] if system is not None else []
+    return [*first, {"role": "user", "content": prompt}]
+
+
+def _stream_ids(client, prompt: list[int], count: int, sampling, as_json: bool) -> list:
+    import sys
+
+    got = []
+    for t in client.generate(prompt, count, sampling=sampling):
+        got.append(t)
+        if not as_json:  # each token as it arrives
+            sys.stdout.write(f"{t.token}{' ' if t.index + 1 < count else chr(10)}")
+            sys.stdout.flush()
+    return got
+
+
+def _stream_text(engine, prompt: list[int], count: int, sampling, stop: list[str],
+                 as_json: bool) -> list:
+    import sys
+
+    got = []
+    for delta in engine.stream(prompt, max_new_tokens=count, sampling=sampling, stop=stop):
+        if delta.step is not None:
+            got.append(delta.step)
+        if not as_json:
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+    if not as_json:
+        sys.stdout.write("\n")
+    return got
+
+
+def _report(plan, prompt: list[int], got: list, client, as_json: bool, text: bool) -> None:
+    from edgesplit.runtime.llm_report import generation_report
+
     doc = generation_report(plan, prompt, got, session=client.session,
                             data_plane=client.data_plane)
     if as_json:
@@ -215,7 +393,8 @@ def generate(
         return
     from edgesplit.report.llm_tables import llm_generation_table
 
-    out.print(llm_generation_table(doc))
+    # with text on stdout, the measurements go to stderr: `> answer.txt` keeps only the text
+    (err if text else out).print(llm_generation_table(doc))
 
 
 def _say_emulating(plan, device: str) -> None:

@@ -327,11 +327,14 @@ def load_modules(checkpoint: Checkpoint, paths: Sequence[str], dtype: torch.dtyp
     tied = _tied_names(skeleton) if config.tie_word_embeddings else None
     files = checkpoint.tensor_files()
     modules = {path: _materialise(skeleton, path, config) for path in paths}
-    wanted: dict[str, tuple[str, torch.Tensor]] = {}  # stored name -> (our name, target)
+    # stored name -> (our name, target) for each module tensor it fills (a tied embedding's
+    # tensor fills both ends where a stage holds both)
+    wanted: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for path, module in modules.items():
         for name, target in module.state_dict(keep_vars=True).items():
             full = f"{path}.{name}"
-            wanted[_stored_name(full, files, tied, checkpoint)] = (full, target)
+            stored = _stored_name(full, files, tied, checkpoint)
+            wanted.setdefault(stored, []).append((full, target))
     _read_into(wanted, files)
     if tied is not None:
         _share_tied(modules, tied)
@@ -368,7 +371,8 @@ def _stored_name(full: str, files: dict[str, Path], tied: tuple[str, str] | None
                       "complete checkpoint of this architecture")
 
 
-def _read_into(wanted: dict[str, tuple[str, torch.Tensor]], files: dict[str, Path]) -> None:
+def _read_into(wanted: dict[str, list[tuple[str, torch.Tensor]]], files: dict[str, Path]
+               ) -> None:
     from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
@@ -378,13 +382,13 @@ def _read_into(wanted: dict[str, tuple[str, torch.Tensor]], files: dict[str, Pat
         for file, names in by_file.items():
             with safe_open(str(file), "pt") as f:
                 for stored in names:
-                    full, target = wanted[stored]
                     tensor = f.get_tensor(stored)
-                    if tuple(tensor.shape) != tuple(target.shape):
-                        raise ConfigError(f"tensor {stored!r} in {file.name} has shape "
-                                          f"{list(tensor.shape)}; the config makes "
-                                          f"{full!r} {list(target.shape)}")
-                    target.copy_(tensor)
+                    for full, target in wanted[stored]:
+                        if tuple(tensor.shape) != tuple(target.shape):
+                            raise ConfigError(f"tensor {stored!r} in {file.name} has shape "
+                                              f"{list(tensor.shape)}; the config makes "
+                                              f"{full!r} {list(target.shape)}")
+                        target.copy_(tensor)
 
 
 def _share_tied(modules: dict[str, nn.Module], tied: tuple[str, str]) -> None:

@@ -104,23 +104,25 @@ def _eos_ids(tokenizer: Any, plan: Plan) -> frozenset[int]:
 
 class LLMEngine:
     """Text generation with ``client``'s chain and ``tokenizer``; at most ``sessions``
-    generations at once (default: the plan's), a further one waiting up to ``queue_s``."""
+    generations at once (default: the plan's), a further one waiting up to ``queue_s``.
+    ``session_ids``: the sessions' names (default: random ones, ``sessions`` of them)."""
 
     def __init__(self, client: LLMClient, tokenizer: Any, *, model_id: str | None = None,
                  sessions: int | None = None, queue_s: float = 30.0,
-                 eos_ids: Sequence[int] | None = None) -> None:
+                 eos_ids: Sequence[int] | None = None,
+                 session_ids: Sequence[str] | None = None) -> None:
         self.client, self.tokenizer = client, tokenizer
         self.model_id = model_id or client.plan.model.name
         self.max_context = client.llm.max_context
         self.eos_ids = frozenset(eos_ids) if eos_ids is not None else \
             _eos_ids(tokenizer, client.plan)
-        n = sessions or client.llm.sessions
+        ids = list(session_ids) if session_ids else \
+            [uuid.uuid4().hex for _ in range(sessions or client.llm.sessions)]
         self.queue_s = queue_s
-        self._free = threading.Semaphore(n)
+        self._free = threading.Semaphore(len(ids))
         self._lock = threading.Lock()
         # idle sessions, least recently used first; each id names caches on every stage
-        self._idle: OrderedDict[str, None] = OrderedDict((uuid.uuid4().hex, None)
-                                                          for _ in range(n))
+        self._idle: OrderedDict[str, None] = OrderedDict.fromkeys(ids)
 
     # ---- text -> ids ----------------------------------------------------------------------
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
