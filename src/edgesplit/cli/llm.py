@@ -310,6 +310,8 @@ def _read_turn(interactive: bool) -> str | None:
         sys.stdout.write("you> ")
         sys.stdout.flush()
     line = sys.stdin.readline()
+    if line and not interactive:  # a piped conversation reads as one in the output
+        sys.stdout.write(f"you> {line.rstrip()}\n")
     return line if line else None
 
 

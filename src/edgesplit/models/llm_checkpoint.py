@@ -412,3 +412,22 @@ def load_tokenizer(checkpoint: Checkpoint) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(checkpoint.folder))
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m edgesplit.models.llm_checkpoint NAME...``: prepare built-in checkpoints
+    (setup runs it, so the first chat does not wait for the conversion)."""
+    for name in argv or builtin_names():
+        checkpoint = require_builtin(name)
+        print(f"{name}: {checkpoint.folder} (fingerprint {checkpoint.fingerprint[:12]})")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        sys.exit(_main(sys.argv[1:]))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
