@@ -19,6 +19,7 @@ from edgesplit.cli import nas  # noqa: F401
 from edgesplit.cli import splitnets  # noqa: F401
 from edgesplit.cli import adaptivenet  # noqa: F401
 from edgesplit.cli import llm  # noqa: F401
+from edgesplit.cli import llm_api  # noqa: F401
 # isort: on
 from edgesplit.cli._app import app
 
