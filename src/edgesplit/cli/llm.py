@@ -32,9 +32,10 @@ app.add_typer(llm_app, name="llm")
 _WORKLOAD = "Workload"
 _TEXT = "Text"
 _SAMPLING = "Sampling"
-_EMULATE_HELP = ("Compute emulation: each step of this device's stage lasts what the plan "
-                 "predicts for it (prefill or decode), so this machine runs at the speed of "
-                 "the device preset it was planned with (it cannot speed up a slower one).")
+_EMULATE_HELP = ("Compute emulation: this device's stage runs its real blocks, then is slowed "
+                 "by the cost model's ratio of the planned device's time for them to this "
+                 "machine's (prefill and decode), so this machine runs at that device's speed "
+                 "(it cannot speed up a slower one).")
 _NO_SHAPE_HELP = "Do not emulate the plan's links (each send waits its bandwidth and RTT)."
 
 
@@ -144,7 +145,7 @@ def serve(
                             data_plane=_data_plane(data_plane), emulate=emulate_device,
                             shape=not no_shape)
     if server.pacer is not None:
-        _say_emulating(plan, server.device)
+        _say_emulating(plan, server.device, server.pacer)
     bound = server.start(host, port)
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
@@ -224,7 +225,7 @@ def generate(
                        data_plane=_data_plane(data_plane), emulate=emulate_device,
                        shape=not no_shape)
     if client.pacer is not None:
-        _say_emulating(plan, client.device)
+        _say_emulating(plan, client.device, client.pacer)
     with client:
         if tokenizer is not None:
             from edgesplit.runtime.llm_engine import LLMEngine
@@ -399,16 +400,17 @@ def _report(plan, prompt: list[int], got: list, client, as_json: bool, text: boo
     (err if text else out).print(llm_generation_table(doc))
 
 
-def _say_emulating(plan, device: str) -> None:
-    """One line on stderr: which preset this stage emulates, and its targets."""
+def _say_emulating(plan, device: str, pacer) -> None:
+    """One line on stderr: which preset this stage emulates, and how much slower."""
     stage = next(s for s in plan.llm.stages if s.device == device)
     preset = next(d.device.name for d in plan.devices if d.name == device)
     if stage.start == stage.end:
         err.print(f"--emulate-device: {device} holds no blocks in this plan (it only relays)")
         return
-    err.print(f"emulating {device} ({preset}): prefill {stage.prefill_ms:.2f} ms (for "
-              f"{plan.llm.prompt_tokens} prompt tokens), decode {stage.decode_ms:.2f} ms a "
-              "step")
+    f = pacer.factors
+    err.print(f"emulating {device} ({preset}): real compute slowed x{f['prefill']:.2f} in the "
+              f"prefill, x{f['decode']:.2f} a decode step (the cost model's {preset} over "
+              "this machine)")
 
 
 def _prompt(plan, prompt_ids: str | None, prompt_tokens: int | None, seed: int) -> list[int]:

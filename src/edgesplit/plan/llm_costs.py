@@ -44,7 +44,7 @@ from edgesplit.hardware import (
 )
 from edgesplit.plan.assemble import one_way_latency_ms
 
-__all__ = ["LLMChainCosts", "LLMWorkload", "Objective", "SendCost"]
+__all__ = ["LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]
 
 Objective = Literal["latency", "throughput"]
 
@@ -116,6 +116,16 @@ class SendCost:
                    one_way_latency_ms(link, True), serialize_ms(src, dst, nbytes))
 
 
+def block_ms(lm: CausalLM, device: Device, phase: Phase,
+             estimator: LatencyEstimator | None = None) -> list[float]:
+    """Each block's time on ``device`` in ``phase``: its kernels through the device's latency
+    estimator (default: the one its compute model selects) at the LM's dtype width."""
+    estimator = estimator or estimator_for(device)
+    bits = 8 * lm.dtype_bytes
+    return [sum(estimator.layer_ms(LayerWork(**vars(op), bits=bits), device)
+                for op in lm.ops(i, phase)) for i in range(lm.n)]
+
+
 @dataclass
 class LLMChainCosts:
     """Per device and block the prefill and decode time; per link and cut the sends; per
@@ -150,15 +160,9 @@ class LLMChainCosts:
         devices = [topology.device(name) for name in order]
         prefill, decode = Phase.prefill(workload.prompt_tokens), Phase.decode(
             workload.decode_cached)
-        bits = 8 * lm.dtype_bytes
 
         # one estimator per device for both phases (a measured one loads and fits its profile)
         chosen = {d.name: (estimators or {}).get(d.name) or estimator_for(d) for d in devices}
-
-        def block_ms(device: Device, phase: Phase) -> list[float]:
-            estimator = chosen[device.name]
-            return [sum(estimator.layer_ms(LayerWork(**vars(op), bits=bits), device)
-                        for op in lm.ops(i, phase)) for i in range(lm.n)]
 
         n = lm.n
         links = [topology.link(a, b) for a, b in itertools.pairwise(order)]
@@ -172,8 +176,8 @@ class LLMChainCosts:
                  for c in range(n + 1)] for link, a, b in hops]
         weights, kv, act = _range_memory(lm, workload, prefill)
         return cls(lm, workload, topology, order,
-                   np.array([block_ms(d, prefill) for d in devices]),
-                   np.array([block_ms(d, decode) for d in devices]),
+                   np.array([block_ms(lm, d, prefill, chosen[d.name]) for d in devices]),
+                   np.array([block_ms(lm, d, decode, chosen[d.name]) for d in devices]),
                    sends(prefill), sends(decode), back, weights + kv + act, weights, kv, act,
                    [d.memory_bytes for d in devices])
 

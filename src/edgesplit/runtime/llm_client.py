@@ -17,8 +17,8 @@ re-prefills the whole prompt from its own copy, transparently, once, at the gene
 first step; a session lost in the middle of a generation fails it with SessionError. Any
 failed generation forgets the session's tokens, so the next one starts from position 0.
 
-``emulate=True`` paces the first stage to the plan's times and ``shape`` (on by default) makes
-its sends take the plan's first link (:mod:`edgesplit.runtime.llm_emulation`).
+``emulate=True`` slows the first stage's real compute to its device's speed and ``shape`` (on
+by default) makes its sends take the plan's first link (:mod:`edgesplit.runtime.llm_emulation`).
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ class LLMClient:
     """The first stage of ``plan`` plus a caller of the second device at ``address`` (not
     needed when the first device holds every block). ``session`` names this client's KV
     caches on every stage (default: a random id). ``model``: the transformers model to take
-    the first stage's blocks from (default: built from the plan's source). ``emulate``: the
-    first stage lasts the plan's time per phase; ``shape``: its sends take the plan's link
-    time."""
+    the first stage's blocks from (default: the plan's checkpoint, or built from its source).
+    ``emulate``: the first stage's real compute is slowed to its device's speed; ``shape``:
+    its sends take the plan's link time."""
 
     def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
                  session: str | None = None, token: str | None = None,

@@ -12,8 +12,9 @@ A session's error is its request's status: past the max context OUT_OF_RANGE, un
 never started) or out of step ABORTED; a malformed request INVALID_ARGUMENT; another plan
 FAILED_PRECONDITION. A failed step leaves every session as it was.
 
-With ``emulate=True`` each step lasts what the plan predicts for the stage in its phase, and
-links are shaped to the plan's unless ``shape=False`` (:mod:`edgesplit.runtime.llm_emulation`).
+With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
+model's ratio of its time to this machine's), and links are shaped to the plan's unless
+``shape=False`` (:mod:`edgesplit.runtime.llm_emulation`).
 
 Not the layer ``PartitionServer`` itself: that one checks each tensor against a captured
 LayerGraph's fixed shapes and batches across requests, while a stage's tensors grow with the
@@ -136,7 +137,7 @@ class LLMStageServer(GrpcServer):
     what its memory was planned for), the least recently used evicted first. ``model``: the
     transformers model to take the stage's blocks from (default: built from the plan's
     source, as every device does). The data plane opens on ``data_port`` (None: none).
-    ``emulate``: each step lasts the plan's prefill/decode time for this stage; ``shape``: its
+    ``emulate``: each step's real compute is slowed to the plan device's speed; ``shape``: its
     sends and replies take the plan's link time."""
 
     def __init__(self, plan: Plan, device: str, *,
