@@ -112,13 +112,13 @@ def open_checkpoint(source: str | Path) -> Checkpoint | None:
         if not path.is_file():
             raise ConfigError(f"GGUF file {text!r} does not exist")
         return Checkpoint(text, *_converted(path))
-    if not path.is_dir() or not (path / "config.json").is_file():
+    if not path.is_dir():
         return None
-    if not _weight_files(path):
-        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
-            raise ConfigError(f"{text!r} holds pickled weights (*.bin / *.pt), which edgesplit "
-                              "never unpickles: convert them to safetensors (transformers' "
-                              "save_pretrained(..., safe_serialization=True))")
+    if not _weight_files(path) and (any(path.glob("*.bin")) or any(path.glob("*.pt"))):
+        raise ConfigError(f"{text!r} holds pickled weights (*.bin / *.pt), which edgesplit "
+                          "never unpickles: convert them to safetensors (transformers' "
+                          "save_pretrained(..., safe_serialization=True))")
+    if not (path / "config.json").is_file() or not _weight_files(path):
         return None
     _check_architecture(_read_config(path), text)
     return Checkpoint(text, path.resolve(), _fingerprint(path, _folder_files(path)))
