@@ -38,7 +38,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LLMEngine, str]]:
+def served() -> Iterator[tuple[LLMEngine, str, LLMStageServer]]:
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
     costs = plan_llm("smollm2-135m-instruct", topology,
@@ -59,7 +59,7 @@ def served() -> Iterator[tuple[LLMEngine, str]]:
     assert server.started
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield engine, f"http://127.0.0.1:{port}/v1"
+        yield engine, f"http://127.0.0.1:{port}/v1", stage
     finally:
         server.should_exit = True
         thread.join(10)
@@ -73,7 +73,7 @@ def _reference(engine: LLMEngine, messages: list[dict[str, str]], n: int = 24) -
 
 
 def test_chat_through_the_openai_client(served):
-    engine, base = served
+    engine, base, _ = served
     api = openai.OpenAI(base_url=base, api_key="sesame", max_retries=0)
     model = api.models.list().data[0].id
     reply = api.chat.completions.create(model=model, messages=QUESTION, temperature=0,
@@ -100,7 +100,7 @@ def test_chat_through_the_openai_client(served):
 
 
 def test_completions_and_errors_through_the_openai_client(served):
-    engine, base = served
+    engine, base, _ = served
     api = openai.OpenAI(base_url=base, api_key="sesame", max_retries=0)
     model = engine.model_id
     done = api.completions.create(model=model, prompt="The capital of France is",
@@ -116,3 +116,20 @@ def test_completions_and_errors_through_the_openai_client(served):
     assert info.value.code == "context_length_exceeded"
     with pytest.raises(openai.NotFoundError):
         api.chat.completions.create(model="gpt-4o", messages=QUESTION)
+
+
+def test_an_abandoned_generation_frees_its_caches_on_every_stage(served):
+    """A stream closed mid-way (a client that left) ends its session on the stages; one that
+    finished keeps its caches for the next turn."""
+    engine, _, stage = served
+    ids = engine.chat_ids(QUESTION)
+    pool = set(engine._idle)
+    stream = engine.stream(ids, max_new_tokens=24, sampling=Sampling())
+    next(stream)
+    (session,) = pool - set(engine._idle)  # the one this stream took
+    assert session in stage.sessions
+    stream.close()
+    assert session not in stage.sessions and session not in engine.client.sessions
+    assert not engine.client.held(session)
+    list(engine.stream(ids, max_new_tokens=24, sampling=Sampling()))
+    assert any(engine.client.held(s) for s in engine._idle)

@@ -14,11 +14,13 @@ a free session, then fails with SessionError (the API answers 503). A generation
 idle session whose cached tokens share the longest prefix with its prompt: the next turn of a
 conversation, re-sent whole as OpenAI's API does, runs only its new tokens (the client rewinds
 what differs). A generation that is abandoned (its iterator closed: a client that left) stops
-at once and keeps its session for reuse: nothing is computed for nobody.
+at once and its caches are freed on every stage; a finished one keeps its session's caches for
+the next turn.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -26,7 +28,7 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
-from edgesplit.errors import ConfigError, SessionError, option
+from edgesplit.errors import ConfigError, EdgesplitError, SessionError, option
 from edgesplit.plan.model import Plan
 from edgesplit.runtime.llm_client import LLMClient
 from edgesplit.runtime.llm_sampling import Sampling
@@ -34,6 +36,8 @@ from edgesplit.runtime.llm_stage import llm_section, open_plan_checkpoint
 from edgesplit.runtime.llm_text import IncrementalDetokenizer, StopMatcher
 
 __all__ = ["Delta", "LLMEngine", "TextEngine", "open_engine", "plan_tokenizer"]
+
+log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
 _ROLES = ("system", "user", "assistant")
@@ -159,23 +163,28 @@ class LLMEngine:
         detokenizer = IncrementalDetokenizer(self.tokenizer)
         tokens = cast(Generator[Any, None, None], self.client.generate(
             ids, max_new_tokens, sampling=sampling, session=session))
+        finished = False
         try:
             for t in tokens:
                 if t.token in self.eos_ids:
+                    finished = True  # the last delta is out: nothing was abandoned
                     yield Delta(_last(stopper, detokenizer.flush()), (t.token,), "stop", t)
                     return
                 text, stopped = stopper.push(detokenizer.push(t.token))
                 if stopped:
+                    finished = True
                     yield Delta(text, (t.token,), "stop", t)
                     return
                 if t.index + 1 == max_new_tokens:
+                    finished = True
                     yield Delta(text + _last(stopper, detokenizer.flush()), (t.token,),
                                 "length", t)
                     return
                 yield Delta(text, (t.token,), None, t)
+            finished = True
         finally:
             tokens.close()  # no more steps: an abandoned generation costs nothing more
-            self._give_back(session)
+            self._give_back(session, abandoned=not finished)
 
     def _take(self, ids: list[int]) -> str:
         """A free session, the one whose cached tokens share most of ``ids``."""
@@ -188,10 +197,18 @@ class LLMEngine:
             del self._idle[best]
         return best
 
-    def _give_back(self, session: str) -> None:
-        with self._lock:
-            self._idle[session] = None
-        self._free.release()
+    def _give_back(self, session: str, *, abandoned: bool) -> None:
+        """``session`` is free again; an abandoned one (its client left, or a step failed)
+        first has its caches freed on every stage (the next generation there starts anew)."""
+        try:
+            if abandoned:
+                self.client.end_session(session)
+        except EdgesplitError as exc:  # a stage that is down frees its caches on restart
+            log.warning("could not end session %s on every stage: %s", session[:8], exc)
+        finally:
+            with self._lock:
+                self._idle[session] = None
+            self._free.release()
 
     def close(self) -> None:
         """End every idle session on every stage, and the client's connections."""
