@@ -533,6 +533,14 @@ def test_serve_api_serves_until_a_signal_then_returns(engine):
     driver.join(WAIT_S)
     assert health == [200]
     assert signal.getsignal(signal.SIGINT) is before
+    # sse-starlette's process-wide shutdown flag, set by that signal, is reset: a later
+    # server of this process still streams to the end (it ended every stream at once)
+    with running(engine) as base, openai.OpenAI(base_url=f"{base}/v1", api_key="x",
+                                                max_retries=0, timeout=WAIT_S) as api:
+        chunks = list(api.chat.completions.create(model="echo-llm", messages=HELLO,
+                                                  max_tokens=6, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == echo(CHAT_PROMPT, 6)
 
 
 def test_serve_api_refuses_a_busy_port(engine):

@@ -675,10 +675,22 @@ def serve_api(engine: TextEngine, host: str = "127.0.0.1", port: int = 8000,
 
     app = create_app(engine, api_key=api_key)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    with _listen(host, port) as sock, _signals_stop(server):
-        if ready is not None:
-            ready(sock.getsockname()[1])
-        server.run(sockets=[sock])
+    try:
+        with _listen(host, port) as sock, _signals_stop(server):
+            if ready is not None:
+                ready(sock.getsockname()[1])
+            server.run(sockets=[sock])
+    finally:
+        _reset_stream_shutdown()
+
+
+def _reset_stream_shutdown() -> None:
+    """sse-starlette hooks uvicorn's signal handler to set a process-wide "shutting down"
+    flag that nothing resets: after one server of this process stopped on a signal, every
+    stream of any later server here would end at once, unfinished. Reset it."""
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.should_exit = False
 
 
 def _listen(host: str, port: int) -> socket.socket:
