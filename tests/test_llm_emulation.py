@@ -19,7 +19,13 @@ from edgesplit.plan.llm_assemble import assemble_llm_plan
 from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
 from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_emulation import StagePacer, phase_of, slowdown_factors, stage_links
+from edgesplit.runtime.llm_emulation import (
+    StagePacer,
+    dilated,
+    phase_of,
+    slowdown_factors,
+    stage_links,
+)
 from edgesplit.runtime.llm_report import generation_report
 from edgesplit.runtime.llm_server import LLMStageServer
 
@@ -85,6 +91,17 @@ def test_factors_price_the_same_blocks_on_both_devices(plan):
             {"prefill": 0.5, "decode": 0.5}, rel=1e-6)
     assert phase_of(0) == "prefill" and phase_of(7) == "decode"
     assert stage_links(plan, 0) == (None, LAN) and stage_links(plan, 1) == (LAN, None)
+
+
+def test_time_dilation_slows_compute_and_links_alike(plan):
+    """Dilated by D, a stage sleeps D x its factor and a link carries 1/D of its bandwidth at
+    D x its RTT (so measured / D compares with the plan)."""
+    device = plan.devices[0].device
+    assert StagePacer.of(plan, 0, device, dilation=3.0).factors == pytest.approx(
+        {"prefill": 3.0, "decode": 3.0})
+    slow = dilated(LAN, 4.0)
+    assert (slow.bandwidth_mbps, slow.rtt_ms) == (LAN.bandwidth_mbps / 4, LAN.rtt_ms * 4)
+    assert stage_links(plan, 0, 4.0) == (None, slow)
 
 
 class _FakeTime:

@@ -88,14 +88,14 @@ class LLMClient:
     caches on every stage (default: a random id). ``model``: the transformers model to take
     the first stage's blocks from (default: the plan's checkpoint, or built from its source).
     ``emulate``: the first stage's real compute is slowed to its device's speed; ``shape``:
-    its sends take the plan's link time."""
+    its sends take the plan's link time; ``dilation``: both that many times slower."""
 
     def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
                  session: str | None = None, token: str | None = None,
                  tls: TlsFiles | None = None, timeout_s: float = 60.0, retries: int = 0,
                  retry_backoff_s: float = 0.2, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = True) -> None:
+                 shape: bool = True, dilation: float = 1.0) -> None:
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
         self.stage = LLMStageModel(plan, 0, model)
         self.device = plan.devices[0].name
@@ -115,8 +115,9 @@ class LLMClient:
         self.address = address if isinstance(address, str) else "in-process"
         self._hop = Hop(address, llm_message_bytes(self.llm), tls, data_plane) \
             if self.remote and address is not None else None
-        self.pacer = StagePacer.of(plan, 0) if emulate else None
-        self.shaper = LinkShaper(stage_links(plan, 0)[1] if self.remote else None, shape)
+        self.pacer = StagePacer.of(plan, 0, dilation=dilation) if emulate else None
+        self.shaper = LinkShaper(stage_links(plan, 0, dilation)[1] if self.remote else None,
+                                 shape)
         self._ids = iter(range(1, 1 << 62))
         self._checked = False
 

@@ -15,6 +15,11 @@ faster than this machine (factor < 1) emulation cannot speed the work up: it war
 runs as is. The time slept is reported per device (``<device>.emulated_ms``) and is part of
 the stage's compute.
 
+*Time dilation* (``dilation=D``, Python only; the benchmark's): where a device is faster than
+this machine, emulation could not speed it up; run everything ``D`` times slower instead, with
+every stage slept to ``D x factor`` of its real compute and every link's bandwidth divided and
+its RTT multiplied by ``D``, so measured times divided by ``D`` compare with the plan's.
+
 *Link shaping* (on unless ``shape=False`` / ``--no-shape``, as for ``serve``/``run``): the
 sender of each step waits what the plan's link takes for the bytes it sends
 (:class:`~edgesplit.transport.shaping.LinkShaper`, "up"), and each server waits the same for
@@ -37,7 +42,7 @@ from edgesplit.runtime.llm_stage import llm_section
 if TYPE_CHECKING:
     from edgesplit.hardware import Device, Link
 
-__all__ = ["Phase", "StagePacer", "phase_of", "slowdown_factors", "stage_links"]
+__all__ = ["Phase", "StagePacer", "dilated", "phase_of", "slowdown_factors", "stage_links"]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +96,13 @@ class StagePacer:
         self._warned = False
 
     @classmethod
-    def of(cls, plan: Plan, index: int, reference: Device | None = None) -> StagePacer:
-        """The pacer of stage ``index`` of ``plan`` (:func:`slowdown_factors`)."""
+    def of(cls, plan: Plan, index: int, reference: Device | None = None, *,
+           dilation: float = 1.0) -> StagePacer:
+        """The pacer of stage ``index`` of ``plan`` (:func:`slowdown_factors`), every
+        factor times ``dilation``."""
         stage = llm_section(plan).stages[index]
-        return cls(stage.device, slowdown_factors(plan, index, reference))
+        factors = slowdown_factors(plan, index, reference)
+        return cls(stage.device, {phase: f * dilation for phase, f in factors.items()})
 
     def pace(self, start: float, phase: Phase) -> float:
         """Sleep ``(factor - 1)`` times the compute since ``start`` (this pacer's clock);
@@ -119,9 +127,20 @@ class StagePacer:
                         self.device, 1 / factor, phase)
 
 
-def stage_links(plan: Plan, index: int) -> tuple[Link | None, Link | None]:
+def dilated(link: Link, dilation: float) -> Link:
+    """``link`` ``dilation`` times slower: bandwidths divided, RTT multiplied."""
+    if dilation == 1.0:
+        return link
+    down = link.down_bandwidth_mbps
+    return link.model_copy(update={
+        "bandwidth_mbps": link.bandwidth_mbps / dilation, "rtt_ms": link.rtt_ms * dilation,
+        "down_bandwidth_mbps": None if down is None else down / dilation})
+
+
+def stage_links(plan: Plan, index: int, dilation: float = 1.0
+                ) -> tuple[Link | None, Link | None]:
     """The plan's links before stage ``index`` (its caller's; None for the first) and after
-    it (the next stage's; None for the last device)."""
+    it (the next stage's; None for the last device), ``dilation`` times slower."""
     names = [d.name for d in plan.devices]
 
     def between(a: int, b: int) -> Link | None:
@@ -129,7 +148,7 @@ def stage_links(plan: Plan, index: int) -> tuple[Link | None, Link | None]:
             return None
         for link in plan.links:
             if {link.src, link.dst} == {names[a], names[b]}:
-                return link.link
+                return dilated(link.link, dilation)
         raise ConfigError(f"the plan has no link between {names[a]!r} and {names[b]!r}")
 
     return between(index - 1, index), between(index, index + 1)

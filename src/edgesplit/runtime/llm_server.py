@@ -138,7 +138,8 @@ class LLMStageServer(GrpcServer):
     transformers model to take the stage's blocks from (default: built from the plan's
     source, as every device does). The data plane opens on ``data_port`` (None: none).
     ``emulate``: each step's real compute is slowed to the plan device's speed; ``shape``: its
-    sends and replies take the plan's link time."""
+    sends and replies take the plan's link time; ``dilation``: both ``dilation`` times slower
+    (:mod:`edgesplit.runtime.llm_emulation`)."""
 
     def __init__(self, plan: Plan, device: str, *,
                  next_address: str | LoopbackChannel | None = None, token: str | None = None,
@@ -146,7 +147,7 @@ class LLMStageServer(GrpcServer):
                  max_workers: int = 8, next_timeout_s: float = 60.0,
                  data_port: int | None = 0, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = True) -> None:
+                 shape: bool = True, dilation: float = 1.0) -> None:
         llm = llm_section(plan)
         index = stage_index(plan, device)
         self.device = plan.devices[index].name
@@ -172,8 +173,8 @@ class LLMStageServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
                                                       data_plane)
-        self.pacer = StagePacer.of(plan, index) if emulate else None
-        before, after = stage_links(plan, index)
+        self.pacer = StagePacer.of(plan, index, dilation=dilation) if emulate else None
+        before, after = stage_links(plan, index, dilation)
         self.upstream = LinkShaper(before, shape)  # replies, towards the caller
         self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
         self._want_data_port = data_port
