@@ -122,7 +122,7 @@ class LLMEngine:
             _eos_ids(tokenizer, client.plan)
         ids = list(session_ids) if session_ids else \
             [uuid.uuid4().hex for _ in range(sessions or client.llm.sessions)]
-        self.queue_s = queue_s
+        self.queue_s, self.sessions = queue_s, len(ids)
         self._free = threading.Semaphore(len(ids))
         self._lock = threading.Lock()
         # idle sessions, least recently used first; each id names caches on every stage
@@ -189,9 +189,9 @@ class LLMEngine:
     def _take(self, ids: list[int]) -> str:
         """A free session, the one whose cached tokens share most of ``ids``."""
         if not self._free.acquire(timeout=self.queue_s):
-            raise SessionError(f"all {len(self._idle) or 'the'} sessions of this server are "
-                               f"busy generating (waited {self.queue_s:g} s): retry later, or "
-                               "plan with more --sessions")
+            raise SessionError(f"all {self.sessions} session(s) of this server are busy "
+                               f"generating (waited {self.queue_s:g} s): retry later, or plan "
+                               "with more --sessions")
         with self._lock:
             best = max(self._idle, key=lambda s: _shared(self.client.held(s), ids))
             del self._idle[best]
