@@ -1,39 +1,39 @@
-"""Split LLM generation on emulated heterogeneous devices: time to first token, tokens/s and
-request time of the exact stage placement (``dp``) against exo's memory-proportional split,
-the best single device and an equal split, each served as a real chain of stages.
+"""Split generation of a real checkpoint, SmolLM2-135M-Instruct (float32, the built-in
+``smollm2-135m-instruct``), measured: stage processes on this machine, and placements on
+emulated devices whose compute is real.
 
-Setup. ``llama_1b`` (TinyLlama-1.1B's shape: embed, 22 decoder blocks, head; float32) is
-planned by every method over ``home-wifi`` (phone -> laptop GPU -> Jetson TX2, 50 Mbps / Wi-Fi
-RTT links): devices that differ by an order of magnitude in speed and by 2x in memory, so
-memory-proportional puts most blocks on the slow phone and Jetson while the DP puts them on
-the laptop. The weights of a 1.1B model do not run at a phone's speed on this CPU (nor fit
-three copies beside another engineer's work), so each plan runs a *stand-in*: the same
-architecture with the same module paths and 22 blocks, but hidden size 256 (28 M parameters).
-Each stage's compute is emulated (``--emulate-device``): it sleeps until its step took what
-the plan predicts for its device and phase, so the stand-in's blocks cost what llama_1b's do
-on that device (the stand-in's own compute is well below every target here; a stage that is
-not is reported). Links are shaped to the plan's bandwidth and RTT; the stand-in's hidden
-states are 1/8 of the real model's bytes per token, so the links run forward at 1/8 of their
-rate and each hop takes what the real tensors would (a forward message's header, ~0.2 KB, is
-charged 8x too: ~0.3 ms a hop per step). The token coming back is the same size for both
-models: that direction keeps the link's rate.
+**A. Stage processes on this machine** (links unshaped, nothing emulated). The model split in
+1, 2 and 3 stages (blocks [0, 32), [0, 16) + [16, 32), [0, 11) + [11, 21) + [21, 32)): the
+first stage runs in this process (``LLMClient``), every later one in an ``edgesplit llm serve``
+process of its own, over the data plane on 127.0.0.1. Threads shared fairly: every process,
+this one included, computes with one torch thread, and a single session's steps never overlap
+across stages, so every configuration uses one core at a time. Per configuration: a greedy
+generation of ``--new-tokens`` tokens after the chat prompt "What is the capital of France?"
+(37 tokens), one warm-up then ``--repeats``; the median TTFT and decode tokens/s (tokens after
+the first over the time after the first). Goal (issue 35): 2 stages >= 0.85x one process's
+decode tokens/s. Each stage's resident memory is measured in a process of its own that builds
+only that stage (``LLMStageModel``): the resident set after imports (the process baseline)
+and after loading; goal: loaded - baseline within 20 % of the plan's ``weight_bytes``.
 
-Each plan's stages after the first are in-process ``LLMStageServer``s on 127.0.0.1 (gRPC and
-the data plane over real sockets), the first is the ``LLMClient``; one warm-up generation,
-then ``--repeats`` generations of ``--new-tokens`` tokens after a ``--prompt-tokens`` prompt
-(the workload every plan is made for). Per method: the median TTFT, decode tokens/s (tokens
-after the first over the time after the first) and request time, next to the plan's
-predictions, each stage's measured compute against its plan, and the ratios against
-memory-proportional and the best single device. Goals (issue 20): the DP's tokens/s >= 1.3x
-memory-proportional's, and never below the best single device's.
+**B. Placements with real compute on emulated devices.** The model planned by every method
+(DP, memory-proportional (exo), equal split, best single device) on ``home-wifi`` and
+``jmsnas-chain``; each plan served as a chain of in-process stage servers (gRPC and the data
+plane over 127.0.0.1). Each stage runs its real blocks and is then slowed by the cost model's
+ratio of its device's time for them to this machine's (``--emulate-device``; never paced to
+the plan), and links are shaped to the plan's. Some devices are faster than this machine
+(factor < 1), which no sleep can emulate, so everything runs ``D`` times slower (time
+dilation: every stage's factor and every link's time times ``D``, the smallest ``D`` that
+makes every factor >= 1, plus 10 %), and measured times are divided by ``D``. Goals: the DP
+measures the best request time, and its predicted tokens/s and TTFT are within 15 % of the
+measured. What can make them differ: this machine's real compute against its own cost model
+(the ratio is taken at the plan's workload), serving overhead (not dilated), and sleep
+granularity.
 
 Quiet machine: refuses to start above a 1-minute load of 1.0 (``--allow-load`` for a trial
 run, with ``--out`` elsewhere); the load is recorded before and after. Writes llm.md,
-llm.json and llm.png (measured against planned, by method; to benchmarks/results/ by
-default). ``--quick``: a smoke run (short workload, one
-generation, no warm-up) in a few seconds.
+llm.json and llm.png (B on home-wifi: measured against planned, by method).
 
-    python benchmarks/bench_llm.py [--quick] [--repeats 3] [--out DIR] [--allow-load X]
+    python benchmarks/bench_llm.py [--quick] [--repeats 5] [--out DIR] [--allow-load X]
 """
 
 from __future__ import annotations
@@ -41,8 +41,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,72 +54,202 @@ from typing import Any
 
 import torch
 
-from edgesplit.hardware import get_topology
+from edgesplit.graph import Phase as Work
+from edgesplit.graph import describe_causal_lm
+from edgesplit.hardware import Topology, get_device, get_topology
 from edgesplit.hardware.profile import machine_info
-from edgesplit.models.causal_lm import create_causal_lm
-from edgesplit.plan import LLMWorkload, plan_llm
+from edgesplit.plan import LLMPlanning, LLMWorkload, plan_llm
+from edgesplit.plan.llm_assemble import assemble_llm_plan
+from edgesplit.plan.llm_costs import block_ms
+from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
 from edgesplit.report.plots import plot_llm_methods
 from edgesplit.runtime.llm_client import LLMClient
+from edgesplit.runtime.llm_emulation import slowdown_factors
+from edgesplit.runtime.llm_engine import plan_tokenizer
 from edgesplit.runtime.llm_report import generation_report
 from edgesplit.runtime.llm_server import LLMStageServer, head_stage
 
 RESULTS = Path(__file__).parent / "results"
 QUIET_LOAD = 1.0
-MODEL = "llama_1b"
-TOPOLOGY = "home-wifi"
-# the stand-in: llama_1b's architecture and depth at hidden 256 (GQA 4/2 heads of 64). Wide
-# enough that a forward message's header stays small beside its hidden state on the slowed
-# link, narrow enough that every stage computes well within its emulated time here.
-STANDIN = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 64}
-METHODS = ("dp", "memory_proportional", "single_device", "equal_split")
-GOAL_VS_MEMORY_PROPORTIONAL = 1.3
-# a stage whose measured compute exceeds its plan by more than this ran slower than emulated
-EMULATION_SLACK = 1.10
+MODEL = "smollm2-135m-instruct"
+SPLITS = {1: (0, 32, 32, 32), 2: (0, 16, 32, 32), 3: (0, 11, 21, 32)}
+TOPOLOGIES = ("home-wifi", "jmsnas-chain")
+METHODS = ("dp", "memory_proportional", "equal_split", "single_device")
+GOAL_TWO_STAGES = 0.85
+GOAL_MEMORY = 0.20
+GOAL_PREDICTION = 0.15
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-# ---- the stand-in -------------------------------------------------------------------------------
-def standin_model() -> torch.nn.Module:
-    """llama_1b's blocks at the stand-in's width: every module path as in the plan."""
-    return create_causal_lm(MODEL, **STANDIN)
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
 
 
-def standin_plan(plan: Plan) -> tuple[Plan, float]:
-    """``plan`` run by the stand-in: its hidden size in the LLM section (what a stage checks a
-    hidden state against) and every link's forward rate ("up": hidden states) slowed by the
-    ratio of the stand-in's bytes per token to the planned model's, so each hop takes the
-    planned time; the way back ("down": a token, the same for both) keeps its rate. Stages (the
-    emulation's targets), hops and predictions stay the planned model's. Returns the plan and
-    the ratio."""
-    llm = plan.llm
-    assert llm is not None
-    scale = STANDIN["hidden_size"] / llm.hidden_size  # same dtype: bytes scale as the width
-    links = []
-    for pl in plan.links:
-        link = pl.link
-        down = link.down_bandwidth_mbps or link.bandwidth_mbps
-        links.append(pl.model_copy(update={"link": link.model_copy(update={
-            "bandwidth_mbps": link.bandwidth_mbps * scale, "down_bandwidth_mbps": down})}))
-    section = llm.model_copy(update={"hidden_size": STANDIN["hidden_size"],
-                                     "num_heads": STANDIN["num_attention_heads"],
-                                     "num_kv_heads": STANDIN["num_key_value_heads"],
-                                     "head_dim": STANDIN["head_dim"]})
-    return plan.model_copy(update={"llm": section, "links": links}), scale
+def _edgesplit() -> str:
+    return str(Path(sys.executable).parent / "edgesplit")
 
 
-# ---- serving and generating ---------------------------------------------------------------------
+# ---- A: stage processes on this machine --------------------------------------------------------
+def split_plan(stages: int, new_tokens: int, prompt_tokens: int) -> Plan:
+    """SmolLM2 over home-wifi's three devices, cut at SPLITS[stages]."""
+    costs = plan_llm(MODEL, get_topology("home-wifi"),
+                     LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                                 max_context=prompt_tokens + new_tokens)).costs
+    return assemble_llm_plan(costs, evaluate_placement(costs, SPLITS[stages]),
+                             method=f"{stages}-stage")
+
+
 @contextlib.contextmanager
-def serve_chain(plan: Plan, model: torch.nn.Module) -> Iterator[str | None]:
-    """Every stage after the first up to the head, emulated and shaped, on 127.0.0.1 (the last
-    started first: each calls the next); yields the second's address (None: one device)."""
+def stage_processes(plan: Plan, path: Path) -> Iterator[str | None]:
+    """`edgesplit llm serve` for every stage after the first (the last started first); yields
+    the second's address (None: one stage)."""
+    assert plan.llm is not None
+    procs: list[subprocess.Popen[str]] = []
+    nxt: str | None = None
+    try:
+        for i in range(head_stage(plan.llm), 0, -1):
+            cmd = [_edgesplit(), "llm", "serve", str(path), "--device", plan.devices[i].name,
+                   "--port", "0", "--threads", "1", "--no-shape"]
+            if nxt is not None:
+                cmd += ["--next", nxt]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            procs.append(proc)
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("listening on "):
+                raise SystemExit(f"stage {plan.devices[i].name} did not start: {line!r}")
+            nxt = line.split()[2]
+        yield nxt
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _generations(client: LLMClient, plan: Plan, prompt: list[int], new_tokens: int,
+                 repeats: int, warmup: int, log, label: str) -> list[dict[str, Any]]:
+    runs = []
+    for i in range(warmup + repeats):
+        tokens = list(client.generate(prompt, new_tokens))
+        client.end_session()
+        doc = generation_report(plan, prompt, tokens, session=client.session,
+                                data_plane=client.data_plane)
+        if i >= warmup:
+            runs.append(doc)
+            log(f"  {label}: run {i - warmup + 1}/{repeats}: TTFT {doc['ttft_ms']:.1f} ms, "
+                f"{doc['tokens_per_s'] or 0:.2f} tokens/s")
+    return runs
+
+
+_MEASURE_STAGE = """
+import gc, json, sys
+import torch
+from edgesplit.plan import load_plan
+from edgesplit.runtime.llm_stage import LLMStageModel
+import transformers.models.llama.modeling_llama  # what a stage imports before it loads
+torch.set_num_threads(1)
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+plan = load_plan(sys.argv[1])
+gc.collect(); base = rss()
+stage = LLMStageModel(plan, int(sys.argv[2]))
+gc.collect()
+held = sum(t.numel() * t.element_size() for t in stage.tensors().values())
+print(json.dumps({"baseline": base, "loaded": rss(), "held": held}))
+"""
+
+
+def stage_memory(plan: Plan, path: Path) -> list[dict[str, Any]]:
+    """Each stage with blocks built alone in a fresh process: resident bytes before and after
+    loading, against the plan's weight bytes."""
+    assert plan.llm is not None
+    rows = []
+    for i, stage in enumerate(plan.llm.stages):
+        if stage.start == stage.end:
+            continue
+        out = subprocess.run([sys.executable, "-c", _MEASURE_STAGE, str(path), str(i)],
+                             capture_output=True, text=True, check=True)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        added = got["loaded"] - got["baseline"]
+        rows.append({"device": stage.device, "blocks": stage.end - stage.start,
+                     "planned_weight_bytes": stage.weight_bytes, "baseline_bytes":
+                     got["baseline"], "resident_bytes": got["loaded"], "added_bytes": added,
+                     "tensor_bytes": got["held"], "ratio": added / stage.weight_bytes})
+    return rows
+
+
+def this_machine_check(prompt_tokens: int, new_tokens: int, one: dict[str, Any]
+                       ) -> dict[str, float]:
+    """The whole model on this machine by its own cost model (``this-machine``: its peaks
+    measured live, one thread) against the one-process run: the term section B's emulation
+    multiplies every stage's real compute by, so its error is B's."""
+    lm = describe_causal_lm(MODEL)
+    here = get_device("this-machine")
+    prefill = sum(block_ms(lm, here, Work.prefill(prompt_tokens)))
+    decode = sum(block_ms(lm, here, Work.decode(prompt_tokens + max(0, new_tokens - 2) // 2)))
+    return {"predicted_prefill_ms": prefill, "measured_ttft_ms": one["ttft_ms"],
+            "predicted_decode_ms": decode, "measured_decode_ms": 1e3 / one["tokens_per_s"]}
+
+
+def section_a(new_tokens: int, repeats: int, warmup: int, log=print) -> dict[str, Any]:
+    probe = split_plan(1, new_tokens, 1)
+    prompt = plan_tokenizer(probe).apply_chat_template(QUESTION, add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False)
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for stages in SPLITS:
+            plan = split_plan(stages, new_tokens, len(prompt))
+            path = Path(tmp) / f"plan{stages}.json"
+            plan.save(path)
+            log(f"A: {stages} stage process(es)")
+            with stage_processes(plan, path) as address, \
+                    LLMClient(plan, address, shape=False) as client:
+                runs = _generations(client, plan, prompt, new_tokens, repeats, warmup, log,
+                                    f"{stages} stage(s)")
+            rows[str(stages)] = {
+                "stages": stages, "boundaries": list(SPLITS[stages]),
+                "data_plane": runs[0]["data_plane"],
+                "ttft_ms": _median([r["ttft_ms"] for r in runs]),
+                "tokens_per_s": _median([r["tokens_per_s"] for r in runs]),
+                "runs": [{"ttft_ms": r["ttft_ms"], "tokens_per_s": r["tokens_per_s"]}
+                         for r in runs],
+                "tokens": runs[0]["tokens"],
+                "memory": stage_memory(plan, path),
+            }
+    one = rows["1"]["tokens_per_s"]
+    for row in rows.values():
+        row["vs_one_process"] = row["tokens_per_s"] / one
+    memory = [m for row in rows.values() for m in row["memory"]]
+    return {"prompt_tokens": len(prompt), "rows": rows,
+            "this_machine": this_machine_check(len(prompt), new_tokens, rows["1"]),
+            "same_tokens": len({tuple(r["tokens"]) for r in rows.values()}) == 1,
+            "two_stages_vs_one": rows["2"]["vs_one_process"],
+            "met_two_stages": rows["2"]["vs_one_process"] >= GOAL_TWO_STAGES,
+            "memory_within": max(abs(m["ratio"] - 1) for m in memory),
+            "met_memory": all(abs(m["ratio"] - 1) <= GOAL_MEMORY for m in memory)}
+
+
+# ---- B: placements on emulated devices -----------------------------------------------------------
+def dilation_for(planning: LLMPlanning) -> float:
+    """The smallest slowdown that lets every stage of every method be emulated (factor >= 1),
+    plus 10 %, at least 1."""
+    low = min(f for name in METHODS for i, s in enumerate(planning.plans[name].llm.stages)
+              if s.start < s.end for f in slowdown_factors(planning.plans[name], i).values())
+    return max(1.0, math.ceil(11.0 / low) / 10.0)
+
+
+@contextlib.contextmanager
+def emulated_chain(plan: Plan, dilation: float) -> Iterator[str | None]:
     assert plan.llm is not None
     servers: list[LLMStageServer] = []
     nxt: str | None = None
     try:
         for i in range(head_stage(plan.llm), 0, -1):
-            server = LLMStageServer(plan, plan.devices[i].name, next_address=nxt, model=model,
-                                    emulate=True, shape=True)
+            server = LLMStageServer(plan, plan.devices[i].name, next_address=nxt,
+                                    emulate=True, shape=True, dilation=dilation)
             nxt = f"127.0.0.1:{server.start('127.0.0.1', 0)}"
             servers.append(server)
         yield nxt
@@ -124,117 +258,78 @@ def serve_chain(plan: Plan, model: torch.nn.Module) -> Iterator[str | None]:
             server.stop(grace_s=1.0)
 
 
-def generate_runs(plan: Plan, model: torch.nn.Module, prompt: list[int], new_tokens: int,
-                  repeats: int, warmup: int, log=print) -> list[dict[str, Any]]:
-    """``warmup`` then ``repeats`` generations on ``plan``'s emulated chain; their reports."""
-    runs = []
-    with serve_chain(plan, model) as address, \
-            LLMClient(plan, address, model=model, emulate=True, shape=True) as client:
-        for i in range(warmup + repeats):
-            tokens = list(client.generate(prompt, new_tokens))
-            client.end_session()
-            doc = generation_report(plan, prompt, tokens, session=client.session,
-                                    data_plane=client.data_plane)
-            if i >= warmup:
-                runs.append(doc)
-                log(f"  {plan.method}: run {i - warmup + 1}/{repeats}: TTFT "
-                    f"{doc['ttft_ms']:.1f} ms, {doc['tokens_per_s'] or 0:.2f} tokens/s, "
-                    f"request {doc['total_ms']:.0f} ms")
-    return runs
-
-
-# ---- one method's row ---------------------------------------------------------------------------
-def _median(values: list[float]) -> float:
-    return float(statistics.median(values))
-
-
-def method_row(name: str, plan: Plan, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _method_row(name: str, plan: Plan, runs: list[dict[str, Any]], dilation: float
+                ) -> dict[str, Any]:
     llm = plan.llm
     assert llm is not None
-    stages = []
-    for i, stage in enumerate(runs[0]["stages"]):
-        prefill = _median([r["stages"][i]["prefill_ms"] for r in runs])
-        decode = _median([r["stages"][i]["decode_ms"] or 0.0 for r in runs])
-        slow = [phase for phase, got, want in
-                (("prefill", prefill, stage["predicted_prefill_ms"]),
-                 ("decode", decode, stage["predicted_decode_ms"]))
-                if want > 0.5 and got > EMULATION_SLACK * want]  # sub-ms targets: timer noise
-        stages.append({"device": stage["device"], "blocks": len(stage["blocks"]),
-                       "prefill_ms": prefill, "predicted_prefill_ms": stage["predicted_prefill_ms"],
-                       "decode_ms": decode, "predicted_decode_ms": stage["predicted_decode_ms"],
-                       "slower_than_emulated": slow})
-    return {
-        "method": name,
-        "reason": plan.reason,
+    ttft = [r["ttft_ms"] / dilation for r in runs]
+    rate = [(r["tokens_per_s"] or 0.0) * dilation for r in runs]
+    request = [r["total_ms"] / dilation for r in runs]
+    row = {
+        "method": name, "reason": plan.reason,
         "assignment": {s.device: s.end - s.start for s in llm.stages},
-        "ttft_ms": _median([r["ttft_ms"] for r in runs]),
-        "tokens_per_s": _median([r["tokens_per_s"] or 0.0 for r in runs]),
-        "tpot_ms": _median([r["tpot_ms"] or 0.0 for r in runs]),
-        "request_ms": _median([r["total_ms"] for r in runs]),
-        "predicted": {"ttft_ms": llm.ttft_ms, "tpot_ms": llm.tpot_ms,
-                      "tokens_per_s": llm.tokens_per_s,
+        "ttft_ms": _median(ttft), "tokens_per_s": _median(rate),
+        "request_ms": _median(request),
+        "predicted": {"ttft_ms": llm.ttft_ms, "tokens_per_s": llm.tokens_per_s,
                       "request_ms": plan.predicted.total_ms},
-        "runs": [{"ttft_ms": r["ttft_ms"], "tokens_per_s": r["tokens_per_s"],
-                  "request_ms": r["total_ms"]} for r in runs],
+        "runs": [{"ttft_ms": a, "tokens_per_s": b, "request_ms": c}
+                 for a, b, c in zip(ttft, rate, request, strict=True)],
         "tokens": runs[0]["tokens"],
-        "stages": stages,
+        "stages": [{"device": s["device"], "blocks": len(s["blocks"]),
+                    "prefill_ms": _median([r["stages"][i]["prefill_ms"] / dilation
+                                           for r in runs]),
+                    "decode_ms": _median([(r["stages"][i]["decode_ms"] or 0) / dilation
+                                          for r in runs]),
+                    "predicted_prefill_ms": s["predicted_prefill_ms"],
+                    "predicted_decode_ms": s["predicted_decode_ms"]}
+                   for i, s in enumerate(runs[0]["stages"])],
     }
+    p = row["predicted"]
+    row["error"] = {"tokens_per_s": p["tokens_per_s"] / row["tokens_per_s"] - 1,
+                    "ttft": p["ttft_ms"] / row["ttft_ms"] - 1,
+                    "request": p["request_ms"] / row["request_ms"] - 1}
+    return row
 
 
-def add_ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each row's tokens/s, TTFT and request time against memory-proportional's and the best
-    single device's; the goals' verdicts."""
-    for row in rows.values():
-        for base in ("memory_proportional", "single_device"):
-            ref = rows[base]
-            row[f"vs_{base}"] = {
-                "tokens_per_s": row["tokens_per_s"] / ref["tokens_per_s"],
-                "ttft": ref["ttft_ms"] / row["ttft_ms"],  # > 1: faster
-                "request": ref["request_ms"] / row["request_ms"],
-            }
-    dp = rows["dp"]
-    return {
-        "dp_vs_memory_proportional_tokens_per_s": dp["vs_memory_proportional"]["tokens_per_s"],
-        "dp_vs_single_device_tokens_per_s": dp["vs_single_device"]["tokens_per_s"],
-        "goal_vs_memory_proportional": GOAL_VS_MEMORY_PROPORTIONAL,
-        "met_vs_memory_proportional": dp["vs_memory_proportional"]["tokens_per_s"]
-        >= GOAL_VS_MEMORY_PROPORTIONAL,
-        "met_never_below_single_device": dp["vs_single_device"]["tokens_per_s"] >= 1.0,
-    }
-
-
-# ---- the benchmark ------------------------------------------------------------------------------
-def bench_llm(prompt_tokens: int, new_tokens: int, repeats: int, warmup: int, log=print
-              ) -> dict[str, Any]:
-    torch.manual_seed(0)
-    planning = plan_llm(MODEL, get_topology(TOPOLOGY),
-                        LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens))
-    model = standin_model()
+def section_b(topology: Topology, prompt_tokens: int, new_tokens: int, repeats: int,
+              warmup: int, log=print) -> dict[str, Any]:
+    planning = plan_llm(MODEL, topology, LLMWorkload(prompt_tokens=prompt_tokens,
+                                                     new_tokens=new_tokens))
+    dilation = dilation_for(planning)
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (prompt_tokens,), generator=g).tolist()
-    rows: dict[str, dict[str, Any]] = {}
-    scale = 1.0
+    prompt = torch.randint(0, planning.lm.shape.vocab_size, (prompt_tokens,),
+                           generator=g).tolist()
+    log(f"B: {topology.name}, time dilation x{dilation:g}")
+    rows: dict[str, Any] = {}
     for name in METHODS:
         plan = planning.plans[name]
         if not planning.placements[name].feasible:
-            raise SystemExit(f"{name} does not fit {TOPOLOGY}'s memory: {plan.reason}")
-        runnable, scale = standin_plan(plan)
-        predicted = runnable.llm
-        assert predicted is not None
-        log(f"{name}: {dict((s.device, s.end - s.start) for s in predicted.stages)} blocks; "
-            f"plan: TTFT {predicted.ttft_ms:.1f} ms, {predicted.tokens_per_s:.2f} tokens/s")
-        rows[name] = method_row(name, runnable,
-                                generate_runs(runnable, model, prompt, new_tokens, repeats,
-                                              warmup, log))
-    tokens = {name: row["tokens"] for name, row in rows.items()}
-    same = len({tuple(t) for t in tokens.values()}) == 1
-    return {"methods": rows, "summary": add_ratios(rows), "same_tokens": same,
-            "link_scale": scale}
+            rows[name] = {"method": name, "feasible": False, "reason": plan.reason}
+            continue
+        with emulated_chain(plan, dilation) as address, \
+                LLMClient(plan, address, emulate=True, shape=True,
+                          dilation=dilation) as client:
+            runs = _generations(client, plan, prompt, new_tokens, repeats, warmup, log, name)
+        rows[name] = _method_row(name, plan, runs, dilation) | {"feasible": True}
+    ran = {n: r for n, r in rows.items() if r["feasible"]}
+    best = min(ran, key=lambda n: ran[n]["request_ms"])
+    dp = ran["dp"]
+    # a baseline that places the blocks as the DP does is the same plan: its run is a repeat
+    others = [r["request_ms"] for n, r in ran.items() if r["assignment"] != dp["assignment"]]
+    return {"topology": topology.name, "dilation": dilation, "methods": rows,
+            "best_measured": best,
+            "same_as_dp": [n for n, r in ran.items() if n != "dp"
+                           and r["assignment"] == dp["assignment"]],
+            "met_dp_best": all(dp["request_ms"] <= x for x in others),
+            "dp_error": dp["error"],
+            "met_dp_prediction": max(abs(dp["error"]["tokens_per_s"]),
+                                     abs(dp["error"]["ttft"])) <= GOAL_PREDICTION,
+            "same_tokens": len({tuple(r["tokens"]) for r in ran.values()}) == 1}
 
 
+# ---- the run -----------------------------------------------------------------------------------
 def _quiet(threshold: float) -> float:
-    """Refuse to measure on a busy machine (others' work would slow the emulated stages'
-    own compute and threads, not the plan); returns the load it started at."""
+    """Refuse to measure on a busy machine; returns the load it started at."""
     load = os.getloadavg()[0]
     if load > threshold:
         raise SystemExit(f"load average {load:.2f} > {threshold:g}: the machine is not quiet "
@@ -243,88 +338,168 @@ def _quiet(threshold: float) -> float:
     return load
 
 
-# ---- report -------------------------------------------------------------------------------------
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
 
 
 def render(doc: dict[str, Any]) -> list[str]:
+    a = doc["a"]
     w = doc["workload"]
-    s = doc["summary"]
     lines = [
-        "# Split LLM generation on emulated devices",
+        "# Split generation of a real checkpoint: SmolLM2-135M-Instruct",
         "",
-        f"{doc['model']} (stand-in: hidden {doc['standin']['hidden_size']}, same 22 blocks, "
-        f"compute emulated to the plan) over {doc['topology']}; prompt "
-        f"{w['prompt_tokens']} tokens, {w['new_tokens']} new; median of {w['repeats']} "
-        f"generation(s) after {w['warmup']} warm-up. Links shaped, forward at "
-        f"x{doc['link_scale']:g} of their rate (the stand-in's bytes per token). Load average "
-        f"{doc['load_before']:.2f} before, {doc['load_after']:.2f} after; "
-        f"{doc['wall_s']:.0f} s{' (quick)' if doc['quick'] else ''}.",
+        f"float32, greedy; median of {w['repeats']} generation(s) after {w['warmup']} "
+        f"warm-up, {w['new_tokens']} new tokens. Load average {doc['load_before']:.2f} "
+        f"before, {doc['load_after']:.2f} after; {doc['wall_s']:.0f} s"
+        f"{' (quick)' if doc['quick'] else ''}. Every run is in llm.json.",
         "",
-        "| method | blocks per device | TTFT ms (plan) | tokens/s (plan) | request ms (plan) "
-        "| tokens/s vs mem-prop | tokens/s vs single | TTFT vs mem-prop |",
+        "## A. Stage processes on this machine (one torch thread each, links unshaped)",
+        "",
+        f"Prompt: the chat template around \"What is the capital of France?\" "
+        f"({a['prompt_tokens']} tokens).",
+        "",
+        "| stages | blocks | TTFT ms | decode tokens/s | vs 1 process | runs (tokens/s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in a["rows"].values():
+        cuts = r["boundaries"]
+        lines.append(f"| {r['stages']} | {cuts} | {r['ttft_ms']:.1f} | "
+                     f"{r['tokens_per_s']:.2f} | x{r['vs_one_process']:.2f} | "
+                     + ", ".join(f"{x['tokens_per_s']:.1f}" for x in r["runs"]) + " |")
+    lines += [
+        "",
+        f"Goal: 2 stages >= {GOAL_TWO_STAGES}x one process's decode tokens/s: "
+        f"x{a['two_stages_vs_one']:.2f} ({'met' if a['met_two_stages'] else 'MISSED'}). "
+        f"Same tokens in every configuration: {'yes' if a['same_tokens'] else 'NO'}.",
+        "",
+        "Resident memory of each stage, built alone in a fresh process (baseline: after "
+        "imports, before loading):",
+        "",
+        "| stages | device | blocks | planned weights MiB | baseline MiB | loaded - baseline "
+        "MiB | tensors MiB | vs plan |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in doc["methods"].items():
-        p = r["predicted"]
-        blocks = " / ".join(f"{d} {n}" for d, n in r["assignment"].items())
-        lines.append(
-            f"| {name} | {blocks} | {_ms(r['ttft_ms'])} ({_ms(p['ttft_ms'])}) | "
-            f"{r['tokens_per_s']:.2f} ({p['tokens_per_s']:.2f}) | {r['request_ms']:.0f} "
-            f"({p['request_ms']:.0f}) | x{r['vs_memory_proportional']['tokens_per_s']:.2f} | "
-            f"x{r['vs_single_device']['tokens_per_s']:.2f} | "
-            f"x{r['vs_memory_proportional']['ttft']:.2f} |")
-    lines += [
-        "",
-        f"Goal: dp >= {s['goal_vs_memory_proportional']:g}x memory-proportional's tokens/s: "
-        f"x{s['dp_vs_memory_proportional_tokens_per_s']:.2f} "
-        f"({'met' if s['met_vs_memory_proportional'] else 'MISSED'}); never below the best "
-        f"single device: x{s['dp_vs_single_device_tokens_per_s']:.2f} "
-        f"({'met' if s['met_never_below_single_device'] else 'MISSED'}). Same tokens from "
-        f"every placement: {'yes' if doc['same_tokens'] else 'NO'}.",
-        "",
-        "## Stages: measured compute (plan)",
-        "",
-        "| method | device | blocks | prefill ms | decode ms / step |",
-        "|---|---|---|---|---|",
-    ]
-    for name, r in doc["methods"].items():
-        for st in r["stages"]:
-            flag = f" (slower than emulated: {', '.join(st['slower_than_emulated'])})" \
-                if st["slower_than_emulated"] else ""
-            lines.append(f"| {name} | {st['device']} | {st['blocks']} | "
-                         f"{st['prefill_ms']:.2f} ({st['predicted_prefill_ms']:.2f}) | "
-                         f"{st['decode_ms']:.2f} ({st['predicted_decode_ms']:.2f}){flag} |")
-    lines += [
-        "",
-        "TTFT: the prefill step as the client saw it; tokens/s: decode tokens over the time "
-        "after the first (the plan's 1/TPOT); request: the whole generation. The plan's "
-        "predictions are llama_1b's on the presets; measured values add this machine's "
-        "serving overhead and the forward headers' slowed link (~0.3 ms a hop per step).",
-    ]
+    mib = 2**20
+    for r in a["rows"].values():
+        for m in r["memory"]:
+            lines.append(f"| {r['stages']} | {m['device']} | {m['blocks']} | "
+                         f"{m['planned_weight_bytes'] / mib:.1f} | {m['baseline_bytes'] / mib:.0f}"
+                         f" | {m['added_bytes'] / mib:.1f} | {m['tensor_bytes'] / mib:.1f} | "
+                         f"{_pct(m['ratio'] - 1)} |")
+    lines += ["", f"Goal: within {GOAL_MEMORY:.0%} of the plan: worst "
+              f"{a['memory_within']:.1%} ({'met' if a['met_memory'] else 'MISSED'}).", ""]
+    t = a.get("this_machine")
+    if t:
+        lines += [
+            "This machine by its own cost model (`this-machine`: peaks measured live, one "
+            f"thread), the whole model: prefill {t['predicted_prefill_ms']:.1f} ms "
+            f"(measured TTFT {t['measured_ttft_ms']:.1f}), decode "
+            f"{t['predicted_decode_ms']:.1f} ms a token (measured "
+            f"{t['measured_decode_ms']:.1f}): real compute runs x"
+            f"{t['measured_decode_ms'] / t['predicted_decode_ms']:.2f} (decode) and x"
+            f"{t['measured_ttft_ms'] / t['predicted_prefill_ms']:.2f} (prefill) its "
+            "prediction here. Section B multiplies each stage's real compute by its device's "
+            "predicted time over this prediction, so this error carries into B's measurements "
+            "(and B's predictions, priced for the devices, cannot see it).", ""]
+    for b in doc["b"]:
+        lines += [
+            f"## B. {b['topology']}: placements with real compute on emulated devices "
+            f"(time dilation x{b['dilation']:g})",
+            "",
+            f"Prompt {w['b_prompt_tokens']} tokens, {w['new_tokens']} new. Measured times "
+            "divided by the dilation.",
+            "",
+            "| method | blocks per device | TTFT ms (plan) | tokens/s (plan) | request ms (plan) "
+            "| plan's error on tokens/s, TTFT |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, r in b["methods"].items():
+            if not r["feasible"]:
+                lines.append(f"| {name} | infeasible: {r['reason']} | | | | |")
+                continue
+            p = r["predicted"]
+            blocks = " / ".join(f"{d} {n}" for d, n in r["assignment"].items())
+            lines.append(f"| {name} | {blocks} | {r['ttft_ms']:.1f} ({p['ttft_ms']:.1f}) | "
+                         f"{r['tokens_per_s']:.1f} ({p['tokens_per_s']:.1f}) | "
+                         f"{r['request_ms']:.0f} ({p['request_ms']:.0f}) | "
+                         f"{_pct(r['error']['tokens_per_s'])}, {_pct(r['error']['ttft'])} |")
+        lines += [
+            "",
+            f"Goals: the DP measures the best request time of the placements: best is "
+            f"{b['best_measured']}"
+            + (f" (placed as the DP: {', '.join(b['same_as_dp'])})" if b.get("same_as_dp") else "")
+            + f" ({'met' if b['met_dp_best'] else 'MISSED'}); the DP's predicted tokens/s and "
+            f"TTFT within {GOAL_PREDICTION:.0%}: {_pct(b['dp_error']['tokens_per_s'])}, "
+            f"{_pct(b['dp_error']['ttft'])} ({'met' if b['met_dp_prediction'] else 'MISSED'})."
+            f" Same tokens from every placement: {'yes' if b['same_tokens'] else 'NO'}.",
+            "",
+        ]
+    return lines
+
+
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """One run's verdicts and headline numbers, kept in every later run's ``history``."""
+    a = doc["a"]
+    return {"date": doc.get("date"), "load_before": doc["load_before"],
+            "load_after": doc["load_after"], "quick": doc["quick"],
+            "two_stages_vs_one": a["two_stages_vs_one"],
+            "three_stages_vs_one": a["rows"]["3"]["vs_one_process"],
+            "memory_within": a["memory_within"],
+            "b": [{"topology": b["topology"], "dilation": b["dilation"],
+                   "dp_tokens_per_s": b["methods"]["dp"]["tokens_per_s"],
+                   "best_measured": b["best_measured"], "met_dp_best": b["met_dp_best"],
+                   "dp_error": b["dp_error"]} for b in doc["b"]]}
+
+
+def with_history(doc: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``doc`` with the runs before it (from the llm.json it replaces) in ``history``."""
+    previous = out / "llm.json"
+    history: list[dict[str, Any]] = []
+    if previous.is_file():
+        old = json.loads(previous.read_text())
+        if old.get("version") == doc["version"]:
+            history = [*old.get("history", []), summary(old)]
+    return doc | {"history": history}
+
+
+def render_history(doc: dict[str, Any]) -> list[str]:
+    runs = [*doc.get("history", []), summary(doc)]
+    lines = ["## Every run of this benchmark (this code's versions; the last is above)", "",
+             "| date | load before / after | 2 stages vs 1 | 3 vs 1 | memory worst | "
+             "B: topology, dilation, DP tokens/s, best measured, DP's error (tokens/s, TTFT) |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        b = "; ".join(f"{x['topology']} x{x['dilation']:g}, {x['dp_tokens_per_s']:.1f}, "
+                      f"{x['best_measured']}, {_pct(x['dp_error']['tokens_per_s'])} / "
+                      f"{_pct(x['dp_error']['ttft'])}" for x in r["b"])
+        lines.append(f"| {r['date'] or '-'}{' (quick)' if r['quick'] else ''} | "
+                     f"{r['load_before']:.2f} / {r['load_after']:.2f} | "
+                     f"x{r['two_stages_vs_one']:.2f} | x{r['three_stages_vs_one']:.2f} | "
+                     f"{r['memory_within']:.1%} | {b} |")
     return lines
 
 
 def write(doc: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "llm.json").write_text(json.dumps(doc, indent=2) + "\n")
-    lines = render(doc)
+    lines = render(doc) + render_history(doc)
     (out / "llm.md").write_text("\n".join(lines) + "\n")
-    w = doc["workload"]
-    plot_llm_methods(doc["methods"], out / "llm.png",
-                     title=f"{doc['model']} over {doc['topology']}: prompt {w['prompt_tokens']}, "
-                           f"{w['new_tokens']} new tokens (bars measured, lines planned)")
+    b = doc["b"][0]
+    ran = {n: r for n, r in b["methods"].items() if r["feasible"]}
+    plot_llm_methods(ran, out / "llm.png",
+                     title=f"SmolLM2-135M over {b['topology']}: real compute, emulated devices "
+                           "(bars measured, marks planned)")
     print("\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 16-token prompt, 8 new tokens, one generation")
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="generations per method")
+                        help="smoke run: 8 new tokens, one generation, no warm-up")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=40,
+                        help="the prompt of section B (section A's is the chat prompt)")
+    parser.add_argument("--repeats", type=int, default=5, help="generations per row")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument("--allow-load", type=float, default=QUIET_LOAD,
                         help="highest 1-minute load average to start at (default: quiet)")
@@ -335,20 +510,21 @@ def main() -> None:
         write(json.loads((args.out / "llm.json").read_text()), args.out)
         return
     before = _quiet(args.allow_load)
-    prompt, new, repeats, warmup = ((16, 8, 1, 0) if args.quick else
-                                    (args.prompt_tokens, args.new_tokens, args.repeats, 1))
-    torch.set_num_threads(1)  # one core per stage at most: the sleeps, not threads, set time
+    new, repeats, warmup = (8, 1, 0) if args.quick else (args.new_tokens, args.repeats, 1)
+    torch.set_num_threads(1)
     start = time.perf_counter()
-    doc: dict[str, Any] = {"version": 1, "machine": machine_info(), "model": MODEL,
-                           "standin": STANDIN, "topology": TOPOLOGY, "quick": args.quick,
-                           "workload": {"prompt_tokens": prompt, "new_tokens": new,
-                                        "repeats": repeats, "warmup": warmup},
+    doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "model": MODEL,
+                           "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M"),
+                           "workload": {"new_tokens": new, "repeats": repeats, "warmup": warmup,
+                                        "b_prompt_tokens": args.prompt_tokens},
                            "load_before": before, "load_average": list(os.getloadavg())}
-    doc.update(bench_llm(prompt, new, repeats, warmup))
+    doc["a"] = section_a(new, repeats, warmup)
+    doc["b"] = [section_b(get_topology(name), args.prompt_tokens, new, repeats, warmup)
+                for name in TOPOLOGIES]
     doc["load_after"] = os.getloadavg()[0]
     doc["load_average_end"] = list(os.getloadavg())
     doc["wall_s"] = time.perf_counter() - start
-    write(doc, args.out)
+    write(with_history(doc, args.out), args.out)
 
 
 if __name__ == "__main__":

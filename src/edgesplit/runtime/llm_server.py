@@ -9,8 +9,10 @@ hidden state to the next stage with the caller's token and session; the stage ho
 answers the greedy token, which travels back along the chain to the client.
 
 A session's error is its request's status: past the max context OUT_OF_RANGE, unknown (evicted,
-never started) or out of step ABORTED; a malformed request INVALID_ARGUMENT; another plan
-FAILED_PRECONDITION. A failed step leaves every session as it was.
+never started) or a step past what the cache holds ABORTED; a malformed request
+INVALID_ARGUMENT; another plan FAILED_PRECONDITION. A step at a position below what the cache
+holds rewinds it there first (a conversation's next turn). A failed step leaves every session
+as it was (a rewinding one, at the position it rewound to).
 
 With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
 model's ratio of its time to this machine's), and links are shaped to the plan's unless
@@ -135,8 +137,8 @@ class LLMStageServer(GrpcServer):
     """Serves stage ``device`` of the LLM ``plan``; a stage before the head forwards to
     ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
     what its memory was planned for), the least recently used evicted first. ``model``: the
-    transformers model to take the stage's blocks from (default: built from the plan's
-    source, as every device does). The data plane opens on ``data_port`` (None: none).
+    transformers model to take the stage's blocks from (default: the plan's checkpoint, only
+    this stage's tensors, or built from its source). The data plane opens on ``data_port`` (None: none).
     ``emulate``: each step's real compute is slowed to the plan device's speed; ``shape``: its
     sends and replies take the plan's link time; ``dilation``: both ``dilation`` times slower
     (:mod:`edgesplit.runtime.llm_emulation`)."""
