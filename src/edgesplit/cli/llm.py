@@ -26,7 +26,9 @@ from edgesplit.errors import ConfigError
 __all__ = ["llm_app"]
 
 llm_app = typer.Typer(no_args_is_help=True,
-                      help="Causal LMs split across devices: stage placement with KV caches.")
+                      help="Causal LMs split across devices: stage placement with KV caches, "
+                           "real checkpoints served stage by stage, chat and an OpenAI-compatible "
+                           "API.")
 app.add_typer(llm_app, name="llm")
 
 _WORKLOAD = "Workload"
