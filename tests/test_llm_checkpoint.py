@@ -488,8 +488,8 @@ def test_bad_checkpoints_are_refused_in_one_line(checkpoint, tmp_path, monkeypat
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
     save_file({"x": torch.zeros(2)}, str(bert / "model.safetensors"))
-    with pytest.raises(ConfigError, match=r"'bert'.*supported: llama, mistral, qwen2, gpt2"
-                       ) as info:
+    with pytest.raises(ConfigError, match=r"'bert'.*supported: llama, mistral, qwen2, qwen3, "
+                                          r"gemma, phi3, gpt2") as info:
         open_checkpoint(bert)
     _one_line(info)
     assert sorted(p.name for p in bert.iterdir()) == ["config.json", "model.safetensors"]

@@ -20,7 +20,9 @@ from edgesplit.graph.causal_lm_measure import (
 from edgesplit.models import create_model, list_models
 from edgesplit.models.causal_lm import causal_lm_config, create_causal_lm, list_causal_lms
 
-TINY = ["llama_tiny", "qwen2_tiny", "gpt2_tiny"]
+TINY = ["llama_tiny", "qwen2_tiny", "gpt2_tiny", "mistral_tiny", "qwen3_tiny", "gemma_tiny",
+        "phi3_tiny"]
+SUPPORTED = "llama, mistral, qwen2, qwen3, gemma, phi3, gpt2"
 
 
 @pytest.fixture(scope="module", params=TINY)
@@ -139,8 +141,55 @@ def test_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="dtype"):
         describe_causal_lm("llama_tiny", dtype="int3")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(ConfigError, match="not supported"):
+    with pytest.raises(ConfigError, match=f"'bert'.*not supported; supported: {SUPPORTED}"):
         describe_causal_lm(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gemma2", "phi"])
+def test_other_families_are_refused_in_one_line_naming_the_supported(name):
+    from transformers import AutoConfig
+
+    with pytest.raises(ConfigError, match=f"{name!r} is not supported; supported: "
+                                          f"{SUPPORTED}") as info:
+        describe_causal_lm(AutoConfig.for_model(name))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "window"), [
+    ("mistral_tiny", {"sliding_window": 64}),
+    ("qwen3_tiny", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}),
+    ("phi3_tiny", {"sliding_window": 64}),
+])
+def test_sliding_windows_are_refused(name, window):
+    """A window bounds the KV cache and the attention: not what is modelled or run."""
+    from transformers import AutoConfig
+
+    fields = {**causal_lm_config(name).to_dict(), **window}
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    with pytest.raises(ConfigError, match=r"sliding-window attention.*sliding_window null") as info:
+        describe_causal_lm(config)
+    assert "\n" not in str(info.value)
+
+
+def test_family_differences_are_in_the_blocks():
+    """Qwen3's q/k norms (head_dim each), Phi-3's fused projections, Gemma's tied and scaled
+    embedding: the same MACs as Llama's layout where the shapes are the same."""
+    def names(lm):
+        return [op.name for op in lm.ops(1, Phase.decode(4))]
+
+    qwen3, phi3, gemma = (describe_causal_lm(n) for n in ("qwen3_tiny", "phi3_tiny",
+                                                             "gemma_tiny"))
+    llama, mistral = describe_causal_lm("llama_tiny"), describe_causal_lm("mistral_tiny")
+    assert {"block.0.self_attn.q_norm", "block.0.self_attn.k_norm"} <= set(names(qwen3))
+    assert qwen3.shape.head_dim == 32 and qwen3.shape.num_heads * 32 != qwen3.shape.hidden_size
+    assert {"block.0.self_attn.qkv_proj", "block.0.mlp.gate_up_proj"} <= set(names(phi3))
+    assert not {"block.0.self_attn.q_proj", "block.0.mlp.gate_proj"} & set(names(phi3))
+    assert phi3.blocks == llama.blocks and mistral.blocks == llama.blocks
+    for phase in (Phase.prefill(9), Phase.decode(30)):
+        assert [phi3.macs(i, phase) for i in range(6)] == [llama.macs(i, phase)
+                                                          for i in range(6)]
+    assert gemma.shape.tied_embeddings and "embed.scale" in [
+        op.name for op in gemma.ops(0, Phase.prefill(3))]
 
 
 @pytest.mark.parametrize("name", ["llama_tiny", "gpt2_tiny"])

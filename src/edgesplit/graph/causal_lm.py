@@ -15,15 +15,18 @@ the math and most CPU kernels compute). ``tests/test_llm_model.py`` checks the M
 ``torch.utils.flop_counter`` on real models, the parameters against the modules and the KV
 cache against a ``DynamicCache`` after a forward pass.
 
-Supported: transformers ``llama``, ``mistral``, ``qwen2`` and ``gpt2`` configs (no sliding
-window), from a registered name, a config, or a real checkpoint
-(:mod:`edgesplit.models.llm_checkpoint`: its fingerprint is recorded).
+Supported: transformers ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``phi3`` and
+``gpt2`` configs (no sliding window), from a registered name, a config, or a real checkpoint
+(:mod:`edgesplit.models.llm_checkpoint`: its fingerprint is recorded). All but GPT-2 share
+Llama's layout; what each does differently is data (:class:`_Family`): Qwen3's per-head q/k
+norms, Gemma's scaled embedding and GeGLU, Phi-3's fused projections, Qwen2's q/k/v bias.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,10 +48,11 @@ __all__ = [
     "describe_causal_lm",
 ]
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 TOKEN_BYTES = 8  # token ids travel as int64, as transformers keeps them
 BlockKind = Literal["embed", "decoder", "head"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,62 @@ class OpWork:
     output_bytes: int
 
 
+def _max_positions(config: PretrainedConfig) -> int:
+    return int(config.max_position_embeddings)
+
+
+def _phi3_positions(config: PretrainedConfig) -> int:
+    """Phi-3 with LongRoPE runs split as in one process up to
+    ``original_max_position_embeddings`` only: when a sequence passes it, transformers'
+    ``generate`` recomputes the whole KV cache with the long factors
+    (``Phi3ForCausalLM.prepare_inputs_for_generation``), while each stage's cache keeps the
+    keys it rotated with the short ones."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "longrope":
+        return _max_positions(config)
+    switch = int(config.original_max_position_embeddings)
+    if switch < config.max_position_embeddings:
+        log.warning("%s: LongRoPE switches to its long factors past %d positions, which a "
+                    "split cannot follow (every stage would recompute its cache); planning "
+                    "at most %d of its %d positions", config.model_type, switch, switch,
+                    config.max_position_embeddings)
+    return min(switch, _max_positions(config))
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How a family with Llama's layout (pre-norm decoder layers, rotary attention, gated MLP,
+    ``model.layers.i``) differs from Llama. Work counts per element are the kernels' FLOPs."""
+
+    # (q/k/v bias, o bias) whatever the config says; None: both are ``attention_bias``
+    bias: tuple[bool, bool] | None = None
+    qk_norm: bool = False  # an RMSNorm over head_dim on every query and key head (Qwen3)
+    fused: bool = False  # one qkv_proj and one gate_up_proj matmul (Phi-3)
+    embed_scale: bool = False  # the embedding times sqrt(hidden), in its module (Gemma)
+    norm_flops: int = 4  # RMSNorm per element; (1 + weight) takes one more (Gemma)
+    act_flops: int = 5  # the gate's activation and the product: SiLU; GELU-tanh takes 9
+    # the positions a split runs as one process does (Phi-3's LongRoPE: fewer)
+    max_positions: Callable[[PretrainedConfig], int] = _max_positions
+
+
+_FAMILIES = {
+    "llama": _Family(),
+    "mistral": _Family(),
+    "qwen2": _Family(bias=(True, False)),
+    "qwen3": _Family(qk_norm=True),
+    "gemma": _Family(embed_scale=True, norm_flops=5, act_flops=9),
+    "phi3": _Family(fused=True, max_positions=_phi3_positions),
+}
+
+
+def _sliding_window(config: PretrainedConfig) -> bool:
+    """Whether some layer attends over a window: its KV cache is then bounded by it."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    return getattr(config, "sliding_window", None) is not None or \
+        bool(getattr(config, "use_sliding_window", False)) or \
+        any(t != "full_attention" for t in layer_types)
+
+
 @dataclass(frozen=True)
 class CausalLMShape:
     """What the costs depend on, read from a transformers config."""
@@ -124,18 +184,21 @@ class CausalLMShape:
             return cls(arch, config.vocab_size, h, config.n_layer, config.n_head, config.n_head,
                        h // config.n_head, config.n_inner or 4 * h, config.n_positions, tied,
                        True, True, True)
-        if getattr(config, "use_sliding_window", False) or \
-                (arch == "mistral" and getattr(config, "sliding_window", None)):
-            raise ConfigError("sliding-window attention is not modelled: its KV cache is "
-                              "bounded by the window; plan a config without it")
+        if _sliding_window(config):
+            raise ConfigError(f"sliding-window attention (this {arch} config) is not "
+                              "modelled: its KV cache is bounded by the window; plan a config "
+                              "without one (sliding_window null, use_sliding_window false)")
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ConfigError(f"this {arch} config attends bidirectionally "
+                              "(use_bidirectional_attention): not a causal LM")
         h, heads = config.hidden_size, config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or h // heads
         kv = getattr(config, "num_key_value_heads", None) or heads
         attn_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias, out_bias = (True, False) if arch == "qwen2" else (attn_bias, attn_bias)
+        qkv_bias, out_bias = _FAMILIES[arch].bias or (attn_bias, attn_bias)
         return cls(arch, config.vocab_size, h, config.num_hidden_layers, heads, kv, head_dim,
-                   config.intermediate_size, config.max_position_embeddings, tied, qkv_bias,
-                   out_bias, bool(getattr(config, "mlp_bias", False)))
+                   config.intermediate_size, _FAMILIES[arch].max_positions(config), tied,
+                   qkv_bias, out_bias, bool(getattr(config, "mlp_bias", False)))
 
 
 @dataclass(frozen=True)
@@ -277,20 +340,33 @@ def _decoder_ops(lm: CausalLM, phase: Phase, prefix: str) -> Iterator[OpWork]:
         yield _matmul(f"{prefix}mlp.c_proj", t, s.intermediate_size, h, True, dt)
         yield _elementwise(f"{prefix}add_2", "elementwise", t * h, 1, dt, inputs=2)
         return
-    yield _elementwise(f"{prefix}input_layernorm", "norm", t * h, 4, dt, params=h)
-    yield _matmul(f"{prefix}self_attn.q_proj", t, h, q_out, s.qkv_bias, dt)
-    yield _matmul(f"{prefix}self_attn.k_proj", t, h, kv_out, s.qkv_bias, dt)
-    yield _matmul(f"{prefix}self_attn.v_proj", t, h, kv_out, s.qkv_bias, dt)
+    family, f = _FAMILIES[s.architecture], s.intermediate_size
+    norm = family.norm_flops
+    yield _elementwise(f"{prefix}input_layernorm", "norm", t * h, norm, dt, params=h)
+    if family.fused:
+        yield _matmul(f"{prefix}self_attn.qkv_proj", t, h, q_out + 2 * kv_out, s.qkv_bias, dt)
+    else:
+        yield _matmul(f"{prefix}self_attn.q_proj", t, h, q_out, s.qkv_bias, dt)
+        yield _matmul(f"{prefix}self_attn.k_proj", t, h, kv_out, s.qkv_bias, dt)
+        yield _matmul(f"{prefix}self_attn.v_proj", t, h, kv_out, s.qkv_bias, dt)
+    if family.qk_norm:
+        yield _elementwise(f"{prefix}self_attn.q_norm", "norm", t * q_out, norm, dt,
+                           params=s.head_dim)
+        yield _elementwise(f"{prefix}self_attn.k_norm", "norm", t * kv_out, norm, dt,
+                           params=s.head_dim)
     yield _elementwise(f"{prefix}self_attn.rotary", "elementwise", t * (q_out + kv_out), 3, dt,
                        inputs=2)
     yield _attention(f"{prefix}self_attn", lm, phase)
     yield _matmul(f"{prefix}self_attn.o_proj", t, q_out, h, s.out_bias, dt)
     yield _elementwise(f"{prefix}add_1", "elementwise", t * h, 1, dt, inputs=2)
-    yield _elementwise(f"{prefix}post_attention_layernorm", "norm", t * h, 4, dt, params=h)
-    f = s.intermediate_size
-    yield _matmul(f"{prefix}mlp.gate_proj", t, h, f, s.mlp_bias, dt)
-    yield _matmul(f"{prefix}mlp.up_proj", t, h, f, s.mlp_bias, dt)
-    yield _elementwise(f"{prefix}mlp.act_mul", "elementwise", t * f, 5, dt, inputs=2)
+    yield _elementwise(f"{prefix}post_attention_layernorm", "norm", t * h, norm, dt, params=h)
+    if family.fused:
+        yield _matmul(f"{prefix}mlp.gate_up_proj", t, h, 2 * f, s.mlp_bias, dt)
+    else:
+        yield _matmul(f"{prefix}mlp.gate_proj", t, h, f, s.mlp_bias, dt)
+        yield _matmul(f"{prefix}mlp.up_proj", t, h, f, s.mlp_bias, dt)
+    yield _elementwise(f"{prefix}mlp.act_mul", "elementwise", t * f, family.act_flops, dt,
+                       inputs=2)
     yield _matmul(f"{prefix}mlp.down_proj", t, f, h, s.mlp_bias, dt)
     yield _elementwise(f"{prefix}add_2", "elementwise", t * h, 1, dt, inputs=2)
 
@@ -305,6 +381,8 @@ def _embed_ops(lm: CausalLM, phase: Phase) -> Iterator[OpWork]:
         yield OpWork("embed.positions", "embedding", 0, 0, s.max_positions * s.hidden_size,
                      t * s.hidden_size * dt, t * TOKEN_BYTES, t * s.hidden_size * dt)
         yield _elementwise("embed.add", "elementwise", t * s.hidden_size, 1, dt, inputs=2)
+    elif _FAMILIES[s.architecture].embed_scale:
+        yield _elementwise("embed.scale", "elementwise", t * s.hidden_size, 1, dt)
 
 
 def _head_ops(lm: CausalLM) -> Iterator[OpWork]:
@@ -315,7 +393,8 @@ def _head_ops(lm: CausalLM) -> Iterator[OpWork]:
     if s.architecture == "gpt2":
         yield _elementwise("head.norm", "norm", h, 5, dt, params=2 * h)
     else:
-        yield _elementwise("head.norm", "norm", h, 4, dt, params=h)
+        yield _elementwise("head.norm", "norm", h, _FAMILIES[s.architecture].norm_flops, dt,
+                           params=h)
     yield _matmul("head.lm_head", 1, h, s.vocab_size, False, dt)
     yield _elementwise("head.argmax", "pool", s.vocab_size, 1, dt)
 

@@ -31,8 +31,16 @@ def _gpt2(**fields: Any) -> Any:
     return GPT2Config(**fields)
 
 
+def _config(model_type: str, **fields: Any) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **fields)
+
+
 # Tiny: 4 decoder blocks, so tests can split them 2 and 3 ways; GQA (2 KV heads for 4 query
-# heads) in the Llama and Qwen2 ones, as in their published models.
+# heads) in all but GPT-2, as in their published models.
+_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
 register_causal_lm(
     "llama_tiny",
     lambda: _llama(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -45,6 +53,29 @@ register_causal_lm(
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
     description="tiny Qwen2 (4 blocks, hidden 64, GQA 4/2 heads, q/k/v bias), transformers "
                 "Qwen2ForCausalLM")
+register_causal_lm(
+    "mistral_tiny",
+    # no sliding window (Mistral-7B-v0.2 and later): edgesplit models the plain KV cache
+    lambda: _config("mistral", **_TINY, sliding_window=None),
+    description="tiny Mistral (4 blocks, hidden 64, GQA 4/2 heads, no sliding window), "
+                "transformers MistralForCausalLM")
+register_causal_lm(
+    "qwen3_tiny",
+    # head_dim set apart from hidden / heads, as in Qwen3's published models (1024 / 16 != 128)
+    lambda: _config("qwen3", **_TINY, head_dim=32),
+    description="tiny Qwen3 (4 blocks, hidden 64, GQA 4/2 heads of 32, q/k norms), "
+                "transformers Qwen3ForCausalLM")
+register_causal_lm(
+    "gemma_tiny",
+    lambda: _config("gemma", **_TINY, head_dim=32),
+    description="tiny Gemma (4 blocks, hidden 64, GQA 4/2 heads of 32, scaled tied "
+                "embedding, GeGLU), transformers GemmaForCausalLM")
+register_causal_lm(
+    "phi3_tiny",
+    # token ids within the tiny vocabulary (Phi-3's 32000 is not)
+    lambda: _config("phi3", **_TINY, bos_token_id=1, eos_token_id=255, pad_token_id=255),
+    description="tiny Phi-3 (4 blocks, hidden 64, GQA 4/2 heads, fused qkv and gate/up "
+                "projections), transformers Phi3ForCausalLM")
 register_causal_lm(
     "gpt2_tiny",
     # token ids within the tiny vocabulary (the default 50256 is not)

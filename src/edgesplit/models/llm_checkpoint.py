@@ -48,8 +48,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # transformers model_type of the decoders whose checkpoints run (their module layout is one
-# of the two the stage runner knows: Llama's and GPT-2's)
-ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
+# of the two the stage runner knows: Llama's, which Qwen2/3, Mistral, Gemma and Phi-3 share,
+# and GPT-2's)
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2")
 _FINGERPRINT_FILE = ".edgesplit-fingerprint.json"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -247,9 +248,10 @@ def _gguf_architecture(gguf: Path) -> str:
         raise ConfigError(f"{str(gguf)!r} is not a readable GGUF file: {exc}") from None
 
 
-# GGUF names its architectures after llama.cpp; transformers reads these (and maps them)
+# GGUF names its architectures after llama.cpp; transformers reads these (and maps them).
+# Not "gemma": transformers' GGUF loader reads gemma2/3/4 only, whose layers differ.
 _GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
-                       "gpt2": "gpt2"}
+                       "qwen3": "qwen3", "phi3": "phi3", "gpt2": "gpt2"}
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
@@ -351,12 +353,29 @@ def _materialise(skeleton: nn.Module, path: str, config: PretrainedConfig) -> nn
     module.to_empty(device="cpu")
     for name, sub in list(module.named_modules()):
         if cast(set[str], sub._non_persistent_buffers_set):
-            fresh = type(sub)(config=config)  # rotary embeddings: computed, not stored
+            fresh = _computed(sub, config)
             if name:
                 module.set_submodule(name, fresh)
             else:
                 module = fresh
     return module
+
+
+def _computed(sub: nn.Module, config: PretrainedConfig) -> nn.Module:
+    """``sub`` with the buffers transformers computes rather than stores (non-persistent):
+    a rotary embedding built anew from the config; Gemma's scaled embedding given its factor
+    (``sqrt(hidden)``, at the buffer's dtype, as transformers' weight init sets it)."""
+    computed = sub._non_persistent_buffers_set
+    if "inv_freq" in computed:
+        return type(sub)(config=config)
+    scale = getattr(sub, "scalar_embed_scale", None)
+    if computed == {"embed_scale"} and isinstance(scale, float):
+        with torch.no_grad():
+            sub.get_buffer("embed_scale").fill_(scale)
+        return sub
+    buffers = ", ".join(sorted(computed))
+    raise ConfigError(f"{type(sub).__name__} has buffers computed at construction ({buffers}) "
+                      "that edgesplit does not know how to compute")
 
 
 def _stored_name(full: str, files: dict[str, Path], tied: tuple[str, str] | None,
