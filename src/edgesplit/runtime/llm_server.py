@@ -139,9 +139,9 @@ class LLMStageServer(GrpcServer):
     what its memory was planned for), the least recently used evicted first. ``model``: the
     transformers model to take the stage's blocks from (default: the plan's checkpoint, only
     this stage's tensors, or built from its source). The data plane opens on ``data_port``
-    (None: none). ``emulate``: each step's real compute is slowed to the plan device's speed; ``shape``: its
-    sends and replies take the plan's link time; ``dilation``: both ``dilation`` times slower
-    (:mod:`edgesplit.runtime.llm_emulation`)."""
+    (None: none). ``emulate``: each step's real compute is slowed to the plan device's speed;
+    ``shape``: its sends and replies take the plan's link time; ``dilation``: both
+    ``dilation`` times slower (:mod:`edgesplit.runtime.llm_emulation`)."""
 
     def __init__(self, plan: Plan, device: str, *,
                  next_address: str | LoopbackChannel | None = None, token: str | None = None,
