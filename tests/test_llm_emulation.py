@@ -7,6 +7,7 @@ use a fake clock; none asserts how long anything took."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -63,12 +64,20 @@ def model() -> torch.nn.Module:
     return create_causal_lm("llama_tiny")
 
 
-def _generate(plan: Plan, model: torch.nn.Module, *, emulate: bool, shape: bool = True):
+def _generate(plan: Plan, model: torch.nn.Module, *, emulate: bool, shape: bool = True,
+              requests: dict[str, list[float]] | None = None):
+    """A generation over a served second stage; ``requests`` collects, per device, the
+    seconds each pacer asked to sleep."""
     server = LLMStageServer(plan, "slow-b", model=model, data_port=None, emulate=emulate,
                             shape=shape)
     try:
         with LLMClient(plan, server.loopback_channel(), model=model, emulate=emulate,
                        shape=shape) as client:
+            if requests is not None:
+                for pacer in (client.pacer, server.pacer):
+                    assert pacer is not None
+                    asked = requests.setdefault(pacer.device, [])
+                    pacer._sleep = lambda s, asked=asked: (asked.append(s), time.sleep(s))
             tokens = list(client.generate(PROMPT, NEW))
             return tokens, generation_report(plan, PROMPT, tokens, session=client.session,
                                              data_plane=client.data_plane)
@@ -132,16 +141,21 @@ def test_the_pacer_scales_the_measured_compute():
 
 
 def test_emulated_stages_sleep_their_factor_times_their_compute(plan, model):
+    """Each stage asks to sleep (factor - 1) x the compute it measured: checked as what the
+    pacers asked against what the report says (a sleep never ends early, and the compute the
+    pacer measured is within the step's reported compute), whatever the machine's load."""
     plain, _ = _generate(plan, model, emulate=False, shape=False)
-    tokens, _ = _generate(plan, model, emulate=True)
+    requests: dict[str, list[float]] = {}
+    tokens, _ = _generate(plan, model, emulate=True, requests=requests)
     assert [t.token for t in tokens] == [t.token for t in plain]  # emulation only waits
     factors = {s.device: slowdown_factors(plan, i) for i, s in enumerate(plan.llm.stages)}
-    for t in tokens:
-        assert set(t.emulated_ms) == {"slow-a", "slow-b"}
-        for device, slept in t.emulated_ms.items():
-            real = t.compute_ms[device] - slept  # the compute the stage measured
-            want = real * (factors[device][t.phase] - 1)
-            assert slept == pytest.approx(want, rel=0.10, abs=2.0)
+    for device, asked in requests.items():
+        assert len(asked) == NEW  # one sleep a step
+        for t, seconds in zip(tokens, asked, strict=True):
+            requested_ms, slept = seconds * 1e3, t.emulated_ms[device]
+            assert 0 < requested_ms <= slept + 0.05
+            measured = requested_ms / (factors[device][t.phase] - 1)
+            assert measured <= t.compute_ms[device] - slept + 0.05
 
 
 def test_shaped_links_cost_the_round_trip(model):
@@ -189,8 +203,6 @@ def test_generate_emulate_device_on_the_command_line(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     (stage,) = doc["stages"]
-    factors = slowdown_factors(alone, 0)
-    for phase in ("prefill", "decode"):
-        slept = stage[f"emulated_{phase}_ms"]
-        real = stage[f"{phase}_ms"] - slept
-        assert slept == pytest.approx(real * (factors[phase] - 1), rel=0.10, abs=2.0)
+    assert min(slowdown_factors(alone, 0).values()) > 1  # so both phases must sleep
+    # the amounts are checked against the pacer's requests above; here: the flag paces
+    assert stage["emulated_prefill_ms"] > 0 and stage["emulated_decode_ms"] > 0
