@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 from pathlib import Path
 
 import typer
@@ -94,23 +93,11 @@ def api(
 def read_api_key(api_key: str | None, api_key_file: Path | None) -> str | None:
     """The API key from exactly one place: --api-key, --api-key-file, else $EDGESPLIT_API_KEY.
     None when none is given: the API then takes requests without a key."""
-    from edgesplit.errors import ConfigError
+    from edgesplit.transport.auth import read_secret
 
-    if api_key is not None and api_key_file is not None:
-        raise ConfigError("give the API key once: --api-key or --api-key-file, not both")
-    if api_key_file is not None:
-        if not api_key_file.is_file():
-            raise ConfigError(f"API key file {str(api_key_file)!r} does not exist")
-        api_key = api_key_file.read_text().strip()
-        if not api_key:
-            raise ConfigError(f"API key file {str(api_key_file)!r} is empty")
-    elif api_key is None:
-        api_key = os.environ.get(API_KEY_ENV) or None
-    if api_key is not None and (not api_key.isascii() or not api_key.isprintable()
-                                or api_key != api_key.strip() or " " in api_key):
-        raise ConfigError("an API key is printable ASCII without spaces (it travels in an "
-                          "HTTP header)")
-    return api_key
+    return read_secret(api_key, api_key_file, env=API_KEY_ENV, what="API key",
+                       flags=("--api-key", "--api-key-file"), carrier="an HTTP header",
+                       inner_spaces=False)
 
 
 def _is_loopback(host: str) -> bool:

@@ -9,32 +9,46 @@ from pathlib import Path
 
 from edgesplit.errors import ConfigError, option
 
-__all__ = ["TOKEN_ENV", "bearer_metadata", "read_token", "token_matches"]
+__all__ = ["TOKEN_ENV", "bearer_metadata", "read_secret", "read_token", "token_matches"]
 
 TOKEN_ENV = "EDGESPLIT_TOKEN"
 
 
+def read_secret(value: str | None, path: str | Path | None, *, env: str, what: str,
+                flags: tuple[str, str], carrier: str, inner_spaces: bool = True
+                ) -> str | None:
+    """A secret from exactly one place: ``value``, a file holding it (one line; a command
+    line is visible to every user in ``ps``), or else the environment variable ``env``. None
+    when none is given. ``what`` names it in messages, ``flags`` the two options that give
+    it, ``carrier`` what it travels in (why it must be printable ASCII; ``inner_spaces``:
+    whether it may hold spaces inside)."""
+    if value is not None and path is not None:
+        raise ConfigError(f"give the {what} once: {flags[0]} or {flags[1]}, not both")
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"{what} file {str(file)!r} does not exist")
+        value = file.read_text().strip()
+        if not value:
+            raise ConfigError(f"{what} file {str(file)!r} is empty")
+    elif value is None:
+        value = os.environ.get(env) or None
+    if value is not None and (not value.isascii() or not value.isprintable()
+                              or value != value.strip()
+                              or (not inner_spaces and " " in value)):
+        spaces = "surrounding spaces" if inner_spaces else "spaces"
+        raise ConfigError(f"a {what} is printable ASCII without {spaces} (it travels in "
+                          f"{carrier})")
+    return value
+
+
 def read_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
-    """The bearer token from exactly one place: ``token``, a file holding it (one line; a
-    command line is visible to every user in ``ps``), or else the environment variable
-    ``EDGESPLIT_TOKEN``. None when none is given."""
-    if token is not None and token_file is not None:
-        raise ConfigError(f"give the token once: {option('token')} or {option('token_file')}, "
-                          "not both")
-    if token_file is not None:
-        path = Path(token_file)
-        if not path.is_file():
-            raise ConfigError(f"token file {str(path)!r} does not exist")
-        token = path.read_text().strip()
-        if not token:
-            raise ConfigError(f"token file {str(path)!r} is empty")
-    elif token is None:
-        token = os.environ.get(TOKEN_ENV) or None
-    if token is not None and (not token.isascii() or not token.isprintable()
-                              or token != token.strip()):
-        raise ConfigError("a token is printable ASCII without surrounding spaces (it travels "
-                          "in a gRPC metadata header)")
-    return token
+    """The bearer token from exactly one place: ``token``, a file holding it, or else the
+    environment variable ``EDGESPLIT_TOKEN`` (:func:`read_secret`). None when none is
+    given."""
+    return read_secret(token, token_file, env=TOKEN_ENV, what="token",
+                       flags=(option("token"), option("token_file")),
+                       carrier="a gRPC metadata header")
 
 
 def bearer_metadata(token: str | None) -> list[tuple[str, str]]:
