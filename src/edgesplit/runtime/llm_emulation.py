@@ -4,16 +4,16 @@ rehearses a chain of slower devices (a phone, a laptop GPU, a Jetson) over their
 *Compute emulation* (:class:`StagePacer`, ``llm serve/generate/chat --emulate-device``): each
 stage runs its real blocks, and is then slowed by the ratio of its device's speed to this
 machine's for that work: after a step that took ``t`` ms of real compute it sleeps
-``(factor - 1) x t``, with ``factor`` the cost model's time for the stage's blocks in that phase
-on the plan's device over its time for the same blocks on this machine (``this-machine``:
-peaks measured live, priced by the same estimators). Nothing replays the plan's prediction: a
-cost model that misprices the work shows up as a gap between the plan's times and the
-measured ones (both the device's absolute price and this machine's own are in the ratio's
-terms, and only the real compute is scaled). The ratio of a phase is taken at the plan's
-workload (prefill: its prompt length; decode: its mean cache length); where the device is
-faster than this machine (factor < 1) emulation cannot speed the work up: it warns once and
-runs as is. The time slept is reported per device (``<device>.emulated_ms``) and is part of
-the stage's compute.
+``(factor - 1) x t``, with ``factor`` the plan's time for the stage's blocks in that phase on
+its device (priced by the cost model) over this machine's time for the same blocks, measured
+when the stage starts (:func:`measured_reference`: a prefill of the plan's prompt length, a
+decode step at its mean cache length). Nothing sleeps to the plan's prediction: what the
+measurement can disagree with is how the plan composes its parts (per-step work as the context
+grows, links, encoding, serving overhead), and this machine's own cost model is checked apart
+(:func:`predicted_reference` against :func:`measured_reference`). Where the device is faster
+than this machine (factor < 1) emulation cannot speed the work up: it warns once and runs as
+is. The time slept is reported per device (``<device>.emulated_ms``) and is part of the
+stage's compute.
 
 *Time dilation* (``dilation=D``, Python only; the benchmark's): where a device is faster than
 this machine, emulation could not speed it up; run everything ``D`` times slower instead, with
@@ -30,19 +30,31 @@ ways, as the plan prices it.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
+import torch
+
 from edgesplit.errors import ConfigError
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_stage import llm_section
+from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 
 if TYPE_CHECKING:
     from edgesplit.hardware import Device, Link
 
-__all__ = ["Phase", "StagePacer", "dilated", "phase_of", "slowdown_factors", "stage_links"]
+__all__ = [
+    "Phase",
+    "StagePacer",
+    "dilated",
+    "measured_reference",
+    "phase_of",
+    "predicted_reference",
+    "slowdown_factors",
+    "stage_links",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +66,10 @@ def phase_of(position: int) -> Phase:
     return "prefill" if position == 0 else "decode"
 
 
-def slowdown_factors(plan: Plan, index: int, reference: Device | None = None
-                     ) -> dict[Phase, float]:
-    """Per phase, stage ``index``'s time on its plan device over its time on ``reference``
-    (default: this machine, measured once per process), for the same blocks, both priced by
-    the cost model at the plan's workload. 1.0 for a stage without blocks."""
+def predicted_reference(plan: Plan, index: int, device: Device | None = None
+                        ) -> dict[Phase, float]:
+    """Per phase, stage ``index``'s blocks priced by the cost model on ``device`` (default:
+    ``this-machine``, its peaks measured once per process) at the plan's workload."""
     from edgesplit.graph import Phase as Work
     from edgesplit.graph import describe_causal_lm
     from edgesplit.hardware import get_device
@@ -66,18 +77,54 @@ def slowdown_factors(plan: Plan, index: int, reference: Device | None = None
 
     llm = llm_section(plan)
     stage = llm.stages[index]
-    if stage.start == stage.end:
-        return {"prefill": 1.0, "decode": 1.0}
-    here = reference if reference is not None else get_device("this-machine")
+    here = device if device is not None else get_device("this-machine")
     lm = describe_causal_lm(plan.model.source, dtype=llm.dtype)
     phases: dict[Phase, Work] = {"prefill": Work.prefill(llm.prompt_tokens),
                                  "decode": Work.decode(llm.decode_cached_tokens)}
-    factors: dict[Phase, float] = {}
-    for name, work in phases.items():
-        ms = sum(block_ms(lm, here, work)[stage.start:stage.end])
-        target = stage.prefill_ms if name == "prefill" else stage.decode_ms
-        factors[name] = target / ms if ms > 0 else 1.0
-    return factors
+    return {name: sum(block_ms(lm, here, work)[stage.start:stage.end])
+            for name, work in phases.items()}
+
+
+@torch.no_grad()
+def measured_reference(stage: LLMStageModel, plan: Plan, repeats: int = 3
+                       ) -> dict[Phase, float]:
+    """Per phase, the stage's own blocks timed on this machine at the plan's workload (the
+    median of ``repeats`` after one warm-up): a prefill of the plan's prompt length on an
+    empty cache, and a decode step against a cache of the plan's mean length."""
+    llm = llm_section(plan)
+    if stage.io.empty:
+        return {"prefill": 0.0, "decode": 0.0}
+    prompt, cached = llm.prompt_tokens, max(1, llm.decode_cached_tokens)
+
+    def x(tokens: int) -> torch.Tensor:
+        if stage.io.hidden_in:
+            return torch.randn(1, tokens, llm.hidden_size).to(stage.dtype)
+        return torch.randint(0, llm.vocab_size, (1, tokens))
+
+    times: dict[Phase, list[float]] = {"prefill": [], "decode": []}
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        stage.step(x(prompt), 0, stage.new_cache())
+        times["prefill"].append((time.perf_counter() - t0) * 1e3)
+        cache = stage.new_cache()
+        stage.step(x(cached), 0, cache)
+        t0 = time.perf_counter()
+        stage.step(x(1), cached, cache)
+        times["decode"].append((time.perf_counter() - t0) * 1e3)
+    return {phase: statistics.median(ms[1:]) for phase, ms in times.items()}
+
+
+def slowdown_factors(plan: Plan, index: int, reference: dict[Phase, float]
+                     ) -> dict[Phase, float]:
+    """Per phase, stage ``index``'s time on its plan device (the plan's) over ``reference``,
+    this machine's time for the same blocks (:func:`measured_reference`, or
+    :func:`predicted_reference`). 1.0 for a stage without blocks."""
+    stage = llm_section(plan).stages[index]
+    if stage.start == stage.end:
+        return {"prefill": 1.0, "decode": 1.0}
+    targets: dict[Phase, float] = {"prefill": stage.prefill_ms, "decode": stage.decode_ms}
+    return {phase: targets[phase] / reference[phase] if reference[phase] > 0 else 1.0
+            for phase in targets}
 
 
 class StagePacer:
@@ -96,10 +143,10 @@ class StagePacer:
         self._warned = False
 
     @classmethod
-    def of(cls, plan: Plan, index: int, reference: Device | None = None, *,
+    def of(cls, plan: Plan, index: int, reference: dict[Phase, float], *,
            dilation: float = 1.0) -> StagePacer:
-        """The pacer of stage ``index`` of ``plan`` (:func:`slowdown_factors`), every
-        factor times ``dilation``."""
+        """The pacer of stage ``index`` of ``plan`` against this machine's ``reference``
+        times (:func:`slowdown_factors`), every factor times ``dilation``."""
         stage = llm_section(plan).stages[index]
         factors = slowdown_factors(plan, index, reference)
         return cls(stage.device, {phase: f * dilation for phase, f in factors.items()})

@@ -37,7 +37,12 @@ from torch import nn
 from edgesplit.errors import ConfigError, RemoteError, SessionError, option
 from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message, open_data_plane
-from edgesplit.runtime.llm_emulation import StagePacer, phase_of, stage_links
+from edgesplit.runtime.llm_emulation import (
+    StagePacer,
+    measured_reference,
+    phase_of,
+    stage_links,
+)
 from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.runtime.llm_sessions import LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
@@ -175,7 +180,8 @@ class LLMStageServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
                                                       data_plane)
-        self.pacer = StagePacer.of(plan, index, dilation=dilation) if emulate else None
+        self.pacer = StagePacer.of(plan, index, measured_reference(self.stage, plan),
+                                   dilation=dilation) if emulate else None
         before, after = stage_links(plan, index, dilation)
         self.upstream = LinkShaper(before, shape)  # replies, towards the caller
         self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
