@@ -447,6 +447,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     """One run's verdicts and headline numbers, kept in every later run's ``history``."""
     a = doc["a"]
     return {"date": doc.get("date"), "load_before": doc["load_before"],
+            # runs before the stages measured their own reference scaled by the cost model's
+            "reference": doc.get("reference", "this machine's cost model"),
             "load_after": doc["load_after"], "quick": doc["quick"],
             "two_stages_vs_one": a["two_stages_vs_one"],
             "three_stages_vs_one": a["rows"]["3"]["vs_one_process"],
@@ -471,14 +473,16 @@ def with_history(doc: dict[str, Any], out: Path) -> dict[str, Any]:
 def render_history(doc: dict[str, Any]) -> list[str]:
     runs = [*doc.get("history", []), summary(doc)]
     lines = ["## Every run of this benchmark (this code's versions; the last is above)", "",
-             "| date | load before / after | 2 stages vs 1 | 3 vs 1 | memory worst | "
-             "B: topology, dilation, DP tokens/s, best measured, DP's error (tokens/s, TTFT) |",
-             "|---|---|---|---|---|---|"]
+             "| date | B's reference | load before / after | 2 stages vs 1 | 3 vs 1 | memory "
+             "worst | B: topology, dilation, DP tokens/s, best measured, DP's error "
+             "(tokens/s, TTFT) |",
+             "|---|---|---|---|---|---|---|"]
     for r in runs:
         b = "; ".join(f"{x['topology']} x{x['dilation']:g}, {x['dp_tokens_per_s']:.1f}, "
                       f"{x['best_measured']}, {_pct(x['dp_error']['tokens_per_s'])} / "
                       f"{_pct(x['dp_error']['ttft'])}" for x in r["b"])
         lines.append(f"| {r['date'] or '-'}{' (quick)' if r['quick'] else ''} | "
+                     f"{r.get('reference', 'this machine' + chr(39) + 's cost model')} | "
                      f"{r['load_before']:.2f} / {r['load_after']:.2f} | "
                      f"x{r['two_stages_vs_one']:.2f} | x{r['three_stages_vs_one']:.2f} | "
                      f"{r['memory_within']:.1%} | {b} |")
@@ -521,6 +525,7 @@ def main() -> None:
     start = time.perf_counter()
     doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "model": MODEL,
                            "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M"),
+                           "reference": "measured (each stage's blocks, timed as it starts)",
                            "workload": {"new_tokens": new, "repeats": repeats, "warmup": warmup,
                                         "b_prompt_tokens": args.prompt_tokens},
                            "load_before": before, "load_average": list(os.getloadavg())}
