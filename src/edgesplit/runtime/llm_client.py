@@ -66,7 +66,7 @@ from edgesplit.transport import (
 )
 from edgesplit.transport.shaping import LinkShaper
 
-__all__ = ["GeneratedToken", "LLMClient"]
+__all__ = ["GeneratedToken", "LLMClient", "common_prefix"]
 
 
 
@@ -300,12 +300,17 @@ class LLMClient:
 
 
 
-def _reusable(held: list[int], ids: list[int]) -> int:
-    """How many leading tokens of ``ids`` the caches already hold (their common prefix with
-    ``held``), leaving at least one token to run: the step must produce the next token."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = 0
-    for a, b in zip(held, ids, strict=False):
-        if a != b:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
             break
         n += 1
-    return min(n, len(ids) - 1)
+    return n
+
+
+def _reusable(held: list[int], ids: list[int]) -> int:
+    """How many leading tokens of ``ids`` the caches already hold, leaving at least one token
+    to run: the step must produce the next token."""
+    return min(common_prefix(held, ids), len(ids) - 1)

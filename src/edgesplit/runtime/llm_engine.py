@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol, cast
 
 from edgesplit.errors import ConfigError, EdgesplitError, SessionError, option
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import LLMClient
+from edgesplit.runtime.llm_client import LLMClient, common_prefix
 from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.runtime.llm_stage import llm_section, open_plan_checkpoint
 from edgesplit.runtime.llm_text import IncrementalDetokenizer, StopMatcher
@@ -193,7 +193,7 @@ class LLMEngine:
                                f"generating (waited {self.queue_s:g} s): retry later, or plan "
                                "with more --sessions")
         with self._lock:
-            best = max(self._idle, key=lambda s: _shared(self.client.held(s), ids))
+            best = max(self._idle, key=lambda s: common_prefix(self.client.held(s), ids))
             del self._idle[best]
         return best
 
@@ -225,15 +225,6 @@ def _last(stopper: StopMatcher, text: str) -> str:
     stop matcher held back (no stop string can begin in it any more)."""
     out, stopped = stopper.push(text)
     return out if stopped else out + stopper.flush()
-
-
-def _shared(held: list[int], ids: list[int]) -> int:
-    n = 0
-    for a, b in zip(held, ids, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def open_engine(plan: Plan, server: str | None, *, token: str | None = None,
