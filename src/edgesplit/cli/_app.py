@@ -120,14 +120,27 @@ THREADS_HELP = ("Torch threads for compute (default: one per core; give each of 
                 "processes on one machine its share).")
 
 
-def load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool = False):
+def load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool = False,
+                 torch_device: str | None = None):
     """The plan file made executable, with a spinner while the model is captured again."""
     from edgesplit.plan import load_plan
     from edgesplit.runtime import PlanProgram
 
     with err.status(f"loading {plan_path} ...", spinner="dots"):
         return PlanProgram.load(load_plan(plan_path), backend=backend,
-                                trust_model_file=trust_model_file)
+                                trust_model_file=trust_model_file, torch_device=torch_device)
+
+
+def check_torch_device(spec: str | None):
+    """--torch-device as a torch device this machine has; checked first, so that a missing
+    accelerator is one line before any plan or model is read."""
+    from edgesplit.hardware.accelerator import torch_device as resolve
+
+    return resolve(spec)
+
+
+TORCH_DEVICE_HELP = ("Where this process computes: cpu (default), cuda, cuda:N or mps "
+                     "(tensors on the wire stay in host memory).")
 
 
 BACKEND_HELP = ("torch (the captured program), torchscript (the same, a part called again "

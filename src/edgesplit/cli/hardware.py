@@ -9,8 +9,10 @@ import typer
 
 from edgesplit.cli._app import (
     THREADS_HELP,
+    TORCH_DEVICE_HELP,
     TRUST_HELP,
     app,
+    check_torch_device,
     emit_json,
     err,
     out,
@@ -90,14 +92,22 @@ def profile(
                                   "partitions as one piece and report each estimator's error."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile JSON."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
-    """Measure each layer's latency on this machine (eager and ONNX Runtime)."""
+    """Measure each layer's latency on this machine (eager and ONNX Runtime; on an accelerator,
+    --torch-device, eager only)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
     from edgesplit.graph import capture, parse_shape
     from edgesplit.hardware.profile import profile_graph, save_profile
 
     set_threads(threads)
+    device = check_torch_device(torch_device)
+    if validate and device.type != "cpu":
+        from edgesplit.errors import ConfigError
+
+        raise ConfigError("--validate checks the estimators against CPU timings: leave it out "
+                          f"with --torch-device {device}")
     shape = _batch_shape(model, parse_shape(input_shape) if input_shape else None, batch_size)
     with err.status(f"capturing {model} ...", spinner="dots"):
         graph = capture(model, input_shape=shape, trust_model_file=trust_model_file)
@@ -109,7 +119,7 @@ def profile(
             bar.update(task, description=stage, completed=done, total=total)
 
         prof = profile_graph(graph, warmup=warmup, repeats=repeats, onnx=not no_onnx,
-                             progress=progress, idle_ms=idle_ms)
+                             progress=progress, idle_ms=idle_ms, device=device)
         report = _validate(graph, prof, warmup, repeats) if validate else None
     if report is not None:
         prof["validation"] = report

@@ -13,7 +13,9 @@ from edgesplit.cli._app import (
     THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
+    TORCH_DEVICE_HELP,
     app,
+    check_torch_device,
     emit_json,
     err,
     out,
@@ -130,6 +132,7 @@ def serve(
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
     no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
     """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
     plan names, one KV cache per client session (up to the plan's max context)."""
@@ -139,20 +142,22 @@ def serve(
     from edgesplit.transport import read_token, serve_forever
 
     set_threads(threads)
+    check_torch_device(torch_device)
     token = read_token(token, token_file)
     plan = load_plan(plan_path)
     server = LLMStageServer(plan, device, next_address=next_hop, token=token,
                             tls=tls_files(tls_cert, tls_key, tls_ca), max_sessions=max_sessions,
                             max_workers=workers, data_port=_data_port(data_port),
                             data_plane=_data_plane(data_plane), emulate=emulate_device,
-                            shape=not no_shape)
+                            shape=not no_shape, torch_device=torch_device)
     if server.pacer is not None:
         _say_emulating(plan, server.device, server.pacer)
     bound = server.start(host, port)
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
     print(f"listening on {host}:{bound} device={server.device} plan={server.plan_id} "
-          f"data={data} sessions={server.sessions.max_sessions}", flush=True)
+          f"data={data} sessions={server.sessions.max_sessions} "
+          f"torch_device={server.stage.torch_device}", flush=True)
     serve_forever(server)
 
 
@@ -202,6 +207,7 @@ def generate(
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
     no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
     """Generate with an LLM plan: run its first stage here, the rest on the `llm serve` chain
     at --server; print the text (or token ids) as it decodes, then time to first token,
@@ -213,6 +219,7 @@ def generate(
     from edgesplit.transport import read_token
 
     set_threads(threads)
+    check_torch_device(torch_device)
     plan = load_plan(plan_path)
     sampling = Sampling(temperature, top_k, top_p, seed)
     text = prompt_text is not None
@@ -225,7 +232,7 @@ def generate(
     client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca), timeout_s=timeout_s, retries=retries,
                        data_plane=_data_plane(data_plane), emulate=emulate_device,
-                       shape=not no_shape)
+                       shape=not no_shape, torch_device=torch_device)
     if client.pacer is not None:
         _say_emulating(plan, client.device, client.pacer)
     with client:
@@ -264,6 +271,7 @@ def chat_command(
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
     no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
     """Chat with the split model: each line you type is a user turn (from a terminal or a
     pipe); each reply streams as it decodes. A turn continues the session: only its new
@@ -277,6 +285,7 @@ def chat_command(
     from edgesplit.transport import read_token
 
     set_threads(threads)
+    check_torch_device(torch_device)
     from edgesplit.plan import load_plan
 
     plan = load_plan(plan_path)
@@ -284,7 +293,7 @@ def chat_command(
     tokenizer = _tokenizer(plan)
     client = LLMClient(plan, server, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
-                       shape=not no_shape)
+                       shape=not no_shape, torch_device=torch_device)
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)
     with client:

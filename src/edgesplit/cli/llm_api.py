@@ -12,6 +12,8 @@ from edgesplit.cli._app import (
     THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
+    TORCH_DEVICE_HELP,
+    check_torch_device,
     err,
     set_threads,
     tls_files,
@@ -56,6 +58,7 @@ def api(
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's first "
                                   "link (each step's send waits its bandwidth and RTT)."),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
     """Serve an OpenAI-compatible API over an LLM plan until interrupted: its first stage
     runs here, the rest on the `llm serve` chain at --server. Point any OpenAI client at the
@@ -67,6 +70,7 @@ def api(
     from edgesplit.transport import read_token
 
     set_threads(threads)
+    check_torch_device(torch_device)
     key = read_api_key(api_key, api_key_file)
     if key is None and not _is_loopback(host):
         err.print(f"warning: serving on {host} without --api-key: anyone who can reach it "
@@ -74,7 +78,7 @@ def api(
     engine = open_engine(load_plan(plan_path), server, token=read_token(token, token_file),
                          tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
                          retries=retries, data_plane=_data_plane(data_plane),
-                         shape=not no_shape)
+                         shape=not no_shape, torch_device=torch_device)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
 
     def ready(bound: int) -> None:

@@ -14,8 +14,10 @@ from edgesplit.cli._app import (
     THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
+    TORCH_DEVICE_HELP,
     TRUST_HELP,
     app,
+    check_torch_device,
     emit_json,
     err,
     load_program,
@@ -80,6 +82,7 @@ def serve(
     no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
     workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     max_batch: int | None = typer.Option(None, "--max-batch", help="Batch up to this many "
                                          "waiting requests (default 32 where the partition "
                                          "allows it; 1: no batching)."),
@@ -123,13 +126,19 @@ def serve(
     from edgesplit.runtime.transport import PartitionServer, plan_device, read_token, serve_forever
 
     set_threads(threads)
+    check_torch_device(torch_device)
     token = read_token(token, token_file)
     ray_settings = {"replicas": replicas, "min_replicas": min_replicas,
                     "max_replicas": max_replicas, "target_ongoing": target_ongoing,
                     "replica_cpus": replica_cpus, "address": ray_address,
                     "app_name": app_name}
     _check_engine(engine, ray_settings)
-    program = load_program(plan_path, backend, trust_model_file)
+    if engine == "ray" and torch_device is not None:
+        from edgesplit.errors import ConfigError
+
+        raise ConfigError("--torch-device places this process's compute; with --engine ray "
+                          "the replicas compute, on their CPUs: leave out --torch-device")
+    program = load_program(plan_path, backend, trust_model_file, torch_device)
     if emulate_device:
         if max_batch is not None and max_batch > 1:
             from edgesplit.errors import ConfigError
@@ -158,7 +167,7 @@ def serve(
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
     batch = server.batcher.max_batch if server.batcher is not None else "off"
-    where = "engine=local"
+    where = f"engine=local torch_device={program.step(device).backend.device}"
     if ray_engine is not None:
         opts = ray_engine.options
         batching = ray_engine.replica_info["batching"]
@@ -225,6 +234,7 @@ def run(
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),
     warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     data_plane: str = typer.Option("auto", "--data-plane", help="auto (the server's data "
                                    "plane if it has one), grpc or tcp."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -239,8 +249,9 @@ def run(
     from edgesplit.runtime.transport import read_token
 
     set_threads(threads)
+    check_torch_device(torch_device)
     token = read_token(token, token_file)
-    program = load_program(plan_path, backend, trust_model_file)
+    program = load_program(plan_path, backend, trust_model_file, torch_device)
     address = _addresses(program, server, sources)
     if emulate_device:
         if program.kind == "star":

@@ -9,6 +9,7 @@ faster than it is). Timing: ``warmup`` passes, then ``repeats`` timed ones; we k
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
 import json
@@ -26,6 +27,7 @@ import torch
 from edgesplit.errors import ConfigError, GraphError
 from edgesplit.graph import LayerGraph
 from edgesplit.graph.partition import Partition, copy_layer, extract_partition, record_tensors
+from edgesplit.hardware.accelerator import synchronize
 from edgesplit.hardware.work import LayerWork
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 PROFILE_VERSION = 1
+_CPU = torch.device("cpu")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -66,11 +69,16 @@ def time_call(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20) -> d
     return _stats(samples)
 
 
-def machine_info() -> dict[str, Any]:
-    return {"platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+def machine_info(device: torch.device | None = None) -> dict[str, Any]:
+    """What measured: the host, and the torch device that computed (with its name on CUDA)."""
+    info: dict[str, Any] = {"platform": platform.platform(),
+                            "processor": platform.processor() or platform.machine(),
+                            "python": platform.python_version(), "torch": torch.__version__,
+                            "threads": torch.get_num_threads(),
+                            "torch_device": str(device or "cpu")}
+    if device is not None and device.type == "cuda":
+        info["accelerator"] = torch.cuda.get_device_name(device)
+    return info
 
 
 def _onnx_session(part: Partition, args: tuple[torch.Tensor, ...]):
@@ -117,12 +125,16 @@ def _in_context(steps: list[Callable[[dict], None]], values: dict, warmup: int, 
 
 
 class _Clock:
-    """Timestamps taken by ``tick`` calls compiled into the program between layers."""
+    """Timestamps taken by ``tick`` calls compiled into the program between layers. On an
+    accelerator each tick first waits for the kernels queued so far: a layer's time is then
+    its kernels', not its launches' (the wait itself adds a few microseconds per layer)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, device: torch.device) -> None:
         self.stamps = [0] * (n + 1)
+        self.device = device
 
     def tick(self, index: int, *_after: Any) -> None:
+        synchronize(self.device)
         self.stamps[index] = time.perf_counter_ns()
 
 
@@ -148,22 +160,29 @@ def _ticked_program(graph: LayerGraph, program: torch.fx.GraphModule,
 
 
 def _eager_in_context(graph: LayerGraph, warmup: int, repeats: int,
-                      progress: Progress | None, idle_ms: float = 0.0) -> tuple[list[dict], dict]:
+                      progress: Progress | None, idle_ms: float = 0.0,
+                      device: torch.device = _CPU) -> tuple[list[dict], dict]:
     """Per-layer times from the ticked program and whole-model times of the plain program,
     interleaved run by run so both see the same machine conditions; each run after
-    ``idle_ms`` of sleep."""
+    ``idle_ms`` of sleep. On an accelerator, a copy of the program runs there (the graph's
+    own stays on the CPU) and each time waits for its kernels."""
     program = graph.program
     if program is None:
         raise GraphError("this LayerGraph has no program to profile (capture it again)")
-    clock = _Clock(len(graph.layers))
-    ticked = _ticked_program(graph, program, clock)
     args = tuple(graph.example_inputs)
+    if device.type != "cpu":
+        program = copy.deepcopy(program).to(device)
+        args = tuple(a.to(device) for a in args)
+    clock = _Clock(len(graph.layers), device)
+    ticked = _ticked_program(graph, program, clock)
     samples: list[list[float]] = [[] for _ in graph.layers]
     whole: list[float] = []
     for run in range(warmup + repeats):
         time.sleep(idle_ms / 1e3)
+        synchronize(device)
         start = time.perf_counter_ns()
         program(*args)
+        synchronize(device)
         elapsed = (time.perf_counter_ns() - start) / 1e6
         time.sleep(idle_ms / 1e3)
         ticked(*args)
@@ -195,7 +214,8 @@ def _onnx_steps(parts: list[Partition], values: dict, progress: Progress | None 
 
 
 def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx: bool = True,
-                  progress: Progress | None = None, idle_ms: float = 0.0) -> dict[str, Any]:
+                  progress: Progress | None = None, idle_ms: float = 0.0,
+                  device: torch.device | None = None) -> dict[str, Any]:
     """Per-layer and whole-model latency of ``graph`` on this machine (the profile document).
 
     Per-layer times are taken in context, inside real forward passes (PyTorch: a clock tick
@@ -206,16 +226,21 @@ def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx
     its caches holding the weights. After idle it often is not (cores and caches given to other
     work, clocks lowered): here a pass after 100 ms idle took x1.15 (ResNet-18) to x2.7
     (BERT-mini) the back-to-back time, with two threads. Profile with the idle a deployment's
-    requests see."""
+    requests see.
+
+    ``device``: the torch device the PyTorch timings compute on (None: the CPU). ONNX Runtime
+    is timed on the CPU only: on an accelerator it is left out."""
     if idle_ms < 0:
         raise ConfigError(f"idle_ms must be at least 0, not {idle_ms}")
-    onnx = onnx and onnx_available()
+    device = device or _CPU
+    onnx = onnx and onnx_available() and device.type == "cpu"
     values = record_tensors(graph)
     inputs = {name: values[name] for name in graph.inputs}
     # no_grad, not inference_mode: the mode the runtime runs partitions in (TorchBackend), so
     # that a profile predicts requests (inference mode is a few per cent faster)
     with torch.no_grad():
-        eager, whole_eager = _eager_in_context(graph, warmup, repeats, progress, idle_ms)
+        eager, whole_eager = _eager_in_context(graph, warmup, repeats, progress, idle_ms,
+                                               device)
         whole = {"eager_ms": whole_eager, "onnx_ms": None}
         onnx_rows: Sequence[dict[str, float] | None] = [None] * len(graph.layers)
         if onnx:
@@ -236,7 +261,7 @@ def profile_graph(graph: LayerGraph, *, warmup: int = 3, repeats: int = 20, onnx
         "kind": "edgesplit-profile",
         "model": graph.model,
         "input_shapes": [list(t.shape) for t in graph.example_inputs],
-        "machine": machine_info(),
+        "machine": machine_info(device),
         "warmup": warmup,
         "repeats": repeats,
         "idle_ms": idle_ms,

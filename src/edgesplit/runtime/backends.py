@@ -4,18 +4,26 @@ A backend prepares a step once (export, compile, open a session) and then runs i
 by name. It may keep state per client session (an LLM's KV cache): :meth:`Backend.new_state`
 makes one, the server keeps it per session (call metadata ``edgesplit-session``) and hands it
 back to every :meth:`Backend.run` of that session. Stateless backends return None.
+
+A backend computes on one torch device (``--torch-device``, :mod:`edgesplit.hardware.accelerator`):
+the torch backends move the partition there when they prepare it, and each run's inputs there
+and its outputs back to the CPU, where the wire encodes them; ONNX Runtime picks the matching
+execution provider.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch.fx import GraphModule
 
+from edgesplit.hardware.accelerator import AcceleratorError, to_device
 from edgesplit.registry import Registry
 from edgesplit.runtime.traced import TracedRunner
 
@@ -31,6 +39,7 @@ class Backend(Protocol):
     """Runs device steps. ``prepare`` once per step, before any ``run``."""
 
     name: str
+    device: torch.device
 
     def prepare(self, step: DeviceStep, example: Mapping[str, torch.Tensor]) -> None:
         """Get ``step`` ready to run (``example``: every tensor of one run, for shapes)."""
@@ -47,9 +56,19 @@ class TorchBackend:
     """The captured PyTorch program, as is."""
 
     name = "torch"
+    device = torch.device("cpu")  # a subclass that skips __init__ computes on the CPU
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        if device is not None:
+            self.device = device
 
     def prepare(self, step: DeviceStep, example: Mapping[str, torch.Tensor]) -> None:
-        pass  # the partition is already a module
+        assert step.partition is not None  # the partition is already a module
+        if self.device.type != "cpu":
+            # a copy: the partition shares its weights with the captured program, which stays
+            # on the CPU as the unsplit reference (PlanProgram.unsplit)
+            module = copy.deepcopy(step.partition.module).to(self.device)
+            step.partition = dataclasses.replace(step.partition, module=module)
 
     def new_state(self, step: DeviceStep) -> None:
         return None
@@ -58,7 +77,14 @@ class TorchBackend:
             ) -> dict[str, torch.Tensor]:
         assert step.partition is not None
         with torch.no_grad():
-            return step.partition.run(dict(values))
+            out = step.partition.run(self._inputs(values))
+        return self._outputs(out)
+
+    def _inputs(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(values) if self.device.type == "cpu" else to_device(values, self.device)
+
+    def _outputs(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return out if self.device.type == "cpu" else to_device(out, torch.device("cpu"))
 
 
 class TorchScriptBackend(TorchBackend):
@@ -68,7 +94,8 @@ class TorchScriptBackend(TorchBackend):
 
     name = "torchscript"
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        super().__init__(device)
         # per partition module: a batching server's freed-batch copy is another module
         self._runners: weakref.WeakKeyDictionary[GraphModule, TracedRunner] = \
             weakref.WeakKeyDictionary()
@@ -80,9 +107,10 @@ class TorchScriptBackend(TorchBackend):
         assert partition is not None
         if any(name not in values for name in partition.inputs):
             return super().run(step, values, state)  # which says what is missing
+        inputs = self._inputs({n: values[n] for n in partition.inputs})
         with torch.no_grad():
-            out = self.runner(partition.module)(*(values[n] for n in partition.inputs))
-        return dict(zip(partition.outputs, out, strict=True))
+            out = self.runner(partition.module)(*inputs.values())
+        return self._outputs(dict(zip(partition.outputs, out, strict=True)))
 
     def runner(self, module: GraphModule) -> TracedRunner:
         """``module``'s runner (made at its first call)."""
@@ -94,9 +122,15 @@ class TorchScriptBackend(TorchBackend):
 
 
 class OnnxRuntimeBackend:
-    """Each partition exported to ONNX and run by ONNX Runtime on the CPU."""
+    """Each partition exported to ONNX and run by ONNX Runtime: its CPU provider, or on
+    ``cuda:N`` its CUDA provider (the ``onnxruntime-gpu`` package), the CPU taking what CUDA
+    cannot run. Inputs and outputs stay in host memory (ONNX Runtime copies them)."""
 
     name = "onnxruntime"
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.providers = _onnx_providers(self.device)
 
     def prepare(self, step: DeviceStep, example: Mapping[str, torch.Tensor]) -> None:
         import onnxruntime as ort
@@ -105,7 +139,7 @@ class OnnxRuntimeBackend:
         options.intra_op_num_threads = torch.get_num_threads()
         options.log_severity_level = 3
         step.session = ort.InferenceSession(step.to_onnx(dict(example)), options,
-                                            providers=["CPUExecutionProvider"])
+                                            providers=self.providers)
 
     def new_state(self, step: DeviceStep) -> None:
         return None
@@ -118,12 +152,29 @@ class OnnxRuntimeBackend:
         return {t: torch.from_numpy(o) for t, o in zip(step.partition.outputs, outs, strict=True)}
 
 
-BACKENDS: Registry[type[Backend]] = Registry("backend", label="Runtime backends")
+def _onnx_providers(device: torch.device) -> list[Any]:
+    """ONNX Runtime's execution providers for ``device``, checked against those installed."""
+    if device.type == "cpu":
+        return ["CPUExecutionProvider"]
+    import onnxruntime as ort
+
+    if device.type != "cuda" or "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise AcceleratorError(f"the onnxruntime backend cannot compute on {device}: this "
+                               f"ONNX Runtime has {', '.join(ort.get_available_providers())} "
+                               "(for CUDA: pip install onnxruntime-gpu), or use --backend "
+                               "torch")
+    return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+
+
+# a backend kind: made with the torch device it computes on (None: the CPU)
+BackendKind = Callable[[torch.device | None], Backend]
+BACKENDS: Registry[BackendKind] = Registry("backend", label="Runtime backends")
 BACKENDS.register("torch", TorchBackend)
 BACKENDS.register("torchscript", TorchScriptBackend)
 BACKENDS.register("onnxruntime", OnnxRuntimeBackend)
 
 
-def get_backend(name: str) -> Backend:
-    """A new backend of the registered kind ``name`` (did-you-mean error when unknown)."""
-    return BACKENDS.get(name)()
+def get_backend(name: str, device: torch.device | None = None) -> Backend:
+    """A new backend of the registered kind ``name`` computing on ``device`` (None: the CPU;
+    see :func:`edgesplit.hardware.accelerator.torch_device`); did-you-mean error when unknown."""
+    return BACKENDS.get(name)(device)

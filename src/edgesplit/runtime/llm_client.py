@@ -94,16 +94,18 @@ class LLMClient:
     caches on every stage (default: a random id). ``model``: the transformers model to take
     the first stage's blocks from (default: the plan's checkpoint, or built from its source).
     ``emulate``: the first stage's real compute is slowed to its device's speed; ``shape``:
-    its sends take the plan's link time; ``dilation``: both that many times slower."""
+    its sends take the plan's link time; ``dilation``: both that many times slower.
+    ``torch_device``: where the first stage computes (``cpu``, ``cuda[:N]``, ``mps``)."""
 
     def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
                  session: str | None = None, token: str | None = None,
                  tls: TlsFiles | None = None, timeout_s: float = 60.0, retries: int = 0,
                  retry_backoff_s: float = 0.2, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = True, dilation: float = 1.0) -> None:
+                 shape: bool = True, dilation: float = 1.0,
+                 torch_device: str | torch.device | None = None) -> None:
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
-        self.stage = LLMStageModel(plan, 0, model)
+        self.stage = LLMStageModel(plan, 0, model, torch_device)
         self.device = plan.devices[0].name
         self.session = session or uuid.uuid4().hex
         self._bearer = bearer_metadata(token)

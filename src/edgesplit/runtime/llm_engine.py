@@ -230,11 +230,13 @@ def _last(stopper: StopMatcher, text: str) -> str:
 def open_engine(plan: Plan, server: str | None, *, token: str | None = None,
                 tls: Any = None, timeout_s: float = 60.0, retries: int = 0,
                 data_plane: Any = "auto", model_id: str | None = None,
-                emulate: bool = False, shape: bool = True) -> LLMEngine:
-    """An engine for ``plan``: its first stage here, the chain at ``server``, the plan's
-    checkpoint's tokenizer."""
+                emulate: bool = False, shape: bool = True,
+                torch_device: str | None = None) -> LLMEngine:
+    """An engine for ``plan``: its first stage here (on ``torch_device``), the chain at
+    ``server``, the plan's checkpoint's tokenizer."""
     llm_section(plan)
     tokenizer = plan_tokenizer(plan)
     client = LLMClient(plan, server, token=token, tls=tls, timeout_s=timeout_s,
-                       retries=retries, data_plane=data_plane, emulate=emulate, shape=shape)
+                       retries=retries, data_plane=data_plane, emulate=emulate, shape=shape,
+                       torch_device=torch_device)
     return LLMEngine(client, tokenizer, model_id=model_id)

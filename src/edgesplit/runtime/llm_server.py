@@ -146,7 +146,8 @@ class LLMStageServer(GrpcServer):
     this stage's tensors, or built from its source). The data plane opens on ``data_port``
     (None: none). ``emulate``: each step's real compute is slowed to the plan device's speed;
     ``shape``: its sends and replies take the plan's link time; ``dilation``: both
-    ``dilation`` times slower (:mod:`edgesplit.runtime.llm_emulation`)."""
+    ``dilation`` times slower (:mod:`edgesplit.runtime.llm_emulation`). ``torch_device``:
+    where the stage computes (``cpu``, ``cuda[:N]``, ``mps``)."""
 
     def __init__(self, plan: Plan, device: str, *,
                  next_address: str | LoopbackChannel | None = None, token: str | None = None,
@@ -154,7 +155,8 @@ class LLMStageServer(GrpcServer):
                  max_workers: int = 8, next_timeout_s: float = 60.0,
                  data_port: int | None = 0, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = True, dilation: float = 1.0) -> None:
+                 shape: bool = True, dilation: float = 1.0,
+                 torch_device: str | torch.device | None = None) -> None:
         llm = llm_section(plan)
         index = stage_index(plan, device)
         self.device = plan.devices[index].name
@@ -171,7 +173,7 @@ class LLMStageServer(GrpcServer):
                               f"{plan.devices[index + 1].name!r}: give its address with "
                               f"{option('next_address', 'HOST:PORT', flag='--next')}")
         self.plan, self.llm, self.plan_id = plan, llm, plan_id(plan)
-        self.stage = LLMStageModel(plan, index, model)
+        self.stage = LLMStageModel(plan, index, model, torch_device)
         self.sessions = LLMSessions(self.device, self.stage.new_cache,
                                     max_sessions=max_sessions or llm.sessions,
                                     max_context=llm.max_context)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
+from edgesplit.hardware.accelerator import torch_device as torch_device_of
 from edgesplit.plan.model import LLMPlan, Plan
 from edgesplit.runtime.llm_sampling import Sampling, sample
 
@@ -113,8 +114,11 @@ def open_plan_checkpoint(plan: Plan) -> Any:
 class LLMStageModel:
     """Stage ``index`` of ``plan`` as modules, and :meth:`step` over a session's cache."""
 
-    def __init__(self, plan: Plan, index: int, model: nn.Module | None = None) -> None:
+    def __init__(self, plan: Plan, index: int, model: nn.Module | None = None,
+                 torch_device: str | torch.device | None = None) -> None:
         self.llm = llm_section(plan)
+        # checked first: a missing accelerator is one line, before any weight is read
+        self.torch_device = torch_device_of(torch_device)
         if not 0 <= index < len(self.llm.stages):
             raise ConfigError(f"stage {index} is not in the plan (it has "
                               f"{len(self.llm.stages)})")
@@ -133,6 +137,11 @@ class LLMStageModel:
         shared = list(self.llm.shared_modules) if decoders else []
         paths = [p for b in blocks for p in b.modules] + shared
         self.config, found = self._modules(plan, paths, model)
+        if self.torch_device.type != "cpu":
+            # in place: modules sharing a tensor (tied embeddings) keep sharing it; a caller's
+            # model (tests) moves with them
+            for module in found.values():
+                module.to(self.torch_device)
         self.modules = found
         self.blocks = [(b.kind, [found[path] for path in b.modules]) for b in blocks]
         # the shared modules a stage needs: the rotary embedding, for its decoder layers
@@ -179,10 +188,12 @@ class LLMStageModel:
         """Run the stage on ``x`` (token ids ``[1, T]`` or a hidden state ``[1, T, H]``)
         for positions ``position .. position + T - 1``; returns the hidden state it forwards,
         or, when it ends with the head, the next token ``[1, 1]`` picked by ``sampling``
-        (default greedy) for position ``position + T``."""
-        h = x if not self.io.hidden_in else x.to(self.dtype)
+        (default greedy) for position ``position + T``. Whatever device computes, what it
+        returns is in host memory (the wire's)."""
+        h = x.to(self.torch_device, self.dtype if self.io.hidden_in else x.dtype)
         tokens = int(x.shape[1])
-        positions = torch.arange(position, position + tokens).unsqueeze(0)
+        positions = torch.arange(position, position + tokens,
+                                 device=self.torch_device).unsqueeze(0)
         attention: tuple[Any, dict[str, Any]] | None = None  # made once, for every layer
         for kind, modules in self.blocks:
             if kind == "embed":
@@ -199,10 +210,11 @@ class LLMStageModel:
                 for m in modules:
                     h = m(h)
                 if sampling is None or sampling.greedy:
-                    return h.argmax(dim=-1)
-                picked = sample(h.reshape(-1), sampling, position + tokens)
+                    return h.argmax(dim=-1).cpu()
+                # on the CPU: a seeded draw is the same whichever device made the logits
+                picked = sample(h.reshape(-1).cpu(), sampling, position + tokens)
                 return torch.tensor([[picked]], dtype=torch.int64)
-        return h
+        return h.cpu()
 
     def _attention_inputs(self, h: torch.Tensor, positions: torch.Tensor, cache: Any
                           ) -> tuple[Any, dict[str, Any]]:

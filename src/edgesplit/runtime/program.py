@@ -41,6 +41,7 @@ import torch
 from edgesplit.errors import ConfigError, GraphError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
+from edgesplit.hardware import accelerator
 from edgesplit.plan.model import Plan, PlanDevice, StarLayout, star_layout
 from edgesplit.quant.fakequant import fake_quantize, quantize_weight, set_tensor_attr
 from edgesplit.quant.wire import PlainCodec
@@ -280,13 +281,17 @@ class PlanProgram:
 
     @classmethod
     def load(cls, plan: Plan, graph: LayerGraph | None = None, *, backend: str = "torch",
-             trust_model_file: bool = False) -> PlanProgram:
+             trust_model_file: bool = False, torch_device: str | torch.device | None = None
+             ) -> PlanProgram:
         """``backend``: ``torch`` (the captured program), ``torchscript`` (the same, a
         partition called again with the same shapes run as a checked TorchScript trace) or
         ``onnxruntime`` (each partition exported to ONNX and run by ONNX Runtime).
-        ``trust_model_file`` lets the plan's ``.pt2`` run the pickled code it may hold (a plan
-        names any file: see :func:`edgesplit.graph.load_program`)."""
-        runner = get_backend(backend)  # an unknown name fails before the capture
+        ``torch_device``: where the partitions compute (``cpu``, ``cuda[:N]``, ``mps``; the
+        wire's tensors stay on the CPU). ``trust_model_file`` lets the plan's ``.pt2`` run the
+        pickled code it may hold (a plan names any file: see
+        :func:`edgesplit.graph.load_program`)."""
+        # an unknown backend or a missing accelerator fails before the capture
+        runner = get_backend(backend, accelerator.torch_device(torch_device))
         layout = star_layout(plan) if plan.shape == "star" else None
         order = _chain(plan) if layout is None else []
         graph = graph or _capture_for(plan, trust_model_file)
