@@ -155,20 +155,28 @@ def test_other_families_are_refused_in_one_line_naming_the_supported(name):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(("name", "window"), [
-    ("mistral_tiny", {"sliding_window": 64}),
-    ("qwen3_tiny", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}),
-    ("phi3_tiny", {"sliding_window": 64}),
+@pytest.mark.parametrize(("name", "fields", "window"), [
+    ("mistral_tiny", {"sliding_window": 64}, 64),
+    ("phi3_tiny", {"sliding_window": 64}, 64),
+    # Qwen: the layers from max_window_layers on slide, only with use_sliding_window
+    ("qwen3_tiny", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2,
+                    "layer_types": None}, 64),
+    ("qwen3_tiny", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 4,
+                    "layer_types": None}, None),
+    ("qwen2_tiny", {"use_sliding_window": False, "sliding_window": 64, "layer_types": None},
+     None),
+    ("llama_tiny", {"sliding_window": 64}, None),  # Llama never reads it
 ])
-def test_sliding_windows_are_refused(name, window):
-    """A window bounds the KV cache and the attention: not what is modelled or run."""
+def test_sliding_windows_are_recorded_as_the_model_reads_them(name, fields, window):
+    """A window is planned as full attention (only contexts it leaves full attention are:
+    tests/test_llm_sliding_window.py), so the blocks are those without it."""
     from transformers import AutoConfig
 
-    fields = {**causal_lm_config(name).to_dict(), **window}
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    with pytest.raises(ConfigError, match=r"sliding-window attention.*sliding_window null") as info:
-        describe_causal_lm(config)
-    assert "\n" not in str(info.value)
+    fields = {**causal_lm_config(name).to_dict(), **fields}
+    lm = describe_causal_lm(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    assert lm.shape.window == window
+    assert lm.shape.window_context == (None if window is None else window - 1)
+    assert lm.blocks == describe_causal_lm(name).blocks
 
 
 def test_family_differences_are_in_the_blocks():

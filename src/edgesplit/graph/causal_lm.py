@@ -16,14 +16,19 @@ the math and most CPU kernels compute). ``tests/test_llm_model.py`` checks the M
 cache against a ``DynamicCache`` after a forward pass.
 
 Supported: transformers ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``phi3`` and
-``gpt2`` configs (no sliding window), from a registered name, a config, or a real checkpoint
+``gpt2`` configs, from a registered name, a config, or a real checkpoint
 (:mod:`edgesplit.models.llm_checkpoint`: its fingerprint is recorded). All but GPT-2 share
 Llama's layout; what each does differently is data (:class:`_Family`): Qwen3's per-head q/k
-norms, Gemma's scaled embedding and GeGLU, Phi-3's fused projections, Qwen2's q/k/v bias.
+norms, Gemma's scaled embedding and GeGLU, Phi-3's fused projections, Qwen2's q/k/v bias,
+which layers of Mistral, Phi-3 and Qwen2/3 attend over a sliding window. A window is recorded
+(:attr:`CausalLMShape.window`) and planned only for contexts it leaves full attention
+(:attr:`CausalLMShape.window_context`), so the costs are those of full attention and the
+runtime switches the window off (:func:`full_attention_config`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -46,6 +51,7 @@ __all__ = [
     "OpWork",
     "Phase",
     "describe_causal_lm",
+    "full_attention_config",
 ]
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2")
@@ -120,6 +126,41 @@ def _phi3_positions(config: PretrainedConfig) -> int:
     return min(switch, _max_positions(config))
 
 
+def _no_window(config: PretrainedConfig) -> int | None:
+    """Llama and Gemma: every layer attends over the whole context (their attention and mask
+    never read ``sliding_window``)."""
+    return None
+
+
+def _window_everywhere(config: PretrainedConfig) -> int | None:
+    """Mistral and Phi-3: every layer attends over ``sliding_window`` when it is set (their
+    mask and attention read it; ``layer_types`` is not read)."""
+    window = getattr(config, "sliding_window", None)
+    return None if window is None else int(window)
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _window_by_layer_type(config: PretrainedConfig) -> int | None:
+    """Qwen2 and Qwen3: the layers ``layer_types`` marks ``sliding_attention`` attend over
+    ``sliding_window``. Only ``layer_types`` decides: the config fills it from
+    ``use_sliding_window`` (off: ``sliding_window`` is dropped) and ``max_window_layers``
+    (layers from that index on slide), and the model reads nothing else."""
+    types = set(getattr(config, "layer_types", None) or ())
+    if unknown := types - set(_LAYER_TYPES):
+        raise ConfigError(f"layer_types {sorted(unknown)} of this {config.model_type} config "
+                          f"are not modelled: use {' or '.join(_LAYER_TYPES)}")
+    if "sliding_attention" not in types:
+        return None
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        raise ConfigError(f"this {config.model_type} config has sliding_attention layers but "
+                          "no sliding_window: set sliding_window (and use_sliding_window "
+                          "true), or make every layer_types entry full_attention")
+    return int(window)
+
+
 @dataclass(frozen=True)
 class _Family:
     """How a family with Llama's layout (pre-norm decoder layers, rotary attention, gated MLP,
@@ -134,24 +175,40 @@ class _Family:
     act_flops: int = 5  # the gate's activation and the product: SiLU; GELU-tanh takes 9
     # the positions a split runs as one process does (Phi-3's LongRoPE: fewer)
     max_positions: Callable[[PretrainedConfig], int] = _max_positions
+    # the attention window of the layers that slide, as the family's model reads its config
+    window: Callable[[PretrainedConfig], int | None] = _no_window
 
 
 _FAMILIES = {
     "llama": _Family(),
-    "mistral": _Family(),
-    "qwen2": _Family(bias=(True, False)),
-    "qwen3": _Family(qk_norm=True),
+    "mistral": _Family(window=_window_everywhere),
+    "qwen2": _Family(bias=(True, False), window=_window_by_layer_type),
+    "qwen3": _Family(qk_norm=True, window=_window_by_layer_type),
     "gemma": _Family(embed_scale=True, norm_flops=5, act_flops=9),
-    "phi3": _Family(fused=True, max_positions=_phi3_positions),
+    "phi3": _Family(fused=True, max_positions=_phi3_positions, window=_window_everywhere),
 }
 
+# the config fields that switch every window off, where a family has them
+_NO_WINDOW: dict[str, Any] = {"sliding_window": None, "use_sliding_window": False}
 
-def _sliding_window(config: PretrainedConfig) -> bool:
-    """Whether some layer attends over a window: its KV cache is then bounded by it."""
-    layer_types = getattr(config, "layer_types", None) or ()
-    return getattr(config, "sliding_window", None) is not None or \
-        bool(getattr(config, "use_sliding_window", False)) or \
-        any(t != "full_attention" for t in layer_types)
+
+def full_attention_config(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with every sliding window switched off: a copy, or ``config`` itself when
+    it has none. What the runtime builds and caches with: a plan admits a window only for
+    contexts it leaves full attention (:attr:`CausalLMShape.window_context`), and without it
+    the KV caches are plain ``DynamicCache`` layers, which crop and rewind (sessions) as any
+    other. The file, and so a checkpoint's fingerprint, is untouched."""
+    changes = {key: off for key, off in _NO_WINDOW.items()
+               if getattr(config, key, off) != off}
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        changes["layer_types"] = ["full_attention"] * len(layer_types)
+    if not changes:
+        return config
+    plain = copy.deepcopy(config)  # a checkpoint's config is cached: never changed in place
+    for key, value in changes.items():
+        setattr(plain, key, value)
+    return plain
 
 
 @dataclass(frozen=True)
@@ -171,6 +228,19 @@ class CausalLMShape:
     qkv_bias: bool
     out_bias: bool
     mlp_bias: bool
+    window: int | None = None  # the sliding window of the layers that have one (None: none)
+
+    @property
+    def window_context(self) -> int | None:
+        """The most tokens a KV cache may hold (the plan's max context) for the window to
+        change nothing, bit for bit; None without a window. transformers masks key k out of
+        query q's window when ``q - k >= window`` (``masking_utils.sliding_window_overlay``),
+        so up to ``window`` tokens attention is full in value; but a step whose keys (cached
+        and new) reach ``window`` gets an explicit mask where full attention passes SDPA none
+        (``_ignore_causal_mask_sdpa``), which rounds differently, and a
+        ``DynamicSlidingWindowLayer`` keeps only ``window - 1`` tokens. Below ``window`` both
+        run the same code on the same keys."""
+        return None if self.window is None else self.window - 1
 
     @classmethod
     def from_config(cls, config: PretrainedConfig) -> CausalLMShape:
@@ -184,10 +254,6 @@ class CausalLMShape:
             return cls(arch, config.vocab_size, h, config.n_layer, config.n_head, config.n_head,
                        h // config.n_head, config.n_inner or 4 * h, config.n_positions, tied,
                        True, True, True)
-        if _sliding_window(config):
-            raise ConfigError(f"sliding-window attention (this {arch} config) is not "
-                              "modelled: its KV cache is bounded by the window; plan a config "
-                              "without one (sliding_window null, use_sliding_window false)")
         if getattr(config, "use_bidirectional_attention", False):
             raise ConfigError(f"this {arch} config attends bidirectionally "
                               "(use_bidirectional_attention): not a causal LM")
@@ -195,10 +261,12 @@ class CausalLMShape:
         head_dim = getattr(config, "head_dim", None) or h // heads
         kv = getattr(config, "num_key_value_heads", None) or heads
         attn_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias, out_bias = _FAMILIES[arch].bias or (attn_bias, attn_bias)
+        family = _FAMILIES[arch]
+        qkv_bias, out_bias = family.bias or (attn_bias, attn_bias)
         return cls(arch, config.vocab_size, h, config.num_hidden_layers, heads, kv, head_dim,
-                   config.intermediate_size, _FAMILIES[arch].max_positions(config), tied,
-                   qkv_bias, out_bias, bool(getattr(config, "mlp_bias", False)))
+                   config.intermediate_size, family.max_positions(config), tied,
+                   qkv_bias, out_bias, bool(getattr(config, "mlp_bias", False)),
+                   family.window(config))
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ register_causal_lm(
                 "Qwen2ForCausalLM")
 register_causal_lm(
     "mistral_tiny",
-    # no sliding window (Mistral-7B-v0.2 and later): edgesplit models the plain KV cache
+    # no sliding window, as Mistral-7B-v0.2 and later (tests/test_llm_sliding_window.py
+    # sets one)
     lambda: _config("mistral", **_TINY, sliding_window=None),
     description="tiny Mistral (4 blocks, hidden 64, GQA 4/2 heads, no sliding window), "
                 "transformers MistralForCausalLM")

@@ -322,9 +322,14 @@ def load_modules(checkpoint: Checkpoint, paths: Sequence[str], dtype: torch.dtyp
     the checkpoint's weights at ``dtype``, reading only their tensors; nothing else of the
     model is allocated. Non-persistent buffers (a rotary embedding's frequencies) are computed
     from the config as transformers does, in float32. A tied LM head shares the embedding's
-    tensor when both are loaded, and reads the embedding's tensor when alone."""
+    tensor when both are loaded, and reads the embedding's tensor when alone. A sliding
+    window is switched off in the config returned and built from (a plan admits one only
+    where it changes nothing: :func:`~edgesplit.graph.causal_lm.full_attention_config`)."""
+    from edgesplit.graph.causal_lm import full_attention_config
+
     config = checkpoint.config()
     _check_architecture(config, checkpoint.source)
+    config = full_attention_config(config)
     skeleton = _skeleton(config, dtype)
     tied = _tied_names(skeleton) if config.tie_word_embeddings else None
     files = checkpoint.tensor_files()

@@ -156,6 +156,7 @@ class LLMChainCosts:
             raise ConfigError(f"{option('max_context', workload.context)} exceeds the "
                               f"{lm.shape.max_positions} positions {lm.name} was built for; "
                               "plan a shorter context")
+        _check_window(lm, workload)
         order = topology.chain_order()
         devices = [topology.device(name) for name in order]
         prefill, decode = Phase.prefill(workload.prompt_tokens), Phase.decode(
@@ -199,6 +200,18 @@ class LLMChainCosts:
         steps = self.workload.decode_steps
         return (self.forward_prefill[m][c].ms + self.back[m][c].ms
                 + steps * (self.forward_decode[m][c].ms + self.back[m][c].ms))
+
+
+def _check_window(lm: CausalLM, workload: LLMWorkload) -> None:
+    """A sliding window is planned only where it changes nothing: every cache within
+    ``window - 1`` tokens (CausalLMShape.window_context says why not ``window``). There the
+    model is exactly full attention, so every cost and KV size here stays as it is."""
+    limit = lm.shape.window_context
+    if limit is not None and workload.context > limit:
+        raise ConfigError(f"{option('max_context', workload.context)} does not fit the "
+                          f"sliding window of {lm.name} ({lm.shape.window} tokens), which "
+                          f"edgesplit runs as full attention, exact up to {limit} tokens: plan "
+                          f"a {option('max_context')} (prompt + new tokens) of at most {limit}")
 
 
 def _range_memory(lm: CausalLM, workload: LLMWorkload, prefill: Phase

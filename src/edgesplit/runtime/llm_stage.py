@@ -13,8 +13,10 @@ A step runs the stage on ``tokens`` new positions starting at ``position`` (the 
 cache already holds): the prompt for the prefill, one token per decode step. The stage's
 decoder layers keep their own layer index, so the cache (a transformers ``DynamicCache`` for
 the whole depth) only ever fills this stage's layers, and the causal mask is sized against the
-stage's first layer. The stage holding the head picks the next token from the last position's
-logits (:func:`~edgesplit.runtime.llm_sampling.sample`: greedy unless told otherwise).
+stage's first layer. A model with a sliding window runs without it (mask and cache of full
+attention): its plan's context fits where the window changes nothing. The stage holding the
+head picks the next token from the last position's logits
+(:func:`~edgesplit.runtime.llm_sampling.sample`: greedy unless told otherwise).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
+from edgesplit.graph.causal_lm import full_attention_config
 from edgesplit.hardware.accelerator import torch_device as torch_device_of
 from edgesplit.plan.model import LLMPlan, Plan
 from edgesplit.runtime.llm_sampling import Sampling, sample
@@ -157,10 +160,15 @@ class LLMStageModel:
         if checkpoint is not None:
             from edgesplit.models.llm_checkpoint import load_modules
 
+            _check_window(checkpoint.config(), self.llm)
             return load_modules(checkpoint, paths, self.dtype)
         full = model if model is not None else _build_model(plan)
+        _check_window(full.config, self.llm)
         self.dtype = next(full.parameters()).dtype
-        return full.config, {path: full.get_submodule(path) for path in paths}
+        # a sliding window off, as load_modules does: the mask and the caches are then those
+        # of full attention, which the plan's context within the window makes exact
+        config: Any = full.config
+        return full_attention_config(config), {path: full.get_submodule(path) for path in paths}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer the stage holds, by ``module path.name`` (a tensor
@@ -228,6 +236,19 @@ class LLMStageModel:
         rope = {} if self.rotary is None else \
             {"position_embeddings": self.rotary(h, position_ids=positions)}
         return mask, rope
+
+
+def _check_window(config: Any, llm: LLMPlan) -> None:
+    """Refuse a plan whose max context passes the model's sliding window (the planner never
+    makes one; an edited plan could): the stage runs the window as full attention, exact only
+    within it, and would otherwise answer wrongly without a word."""
+    from edgesplit.graph.causal_lm import CausalLMShape
+
+    limit = CausalLMShape.from_config(config).window_context
+    if limit is not None and llm.max_context > limit:
+        raise ConfigError(f"the plan's max context of {llm.max_context} tokens passes this "
+                          f"model's sliding window (exact up to {limit}): plan it again "
+                          f"with --max-context {limit} or less")
 
 
 def _layer_index(layer: nn.Module) -> int:
