@@ -19,8 +19,9 @@ and after loading; goal: loaded - baseline within 20 % of the plan's ``weight_by
 (DP, memory-proportional (exo), equal split, best single device) on ``home-wifi`` and
 ``jmsnas-chain``; each plan served as a chain of in-process stage servers (gRPC and the data
 plane over 127.0.0.1). Each stage runs its real blocks and is then slowed by the ratio of its
-device's planned time for them to this machine's, measured when the stage starts
-(``--emulate-device``; never paced to the plan), and links are shaped to the plan's. Some
+device's planned time for them to this machine's, measured when the stage starts, each step
+timed after the idle a run leaves the stage between its steps (``--emulate-device``; never
+paced to the plan), and links are shaped to the plan's. Some
 devices are faster than this machine (factor < 1), which no sleep can emulate, so everything
 runs ``D`` times slower (time dilation: every stage's factor and every link's time times ``D``,
 the smallest ``D`` that makes every factor >= 1, plus 30 %), and measured times are divided by
@@ -66,10 +67,15 @@ from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
 from edgesplit.report.plots import plot_llm_methods
 from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_emulation import predicted_reference, slowdown_factors
+from edgesplit.runtime.llm_emulation import (
+    IDLE_CAP_S,
+    measured_reference,
+    slowdown_factors,
+)
 from edgesplit.runtime.llm_engine import plan_tokenizer
 from edgesplit.runtime.llm_report import generation_report
 from edgesplit.runtime.llm_server import LLMStageServer, head_stage
+from edgesplit.runtime.llm_stage import LLMStageModel
 
 RESULTS = Path(__file__).parent / "results"
 QUIET_LOAD = 1.0
@@ -234,16 +240,26 @@ def section_a(new_tokens: int, repeats: int, warmup: int, log=print) -> dict[str
 
 
 # ---- B: placements on emulated devices -----------------------------------------------------------
-def dilation_for(planning: LLMPlanning, scale: dict[str, float]) -> float:
+def dilation_for(planning: LLMPlanning) -> float:
     """The smallest slowdown that lets every stage of every method be emulated (factor >= 1),
-    with a 30 % margin, at least 1. A stage measures its own reference when it starts; here
-    it is estimated as this machine's predicted time times ``scale`` (measured over predicted,
-    per phase, for the whole model in section A)."""
-    low = min(f for name in METHODS for i, s in enumerate(planning.plans[name].llm.stages)
-              if s.start < s.end for f in slowdown_factors(
-                  planning.plans[name], i,
-                  {phase: ms * scale[phase] for phase, ms in
-                   predicted_reference(planning.plans[name], i).items()}).values())
+    with a 30 % margin, at least 1. Each distinct stage is built here and times its blocks as
+    a stage does when it starts (``measured_reference`` after the run's idle, which at these
+    dilations is the cap, ``IDLE_CAP_S``)."""
+    idle = {"prefill": IDLE_CAP_S, "decode": IDLE_CAP_S}
+    references: dict[tuple[int, int], dict] = {}
+    low = math.inf
+    for name in METHODS:
+        plan = planning.plans[name]
+        if not planning.placements[name].feasible:
+            continue
+        assert plan.llm is not None
+        for i, s in enumerate(plan.llm.stages):
+            if s.start == s.end:
+                continue
+            if (s.start, s.end) not in references:
+                references[(s.start, s.end)] = measured_reference(
+                    LLMStageModel(plan, i), plan, repeats=1, idle=idle)
+            low = min(low, *slowdown_factors(plan, i, references[(s.start, s.end)]).values())
     return max(1.0, math.ceil(13.0 / low) / 10.0)
 
 
@@ -298,10 +314,10 @@ def _method_row(name: str, plan: Plan, runs: list[dict[str, Any]], dilation: flo
 
 
 def section_b(topology: Topology, prompt_tokens: int, new_tokens: int, repeats: int,
-              warmup: int, scale: dict[str, float], log=print) -> dict[str, Any]:
+              warmup: int, log=print) -> dict[str, Any]:
     planning = plan_llm(MODEL, topology, LLMWorkload(prompt_tokens=prompt_tokens,
                                                      new_tokens=new_tokens))
-    dilation = dilation_for(planning, scale)
+    dilation = dilation_for(planning)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, planning.lm.shape.vocab_size, (prompt_tokens,),
                            generator=g).tolist()
@@ -525,15 +541,13 @@ def main() -> None:
     start = time.perf_counter()
     doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "model": MODEL,
                            "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M"),
-                           "reference": "measured (each stage's blocks, timed as it starts)",
+                           "reference": "measured (each stage's blocks, timed as it starts, "
+                                        "after the run's idle)",
                            "workload": {"new_tokens": new, "repeats": repeats, "warmup": warmup,
                                         "b_prompt_tokens": args.prompt_tokens},
                            "load_before": before, "load_average": list(os.getloadavg())}
     doc["a"] = section_a(new, repeats, warmup)
-    check = doc["a"]["this_machine"]
-    scale = {"prefill": check["measured_ttft_ms"] / check["predicted_prefill_ms"],
-             "decode": check["measured_decode_ms"] / check["predicted_decode_ms"]}
-    doc["b"] = [section_b(get_topology(name), args.prompt_tokens, new, repeats, warmup, scale)
+    doc["b"] = [section_b(get_topology(name), args.prompt_tokens, new, repeats, warmup)
                 for name in TOPOLOGIES]
     doc["load_after"] = os.getloadavg()[0]
     doc["load_average_end"] = list(os.getloadavg())

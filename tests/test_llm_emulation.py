@@ -21,8 +21,10 @@ from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
 from edgesplit.runtime.llm_client import LLMClient
 from edgesplit.runtime.llm_emulation import (
+    IDLE_CAP_S,
     StagePacer,
     dilated,
+    idle_between_steps,
     measured_reference,
     phase_of,
     predicted_reference,
@@ -119,6 +121,36 @@ def test_the_reference_is_the_stages_own_blocks_timed_here(plan, model):
     factors = slowdown_factors(plan, 1, reference)
     assert factors["decode"] == pytest.approx(plan.llm.stages[1].decode_ms
                                               / reference["decode"])
+
+
+def test_the_idle_before_a_step_is_the_rest_of_the_planned_step_dilated_and_capped(plan):
+    """A stage idles while the other stages and the links work: the plan's step time less its
+    own, D times slower under dilation, and never more than the cap (past which a longer idle
+    slows a step no further)."""
+    llm = plan.llm
+    stage = llm.stages[1]
+    own = idle_between_steps(plan, 1)
+    assert own["decode"] == pytest.approx(min(IDLE_CAP_S, (llm.tpot_ms - stage.decode_ms) / 1e3))
+    assert own["prefill"] == pytest.approx(
+        min(IDLE_CAP_S, (llm.ttft_ms - stage.prefill_ms) / 1e3))
+    tiny = idle_between_steps(plan, 1, dilation=1e-6)
+    assert 0 <= tiny["decode"] < own["decode"] or own["decode"] == 0
+    assert idle_between_steps(plan, 1, dilation=1e6) == {"prefill": IDLE_CAP_S,
+                                                         "decode": IDLE_CAP_S}
+
+
+def test_the_reference_times_each_step_after_the_idle(plan, model, monkeypatch):
+    """Each timed step of the reference follows a sleep of the phase's idle: the run's
+    conditions, not a back-to-back loop's (whose warm caches made small stages look twice as
+    fast as they run)."""
+    from edgesplit.runtime import llm_emulation
+    from edgesplit.runtime.llm_stage import LLMStageModel
+
+    slept: list[float] = []
+    monkeypatch.setattr(llm_emulation.time, "sleep", slept.append)
+    stage = LLMStageModel(plan, 1, model)
+    measured_reference(stage, plan, repeats=2, idle={"prefill": 0.03, "decode": 0.07})
+    assert slept == [0.03, 0.07] * 3  # one warm-up and two timed, each phase
 
 
 def test_time_dilation_slows_compute_and_links_alike(plan):

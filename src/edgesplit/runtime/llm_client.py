@@ -39,7 +39,6 @@ from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.llm_emulation import (
     Phase,
     StagePacer,
-    measured_reference,
     phase_of,
     stage_links,
 )
@@ -123,8 +122,8 @@ class LLMClient:
         self.address = address if isinstance(address, str) else "in-process"
         self._hop = Hop(address, llm_message_bytes(self.llm), tls, data_plane) \
             if self.remote and address is not None else None
-        self.pacer = StagePacer.of(plan, 0, measured_reference(self.stage, plan),
-                                   dilation=dilation) if emulate else None
+        self.pacer = StagePacer.measured(self.stage, plan, dilation=dilation) \
+            if emulate else None
         self.shaper = LinkShaper(stage_links(plan, 0, dilation)[1] if self.remote else None,
                                  shape)
         self._ids = iter(range(1, 1 << 62))

@@ -7,7 +7,8 @@ machine's for that work: after a step that took ``t`` ms of real compute it slee
 ``(factor - 1) x t``, with ``factor`` the plan's time for the stage's blocks in that phase on
 its device (priced by the cost model) over this machine's time for the same blocks, measured
 when the stage starts (:func:`measured_reference`: a prefill of the plan's prompt length, a
-decode step at its mean cache length). Nothing sleeps to the plan's prediction: what the
+decode step at its mean cache length, each after the idle a run leaves the stage between its
+steps, :func:`idle_between_steps`). Nothing sleeps to the plan's prediction: what the
 measurement can disagree with is how the plan composes its parts (per-step work as the context
 grows, links, encoding, serving overhead), and this machine's own cost model is checked apart
 (:func:`predicted_reference` against :func:`measured_reference`). Where the device is faster
@@ -49,6 +50,7 @@ __all__ = [
     "Phase",
     "StagePacer",
     "dilated",
+    "idle_between_steps",
     "measured_reference",
     "phase_of",
     "predicted_reference",
@@ -85,16 +87,37 @@ def predicted_reference(plan: Plan, index: int, device: Device | None = None
             for name, work in phases.items()}
 
 
+# Past this idle, a step here is slowed no further by it (SmolLM2-135M on this 2-core machine,
+# one thread: a 3-block stage's decode step took 2.4 ms back to back, 4.9 ms after 50 ms idle
+# and 5.2 after 200 ms; a 10-block stage 23.0, 26.2 and 25.8 ms).
+IDLE_CAP_S = 0.1
+
+
+def idle_between_steps(plan: Plan, index: int, dilation: float = 1.0) -> dict[Phase, float]:
+    """Per phase, seconds stage ``index`` idles before a step when it runs ``plan`` (at most
+    :data:`IDLE_CAP_S`): the rest of the step's planned time, the other stages and the links,
+    ``dilation`` times slower. Between steps the caches lose the stage's weights and the
+    cores slow down, so a step after idle takes longer than one back to back (up to twice,
+    for a stage of a few blocks): the reference is timed after the same idle."""
+    llm = llm_section(plan)
+    stage = llm.stages[index]
+    rest: dict[Phase, float] = {"prefill": llm.ttft_ms - stage.prefill_ms,
+                                "decode": llm.tpot_ms - stage.decode_ms}
+    return {phase: min(IDLE_CAP_S, max(0.0, ms) * dilation / 1e3) for phase, ms in rest.items()}
+
+
 @torch.no_grad()
-def measured_reference(stage: LLMStageModel, plan: Plan, repeats: int = 3
-                       ) -> dict[Phase, float]:
+def measured_reference(stage: LLMStageModel, plan: Plan, repeats: int = 3,
+                       idle: dict[Phase, float] | None = None) -> dict[Phase, float]:
     """Per phase, the stage's own blocks timed on this machine at the plan's workload (the
     median of ``repeats`` after one warm-up): a prefill of the plan's prompt length on an
-    empty cache, and a decode step against a cache of the plan's mean length."""
+    empty cache, and a decode step against a cache of the plan's mean length, each after
+    ``idle[phase]`` seconds of sleep, as in a run (:func:`idle_between_steps`; None: none)."""
     llm = llm_section(plan)
     if stage.io.empty:
         return {"prefill": 0.0, "decode": 0.0}
     prompt, cached = llm.prompt_tokens, max(1, llm.decode_cached_tokens)
+    idle = idle or {"prefill": 0.0, "decode": 0.0}
 
     def x(tokens: int) -> torch.Tensor:
         if stage.io.hidden_in:
@@ -103,11 +126,13 @@ def measured_reference(stage: LLMStageModel, plan: Plan, repeats: int = 3
 
     times: dict[Phase, list[float]] = {"prefill": [], "decode": []}
     for _ in range(repeats + 1):
+        time.sleep(idle["prefill"])
         t0 = time.perf_counter()
         stage.step(x(prompt), 0, stage.new_cache())
         times["prefill"].append((time.perf_counter() - t0) * 1e3)
         cache = stage.new_cache()
         stage.step(x(cached), 0, cache)
+        time.sleep(idle["decode"])
         t0 = time.perf_counter()
         stage.step(x(1), cached, cache)
         times["decode"].append((time.perf_counter() - t0) * 1e3)
@@ -150,6 +175,16 @@ class StagePacer:
         stage = llm_section(plan).stages[index]
         factors = slowdown_factors(plan, index, reference)
         return cls(stage.device, {phase: f * dilation for phase, f in factors.items()})
+
+    @classmethod
+    def measured(cls, stage: LLMStageModel, plan: Plan, *, dilation: float = 1.0
+                 ) -> StagePacer:
+        """The pacer of ``stage`` against its own blocks timed here now, each step after the
+        idle a run of ``plan`` leaves it (:func:`measured_reference`)."""
+        index = stage.io.index
+        reference = measured_reference(stage, plan,
+                                       idle=idle_between_steps(plan, index, dilation))
+        return cls.of(plan, index, reference, dilation=dilation)
 
     def pace(self, start: float, phase: Phase) -> float:
         """Sleep ``(factor - 1)`` times the compute since ``start`` (this pacer's clock);

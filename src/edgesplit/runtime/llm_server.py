@@ -39,7 +39,6 @@ from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message, open_data_plane
 from edgesplit.runtime.llm_emulation import (
     StagePacer,
-    measured_reference,
     phase_of,
     stage_links,
 )
@@ -182,8 +181,8 @@ class LLMStageServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
                                                       data_plane)
-        self.pacer = StagePacer.of(plan, index, measured_reference(self.stage, plan),
-                                   dilation=dilation) if emulate else None
+        self.pacer = StagePacer.measured(self.stage, plan, dilation=dilation) \
+            if emulate else None
         before, after = stage_links(plan, index, dilation)
         self.upstream = LinkShaper(before, shape)  # replies, towards the caller
         self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
