@@ -18,8 +18,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         plan = Path(tmp) / "plan.json"
         subprocess.run([*EDGESPLIT, *PLAN, "--out", str(plan)], check=True)
+        # --shape: rehearse the 4G link on loopback (both ends: requests and replies)
         server = subprocess.Popen([*EDGESPLIT, "serve", str(plan), "--device", "cloud",
-                                   "--port", "0"], stdout=subprocess.PIPE, text=True)
+                                   "--port", "0", "--shape"], stdout=subprocess.PIPE, text=True)
         try:
             line = server.stdout.readline()  # "listening on HOST:PORT ..."
             if not line.startswith("listening on"):
@@ -28,7 +29,7 @@ def main() -> int:
             address = line.split()[2]
             print(f"cloud part served at {address}; 5 requests through the emulated 4G link")
             return subprocess.run([*EDGESPLIT, "run", str(plan), "--server", address,
-                                   "--requests", "5"]).returncode
+                                   "--requests", "5", "--shape"]).returncode
         finally:
             server.terminate()  # SIGTERM: the server finishes in-flight requests and exits
             server.wait(timeout=30)

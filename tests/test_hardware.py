@@ -336,3 +336,21 @@ def test_thread_pool_release_is_torchs_own_runtime_and_keeps_results():
     worker.start()
     worker.join()
     assert got == [(True, True)]
+
+
+def test_preset_overrides_in_a_topology_file_are_validated(tmp_path):
+    """An override of a preset's field goes through the same validation as a device file:
+    a size in units is read as bytes, a wrong value is one ConfigError line (it was stored
+    unchecked and failed in numpy deep inside planning)."""
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\ndevices:\n  - {preset: phone-2022, memory_bytes: 2MiB}\n"
+                    "  - v100-server\nlinks:\n  - {src: phone-2022, dst: v100-server, "
+                    "link: wifi}\n")
+    assert load_topology(path).devices[0].memory_bytes == 2 * 2**20
+    path.write_text(path.read_text().replace("2MiB", "lots"))
+    with pytest.raises(ConfigError, match="memory") as info:
+        load_topology(path)
+    assert "\n" not in str(info.value)
+    path.write_text(path.read_text().replace("memory_bytes: lots", "memory_byte: 1"))
+    with pytest.raises(ConfigError, match="memory_byte"):
+        load_topology(path)

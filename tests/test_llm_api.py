@@ -592,7 +592,7 @@ def test_cli_api_command(monkeypatch, tmp_path):
     assert result.stdout.strip() == "api listening on http://127.0.0.1:43210/v1 model=echo-llm"
     assert opened == {"plan": "plan:p.json", "server": "h:1", "token": "t0k", "tls": None,
                       "timeout_s": 5.0, "retries": 2, "data_plane": "grpc",
-                      "shape": True}
+                      "shape": False, "torch_device": None}  # links real unless --shape
     assert served == {"host": "127.0.0.1", "port": 0, "api_key": "sesame"}
 
     result = CliRunner().invoke(app, ["llm", "api", "p.json", "--api-key", "a",

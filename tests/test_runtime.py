@@ -225,7 +225,8 @@ def local(programs):
     """In-process servers by key, reached over the loopback transport: the servicer code a
     socket runs (decode, validate, compute, errors with status codes) without a subprocess."""
     made = {"chain": PartitionServer(programs["chain"], "cloud", token=TOKEN, shape=False),
-            "dag": PartitionServer(programs["dag"], "cloud"),  # shaped (4g): the shaping check
+            # shaped (4g; asked: shaping is a rehearsal, off by default): the shaping check
+            "dag": PartitionServer(programs["dag"], "cloud", shape=True),
             "quant": PartitionServer(programs["quant"], "cloud", shape=False)}
     return {key: server.loopback_channel() for key, server in made.items()}
 
@@ -298,9 +299,9 @@ def test_chain_cut_equals_unsplit_model(servers, programs, plans):
         d = c.describe()
         assert (d.device, list(d.inputs), d.plan_id) == ("cloud", ["relu_1"], program.plan_id)
         _assert_float_equal(program, c)
-    # the same through `edgesplit run --json`
+    # the same through `edgesplit run --json` (links real by default: no --no-shape needed)
     result = runner.invoke(app, ["run", str(plans["chain"]), "--server", server.address,
-                                 "--token", TOKEN, "--no-shape", "-n", "3", "-c", "2",
+                                 "--token", TOKEN, "-n", "3", "-c", "2",
                                  "--timeout-s", "30", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -312,6 +313,7 @@ def test_chain_cut_equals_unsplit_model(servers, programs, plans):
     assert set(doc["latency_ms"]) == {"mean", "p50", "p95", "max"}
     assert set(doc["breakdown_ms"]) == {"edge", "serialize", "transfer", "remote", "total"}
     assert doc["predicted_ms"] == pytest.approx(programs["chain"].plan.predicted.total_ms)
+    assert doc["rehearsal"] == {"links_shaped": False, "compute_emulated": False}
 
 
 def test_dag_cut_equals_unsplit_model(local, programs):

@@ -149,3 +149,12 @@ BACKEND_HELP = ("torch (the captured program), torchscript (the same, a part cal
 TOKEN_HELP = ("Bearer token (both sides give the same). Visible in `ps`: prefer --token-file "
               "or the EDGESPLIT_TOKEN environment variable.")
 TOKEN_FILE_HELP = "Read the bearer token from this file (one line)."
+def rehearsal(shape: bool, emulate: bool) -> str:
+    """What of a plan a command rehearses rather than runs for real, as its start-up line and
+    report say it: ``links=shaped|real compute=emulated|real``."""
+    return (f"links={'shaped' if shape else 'real'} "
+            f"compute={'emulated' if emulate else 'real'}")
+
+
+SHAPE_HELP = ("Rehearse the plan's links: each send waits its link's bandwidth and RTT "
+              "(default off: over a real network, the network's own time is what counts).")

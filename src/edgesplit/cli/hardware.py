@@ -23,11 +23,19 @@ from edgesplit.cli._app import (
 
 @app.command()
 @user_errors
-def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")
-            ) -> None:
-    """List the device presets (this-machine is measured live, about a second)."""
+def devices(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    remeasure: bool = typer.Option(False, "--remeasure", help="Measure this-machine again "
+                                   "(it is measured once per machine, seconds, and cached)."),
+) -> None:
+    """List the device presets (this-machine: measured on this machine once, then cached)."""
     from edgesplit.hardware import get_device, list_devices
 
+    if remeasure:
+        from edgesplit.hardware.this_machine import remeasure_this_machine
+
+        with err.status("measuring this machine ...", spinner="dots"):
+            remeasure_this_machine()
     found = [get_device(name) for name in list_devices()]
     if as_json:
         emit_json({"version": 1, "devices": [d.model_dump(mode="json") for d in found]})

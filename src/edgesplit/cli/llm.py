@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from edgesplit.cli._app import (
+    SHAPE_HELP,
     THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
@@ -19,6 +20,7 @@ from edgesplit.cli._app import (
     emit_json,
     err,
     out,
+    rehearsal,
     set_threads,
     tls_files,
     user_errors,
@@ -40,7 +42,6 @@ _EMULATE_HELP = ("Compute emulation: this device's stage runs its real blocks, t
                  "by the cost model's ratio of the planned device's time for them to this "
                  "machine's (prefill and decode), so this machine runs at that device's speed "
                  "(it cannot speed up a slower one).")
-_NO_SHAPE_HELP = "Do not emulate the plan's links (each send waits its bandwidth and RTT)."
 
 
 @llm_app.command("plan")
@@ -130,7 +131,7 @@ def serve(
     data_plane: str = typer.Option("auto", "--data-plane", help="How to call --next: auto "
                                    "(its data plane if it has one), grpc or tcp."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
-    no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
+    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
@@ -149,7 +150,7 @@ def serve(
                             tls=tls_files(tls_cert, tls_key, tls_ca), max_sessions=max_sessions,
                             max_workers=workers, data_port=_data_port(data_port),
                             data_plane=_data_plane(data_plane), emulate=emulate_device,
-                            shape=not no_shape, torch_device=torch_device)
+                            shape=shape, torch_device=torch_device)
     if server.pacer is not None:
         _say_emulating(plan, server.device, server.pacer)
     bound = server.start(host, port)
@@ -157,7 +158,8 @@ def serve(
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
     print(f"listening on {host}:{bound} device={server.device} plan={server.plan_id} "
           f"data={data} sessions={server.sessions.max_sessions} "
-          f"torch_device={server.stage.torch_device}", flush=True)
+          f"torch_device={server.stage.torch_device} {rehearsal(shape, emulate_device)}",
+          flush=True)
     serve_forever(server)
 
 
@@ -205,7 +207,7 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (no "
                                                        "streaming)."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
-    no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
+    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
@@ -232,7 +234,7 @@ def generate(
     client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca), timeout_s=timeout_s, retries=retries,
                        data_plane=_data_plane(data_plane), emulate=emulate_device,
-                       shape=not no_shape, torch_device=torch_device)
+                       shape=shape, torch_device=torch_device)
     if client.pacer is not None:
         _say_emulating(plan, client.device, client.pacer)
     with client:
@@ -269,7 +271,7 @@ def chat_command(
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
-    no_shape: bool = typer.Option(False, "--no-shape", help=_NO_SHAPE_HELP),
+    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
@@ -293,7 +295,7 @@ def chat_command(
     tokenizer = _tokenizer(plan)
     client = LLMClient(plan, server, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
-                       shape=not no_shape, torch_device=torch_device)
+                       shape=shape, torch_device=torch_device)
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)
     with client:

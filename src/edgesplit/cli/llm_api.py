@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from edgesplit.cli._app import (
+    SHAPE_HELP,
     THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
@@ -55,8 +56,7 @@ def api(
     retries: int = typer.Option(0, "--retries", help="Retry an unavailable server this often."),
     data_plane: str = typer.Option("auto", "--data-plane", help="auto (the server's data "
                                    "plane if it has one), grpc or tcp."),
-    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's first "
-                                  "link (each step's send waits its bandwidth and RTT)."),
+    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
@@ -78,7 +78,7 @@ def api(
     engine = open_engine(load_plan(plan_path), server, token=read_token(token, token_file),
                          tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
                          retries=retries, data_plane=_data_plane(data_plane),
-                         shape=not no_shape, torch_device=torch_device)
+                         shape=shape, torch_device=torch_device)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
 
     def ready(bound: int) -> None:

@@ -11,6 +11,7 @@ import typer
 
 from edgesplit.cli._app import (
     BACKEND_HELP,
+    SHAPE_HELP,
     THREADS_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
@@ -22,6 +23,7 @@ from edgesplit.cli._app import (
     err,
     load_program,
     out,
+    rehearsal,
     set_threads,
     tls_files,
     user_errors,
@@ -79,7 +81,7 @@ def serve(
     tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
                                                               "trusting this CA."),
-    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
+    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
@@ -154,7 +156,7 @@ def serve(
         max_batch = None  # the deployment batches
     try:
         server = PartitionServer(program, device, next_address=next_hop, token=token,
-                                 tls=tls_files(tls_cert, tls_key, tls_ca), shape=not no_shape,
+                                 tls=tls_files(tls_cert, tls_key, tls_ca), shape=shape,
                                  max_workers=workers, max_batch=max_batch,
                                  max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
                                  data_port=_data_port(data_port),
@@ -176,7 +178,7 @@ def serve(
                  f"replicas={opts.min_replicas or 1}..{opts.max_replicas}")
         where = f"engine=ray {scale} app={ray_engine.app_name}"
     print(f"listening on {host}:{bound} device={device} plan={program.plan_id} data={data} "
-          f"batch={batch} {where}", flush=True)
+          f"batch={batch} {where} {rehearsal(shape, emulate_device)}", flush=True)
     serve_forever(server)
 
 
@@ -229,7 +231,7 @@ def run(
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
-    no_shape: bool = typer.Option(False, "--no-shape", help="Do not emulate the plan's links."),
+    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-request deadline."),
     warmup: int = typer.Option(1, "--warmup", help="Unreported requests first, per client."),
@@ -261,7 +263,7 @@ def run(
                               "each `edgesplit serve` instead")
         _emulate(program, program.steps[0].name)
     batches = load_inputs(input_path, program) if input_path else None
-    options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": not no_shape,
+    options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": shape,
                "retries": retries, "timeout_s": timeout_s}
     if program.kind == "chain":  # a star's sources are called over gRPC
         options["data_plane"] = _data_plane(data_plane)
@@ -269,12 +271,14 @@ def run(
     with err.status(f"{requests * concurrency} request(s) to {where} ...", spinner="dots"):
         report = run_requests(program, address, requests=requests, concurrency=concurrency,
                               inputs=batches, client_options=options, warmup=warmup)
+    report["rehearsal"] = {"links_shaped": shape, "compute_emulated": emulate_device}
     if as_json:
         emit_json(report)
     else:
         from edgesplit.report.plan_tables import run_table
 
         out.print(run_table(report))
+        err.print(rehearsal(shape, emulate_device), highlight=False)
     if report["errors"]:
         raise typer.Exit(1)
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PositiveFloat,
@@ -27,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from edgesplit.units import parse_bytes
+
 __all__ = ["DEVICE_KINDS", "OP_CLASSES", "AnalyticalCompute", "Device", "MeasuredCompute",
            "MemoryTier", "WireCodec", "serialize_ms"]
 
@@ -36,6 +39,14 @@ OP_CLASSES = ("conv", "dwconv", "matmul", "attention", "pool", "norm", "elementw
               "embedding", "view", "other")
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+def _size(value: Any) -> Any:
+    """A size as people write it in a file ("2MiB", "64MB") in bytes; anything else as is."""
+    return parse_bytes(value, "memory size") if isinstance(value, str) else value
+
+
+Bytes = Annotated[PositiveInt, BeforeValidator(_size)]
 
 
 class MemoryTier(BaseModel):
@@ -180,9 +191,10 @@ class Device(BaseModel):
     name: str = Field(min_length=1)
     kind: Literal["cpu", "gpu", "npu", "accelerator", "soc", "mcu"]
     compute: AnalyticalCompute | MeasuredCompute = Field(discriminator="model")
-    memory_bytes: PositiveInt | None = Field(
-        None, description="memory available to run a model (off-chip DRAM); None = unbounded")
-    on_chip_memory_bytes: PositiveInt | None = Field(None, description="on-chip SRAM/buffer")
+    memory_bytes: Bytes | None = Field(
+        None, description="memory available to run a model (off-chip DRAM); None = unbounded; "
+                          "bytes, or a size such as 2MiB")
+    on_chip_memory_bytes: Bytes | None = Field(None, description="on-chip SRAM/buffer")
     supported_bits: tuple[PositiveInt, ...] = Field(
         (8, 16, 32), description="bit-widths weights and activations may be quantized to")
     description: str = ""

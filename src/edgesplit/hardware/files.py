@@ -72,7 +72,10 @@ def _resolve_device_entry(entry: Any, base: Path) -> Any:
         return get_device(entry)
     if isinstance(entry, dict) and "preset" in entry:
         rest = {k: v for k, v in entry.items() if k != "preset"}
-        return get_device(entry["preset"]).model_copy(update=rest)
+        # the preset's fields with the entry's on top, validated with the topology (a
+        # model_copy(update=...) would skip validation: a "2MiB" string left in memory_bytes)
+        preset = get_device(entry["preset"]).model_dump(mode="python")
+        return _device_data({**preset, **rest}, base)
     return _device_data(entry, base) if isinstance(entry, dict) else entry
 
 

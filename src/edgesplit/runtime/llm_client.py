@@ -101,7 +101,7 @@ class LLMClient:
                  tls: TlsFiles | None = None, timeout_s: float = 60.0, retries: int = 0,
                  retry_backoff_s: float = 0.2, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = True, dilation: float = 1.0,
+                 shape: bool = False, dilation: float = 1.0,
                  torch_device: str | torch.device | None = None) -> None:
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
         self.stage = LLMStageModel(plan, 0, model, torch_device)

@@ -21,7 +21,7 @@ this machine, emulation could not speed it up; run everything ``D`` times slower
 every stage slept to ``D x factor`` of its real compute and every link's bandwidth divided and
 its RTT multiplied by ``D``, so measured times divided by ``D`` compare with the plan's.
 
-*Link shaping* (on unless ``shape=False`` / ``--no-shape``, as for ``serve``/``run``): the
+*Link shaping* (only when asked, ``shape=True`` / ``--shape``, as for ``serve``/``run``): the
 sender of each step waits what the plan's link takes for the bytes it sends
 (:class:`~edgesplit.transport.shaping.LinkShaper`, "up"), and each server waits the same for
 its reply on the link it was called over ("down"), so a step's token pays every link both

@@ -230,7 +230,7 @@ def _last(stopper: StopMatcher, text: str) -> str:
 def open_engine(plan: Plan, server: str | None, *, token: str | None = None,
                 tls: Any = None, timeout_s: float = 60.0, retries: int = 0,
                 data_plane: Any = "auto", model_id: str | None = None,
-                emulate: bool = False, shape: bool = True,
+                emulate: bool = False, shape: bool = False,
                 torch_device: str | None = None) -> LLMEngine:
     """An engine for ``plan``: its first stage here (on ``torch_device``), the chain at
     ``server``, the plan's checkpoint's tokenizer."""

@@ -154,7 +154,7 @@ class LLMStageServer(GrpcServer):
                  max_workers: int = 8, next_timeout_s: float = 60.0,
                  data_port: int | None = 0, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = True, dilation: float = 1.0,
+                 shape: bool = False, dilation: float = 1.0,
                  torch_device: str | torch.device | None = None) -> None:
         llm = llm_section(plan)
         index = stage_index(plan, device)

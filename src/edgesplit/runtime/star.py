@@ -127,7 +127,7 @@ class Join:
     computed (one per complete request)."""
 
     def __init__(self, server: PartitionServer, timeout_s: float, max_joins: int,
-                 shape: bool = True) -> None:
+                 shape: bool = False) -> None:
         if timeout_s <= 0:
             raise ConfigError(f"{option('join_timeout_s')} must be positive, got {timeout_s}")
         if max_joins < 1:
@@ -335,7 +335,7 @@ class StarClient:
     that fails UNAVAILABLE or DEADLINE_EXCEEDED is sent again, under a new key."""
 
     def __init__(self, program: PlanProgram, addresses: Mapping[str, str | LoopbackChannel], *,
-                 token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
+                 token: str | None = None, tls: TlsFiles | None = None, shape: bool = False,
                  timeout_s: float = 60.0, retries: int = 0, retry_backoff_s: float = 0.2,
                  session: str | None = None) -> None:
         check_addresses(program, addresses)

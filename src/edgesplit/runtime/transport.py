@@ -225,7 +225,7 @@ class PartitionServer(GrpcServer):
 
     def __init__(self, program: PlanProgram, device: str, *,
                  next_address: str | LoopbackChannel | None = None,
-                 token: str | None = None, tls: TlsFiles | None = None, shape: bool = True,
+                 token: str | None = None, tls: TlsFiles | None = None, shape: bool = False,
                  max_workers: int = 32, next_timeout_s: float = 60.0,
                  max_batch: int | None = None, max_wait_ms: float = 0.0,
                  join_timeout_s: float = 10.0, max_joins: int = 256,
@@ -516,7 +516,7 @@ class ChainClient:
 
     def __init__(self, program: PlanProgram, address: str | LoopbackChannel, *,
                  token: str | None = None,
-                 tls: TlsFiles | None = None, shape: bool = True, timeout_s: float = 60.0,
+                 tls: TlsFiles | None = None, shape: bool = False, timeout_s: float = 60.0,
                  retries: int = 0, retry_backoff_s: float = 0.2,
                  session: str | None = None, data_plane: DataPlane = "auto") -> None:
         self.program, self.step = program, program.steps[0]
