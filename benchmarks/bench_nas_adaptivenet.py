@@ -272,7 +272,8 @@ def joint(folder: Path) -> dict[str, Any]:
     from edgesplit.plan.cost import EdgeCloudSetting
 
     setting = EdgeCloudSetting(edge=resolve_device("raspberry-pi-4"),
-                               cloud=resolve_device("v100-server"), link=resolve_link("5g"))
+                               cloud=resolve_device("v100-server"), link=resolve_link("5g"),
+                               input_bits=8)  # camera frames, as its results were priced
     run = search_device(folder, budget=0.85, setting=setting, population=10,
                         iterations=3 if QUICK else 8)
     supernet, _ = load_supernet(folder)

@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.models.split(",") if args.models else list_models()
     setting = EdgeCloudSetting(edge=get_device("jetson-nano"), cloud=get_device("v100-server"),
-                               link=get_link("4g"))
+                               link=get_link("4g"), input_bits=8)  # camera frames
     rows = []
     with Progress() as progress:
         task = progress.add_task("planning", total=len(names))

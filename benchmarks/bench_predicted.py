@@ -136,7 +136,7 @@ def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator
     not); its gRPC address (with the process id)."""
     proc = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),
                              "--device", "cloud", "--port", "0",
-                             *([] if shape else ["--no-shape"]), *flags],
+                             *(["--shape"] if shape else ["--no-shape"]), *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None

@@ -149,6 +149,16 @@ BACKEND_HELP = ("torch (the captured program), torchscript (the same, a part cal
 TOKEN_HELP = ("Bearer token (both sides give the same). Visible in `ps`: prefer --token-file "
               "or the EDGESPLIT_TOKEN environment variable.")
 TOKEN_FILE_HELP = "Read the bearer token from this file (one line)."
+def require_positive(**flags: float | None) -> None:
+    """Refuse, before any work, a flag that must be positive (``latency_budget_ms=0`` names
+    ``--latency-budget-ms``); None (not given) passes."""
+    from edgesplit.errors import ConfigError
+
+    for name, value in flags.items():
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+
+
 def rehearsal(shape: bool, emulate: bool) -> str:
     """What of a plan a command rehearses rather than runs for real, as its start-up line and
     report say it: ``links=shaped|real compute=emulated|real``."""

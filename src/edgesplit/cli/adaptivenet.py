@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from edgesplit.cli._app import emit_json, err, out, set_threads, user_errors
+from edgesplit.cli._app import emit_json, err, out, require_positive, set_threads, user_errors
 from edgesplit.cli.nas import nas_app, progress_bar
 
 if TYPE_CHECKING:
@@ -147,6 +147,7 @@ def search(
     subnet as a model + plan `edgesplit serve` runs, and the pool `serve` switches within."""
     from edgesplit.nas.adaptivenet.run import search_device
 
+    require_positive(budget=budget, budget_ms=budget_ms, delta=delta)  # before profiling
     setting = _setting(edge, cloud, link)
     set_threads(threads)
     with progress_bar(f"AdaptiveNet search of {supernet}") as progress:

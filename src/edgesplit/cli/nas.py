@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from edgesplit.cli._app import app, emit_json, err, out, user_errors
+from edgesplit.cli._app import app, emit_json, err, out, require_positive, user_errors
 
 __all__ = ["SPACE_HELP", "nas_app", "progress_bar"]
 
@@ -194,6 +194,7 @@ def jmsnas(
     from edgesplit.nas import resolve_space
     from edgesplit.nas.jmsnas_run import parse_table_options, run_jmsnas
 
+    require_positive(latency_budget_ms=budget_ms)  # before minutes of tables and training
     resolved = resolve_space(space)
     topo = resolve_topology(topology)
     files = parse_table_options(table)

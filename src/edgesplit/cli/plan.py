@@ -49,8 +49,9 @@ def plan(
     result_at: str = typer.Option("edge", "--result-at",
                                   help="Where the result is needed: edge or cloud.",
                                   rich_help_panel=_SETTING),
-    input_bits: int = typer.Option(8, "--input-bits", help="Width the raw float input is sent "
-                                                           "at (8: a camera frame; 32: float).",
+    input_bits: int = typer.Option(32, "--input-bits", help="Width a raw float input is sent "
+                                   "at (32: exactly as given; 8: a camera frame, as AUTO-SPLIT "
+                                   "assumes, rounded).",
                                    rich_help_panel=_SETTING),
     split_after: str | None = typer.Option(None, "--split-after",
                                               help="Manual plan: these layers and all they "
@@ -121,7 +122,7 @@ def plan(
     if topology is not None:
         _refuse({"--sweep-link": sweep, "--breakdown-plot": breakdown_plot,
                  "--privacy-layer": privacy_layer, "--edge-memory": edge_memory,
-                 "--pareto-plot": pareto_plot, "--input-bits": input_bits != 8,
+                 "--pareto-plot": pareto_plot, "--input-bits": input_bits != 32,
                  "--accept-unmeasured": accept_unmeasured, **planner_flags},
                 "apply to the edge-cloud planner, not to --topology (device memory comes from "
                 "each device's memory_bytes; --draw plots the chosen assignment)")

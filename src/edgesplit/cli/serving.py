@@ -101,7 +101,7 @@ def serve(
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     engine: str = typer.Option("local", "--engine", help="What computes: local (this process) "
                                "or ray (a Ray Serve deployment this server forwards to; needs "
-                               "pip install 'edgesplit[ray]')."),
+                               "pip install 'edgesplit\\[ray]')."),
     replicas: int | None = typer.Option(None, "--replicas", help="--engine ray: replicas "
                                         "(with --max-replicas: the initial count; default 1)."),
     min_replicas: int | None = typer.Option(None, "--min-replicas", help="--engine ray: "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesplit.data.training import LabelledData
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 from edgesplit.hardware import Topology
 from edgesplit.nas.chain_latency import ChainLatency, ChainPlacement, chain_devices
 from edgesplit.nas.jmsnas import JMSNAS, LatencyModel
@@ -129,6 +129,12 @@ def run_jmsnas(space: SearchSpace, topology: Topology, data: LabelledData, *,
     both: the least expected latency with every op equally likely, or at the fastest ops if
     that cannot meet the budget. ``params`` go to :class:`JMSNAS`."""
     _check_shape(topology, placement, section)  # before any table is built
+    if not budget_ms > 0:
+        raise ConfigError(f"{option('budget_ms', budget_ms, flag='--latency-budget-ms')} must "
+                          "be positive")
+    if data.sample_shape != tuple(space.input_shape):  # JMSNAS.fit checks it after the tables
+        raise ConfigError(f"the data's samples are {data.sample_shape}; space {space.name!r} "
+                          f"takes {tuple(space.input_shape)}")
     found = dict(tables) if tables is not None else latency_tables(space, topology,
                                                                    table_files,
                                                                    progress=progress)

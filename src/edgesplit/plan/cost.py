@@ -57,9 +57,10 @@ class EdgeCloudSetting:
     edge_memory_bytes: int | None = None  # None: the edge device's own memory_bytes
     privacy_layer: str | None = None  # L2S eq. 1: no cut before this layer
     result_at: Literal["edge", "cloud"] = "edge"
-    # Raw floating-point model inputs cross the link at this width: a camera frame or sensor
-    # sample is 8-bit data (AUTO-SPLIT's T_0); 32 sends the captured float32 tensor as it is.
-    input_bits: int = 8
+    # Raw floating-point model inputs cross the link at this width: 32 (the default) sends the
+    # float32 tensor as it is, exactly; a camera frame or sensor sample is 8-bit data to begin
+    # with (AUTO-SPLIT's T_0), which 8 prices and rounds to, lossily.
+    input_bits: int = 32
 
     def __post_init__(self) -> None:
         if self.input_bits not in (1, 2, 3, 4, 5, 6, 7, 8, 16, 32):

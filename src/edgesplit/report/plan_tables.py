@@ -30,7 +30,8 @@ def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -
                         f"{s.cloud.name}; edge memory limit "
                         f"{human_bytes(limit) if limit else 'none'}",
                   caption=f"chosen: {chosen}" + "".join(f"\n{m}: {r}"
-                                                         for m, r in notes.items()))
+                                                         for m, r in notes.items())
+                  + _lossy_inputs(problem, plans))
     for col in ("method", "graph", "split", "edge layers", "bits", "sent", "edge ms",
                 "transfer ms", "serialize ms", "cloud ms", "total ms", "edge memory",
                 "accuracy drop", "feasible"):
@@ -46,6 +47,18 @@ def plans_table(problem: PlanningProblem, plans: dict[str, Plan], chosen: str) -
             human_bytes(plan.edge_memory_bytes), _drop(plan),
             "yes" if plan.feasible else f"no: {plan.reason}")
     return table
+
+
+def _lossy_inputs(problem: PlanningProblem, plans: dict[str, Plan]) -> str:
+    """A caption line naming the plans whose raw float inputs cross the link rounded
+    (``--input-bits`` below 32), so that no lossy crossing goes unsaid."""
+    inputs = set(problem.graph.inputs)
+    rounded = {m: b for m, p in plans.items() for t in p.transfers for name, b in t.bits.items()
+               if name in inputs and b < 32}
+    if not rounded:
+        return ""
+    return (f"\nlossy: the model input crosses at {max(rounded.values())} bits in "
+            f"{', '.join(rounded)} (--input-bits; 32 sends it exactly)")
 
 
 def _bits(plan: Plan) -> str:
