@@ -7,6 +7,8 @@ convention (a built-in name or a JSON/YAML/TOML file of ``SearchSpace.to_dict()`
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +28,11 @@ SPACE_HELP = "Built-in search space name (`edgesplit nas spaces`) or a JSON file
 
 @contextmanager
 def progress_bar(description: str) -> Iterator[Callable[[str, int, int], None]]:
-    """A transient bar on stderr, fed by the library's ``progress(stage, done, total)``."""
+    """A transient bar on stderr, fed by the library's ``progress(stage, done, total)``; where
+    stderr is no terminal (a log, CI), plain lines instead (:func:`progress_lines`)."""
+    if not err.is_terminal:
+        yield progress_lines(description)
+        return
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -45,6 +51,29 @@ def progress_bar(description: str) -> Iterator[Callable[[str, int, int], None]]:
             bar.update(task, description=f"{description}: {stage}", completed=done, total=total)
 
         yield report
+
+
+PROGRESS_LINE_S = 10.0  # a log gets a line at least this often while a stage runs
+
+
+def progress_lines(description: str, *, every_s: float = PROGRESS_LINE_S,
+                   clock: Callable[[], float] = time.monotonic
+                   ) -> Callable[[str, int, int], None]:
+    """``progress(stage, done, total)`` as lines on stderr for a log: one when a stage
+    starts, when it finishes, and otherwise at most every ``every_s`` seconds (a bar's
+    redraws would be thousands of lines; nothing at all left minutes of silence)."""
+    start = clock()
+    last: dict[str, float | str] = {"stage": "", "at": -math.inf}
+
+    def report(stage: str, done: int, total: int) -> None:
+        now = clock()
+        if stage == last["stage"] and done < total and now - float(last["at"]) < every_s:
+            return
+        last.update(stage=stage, at=now)
+        err.print(f"{description}: {stage} {done}/{total} ({now - start:.0f} s)",
+                  highlight=False)
+
+    return report
 
 
 @nas_app.command("spaces")
