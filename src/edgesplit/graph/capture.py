@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,6 +102,31 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}".strip()
 
 
+# torch.export names the user's statement that failed at the end of its message
+_RAISED_AT = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line '
+                        r'(\d+), in (\S+)\n\s*(\S.*)')
+
+
+def _user_code(exc: BaseException) -> str:
+    """`` at FILE:LINE in FUNC: STATEMENT``: where in the user's code torch.export failed, as
+    torch names it (its first line names torch's own internals), or nothing."""
+    found = _RAISED_AT.search(str(exc))
+    if found is None:
+        return ""
+    path, line, func, code = found.groups()
+    return f" at {path}:{line} in {func}: {code.strip()}"
+
+
+def _hint(exc: BaseException) -> str:
+    """What to change for the failures users meet most: branching on a tensor's value."""
+    text = f"{type(exc).__name__} {exc}"
+    if "DataDependent" in text or "data-dependent" in text:
+        return (" (the model branches on a tensor's value, which one graph cannot hold: "
+                "write the branch as torch.cond(pred, true_fn, false_fn, operands), or compute "
+                "both sides and pick with torch.where)")
+    return ""
+
+
 def _as_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,)
@@ -121,7 +147,7 @@ def export_model(module: torch.nn.Module, example_inputs: Any, *, name: str = "m
             return torch.export.export(module.eval(), args, strict=False)
     except Exception as exc:
         raise CaptureError(f"torch.export could not capture {name} with input shape(s) {shapes}: "
-                           f"{_first_line(exc)}") from exc
+                           f"{_first_line(exc)}{_user_code(exc)}{_hint(exc)}") from exc
 
 
 def _example_inputs_of(ep: ExportedProgram) -> tuple[torch.Tensor, ...]:
