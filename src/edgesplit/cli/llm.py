@@ -80,27 +80,36 @@ def plan(
     out_path: Path | None = typer.Option(None, "--out", "-o",
                                          help="Write the chosen plan (a Plan file: `llm serve` "
                                               "runs it)."),
+    method: str = typer.Option("dp", "--method", "-m",
+                               help="The plan --out writes: dp (default), memory_proportional, "
+                                    "equal_split or single_device."),
 ) -> None:
     """Place a causal LM's blocks on a chain of devices (exact DP over TTFT and TPOT under
     each device's memory and KV cache) and compare with the baselines."""
     from edgesplit.hardware import resolve_topology
-    from edgesplit.plan import LLMWorkload, llm_plan_document, plan_llm
+    from edgesplit.plan import LLM_METHODS, LLMWorkload, llm_plan_document, plan_llm
+
+    if method not in LLM_METHODS:  # before any planning
+        raise ConfigError(f"--method takes {', '.join(LLM_METHODS)}, not {method!r}")
 
     workload = LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
                            max_context=max_context, sessions=sessions,
                            objective=objective)  # type: ignore[arg-type]  # checked there
     result = plan_llm(model, resolve_topology(topology), workload, dtype=dtype)
     if out_path is not None:
-        result.plan.save(out_path)
+        if not result.placements[method].feasible:
+            raise ConfigError(f"the {method} placement is infeasible here "
+                              f"({result.plans[method].reason}): choose another --method")
+        result.plans[method].save(out_path)
     if as_json:
         emit_json(llm_plan_document(result))
         return
     from edgesplit.report.llm_tables import llm_methods_table, llm_stages_table
 
-    out.print(llm_stages_table(result.plan))
+    out.print(llm_stages_table(result.plans[method]))
     out.print(llm_methods_table(result))
     if out_path is not None:
-        out.print(f"plan written to {out_path}")
+        out.print(f"{method} plan written to {out_path}")
 
 
 @llm_app.command("serve")

@@ -141,6 +141,7 @@ def serve(
         raise ConfigError("--torch-device places this process's compute; with --engine ray "
                           "the replicas compute, on their CPUs: leave out --torch-device")
     program = load_program(plan_path, backend, trust_model_file, torch_device)
+    _warn_if_idle(program, plan_device(program, device))
     if emulate_device:
         if max_batch is not None and max_batch > 1:
             from edgesplit.errors import ConfigError
@@ -281,6 +282,15 @@ def run(
         err.print(rehearsal(shape, emulate_device), highlight=False)
     if report["errors"]:
         raise typer.Exit(1)
+
+
+def _warn_if_idle(program: PlanProgram, device: str) -> None:
+    """One line when the served device computes nothing in the plan: it would listen and
+    relay, which looks like a working split but is not one (an edge-only plan's cloud)."""
+    if program.step(device).partition is None:
+        err.print(f"warning: {device} computes nothing in this plan ({program.plan.method}: "
+                  "every layer is on other devices); it only passes requests on. To give it "
+                  "layers, plan with --split-after LAYER or another --method", highlight=False)
 
 
 def _emulate(program: PlanProgram, device: str) -> None:
