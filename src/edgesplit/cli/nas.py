@@ -59,14 +59,17 @@ PROGRESS_LINE_S = 10.0  # a log gets a line at least this often while a stage ru
 def progress_lines(description: str, *, every_s: float = PROGRESS_LINE_S,
                    clock: Callable[[], float] = time.monotonic
                    ) -> Callable[[str, int, int], None]:
-    """``progress(stage, done, total)`` as lines on stderr for a log: one when a stage
-    starts, when it finishes, and otherwise at most every ``every_s`` seconds (a bar's
-    redraws would be thousands of lines; nothing at all left minutes of silence)."""
+    """``progress(stage, done, total)`` as lines on stderr for a log: nothing in the first
+    ``every_s`` seconds (a quick run, or one refused early, stays quiet or one line); then one
+    when a stage starts, when it finishes, and otherwise at most every ``every_s`` seconds (a
+    bar's redraws would be thousands of lines; nothing at all left minutes of silence)."""
     start = clock()
     last: dict[str, float | str] = {"stage": "", "at": -math.inf}
 
     def report(stage: str, done: int, total: int) -> None:
         now = clock()
+        if now - start < every_s:
+            return
         if stage == last["stage"] and done < total and now - float(last["at"]) < every_s:
             return
         last.update(stage=stage, at=now)
@@ -74,6 +77,18 @@ def progress_lines(description: str, *, every_s: float = PROGRESS_LINE_S,
                   highlight=False)
 
     return report
+
+
+def _space_for(space, labelled):
+    """``space`` for ``labelled``'s sample shape and classes, saying so on stderr when that
+    changes it (a 3-class RGB folder through the 1-channel 10-class digits space)."""
+    fitted = space.for_data(labelled.sample_shape, len(labelled.classes))
+    if fitted is not space:
+        c, h, w = fitted.input_shape
+        err.print(f"space {space.name} built for the data: {c}x{h}x{w} input (was "
+                  f"{'x'.join(map(str, space.input_shape))}), {fitted.num_classes} classes "
+                  f"(was {space.num_classes})", highlight=False, soft_wrap=True)
+    return fitted
 
 
 @nas_app.command("spaces")
@@ -229,8 +244,9 @@ def jmsnas(
     files = parse_table_options(table)
     counts = _counts(placement) if placement else None
     fork_join = _section(section) if section else None
-    labelled = load_labelled(data, image_size=resolved.input_shape[1],
-                             grayscale=resolved.input_shape[0] == 1)
+    # the data as it is (an RGB folder stays RGB), and the space's network built for it
+    labelled = load_labelled(data, image_size=resolved.input_shape[1:], grayscale=None)
+    resolved = _space_for(resolved, labelled)
     with progress_bar(f"JMSNAS {resolved.name} on {topo.name}") as progress:
         run = run_jmsnas(resolved, topo, labelled, budget_ms=budget_ms, table_files=files,
                          placement=counts, section=fork_join, out=out_dir,

@@ -96,6 +96,18 @@ def _image_files(root: Path) -> dict[str, list[Path]]:
     return found
 
 
+def _is_gray(path: Path) -> bool:
+    """Whether the image file holds one channel (read from its header, not decoded)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as opened:
+            return opened.mode in ("1", "L", "LA", "I", "I;16", "F")
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        raise ConfigError(f"cannot read image {str(path)!r}: {exc}; remove it or replace it "
+                          "with a readable image") from None
+
+
 def _read_image(path: Path, size: tuple[int, int], grayscale: bool) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
@@ -113,9 +125,11 @@ def _read_image(path: Path, size: tuple[int, int], grayscale: bool) -> np.ndarra
 
 
 def load_image_folder(root: str | Path, *, image_size: int | tuple[int, int] = 32,
-                      grayscale: bool = False) -> tuple[EvalData, tuple[str, ...]]:
+                      grayscale: bool | None = False) -> tuple[EvalData, tuple[str, ...]]:
     """Every image under ``root/<class>/``, as (N, C, H, W) floats in [-1, 1] with class ids in
-    the sorted order of the class folder names (returned too)."""
+    the sorted order of the class folder names (returned too). ``grayscale``: one channel
+    (True), three (False), or as the images are (None: one only if every image is gray, so
+    colour is never dropped without being asked)."""
     path = Path(root)
     if not path.is_dir():
         raise ConfigError(f"image folder {str(root)!r} does not exist")
@@ -123,6 +137,8 @@ def load_image_folder(root: str | Path, *, image_size: int | tuple[int, int] = 3
     if len(size) != 2 or min(size) < 1:
         raise ConfigError(f"{option('image_size', image_size)} must be a positive size")
     files = _image_files(path)
+    if grayscale is None:
+        grayscale = all(_is_gray(f) for paths in files.values() for f in paths)
     images, labels = [], []
     for cls, (_, paths) in enumerate(files.items()):
         for f in paths:
@@ -157,11 +173,11 @@ def _multiview(spec: str, image_size: int | tuple[int, int]) -> tuple[EvalData, 
 
 
 def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
-                  image_size: int | tuple[int, int] = 32, grayscale: bool = False
+                  image_size: int | tuple[int, int] = 32, grayscale: bool | None = False
                   ) -> LabelledData:
     """``digits``, ``multiview-shapes[:options]``, a folder of class sub-folders of images, or
     an ``.npz``/``.pt`` file with ``inputs`` and ``labels``, as a train part and a held-out
-    part."""
+    part. ``grayscale`` applies to image folders (None: as the images are)."""
     from edgesplit.data.multiview import SPEC as MULTIVIEW
 
     if spec == "digits":

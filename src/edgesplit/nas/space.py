@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from edgesplit.errors import ConfigError
@@ -110,6 +110,21 @@ class SearchSpace:
     stem: StemSpec
     layers: tuple[LayerSpec, ...]
     head: HeadSpec = field(default_factory=HeadSpec)
+
+    def for_data(self, sample_shape: tuple[int, ...], num_classes: int) -> SearchSpace:
+        """This space for data of ``sample_shape`` (C, H, W) and ``num_classes`` classes: the
+        same stem, layers and head taking that input and predicting that many classes (named
+        ``<name>@CxHxW/K``), or this space itself when it already does. A network is built for
+        the data as it is; nothing converts the data to fit the space."""
+        shape = tuple(int(d) for d in sample_shape)
+        if len(shape) != 3:
+            raise ConfigError(f"space {self.name!r} takes images (channels, height, width); "
+                              f"the data's samples are {shape}")
+        if shape == self.input_shape and num_classes == self.num_classes:
+            return self
+        c, h, w = shape
+        return replace(self, name=f"{self.name}@{c}x{h}x{w}/{num_classes}",
+                       input_shape=(c, h, w), num_classes=num_classes)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", tuple(self.input_shape))
