@@ -194,6 +194,8 @@ def test_a_load_to_the_end_of_the_run_ends_after_it_starts(local_search):
     (["elastify", "digits_cnn", "--out", "{tmp}/not-numbers", "--shrink", "0.5,abc"],
      "--shrink takes fractions"),
     (["elastify", "no_such_model", "--out", "{tmp}/unknown"], "unknown model 'no_such_model'"),
+    # a model without a packaged data set of its own is not trained on digits unasked
+    (["elastify", "mobilenet_v2", "--out", "{tmp}/no-data"], "--data DATA"),
 ])
 def test_refusals_are_one_line(supernet, tmp_path, args, message):
     folder, _ = supernet

@@ -49,13 +49,22 @@ __all__ = ["DEFAULT_DATA", "SearchRun", "data_for", "elastify_model", "search_de
 
 Progress = Callable[[str, int, int], None]
 
-# What each built-in model is measured on when --data is not given.
-DEFAULT_DATA = {"all_minilm_l6_v2": "sentences", "minilm": "sentences"}
+# What the built-in models made for a packaged data set train on when --data is not given.
+DEFAULT_DATA = {"all_minilm_l6_v2": "sentences", "minilm": "sentences", "digits_cnn": "digits"}
 
 
 def data_for(model: str, data: str | None) -> str:
-    """The data spec for ``model``: the user's, else the model's default, else digits."""
-    return data or DEFAULT_DATA.get(model, "digits")
+    """The data spec for ``model``: the user's, else the built-in model's own set. Any other
+    model needs ``data``: a user's model trained on digits (and its task switched to cosine
+    to fit) would look plausible and be wrong."""
+    if data:
+        return data
+    if model in DEFAULT_DATA:
+        return DEFAULT_DATA[model]
+    raise ConfigError(f"{model} has no training data of its own: give "
+                      f"{option('data', 'DATA')} (its labelled data: a folder of class "
+                      "sub-folders of images or an .npz/.pt of inputs and labels; or digits / "
+                      "sentences where the model takes them)")
 
 
 def supernet_data(supernet: ElasticSupernet, spec: str, task: str | None = None,
