@@ -95,3 +95,26 @@ def test_refusals_are_one_line(trained, args, message):
     result = CliRunner().invoke(app, ["nas", "splitnets", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_users_rgb_folder_of_3_classes_trains_a_3_class_rgb_supernet(trained, tmp_path):
+    """The data as it is: SplitNets refused an RGB 3-class folder and worked only after a
+    hand-edited space; the space's network is now built for the data (issue 37)."""
+    from PIL import Image
+
+    folder = trained[0]
+    rng = np.random.default_rng(0)
+    images = tmp_path / "rgb"
+    for c, name in enumerate(("cat", "dog", "fox")):
+        (images / name).mkdir(parents=True)
+        for i in range(8):
+            pixels = (rng.random((20, 20, 3)) * 80 + 60 * c).astype(np.uint8)
+            Image.fromarray(pixels, "RGB").save(images / name / f"{i}.png")
+    out = tmp_path / "supernet"
+    result = CliRunner().invoke(app, [
+        "nas", "splitnets", "train", "--space", str(folder / "tiny.json"), "--data",
+        str(images), "--epochs", "1", "--batch-size", "8", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "3 channel(s) (was 1), 3 classes (was 10)" in " ".join(result.stderr.split())
+    saved = json.loads((out / "supernet.json").read_text())["space"]
+    assert (saved["in_channels"], saved["num_classes"]) == (3, 3)

@@ -80,9 +80,14 @@ def train(
                               randoms=randoms, distill=distill, seed=seed)
     trainer.validate()  # a bad option fails before the data loads
     with progress_bar(f"SplitNets {resolved.name} on {spec}") as progress:
-        _, doc = train_supernet(resolved, spec, out=out_dir, trainer=trainer, init=init,
-                                progress=lambda e, n, row: progress("epoch", e, n))
-    doc = {"version": 1, "space": resolved.name, "folder": str(out_dir), **doc}
+        supernet, doc = train_supernet(resolved, spec, out=out_dir, trainer=trainer, init=init,
+                                       progress=lambda e, n, row: progress("epoch", e, n))
+    built = supernet.space
+    if built is not resolved:
+        err.print(f"space {resolved.name} built for the data: {built.in_channels} channel(s) "
+                  f"(was {resolved.in_channels}), {built.num_classes} classes (was "
+                  f"{resolved.num_classes})", highlight=False, soft_wrap=True)
+    doc = {"version": 1, "space": built.name, "folder": str(out_dir), **doc}
     if as_json:
         emit_json(doc)
         return

@@ -50,6 +50,7 @@ class SplitData:
     validation: EvalData  # what stage 2 scores candidates on
     test: EvalData  # held out for the final networks
     classes: tuple[str, ...]
+    space: SplitSpace  # the space asked for, built for this data's channels and classes
 
 
 def _subset(data: EvalData, idx: torch.Tensor, name: str) -> EvalData:
@@ -58,23 +59,22 @@ def _subset(data: EvalData, idx: torch.Tensor, name: str) -> EvalData:
 
 
 def load_split_data(spec: str, space: SplitSpace, seed: int = 0) -> SplitData:
-    """``spec`` through :func:`load_labelled`, checked against ``space`` (views, channels,
-    classes), with a seeded stratified validation part of the training part."""
-    data: LabelledData = load_labelled(spec)
+    """``spec`` through :func:`load_labelled` as it is (an image folder at its own channels),
+    with ``space`` built for its channels and classes (:meth:`SplitSpace.for_data`; views must
+    match), and a seeded stratified validation part of the training part."""
+    data: LabelledData = load_labelled(spec, grayscale=None)
     shape = data.sample_shape
     views = shape[0] if len(shape) == 4 else 1
     channels = shape[1] if len(shape) == 4 else shape[0]
-    if views != space.views or channels != space.in_channels:
+    if views != space.views:
         raise ConfigError(f"data {spec!r} has {views} view(s) of {channels} channel(s); space "
                           f"{space.name!r} expects {space.views} of {space.in_channels}")
-    if data.num_classes != space.num_classes:
-        raise ConfigError(f"data {spec!r} has {data.num_classes} classes; space "
-                          f"{space.name!r} has {space.num_classes} outputs")
+    space = space.for_data(channels, data.num_classes)
     assert data.train.labels is not None
     fit_idx, val_idx = stratified_split(data.train.labels, VALIDATION_FRACTION, seed)
     return SplitData(_subset(data.train, fit_idx, f"{spec}:fit"),
                      _subset(data.train, val_idx, f"{spec}:validation"), data.test,
-                     data.classes)
+                     data.classes, space)
 
 
 def reference_subnets(space: SplitSpace) -> list[tuple[str, Any]]:
@@ -98,6 +98,7 @@ def train_supernet(space: SplitSpace, data_spec: str, *, out: str | Path | None 
     if progress is not None:
         trainer.progress = progress
     data = load_split_data(data_spec, space, trainer.seed)
+    space = data.space
     torch.manual_seed(trainer.seed)
     supernet = SplitSupernet(space, init=init)
     start = time.perf_counter()

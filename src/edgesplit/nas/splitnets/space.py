@@ -146,6 +146,20 @@ class SplitSpace:
     views: int = 1
     description: str = field(default="", compare=False)
 
+    def for_data(self, channels: int, num_classes: int) -> SplitSpace:
+        """This single-view space for images of ``channels`` channels in ``num_classes``
+        classes (named ``<name>@C/K``), or itself when it already takes them: the network is
+        built for the data, the data never converted to fit it."""
+        if channels == self.in_channels and num_classes == self.num_classes:
+            return self
+        if self.views != 1:
+            raise ConfigError(f"space {self.name!r} takes {self.views} views of "
+                              f"{self.in_channels} channel(s) in {self.num_classes} classes; a "
+                              "multi-view space is not rebuilt for other data: write one with "
+                              "`nas splitnets spaces --json` as a start")
+        return replace(self, name=f"{self.name}@{channels}/{num_classes}",
+                       in_channels=channels, num_classes=num_classes)
+
     def __post_init__(self) -> None:
         for what, value in (("in_channels", self.in_channels), ("num_classes", self.num_classes),
                             ("views", self.views)):
