@@ -23,12 +23,11 @@ norms, Gemma's scaled embedding and GeGLU, Phi-3's fused projections, Qwen2's q/
 which layers of Mistral, Phi-3 and Qwen2/3 attend over a sliding window. A window is recorded
 (:attr:`CausalLMShape.window`) and planned only for contexts it leaves full attention
 (:attr:`CausalLMShape.window_context`), so the costs are those of full attention and the
-runtime switches the window off (:func:`full_attention_config`).
+runtime switches the window off (:func:`edgesplit.models.causal_lm.full_attention_config`).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -51,7 +50,6 @@ __all__ = [
     "OpWork",
     "Phase",
     "describe_causal_lm",
-    "full_attention_config",
 ]
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2")
@@ -188,27 +186,6 @@ _FAMILIES = {
     "phi3": _Family(fused=True, max_positions=_phi3_positions, window=_window_everywhere),
 }
 
-# the config fields that switch every window off, where a family has them
-_NO_WINDOW: dict[str, Any] = {"sliding_window": None, "use_sliding_window": False}
-
-
-def full_attention_config(config: PretrainedConfig) -> PretrainedConfig:
-    """``config`` with every sliding window switched off: a copy, or ``config`` itself when
-    it has none. What the runtime builds and caches with: a plan admits a window only for
-    contexts it leaves full attention (:attr:`CausalLMShape.window_context`), and without it
-    the KV caches are plain ``DynamicCache`` layers, which crop and rewind (sessions) as any
-    other. The file, and so a checkpoint's fingerprint, is untouched."""
-    changes = {key: off for key, off in _NO_WINDOW.items()
-               if getattr(config, key, off) != off}
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        changes["layer_types"] = ["full_attention"] * len(layer_types)
-    if not changes:
-        return config
-    plain = copy.deepcopy(config)  # a checkpoint's config is cached: never changed in place
-    for key, value in changes.items():
-        setattr(plain, key, value)
-    return plain
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ random weights. Entries marked ``builtin`` are also ordinary built-in models
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -27,6 +28,7 @@ __all__ = [
     "CausalLMEntry",
     "causal_lm_config",
     "create_causal_lm",
+    "full_attention_config",
     "get_causal_lm",
     "list_causal_lms",
     "register_causal_lm",
@@ -108,3 +110,27 @@ def create_causal_lm(name: str, **config_overrides: Any) -> PreTrainedModel:
     config = causal_lm_config(name)
     torch.manual_seed(0)
     return _build(config, **config_overrides)
+
+
+# the config fields that switch every window off, where a family has them
+_NO_WINDOW: dict[str, Any] = {"sliding_window": None, "use_sliding_window": False}
+
+
+def full_attention_config(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with every sliding window switched off: a copy, or ``config`` itself when
+    it has none. What the runtime builds and caches with: a plan admits a window only for
+    contexts it leaves full attention (``CausalLMShape.window_context`` in
+    :mod:`edgesplit.graph.causal_lm`, which reads each family's window), and without it the KV
+    caches are plain ``DynamicCache`` layers, which crop and rewind (sessions) as any other.
+    The file, and so a checkpoint's fingerprint, is untouched."""
+    changes = {key: off for key, off in _NO_WINDOW.items()
+               if getattr(config, key, off) != off}
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        changes["layer_types"] = ["full_attention"] * len(layer_types)
+    if not changes:
+        return config
+    plain = copy.deepcopy(config)  # a checkpoint's config is cached: never changed in place
+    for key, value in changes.items():
+        setattr(plain, key, value)
+    return plain

@@ -324,8 +324,8 @@ def load_modules(checkpoint: Checkpoint, paths: Sequence[str], dtype: torch.dtyp
     from the config as transformers does, in float32. A tied LM head shares the embedding's
     tensor when both are loaded, and reads the embedding's tensor when alone. A sliding
     window is switched off in the config returned and built from (a plan admits one only
-    where it changes nothing: :func:`~edgesplit.graph.causal_lm.full_attention_config`)."""
-    from edgesplit.graph.causal_lm import full_attention_config
+    where it changes nothing: :func:`~edgesplit.models.causal_lm.full_attention_config`)."""
+    from edgesplit.models.causal_lm import full_attention_config
 
     config = checkpoint.config()
     _check_architecture(config, checkpoint.source)

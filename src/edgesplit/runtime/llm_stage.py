@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
-from edgesplit.graph.causal_lm import full_attention_config
 from edgesplit.hardware.accelerator import torch_device as torch_device_of
+from edgesplit.models.causal_lm import full_attention_config
 from edgesplit.plan.model import LLMPlan, Plan
 from edgesplit.runtime.llm_sampling import Sampling, sample
 
