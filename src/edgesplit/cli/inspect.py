@@ -42,9 +42,10 @@ def inspect(
     raw: bool = typer.Option(False, "--raw", help="Keep one layer per operator (no BN folding or "
                                                    "activation fusion), the graph DADS plans on."),
     split_after: str | None = typer.Option(
-        None, "--split-after", help="Layer name(s), comma-separated: show the tensors crossing "
-                                    "and the edge peak memory when the edge runs these layers and "
-                                    "everything they depend on."),
+        None, "--split-after", help="Layer name(s) or module path(s), comma-separated: show "
+                                    "the tensors crossing and the edge peak memory when the edge "
+                                    "runs these layers (or modules) and everything they depend "
+                                    "on."),
     cuts_only: bool = typer.Option(False, "--cuts-only", help="Only the cut-point table."),
     limit: int | None = typer.Option(None, "--limit", help="Show only the first N layers."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -70,7 +71,8 @@ def inspect(
         out.print(layers_table(graph, limit))
     out.print(cuts_table(graph, graph.single_tensor_cuts()))
     if split is not None:
-        out.print(f"edge part: {split['edge_layers']} layers; crossing: "
+        out.print(f"split after {', '.join(split['after'])}: "
+                  f"edge part: {split['edge_layers']} layers; crossing: "
                   f"{', '.join(split['crossing'])} ({human_bytes(split['crossing_bytes'])}); "
                   f"edge peak memory {human_bytes(split['memory']['total_bytes'])} "
                   f"(weights {human_bytes(split['memory']['weight_bytes'])}, activations "
@@ -79,9 +81,12 @@ def inspect(
 
 
 def _split_report(graph, split_after: str) -> dict[str, Any]:
-    edge = graph.ancestors_closure([s.strip() for s in split_after.split(",") if s.strip()])
+    names = [s.strip() for s in split_after.split(",") if s.strip()]
+    edge = graph.split_layers(names)
     crossing = graph.crossing_tensors(edge)
     return {
+        # the last layer each name resolved to: where a module path's cut falls
+        "after": [graph.resolve_split_point(name)[-1] for name in names],
         "edge_layers": len(edge),
         "crossing": [t.name for t in crossing],
         "crossing_elements": sum(t.elements for t in crossing),

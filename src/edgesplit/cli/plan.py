@@ -44,7 +44,8 @@ def plan(
                                                    "default: the edge device's memory.",
                                               rich_help_panel=_SETTING),
     privacy_layer: str | None = typer.Option(None, "--privacy-layer",
-                                                help="No cut before this layer (L2S eq. 1).",
+                                                help="No cut before this layer or module "
+                                                     "(L2S eq. 1).",
                                                 rich_help_panel=_SETTING),
     result_at: str = typer.Option("edge", "--result-at",
                                   help="Where the result is needed: edge or cloud.",
@@ -54,8 +55,9 @@ def plan(
                                    "assumes, rounded).",
                                    rich_help_panel=_SETTING),
     split_after: str | None = typer.Option(None, "--split-after",
-                                              help="Manual plan: these layers and all they "
-                                                   "depend on run on the edge.",
+                                              help="Manual plan: these layers or module "
+                                                   "paths and all they depend on run on the "
+                                                   "edge.",
                                               rich_help_panel=_SETTING),
     topology: str | None = typer.Option(
         None, "--topology", "-t", help="Plan over a chain or mesh of devices (preset such as "

@@ -5,9 +5,21 @@ Rules (the ones inference engines such as TensorRT or TVM apply):
   input: it computes nothing;
 - in the optimised graph, an element-wise operator whose inputs all come from one layer joins
   that layer (activation fusion; also whole element-wise chains such as GPT-2's tanh-GELU and
-  batch-norms that could not be folded into a convolution);
+  batch-norms that could not be folded into a convolution), unless it enters a module the
+  layer is not in that computes something (see below);
 - in the optimised graph, a constant pad read only by a convolution joins the convolution;
 - everything else starts a layer of its own.
+
+Module boundaries: a cut after a module (``LayerGraph.split_layers``) must send that module's
+output only. Without a rule, the first element-wise ops of the *next* module would fuse into
+the module's last layer: a Llama block's residual add took the next RMSNorm's ``to`` and
+``pow(2)``, so a cut after the block sent the residual stream and its square. So an
+element-wise operator does not join a layer whose first node is outside a module the operator
+is in, when that module also holds a non-fusable operator (a "computing" module such as an
+RMSNorm or a decoder block). It starts a *prologue* layer instead, which the module's first
+non-fusable operator reading only that layer then joins (``pow -> mean``: a reduction with an
+element-wise prologue, one kernel as before). An activation module (``nn.ReLU``, GELU) holds
+only element-wise ops, so it still fuses into the convolution or linear before it.
 
 A node joins a layer only if *all* its non-constant inputs are in that layer, so every layer is
 convex and is entered only through its first node: ordering layers by their first node is a
@@ -48,22 +60,53 @@ def group_nodes(gm: GraphModule, *, optimize: bool = True) -> list[list[Node]]:
     """Partition the operator nodes of ``gm`` into layers, in topological order."""
     groups: list[list[Node]] = []
     group_of: dict[Node, int] = {}
+    computing = _computing_modules(gm, optimize)
+    prologues: set[int] = set()  # element-wise layers started at a module boundary
     for node in gm.graph.nodes:
         if not _is_op(node):
             continue
         inputs = [a for a in node.all_input_nodes if a.op != "get_attr"]
         sources = {group_of.get(a, -1) for a in inputs}  # -1: a model input
+        source = next(iter(sources)) if len(sources) == 1 and -1 not in sources else None
         target: int | None = None
-        if _fusable(node, optimize) and len(sources) == 1 and -1 not in sources:
-            target = sources.pop()
+        starts_prologue = False
+        if _fusable(node, optimize) and source is not None:
+            if _category(node) is not OpCategory.VIEW and \
+                    _enters_computing(node, groups[source][0], computing):
+                starts_prologue = True
+            else:
+                target = source
         elif optimize and node.op == "call_function" and op_name(node) in _CONVS:
             target = _pad_prologue(node, groups, group_of)
+        if target is None and not _fusable(node, optimize) and source in prologues and \
+                not _enters_computing(groups[source][0], node, computing):
+            target = source  # the module's first real op takes its element-wise prologue
+            prologues.discard(source)
         if target is None:
             target = len(groups)
             groups.append([])
+            if starts_prologue:
+                prologues.add(target)
         groups[target].append(node)
         group_of[node] = target
     return groups
+
+
+def _stack(node: Node) -> list[str]:
+    """The paths of the modules ``node`` was called in, outermost first."""
+    return [path for path, _ in (node.meta.get("nn_module_stack") or {}).values()]
+
+
+def _computing_modules(gm: GraphModule, optimize: bool) -> frozenset[str]:
+    """Modules that hold a non-fusable operator (at any depth): the ones a cut can follow."""
+    return frozenset(path for node in gm.graph.nodes
+                     if _is_op(node) and not _fusable(node, optimize) for path in _stack(node))
+
+
+def _enters_computing(node: Node, base: Node, computing: frozenset[str]) -> bool:
+    """Whether ``node`` is in a computing module that ``base`` is not in."""
+    held = set(_stack(base))
+    return any(path in computing and path not in held for path in _stack(node))
 
 
 def _pad_prologue(conv: Node, groups: list[list[Node]], group_of: dict[Node, int]) -> int | None:
@@ -147,7 +190,10 @@ def build_layer_graph(gm: GraphModule, *, model: str, optimize: bool,
         name = namer.name(path, op_name(anchor) if anchor.op == "call_function" else "module")
         for node in nodes:
             layer_of[node] = name
-        drafts.append((name, anchor, nodes, path, mtype))
+        # the anchor's module first, then every other module a node of the layer ran in
+        paths = tuple(dict.fromkeys([path, *filter(None, (_module_of(n, strip_prefix)[0]
+                                                          for n in nodes))]))
+        drafts.append((name, anchor, nodes, paths, mtype))
 
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     graph_outputs = [a for a in output_node.all_input_nodes if a.op != "get_attr"]
@@ -164,8 +210,8 @@ def build_layer_graph(gm: GraphModule, *, model: str, optimize: bool,
     for node in placeholders:
         tensors[node.name] = _tensor_info(node, INPUT, consumers.get(node, []))
     layers = []
-    for index, (name, anchor, nodes, path, mtype) in enumerate(drafts):
-        layers.append(_make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers,
+    for index, (name, anchor, nodes, paths, mtype) in enumerate(drafts):
+        layers.append(_make_layer(index, name, anchor, nodes, paths, mtype, layer_of, consumers,
                                   attrs, tensors))
     numel = {k: v.numel() for k, v in attrs.items()}
     nbytes = {k: v.numel() * v.element_size() for k, v in attrs.items()}
@@ -207,7 +253,7 @@ def _out_spec(gm: GraphModule):
     return info.out_spec if info is not None else None
 
 
-def _make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers, attrs, tensors
+def _make_layer(index, name, anchor, nodes, paths, mtype, layer_of, consumers, attrs, tensors
                 ) -> Layer:
     inputs: list[str] = []
     param_names: list[str] = []
@@ -247,6 +293,7 @@ def _make_layer(index, name, anchor, nodes, path, mtype, layer_of, consumers, at
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         param_names=tuple(param_names),
         nodes=tuple(n.name for n in nodes),
-        module_path=path,
+        module_path=paths[0],
         module_type=mtype,
+        modules=paths,
     )

@@ -78,6 +78,9 @@ class Layer:
     nodes: tuple[str, ...]
     module_path: str
     module_type: str
+    # The module paths of all its FX nodes, ``module_path`` first: a layer also ends the modules
+    # whose only ops fused into it (a ReLU module after the convolution it fused into).
+    modules: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -208,6 +211,82 @@ class LayerGraph:
             stack.extend(self.predecessors(name))
         return sorted(seen, key=self.index_of)
 
+    # ---- split points --------------------------------------------------------------------
+    @cached_property
+    def _module_layers(self) -> dict[str, tuple[str, ...]]:
+        """Layers by module path, for every module at or above a module one of their nodes
+        ran in (``a.b.c`` counts for ``a``, ``a.b`` and ``a.b.c``), in topological order."""
+        found: dict[str, dict[str, None]] = {}  # ordered sets
+        for layer in self.layers:
+            for path in layer.modules or (layer.module_path,):
+                parts = path.split(".") if path else []
+                for i in range(1, len(parts) + 1):
+                    found.setdefault(".".join(parts[:i]), {})[layer.name] = None
+        return {path: tuple(names) for path, names in found.items()}
+
+    def resolve_split_point(self, name: str) -> list[str]:
+        """The layers a split point ``name`` stands for, in topological order.
+
+        The rule, in this order:
+
+        1. a layer name (``edgesplit inspect`` lists them) is that layer, as it always was;
+        2. otherwise a module path (``model.layers.1``, ``resnet.encoder.stages.1``, as
+           ``named_modules`` spells it, less the built-ins' wrapper prefix) is every layer with
+           an operator of that module or of a module under it (a path in :attr:`Layer.modules`
+           equal to it or starting with it and a dot: ``layers.1`` never takes
+           ``layers.10``). A cut after them sends the module's output; a cut falls between
+           layers, so after a convolution module is after the activation fused into it;
+        3. otherwise GraphError, naming close layer names and close module paths.
+
+        A layer name wins where a name is both; only a leaf module's first layer is named after
+        its path, so the two differ only for a leaf module of several layers.
+        """
+        if name in self._by_name:
+            return [name]
+        if name in self._module_layers:
+            return list(self._module_layers[name])
+        raise GraphError(self._unknown_split_point(name))
+
+    def split_layers(self, names: Iterable[str]) -> list[str]:
+        """The edge part of a split after ``names`` (layer names or module paths, see
+        :meth:`resolve_split_point`): them and everything they depend on, in topological
+        order. What ``--split-after``, the manual planner and the privacy layer use."""
+        return self.ancestors_closure([layer for name in names
+                                       for layer in self.resolve_split_point(name)])
+
+    @cached_property
+    def _module_ends(self) -> dict[str, list[str]]:
+        """Module paths by their last layer (those a name resolves to as a module)."""
+        ends: dict[str, list[str]] = {}
+        for path, names in self._module_layers.items():
+            if path not in self._by_name or names == (path,):
+                ends.setdefault(names[-1], []).append(path)
+        return ends
+
+    def modules_ending_at(self, name: str) -> list[str]:
+        """The module paths whose split (:meth:`split_layers`) is exactly the layers of the
+        topological order up to layer ``name``, i.e. the cut after ``name``: outermost
+        first, empty where no module ends there. ``inspect`` marks cut points with them."""
+        count = self.index_of(name) + 1
+        found = [path for path in self._module_ends.get(name, [])
+                 if len(self.ancestors_closure(self._module_layers[path])) == count]
+        return sorted(found, key=lambda path: (path.count("."), path))
+
+    def _unknown_split_point(self, name: str) -> str:
+        import difflib
+
+        groups = []
+        for kind, names in (("layer", self._by_name),
+                            ("module", [m for m in self._module_layers if m not in self._by_name])):
+            close = difflib.get_close_matches(name, names, n=3)
+            if close:
+                score = difflib.SequenceMatcher(None, name, close[0]).ratio()
+                groups.append((-score, f"{kind} {', '.join(close)}"))
+        hint = f" Did you mean {' or '.join(text for _, text in sorted(groups))}?" \
+            if groups else ""
+        return (f"no layer named {name!r} in {self.model}, and no module at that path "
+                f"(`edgesplit inspect` lists layer names and module paths).{hint}")
+
     def check_down_set(self, names: Iterable[str]) -> frozenset[str]:
         """Validate that ``names`` is closed under predecessors; returns it as a frozenset."""
         edge = frozenset(self.layer(n).name for n in names)
@@ -311,7 +390,8 @@ class LayerGraph:
             "tensors": [_tensor_dict(t) for t in self.tensors.values()],
         }
         if with_cuts:
-            doc["cuts"] = [cut.to_dict() for cut in self.single_tensor_cuts()]
+            doc["cuts"] = [{**cut.to_dict(), "modules": self.modules_ending_at(cut.after)
+                            if cut.after else []} for cut in self.single_tensor_cuts()]
         return doc
 
 
@@ -331,6 +411,7 @@ def _layer_dict(layer: Layer, tensors: Mapping[str, TensorInfo]) -> dict[str, An
         "op_class": layer.op_class,
         "fused": list(layer.fused),
         "module": layer.module_path,
+        "modules": list(layer.modules or (layer.module_path,)),
         "module_type": layer.module_type,
         "macs": layer.macs,
         "flops": layer.flops,

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.errors import ConfigError, GraphError, InfeasibleError
 from edgesplit.graph import INPUT, LayerGraph, TensorInfo, prefix_peak_memory
 from edgesplit.hardware import (
     Device,
@@ -185,16 +185,16 @@ class CostTable:
 
     # ---- constraints -----------------------------------------------------------------------
     def forced_edge(self) -> frozenset[str]:
-        """Layers the privacy constraint keeps on the edge (the privacy layer and its
-        ancestors); empty without one."""
+        """Layers the privacy constraint keeps on the edge (the privacy layer, or every layer
+        of the privacy module, and their ancestors); empty without one."""
         name = self.setting.privacy_layer
         if name is None:
             return frozenset()
-        if name not in {layer.name for layer in self.graph.layers}:
-            raise InfeasibleError(
-                f"privacy constraint: layer {name!r} is not a layer of {self.graph.model} (it "
-                "must name a layer before the output; `edgesplit inspect` lists them)")
-        return frozenset(self.graph.ancestors_closure([name]))
+        try:
+            return frozenset(self.graph.split_layers([name]))
+        except GraphError as exc:
+            raise InfeasibleError(f"privacy constraint: layer {name!r} must name a layer or a "
+                                  f"module before the output: {exc}") from None
 
     def memory_bytes(self, edge: frozenset[str]) -> int:
         return self.graph.peak_memory(edge).total_bytes

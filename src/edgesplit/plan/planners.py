@@ -324,7 +324,8 @@ class Qdmp(_MinCut):
 
 @register_planner("manual")
 class Manual(EdgeSetPlanner):
-    """The edge runs ``split_after`` and everything they depend on."""
+    """The edge runs ``split_after`` (layer names or module paths, see
+    :meth:`LayerGraph.resolve_split_point`) and everything they depend on."""
 
     options = ("split_after",)
 
@@ -333,9 +334,9 @@ class Manual(EdgeSetPlanner):
 
     def choose(self, costs: CostTable) -> frozenset[str]:
         if not self.split_after:
-            raise ConfigError(f"the manual method needs the layers to split after: "
-                              f"{option('split_after', 'LAYER[,LAYER...]')}")
-        return frozenset(costs.graph.ancestors_closure(self.split_after))
+            raise ConfigError(f"the manual method needs the layers or modules to split "
+                              f"after: {option('split_after', 'LAYER[,LAYER...]')}")
+        return frozenset(costs.graph.split_layers(self.split_after))
 
 
 def make_plan(costs: CostTable, edge: frozenset[str], *, method: str, source: str,

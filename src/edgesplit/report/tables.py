@@ -18,7 +18,8 @@ def layers_table(graph: LayerGraph, limit: int | None = None) -> Table:
     table = Table(title=f"{graph.model}: {len(graph)} layers, {macs} MACs, "
                         f"{human_count(graph.total_params)} params "
                         f"({'optimised' if graph.optimized else 'raw'} graph)")
-    for col, justify in (("#", "right"), ("name", "left"), ("op", "left"), ("MACs", "right"),
+    for col, justify in (("#", "right"), ("name", "left"), ("module", "left"), ("op", "left"),
+                         ("MACs", "right"),
                          ("params", "right"), ("out shape", "left"), ("out elements", "right"),
                          ("out bytes", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -26,7 +27,7 @@ def layers_table(graph: LayerGraph, limit: int | None = None) -> Table:
     for layer in layers:
         outs = [graph.tensors[t] for t in layer.outputs]
         table.add_row(
-            str(layer.index), layer.name, layer.kind, human_count(layer.macs),
+            str(layer.index), layer.name, layer.module_path, layer.kind, human_count(layer.macs),
             human_count(layer.params),
             " ".join("x".join(map(str, t.shape)) for t in outs),
             f"{sum(t.elements for t in outs):,}", human_bytes(sum(t.bytes for t in outs)),
@@ -38,13 +39,18 @@ def layers_table(graph: LayerGraph, limit: int | None = None) -> Table:
 
 def cuts_table(graph: LayerGraph, cuts: Sequence[Cut]) -> Table:
     table = Table(title=f"{graph.model}: {len(cuts)} single-tensor cut points")
-    for col, justify in (("after #", "right"), ("after layer", "left"), ("tensor", "left"),
-                         ("shape", "left"), ("elements", "right"), ("bytes", "right")):
+    # "after module": the outermost module a cut after which (--split-after MODULE) is this
+    # cut, the natural split points for a user who thinks in modules
+    for col, justify in (("after #", "right"), ("after layer", "left"), ("after module", "left"),
+                         ("tensor", "left"), ("shape", "left"), ("elements", "right"),
+                         ("bytes", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for cut in cuts:
         tensor = cut.tensors[0]
-        table.add_row(str(cut.index), cut.after or "(input)", tensor.name,
-                      "x".join(map(str, tensor.shape)), f"{cut.elements:,}", human_bytes(cut.bytes))
+        modules = graph.modules_ending_at(cut.after) if cut.after else []
+        table.add_row(str(cut.index), cut.after or "(input)", modules[0] if modules else "",
+                      tensor.name, "x".join(map(str, tensor.shape)), f"{cut.elements:,}",
+                      human_bytes(cut.bytes))
     return table
 
 
