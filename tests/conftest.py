@@ -17,6 +17,19 @@ from edgesplit.graph import LayerGraph, capture
 
 
 @functools.cache
+def perturbed(model, scale: float = 0.3, seed: int = 1):
+    """``model`` with seeded noise added to every parameter, in place (returned): a tiny LM's
+    random initialisation makes greedy decoding repeat one token, which would make token
+    equality trivial."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
 def captured(name: str, optimize: bool = True) -> LayerGraph:
     return capture(name, optimize=optimize)
 

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from conftest import perturbed
 from edgesplit.errors import EdgesplitError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
@@ -168,12 +169,7 @@ def _llm_plan():
 def _perturbed_llama():
     from edgesplit.models.causal_lm import create_causal_lm
 
-    model = create_causal_lm("llama_tiny")
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
-    return model
+    return perturbed(create_causal_lm("llama_tiny"))
 
 
 def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import perturbed
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
 from edgesplit.models.causal_lm import causal_lm_config, create_causal_lm
@@ -51,12 +52,8 @@ def folder(request, tmp_path_factory) -> Path:
 
     name, overrides = CHECKPOINTS[request.param]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_config(name, overrides)).eval() if overrides \
-        else create_causal_lm(name)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    model = perturbed(AutoModelForCausalLM.from_config(_config(name, overrides)).eval()
+                      if overrides else create_causal_lm(name))
     out = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(out, safe_serialization=True)
     return out

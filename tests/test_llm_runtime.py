@@ -17,6 +17,7 @@ import grpc
 import pytest
 import torch
 
+from conftest import perturbed
 from edgesplit.errors import ConfigError, ContextLimitError, SessionError
 from edgesplit.hardware import chain, get_topology
 from edgesplit.models.causal_lm import create_causal_lm
@@ -45,11 +46,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def models() -> dict[str, torch.nn.Module]:
     out = {}
     for name in FAMILIES:
-        model = create_causal_lm(name)
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+        model = perturbed(create_causal_lm(name))
         out[name] = model
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from conftest import perturbed
 from edgesplit.errors import ConfigError, cli_options
 from edgesplit.graph.causal_lm import describe_causal_lm
 from edgesplit.hardware import chain, get_topology
@@ -61,11 +62,7 @@ def folder(request, tmp_path_factory) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_config(*CASES[request.param])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    model = perturbed(AutoModelForCausalLM.from_config(_config(*CASES[request.param])).eval())
     out = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(out, safe_serialization=True)
     return out
