@@ -30,6 +30,21 @@ def perturbed(model, scale: float = 0.3, seed: int = 1):
     return model
 
 
+def rgb_folder(root, classes=("cat", "dog", "fox"), per_class: int = 8, size: int = 12):
+    """An image folder as a user brings one: a sub-folder of RGB PNGs per class, each class a
+    little brighter than the last (seeded); returns ``root``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.random((size, size, 3)) * 80 + 60 * c).astype(np.uint8)
+            Image.fromarray(pixels, "RGB").save(root / name / f"{i}.png")
+    return root
+
+
 def captured(name: str, optimize: bool = True) -> LayerGraph:
     return capture(name, optimize=optimize)
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import rgb_folder
 from edgesplit.cli import app
 from edgesplit.data.training import load_labelled
 from edgesplit.nas import HeadSpec, SearchSpace, StemSpec
@@ -101,16 +102,8 @@ def test_jmsnas_user_errors_are_one_line(inputs, args, message):
 def test_a_users_rgb_folder_of_3_classes_gets_a_3_class_rgb_network(inputs, tmp_path):
     """The data as it is: an RGB folder is not turned gray nor its 3 classes padded to the
     space's 10; the space's network is built for it, and stderr says so (issue 37)."""
-    from PIL import Image
-
     _, space, _ = inputs
-    rng = np.random.default_rng(0)
-    images = tmp_path / "rgb"
-    for c, name in enumerate(("cat", "dog", "fox")):
-        (images / name).mkdir(parents=True)
-        for i in range(8):
-            pixels = (rng.random((12, 12, 3)) * 80 + 60 * c).astype(np.uint8)
-            Image.fromarray(pixels, "RGB").save(images / name / f"{i}.png")
+    images = rgb_folder(tmp_path / "rgb", size=12)
     out = tmp_path / "result"
     result = CliRunner().invoke(app, [
         "nas", "jmsnas", "--topology", "jmsnas-chain", "--latency-budget-ms", "50",

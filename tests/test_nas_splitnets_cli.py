@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import rgb_folder
 from edgesplit.cli import app
 from edgesplit.data.training import load_labelled
 from edgesplit.nas.splitnets import PhaseSpec, SplitSpace
@@ -100,16 +101,8 @@ def test_refusals_are_one_line(trained, args, message):
 def test_a_users_rgb_folder_of_3_classes_trains_a_3_class_rgb_supernet(trained, tmp_path):
     """The data as it is: SplitNets refused an RGB 3-class folder and worked only after a
     hand-edited space; the space's network is now built for the data (issue 37)."""
-    from PIL import Image
-
     folder = trained[0]
-    rng = np.random.default_rng(0)
-    images = tmp_path / "rgb"
-    for c, name in enumerate(("cat", "dog", "fox")):
-        (images / name).mkdir(parents=True)
-        for i in range(8):
-            pixels = (rng.random((20, 20, 3)) * 80 + 60 * c).astype(np.uint8)
-            Image.fromarray(pixels, "RGB").save(images / name / f"{i}.png")
+    images = rgb_folder(tmp_path / "rgb", size=20)
     out = tmp_path / "supernet"
     result = CliRunner().invoke(app, [
         "nas", "splitnets", "train", "--space", str(folder / "tiny.json"), "--data",
