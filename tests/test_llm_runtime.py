@@ -306,6 +306,29 @@ def test_wrong_hidden_shape(models):
         line.stop()
 
 
+def test_a_non_finite_hidden_state_is_refused_before_the_cache(models):
+    """A NaN stored in a stage's KV cache made every later token of the session 0 without an
+    error (issue 39): it is refused, nothing cached, and the session goes on."""
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    server, hidden = line.servers[0], model.config.hidden_size
+    try:
+        good = torch.randn(1, 2, hidden)
+        _raw(server, {"block.1.out": good, POSITION: torch.tensor([0])}, "s")
+        for bad in (float("nan"), float("inf")):
+            x = torch.randn(1, 1, hidden)
+            x[0, 0, 3] = bad
+            with pytest.raises(grpc.RpcError) as info:
+                _raw(server, {"block.1.out": x, POSITION: torch.tensor([2])}, "s")
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "NaN or infinite" in info.value.details()
+        assert server.sessions.length("s") == 2  # nothing was cached
+        _raw(server, {"block.1.out": torch.randn(1, 1, hidden), POSITION: torch.tensor([2])},
+             "s")
+    finally:
+        line.stop()
+
+
 def test_configuration_errors(models):
     plan = _plan("llama_tiny", (0, 2, 4, 6))
     model = models["llama_tiny"]

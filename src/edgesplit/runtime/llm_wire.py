@@ -110,6 +110,11 @@ def decode_step(data: Any, name: str, *, hidden_size: int | None, vocab_size: in
         raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                          f"token ids must lie in [0, {vocab_size}), got {int(x.min())}.."
                          f"{int(x.max())}")
+    if hidden_size is not None and not bool(torch.isfinite(x).all()):
+        # refused before the step: stored in the KV cache, a NaN would make every later
+        # token of the session 0 without an error
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"tensor {name!r} holds NaN or infinite values; nothing was cached")
     return x
 
 
