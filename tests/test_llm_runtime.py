@@ -28,6 +28,7 @@ from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import Hop
 from edgesplit.runtime.llm_client import LLMClient
 from edgesplit.runtime.llm_server import LLMStageServer
+from edgesplit.runtime.llm_sessions import OWNER_KEY
 from edgesplit.runtime.llm_wire import END_SESSION, POSITION, message
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import SESSION_KEY
@@ -190,9 +191,10 @@ def test_context_limit_is_checked_before_anything_runs(models):
 
 
 def _raw(server: LLMStageServer, tensors: dict[str, torch.Tensor], session: str | None,
-         plan_id: str | None = None):
+         plan_id: str | None = None, secret: str | None = None):
     hop = Hop(server.loopback_channel(), server.limit, None)
     md = [(SESSION_KEY, session)] if session else []
+    md += [(OWNER_KEY, secret)] if secret else []  # a session a client made answers only it
     return hop.run(message(plan_id or server.plan_id, PLAN_VERSION, 1, tensors), 10.0, md)
 
 
@@ -205,13 +207,16 @@ def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models):
             _tokens(client, _prompt(model), 4)  # the cache holds 8 + 3 tokens
         assert server.sessions.length("s1") == 11
         hidden = torch.randn(1, 30, model.config.hidden_size)
+        secret = client._secret  # the raw steps below continue the client's session
         with pytest.raises(grpc.RpcError) as info:
-            _raw(server, {"block.1.out": hidden, POSITION: torch.tensor([11])}, "s1")
+            _raw(server, {"block.1.out": hidden, POSITION: torch.tensor([11])}, "s1",
+                 secret=secret)
         assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "would hold 41 tokens" in info.value.details()
         assert "start a new session" in info.value.details()
         assert server.sessions.length("s1") == 11  # untouched
-        reply = _raw(server, {"block.1.out": hidden[:, :1], POSITION: torch.tensor([11])}, "s1")
+        reply = _raw(server, {"block.1.out": hidden[:, :1], POSITION: torch.tensor([11])}, "s1",
+                     secret=secret)
         assert [t.name for t in reply.tensors] == ["token"]
         assert server.sessions.length("s1") == 12
     finally:
@@ -325,6 +330,29 @@ def test_a_non_finite_hidden_state_is_refused_before_the_cache(models):
         assert server.sessions.length("s") == 2  # nothing was cached
         _raw(server, {"block.1.out": torch.randn(1, 1, hidden), POSITION: torch.tensor([2])},
              "s")
+    finally:
+        line.stop()
+
+
+def test_a_session_answers_only_the_client_that_made_it(models):
+    """Two clients that pick one session id used to decode on each other's cache (wrong
+    tokens, no error), and anyone knowing an id could continue or end it (issue 39). Each
+    client's secret now binds its sessions: the other is refused on every stage, in one
+    SessionError, and the owner's generation is untouched."""
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 2, 4, 6)), model)
+    prompt = _prompt(model, 5)
+    try:
+        with line.client(session="shared") as owner, line.client(session="shared") as other:
+            first = list(owner.generate(prompt[0].tolist(), 4))
+            with pytest.raises(SessionError, match="belongs to another client"):
+                _tokens(other, _prompt(model, 6), 2)  # a fresh start would take the id
+            with pytest.raises(SessionError, match="belongs to another client"):
+                other.end_session()
+            assert all(s.sessions.length("shared") > 0 for s in line.servers)
+            more = [*prompt[0].tolist(), *(t.token for t in first)]
+            assert [t.token for t in owner.generate(more, 3)] == _reference(
+                model, torch.tensor([more]), 3)
     finally:
         line.stop()
 

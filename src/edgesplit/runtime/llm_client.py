@@ -23,6 +23,7 @@ by default) makes its sends take the plan's first link (:mod:`edgesplit.runtime.
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -44,7 +45,7 @@ from edgesplit.runtime.llm_emulation import (
 )
 from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.runtime.llm_server import head_stage, llm_message_bytes
-from edgesplit.runtime.llm_sessions import LLMSessions
+from edgesplit.runtime.llm_sessions import OWNER_KEY, LLMSessions
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 from edgesplit.runtime.llm_wire import (
     END_SESSION,
@@ -108,6 +109,8 @@ class LLMClient:
         self.device = plan.devices[0].name
         self.session = session or uuid.uuid4().hex
         self._bearer = bearer_metadata(token)
+        # this client's secret for its sessions: a stage answers a session it made only to it
+        self._secret = secrets.token_urlsafe(24)
         self.metadata = self._metadata(self.session)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.sessions = LLMSessions(self.device, self.stage.new_cache,
@@ -145,7 +148,7 @@ class LLMClient:
         self.close()
 
     def _metadata(self, session: str) -> list[tuple[str, str]]:
-        return [*self._bearer, (SESSION_KEY, session)]
+        return [*self._bearer, (SESSION_KEY, session), (OWNER_KEY, self._secret)]
 
     def held(self, session: str | None = None) -> list[int]:
         """The tokens the session's caches hold, as this client knows them."""

@@ -43,7 +43,7 @@ from edgesplit.runtime.llm_emulation import (
     stage_links,
 )
 from edgesplit.runtime.llm_sampling import Sampling
-from edgesplit.runtime.llm_sessions import LLMSessions
+from edgesplit.runtime.llm_sessions import OWNER_KEY, LLMSessions, owner_digest
 from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 from edgesplit.runtime.llm_wire import (
     END_SESSION,
@@ -231,10 +231,10 @@ class LLMStageServer(GrpcServer):
         """Answer one step (or an end of session) of the caller's session."""
         t_in = time.perf_counter()
         self._check_plan(request)
-        session = _session(context)
+        session, owner = _session(context), _owner(context)
         parts = {t.name: t.data for t in request.tensors}
         if list(parts) == [END_SESSION]:
-            return self._end(request, session, context)
+            return self._end(request, session, owner, context)
         io = self.stage.io
         if not {io.receives, POSITION} <= set(parts) <= {io.receives, POSITION, SAMPLING} or \
                 len(request.tensors) != len(parts):
@@ -250,7 +250,7 @@ class LLMStageServer(GrpcServer):
         timings = {f"{self.device}.serialize_ms": (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.device)
         try:
-            with self.sessions.step(session, position, int(x.shape[1])) as state:
+            with self.sessions.step(session, position, int(x.shape[1]), owner) as state:
                 t0 = time.perf_counter()
                 out = self.stage.step(x, position, state.cache, sampling)
                 if self.pacer is not None:  # the time slept is part of the compute
@@ -279,9 +279,12 @@ class LLMStageServer(GrpcServer):
                              f"(version {request.plan_version}); start both sides from the "
                              "same plan file")
 
-    def _end(self, request: pb.Bundle | Message, session: str,
+    def _end(self, request: pb.Bundle | Message, session: str, owner: str | None,
              context: grpc.ServicerContext | None) -> Message:
-        self.sessions.end(session)
+        try:
+            self.sessions.end(session, owner)
+        except SessionError as exc:
+            raise session_status(exc) from None
         if self._next is not None:
             end = message(self.plan_id, PLAN_VERSION, request.request_id,
                           {END_SESSION: torch.zeros(1, dtype=torch.int64)})
@@ -313,7 +316,7 @@ class LLMStageServer(GrpcServer):
         """Forward within what is left of the caller's deadline, with its token and session;
         the next stage's session errors come back as this request's."""
         metadata = context.invocation_metadata() if context is not None else ()
-        passed = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY)]
+        passed = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY, OWNER_KEY)]
         check_alive(context, self.device)
         assert self._next is not None
         try:
@@ -327,6 +330,12 @@ class LLMStageServer(GrpcServer):
                 raise BadRequest(code, details or code.name) from None
             raise RemoteError(f"next hop after {self.device!r} failed: {code.name}: "
                               f"{details}") from None
+
+
+def _owner(context: grpc.ServicerContext | None) -> str | None:
+    """The digest of the caller's session secret (metadata OWNER_KEY), None without one."""
+    secret = dict(context.invocation_metadata()).get(OWNER_KEY) if context else None
+    return owner_digest(secret if isinstance(secret, str) else None)
 
 
 def _session(context: grpc.ServicerContext | None) -> str:

@@ -10,10 +10,15 @@ was evicted or never started, fails with a message that says to send the prompt 
 that would take the session past ``max_context`` fails before the cache is touched. A step
 whose compute (or the rest of the chain) fails is rolled back to its position, so the session
 holds what it held, or, for a rewinding step, what it held up to the position.
+
+A session id is only a name, which two clients may pick alike; so a client also sends a secret
+of its own (call metadata :data:`OWNER_KEY`), and a session made with one answers only steps
+and ends that carry it (the stage keeps its digest, never the secret).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -23,7 +28,14 @@ from typing import Any
 
 from edgesplit.errors import ContextLimitError, SessionError, option
 
-__all__ = ["LLMSessions", "SessionState"]
+__all__ = ["OWNER_KEY", "LLMSessions", "SessionState", "owner_digest"]
+
+OWNER_KEY = "edgesplit-session-key"  # call metadata: the client's secret for its sessions
+
+
+def owner_digest(secret: str | None) -> str | None:
+    """What a stage keeps of a client's secret (None without one)."""
+    return None if not secret else hashlib.sha256(secret.encode()).hexdigest()
 
 
 @dataclass
@@ -33,6 +45,7 @@ class SessionState:
     cache: Any
     length: int = 0
     lock: threading.Lock | None = None
+    owner: str | None = None  # a digest of its creator's secret (None: anyone may use it)
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -88,12 +101,24 @@ class LLMSessions:
                 f"session {session!r} holds {held.length} tokens on device {self.device!r}, "
                 f"the step continues from {position}: send its prompt again from position 0")
 
+    def check_owner(self, session: str, owner: str | None) -> None:
+        """SessionError unless ``owner`` may use ``session``: a session made with an owner
+        (a digest of its client's secret) answers only that owner, so two clients that pick
+        one id never decode on each other's cache, and nobody else continues or ends it."""
+        held = self._sessions.get(session)
+        if held is not None and held.owner is not None and held.owner != owner:
+            raise SessionError(f"session {session!r} on device {self.device!r} belongs to "
+                               "another client: use a session id of your own")
+
     @contextmanager
-    def step(self, session: str, position: int, tokens: int) -> Iterator[SessionState]:
+    def step(self, session: str, position: int, tokens: int, owner: str | None = None
+             ) -> Iterator[SessionState]:
         """The session's state for one step of ``tokens`` at ``position`` (checked first);
-        the tokens count once the block exits normally, an exception rolls the cache back."""
+        the tokens count once the block exits normally, an exception rolls the cache back.
+        ``owner``: the caller's digest (:meth:`check_owner`); a new session takes it."""
+        self.check_owner(session, owner)
         self.check(session, position, tokens)
-        state = self._take(session, fresh=position == 0)
+        state = self._take(session, fresh=position == 0, owner=owner)
         assert state.lock is not None
         with state.lock:
             self.check(session, position, tokens)  # another step of the session came first
@@ -107,8 +132,9 @@ class LLMSessions:
                 raise
             state.length = position + tokens
 
-    def _take(self, session: str, *, fresh: bool) -> SessionState:
+    def _take(self, session: str, *, fresh: bool, owner: str | None) -> SessionState:
         with self._lock:
+            self.check_owner(session, owner)  # again, under the lock: it may have changed
             state = self._sessions.get(session)
             if state is not None and not fresh:
                 self._sessions.move_to_end(session)
@@ -117,13 +143,15 @@ class LLMSessions:
             while len(self._sessions) >= self.max_sessions:
                 self._sessions.popitem(last=False)
                 self.evicted += 1
-            state = SessionState(self.new_cache())
+            state = SessionState(self.new_cache(), owner=owner)
             self._sessions[session] = state
             return state
 
-    def end(self, session: str) -> bool:
-        """Forget ``session`` (its cache's memory is freed); whether it was here."""
+    def end(self, session: str, owner: str | None = None) -> bool:
+        """Forget ``session`` (its cache's memory is freed); whether it was here. Only its
+        owner may (:meth:`check_owner`)."""
         with self._lock:
+            self.check_owner(session, owner)
             return self._sessions.pop(session, None) is not None
 
 
