@@ -207,3 +207,22 @@ def test_an_llm_stage_on_the_gpu_equals_generate():
 
 def test_errors_are_edgesplit_errors():
     assert issubclass(AcceleratorError, EdgesplitError)
+
+
+def test_a_backend_kind_registered_without_a_device_still_runs_on_the_cpu():
+    """Backends registered before --torch-device took no argument: they still work."""
+    from edgesplit.runtime.backends import BACKENDS, TorchBackend
+
+    class Legacy(TorchBackend):
+        name = "legacy-test"
+
+        def __init__(self) -> None:  # no device parameter
+            super().__init__()
+
+    BACKENDS.register("legacy-test", Legacy)
+    try:
+        plan, graph = _split()
+        program = PlanProgram.load(plan, graph, backend="legacy-test")
+        assert torch.equal(program.run_local()[0][0], program.unsplit()[0])
+    finally:
+        BACKENDS._entries.pop("legacy-test", None)

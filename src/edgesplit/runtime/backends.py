@@ -166,8 +166,8 @@ def _onnx_providers(device: torch.device) -> list[Any]:
     return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
 
 
-# a backend kind: made with the torch device it computes on (None: the CPU)
-BackendKind = Callable[[torch.device | None], Backend]
+# a backend kind: made with the torch device it computes on, or with none for the CPU
+BackendKind = Callable[..., Backend]
 BACKENDS: Registry[BackendKind] = Registry("backend", label="Runtime backends")
 BACKENDS.register("torch", TorchBackend)
 BACKENDS.register("torchscript", TorchScriptBackend)
@@ -175,6 +175,9 @@ BACKENDS.register("onnxruntime", OnnxRuntimeBackend)
 
 
 def get_backend(name: str, device: torch.device | None = None) -> Backend:
-    """A new backend of the registered kind ``name`` computing on ``device`` (None: the CPU;
-    see :func:`edgesplit.hardware.accelerator.torch_device`); did-you-mean error when unknown."""
-    return BACKENDS.get(name)(device)
+    """A new backend of the registered kind ``name`` computing on ``device`` (None or the CPU:
+    made without one, so a kind registered before devices existed, taking no argument, still
+    works; see :func:`edgesplit.hardware.accelerator.torch_device`); did-you-mean error when
+    unknown."""
+    kind = BACKENDS.get(name)
+    return kind(device) if device is not None and device.type != "cpu" else kind()
