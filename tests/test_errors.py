@@ -17,8 +17,9 @@ def test_option_is_a_flag_under_the_cli():
     assert option("eval_data") == "eval_data"  # the style ends with the block
 
 
-def test_library_messages_name_settings_in_the_callers_style():
+def test_library_messages_name_settings_in_the_callers_style(tmp_path):
     import pytest
+    import torch
 
     from edgesplit.errors import ConfigError
     from edgesplit.graph import capture
@@ -28,5 +29,9 @@ def test_library_messages_name_settings_in_the_callers_style():
         BandwidthTrace(100.0, drop_at=3)
     with cli_options(), pytest.raises(ConfigError, match=r"--restore-at needs a drop \(--drop-at"):
         BandwidthTrace(100.0, restore_at=3)
-    with pytest.raises(ConfigError, match=r"^input_shape does not apply to a saved program"):
-        capture("model.pt2", input_shape=(1, 3, 8, 8))
+    path = tmp_path / "model.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 2), (torch.randn(1, 4),)), path)
+    with pytest.raises(ConfigError, match=r": input_shape=\(2, 4\) does not fit"):
+        capture(path, input_shape=(2, 4))
+    with cli_options(), pytest.raises(ConfigError, match=r": --input-shape 2,4 does not fit"):
+        capture(path, input_shape=(2, 4))

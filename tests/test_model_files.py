@@ -22,7 +22,7 @@ from torch.export.pt2_archive._package import PT2ArchiveReader, PT2ArchiveWriter
 from typer.testing import CliRunner
 
 from edgesplit.cli import app
-from edgesplit.errors import CaptureError
+from edgesplit.errors import CaptureError, ConfigError
 from edgesplit.graph import TrustedModelFile, capture, load_program, unsafe_payloads
 from edgesplit.hardware import get_device, get_link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, load_plan
@@ -220,3 +220,39 @@ def test_output_types_of_unknown_packages_are_not_imported_for_an_untrusted_file
     with pytest.raises(CaptureError, match=r"'edgesplit_nowhere\.mod' cannot be imported"):
         capture(path, trust_model_file=True)
     assert "edgesplit_nowhere" not in sys.modules
+
+
+def test_input_shape_of_a_model_file_is_used_where_it_fits_and_refused_in_one_line(tmp_path):
+    fixed = _tiny(tmp_path)  # exported at 1,4
+    assert capture(fixed, input_shape=(1, 4)).example_inputs[0].shape == (1, 4)
+    with pytest.raises(ConfigError) as info:
+        capture(fixed, input_shape=(2, 4))
+    message = str(info.value)
+    assert "\n" not in message and "tiny.pt2' fixes its input shape to 1,4" in message
+    assert "re-export the model" in message
+    # refused before any other work: the missing --eval-data file is never reached
+    result = runner.invoke(app, ["plan", str(fixed), "--input-shape", "2,4", "--eval-data",
+                                 str(tmp_path / "missing.pt")])
+    assert result.exit_code == 2
+    assert "error: model file" in result.output and "--input-shape 2,4 does not fit" in \
+        result.output and "missing.pt" not in result.output
+
+    # a program exported with a dynamic batch takes any batch its range allows
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    dynamic = tmp_path / "dynamic.pt2"
+    batch = torch.export.Dim("batch", min=1, max=64)
+    torch.export.save(torch.export.export(model, (torch.randn(3, 4),),
+                                          dynamic_shapes=({0: batch},)), str(dynamic))
+    graph = capture(dynamic, input_shape=(5, 4))
+    assert graph.example_inputs[0].shape == (5, 4)
+    assert [t.shape for t in graph.tensors.values()] == [(5, 4), (5, 8), (5, 2)]
+    assert graph.total_macs == 5 * (4 * 8 + 8 * 2)
+    plan = Manual(["0"]).plan(PlanningProblem(str(dynamic), EdgeCloudSetting(
+        edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")),
+        input_shape=(5, 4)))
+    program = PlanProgram.load(plan)  # captured again at the planned shape
+    out, _ = program.run_local()
+    assert out[0].shape == (5, 2) and torch.equal(out[0], program.unsplit()[0])
+    with pytest.raises(ConfigError, match=r"fixes its input shape to 1\.\.64,4 .*dimension 0 "
+                                          r"takes 1\.\.64"):
+        capture(dynamic, input_shape=(100, 4))

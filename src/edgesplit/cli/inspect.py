@@ -42,10 +42,10 @@ def inspect(
     raw: bool = typer.Option(False, "--raw", help="Keep one layer per operator (no BN folding or "
                                                    "activation fusion), the graph DADS plans on."),
     split_after: str | None = typer.Option(
-        None, "--split-after", help="Layer name(s) or module path(s), comma-separated: show "
-                                    "the tensors crossing and the edge peak memory when the edge "
-                                    "runs these layers (or modules) and everything they depend "
-                                    "on."),
+        None, "--split-after", help="Layer name(s), module path(s) or split points marked in "
+                                    "the model, comma-separated: show the tensors crossing and "
+                                    "the edge peak memory when the edge runs these layers (or "
+                                    "modules) and everything they depend on."),
     cuts_only: bool = typer.Option(False, "--cuts-only", help="Only the cut-point table."),
     limit: int | None = typer.Option(None, "--limit", help="Show only the first N layers."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -65,19 +65,21 @@ def inspect(
             doc["split"] = split
         emit_json(doc)
         return
-    from edgesplit.report import cuts_table, human_bytes, layers_table
+    from edgesplit.report import cuts_table, human_bytes, layers_table, split_points_table
 
     if not cuts_only:
         out.print(layers_table(graph, limit))
     out.print(cuts_table(graph, graph.single_tensor_cuts()))
+    if graph.split_points:
+        out.print(split_points_table(graph))
     if split is not None:
-        out.print(f"split after {', '.join(split['after'])}: "
+        out.print(f"split after {', '.join(a or '(input)' for a in split['after'])}: "
                   f"edge part: {split['edge_layers']} layers; crossing: "
                   f"{', '.join(split['crossing'])} ({human_bytes(split['crossing_bytes'])}); "
                   f"edge peak memory {human_bytes(split['memory']['total_bytes'])} "
                   f"(weights {human_bytes(split['memory']['weight_bytes'])}, activations "
                   f"{human_bytes(split['memory']['activation_bytes'])} at "
-                  f"{split['memory']['peak_layer']})")
+                  f"{split['memory']['peak_layer'] or '(input)'})")
 
 
 def _split_report(graph, split_after: str) -> dict[str, Any]:
@@ -85,8 +87,9 @@ def _split_report(graph, split_after: str) -> dict[str, Any]:
     edge = graph.split_layers(names)
     crossing = graph.crossing_tensors(edge)
     return {
-        # the last layer each name resolved to: where a module path's cut falls
-        "after": [graph.resolve_split_point(name)[-1] for name in names],
+        # the last layer each name resolved to: where a module path's cut falls (None: a
+        # split point marked on a model input)
+        "after": [(graph.resolve_split_point(name) or [None])[-1] for name in names],
         "edge_layers": len(edge),
         "crossing": [t.name for t in crossing],
         "crossing_elements": sum(t.elements for t in crossing),

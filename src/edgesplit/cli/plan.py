@@ -55,9 +55,9 @@ def plan(
                                    "assumes, rounded).",
                                    rich_help_panel=_SETTING),
     split_after: str | None = typer.Option(None, "--split-after",
-                                              help="Manual plan: these layers or module "
-                                                   "paths and all they depend on run on the "
-                                                   "edge.",
+                                              help="Manual plan: these layers, module paths "
+                                                   "or split points marked in the model, and "
+                                                   "all they depend on, run on the edge.",
                                               rich_help_panel=_SETTING),
     topology: str | None = typer.Option(
         None, "--topology", "-t", help="Plan over a chain or mesh of devices (preset such as "
@@ -117,7 +117,10 @@ def plan(
 ) -> None:
     """Where to cut MODEL between an edge device and the cloud (or over a --topology of
     devices): compare the planners, AUTO-SPLIT and its quantized baselines included."""
+    from edgesplit.graph import check_input_shape, parse_shape
+
     source = model_ref(model, trust_model_file)
+    check_input_shape(source, parse_shape(input_shape) if input_shape else None)
     planner_flags = {"--split-after": split_after, "--eval-data": eval_data,
                      "--calibration-samples": calibration_samples,
                      "--max-acc-drop": max_acc_drop, "--bits": bits}

@@ -2,6 +2,7 @@
 
 from edgesplit.graph.capture import (
     capture,
+    check_input_shape,
     export_model,
     load_program,
     optimize_program,
@@ -10,6 +11,7 @@ from edgesplit.graph.capture import (
 from edgesplit.graph.causal_lm import CausalLM, Phase, describe_causal_lm
 from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
+from edgesplit.graph.markers import split_point
 from edgesplit.graph.memory import MemoryReport, peak_memory, prefix_peak_memory
 from edgesplit.graph.model_file import TrustedModelFile, unsafe_payloads
 
@@ -26,6 +28,7 @@ __all__ = [
     "TensorInfo",
     "TrustedModelFile",
     "capture",
+    "check_input_shape",
     "crossing_tensors",
     "describe_causal_lm",
     "export_model",
@@ -34,6 +37,7 @@ __all__ = [
     "parse_shape",
     "peak_memory",
     "prefix_peak_memory",
+    "split_point",
     "topological_cuts",
     "unsafe_payloads",
 ]

@@ -5,7 +5,8 @@ program saved with ``torch.export.save`` (``.pt2``), or the name of a built-in m
 
 Pipeline: export -> functionalise (``run_decompositions({})`` keeps high-level ops such as
 ``conv2d``/``linear`` but turns in-place ops functional) -> unlift parameters -> strip run-time
-checks -> fold input-independent constants -> [optimised: fold batch-norm] -> group into layers.
+checks -> fold input-independent constants -> [optimised: fold batch-norm] -> take out the
+split-point markers (:mod:`edgesplit.graph.markers`) -> group into layers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.export import ExportedProgram
 from edgesplit.errors import CaptureError, ConfigError, option
 from edgesplit.graph.fusion import build_layer_graph
 from edgesplit.graph.ir import LayerGraph
+from edgesplit.graph.markers import strip_split_points
 from edgesplit.graph.model_file import (
     TrustedModelFile,
     read_model_file,
@@ -31,10 +33,12 @@ from edgesplit.graph.model_file import (
     unsafe_payloads,
 )
 from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
+from edgesplit.graph.saved_shape import fits_input_shape, shape_option
 
 __all__ = [
     "TrustedModelFile",
     "capture",
+    "check_input_shape",
     "export_model",
     "load_program",
     "optimize_program",
@@ -185,6 +189,7 @@ def optimize_program(ep: ExportedProgram, *, optimize: bool = True, name: str = 
     fold_constants(gm)
     if optimize:
         fold_batchnorm(gm)
+    strip_split_points(gm)  # after the passes, so they keep each marked value
     return gm
 
 
@@ -232,18 +237,20 @@ def capture(
 
     ``optimize=True`` gives the graph an inference engine runs (batch-norm folded, element-wise
     operators fused: what QDMP and AUTO-SPLIT plan on); ``optimize=False`` keeps one layer per
-    operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models.
+    operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models, and to a
+    ``.pt2`` file when it is the shape the file was exported at or one its dynamic dimensions
+    allow (the program is then exported again at that shape); any other shape is a
+    ConfigError naming the file's (see :func:`check_input_shape`).
     ``trust_model_file`` lets a ``.pt2`` file run the pickled code it may hold (see
     :func:`load_program`).
     """
     strip = ""
     if isinstance(model, (str, Path)) and _looks_like_file(model):
-        if input_shape is not None:
-            raise ConfigError(f"{option('input_shape')} does not apply to a saved program: its "
-                              "input shape was fixed when it was exported")
         ep = load_program(model, trust_model_file=trust_model_file)
         name = name or Path(model).stem
         example = _example_inputs_of(ep)
+        if input_shape is not None:
+            ep, example = _at_shape(ep, example, tuple(input_shape), str(model))
     elif isinstance(model, str):
         from edgesplit.models import create_model
 
@@ -268,6 +275,37 @@ def capture(
     gm = optimize_program(ep, optimize=optimize, name=name)
     return build_layer_graph(gm, model=name, optimize=optimize, example_inputs=example,
                              strip_prefix=strip)
+
+
+def check_input_shape(model: Any, input_shape: Sequence[int] | None, *,
+                      trust_model_file: bool = False) -> None:
+    """Refuse, before any other work, an ``input_shape`` that a saved program cannot take.
+
+    Nothing to check unless ``model`` is a model file and ``input_shape`` is given; then the
+    program is loaded and ConfigError says what shape it was exported for, as :func:`capture`
+    would (which checks the same itself; this is for callers with work to do first)."""
+    if input_shape is None or not (isinstance(model, (str, Path)) and _looks_like_file(model)):
+        return
+    ep = load_program(model, trust_model_file=trust_model_file)
+    fits_input_shape(ep, _example_inputs_of(ep), tuple(input_shape), str(model))
+
+
+def _at_shape(ep: ExportedProgram, example: tuple[torch.Tensor, ...], shape: tuple[int, ...],
+              path: str) -> tuple[ExportedProgram, tuple[torch.Tensor, ...]]:
+    """``ep`` and its example at ``shape``: itself where it was exported at that shape, else
+    exported again from its own module at ``shape``, which its dynamic dimensions allow."""
+    if fits_input_shape(ep, example, shape, path):
+        return ep, example
+    dtype = next(iter(example)).dtype if example else torch.float32
+    inputs = (torch.zeros(shape, dtype=dtype),)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(ep.module(), inputs, strict=False), inputs
+    except Exception as exc:  # the program's own guards (e.g. a size it must divide)
+        raise ConfigError(f"model file {path!r} cannot run at {shape_option(shape)}: "
+                          f"{_first_line(exc)}; re-export the model at that shape and save it "
+                          "again") from exc
 
 
 def _looks_like_file(model: str | Path) -> bool:

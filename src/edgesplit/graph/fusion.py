@@ -8,7 +8,13 @@ Rules (the ones inference engines such as TensorRT or TVM apply):
   batch-norms that could not be folded into a convolution), unless it enters a module the
   layer is not in that computes something (see below);
 - in the optimised graph, a constant pad read only by a convolution joins the convolution;
-- everything else starts a layer of its own.
+- everything else starts a layer of its own;
+- a value marked as a split point (``split_point(x, name)``, :mod:`edgesplit.graph.markers`)
+  ends its layer: nothing after it joins that layer, so the marked value is the layer's output
+  and a cut can send it. A view or element-wise operator that would have joined it starts a
+  prologue instead, which the next non-fusable operator reading only that prologue joins
+  (``flatten`` after a marked encoder output runs with the ``linear`` that reads it), so a
+  marker changes the layers only where it sits inside what would have been one kernel.
 
 Module boundaries: a cut after a module (``LayerGraph.split_layers``) must send that module's
 output only. Without a rule, the first element-wise ops of the *next* module would fuse into
@@ -33,7 +39,9 @@ from collections import defaultdict
 import torch
 from torch.fx import GraphModule, Node
 
+from edgesplit.errors import CaptureError
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
+from edgesplit.graph.markers import MARKS, split_point_names
 from edgesplit.graph.ops import OpCategory, op_category, op_class, op_cost, op_name, tensor_meta
 
 __all__ = ["build_layer_graph", "group_nodes"]
@@ -62,6 +70,8 @@ def group_nodes(gm: GraphModule, *, optimize: bool = True) -> list[list[Node]]:
     group_of: dict[Node, int] = {}
     computing = _computing_modules(gm, optimize)
     prologues: set[int] = set()  # element-wise layers started at a module boundary
+    ended: set[int] = set()  # layers that end at a split point: nothing joins them
+    after_mark: set[int] = set()  # prologues started after one: the next op takes them
     for node in gm.graph.nodes:
         if not _is_op(node):
             continue
@@ -71,24 +81,31 @@ def group_nodes(gm: GraphModule, *, optimize: bool = True) -> list[list[Node]]:
         target: int | None = None
         starts_prologue = False
         if _fusable(node, optimize) and source is not None:
-            if _category(node) is not OpCategory.VIEW and \
-                    _enters_computing(node, groups[source][0], computing):
+            if source in ended or (_category(node) is not OpCategory.VIEW and
+                                   _enters_computing(node, groups[source][0], computing)):
                 starts_prologue = True
             else:
                 target = source
         elif optimize and node.op == "call_function" and op_name(node) in _CONVS:
             target = _pad_prologue(node, groups, group_of)
         if target is None and not _fusable(node, optimize) and source in prologues and \
-                not _enters_computing(groups[source][0], node, computing):
+                (source in after_mark or
+                 not _enters_computing(groups[source][0], node, computing)):
             target = source  # the module's first real op takes its element-wise prologue
             prologues.discard(source)
+        if target in ended:
+            target = None
         if target is None:
             target = len(groups)
             groups.append([])
             if starts_prologue:
                 prologues.add(target)
+                if source in ended:
+                    after_mark.add(target)
         groups[target].append(node)
         group_of[node] = target
+        if node.meta.get(MARKS):
+            ended.add(target)
     return groups
 
 
@@ -228,7 +245,23 @@ def build_layer_graph(gm: GraphModule, *, model: str, optimize: bool,
         attribute_bytes=nbytes,
         output_leaves=_output_leaves(output_node),
         out_spec=_out_spec(gm),
+        split_points=_split_points(gm, tensors, model),
     )
+
+
+def _split_points(gm: GraphModule, tensors: dict[str, TensorInfo], model: str
+                  ) -> dict[str, str]:
+    """Split point name -> the tensor it marks, in graph order; CaptureError for a marker
+    whose value is no tensor between layers any more."""
+    found = {name: node.name for node in gm.graph.nodes if node.name in tensors
+             for name in node.meta.get(MARKS, ())}
+    lost = [name for name in split_point_names(gm) if name not in found]
+    if lost:
+        raise CaptureError(
+            f"split point {lost[0]!r} of {model} marks a value that does not depend on the "
+            "model's inputs (it was folded into a constant) or that nothing reads: mark a "
+            "tensor the model computes from its inputs and goes on to use")
+    return {name: found[name] for name in split_point_names(gm)}
 
 
 def _output_leaves(output_node: Node) -> tuple[OutputLeaf, ...]:

@@ -122,6 +122,9 @@ class LayerGraph:
     # rebuilds the dict / tuple / nested structure from them (None: a flat tuple).
     output_leaves: tuple[OutputLeaf, ...] = field(default=(), repr=False)
     out_spec: Any = field(default=None, repr=False, compare=False)
+    # Split points marked in the model's code (``split_point(x, name)``): name -> the tensor
+    # it marks, in the order the program computes them.
+    split_points: dict[str, str] = field(default_factory=dict)
 
     # ---- lookups -------------------------------------------------------------------------
     @cached_property
@@ -229,18 +232,28 @@ class LayerGraph:
 
         The rule, in this order:
 
-        1. a layer name (``edgesplit inspect`` lists them) is that layer, as it always was;
-        2. otherwise a module path (``model.layers.1``, ``resnet.encoder.stages.1``, as
+        1. the name of a split point marked in the model's code (``split_point(x, name)``,
+           :attr:`split_points`) is the layer that computes the marked tensor, which fusion
+           ends there: a cut after it sends that tensor. A marker on a model input stands for
+           no layer (the cut before the first one);
+        2. a layer name (``edgesplit inspect`` lists them) is that layer, as it always was;
+        3. otherwise a module path (``model.layers.1``, ``resnet.encoder.stages.1``, as
            ``named_modules`` spells it, less the built-ins' wrapper prefix) is every layer with
            an operator of that module or of a module under it (a path in :attr:`Layer.modules`
            equal to it or starting with it and a dot: ``layers.1`` never takes
            ``layers.10``). A cut after them sends the module's output; a cut falls between
            layers, so after a convolution module is after the activation fused into it;
-        3. otherwise GraphError, naming close layer names and close module paths.
+        4. otherwise GraphError, naming close layer names, module paths and split points, and
+           listing the marked split points.
 
-        A layer name wins where a name is both; only a leaf module's first layer is named after
-        its path, so the two differ only for a leaf module of several layers.
+        A marked name wins over a layer or module of the same name (the marker was written to
+        name exactly that cut), and a layer name over a module path; only a leaf module's first
+        layer is named after its path, so the two differ only for a leaf module of several
+        layers.
         """
+        if name in self.split_points:
+            producer = self.tensors[self.split_points[name]].producer
+            return [] if producer == INPUT else [producer]
         if name in self._by_name:
             return [name]
         if name in self._module_layers:
@@ -276,7 +289,7 @@ class LayerGraph:
         import difflib
 
         groups = []
-        for kind, names in (("layer", self._by_name),
+        for kind, names in (("split point", self.split_points), ("layer", self._by_name),
                             ("module", [m for m in self._module_layers if m not in self._by_name])):
             close = difflib.get_close_matches(name, names, n=3)
             if close:
@@ -284,8 +297,11 @@ class LayerGraph:
                 groups.append((-score, f"{kind} {', '.join(close)}"))
         hint = f" Did you mean {' or '.join(text for _, text in sorted(groups))}?" \
             if groups else ""
-        return (f"no layer named {name!r} in {self.model}, and no module at that path "
-                f"(`edgesplit inspect` lists layer names and module paths).{hint}")
+        marked = (f" Split points marked in the model: {', '.join(self.split_points)}."
+                  if self.split_points else "")
+        return (f"no layer named {name!r} in {self.model}, and no module at that path or split "
+                f"point of that name (`edgesplit inspect` lists layer names, module paths and "
+                f"split points).{hint}{marked}")
 
     def check_down_set(self, names: Iterable[str]) -> frozenset[str]:
         """Validate that ``names`` is closed under predecessors; returns it as a frozenset."""
@@ -392,7 +408,20 @@ class LayerGraph:
         if with_cuts:
             doc["cuts"] = [{**cut.to_dict(), "modules": self.modules_ending_at(cut.after)
                             if cut.after else []} for cut in self.single_tensor_cuts()]
+        doc["split_points"] = [self.describe_split_point(name) for name in self.split_points]
         return doc
+
+    def describe_split_point(self, name: str) -> dict[str, Any]:
+        """A split point marked in the model (:attr:`split_points`): ``name``, the ``tensor``
+        it marks, the layer a cut there falls ``after`` (None: a model input) and what that cut
+        sends (``crossing``, ``crossing_bytes``: :meth:`split_layers` and
+        :meth:`crossing_tensors`, so several tensors where the model keeps others live)."""
+        layers = self.resolve_split_point(name)
+        crossing = self.crossing_tensors(self.split_layers([name]))
+        return {"name": name, "tensor": self.split_points[name],
+                "after": layers[-1] if layers else None,
+                "crossing": [t.name for t in crossing],
+                "crossing_bytes": sum(t.bytes for t in crossing)}
 
 
 def _tensor_dict(t: TensorInfo) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from edgesplit.graph import Cut, LayerGraph
 from edgesplit.models import ModelSpec
 from edgesplit.report.format import human_bytes, human_count
 
-__all__ = ["cuts_table", "layers_table", "models_table"]
+__all__ = ["cuts_table", "layers_table", "models_table", "split_points_table"]
 
 
 def layers_table(graph: LayerGraph, limit: int | None = None) -> Table:
@@ -51,6 +51,23 @@ def cuts_table(graph: LayerGraph, cuts: Sequence[Cut]) -> Table:
         table.add_row(str(cut.index), cut.after or "(input)", modules[0] if modules else "",
                       tensor.name, "x".join(map(str, tensor.shape)), f"{cut.elements:,}",
                       human_bytes(cut.bytes))
+    return table
+
+
+def split_points_table(graph: LayerGraph) -> Table:
+    """The split points marked in the model's code (``split_point(x, name)``), in the order it
+    computes them, with what a cut at each sends."""
+    table = Table(title=f"{graph.model}: {len(graph.split_points)} split points marked in the "
+                        "model (--split-after NAME)")
+    for col, justify in (("split point", "left"), ("after layer", "left"), ("tensor", "left"),
+                         ("shape", "left"), ("crossing", "left"), ("bytes", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name in graph.split_points:
+        info = graph.describe_split_point(name)
+        tensor = graph.tensors[info["tensor"]]
+        table.add_row(name, info["after"] or "(input)", tensor.name,
+                      "x".join(map(str, tensor.shape)), ", ".join(info["crossing"]),
+                      human_bytes(info["crossing_bytes"]))
     return table
 
 

@@ -163,12 +163,15 @@ class DeviceStep:
 def _capture_for(plan: Plan, trust_model_file: bool = False) -> LayerGraph:
     source = plan.model.source
     optimize = plan.model.graph == "optimized"
+    shapes = plan.model.input_shapes
     if str(source).endswith(".pt2"):
         if not Path(source).is_file():
             raise ConfigError(f"the plan's model file {source!r} is not here; run from the "
                               "folder the plan was made in, or copy the .pt2 next to it")
-        return capture(source, optimize=optimize, trust_model_file=trust_model_file)
-    shape = plan.model.input_shapes[0] if plan.model.input_shapes else None
+        # the shape planned at: the file's own, or one its dynamic dimensions allow
+        return capture(source, input_shape=shapes[0] if len(shapes) == 1 else None,
+                       optimize=optimize, trust_model_file=trust_model_file)
+    shape = shapes[0] if shapes else None
     return capture(source, input_shape=shape, optimize=optimize)
 
 
