@@ -73,6 +73,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
+	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_planning.py
 	$(PY) benchmarks/bench_multisplit.py

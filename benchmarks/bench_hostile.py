@@ -397,7 +397,7 @@ def main() -> None:
                 doc["malformed"] = bad_messages(paths, program, tensor, shape)
                 doc["frames"] = frame_attacks(frames_at, paths, program, tensor, shape,
                                               proc.pid)
-                load = run_requests(program, address, requests=50, concurrency=32,
+                load = run_requests(program, address, requests=32 * 50, concurrency=32,
                                     client_options={"shape": False, "timeout_s": 60})
                 doc["load"] = {k: load[k] for k in ("requests", "ok", "errors", "max_abs_diff",
                                                     "throughput_rps")}

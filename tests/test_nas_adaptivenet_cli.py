@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from edgesplit.cli import app
 from edgesplit.data.training import load_labelled
 from edgesplit.nas.adaptivenet.checkpoint import load_supernet
+from edgesplit.nas.adaptivenet.run import budget_note
 from edgesplit.plan import load_plan
 from edgesplit.runtime.program import PlanProgram
 
@@ -180,6 +181,25 @@ def test_a_load_to_the_end_of_the_run_ends_after_it_starts(local_search):
     doc = _invoke("serve", str(out), "--load", "slowdown", "--requests", "20", "--load-from",
                   "0.5", "--load-until", "1", "--json")
     assert doc["load_on_s"] < doc["load_off_s"]
+
+
+def test_serve_says_why_its_budget_is_not_the_searchs(local_search):
+    """Serving scales the search's budget to the serving path (issue 37): the document keeps
+    both budgets and the scale, and stderr says so in one line."""
+    out, _, search = local_search
+    assert search["warnings"] == [] or all("roofline" in w for w in search["warnings"])
+    result = CliRunner().invoke(app, ["nas", "adaptivenet", "serve", str(out), "--load",
+                                      "slowdown", "--requests", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["searched_budget_ms"] == pytest.approx(search["budget_ms"])
+    scale = doc["calibration"]["scale"]
+    assert doc["budget_ms"] == pytest.approx(search["budget_ms"] * scale)
+    note = budget_note(doc)
+    said = [line for line in result.stderr.splitlines() if line.startswith("budget ")]
+    assert said == ([note] if note else []), result.stderr
+    if note:
+        assert f"not the search's {search['budget_ms']:.4g} ms" in note
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -301,7 +301,7 @@ def test_chain_cut_equals_unsplit_model(servers, programs, plans):
         _assert_float_equal(program, c)
     # the same through `edgesplit run --json` (links real by default: no --no-shape needed)
     result = runner.invoke(app, ["run", str(plans["chain"]), "--server", server.address,
-                                 "--token", TOKEN, "-n", "3", "-c", "2",
+                                 "--token", TOKEN, "-n", "6", "-c", "2",
                                  "--timeout-s", "30", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -544,7 +544,8 @@ def test_load_32_clients_x_50_requests(servers, programs):
     program, server = programs["chain"], servers["chain"]
     batches = [(x,) for x in _inputs(64, seed=11)]  # distinct inputs: a mixed-up reply shows
     start = time.perf_counter()
-    report = run_requests(program, server.address, requests=50, concurrency=32, inputs=batches,
+    report = run_requests(program, server.address, requests=32 * 50, concurrency=32,
+                          inputs=batches,
                           client_options={"token": TOKEN, "shape": False, "timeout_s": 60})
     wall = time.perf_counter() - start
     assert (report["requests"], report["ok"], report["errors"]) == (1600, 1600, 0), \

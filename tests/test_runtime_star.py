@@ -451,7 +451,7 @@ def test_star_served_by_processes_equals_the_unsplit_model(plan, program, tmp_pa
             sensors[s] = ServerProc(path, s, "--no-shape", "--next", f"127.0.0.1:{port}",
                                     log_dir=tmp_path)
         assert aggregator.address == f"127.0.0.1:{port}"
-        result = runner.invoke(app, ["run", str(path), "--no-shape", "-n", "3", "-c", "2",
+        result = runner.invoke(app, ["run", str(path), "--no-shape", "-n", "6", "-c", "2",
                                      "--timeout-s", "30", "--json",
                                      *(f"--source={s}={p.address}" for s, p in sensors.items())])
         assert result.exit_code == 0, result.output

@@ -156,6 +156,8 @@ def search(
                             max_depth=max_depth, reuse=reuse, batch=batch, repeats=repeats,
                             seed=seed, out=out_dir, progress=progress)
     doc = {"version": 1, **run.summary}
+    for warning in doc.get("warnings", []):
+        err.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
     if plot is not None:
         from edgesplit.report.plots import plot_search_front
 
@@ -202,13 +204,16 @@ def serve(
 ) -> None:
     """Serve requests with the searched pool, inject a load, and switch subnets when the
     measured latency drifts (the paper's dynamic model update)."""
-    from edgesplit.nas.adaptivenet.run import serve_pool
+    from edgesplit.nas.adaptivenet.run import budget_note, serve_pool
 
     with progress_bar(f"AdaptiveNet serving {folder}") as progress:
         doc = serve_pool(folder, requests=requests, load_from=load_from, load_until=load_until,
                          load=load, processes=processes, factor=factor, threads=threads,
                          progress=progress)
     doc = {"version": 1, **doc}
+    note = budget_note(doc)
+    if note is not None:  # the table's budget is not the one search printed: say why
+        err.print(note, highlight=False, soft_wrap=True, markup=False)
     if plot is not None:
         from edgesplit.report.plots import plot_switching
 

@@ -20,7 +20,8 @@ from edgesplit.cli._app import app, emit_json, err, out, require_positive, user_
 __all__ = ["SPACE_HELP", "nas_app", "progress_bar"]
 
 nas_app = typer.Typer(no_args_is_help=True,
-                      help="Neural architecture search: search spaces, latency tables, JMSNAS.")
+                      help="Neural architecture search: JMSNAS, SplitNets and AdaptiveNet, with "
+                           "the search spaces and latency tables they use.")
 app.add_typer(nas_app, name="nas")
 
 SPACE_HELP = "Built-in search space name (`edgesplit nas spaces`) or a JSON file of one."

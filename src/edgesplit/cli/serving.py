@@ -227,8 +227,10 @@ def run(
                                                            "source device; once per source."),
     input_path: Path | None = typer.Option(None, "--input", help=".pt/.npz of inputs "
                                                                  "(default: the example)."),
-    requests: int = typer.Option(1, "--requests", "-n", help="Requests per client."),
-    concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients."),
+    requests: int = typer.Option(1, "--requests", "-n", help="Requests in all (reported; "
+                                 "-n 20 -c 4: 20 requests, 5 per client)."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients, "
+                                    "sharing --requests (never more clients than requests)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
@@ -269,7 +271,9 @@ def run(
     if program.kind == "chain":  # a star's sources are called over gRPC
         options["data_plane"] = _data_plane(data_plane)
     where = server if isinstance(address, str) else ", ".join(address.values())
-    with err.status(f"{requests * concurrency} request(s) to {where} ...", spinner="dots"):
+    clients = min(requests, concurrency)  # no client is started with nothing to send
+    with err.status(f"{requests} request(s) from {clients} client(s) to {where} ...",
+                    spinner="dots"):
         report = run_requests(program, address, requests=requests, concurrency=concurrency,
                               inputs=batches, client_options=options, warmup=warmup)
     report["rehearsal"] = {"links_shaped": shape, "compute_emulated": emulate_device}

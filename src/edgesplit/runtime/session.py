@@ -20,7 +20,7 @@ from edgesplit.runtime.star import StarClient, check_addresses
 from edgesplit.runtime.transport import ChainClient, RequestResult
 from edgesplit.transport import LoopbackChannel
 
-__all__ = ["REPORT_VERSION", "load_inputs", "make_client", "run_requests"]
+__all__ = ["REPORT_VERSION", "client_shares", "load_inputs", "make_client", "run_requests"]
 
 REPORT_VERSION = 1
 BREAKDOWN_KEYS = ("edge", "serialize", "transfer", "remote", "total")
@@ -80,11 +80,16 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                  inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
                  client_options: dict[str, Any] | None = None, warmup: int = 0,
                  on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Send ``requests`` requests from each of ``concurrency`` clients; check every output
-    against the unsplit model on the same input and that every reply matches its request.
+    """Send ``requests`` requests in all, shared by ``concurrency`` concurrent clients (each
+    sends its share, ``requests // concurrency`` or one more; never more clients than
+    requests), after ``warmup`` unreported requests per client; check every output against the
+    unsplit model on the same input and that every reply matches its request. The inputs are
+    taken in order, request ``i`` of the run getting ``inputs[i % len(inputs)]``.
     ``address``: the second device's, or for a star plan every source's, by name."""
     if requests < 1 or concurrency < 1:
         raise ConfigError(f"{option('requests')} and {option('concurrency')} must be at least 1")
+    shares = client_shares(requests, concurrency)
+    concurrency = len(shares)
     if program.kind == "star" or isinstance(address, Mapping):
         make_client(program, address, **(client_options or {})).close()  # fails here, once
     batches = list(inputs) if inputs else [tuple(program.graph.example_inputs)]
@@ -108,8 +113,9 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                 ready.wait()
             except threading.BrokenBarrierError:
                 return  # another client's warm-up failed; its error ends the run
-            for k in range(requests):
-                which = (client_index * requests + k) % len(batches)
+            first = sum(shares[:client_index])  # this client's requests in the run's order
+            for k in range(shares[client_index]):
+                which = (first + k) % len(batches)
                 try:
                     r = client.request(batches[which])
                 except EdgesplitError as exc:
@@ -135,7 +141,14 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
             for f in [pool.submit(client_loop, i) for i in range(concurrency)]:
                 f.result()
     wall_s = time.perf_counter() - started[0]
-    return _report(program, results, errors, requests * concurrency, concurrency, wall_s)
+    return _report(program, results, errors, requests, concurrency, wall_s)
+
+
+def client_shares(requests: int, concurrency: int) -> list[int]:
+    """How many of ``requests`` each of (at most ``concurrency``) clients sends: as even as
+    possible, the first ones one more; no client without a request."""
+    clients = min(requests, concurrency)
+    return [requests // clients + int(i < requests % clients) for i in range(clients)]
 
 
 def _predicted(program: PlanProgram) -> dict[str, float]:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 
 import grpc
 
@@ -47,20 +53,23 @@ class GrpcServer:
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on host:port (0 = any free port); returns the port."""
         address = f"{host}:{port}"
-        try:
-            tls = self.tls
-            if tls is not None and (tls.cert is not None or tls.key is not None):
-                check_tls_pair(tls)  # both present from here on
-                assert tls.key is not None and tls.cert is not None
-                creds = grpc.ssl_server_credentials([(tls.key, tls.cert)])
-                self.port = self._server.add_secure_port(address, creds)
-            else:
-                self.port = self._server.add_insecure_port(address)
-        except RuntimeError:  # grpc's "Failed to bind to address" (no port number returned)
-            self.port = 0
+        tls = self.tls
+        creds = None
+        if tls is not None and (tls.cert is not None or tls.key is not None):
+            check_tls_pair(tls)  # both present from here on
+            assert tls.key is not None and tls.cert is not None
+            creds = grpc.ssl_server_credentials([(tls.key, tls.cert)])
+        # gRPC's C core logs a failed bind on stderr itself (``E... add_port.cc] Failed to add
+        # port ...``) before returning 0: held back, so our one line below is all a user sees
+        with _held_back_stderr() as held:
+            try:
+                self.port = (self._server.add_insecure_port(address) if creds is None
+                             else self._server.add_secure_port(address, creds))
+            except RuntimeError:  # grpc's "Failed to bind to address" (no port number returned)
+                self.port = 0
+            held.keep = bool(self.port)  # failed: our one line below replaces gRPC's log
         if not self.port:
-            raise ConfigError(f"cannot listen on {address}: the port is in use (another server?) "
-                              f"or the host is not a local address; pick another {option('port')}")
+            raise ConfigError(f"cannot listen on {address}: {_bind_failure(held.text)}")
         self._server.start()
         return self.port
 
@@ -79,6 +88,65 @@ class GrpcServer:
                                                         self.token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
                           "missing or wrong bearer token (give both sides the same token)")
+
+
+class _Held:
+    """What :func:`_held_back_stderr` caught: ``text``, and ``keep`` (False: gRPC's own log
+    lines in it are dropped rather than written out)."""
+
+    def __init__(self) -> None:
+        self.text, self.keep = "", True
+
+
+# gRPC's C core logs as absl does ("E1127 20:40:18.674275   15207 add_port.cc:83] ..."), and
+# its first line in a process may be absl's notice that logging was not initialised
+_GRPC_LOG_LINE = re.compile(rb"^(?:[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.-]+:\d+\] |"
+                            rb"WARNING: All log messages before absl::InitializeLog)")
+_STDERR_LOCK = threading.Lock()  # two servers starting at once must not swap fd 2 crosswise
+
+
+@contextmanager
+def _held_back_stderr() -> Iterator[_Held]:
+    """Point file descriptor 2 (where gRPC's C core logs) at a temporary file for the block;
+    afterwards the text is in ``held.text`` and written to the real stderr, less gRPC's log
+    lines where the block set ``held.keep = False`` (what other threads wrote is never lost).
+    Nothing is held back where fd 2 cannot be duplicated."""
+    held = _Held()
+    with _STDERR_LOCK:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):
+            yield held
+            return
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield held
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                caught = tmp.read()
+                held.text = caught.decode(errors="replace")
+                if not held.keep:
+                    caught = b"".join(line for line in caught.splitlines(keepends=True)
+                                      if not _GRPC_LOG_LINE.match(line))
+                if caught:
+                    os.write(2, caught)
+
+
+def _bind_failure(log: str) -> str:
+    """Why a bind failed and what to change, from gRPC's log of it where that names the cause."""
+    if "Address already in use" in log:
+        return f"the port is in use (another server?); pick another {option('port')}"
+    if "Cannot assign requested address" in log:
+        return f"the host is not a local address; pick another {option('host')}"
+    if "Permission denied" in log:
+        return (f"permission denied (ports below 1024 need privileges); pick another "
+                f"{option('port')}")
+    return (f"the port is in use (another server?) or the host is not a local address; pick "
+            f"another {option('port')}")
 
 
 def serve_forever(server: GrpcServer) -> None:  # pragma: no cover - exercised via the CLI

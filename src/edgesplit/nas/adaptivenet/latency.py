@@ -44,8 +44,8 @@ from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 from edgesplit.nas.latency import machine_identity, timing_conditions
 
-__all__ = ["BLOCK_TABLE_VERSION", "BlockLatencyTable", "measure_subnet", "space_fingerprint",
-           "table_error"]
+__all__ = ["BLOCK_TABLE_VERSION", "FAR_FACTOR", "FAR_SLACK_S", "BlockLatencyTable",
+           "far_from_estimate", "measure_subnet", "space_fingerprint", "table_error"]
 
 BLOCK_TABLE_VERSION = 1
 _KIND = "edgesplit-adaptivenet-latency-table"
@@ -267,6 +267,39 @@ class BlockLatencyTable:
                               f"{_REPROFILE}") from None
         table = cls.from_dict(data, source=str(path))
         return table if supernet is None else table.check(supernet, source=str(path))
+
+
+# -- sanity check against an estimate --------------------------------------------------------
+
+# A table whose pretrained path takes more than FAR_FACTOR x its estimate + FAR_SLACK_S is
+# suspect. The slack keeps tiny models quiet: eager PyTorch spends microseconds per op that a
+# roofline does not count (digits_cnn at batch 1: about 2x its roofline in total, one small
+# block 7x), while a loaded machine or contending OpenMP threads made it 280x (82 ms).
+FAR_FACTOR = 5.0
+FAR_SLACK_S = 1e-3
+
+
+def far_from_estimate(table: BlockLatencyTable, estimate_s: Mapping[str, float], *,
+                      side_s: float = 0.0, estimate: str = "roofline estimate",
+                      factor: float = FAR_FACTOR, slack_s: float = FAR_SLACK_S) -> str | None:
+    """One warning line when ``table`` times the pretrained path far slower than an estimate
+    of it (``estimate_s``: seconds of each of its branches; ``side_s``: of the side inputs),
+    naming the path, the block that adds the most, and both numbers of each; None when the
+    table is within ``factor`` x the estimate + ``slack_s``, or the estimate lacks a branch."""
+    path = table.space.original
+    if not path or any(name not in estimate_s for name in path):
+        return None
+    measured = table.predict(path)
+    estimated = side_s + sum(estimate_s[name] for name in path)
+    if measured <= factor * estimated + slack_s:
+        return None
+    worst = max(path, key=lambda name: table.branch_seconds[name] - estimate_s[name])
+    ratio = f"{measured / estimated:.0f}x" if estimated > 0 else "far above"
+    return (f"the block latency table times the pretrained path ({'-'.join(path)}) at "
+            f"{measured * 1e3:.4g} ms, {ratio} its {estimate} of {estimated * 1e3:.4g} ms "
+            f"(block {worst}: {table.branch_seconds[worst] * 1e3:.4g} ms measured, "
+            f"{estimate_s[worst] * 1e3:.4g} ms estimated); the search prices subnets with "
+            "these times: is the machine busy, or do torch's threads contend (try fewer)?")
 
 
 # -- timing helpers --------------------------------------------------------------------------

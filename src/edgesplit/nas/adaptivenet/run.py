@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from edgesplit.errors import ConfigError, InfeasibleError, option
+from edgesplit.errors import ConfigError, EdgesplitError, InfeasibleError, option
 from edgesplit.nas.adaptivenet.checkpoint import build_supernet, load_supernet, save_supernet
 from edgesplit.nas.adaptivenet.data import ElasticData, batches, load_elastic_data
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig
 from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
-from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
+from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, far_from_estimate
 from edgesplit.nas.adaptivenet.loads import CpuLoad, Slowdown
 from edgesplit.nas.adaptivenet.monitor import LatencyMonitor
 from edgesplit.nas.adaptivenet.placement import JointLatency, plan_subnet
@@ -44,8 +44,8 @@ from edgesplit.nas.adaptivenet.train import (
 )
 from edgesplit.plan.cost import EdgeCloudSetting
 
-__all__ = ["DEFAULT_DATA", "SearchRun", "data_for", "elastify_model", "search_device",
-           "serve_pool", "supernet_data"]
+__all__ = ["DEFAULT_DATA", "SearchRun", "budget_note", "calibration_scale", "data_for",
+           "elastify_model", "search_device", "serve_pool", "supernet_data"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -145,6 +145,33 @@ def _latency_model(supernet: ElasticSupernet, example: tuple[torch.Tensor, ...],
     return joint.table(), joint
 
 
+def _table_check(supernet: ElasticSupernet, table: BlockLatencyTable,
+                 example: tuple[torch.Tensor, ...]) -> str | None:
+    """A warning when the measured table is far off the roofline of this machine (the
+    ``this-machine`` device a local search's plan is priced on) for the pretrained path."""
+    from edgesplit.graph import capture
+    from edgesplit.hardware.catalog import resolve_device
+    from edgesplit.hardware.estimators import estimator_for
+
+    device = resolve_device("this-machine")
+    original = supernet.space.original
+    try:
+        graph = capture(supernet.subnet(original), example, name="pretrained path")
+    except EdgesplitError:  # an advisory check: what cannot be captured is not checked
+        return None
+    layer_ms = estimator_for(device).graph_ms(graph, device)
+    estimate_s = dict.fromkeys(original, 0.0)
+    side_s = 0.0
+    for layer in graph.layers:  # a Subnet's layers sit under blocks.<i> or side
+        parts = layer.module_path.split(".")
+        if parts[0] == "blocks" and len(parts) > 1 and parts[1].isdigit():
+            estimate_s[original[int(parts[1])]] += layer_ms[layer.name] / 1e3
+        else:
+            side_s += layer_ms[layer.name] / 1e3
+    return far_from_estimate(table, estimate_s, side_s=side_s,
+                             estimate=f"{device.name} roofline estimate")
+
+
 def _budget(table: BlockLatencyTable, original: SubnetArch, budget: float | None,
             budget_ms: float | None) -> float:
     if budget_ms is not None:
@@ -204,6 +231,8 @@ def search_device(folder: str | Path, *, budget: float | None = None,
     data = supernet_data(supernet, training.get("data", "digits"), training.get("task"), seed)
     example = tuple(x[:batch] for x in data.search[0])
     table, joint = _latency_model(supernet, example, setting, repeats, progress)
+    # a joint search prices branches with the cost model itself: only a measured table is checked
+    warning = _table_check(supernet, table, example) if joint is None else None
     budget_s = _budget(table, supernet.space.original, budget, budget_ms)
     _check_fits(table, supernet.space.original, budget_s)
     evaluator = PrefixTreeEvaluator(supernet, batches(data.search, eval_batch_size),
@@ -224,6 +253,7 @@ def search_device(folder: str | Path, *, budget: float | None = None,
     summary = _search_summary(supernet, data, search, pool, table, joint, budget_s, seconds,
                               evaluator)
     summary["pool"] = [e.to_dict() for e in pool]
+    summary["warnings"] = [warning] if warning else []
     summary["pool_levels"] = [{"level": lv.budget / budget_s, "budget_ms": lv.budget * 1000,
                                "evaluated": len(lv.history_),
                                "best_accuracy": lv.best_accuracy_,
@@ -329,10 +359,30 @@ def _calibrated(pool: SubnetPool, measured: dict[SubnetArch, float]) -> SubnetPo
     """The pool at its serving-path latencies, the budget scaled by the optimal subnet's
     measured / predicted ratio (a tiny model's per-request overhead would otherwise put
     every subnet over a budget set from tight-loop timings)."""
-    scale = measured[pool.optimal.arch] / pool.optimal.latency_s
+    scale = calibration_scale(pool, measured)
     delta = None if pool.delta_s is None else pool.delta_s * scale
     return SubnetPool([(e.arch, measured[e.arch], e.accuracy) for e in pool],
                       pool.budget_s * scale, delta, meta={**pool.meta, "calibrated": scale})
+
+
+def calibration_scale(pool: SubnetPool, measured: dict[SubnetArch, float]) -> float:
+    """What serving scales the search's budget by: the optimal subnet's serving-path latency
+    over the latency the search gave it."""
+    return measured[pool.optimal.arch] / pool.optimal.latency_s
+
+
+def budget_note(doc: dict[str, Any]) -> str | None:
+    """One line saying why a ``serve_pool`` document's budget is not the search's (None when
+    serving kept it): which number it is and what it was scaled by."""
+    c = doc.get("calibration")
+    searched = doc.get("searched_budget_ms")
+    if not c or searched is None or abs(doc["budget_ms"] - searched) <= 1e-9 * searched:
+        return None
+    return (f"budget {doc['budget_ms']:.4g} ms, not the search's {searched:.4g} ms: scaled "
+            f"x{c['scale']:.3g}, the optimal subnet's serving-path latency here "
+            f"({c['optimal_measured_ms']:.4g} ms, median of {c['requests']} requests) over "
+            f"the search's {c['optimal_predicted_ms']:.4g} ms for it; the pool's subnets are "
+            "timed the same way")
 
 
 def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.3,
@@ -343,7 +393,8 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
     load from request ``load_from * requests`` to ``load_until * requests``: ``cpu`` (real
     background processes) or ``slowdown`` (each request sleeps to ``factor`` times its
     compute: deterministic). Returns the switch events, reaction and recovery times, and
-    every request (time, latency, subnet) for plots."""
+    every request (time, latency, subnet) for plots; ``budget_ms`` is the budget served, the
+    search's (``searched_budget_ms``) scaled as ``calibration`` says (:func:`budget_note`)."""
     if load not in ("cpu", "slowdown"):
         raise ConfigError(f"{option('load', load)} must be cpu or slowdown")
     if not 0 <= load_from < load_until <= 1:
@@ -356,15 +407,24 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
     training = doc.get("training") or {}
     data = supernet_data(supernet, training.get("data", "digits"), training.get("task"))
     inputs = data.test[0]
+    searched_budget_ms, calibration = pool.budget_s * 1000, None
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         if calibrate:
-            pool = _calibrated(pool, _serving_latencies(supernet, pool, inputs, calibrate))
-        return _serve(supernet, pool, inputs, requests, (load_from, load_until), load,
-                      processes, factor, progress)
+            measured = _serving_latencies(supernet, pool, inputs, calibrate)
+            calibration = {"scale": calibration_scale(pool, measured),
+                           "optimal": list(pool.optimal.arch),
+                           "optimal_predicted_ms": pool.optimal.latency_s * 1000,
+                           "optimal_measured_ms": measured[pool.optimal.arch] * 1000,
+                           "requests": calibrate}
+            pool = _calibrated(pool, measured)
+        served = _serve(supernet, pool, inputs, requests, (load_from, load_until), load,
+                        processes, factor, progress)
     finally:
         torch.set_num_threads(previous)
+    # the budget served is the search's scaled to the serving path: say by what
+    return {**served, "searched_budget_ms": searched_budget_ms, "calibration": calibration}
 
 
 def _read_search(folder: Path) -> dict[str, Any]:
