@@ -108,3 +108,26 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def write_idx(path, array) -> None:
+    """``array`` as a gzipped IDX file of unsigned bytes (the MNIST format)."""
+    import gzip
+
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(header + array.astype("uint8").tobytes())
+
+
+def fake_fashion_mnist(root, train: int, test: int, seed: int = 0):
+    """A folder in Fashion-MNIST's format (random 28x28 images, labels cycling 0..9), to point
+    EDGESPLIT_FASHION_MNIST at; returns ``root``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train), ("t10k", test)):
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    return root

@@ -10,13 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import rgb_folder
+from conftest import fake_fashion_mnist, rgb_folder, write_idx
 from edgesplit.data import list_datasets, load_dataset
 from edgesplit.data.images import (
     FolderImages,
@@ -29,22 +28,6 @@ from edgesplit.data.images import (
     read_idx,
 )
 from edgesplit.errors import ConfigError
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 8, array.ndim]) + b"".join(
-        int(d).to_bytes(4, "big") for d in array.shape)
-    with gzip.open(path, "wb", compresslevel=1) as f:
-        f.write(header + array.astype(np.uint8).tobytes())
-
-
-def fake_fashion_mnist(root: Path, train: int, test: int, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", train), ("t10k", test)):
-        write_idx(root / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
-        write_idx(root / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
-    return root
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from edgesplit.cli import hardware  # noqa: F401
 from edgesplit.cli import plan  # noqa: F401
 from edgesplit.cli import serving  # noqa: F401
 from edgesplit.cli import training  # noqa: F401
+from edgesplit.cli import finetune  # noqa: F401
 from edgesplit.cli import nas  # noqa: F401
 from edgesplit.cli import splitnets  # noqa: F401
 from edgesplit.cli import adaptivenet  # noqa: F401
