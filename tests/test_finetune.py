@@ -85,3 +85,23 @@ def test_the_cli_reports_and_writes_the_program(fixture_data, tmp_path):
     doc = json.loads(result.stdout)
     assert doc["test_images"] == 40 and doc["data_spec"].startswith("fashion-mnist:size=32")
     assert out.is_file()
+
+
+def test_plan_measures_a_finetuned_program_on_a_streamed_image_set(fixture_data, tmp_path):
+    """A fine-tuned .pt2 (batch dimension dynamic) planned with --eval-data naming an image set
+    with options: the held-out images are streamed through the transform, evaluated in batches
+    (the program is specialised at each batch with the same layers), and the float reference
+    equals the network's own accuracy on those images."""
+    recipe = default_recipe("mobilenet_v2", image_size=32, epochs=1, batch_size=16)
+    result = finetune(recipe)
+    path = export_finetuned(result, tmp_path / "ft.pt2")
+    out = tmp_path / "plan.json"
+    run = CliRunner().invoke(app, ["plan", str(path), "--edge", "eyeriss", "--cloud", "tpu",
+                                   "--link", "autosplit-3mbps", "--method", "u8",
+                                   "--eval-data", recipe.data_spec, "--calibration-samples",
+                                   "8", "--out", str(out)])
+    assert run.exit_code == 0, run.output
+    quality = json.loads(out.read_text())["quality"]
+    held = load_images(recipe.data_spec, "test").subset(slice(8, None))
+    expected = (predictions(result.module, held) == held.labels).float().mean() * 100
+    assert quality["samples"] == 32 and quality["reference"] == pytest.approx(float(expected))

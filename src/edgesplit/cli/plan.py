@@ -294,9 +294,9 @@ def _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot) -> No
 def _eval_data(spec: str | None):
     if spec is None:
         return None
-    from edgesplit.data import load_eval_data
+    from edgesplit.data import load_eval_set
 
-    return load_eval_data(spec)
+    return load_eval_set(spec)
 
 
 def _compare_with_progress(problem, methods, split, options, model: str):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -22,12 +22,16 @@ import torch
 from edgesplit.errors import ConfigError
 from edgesplit.registry import Registry
 
+if TYPE_CHECKING:
+    from edgesplit.data.images import StreamingImages
+
 __all__ = [
     "EvalData",
     "dataset_model",
     "list_datasets",
     "load_dataset",
     "load_eval_data",
+    "load_eval_set",
     "register_dataset",
 ]
 
@@ -72,6 +76,10 @@ class EvalData:
                               f"{len(self)}; use fewer, or more evaluation data")
         return (self.subset(slice(0, calibration), f"{self.name}[calibration]"),
                 self.subset(slice(calibration, None), f"{self.name}[held-out]"))
+
+    def example(self, n: int = 1) -> tuple[torch.Tensor, ...]:
+        """The first ``n`` samples of every input (shapes and dtypes, examples)."""
+        return tuple(t[:n] for t in self.inputs)
 
     def batches(self, batch_size: int) -> Iterator[tuple[tuple[torch.Tensor, ...], int]]:
         """Fixed-size batches (captured programs are shape-specialised): the last one is padded
@@ -149,6 +157,17 @@ def _from_arrays(name: str, inputs: object, labels: object) -> EvalData:
                           f"(one per model input), not {type(inputs).__name__}")
     label_tensor = None if labels is None else torch.as_tensor(np.asarray(labels)).long()
     return EvalData(name, tensors, label_tensor, f"loaded from {name}")
+
+
+def load_eval_set(spec: str) -> EvalData | StreamingImages:
+    """As :func:`load_eval_data`, and also an image set with options
+    (``fashion-mnist:size=96,channels=3,norm=imagenet``: its test split, streamed, never held
+    as one float tensor)."""
+    from edgesplit.data.images import is_image_set_spec, load_images
+
+    if ":" in spec and is_image_set_spec(spec):
+        return load_images(spec, "test")
+    return load_eval_data(spec)
 
 
 def load_eval_data(spec: str) -> EvalData:

@@ -41,6 +41,7 @@ __all__ = [
     "IMAGE_SETS",
     "IMAGE_SUFFIXES",
     "ArrayImages",
+    "EvalSet",
     "FolderImages",
     "ImageSource",
     "ImageTransform",
@@ -422,11 +423,19 @@ class StreamingImages(Dataset[tuple[torch.Tensor, int]]):
     def with_transform(self, transform: ImageTransform) -> StreamingImages:
         return replace(self, transform=transform)
 
+    def example(self, n: int = 1) -> tuple[torch.Tensor, ...]:
+        """The first ``n`` samples as the one-input tuple a model takes (as EvalData's)."""
+        return (self.first(n),)
+
     def first(self, n: int) -> torch.Tensor:
         """The first ``n`` samples as one float batch (examples, calibration)."""
         images, _ = self.collate([self[i] for i in range(min(n, len(self)))])
         return images
 
+
+
+# Either kind of evaluation data: held in memory (small sets, user files) or streamed.
+EvalSet = EvalData | StreamingImages
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from edgesplit.graph.model_file import (
     unsafe_payloads,
 )
 from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
-from edgesplit.graph.saved_shape import fits_input_shape, shape_option
+from edgesplit.graph.saved_shape import fits_input_shape, is_dynamic, shape_option
 
 __all__ = [
     "TrustedModelFile",
@@ -251,6 +251,10 @@ def capture(
         example = _example_inputs_of(ep)
         if input_shape is not None:
             ep, example = _at_shape(ep, example, tuple(input_shape), str(model))
+        elif len(example) == 1 and is_dynamic(ep):
+            # specialised at its example's shape: size reads of a dynamic dimension would be
+            # layers of their own, which the same program at another batch does not have
+            ep, example = _at_shape(ep, example, tuple(example[0].shape), str(model))
     elif isinstance(model, str):
         from edgesplit.models import create_model
 
@@ -293,8 +297,9 @@ def check_input_shape(model: Any, input_shape: Sequence[int] | None, *,
 def _at_shape(ep: ExportedProgram, example: tuple[torch.Tensor, ...], shape: tuple[int, ...],
               path: str) -> tuple[ExportedProgram, tuple[torch.Tensor, ...]]:
     """``ep`` and its example at ``shape``: itself where it was exported at that shape, else
-    exported again from its own module at ``shape``, which its dynamic dimensions allow."""
-    if fits_input_shape(ep, example, shape, path):
+    exported again from its own module at ``shape``, which its dynamic dimensions allow (a
+    dynamic program is always exported again: specialised, its graph is the same at any size)."""
+    if fits_input_shape(ep, example, shape, path) and not is_dynamic(ep):
         return ep, example
     dtype = next(iter(example)).dtype if example else torch.float32
     inputs = (torch.zeros(shape, dtype=dtype),)

@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 
 from edgesplit.errors import ConfigError, option
 
-__all__ = ["fits_input_shape", "shape_option"]
+__all__ = ["fits_input_shape", "is_dynamic", "shape_option"]
 
 
 class _Shape(tuple):
@@ -91,6 +91,11 @@ def _misfit(ep: ExportedProgram, dims: tuple[Any, ...], shape: tuple[int, ...]) 
             if not value.is_number or int(value) != size:
                 return f"dimension {i} is {d}"
     return None
+
+
+def is_dynamic(ep: ExportedProgram) -> bool:
+    """Whether any input dimension of ``ep`` was exported dynamic."""
+    return any(not isinstance(d, int) for dims in _dims(ep) for d in dims)
 
 
 def fits_input_shape(ep: ExportedProgram, example: tuple[torch.Tensor, ...],

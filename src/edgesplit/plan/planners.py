@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from edgesplit.data import EvalData
+from edgesplit.data.images import EvalSet
 from edgesplit.errors import ConfigError, option
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.hardware import Topology
@@ -60,7 +60,7 @@ class PlanningProblem:
     input_shape: Sequence[int] | None = None
     # Held-out data to measure quantized plans' accuracy on (AUTO-SPLIT and its quantized
     # baselines); without it they are judged by distortion and say accuracy was not measured.
-    eval_data: EvalData | None = None
+    eval_data: EvalSet | None = None
     calibration_samples: int | None = None  # taken from the front of eval_data
     eval_batch_size: int = 64
     progress: Callable[[str, int, int], None] | None = None  # (task, done, total)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgesplit.data import EvalData
+from edgesplit.data.images import EvalSet
 from edgesplit.errors import ConfigError, GraphError, option
 from edgesplit.graph import INPUT, LayerGraph, capture
 from edgesplit.hardware import LayerWork, estimator_for, serialize_ms
@@ -169,36 +169,50 @@ def total_distortion(table: DistortionTable, solution_bits: dict[str, tuple[int,
                for n, (w, a) in solution_bits.items())
 
 
+
 # ---- distortion table and quality meter, once per problem --------------------------------
-def _eval_graph(problem: PlanningProblem, data: EvalData, batch: int) -> LayerGraph:
+def _eval_graph(problem: PlanningProblem, data: EvalSet, batch: int) -> LayerGraph:
     """The model captured again at the evaluation batch size, with the same layer names."""
     base = problem.graph
-    for i, (x, sample) in enumerate(zip(base.example_inputs, data.inputs, strict=False)):
+    samples = data.example(1)
+    for i, (x, sample) in enumerate(zip(base.example_inputs, samples, strict=False)):
         if tuple(x.shape[1:]) != tuple(sample.shape[1:]) or x.dtype != sample.dtype:
             raise ConfigError(
                 f"evaluation data input {i} has samples of shape {list(sample.shape[1:])} "
                 f"({sample.dtype}); {base.model} takes {list(x.shape[1:])} ({x.dtype})")
-    if len(data.inputs) != len(base.example_inputs):
-        raise ConfigError(f"evaluation data has {len(data.inputs)} input(s); {base.model} takes "
+    if len(samples) != len(base.example_inputs):
+        raise ConfigError(f"evaluation data has {len(samples)} input(s); {base.model} takes "
                           f"{len(base.example_inputs)}")
     model = problem.model
-    if isinstance(model, (str, Path)) and str(model).endswith(".pt2"):
-        if batch != base.example_inputs[0].shape[0]:
-            raise ConfigError(f"a saved program runs at its exported batch size "
-                              f"({base.example_inputs[0].shape[0]}); set the evaluation batch "
-                              "size to that")
+    if batch == base.example_inputs[0].shape[0]:
         return base
-    if isinstance(model, str):
+    if isinstance(model, (str, Path)):
+        # a built-in, or a .pt2 whose batch dimension was exported dynamic
         shape = (batch, *base.example_inputs[0].shape[1:])
         graph = capture(model, input_shape=shape, name=base.model)
     else:
-        example = tuple(t[:1].expand(batch, *t.shape[1:]).clone() for t in data.inputs)
+        example = tuple(t.expand(batch, *t.shape[1:]).clone() for t in samples)
         graph = capture(model, example, name=base.model)
     if [layer.name for layer in graph.layers] != [layer.name for layer in base.layers]:
         raise GraphError(f"{base.model} captured at batch {batch} has different layers than at "
                          f"batch {base.example_inputs[0].shape[0]}; use "
                          f"{option('eval_batch_size', int(base.example_inputs[0].shape[0]))}")
     return graph
+
+
+def _eval_batch(problem: PlanningProblem, held: int) -> int:
+    """The evaluation batch: the asked size, or a saved program's own batch when that is fixed."""
+    batch = min(problem.eval_batch_size, held)
+    model = problem.model
+    if isinstance(model, (str, Path)) and str(model).endswith(".pt2"):
+        from edgesplit.graph import check_input_shape
+
+        exported = int(problem.graph.example_inputs[0].shape[0])
+        try:
+            check_input_shape(str(model), (batch, *problem.graph.example_inputs[0].shape[1:]))
+        except ConfigError:
+            return exported  # specialised to its batch when it was exported
+    return batch
 
 
 def quant_setup(problem: PlanningProblem, bits: Sequence[int]) -> QuantSetup:
@@ -213,9 +227,7 @@ def quant_setup(problem: PlanningProblem, bits: Sequence[int]) -> QuantSetup:
     else:
         n_cal = problem.calibration_samples or max(1, min(128, len(data) // 5))
         cal, held = data.split(n_cal)
-        batch = min(problem.eval_batch_size, len(held))
-        if isinstance(problem.model, (str, Path)) and str(problem.model).endswith(".pt2"):
-            batch = int(problem.graph.example_inputs[0].shape[0])
+        batch = _eval_batch(problem, len(held))
         graph = _eval_graph(problem, data, batch)
         calibration = calibrate(graph, [b for b, _ in cal.batches(batch)])
         table = distortion_table(graph, calibration, bits)

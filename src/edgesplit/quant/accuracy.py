@@ -10,12 +10,12 @@ are shape-specialised); ``EvalData.batches`` pads the last batch and padded rows
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from edgesplit.data import EvalData
+from edgesplit.data.images import EvalSet
 from edgesplit.graph import LayerGraph
 from edgesplit.quant.fakequant import Calibration, QuantizableProgram, graph_program
 
@@ -46,16 +46,19 @@ def _flat_outputs(out: object, first_only: bool) -> torch.Tensor:
 class QualityMeter:
     """Measures fake-quantized variants of ``graph`` on ``data`` (see the module docstring)."""
 
-    def __init__(self, graph: LayerGraph, data: EvalData, calibration: Calibration,
+    def __init__(self, graph: LayerGraph, data: EvalSet, calibration: Calibration,
                  batch_size: int) -> None:
         self.graph, self.data, self.calibration = graph, data, calibration
         self.batch_size = batch_size
-        self._batches = list(data.batches(batch_size))
         self._reference = [self._run(graph_program(graph), batch)[:real]
-                           for batch, real in self._batches]
+                           for batch, real in self._batches()]
         self.reference = self._score(self._reference)
         self._cache: dict[tuple, float] = {}
         self._program: QuantizableProgram | None = None  # built on the first quantized run
+
+    def _batches(self) -> Iterator[tuple[tuple[torch.Tensor, ...], int]]:
+        # batched again for each variant: a streamed set is transformed on the fly, never held
+        return self.data.batches(self.batch_size)
 
     def _run(self, program: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         with torch.no_grad():
@@ -80,6 +83,6 @@ class QualityMeter:
                     self._program = QuantizableProgram(self.graph, self.calibration)
                 program = self._program.configure(bits)
                 value = self._score([self._run(program, batch)[:real]
-                                     for batch, real in self._batches])
+                                     for batch, real in self._batches()])
             self._cache[key] = value
         return Quality(self.data.metric, self._cache[key], self.reference, len(self.data))
