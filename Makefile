@@ -38,15 +38,17 @@ data:
 		     "(or set EDGESPLIT_FASHION_MNIST to a folder of its IDX files); its tests will skip"; \
 	fi
 
-# A few minutes: the strongest real things first (a real LLM split over two processes, then a
-# CNN split served over a rehearsed 4G link), and what to try next. `make tour` walks every
+# A few minutes: the strongest real things (a real LLM split over two processes, then a
+# pretrained ImageNet CNN planned by AUTO-SPLIT and two real photos classified through its
+# split), and what to try next. `make tour` walks every
 # system on small settings (about a quarter of an hour on 2 cores).
 demo: $(STAMP) data
 	$(PY) scripts/llm_chat_demo.py
-	$(PY) scripts/runtime_demo.py
+	$(PY) scripts/vision_demo.py
 	@echo
 	@echo "Next: 'make tour' walks every system (AUTO-SPLIT, JMSNAS, L2S, SplitNets, AdaptiveNet);"
-	@echo "'edgesplit plan MODEL --edge DEVICE --link LINK' plans your own model (README, 'Planning')."
+	@echo "'edgesplit plan MODEL --edge DEVICE --link LINK' plans your own model (README, 'Planning');"
+	@echo "'edgesplit finetune mobilenet_v2 --out net.pt2' fine-tunes it on Fashion-MNIST (README, 'Real vision')."
 
 tour: $(STAMP) data
 	$(VENV)/bin/edgesplit models
