@@ -256,3 +256,17 @@ def test_input_shape_of_a_model_file_is_used_where_it_fits_and_refused_in_one_li
     with pytest.raises(ConfigError, match=r"fixes its input shape to 1\.\.64,4 .*dimension 0 "
                                           r"takes 1\.\.64"):
         capture(dynamic, input_shape=(100, 4))
+
+
+def test_profile_batch_size_of_a_model_file(tmp_path):
+    """--batch-size on a .pt2 takes the file's own input shape (it looked the path up as a
+    built-in name before); a fixed batch is refused in one line naming --batch-size."""
+    fixed = _tiny(tmp_path)  # exported at 1,4
+    result = runner.invoke(app, ["profile", str(fixed), "--batch-size", "2", "--repeats", "1",
+                                 "--warmup", "0", "--no-onnx"])
+    assert result.exit_code == 2
+    assert "--batch-size 2: model file" in result.output and "unknown model" not in \
+        result.output
+    ok = runner.invoke(app, ["profile", str(fixed), "--batch-size", "1", "--repeats", "1",
+                             "--warmup", "0", "--no-onnx", "--json"])
+    assert ok.exit_code == 0, ok.output

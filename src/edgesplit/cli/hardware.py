@@ -116,7 +116,8 @@ def profile(
 
         raise ConfigError("--validate checks the estimators against CPU timings: leave it out "
                           f"with --torch-device {device}")
-    shape = _batch_shape(model, parse_shape(input_shape) if input_shape else None, batch_size)
+    shape = _batch_shape(model, parse_shape(input_shape) if input_shape else None, batch_size,
+                         trust_model_file)
     with err.status(f"capturing {model} ...", spinner="dots"):
         graph = capture(model, input_shape=shape, trust_model_file=trust_model_file)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
@@ -145,10 +146,21 @@ def profile(
         err.print(f"profile written to {out_path}")
 
 
-def _batch_shape(model: str, shape, batch_size):
+def _batch_shape(model: str, shape, batch_size, trust_model_file: bool = False):
     if batch_size is None:
         return shape
-    if shape is None:
+    if shape is None and model.endswith(".pt2"):  # the shape it was exported at
+        from edgesplit.errors import ConfigError
+        from edgesplit.graph import check_input_shape, saved_input_shape
+
+        saved = saved_input_shape(model, trust_model_file=trust_model_file)
+        shape = (batch_size, *saved[1:])
+        try:
+            check_input_shape(model, shape)  # a batch its dynamic dimension allows, or why not
+        except ConfigError as exc:
+            raise ConfigError(f"--batch-size {batch_size}: {exc}") from None
+        return shape
+    elif shape is None:
         from edgesplit.models import get_model_spec
 
         shape = get_model_spec(model).input_shape

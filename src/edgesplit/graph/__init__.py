@@ -7,6 +7,7 @@ from edgesplit.graph.capture import (
     load_program,
     optimize_program,
     parse_shape,
+    saved_input_shape,
 )
 from edgesplit.graph.causal_lm import CausalLM, Phase, describe_causal_lm
 from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
@@ -37,6 +38,7 @@ __all__ = [
     "parse_shape",
     "peak_memory",
     "prefix_peak_memory",
+    "saved_input_shape",
     "split_point",
     "topological_cuts",
     "unsafe_payloads",

@@ -154,6 +154,14 @@ def export_model(module: torch.nn.Module, example_inputs: Any, *, name: str = "m
                            f"{_first_line(exc)}{_user_code(exc)}{_hint(exc)}") from exc
 
 
+def saved_input_shape(path: str | Path, *, trust_model_file: bool = False) -> tuple[int, ...]:
+    """The shape of the (first) input a ``.pt2`` was exported with."""
+    example = _example_inputs_of(load_program(path, trust_model_file=trust_model_file))
+    if not example:
+        raise ConfigError(f"model file {str(path)!r} takes no input")
+    return tuple(int(d) for d in example[0].shape)
+
+
 def _example_inputs_of(ep: ExportedProgram) -> tuple[torch.Tensor, ...]:
     stored = getattr(ep, "example_inputs", None)
     if stored is not None and stored[0]:
