@@ -25,10 +25,13 @@ split search (beyond the paper).
 
 Writes benchmarks/results/nas_adaptivenet.{md,json} and nas_adaptivenet_{search,switching}.png.
 Run it on a quiet machine: the load average is recorded before and after.
+
+    python benchmarks/bench_nas_adaptivenet.py [--out DIR] [--render-only]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -296,7 +299,20 @@ def _stage(name: str, started: list[float]) -> None:
 
 
 def main() -> None:
-    RESULTS.mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--render-only", "--replot", action="store_true",
+                        help=f"rewrite {NAME}.md and the figures from {NAME}.json without "
+                             "measuring")
+    args = parser.parse_args()
+    if args.render_only:
+        write_report(json.loads((args.out / f"{NAME}.json").read_text()), args.out)
+        return
+    measure(args.out)
+
+
+def measure(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     load_before = [round(x, 2) for x in os.getloadavg()]
     start = time.perf_counter()
@@ -331,22 +347,26 @@ def main() -> None:
            "seconds": time.perf_counter() - start, "load_before": load_before,
            "load_after": [round(x, 2) for x in os.getloadavg()], "quick": QUICK,
            "threads": torch.get_num_threads()}
-    results = Path(tempfile.mkdtemp()) if QUICK else RESULTS
+    results = Path(tempfile.mkdtemp()) if QUICK else out
     (results / f"{NAME}.json").write_text(json.dumps(doc, indent=2) + "\n")
     write_report(doc, results)
 
 
 def write_report(doc: dict[str, Any], results: Path) -> None:
-    """The markdown and the figures from a run's document (``--replot`` redraws them from the
-    saved JSON)."""
+    """The markdown and the figures from a run's document (``--render-only`` redraws them from
+    the saved JSON). The figures name what the tables name: the methods, the model, the
+    budget and target, the switching run."""
     (results / f"{NAME}.md").write_text(_markdown(doc))
     digits = doc["efficiency"][0]
+    seeds = digits["methods"][next(iter(digits["methods"]))]["runs"]
     plot_search_efficiency(digits["curves"], results / f"{NAME}_search.png",
                            target=digits["target"],
-                           title=f"{digits['model']}: best accuracy within "
-                                 f"{digits['budget_ms']:.3g} ms vs subnets evaluated (seed 0)")
-    plot_switching(doc["switching"]["plotted"], results / f"{NAME}_switching.png",
-                   title="ResNet-18 pool under 4 background processes (1 torch thread)")
+                           title=f"{digits['model']} ({digits['subnets']:,} subnets), budget "
+                                 f"{digits['budget_ms']:.3g} ms: seed 0 of {seeds}")
+    switch = doc["switching"]
+    plot_switching(switch["plotted"], results / f"{NAME}_switching.png",
+                   title=f"{doc['efficiency'][1]['model']} pool, switching run 1 of "
+                         f"{len(switch['runs'])} (1 torch thread)")
     print((results / f"{NAME}.md").read_text())
 
 
@@ -417,7 +437,4 @@ def _markdown(doc: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if "--replot" in sys.argv:
-        write_report(json.loads((RESULTS / f"{NAME}.json").read_text()), RESULTS)
-    else:
-        main()
+    main()

@@ -16,10 +16,13 @@
    latency of 30 random sub-networks.
 Writes benchmarks/results/nas_jmsnas.md, nas_jmsnas.json, nas_jmsnas_fig5.png and
 nas_jmsnas_fig6.png. Run it on a quiet machine: the load average is recorded before and after.
+
+    python benchmarks/bench_nas_jmsnas.py [--out DIR] [--render-only]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -149,7 +152,8 @@ def _markdown(doc: dict[str, Any]) -> str:
     lines = [
         "# JMSNAS on the digits over jmsnas-chain and jmsnas-mesh", "",
         f"Load average before {doc['load_before']}, after {doc['load_after']} (2 cores); "
-        f"torch {torch.__version__}; recipe {RECIPE} (the baseline trains from scratch for "
+        f"torch {doc.get('torch', torch.__version__)}; recipe {doc.get('recipe', RECIPE)} (the "
+        "baseline trains from scratch for "
         "retrain_epochs, as long as JMSNAS's stage 2). Latency tables of the preset devices "
         "are estimated from their device models (roofline). `tables` is the network's latency "
         "by the search's own model (eq. 1 or 2); `planned` the prediction of the Plan the "
@@ -189,8 +193,40 @@ def _markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write(doc: dict[str, Any], out: Path) -> None:
+    """The markdown and Figs. 5 and 6 from a run's document (the saved JSON, with its
+    ``runs``): what ``--render-only`` redraws without measuring."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = doc["rows"]
+    (out / "nas_jmsnas.md").write_text(_markdown(doc))
+    plot_search_progress(doc["runs"], out / "nas_jmsnas_fig5.png",
+                         title="JMSNAS stage 1 on the digits (Fig. 5)")
+    points = [{"method": f"{r['method']} ({r['topology']})", "latency_ms": r["planned_ms"],
+               "accuracy": r["accuracy"],
+               "label": "" if r["budget_ms"] is None else f"{r['budget_ms']:.2f} ms"}
+              for r in rows]
+    points += [{"method": f"cloud-only ({r['topology']})", "latency_ms": r["cloud_only_ms"],
+                "accuracy": r["accuracy"]} for r in rows if r["method"] == "JMSNAS"]
+    plot_accuracy_latency(points, out / "nas_jmsnas_fig6.png",
+                          title="held-out accuracy vs planned latency (Fig. 6; labels: T_const)")
+    print(_markdown(doc))
+
+
 def main() -> None:
-    RESULTS.mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite nas_jmsnas.md and the figures from nas_jmsnas.json "
+                             "without measuring")
+    args = parser.parse_args()
+    if args.render_only:
+        write(json.loads((args.out / "nas_jmsnas.json").read_text()), args.out)
+        return
+    measure(args.out)
+
+
+def measure(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     load_before = [round(x, 2) for x in os.getloadavg()]
     data = load_labelled("digits")
@@ -216,21 +252,11 @@ def main() -> None:
             runs.update(searched)
             rows += baseline_rows(baseline, baseline_acc, topology, baseline_ms, work)
     doc = {"version": 2, "space": SPACE.name, "topologies": list(TOPOLOGIES), "recipe": RECIPE,
-           "rows": rows, "latency_table": table_accuracy(),
-           "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()]}
-    (RESULTS / "nas_jmsnas.json").write_text(json.dumps({**doc, "runs": runs}, indent=2) + "\n")
-    (RESULTS / "nas_jmsnas.md").write_text(_markdown(doc))
-    plot_search_progress(runs, RESULTS / "nas_jmsnas_fig5.png",
-                         title="JMSNAS stage 1 on the digits (Fig. 5)")
-    points = [{"method": f"{r['method']} ({r['topology']})", "latency_ms": r["planned_ms"],
-               "accuracy": r["accuracy"],
-               "label": "" if r["budget_ms"] is None else f"{r['budget_ms']:.2f} ms"}
-              for r in rows]
-    points += [{"method": f"cloud-only ({r['topology']})", "latency_ms": r["cloud_only_ms"],
-                "accuracy": r["accuracy"]} for r in rows if r["method"] == "JMSNAS"]
-    plot_accuracy_latency(points, RESULTS / "nas_jmsnas_fig6.png",
-                          title="held-out accuracy vs planned latency (Fig. 6)")
-    print(_markdown(doc))
+           "torch": torch.__version__, "rows": rows, "latency_table": table_accuracy(),
+           "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+           "runs": runs}
+    (out / "nas_jmsnas.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write(doc, out)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,15 @@ Latency is eq. 1 on the preset devices (T_sen + T_comm + T_agg), the same model 
 uses; accuracy is held-out (the search scores on a validation part of the training data).
 Writes benchmarks/results/nas_splitnets.{md,json} and nas_splitnets_{single,multi}.png.
 Run it on a quiet machine: the load average is recorded before and after.
+
+    python benchmarks/bench_nas_splitnets.py [--out DIR] [--render-only]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -187,10 +189,10 @@ def _summary(rows: list[dict[str, Any]]) -> str:
 def _markdown(doc: dict[str, Any]) -> str:
     lines = ["# SplitNets: split-aware NAS on the head-mounted system (paper 004)", "",
              f"Load average before {doc['load_before']}, after {doc['load_after']} (2 cores); "
-             f"total {doc['seconds'] / 60:.1f} min. Mem_sen = {MEMORY_KIB} KiB (scaled with "
+             f"total {doc['seconds'] / 60:.1f} min. Mem_sen = {doc['memory_kib']} KiB (scaled with "
              "these networks). Latency: eq. 1 on the preset devices; accuracy: held-out.", "",
              "## Sampler (appendix D, Fig. 12): digits-split, "
-             f"{EPOCHS['digits-split']} epochs each", "",
+             f"{doc['epochs']['digits-split']} epochs each", "",
              "| sampler | max zero hot | max all hot | min zero hot | min all hot | gap max0 - "
              "minAll | random one-hot mean (min) | train s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -209,7 +211,7 @@ def _markdown(doc: dict[str, Any]) -> str:
         lines += _table(part["rows"])
         lines += ["", _summary(part["rows"])]
     multi = doc["multi"]
-    lines += ["", f"Multi-view supernet ({EPOCHS['shapes-split']} epochs, sandwich, "
+    lines += ["", f"Multi-view supernet ({doc['epochs']['shapes-split']} epochs, sandwich, "
               f"{multi['train_seconds']:.0f} s), held-out: " + ", ".join(
                   f"{k} {v:.1f} %" for k, v in multi["bounds"].items()) + "."]
     lines += ["", "## Appendix H: the same supernet searched for 4x faster sensors", "",
@@ -223,7 +225,20 @@ def _markdown(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    RESULTS.mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--render-only", "--replot", action="store_true",
+                        help=f"rewrite {NAME}.md and the figures from {NAME}.json without "
+                             "measuring")
+    args = parser.parse_args()
+    if args.render_only:
+        write_report(json.loads((args.out / f"{NAME}.json").read_text()), args.out)
+        return
+    measure(args.out)
+
+
+def measure(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     load_before = [round(x, 2) for x in os.getloadavg()]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -239,7 +254,7 @@ def main() -> None:
            "seconds": time.perf_counter() - start, "load_before": load_before,
            "load_after": [round(x, 2) for x in os.getloadavg()], "quick": QUICK}
     # a quick run only checks the script: its numbers stay out of the results
-    results = Path(tempfile.mkdtemp()) if QUICK else RESULTS
+    results = Path(tempfile.mkdtemp()) if QUICK else out
     (results / f"{NAME}.json").write_text(json.dumps(doc, indent=2) + "\n")
     write_report(doc, results)
 
@@ -248,8 +263,9 @@ NAME = "nas_splitnets"
 
 
 def write_report(doc: dict[str, Any], results: Path) -> None:
-    """The markdown and the two figures from a run's document (``--replot`` redraws them
-    from the saved JSON without running again)."""
+    """The markdown and the two figures from a run's document (``--render-only`` redraws
+    them from the saved JSON without running again). Rows over the sensor memory (``fits``
+    false, "(over)" in the tables) are drawn hollow."""
     (results / f"{NAME}.md").write_text(_markdown(doc))
     for key in ("single", "multi"):
         part = doc[key]
@@ -258,12 +274,11 @@ def write_report(doc: dict[str, Any], results: Path) -> None:
                   for r in part["rows"] if r.get("label") != "best"]
         plot_search_front(part["history"], part["front"], results / f"{NAME}_{key}.png",
                           baselines=points, title=f"SplitNets {key}-view on hmd-star "
-                          f"(Mem_sen {doc['memory_kib']} KiB)")
+                          f"(Mem_sen {doc['memory_kib']} KiB)",
+                          memory_limit_bytes=doc["memory_kib"] * 1024,
+                          rejected=part["rejected"])
     print((results / f"{NAME}.md").read_text())
 
 
 if __name__ == "__main__":
-    if "--replot" in sys.argv:
-        write_report(json.loads((RESULTS / f"{NAME}.json").read_text()), RESULTS)
-    else:
-        main()
+    main()

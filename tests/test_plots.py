@@ -165,3 +165,110 @@ def test_llm_methods_figure(tmp_path):
     assert_png(plot_llm_methods(methods, tmp_path / "llm.png", title="llama_1b"))
     with pytest.raises(ConfigError, match="no methods"):
         plot_llm_methods({}, tmp_path / "x.png")
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What each NAS / AdaptiveNet figure held when saved: per axes its limits and
+    collections, and every legend text (the axes' and the figure's)."""
+    import edgesplit.report.plots.adaptivenet as adaptivenet_plots
+    import edgesplit.report.plots.nas as nas_plots
+
+    figures: list[dict] = []
+    original = nas_plots._save
+
+    def save(fig, path):
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+        figures.append({
+            "axes": [{"xlim": ax.get_xlim(), "ylim": ax.get_ylim(), "xlabel": ax.get_xlabel(),
+                      "collections": list(ax.collections),
+                      "texts": [t.get_text() for t in ax.texts]} for ax in fig.axes],
+            "legend": [t.get_text() for legend in legends for t in legend.get_texts()]})
+        return original(fig, path)
+
+    monkeypatch.setattr(nas_plots, "_save", save)
+    monkeypatch.setattr(adaptivenet_plots, "_save", save)
+    return figures
+
+
+def _inside(lim: tuple[float, float], value: float) -> bool:
+    return min(lim) <= value <= max(lim)
+
+
+def test_accuracy_latency_keeps_every_point_in_view(tmp_path, drawn):
+    from edgesplit.report.plots import plot_accuracy_latency
+
+    points = [{"method": "JMSNAS", "latency_ms": 0.47, "accuracy": 97.8, "label": "0.51 ms"},
+              {"method": "JMSNAS", "latency_ms": 1.07, "accuracy": 99.3, "label": "1.96 ms"},
+              {"method": "cloud-only", "latency_ms": 250.0, "accuracy": 99.7},  # far out
+              {"method": "baseline a", "latency_ms": 0.81, "accuracy": 98.8},
+              {"method": "baseline b", "latency_ms": 0.81, "accuracy": 98.8},  # same point
+              {"method": "no plan", "latency_ms": None, "accuracy": 98.0}]
+    assert_png(plot_accuracy_latency(points, tmp_path / "fig6.png"))
+    ax = drawn[-1]["axes"][0]
+    for p in points[:-1]:
+        assert _inside(ax["xlim"], p["latency_ms"]) and _inside(ax["ylim"], p["accuracy"])
+    sizes = {c.get_label(): c.get_sizes()[0] for c in ax["collections"]}
+    assert sizes["baseline a"] > sizes["baseline b"]  # stacked: both stay visible
+    assert "2 at one point" in ax["texts"]
+    assert "no plan" in ax["xlabel"]  # a point with no value is named, not silently dropped
+
+
+def test_search_progress_keeps_budgets_in_view(tmp_path, drawn):
+    from edgesplit.report.plots import plot_search_progress
+
+    history = [{"epoch": e, "phase": "search", "accuracy": 50.0 + e, "expected_ms": 2.0}
+               for e in range(4)]
+    runs = {"tight": {"history": history, "latency_budget_ms": 0.2}}
+    assert_png(plot_search_progress(runs, tmp_path / "fig5.png"))
+    latency = drawn[-1]["axes"][1]
+    assert _inside(latency["ylim"], 0.2) and _inside(latency["ylim"], 2.0)
+
+
+def test_search_front_marks_infeasible_points(tmp_path, drawn):
+    from edgesplit.report.plots import plot_search_front
+
+    limit = 128 * 1024
+    candidates = [{"latency_ms": 0.02 * (1 + i), "accuracy": 90.0 + i,
+                   "sensor_memory_bytes": 60_000 * (1 + i)} for i in range(4)]
+    front = candidates[:2]
+    baselines = [{"method": "SplitNets", "label": "front-0", "latency_ms": 0.02,
+                  "accuracy": 90.0, "fits": True},
+                 {"method": "late fusion", "label": "", "latency_ms": 0.15, "accuracy": 78.5,
+                  "sensor_memory_bytes": 259_312, "fits": False}]
+    assert_png(plot_search_front(candidates, front, tmp_path / "front.png", baselines=baselines,
+                                 memory_limit_bytes=limit, rejected=230))
+    fig = drawn[-1]
+    ax = fig["axes"][0]
+    assert any(t.startswith("hollow: infeasible (over the 128 KiB sensor memory")
+               for t in fig["legend"])
+    assert "230 more drawn over the memory limit and skipped (not drawn)" in fig["legend"]
+    assert "candidates over the sensor memory (2)" in fig["legend"]
+    late = next(c for c in ax["collections"] if c.get_label() == "late fusion")
+    assert late.get_facecolors().size == 0 or late.get_facecolors()[0][3] == 0  # hollow
+    assert "253 KiB > 128 KiB" in ax["texts"]
+    for p in [*candidates, *baselines]:
+        assert _inside(ax["xlim"], p["latency_ms"]) and _inside(ax["ylim"], p["accuracy"])
+    # without a limit or a fits flag nothing is marked, as before
+    assert_png(plot_search_front(candidates, front, tmp_path / "plain.png"))
+    assert not any("infeasible" in t for t in drawn[-1]["legend"])
+
+
+def test_adaptivenet_figures_use_the_tables_names(tmp_path, drawn):
+    from edgesplit.report.plots import plot_search_efficiency, plot_switching
+
+    curves = {"AdaptiveNet": [{"evaluated": 10, "best_accuracy": 0.95},
+                              {"evaluated": 19, "best_accuracy": 0.9633}],
+              "evolution": [{"evaluated": 10, "best_accuracy": 0.9633}]}
+    assert_png(plot_search_efficiency(curves, tmp_path / "search.png", target=0.9633))
+    assert drawn[-1]["legend"] == ["AdaptiveNet", "evolution", "target 0.9633"]
+    pool = [{"arch": ["b0-1", "b1", "b2+1"]}, {"arch": ["b0", "b1", "b2"]}]
+    records = [{"start_s": i * 0.01, "latency_ms": 2.0 + (i % 3),
+                "arch": pool[0 if 30 <= i < 70 else 1]["arch"]} for i in range(100)]
+    doc = {"records": records, "pool": pool, "load": "cpu", "processes": 4,
+           "load_on_s": 0.3, "load_off_s": 0.7, "budget_ms": 2.94,
+           "events": [{"time_s": 0.31}, {"time_s": 0.71}]}
+    assert_png(plot_switching(doc, tmp_path / "switching.png"))
+    legend = drawn[-1]["legend"]
+    assert "b0-1-b1-b2+1 (40 requests)" in legend and "b0-b1-b2 (60 requests)" in legend
+    assert {"budget 2.94 ms", "switches (2)", "load: 4 background processes"} <= set(legend)
