@@ -144,7 +144,9 @@ def search(
         history = run.search.search_.history_
         plot_search_front([dict(c.metrics) for c in history],
                           [dict(c.metrics) for c in run.search.front_], plot,
-                          title=f"SplitNets search on {doc['topology']}")
+                          title=f"SplitNets search on {doc['topology']}",
+                          memory_limit_bytes=run.search.hardware.memory_limit_bytes,
+                          rejected=run.search.search_.rejected_)
     if as_json:
         emit_json(doc)
         return
