@@ -95,7 +95,10 @@ def simulate_l2s(
 @app.command("serve-training")
 @user_errors
 def serve_training_cmd(
-    model: str = typer.Option("digits_cnn", "--model", help="Model to train (untrained)."),
+    model: str = typer.Option(
+        "digits_cnn", "--model", help="Model spec to train, as the device names it: "
+        "digits_cnn, or NAME[:pretrained,classes=N,input=CxHxW], e.g. "
+        "mobilenet_v2:pretrained,classes=10,input=3x32x32."),
     lr: float = typer.Option(0.01, "--lr", help="SGD learning rate of the server's layers."),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
     seed: int = typer.Option(0, "--seed", help="Initial weights (the device must match)."),
@@ -127,7 +130,15 @@ def serve_training_cmd(
 @app.command("train-split")
 @user_errors
 def train_split_cmd(
-    model: str = typer.Option("digits_cnn", "--model", help="Model to train from scratch."),
+    model: str = typer.Option(
+        "digits_cnn", "--model", help="Model to train: digits_cnn (from scratch) or any "
+        "built-in whose layer chain can be formed, e.g. mobilenet_v2."),
+    pretrained: bool = typer.Option(
+        False, "--pretrained", help="Start from the model's ImageNet weights (fresh "
+        "classifier for the data's classes)."),
+    data: str = typer.Option(
+        "digits", "--data", help="digits, or fashion-mnist[:size=N,channels=C,norm=imagenet] "
+        "(train split to train, test split for the accuracy)."),
     server: str | None = typer.Option(
         None, "--server", help="HOST:PORT of `edgesplit serve-training` (default: start one)."),
     epochs: int = typer.Option(8, "--epochs"),
@@ -149,6 +160,9 @@ def train_split_cmd(
     sync_every: int = typer.Option(100, "--sync-every", help="Periodic sync interval."),
     privacy_kl: float | None = typer.Option(
         1.0, "--privacy-kl", help="P^c: every cut sent must reach this KL divergence."),
+    privacy_split: int | None = typer.Option(
+        None, "--privacy-split", help="P^c directly: at least this many chain elements stay "
+        "on the device (instead of --privacy-kl)."),
     no_privacy: bool = typer.Option(False, "--no-privacy", help="Allow every cut."),
     horizon: int = typer.Option(30, "--horizon", help="Rounds of one adaptation phase."),
     random_reentry: float = typer.Option(0.0, "--random-reentry", help="r_d per round."),
@@ -163,8 +177,8 @@ def train_split_cmd(
     plot: Path | None = typer.Option(None, "--plot", help="Delay and cut per round."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Split training over two processes (L2S): the device trains the front layers on the
-    digits, the server the back ones; L2S learns the cut as the emulated link changes."""
+    """Split training over two processes (L2S): the device trains the front layers, the
+    server the back ones; L2S learns the cut as the emulated link changes."""
     from contextlib import nullcontext
 
     from edgesplit.errors import ConfigError
@@ -172,7 +186,9 @@ def train_split_cmd(
     from edgesplit.train.remote import DEFAULT_MAX_BATCH
     from edgesplit.train.session import (
         TrainSplitConfig,
+        load_split_data,
         local_training_server,
+        model_for_data,
         one_core_per_side,
         train_split,
     )
@@ -184,15 +200,22 @@ def train_split_cmd(
     token = read_token(token, token_file)
     tls = tls_files(None, None, tls_ca)
 
+    if pretrained:
+        model += "," if ":" in model else ":"
+        model += "pretrained"
     config = TrainSplitConfig(
-        model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
+        model=model, data=data, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+        seed=seed,
         bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms, drop_at=drop_at, drop_to=drop_to,
         restore_at=restore_at, device_slowdown=device_slowdown, policy=policy, cut=cut,
         sync=sync, sync_every=sync_every, privacy_kl=None if no_privacy else privacy_kl,
-        horizon=horizon, random_reentry=random_reentry, baseline=baseline)
+        privacy_split=None if no_privacy else privacy_split, horizon=horizon,
+        random_reentry=random_reentry, baseline=baseline)
+    # what the server builds: the model sized for the data (refused here if it does not fit)
+    spec = str(model_for_data(config.model, load_split_data(data, batch_size, seed)))
     if server is None:
         one_core_per_side()
-    spawn = local_training_server(model, lr=lr, momentum=momentum, seed=seed, token=token,
+    spawn = local_training_server(spec, lr=lr, momentum=momentum, seed=seed, token=token,
                                   max_batch=max(batch_size, DEFAULT_MAX_BATCH)) \
         if server is None else nullcontext(server)
     with spawn as address:

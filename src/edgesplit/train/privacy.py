@@ -12,6 +12,8 @@ P^c is the first cut whose divergence reaches the user's threshold.
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +23,7 @@ from torch import nn
 from edgesplit.errors import ConfigError, EdgesplitError
 
 __all__ = [
+    "analyse_chain_privacy",
     "analyse_privacy",
     "graph_split_for_chain",
     "kl_per_cut",
@@ -101,6 +104,21 @@ def graph_split_for_chain(graph, model: nn.Module, chain_elements: int) -> int:
 
 def _within(module_path: str, path: str) -> bool:
     return module_path == path or module_path.startswith(path + ".")
+
+
+def analyse_chain_privacy(chain: Sequence[nn.Module], reference: nn.Module, x: torch.Tensor,
+                          threshold: float) -> dict:
+    """The KL analysis of any model's ``chain`` on samples ``x`` (N, C, H, W) of the data it
+    trains on, ``reference`` being the pre-trained classifier that judges the rendered IRs
+    (e.g. the model's own ImageNet classifier, for a model fine-tuned from it): divergence
+    per chain cut and P^c in chain elements (at most all of them: training on the device,
+    which sends nothing, is always allowed)."""
+    layers = [m.eval() for m in copy.deepcopy(list(chain))]  # no batch-norm statistic moves
+    kl = kl_per_cut(layers, reference, x)
+    # the last cut sends nothing (training on the device), so it never limits the domain
+    point = privacy_point([*kl[:-1], math.inf], threshold)
+    return {"kl_per_cut": kl, "threshold": threshold, "chain_point": point,
+            "samples": len(x)}
 
 
 def analyse_privacy(model_name: str, threshold: float, graph=None, samples: int = 200) -> dict:

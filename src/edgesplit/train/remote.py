@@ -69,7 +69,8 @@ from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
-from edgesplit.train.split import as_chain, tensor_bytes
+from edgesplit.train.split import as_chain, seeded_forward, tensor_bytes
+from edgesplit.train.trainable import TrainModelSpec
 from edgesplit.transport import (
     BadRequest,
     GrpcServer,
@@ -253,8 +254,8 @@ class _Replica:
     """One side's copy of the chain: its optimizer, the base snapshot of the last sync and the
     elements it trained since then."""
 
-    def __init__(self, model: nn.Module, lr: float, momentum: float) -> None:
-        self.model, self.chain = model, as_chain(model)
+    def __init__(self, model: nn.Module, lr: float, momentum: float, seed: int) -> None:
+        self.model, self.chain, self.seed = model, as_chain(model), seed
         unique = {id(p): p for p in model.parameters() if p.requires_grad}
         self.params = list(unique.values())
         self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum) if unique else None
@@ -263,7 +264,16 @@ class _Replica:
         self.trained: set[int] = set()
 
     def part(self, lo: int, hi: int) -> nn.Sequential:
+        """chain[lo:hi] as one module, in train mode (draws unseeded: for inspection)."""
         return nn.Sequential(*self.chain[lo:hi]).train()
+
+    def forward(self, lo: int, hi: int, x: torch.Tensor, round_: int) -> torch.Tensor:
+        """chain[lo:hi] in train mode on ``x``; the random draws of round ``round_`` (dropout,
+        drop-connect) come from per-element seeds, as in unsplit training
+        (:func:`~edgesplit.train.split.seeded_forward`), wherever the cut is."""
+        for module in self.chain[lo:hi]:
+            module.train()
+        return seeded_forward(self.chain, lo, hi, x, self.seed, round_)
 
     # -- one round, refusable until the update --------------------------------------------------
     def save_buffers(self, elements: Iterable[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -445,7 +455,7 @@ class TrainServer(GrpcServer):
         self.max_batch, self.session_timeout_s = max_batch, float(session_timeout_s)
         self.token, self.tls = token, tls
         self._init_state = copy.deepcopy(model.state_dict())
-        self.replica = _Replica(model, lr, momentum)
+        self.replica = _Replica(model, lr, momentum, seed)
         self.fingerprint = model_fingerprint(self.replica.chain)
         self.shapes = chain_shapes(self.replica.chain, sample_shape)
         self.limit = train_message_bytes(self.replica.chain, self.shapes, max_batch)
@@ -486,7 +496,7 @@ class TrainServer(GrpcServer):
                 self._end(current, f"taken over by device {peer}" if req.take_over else
                           f"expired after {idle:.0f} s idle and was taken by device {peer}")
             self.replica.model.load_state_dict(self._init_state)
-            self.replica = _Replica(self.replica.model, self.lr, self.momentum)
+            self.replica = _Replica(self.replica.model, self.lr, self.momentum, self.seed)
             self._session = _Session(secrets.token_hex(16), peer, now)
             log.info("training session %s started for %s (%d chain elements)",
                      self._session.id[:8], peer, n)
@@ -546,7 +556,7 @@ class TrainServer(GrpcServer):
         act.requires_grad_(needs_grad)
         with self.lock:
             self._require_session(req.session_id)
-            loss = self._train(cut, act, y)
+            loss = self._train(cut, act, y, req.round)
         grad = encode_tensor(act.grad, 32) if act.grad is not None else b""  # see _train
         return pb.StepReply(round=req.round, gradient=grad, loss=loss,
                             server_ms=(time.perf_counter() - t0) * 1e3)
@@ -566,12 +576,12 @@ class TrainServer(GrpcServer):
                            "supported: leave those samples out)")
         return act, y
 
-    def _train(self, cut: int, act: torch.Tensor, y: torch.Tensor) -> float:
+    def _train(self, cut: int, act: torch.Tensor, y: torch.Tensor, round_: int) -> float:
         """One round on the server's part; refused (and undone) if it is not finite."""
         replica, n = self.replica, len(self.replica.chain)
         saved = replica.save_buffers(range(cut + 1, n))
         try:
-            loss = F.cross_entropy(replica.part(cut + 1, n)(act), y)
+            loss = F.cross_entropy(replica.forward(cut + 1, n, act, round_), y)
             problem = "loss" if not bool(torch.isfinite(loss)) else \
                 replica.backward(loss, None)
             if problem is None and act.grad is not None \
@@ -647,26 +657,13 @@ class TrainServer(GrpcServer):
         return reply
 
 
-_UNTRAINED: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {}
-
-
-def _trainable(name: str) -> tuple[Callable[[], nn.Module], tuple[int, ...]]:
-    """The factory and the input sample shape of a model that can be trained from scratch."""
-    from edgesplit.models.digits import DigitsCNN
-
-    models = {"digits_cnn": (DigitsCNN, (1, 32, 32)), **_UNTRAINED}
-    if name not in models:
-        raise ConfigError(f"model {name!r} cannot be trained from scratch; supported: "
-                          f"{', '.join(sorted(models))}")
-    return models[name]
-
-
-def untrained_model(name: str, seed: int) -> nn.Module:
+def untrained_model(name: str | TrainModelSpec, seed: int) -> nn.Module:
     """A freshly initialised model to train (never cached trained weights), built after
-    ``torch.manual_seed(seed)`` so that device and server get identical weights."""
-    factory, _ = _trainable(name)
-    torch.manual_seed(seed)
-    return factory()
+    ``torch.manual_seed(seed)`` so that device and server get identical weights; ``name`` is a
+    model spec (``digits_cnn``, ``mobilenet_v2:pretrained,classes=10,input=3x32x32``, see
+    :class:`TrainModelSpec`), whose pretrained weights come from their package."""
+    spec = name if isinstance(name, TrainModelSpec) else TrainModelSpec.parse(name)
+    return spec.build(seed)
 
 
 def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 0,
@@ -674,13 +671,15 @@ def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 
                    tls: TlsFiles | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                    session_timeout_s: float = SESSION_TIMEOUT_S,
                    on_ready: Callable[[int], None] | None = None) -> None:
-    """Serve split training of ``model`` (untrained, built with ``seed``) until SIGINT/SIGTERM;
-    ``on_ready`` gets the port once listening."""
+    """Serve split training of the model spec ``model`` (untrained, or pretrained with a fresh
+    classifier, built with ``seed``) until SIGINT/SIGTERM; ``on_ready`` gets the port once
+    listening."""
     from edgesplit.transport import serve_forever
 
-    _, sample_shape = _trainable(model)  # fail fast on an unknown name
-    server = TrainServer(lambda: untrained_model(model, seed), lr=lr, momentum=momentum,
-                         seed=seed, sample_shape=sample_shape, max_batch=max_batch,
+    spec = TrainModelSpec.parse(model)
+    untrained_model(spec, seed)  # fail fast on an unknown name or option
+    server = TrainServer(lambda: untrained_model(spec, seed), lr=lr, momentum=momentum,
+                         seed=seed, sample_shape=spec.sample_shape, max_batch=max_batch,
                          session_timeout_s=session_timeout_s, token=token, tls=tls)
     bound = server.start(host, port)
     log.info("split-training server for %s listening on %s:%d", model, host, bound)
@@ -767,7 +766,7 @@ class RemoteSplitTrainer:
         if rtt_ms < 0:
             raise ConfigError(f"rtt_ms must be >= 0, got {rtt_ms}")
         self.model = copy.deepcopy(model)
-        self.replica = _Replica(self.model, lr, momentum)
+        self.replica = _Replica(self.model, lr, momentum, seed)
         self.n = len(self.replica.chain)
         self.address = address if isinstance(address, str) else "in-process"
         self.seed, self.policy, self.sync_every = seed, sync, sync_every
@@ -911,7 +910,7 @@ class RemoteSplitTrainer:
 
     def _local_round(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         t0 = time.perf_counter()
-        loss = F.cross_entropy(self.replica.part(0, self.n)(x), y)
+        loss = F.cross_entropy(self.replica.forward(0, self.n, x, self.round + 1), y)
         problem = "loss" if not bool(torch.isfinite(loss)) else self.replica.backward(loss, None)
         if problem is not None:
             raise self._diverged(problem)
@@ -922,7 +921,7 @@ class RemoteSplitTrainer:
     def _split_round(self, x: torch.Tensor, y: torch.Tensor, cut: int
                      ) -> tuple[float, float, tuple[float, float, int, int]]:
         t0 = time.perf_counter()
-        act = self.replica.part(0, cut + 1)(x) if cut >= 0 else x
+        act = self.replica.forward(0, cut + 1, x, self.round + 1) if cut >= 0 else x
         if not bool(torch.isfinite(act).all()):
             raise self._diverged(f"activation at cut {cut}")
         forward_s = time.perf_counter() - t0

@@ -14,9 +14,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,20 +26,26 @@ from torch import nn
 from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.runtime.transport import TOKEN_ENV, TlsFiles
 from edgesplit.train.remote import DEFAULT_MAX_BATCH, RemoteSplitTrainer, RoundStats, SyncResult
-from edgesplit.train.split import as_chain
+from edgesplit.train.split import as_chain, seeded_forward
+from edgesplit.train.trainable import DIGITS_MODEL, TrainModelSpec
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from rich.progress import Progress
 
+    from edgesplit.transport import LoopbackChannel
+
 __all__ = [
     "RUN_POLICIES",
     "FixedCutPolicy",
+    "SplitData",
     "TrainSplitConfig",
     "TrainingLog",
     "epoch_batches",
     "evaluate",
+    "load_split_data",
+    "model_for_data",
     "profile_device_ms",
     "run_split_training",
     "train_split",
@@ -252,7 +258,14 @@ class TrainSplitConfig:
     device's link shaper; ``device_slowdown`` makes the device that much slower than the
     server (both share this machine), as an end device is next to an edge GPU."""
 
-    model: str = "digits_cnn"
+    # a model spec (see TrainModelSpec): digits_cnn, or any built-in whose chain can be
+    # formed, e.g. mobilenet_v2:pretrained (ImageNet backbone, fresh classifier); its input
+    # and class count come from the data
+    model: str = DIGITS_MODEL
+    # "digits" (sklearn's, 1,197 to train, 600 to test) or an image set spec such as
+    # fashion-mnist:size=32,channels=3,norm=imagenet (its train split streamed for training,
+    # its test split for the accuracy)
+    data: str = "digits"
     # 8 epochs at lr 0.01: unsplit training reaches 97.8-99.2 % for seeds 0-2; at 4 epochs
     # and lr 0.05 it was anywhere from 80 % to 98 % depending on the seed and thread count
     epochs: int = 8
@@ -273,6 +286,9 @@ class TrainSplitConfig:
     # and at mode changes: for large models, at an accuracy cost on short runs, see README)
     sync: str = "fws"
     privacy_kl: float | None = 1.0  # P^c from the KL analysis (None: every cut allowed)
+    # P^c given directly: at least this many chain elements stay on the device (overrides
+    # privacy_kl)
+    privacy_split: int | None = None
     sync_every: int = 100
     horizon: int = 30
     n_th: int = 10
@@ -291,6 +307,17 @@ class TrainSplitConfig:
                               "device - 1)")
         if self.epochs < 1 or self.batch_size < 1 or self.device_slowdown < 1:
             raise ConfigError("need epochs >= 1, batch size >= 1 and device slowdown >= 1")
+        if self.privacy_split is not None and self.privacy_split < 0:
+            raise ConfigError(f"{option('privacy_split', self.privacy_split)}: give the number "
+                              "of chain elements that stay on the device, 0 or more")
+        TrainModelSpec.parse(self.model)  # a bad spec fails here, before any data is read
+        if self.data != "digits":
+            from edgesplit.data.images import is_image_set_spec
+
+            if not is_image_set_spec(self.data):
+                raise ConfigError(f"{option('data', self.data)} is unknown: use digits or an "
+                                  "image set such as fashion-mnist:size=32,channels=3,"
+                                  "norm=imagenet")
         from edgesplit.train.simulator import BandwidthTrace
 
         BandwidthTrace(self.bandwidth_mbps, self.rtt_ms, self.drop_at, self.drop_to,
@@ -303,14 +330,85 @@ class TrainSplitConfig:
                               self.restore_at)
 
 
-def _domain(config: TrainSplitConfig, chain_length: int) -> tuple[list[int], dict | None]:
+def _domain(config: TrainSplitConfig, spec: TrainModelSpec, chain: Sequence[nn.Module],
+            data: SplitData) -> tuple[list[int], dict | None]:
     """The cuts L2S may choose ({P^c, ..., P} as chain cuts) and the privacy analysis."""
+    n = len(chain)
+    if config.privacy_split is not None:
+        if config.privacy_split > n:
+            raise ConfigError(f"{option('privacy_split', config.privacy_split)} is more than "
+                              f"the {n} chain elements of {spec.name}")
+        return list(range(max(config.privacy_split, 1) - 1, n)), {
+            "chain_point": config.privacy_split}
     if config.privacy_kl is None:
-        return list(range(chain_length)), None
-    from edgesplit.train.privacy import analyse_privacy
+        return list(range(n)), None
+    from edgesplit.train.privacy import analyse_chain_privacy, analyse_privacy
 
-    privacy = analyse_privacy(config.model, config.privacy_kl)
-    return list(range(privacy["chain_point"] - 1, chain_length)), privacy
+    if spec.name == DIGITS_MODEL:
+        privacy = analyse_privacy(spec.name, config.privacy_kl)
+    else:
+        if not spec.pretrained:
+            raise ConfigError(f"the KL privacy analysis of {spec.name} needs a pre-trained "
+                              "classifier: add --pretrained, or give --privacy-split N (chain "
+                              "elements kept on the device) or --no-privacy")
+        # the paper's pre-trained DNN: the model's ImageNet classifier, on the training data
+        reference = replace(spec, classes=None).build(config.seed).eval()
+        privacy = analyse_chain_privacy(chain, reference, data.examples(200),
+                                        config.privacy_kl)
+    return list(range(privacy["chain_point"] - 1, n)), privacy
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """The data of a split-training run: per-epoch training batches (reproducible from the
+    seed, so a split and an unsplit run see the same ones), one sample's shape, the class
+    count, the first training samples (examples) and the test accuracy of a model."""
+
+    name: str
+    sample_shape: tuple[int, ...]
+    classes: int
+    batches: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+    examples: Callable[[int], torch.Tensor]
+    accuracy: Callable[[nn.Module], float]
+    test_samples: int
+
+
+def load_split_data(spec: str, batch_size: int, seed: int) -> SplitData:
+    """``digits`` (sklearn's, in memory) or an image set spec (``fashion-mnist[:options]``,
+    streamed: its train split to train on, its test split for the accuracy)."""
+    if spec == "digits":
+        from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
+
+        images, labels = digits_arrays()
+        x_train, y_train = images[:TRAIN_SAMPLES], labels[:TRAIN_SAMPLES]
+        x_test, y_test = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
+        return SplitData("digits", tuple(images.shape[1:]), 10,
+                         epoch_batches(x_train, y_train, batch_size, seed),
+                         lambda n: x_train[:n], lambda m: evaluate(m, x_test, y_test),
+                         len(y_test))
+    from edgesplit.data.images import load_images
+
+    train, test = load_images(spec, "train"), load_images(spec, "test")
+    return SplitData(spec, tuple(train.sample_shape), train.num_classes,
+                     lambda epoch: train.loader(batch_size, shuffle=True, seed=seed + epoch),
+                     train.first, lambda m: _accuracy(m, test.loader(256)), len(test))
+
+
+def _accuracy(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Top-1 accuracy in percent over streamed batches, in eval mode."""
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in batches:
+            correct += int((model(x).argmax(1) == y).sum())
+            total += len(y)
+    return 100.0 * correct / max(total, 1)
+
+
+def model_for_data(model: str, data: SplitData) -> TrainModelSpec:
+    """The model spec ``model`` sized for ``data`` (input shape and classes); refused in one
+    line when the model cannot take them."""
+    return TrainModelSpec.parse(model).for_data(data.sample_shape, data.classes, data.name)
 
 
 def _features(model: nn.Module, x: torch.Tensor, cuts: Sequence[int]) -> dict[int, object]:
@@ -347,40 +445,53 @@ def _make_policy(config: TrainSplitConfig, features, device_ms: list[float]):
                                          delay_scale=device_ms[-1]), modes)
 
 
-def train_unsplit(model: nn.Module, batches: Callable[[int], list], epochs: int, lr: float,
-                  momentum: float) -> nn.Module:
-    """The reference: the same model, batches and optimizer without a split."""
+def train_unsplit(model: nn.Module, batches: Callable[[int], Iterable], epochs: int, lr: float,
+                  momentum: float, seed: int | None = None) -> nn.Module:
+    """The reference: the same model, batches and optimizer without a split. With the run's
+    ``seed``, round t runs the model as its chain with the random draws split training makes
+    (:func:`~edgesplit.train.split.seeded_forward`), so dropout draws the same masks."""
     model.train()
+    chain = as_chain(model) if seed is not None else None
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    t = 0
     for epoch in range(epochs):
         for x, y in batches(epoch):
+            t += 1
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            if chain is None or seed is None:
+                out = model(x)
+            else:
+                for module in chain:
+                    module.train()
+                out = seeded_forward(chain, 0, len(chain), x, seed, t)
+            F.cross_entropy(out, y).backward()
             opt.step()
     return model.eval()
 
 
-def train_split(config: TrainSplitConfig, address: str, *, token: str | None = None,
-                tls: TlsFiles | None = None, take_over: bool = False,
-                progress: bool = False) -> dict:
-    """Train ``config.model`` on the digits split between this process and the server at
+def train_split(config: TrainSplitConfig, address: str | LoopbackChannel, *,
+                token: str | None = None, tls: TlsFiles | None = None,
+                take_over: bool = False, progress: bool = False) -> dict:
+    """Train ``config.model`` on ``config.data`` split between this process and the server at
     ``address`` (over TLS trusting ``tls.ca``, if given; ``take_over`` ends a session the
-    server has open, see :class:`RemoteSplitTrainer`); L2S picks each round's cut. Returns the
-    run's JSON document."""
-    from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
-    from edgesplit.train.remote import untrained_model
-
-    images, labels = digits_arrays()
-    x_train, y_train = images[:TRAIN_SAMPLES], labels[:TRAIN_SAMPLES]
-    x_test, y_test = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
-    batches = epoch_batches(x_train, y_train, config.batch_size, config.seed)
-    model = untrained_model(config.model, config.seed)
+    server has open, see :class:`RemoteSplitTrainer`; a server's ``loopback_channel()`` trains
+    in-process); L2S picks each round's cut. The server must serve :func:`model_for_data`'s
+    spec with the same seed. Returns the run's JSON document."""
+    data = load_split_data(config.data, config.batch_size, config.seed)
+    spec = model_for_data(config.model, data)
+    model = spec.build(config.seed)
     chain = as_chain(model)
-    cuts, privacy = _domain(config, len(chain))
+    from edgesplit.train.remote import chain_shapes
+
+    classes = chain_shapes(chain, data.sample_shape).classes
+    if classes != data.classes:
+        raise ConfigError(f"{spec.name} outputs {classes} classes, {data.name} has "
+                          f"{data.classes}; choose a model whose classifier can be resized")
+    cuts, privacy = _domain(config, spec, chain, data)
     if config.policy == "fixed" and config.cut not in cuts:
         raise ConfigError(f"{option('cut', config.cut)} is outside the allowed cuts {cuts} "
                           "(privacy)")
-    x0, y0 = batches(0)[0]
+    x0, y0 = next(iter(data.batches(0)))
     device_ms = profile_device_ms(chain, x0, y0, cuts, slowdown=config.device_slowdown)
     features = _features(model, x0, cuts)
     policy = _make_policy(config, features, device_ms)
@@ -394,12 +505,13 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
                             sync_every=config.sync_every, link_mbps=config.bandwidth_mbps,
                             rtt_ms=config.rtt_ms, device_slowdown=config.device_slowdown
                             ) as trainer:
-        run = run_split_training(trainer, batches, policy, cuts, epochs=config.epochs,
+        run = run_split_training(trainer, data.batches, policy, cuts, epochs=config.epochs,
                                  bandwidth_schedule=trace.at, progress=progress)
         trained = trainer.final_model()
-    doc = {"version": RUN_VERSION, "config": asdict(config), "cuts": cuts, "privacy": privacy,
+    doc = {"version": RUN_VERSION, "config": asdict(config), "model_spec": str(spec),
+           "cuts": cuts, "privacy": privacy,
            "device_ms_profile": device_ms, "rounds": run.to_json(),
-           "accuracy": evaluate(trained, x_test, y_test), "test_samples": len(y_test)}
+           "accuracy": data.accuracy(trained), "test_samples": data.test_samples}
     if isinstance(policy, FixedCutPolicy):
         doc["adaptations"], doc["settled"] = [], []
     else:
@@ -407,9 +519,9 @@ def train_split(config: TrainSplitConfig, address: str, *, token: str | None = N
                               for t, r in zip(policy.adaptations, policy.reasons, strict=True)]
         doc["settled"] = [{"round": t, "cut": cuts[arm]} for t, arm in policy.settled]
     if config.baseline:
-        reference = train_unsplit(untrained_model(config.model, config.seed), batches,
-                                  config.epochs, config.lr, config.momentum)
-        doc["baseline_accuracy"] = evaluate(reference, x_test, y_test)
+        reference = train_unsplit(spec.build(config.seed), data.batches, config.epochs,
+                                  config.lr, config.momentum, seed=config.seed)
+        doc["baseline_accuracy"] = data.accuracy(reference)
     return doc
 
 

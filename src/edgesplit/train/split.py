@@ -18,6 +18,7 @@ pass and updates its weights. Bytes up/down are counted at the tensors' own dtyp
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,9 @@ __all__ = [
     "StepStats",
     "SyncReport",
     "as_chain",
+    "element_seed",
     "graph_cut_for_chain",
+    "seeded_forward",
     "tensor_bytes",
 ]
 
@@ -83,6 +86,26 @@ def as_chain(model: nn.Module) -> list[nn.Module]:
     if callable(layers):
         return list(layers())
     return chain_from_trace(model)
+
+
+def element_seed(seed: int, round_: int, element: int) -> int:
+    """The RNG seed of chain element ``element`` in training round ``round_`` (1-based) of a
+    run seeded with ``seed``."""
+    digest = hashlib.blake2b(f"{seed}:{round_}:{element}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seeded_forward(chain: Sequence[nn.Module], lo: int, hi: int, x: torch.Tensor, seed: int,
+                   round_: int) -> torch.Tensor:
+    """``chain[lo:hi]`` applied to ``x``, each element drawing its random numbers (dropout,
+    drop-connect) from :func:`element_seed`: a round draws the same masks whether its elements
+    run in one process or on both sides of a cut, so split training equals unsplit training
+    for models with dropout too. The caller's CPU random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        for i in range(lo, hi):
+            torch.manual_seed(element_seed(seed, round_, i))
+            x = chain[i](x)
+    return x
 
 
 def graph_cut_for_chain(graph, chain_cut: int) -> int:
