@@ -45,6 +45,7 @@ __all__ = [
     "FineTuneRecipe",
     "FineTuned",
     "bootstrap_interval",
+    "cached_result",
     "default_recipe",
     "export_finetuned",
     "finetune",
@@ -241,6 +242,11 @@ def predictions(module: nn.Module, data: StreamingImages, batch: int = 250,
 def _paths(recipe: FineTuneRecipe) -> tuple[Path, Path]:
     stem = cache_dir() / "finetuned" / f"{recipe.model}-{recipe.data}-{recipe.key()}"
     return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
+
+
+def cached_result(recipe: FineTuneRecipe) -> FineTuned | None:
+    """The cached result of ``recipe``, or None (nothing is trained)."""
+    return _load_cached(recipe)
 
 
 def _load_cached(recipe: FineTuneRecipe) -> FineTuned | None:
