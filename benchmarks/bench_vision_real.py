@@ -40,6 +40,15 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def _model_summary(runs: list[dict[str, Any]], data_spec: str) -> dict[str, Any]:
+    """Every run of one model, the mean and spread of their accuracy, the first run's time."""
+    accs = [r["test_accuracy"] for r in runs]
+    return {"runs": runs, "mean": statistics.mean(accs),
+            "stdev": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            "min": min(accs), "max": max(accs), "data_spec": data_spec,
+            "first_run_s": runs[0]["wall_s"], "met_time_goal": runs[0]["wall_s"] <= GOAL_S}
+
+
 def finetune_section(seeds: list[int], train_limit: int | None) -> dict[str, Any]:
     from edgesplit.train.finetune import default_recipe, finetune
 
@@ -58,12 +67,7 @@ def finetune_section(seeds: list[int], train_limit: int | None) -> dict[str, Any
             print(f"{model} seed {seed}: {result.test_accuracy:.2f} % "
                   f"[{result.interval[0]:.2f}, {result.interval[1]:.2f}] in {wall:.0f} s",
                   file=sys.stderr, flush=True)
-        accs = [r["test_accuracy"] for r in runs]
-        section["models"][model] = {
-            "runs": runs, "mean": statistics.mean(accs),
-            "stdev": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-            "min": min(accs), "max": max(accs), "data_spec": recipe.data_spec,
-            "first_run_s": runs[0]["wall_s"], "met_time_goal": runs[0]["wall_s"] <= GOAL_S}
+        section["models"][model] = _model_summary(runs, recipe.data_spec)
     section["load_after"] = _load()
     return section
 
@@ -88,12 +92,7 @@ def finetune_from_cache(seeds: list[int], train_limit: int | None) -> dict[str, 
                          "seconds": result.seconds, "history": result.history,
                          "recipe": result.summary()["recipe"]})
         if runs:
-            accs = [r["test_accuracy"] for r in runs]
-            section["models"][model] = {
-                "runs": runs, "mean": statistics.mean(accs),
-                "stdev": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                "min": min(accs), "max": max(accs), "data_spec": recipe.data_spec,
-                "first_run_s": runs[0]["wall_s"], "met_time_goal": runs[0]["wall_s"] <= GOAL_S}
+            section["models"][model] = _model_summary(runs, recipe.data_spec)
     return section
 
 
