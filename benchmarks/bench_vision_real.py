@@ -109,10 +109,11 @@ def render(doc: dict[str, Any], out: Path) -> None:
                   "0.1). Accuracy: the whole fine-tuned network on all 10,000 test images; "
                   "interval: bootstrap 95 % over the test images. Time: one run, features + "
                   "training + evaluation (later seeds reuse the prefix features). "
-                  f"Load {ft['load_before']} before, {ft['load_after']} after."
-                  + (" Assembled from the fine-tuning cache (an interrupted run): wall time is "
-                     "the run's features + training + evaluation." if ft.get("from_cache")
-                     else ""), "",
+                  + (f"Load {ft['load_before']} before, {ft['load_after']} after."
+                     if not ft.get("from_cache") else
+                     "Assembled from the fine-tuning cache (an interrupted run): wall time is "
+                     "the run's features + training + evaluation.")
+                  + (f" {ft['note']}" if ft.get("note") else ""), "",
                   "| model | seed | test accuracy % | 95 % interval | wall s | features s | "
                   "training s | evaluation s |", "|---|---|---|---|---|---|---|---|"]
         for model, m in ft["models"].items():
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--render-only", action="store_true")
     parser.add_argument("--from-cache", action="store_true",
                         help="Assemble the finetune section from cached runs (interrupted run).")
+    parser.add_argument("--note", default="", help="With --from-cache: how the runs went.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "vision_real.json"
@@ -179,6 +181,8 @@ def main() -> None:
     if args.from_cache:
         doc["machine"] = machine_info()
         doc["finetune"] = finetune_from_cache(args.seeds, args.train_limit)
+        if args.note:
+            doc["finetune"]["note"] = args.note
         path.write_text(json.dumps(doc, indent=2))
     elif not args.render_only:
         if _load() > args.allow_load:
