@@ -190,6 +190,24 @@ def test_a_table_for_another_space_or_device_is_refused(derived, measured, tmp_p
         LatencyTable.load(tmp_path / "other.json", device="this-machine")
 
 
+def test_a_renamed_preset_is_named_by_a_device_file_the_hint_says_how_to_write(derived,
+                                                                               tmp_path):
+    """A topology's ``{preset: jetson-tx2, name: cam}`` is not a preset, so the hint must not
+    say ``--device cam``; the device file it describes loads (preset and overrides, as in a
+    topology) and the table built for it fits."""
+    from edgesplit.hardware.files import load_device
+
+    path = derived.save(tmp_path / "t.json")
+    renamed = get_device("jetson-tx2").model_copy(update={"name": "cam"})
+    with pytest.raises(ConfigError, match=r"--device cam\.yaml -o FILE` with cam\.yaml a device "
+                                          r"file holding topology entry 'cam'"):
+        LatencyTable.load(path, device=renamed)
+    (tmp_path / "cam.yaml").write_text("preset: jetson-tx2\nname: cam\n")
+    assert load_device(tmp_path / "cam.yaml") == renamed
+    with pytest.raises(ConfigError, match=r"--device jetson-tx2 -o FILE"):
+        LatencyTable.load(path, device=get_device("jetson-tx2"))
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "cannot read latency table"),
     ('{"kind": "edgesplit-profile", "version": 1}', "is not an edgesplit latency table"),

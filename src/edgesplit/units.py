@@ -3,11 +3,12 @@ and Python users alike."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["parse_bytes"]
+__all__ = ["at_least", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
           "gib": 2**30}
@@ -26,3 +27,22 @@ def parse_bytes(text: str | int | None, what: str = "size") -> int | None:
         return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     except ValueError:  # "1.2.3"
         raise ConfigError(f"{what} {text!r} is not a number of bytes") from None
+
+
+def at_least(value: float, digits: int = 4) -> str:
+    """``value`` written with ``digits`` significant digits, rounded *up*: a hint such as "give
+    --budget 0.72 or more" must name a value that passes, and ``f"{x:.2g}"`` rounds to the
+    nearest (0.7249 would print 0.72, which still fails)."""
+    if value <= 0 or not math.isfinite(value):
+        return f"{value:.{digits}g}"
+    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    # The epsilon keeps 0.72 (72.00000000000001 once scaled) at 0.72; the check after it
+    # bumps a value the epsilon rounded below the original (0.1 + 0.2 must not print 0.3).
+    steps = math.ceil(value * scale - 1e-9)
+    while True:
+        up = steps / scale
+        whole = math.floor(math.log10(up)) + 1  # never exponent notation for the integer part
+        text = f"{up:.{max(digits, whole)}g}"
+        if float(text) >= value:
+            return text
+        steps += 1

@@ -1,8 +1,10 @@
 """Capture a model into the LayerGraph IR and query it: layers with costs, tensors, cuts, memory."""
 
 from edgesplit.graph.capture import (
+    Exported,
     capture,
     check_input_shape,
+    export_for_capture,
     export_model,
     load_program,
     optimize_program,
@@ -21,6 +23,7 @@ __all__ = [
     "OUTPUT",
     "CausalLM",
     "Cut",
+    "Exported",
     "Layer",
     "LayerGraph",
     "MemoryReport",
@@ -32,6 +35,7 @@ __all__ = [
     "check_input_shape",
     "crossing_tensors",
     "describe_causal_lm",
+    "export_for_capture",
     "export_model",
     "load_program",
     "optimize_program",

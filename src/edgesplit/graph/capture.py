@@ -16,6 +16,7 @@ import logging
 import re
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,11 @@ from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
 from edgesplit.graph.saved_shape import fits_input_shape, is_dynamic, shape_option
 
 __all__ = [
+    "Exported",
     "TrustedModelFile",
     "capture",
     "check_input_shape",
+    "export_for_capture",
     "export_model",
     "load_program",
     "optimize_program",
@@ -232,26 +235,30 @@ def _check_attribute_names(ep: ExportedProgram, name: str) -> None:
                 f"that attribute in the model (e.g. self.{top}_ = ...) and capture it again")
 
 
-def capture(
+@dataclass(frozen=True)
+class Exported:
+    """A model exported once, ready to capture as several graphs (raw and optimised): what
+    :func:`export_for_capture` returns and :func:`capture` accepts in place of the model, so
+    that a planner comparing both graphs pays torch.export once."""
+
+    program: ExportedProgram
+    name: str
+    example: tuple[torch.Tensor, ...]
+    strip_prefix: str = ""
+
+
+def export_for_capture(
     model: Any,
     example_inputs: Any = None,
     *,
     input_shape: Sequence[int] | None = None,
-    optimize: bool = True,
     name: str | None = None,
     trust_model_file: bool = False,
-) -> LayerGraph:
-    """Capture ``model`` into a :class:`LayerGraph`.
-
-    ``optimize=True`` gives the graph an inference engine runs (batch-norm folded, element-wise
-    operators fused: what QDMP and AUTO-SPLIT plan on); ``optimize=False`` keeps one layer per
-    operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models, and to a
-    ``.pt2`` file when it is the shape the file was exported at or one its dynamic dimensions
-    allow (the program is then exported again at that shape); any other shape is a
-    ConfigError naming the file's (see :func:`check_input_shape`).
-    ``trust_model_file`` lets a ``.pt2`` file run the pickled code it may hold (see
-    :func:`load_program`).
-    """
+) -> Exported:
+    """``model`` (anything :func:`capture` takes) exported, before any graph pass (the passes
+    build new modules and never change the program, so one export serves every graph)."""
+    if isinstance(model, Exported):
+        return model
     strip = ""
     if isinstance(model, (str, Path)) and _looks_like_file(model):
         ep = load_program(model, trust_model_file=trust_model_file)
@@ -284,9 +291,36 @@ def capture(
         raise CaptureError(f"cannot capture an object of type {type(model).__name__}: pass an "
                            "nn.Module with example inputs, an ExportedProgram, a .pt2 path or a "
                            "built-in model name")
-    gm = optimize_program(ep, optimize=optimize, name=name)
-    return build_layer_graph(gm, model=name, optimize=optimize, example_inputs=example,
-                             strip_prefix=strip)
+    return Exported(ep, name, example, strip)
+
+
+def capture(
+    model: Any,
+    example_inputs: Any = None,
+    *,
+    input_shape: Sequence[int] | None = None,
+    optimize: bool = True,
+    name: str | None = None,
+    trust_model_file: bool = False,
+) -> LayerGraph:
+    """Capture ``model`` into a :class:`LayerGraph`.
+
+    ``model`` is an nn.Module with ``example_inputs``, an ExportedProgram, a ``.pt2`` path, a
+    built-in model name, or an :class:`Exported` (to capture one export several ways).
+    ``optimize=True`` gives the graph an inference engine runs (batch-norm folded, element-wise
+    operators fused: what QDMP and AUTO-SPLIT plan on); ``optimize=False`` keeps one layer per
+    operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models, and to a
+    ``.pt2`` file when it is the shape the file was exported at or one its dynamic dimensions
+    allow (the program is then exported again at that shape); any other shape is a
+    ConfigError naming the file's (see :func:`check_input_shape`).
+    ``trust_model_file`` lets a ``.pt2`` file run the pickled code it may hold (see
+    :func:`load_program`).
+    """
+    exported = export_for_capture(model, example_inputs, input_shape=input_shape, name=name,
+                                  trust_model_file=trust_model_file)
+    gm = optimize_program(exported.program, optimize=optimize, name=exported.name)
+    return build_layer_graph(gm, model=exported.name, optimize=optimize,
+                             example_inputs=exported.example, strip_prefix=exported.strip_prefix)
 
 
 def check_input_shape(model: Any, input_shape: Sequence[int] | None, *,

@@ -2,7 +2,8 @@
 
 A device file holds one device (the fields of :class:`Device`); a link file one link; a topology
 file has ``name``, ``devices`` and ``links``, where a device or a link may be a preset name
-instead of a table, and a device entry may rename a preset: ``{preset: jetson-nano, name: cam1}``.
+instead of a table. A device entry, and a device file, may start from a preset and override
+its fields: ``{preset: jetson-nano, name: cam1}``.
 """
 
 from __future__ import annotations
@@ -57,8 +58,11 @@ def _device_data(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 
 def load_device(path: str | Path) -> Device:
+    """A device file: the fields of a Device, or, as in a topology, ``preset: NAME`` and the
+    fields that differ from it."""
     path = Path(path)
-    return build(Device, _device_data(read_config(path), path.parent), f"device file {str(path)!r}")
+    return build(Device, _resolve_device_entry(read_config(path), path.parent),
+                 f"device file {str(path)!r}")
 
 
 def load_link(path: str | Path) -> Link:

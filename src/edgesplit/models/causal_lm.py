@@ -10,7 +10,7 @@ random weights. Entries marked ``builtin`` are also ordinary built-in models
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -75,10 +75,16 @@ def register_causal_lm(name: str, make_config: Callable[[], PretrainedConfig], *
     token ids)."""
     _REGISTRY.register(name, CausalLMEntry(name, make_config, description, builtin))
     if builtin:
-        config = make_config()
+        # the config is made when the model's inputs are: making it imports transformers
+        # (3 s), which a command that never touches a causal LM must not pay
         register_model(name, input_shape=(1, 32), family="text", source="transformers",
-                       make_inputs=partial(token_inputs, vocab_size=config.vocab_size),
+                       make_inputs=partial(_config_token_inputs, make_config),
                        description=description)(lambda: CausalLMLogits(_build(make_config())))
+
+
+def _config_token_inputs(make_config: Callable[[], PretrainedConfig],
+                         shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    return token_inputs(shape, vocab_size=make_config().vocab_size)
 
 
 def get_causal_lm(name: str) -> CausalLMEntry:

@@ -52,7 +52,14 @@ from torch import nn
 from edgesplit.errors import ConfigError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import extract_partition
-from edgesplit.hardware import Device, LayerWork, MeasuredCompute, estimator_for, resolve_device
+from edgesplit.hardware import (
+    Device,
+    LayerWork,
+    MeasuredCompute,
+    estimator_for,
+    get_device,
+    resolve_device,
+)
 from edgesplit.nas.network import ArchNet, ChainFrame, init_weights
 from edgesplit.nas.ops import OpSpec
 from edgesplit.nas.sampler import random_arch
@@ -152,9 +159,26 @@ def _finite(what: str, value: Any, *, minimum: float | None = 0.0) -> float:
     return float(value)
 
 
-def _rebuild_hint(space: str, device: str) -> str:
-    return (f"rebuild it with `edgesplit nas latency-table {space} --device {device} -o FILE` "
-            "(build_latency_table in Python)")
+def _rebuild_hint(space: str, device: Device | str) -> str:
+    typed, note = _typed(device)
+    return (f"rebuild it with `edgesplit nas latency-table {space} --device {typed} -o FILE` "
+            f"{note}(build_latency_table in Python)")
+
+
+def _typed(device: Device | str) -> tuple[str, str]:
+    """What a user types for ``--device`` to get ``device`` (what they typed, or a preset's
+    name), or, for a device that is neither (a topology's renamed entry), a device file to
+    write and a note saying what goes in it."""
+    if isinstance(device, str):
+        return device, ""
+    name = _device_name(device)
+    if name == THIS_MACHINE:
+        return name, ""
+    with suppress(ConfigError):
+        if device_fingerprint(get_device(name)) == device_fingerprint(device):
+            return name, ""
+    return (f"{name}.yaml", f"with {name}.yaml a device file holding topology entry {name!r} "
+            "(its fields, or `preset: NAME` and the overrides) ")
 
 
 @dataclass(frozen=True)
@@ -278,7 +302,7 @@ class LatencyTable:
                 raise ConfigError(
                     f"{what} does not fit: {reason} (device fingerprint "
                     f"{self.device_fingerprint[:12]} in the table, {fingerprint[:12]} now); "
-                    + _rebuild_hint(self.space, name))
+                    + _rebuild_hint(self.space, device))
         return self
 
     # -- files -------------------------------------------------------------------------------

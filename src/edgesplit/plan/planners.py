@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from edgesplit.data.images import EvalSet
 from edgesplit.errors import ConfigError, option
-from edgesplit.graph import LayerGraph, capture
+from edgesplit.graph import Exported, LayerGraph, capture, export_for_capture
 from edgesplit.hardware import Topology
 from edgesplit.plan.assemble import Network, assemble_plan
 from edgesplit.plan.cost import CostTable, EdgeCloudSetting
@@ -66,6 +66,7 @@ class PlanningProblem:
     progress: Callable[[str, int, int], None] | None = None  # (task, done, total)
     objective: Literal["latency", "throughput"] = "latency"
     max_latency_ms: float | None = None
+    _exported: Exported | None = field(default=None, repr=False)
     _graphs: dict[str, LayerGraph] = field(default_factory=dict, repr=False)
     _costs: dict[str, CostTable] = field(default_factory=dict, repr=False)
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # planners' shared work
@@ -112,9 +113,10 @@ class PlanningProblem:
 
     def graph_of(self, kind: str) -> LayerGraph:
         if kind not in self._graphs:
-            self._graphs[kind] = capture(self.model, self.example_inputs,
-                                         input_shape=self.input_shape,
-                                         optimize=kind == "optimized")
+            if self._exported is None:  # one export for both graphs (torch.export: seconds)
+                self._exported = export_for_capture(self.model, self.example_inputs,
+                                                    input_shape=self.input_shape)
+            self._graphs[kind] = capture(self._exported, optimize=kind == "optimized")
         return self._graphs[kind]
 
     def costs(self, kind: str = "optimized") -> CostTable:

@@ -43,6 +43,7 @@ from edgesplit.nas.adaptivenet.train import (
     subnet_accuracy,
 )
 from edgesplit.plan.cost import EdgeCloudSetting
+from edgesplit.units import at_least
 
 __all__ = ["DEFAULT_DATA", "SearchRun", "budget_note", "calibration_scale", "data_for",
            "elastify_model", "search_device", "serve_pool", "supernet_data"]
@@ -192,8 +193,8 @@ def _check_fits(table: BlockLatencyTable, original: SubnetArch, budget_s: float)
         raise InfeasibleError(
             f"no subnet fits the budget of {budget_s * 1e3:.4g} ms: the fastest, "
             f"{'-'.join(fastest)}, takes {seconds * 1e3:.4g} ms (predicted); give "
-            f"{option('budget_ms')} {seconds * 1e3:.4g} or more, or {option('budget')} "
-            f"{least:.2f} or more (a fraction of the pretrained model's latency)")
+            f"{option('budget_ms')} {at_least(seconds * 1e3)} or more, or {option('budget')} "
+            f"{at_least(least, 3)} or more (a fraction of the pretrained model's latency)")
 
 
 def _plan_setting(setting: EdgeCloudSetting | None) -> EdgeCloudSetting:

@@ -32,6 +32,7 @@ from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.evolution import Candidate, pareto_front
+from edgesplit.units import at_least
 
 __all__ = ["AdaptiveSearch", "AnnealingSearch", "EvolutionBaseline", "SearchStep"]
 
@@ -81,7 +82,7 @@ class _SubnetSearch:
                 f"no subnet of {table.model or 'the supernet'} fits the latency budget "
                 f"{self.budget * 1e3:.4g} ms: the fastest, {'-'.join(fastest)}, takes "
                 f"{seconds * 1e3:.4g} ms (predicted); raise {option('budget')} to at least "
-                f"{seconds:.4g} s")
+                f"{at_least(seconds)} s")
             error.fastest = (fastest, seconds)  # type: ignore[attr-defined]
             raise error
         self._evaluator, self._table, self._fastest = evaluator, table, fastest
