@@ -76,6 +76,22 @@ def test_the_registry_and_options(small_set):
         load_images("mnist-fashion")
 
 
+def test_a_spec_picks_its_split_and_a_range_of_images(small_set):
+    """``split=`` and ``range=A:B`` choose the images (a validation slice of the training
+    split, a quick look at the first N) with the same transform and labels as the whole."""
+    whole = load_images("fashion-mnist:size=32", "train")
+    part = load_images("fashion-mnist:size=32,split=train,range=40:50")  # test by default
+    assert len(part) == 10 and torch.equal(part.labels, whole.labels[40:])
+    assert torch.equal(part.first(3), whole.subset(slice(40, 43)).first(3))
+    assert len(load_images("fashion-mnist:range=:5")) == 5
+    for bad, message in [("fashion-mnist:split=val", "take train or test"),
+                         ("fashion-mnist:range=5", "write A:B"),
+                         ("fashion-mnist:range=a:b", "write A:B"),
+                         ("fashion-mnist:range=100:", "holds no image of the 30")]:
+        with pytest.raises(ConfigError, match=message):
+            load_images(bad)
+
+
 def test_transform_matches_a_reference_computed_by_hand():
     batch = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
     out = ImageTransform(size=(56, 56), channels=3, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))(

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -146,7 +146,8 @@ def parse_image_options(spec: str, text: str) -> ImageTransform:
                 norm = _NORMS[value]
             else:
                 raise ConfigError(f"{spec}: unknown option {key!r}; image data sets take "
-                                  "size=H[xW], channels=1|3, norm=imagenet|symmetric")
+                                  "size=H[xW], channels=1|3, norm=imagenet|symmetric, "
+                                  "split=train|test, range=A:B")
         except ValueError:
             raise ConfigError(f"{spec}: cannot read option {item!r}; write e.g. "
                               "size=96,channels=3,norm=imagenet") from None
@@ -446,14 +447,51 @@ IMAGE_SETS = {"fashion-mnist": fashion_mnist}
 
 
 def load_images(spec: str, split: Literal["train", "test"] = "test") -> StreamingImages:
-    """``fashion-mnist[:size=96,channels=3,norm=imagenet]``: one split of a registered image
-    set, streamed through the transform its options describe."""
+    """``fashion-mnist[:size=96,channels=3,norm=imagenet,split=train,range=55000:60000]``: one
+    split of a registered image set (``split`` in the spec overrides the argument), or a range
+    of its images (``range=A:B``, Python's slice: ``:500`` is the first 500), streamed through
+    the transform the other options describe."""
     name, _, options = spec.partition(":")
     if name not in IMAGE_SETS:
         raise ConfigError(f"unknown image data set {name!r}; take one of "
                           f"{', '.join(IMAGE_SETS)}")
-    transform = parse_image_options(spec, options)  # first: a bad option costs no reading
-    return StreamingImages(IMAGE_SETS[name](split), transform)
+    picked, rest = _selection_options(spec, options)
+    transform = parse_image_options(spec, ",".join(rest))  # first: a bad option reads nothing
+    chosen = picked.get("split", split)
+    images = StreamingImages(IMAGE_SETS[name](chosen), transform)  # type: ignore[arg-type]
+    if "range" not in picked:
+        return images
+    start, stop = picked["range"]
+    part = images.subset(slice(start, stop))
+    if not len(part):
+        raise ConfigError(f"{spec}: range={start or ''}:{stop or ''} holds no image of the "
+                          f"{len(images)} in its {chosen} split")
+    return part
+
+
+def _selection_options(spec: str, text: str) -> tuple[dict[str, Any], list[str]]:
+    """``split=`` and ``range=`` (which images) apart from the transform's options."""
+    picked: dict[str, Any] = {}
+    rest = []
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key == "split":
+            if value not in ("train", "test"):
+                raise ConfigError(f"{spec}: split={value!r}; take train or test")
+            picked["split"] = value
+        elif key == "range":
+            start, colon, stop = value.partition(":")
+            try:
+                if not colon:
+                    raise ValueError
+                bounds = tuple(int(v) if v else None for v in (start, stop))
+            except ValueError:
+                raise ConfigError(f"{spec}: cannot read range={value!r}; write A:B, e.g. "
+                                  "range=:500 (the first 500) or range=55000:60000") from None
+            picked["range"] = bounds
+        else:
+            rest.append(item)
+    return picked, rest
 
 
 def is_image_set_spec(spec: str) -> bool:

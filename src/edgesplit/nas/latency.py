@@ -530,7 +530,7 @@ def build_latency_table(space: SearchSpace | str, device: Device | str, *, batch
         else:
             dev = resolve_device(device)
             name = dev.name
-            fields = _estimate(pieces, dev, progress)
+            fields = _estimate(space, batch, pieces, dev, progress)
     return LatencyTable(
         space=space.name, space_fingerprint=space_fingerprint(space), device=name,
         device_fingerprint=device_fingerprint(device), batch=batch,
@@ -545,16 +545,30 @@ def _rows(pieces: _Pieces, cost: Callable[[int, int, _Key], float]
                  for i, row in enumerate(pieces.positions))
 
 
-def _estimate(pieces: _Pieces, device: Device, progress: TableProgress | None
-              ) -> dict[str, Any]:
+# What an estimator prices, per (space fingerprint, batch, piece): a piece's layers' work
+# depends on its shapes only, so the tables of several devices (JMSNAS derives one per device
+# of a topology) capture each piece once per process instead of once per device.
+_WORKS: dict[tuple[str, int, str | _Key], tuple[LayerWork, ...]] = {}
+
+
+def _works(space: SearchSpace, batch: int, key: str | _Key, module: nn.Module,
+           example: torch.Tensor) -> tuple[LayerWork, ...]:
+    memo = (space_fingerprint(space), batch, key)
+    if memo not in _WORKS:
+        graph = _captured(module, example)
+        _WORKS[memo] = tuple(LayerWork.of(graph, layer) for layer in graph.layers)
+    return _WORKS[memo]
+
+
+def _estimate(space: SearchSpace, batch: int, pieces: _Pieces, device: Device,
+              progress: TableProgress | None) -> dict[str, Any]:
     """Each distinct piece captured once and priced layer by layer by the device's estimator."""
     estimator = estimator_for(device)
     cost: dict[str | _Key, float] = {}
     items = pieces.items()
     for done, (key, (module, example)) in enumerate(items, start=1):
-        graph = _captured(module, example)
-        cost[key] = sum(estimator.layer_ms(LayerWork.of(graph, layer), device)
-                        for layer in graph.layers)
+        cost[key] = sum(estimator.layer_ms(work, device)
+                        for work in _works(space, batch, key, module, example))
         if progress:
             progress("estimating ops", done, len(items))
     return {"method": f"{_ESTIMATED}{type(estimator).__name__}", "stem_ms": cost["stem"],

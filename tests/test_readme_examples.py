@@ -1,10 +1,6 @@
 """Every console example in README.md runs as printed, so a README that drifts from the code
 fails here.
 
-PENDING (issue 37, item 2): 18 blocks pass, 8 skip, in 291 s on 2 cores under load (over the
-~3 minute budget); not yet run from a fresh clone, so named for pytest not to collect it.
-Rename it to tests/test_readme_examples.py once a fresh-clone `make test` with it passes.
-
 Each ```` ```console ```` block is one test, run in a fresh folder holding a copy of the repo's
 ``examples/`` (the README's commands run from a clone's root). Lines starting ``$ `` are
 commands (a line ending in ``\\`` continues on the next); the other lines are output shown to
