@@ -458,7 +458,7 @@ def load_images(spec: str, split: Literal["train", "test"] = "test") -> Streamin
     picked, rest = _selection_options(spec, options)
     transform = parse_image_options(spec, ",".join(rest))  # first: a bad option reads nothing
     chosen = picked.get("split", split)
-    images = StreamingImages(IMAGE_SETS[name](chosen), transform)  # type: ignore[arg-type]
+    images = StreamingImages(IMAGE_SETS[name](chosen), transform)
     if "range" not in picked:
         return images
     start, stop = picked["range"]
