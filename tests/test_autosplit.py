@@ -114,7 +114,7 @@ def test_measured_selection_respects_accuracy_and_memory(digits_problem):
         eval_data=digits_problem.eval_data, calibration_samples=60, eval_batch_size=120,
         cache=digits_problem.cache)
     for threshold in (0.0, 0.5, 5.0, 100.0):
-        sel = AutoSplit(max_acc_drop=threshold).select(problem)
+        sel = AutoSplit(max_acc_drop=threshold, measure_all=True).select(problem)
         assert sel.measured and sel.threshold == threshold
         assert all(c.drop is not None for c in sel.candidates)
         assert all(c.memory_bytes <= limit for c in sel.candidates)
@@ -125,8 +125,30 @@ def test_measured_selection_respects_accuracy_and_memory(digits_problem):
     assert loose.best.total_ms == min(c.total_ms for c in loose.candidates)
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 2.0, 100.0])
+def test_measuring_in_latency_order_makes_the_choice_measuring_all_makes(digits_problem,
+                                                                         threshold):
+    """The lazy selection measures candidates fastest first and stops at the first latency
+    that holds one within the threshold: the same plan as measuring every candidate (the
+    brute force), from no more measurements, none of them slower than the choice."""
+    every = AutoSplit(max_acc_drop=threshold, measure_all=True).select(digits_problem)
+    lazy = AutoSplit(max_acc_drop=threshold).select(digits_problem)
+    assert (lazy.best.edge, lazy.best.w_bits, lazy.best.a_bits, lazy.best.drop) == \
+        (every.best.edge, every.best.w_bits, every.best.a_bits, every.best.drop)
+    assert len(lazy.candidates) == len(every.candidates)
+    measured = [c for c in lazy.candidates if c.drop is not None]
+    assert all(c.total_ms <= lazy.best.total_ms for c in measured)
+    assert all(c.drop is None for c in lazy.candidates if c.total_ms > lazy.best.total_ms)
+    plan = AutoSplit(max_acc_drop=threshold).plan(digits_problem)
+    chosen = next(a for a in plan.alternatives if a.chosen)
+    assert (chosen.split, chosen.w_bits, chosen.drop) == \
+        (every.best.split, every.best.w_bits, every.best.drop)
+    if len(measured) < len(lazy.candidates):
+        assert f"{len(measured)} candidates measured, fastest first" in plan.reason
+
+
 def test_measured_drop_equals_accuracy_computed_by_hand(digits_problem):
-    plan = AutoSplit(max_acc_drop=100.0).plan(digits_problem)
+    plan = AutoSplit(max_acc_drop=100.0, measure_all=True).plan(digits_problem)
     bits = {l.name: (l.w_bits, l.a_bits) for l in plan.layers if l.w_bits is not None}
     assert bits, "the loosest threshold should quantize the edge part"
     assert plan.quality.samples == 240 and plan.quality.metric == "top1"
@@ -141,7 +163,8 @@ def test_measured_drop_equals_accuracy_computed_by_hand(digits_problem):
 
 
 def test_two_bit_everything_loses_accuracy_and_is_excluded(digits_problem):
-    u2 = next(c for c in AutoSplit(max_acc_drop=1.0).select(digits_problem).candidates
+    u2 = next(c for c in AutoSplit(max_acc_drop=1.0, measure_all=True).select(
+              digits_problem).candidates
               if c.split == len(digits_problem.graph.layers)
               and set(c.w_bits.values()) == {2} and set(c.a_bits.values()) == {2})
     assert u2.drop > 10.0  # 2-bit weights and activations everywhere: a real, large drop

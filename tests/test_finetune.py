@@ -34,7 +34,8 @@ def fixture_data(tmp_path, monkeypatch):
 
 
 def test_finetune_freezes_the_prefix_caches_and_exports(fixture_data, tmp_path):
-    recipe = default_recipe("mobilenet_v2", image_size=32, epochs=1, batch_size=16)
+    recipe = default_recipe("mobilenet_v2", image_size=32, epochs=1, batch_size=16,
+                            holdout=16)
     first = finetune(recipe)
     assert not first.cached and first.test_images == 40 and len(first.history) == 1
     pretrained = create_model("mobilenet_v2", (1, 3, 32, 32), pretrained=True,
@@ -80,11 +81,35 @@ def test_recipes_refuse_bad_settings():
 def test_the_cli_reports_and_writes_the_program(fixture_data, tmp_path):
     out = tmp_path / "ft.pt2"
     result = CliRunner().invoke(app, ["finetune", "efficientnet_lite0", "--image-size", "32",
-                                      "--epochs", "1", "--out", str(out), "--json"])
+                                      "--epochs", "1", "--holdout", "16", "--out", str(out),
+                                      "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["test_images"] == 40 and doc["data_spec"].startswith("fashion-mnist:size=32")
+    assert doc["validation_spec"].endswith(",split=train,range=-16:")
     assert out.is_file()
+    too_many = CliRunner().invoke(app, ["finetune", "mobilenet_v2", "--image-size", "32",
+                                        "--holdout", "64"])
+    assert too_many.exit_code != 0 and "leaves none of the 64 training images" in \
+        too_many.output
+
+
+def test_the_holdout_is_the_validation_slice_and_is_never_trained_on(fixture_data):
+    """The recipe's validation spec is the last ``holdout`` training images; training sees the
+    others only (so its features count 48 of the 64)."""
+    from edgesplit.train import finetune as module
+
+    recipe = default_recipe("mobilenet_v2", image_size=32, epochs=1, batch_size=16,
+                            holdout=16)
+    assert default_recipe("mobilenet_v2").holdout == 5000
+    validation = load_images(recipe.validation_spec)
+    train = load_images(recipe.data_spec, "train")
+    assert len(validation) == 16 and torch.equal(validation.labels, train.labels[48:])
+    module._LAST_FEATURES.clear()
+    finetune(recipe, use_cache=False)
+    (feats, labels), = module._LAST_FEATURES.values()
+    assert len(feats) == 48 and torch.equal(labels.sort().values,
+                                            train.labels[:48].sort().values)
 
 
 def test_plan_measures_a_finetuned_program_on_a_streamed_image_set(fixture_data, tmp_path):
@@ -92,7 +117,8 @@ def test_plan_measures_a_finetuned_program_on_a_streamed_image_set(fixture_data,
     with options: the held-out images are streamed through the transform, evaluated in batches
     (the program is specialised at each batch with the same layers), and the float reference
     equals the network's own accuracy on those images."""
-    recipe = default_recipe("mobilenet_v2", image_size=32, epochs=1, batch_size=16)
+    recipe = default_recipe("mobilenet_v2", image_size=32, epochs=1, batch_size=16,
+                            holdout=16)
     result = finetune(recipe)
     path = export_finetuned(result, tmp_path / "ft.pt2")
     out = tmp_path / "plan.json"

@@ -25,6 +25,9 @@ def finetune(
     train_limit: int | None = typer.Option(None, "--train-limit",
                                            help="Train on the first N images only (a quick "
                                                 "look; the test set is always whole)."),
+    holdout: int | None = typer.Option(None, "--holdout", min=0,
+                                       help="Keep the last N training images out of training, "
+                                            "to choose plans on (recipe default: 5000)."),
     out_file: Path | None = typer.Option(None, "--out", help="Write the fine-tuned network "
                                                              "here as a .pt2."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Train again even if this recipe's "
@@ -42,6 +45,8 @@ def finetune(
     changes = {"data": data, "image_size": image_size, "seed": seed, "train_limit": train_limit}
     if epochs is not None:
         changes["epochs"] = epochs
+    if holdout is not None:
+        changes["holdout"] = holdout
     recipe = default_recipe(model, **changes)
     with progress_bar(f"fine-tuning {model}") as progress:
         result = run(recipe, progress=progress, use_cache=not no_cache)
@@ -57,7 +62,10 @@ def finetune(
               f"{result.test_images} images){' [cached]' if result.cached else ''}",
               highlight=False)
     if out_file is not None:
-        err.print(f"wrote {out_file}; its inputs are --eval-data {recipe.data_spec}, e.g.\n"
+        choose_on = recipe.validation_spec or recipe.data_spec
+        err.print(f"wrote {out_file}; its inputs are --eval-data {recipe.data_spec}"
+                  + (f" (choose plans on the held-out training images, {choose_on})"
+                     if recipe.validation_spec else "") + ", e.g.\n"
                   f"  edgesplit plan {out_file} --edge eyeriss --cloud tpu --link autosplit-3mbps"
-                  f" --method autosplit,cloud16 --eval-data {recipe.data_spec}",
+                  f" --method autosplit,cloud16 --eval-data {choose_on}",
                   highlight=False, soft_wrap=True)

@@ -20,7 +20,8 @@ _OUTPUT = "Output"
 # that name (Planner.options or Planner.reads), so the check follows the planners.
 PLANNER_FLAGS = {"--split-after": "split_after", "--eval-data": "eval_data",
                  "--calibration-samples": "calibration_samples",
-                 "--max-acc-drop": "max_acc_drop", "--bits": "bits"}
+                 "--max-acc-drop": "max_acc_drop", "--bits": "bits",
+                 "--measure-all": "measure_all"}
 
 
 @app.command()
@@ -80,6 +81,11 @@ def plan(
         None, "--max-acc-drop", help="AUTO-SPLIT: largest accuracy drop allowed, in percentage "
                                      "points (default 1; needs --eval-data).",
         rich_help_panel=_ACCURACY),
+    measure_all: bool = typer.Option(
+        False, "--measure-all", help="AUTO-SPLIT: measure every candidate (a measured Pareto "
+                                     "front; minutes each on real data), not only those up to "
+                                     "the choice in latency order (the same choice).",
+        rich_help_panel=_ACCURACY),
     calibration_samples: int | None = typer.Option(
         None, "--calibration-samples", help="Samples taken from the front of --eval-data to "
                                             "calibrate activation ranges (default: a fifth, at "
@@ -123,7 +129,8 @@ def plan(
     check_input_shape(source, parse_shape(input_shape) if input_shape else None)
     planner_flags = {"--split-after": split_after, "--eval-data": eval_data,
                      "--calibration-samples": calibration_samples,
-                     "--max-acc-drop": max_acc_drop, "--bits": bits}
+                     "--max-acc-drop": max_acc_drop, "--bits": bits,
+                     "--measure-all": measure_all or None}
     if topology is not None:
         _refuse({"--sweep-link": sweep, "--breakdown-plot": breakdown_plot,
                  "--privacy-layer": privacy_layer, "--edge-memory": edge_memory,
@@ -141,9 +148,9 @@ def plan(
                                   calibration_samples)
     methods = _methods(method, problem)
     _check_planner_flags(planner_flags, methods, split_after)
-    _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot)
+    _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot, measure_all)
     split = [s.strip() for s in split_after.split(",")] if split_after else []
-    options = {"autosplit": _autosplit_options(max_acc_drop, bits)}
+    options = {"autosplit": _autosplit_options(max_acc_drop, bits, measure_all)}
     plans = _compare_with_progress(problem, methods, split, options, model)
     chosen_method, chosen = _choose(plans, methods, method, split, accept_unmeasured)
     if out_path is not None:
@@ -222,10 +229,10 @@ def _topology_problem(source: str, topology: str, input_shape, objective: str,
                            max_latency_ms=max_latency_ms)
 
 
-def _autosplit_options(max_acc_drop, bits) -> dict[str, Any]:
+def _autosplit_options(max_acc_drop, bits, measure_all) -> dict[str, Any]:
     from edgesplit.graph import parse_shape
 
-    return {"max_acc_drop": max_acc_drop,
+    return {"max_acc_drop": max_acc_drop, "measure_all": measure_all,
             "bits": [int(b) for b in parse_shape(bits)] if bits else None}
 
 
@@ -279,13 +286,17 @@ def _choose(plans, methods, method: str, split, accept_unmeasured: bool):
     return chosen_method, chosen
 
 
-def _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot) -> None:
+def _check_accuracy_options(methods, eval_data, max_acc_drop, pareto_plot,
+                            measure_all=False) -> None:
     """Fail before any planning work on options that cannot apply."""
     from edgesplit.errors import ConfigError
 
     if max_acc_drop is not None and eval_data is None:
         raise ConfigError("--max-acc-drop needs evaluation data to measure accuracy on: pass "
                           "--eval-data (a built-in data set or a .pt/.npz file)")
+    if measure_all and eval_data is None:
+        raise ConfigError("--measure-all measures accuracy: pass --eval-data (a built-in data "
+                          "set, an image set such as fashion-mnist, or a .pt/.npz file)")
     if pareto_plot is not None and "autosplit" not in methods:
         raise ConfigError("--pareto-plot shows AUTO-SPLIT's candidates: include autosplit in "
                           "--method")

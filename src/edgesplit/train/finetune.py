@@ -57,8 +57,10 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total), as the NAS c
 # Per built-in: where its prefix ends in layers() (features 6x6 at 96x96 input), and the
 # epochs that keep one run within 15 minutes on 2 cores (measured here, quiet: MobileNetV2
 # 4.5 ms/image for the prefix, 1.2 ms/image/epoch for its tail; EfficientNet-Lite0 5.8 and 3.6).
-_DEFAULTS = {"mobilenet_v2": {"frozen": 13, "epochs": 3},
-             "efficientnet_lite0": {"frozen": 12, "epochs": 2}}
+# Both keep the last 5,000 training images out of training: a validation slice on which plans
+# are chosen (AUTO-SPLIT's accuracy threshold), so that the test set only reports.
+_DEFAULTS = {"mobilenet_v2": {"frozen": 13, "epochs": 3, "holdout": 5000},
+             "efficientnet_lite0": {"frozen": 12, "epochs": 2, "holdout": 5000}}
 _RECIPE_VERSION = 1  # bump when the training code changes what a recipe produces
 
 
@@ -77,14 +79,16 @@ class FineTuneRecipe:
     label_smoothing: float = 0.1
     seed: int = 0
     train_limit: int | None = None  # use the first N training images (tests, quick looks)
+    holdout: int = 0  # the last N training images, never trained on: the validation slice
 
     def __post_init__(self) -> None:
         for name in ("image_size", "epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"fine-tuning needs a positive {name}, not "
                                   f"{getattr(self, name)}")
-        if self.frozen < 0 or self.lr <= 0 or self.weight_decay < 0:
-            raise ConfigError("fine-tuning needs frozen >= 0, lr > 0 and weight_decay >= 0")
+        if self.frozen < 0 or self.lr <= 0 or self.weight_decay < 0 or self.holdout < 0:
+            raise ConfigError("fine-tuning needs frozen >= 0, lr > 0, weight_decay >= 0 and "
+                              "holdout >= 0")
         if self.image_size % 32:
             raise ConfigError(f"image size {self.image_size} is not a multiple of 32, the "
                               "networks' total stride; take e.g. 96 or 128")
@@ -93,6 +97,14 @@ class FineTuneRecipe:
     def data_spec(self) -> str:
         """The data spec that feeds the fine-tuned network its inputs (``--eval-data``)."""
         return f"{self.data}:size={self.image_size},channels=3,norm=imagenet"
+
+    @property
+    def validation_spec(self) -> str | None:
+        """The held-out training images (``holdout``) as a data spec: where to choose a plan
+        (``--eval-data``) without looking at the test set; None without a holdout."""
+        if not self.holdout:
+            return None
+        return f"{self.data_spec},split=train,range=-{self.holdout}:"
 
     def key(self) -> str:
         blob = json.dumps({**asdict(self), "version": _RECIPE_VERSION}, sort_keys=True)
@@ -126,6 +138,7 @@ class FineTuned:
 
     def summary(self) -> dict[str, Any]:
         return {"recipe": asdict(self.recipe), "data_spec": self.recipe.data_spec,
+                "validation_spec": self.recipe.validation_spec,
                 "test_accuracy": self.test_accuracy, "interval": list(self.interval),
                 "test_images": self.test_images, "history": self.history,
                 "seconds": self.seconds, "cached": self.cached}
@@ -184,7 +197,8 @@ _LAST_FEATURES: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 def _prefix_features(recipe: FineTuneRecipe, prefix: nn.Module, train: StreamingImages,
                      progress: Progress | None) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (recipe.model, recipe.data_spec, recipe.frozen, recipe.train_limit, _RECIPE_VERSION)
+    key = (recipe.model, recipe.data_spec, recipe.frozen, recipe.train_limit, recipe.holdout,
+           _RECIPE_VERSION)
     if key not in _LAST_FEATURES:
         _LAST_FEATURES.clear()  # one set at a time: 60k images' features are about 1 GB
         _LAST_FEATURES[key] = _features(prefix, train, 250, "features", progress)
@@ -288,6 +302,10 @@ def finetune(recipe: FineTuneRecipe, *, progress: Progress | None = None,
         return hit
     train = load_images(recipe.data_spec, "train")
     test = load_images(recipe.data_spec, "test")
+    if recipe.holdout >= len(train):
+        raise ConfigError(f"a holdout of {recipe.holdout} leaves none of the {len(train)} "
+                          "training images to train on; take a smaller --holdout")
+    train = train.subset(slice(0, len(train) - recipe.holdout))
     if recipe.train_limit is not None:
         train = train.subset(slice(0, recipe.train_limit))
     torch.manual_seed(recipe.seed)  # the fresh classifier's initialisation
