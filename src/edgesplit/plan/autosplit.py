@@ -242,7 +242,7 @@ class AutoSplit(Planner):
                     problem.progress("measuring candidates", len(done), len(candidates))
             allowed = [c for c in done[-len(group):] if within(c)]
             if best is None and allowed:
-                best = min(allowed, key=lambda c: c.drop)
+                best = min(allowed, key=_error)  # every allowed one was measured
                 if not self.measure_all:
                     done += [c for rest in groups[k + 1:] for c in rest]  # left unmeasured
                     break
