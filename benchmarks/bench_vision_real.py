@@ -138,12 +138,57 @@ def _progress(stage: str, done: int, total: int) -> None:
         print(f"  {stage}: {done}/{total}", file=sys.stderr, flush=True)
 
 
-def autosplit_setting(module: Any, recipe: Any, setting_name: str,
-                      front_limit: int) -> dict[str, Any]:
-    """One network in one setting: every method's plan chosen on the validation slice and
-    measured on the test set, and AUTO-SPLIT's front measured on the test set."""
+def served_agreement(plan_path: Path, module: Any, test: Any, limit: int | None
+                     ) -> dict[str, Any]:
+    """The plan served for real: its cloud part in a process of its own (``edgesplit serve``),
+    its edge part here, two test images per request (the plan's batch) over loopback
+    (unshaped); top-1 agreement
+    with the unsplit float network, and the top-1 accuracy of each, on the same images."""
+    import subprocess
+
     import torch
 
+    from edgesplit.plan import Plan
+    from edgesplit.runtime import PlanProgram
+    from edgesplit.runtime.transport import ChainClient
+
+    images = test if limit is None else test.subset(slice(0, limit))
+    server = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),
+                               "--device", "cloud", "--port", "0"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        line = server.stdout.readline() if server.stdout else ""
+        if not line.startswith("listening on"):
+            raise SystemExit(f"the cloud part did not start: {line!r}")
+        program = PlanProgram.load(Plan.model_validate_json(plan_path.read_text()))
+        split_top1, float_top1 = [], []
+        start = time.perf_counter()
+        with ChainClient(program, line.split()[2]) as client, torch.no_grad():
+            # the plan's graph is the .pt2 at its example batch, 2 (export_finetuned)
+            for batch, real in images.batches(2):
+                x = batch[0]
+                split_top1 += client.request((x,)).outputs[0][:real].argmax(1).tolist()
+                float_top1 += module(x)[:real].argmax(1).tolist()
+                if len(split_top1) % 1000 == 0:
+                    print(f"  served {len(split_top1)}/{len(images)}", file=sys.stderr,
+                          flush=True)
+        seconds = time.perf_counter() - start
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    split, unsplit = torch.tensor(split_top1), torch.tensor(float_top1)
+    labels = images.labels[:len(split)]
+    return {"images": len(split), "agreement": 100 * float((split == unsplit).float().mean()),
+            "split_accuracy": 100 * float((split == labels).float().mean()),
+            "float_accuracy": 100 * float((unsplit == labels).float().mean()),
+            "seconds": seconds}
+
+
+def autosplit_setting(model_file: Path, module: Any, recipe: Any, setting_name: str,
+                      front_limit: int, serve_images: int | None) -> dict[str, Any]:
+    """One network in one setting: every method's plan chosen on the validation slice and
+    measured on the test set, AUTO-SPLIT's front measured on the test set, and its plan
+    served over real processes."""
     from edgesplit.data.images import load_images
     from edgesplit.hardware import get_device, get_link
     from edgesplit.plan import EdgeCloudSetting, PlanningProblem, get_planner
@@ -156,8 +201,8 @@ def autosplit_setting(module: Any, recipe: Any, setting_name: str,
                                link=get_link(link))
     validation = load_images(recipe.validation_spec)
     test = load_images(recipe.data_spec, "test")
-    problem = PlanningProblem(module, setting, example_inputs=(torch.zeros(1, 3, 96, 96),),
-                              eval_data=validation, eval_batch_size=250, progress=_progress)
+    problem = PlanningProblem(str(model_file), setting, eval_data=validation,
+                              eval_batch_size=250, progress=_progress)
     start = time.perf_counter()
     selection = AutoSplit().select(problem)
     plans = {"autosplit": AutoSplit().plan(problem)}
@@ -186,29 +231,39 @@ def autosplit_setting(module: Any, recipe: Any, setting_name: str,
                         "test_drop": q.drop, "chosen": c is selection.best,
                         "bits": sorted({f"w{c.w_bits[n]}a{c.a_bits[n]}" for n in c.edge})})
     measured = sum(c.drop is not None for c in selection.candidates)
+    plan_path = model_file.parent / f"{model_file.stem}-{setting_name}.json"
+    plans["autosplit"].save(plan_path)
+    served = served_agreement(plan_path, module, test, serve_images)
+    print(f"  served: agreement {served['agreement']:.2f} % over {served['images']} images",
+          file=sys.stderr, flush=True)
     return {"edge": edge, "cloud": cloud, "link": link, "float_test_accuracy":
             on_test.reference, "float_validation_accuracy": meter.reference,
             "validation_images": len(meter.data), "test_images": len(test),
             "candidates": len(selection.candidates), "candidates_measured": measured,
-            "front_size": len(front), "methods": rows, "front": members,
+            "front_size": len(front), "methods": rows, "front": members, "served": served,
             "choose_s": choose_s, "total_s": time.perf_counter() - start,
             "met_goal": rows["autosplit"]["test_drop"] <= GOAL_DROP
             and rows["autosplit"]["total_ms"] < rows["cloud16"]["total_ms"]}
 
 
-def autosplit_section(models: list[str], settings: list[str],
-                      front_limit: int) -> dict[str, Any]:
-    from edgesplit.train.finetune import default_recipe, finetune
+def autosplit_section(models: list[str], settings: list[str], front_limit: int,
+                      serve_images: int | None) -> dict[str, Any]:
+    import tempfile
+
+    from edgesplit.train.finetune import default_recipe, export_finetuned, finetune
 
     section: dict[str, Any] = {"load_before": _load(), "models": {}}
-    for model in models:
-        recipe = default_recipe(model, seed=0)
-        result = finetune(recipe)  # the cached seed-0 run of the finetune section
-        section["models"][model] = {}
-        for name in settings:
-            print(f"{model} in {name}:", file=sys.stderr, flush=True)
-            section["models"][model][name] = autosplit_setting(result.module.eval(), recipe,
-                                                               name, front_limit)
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            recipe = default_recipe(model, seed=0)
+            result = finetune(recipe)  # the cached seed-0 run of the finetune section
+            model_file = export_finetuned(result, Path(tmp) / f"{model}.pt2")
+            section["models"][model] = {}
+            for name in settings:
+                print(f"{model} in {name}:", file=sys.stderr, flush=True)
+                section["models"][model][name] = autosplit_setting(
+                    Path(model_file), result.module.eval(), recipe, name, front_limit,
+                    serve_images)
     section["load_after"] = _load()
     return section
 
@@ -285,6 +340,13 @@ def _render_autosplit(sec: dict[str, Any], out: Path) -> list[str]:
                 lines.append(f"| {i}{' (chosen)' if f['chosen'] else ''} | "
                              f"{f['total_ms']:.2f} | {f['split']} | {bits} | "
                              f"{f['test_accuracy']:.2f} | {f['test_drop']:.2f} |")
+            sv = r.get("served")
+            if sv:
+                lines += ["", f"Served (cloud part in its own process, loopback, two images per "
+                          f"request, {sv['images']} test images, {sv['seconds']:.0f} s): top-1 "
+                          f"agreement with the unsplit float network {sv['agreement']:.2f} %; "
+                          f"accuracy {sv['split_accuracy']:.2f} % split, "
+                          f"{sv['float_accuracy']:.2f} % unsplit."]
             png = f"vision_real_autosplit_{model}_{name}.png"
             _plot_front(r, f"{model}: {r['edge']} -> {r['link']} -> {r['cloud']}", out / png)
             lines += ["", f"![front]({png})", ""]
@@ -353,6 +415,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     parser.add_argument("--front-limit", type=int, default=8)
+    parser.add_argument("--serve-images", type=int, default=None,
+                        help="Serve the chosen plan on the first N test images (default all).")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--train-limit", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -380,7 +444,8 @@ def main() -> None:
             doc["finetune"] = finetune_section(args.seeds, args.train_limit, args.models)
             path.write_text(json.dumps(doc, indent=2))
         if "autosplit" in args.sections:
-            doc["autosplit"] = autosplit_section(args.models, args.settings, args.front_limit)
+            doc["autosplit"] = autosplit_section(args.models, args.settings, args.front_limit,
+                                                 args.serve_images)
         path.write_text(json.dumps(doc, indent=2))
     render(doc, args.out)
 

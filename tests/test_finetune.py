@@ -56,6 +56,11 @@ def test_finetune_freezes_the_prefix_caches_and_exports(fixture_data, tmp_path):
     for p, q in zip(first.module.state_dict().values(), again.module.state_dict().values(),
                     strict=True):
         assert torch.equal(p, q)
+    # the same network, not only the same tensors: a module built differently (batch-norm
+    # eps) took the same weights and classified at chance
+    assert torch.equal(predictions(again.module, test), predictions(first.module, test))
+    x = test.first(4)
+    assert torch.equal(again.module.eval()(x), first.module.eval()(x))
 
     path = export_finetuned(first, tmp_path / "net.pt2")
     program = torch.export.load(str(path)).module()

@@ -271,7 +271,10 @@ def _load_cached(recipe: FineTuneRecipe) -> FineTuned | None:
         return None
     try:
         info = json.loads(meta.read_text())
-        module = _build(recipe, pretrained=False)
+        # built as fine-tuning built it: the pretrained variant differs in more than its
+        # weights (MobileNetV2 takes torchvision's batch-norm eps, 1e-5 against 1e-3), and
+        # the same weights in the other variant classify at chance
+        module = _build(recipe, pretrained=True)
         module.load_state_dict(load_file(str(weights)), strict=True)
     except Exception:  # a torn or stale cache entry: train again rather than fail
         return None

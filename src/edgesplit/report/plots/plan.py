@@ -252,7 +252,10 @@ def plot_pareto(plans: dict[str, Any], path: str | Path, *, title: str | None = 
     alts = auto.alternatives
     if not alts:
         raise ConfigError("the AUTO-SPLIT plan carries no candidates to plot")
-    measured = auto.quality is not None
+    # one unit on the axis: drops where every candidate was measured (--measure-all, or data
+    # small enough), else distortion for all (measuring stops at the choice)
+    measured = auto.quality is not None and all(a.drop is not None for a in alts)
+    partly = auto.quality is not None and not measured
     base = next((a.total_ms for a in alts if a.split == 0), None) or auto.predicted.total_ms
 
     def err(alt_drop: float | None, distortion: float) -> float:
@@ -269,8 +272,8 @@ def plot_pareto(plans: dict[str, Any], path: str | Path, *, title: str | None = 
     for i, (name, plan) in enumerate(p for p in plans.items() if p[0] != "autosplit"):
         q = getattr(plan, "quality", None)
         x = (q.drop if q is not None else 0.0) if measured else 0.0
-        if q is None and any(layer.w_bits for layer in plan.layers):
-            continue  # a quantized plan whose accuracy was not measured has no place here
+        if (q is None or not measured) and any(layer.w_bits for layer in plan.layers):
+            continue  # a quantized plan has no place on a distortion axis
         ax.scatter([x], [plan.predicted.total_ms / base], marker=_MARKERS[(i + 1) % len(_MARKERS)],
                    color=_COLORS[(i + 1) % len(_COLORS)], s=46, zorder=4, label=name)
     chosen_x = auto.quality.drop if measured else auto_distortion(auto)
@@ -278,6 +281,8 @@ def plot_pareto(plans: dict[str, Any], path: str | Path, *, title: str | None = 
                edgecolor="black", zorder=5, label="AUTO-SPLIT choice")
     ax.set_xscale("symlog", linthresh=0.1 if measured else 1e-4)
     ax.set_xlabel("accuracy drop (percentage points)" if measured
+                  else "total distortion (sum of weight and activation MSE; accuracy measured "
+                       "only up to the choice: --measure-all for a measured front)" if partly
                   else "total distortion (sum of weight and activation MSE; accuracy not measured)")
     ax.set_ylabel("end-to-end latency / cloud-only")
     ax.grid(True, alpha=0.3)
