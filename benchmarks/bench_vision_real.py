@@ -70,6 +70,7 @@ def finetune_section(seeds: list[int], train_limit: int | None,
     section: dict[str, Any] = {"load_before": _load(), "models": {}}
     for model in models:
         runs = []
+        load_before = _load()
         for seed in seeds:
             recipe = default_recipe(model, seed=seed, train_limit=train_limit)
             start = time.perf_counter()
@@ -82,9 +83,19 @@ def finetune_section(seeds: list[int], train_limit: int | None,
             print(f"{model} seed {seed}: {result.test_accuracy:.2f} % "
                   f"[{result.interval[0]:.2f}, {result.interval[1]:.2f}] in {wall:.0f} s",
                   file=sys.stderr, flush=True)
-        section["models"][model] = _model_summary(runs, recipe.data_spec)
+        section["models"][model] = _model_summary(runs, recipe.data_spec) | {
+            "load_before": load_before, "load_after": _load()}
     section["load_after"] = _load()
     return section
+
+
+def merged(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """A section run for some models, with the other models' results of the previous run
+    kept (each model records the load around its own runs)."""
+    if not old:
+        return new
+    kept = {m: v for m, v in old.get("models", {}).items() if m not in new["models"]}
+    return new | {"models": kept | new["models"]}
 
 
 def finetune_from_cache(seeds: list[int], train_limit: int | None) -> dict[str, Any]:
@@ -296,12 +307,14 @@ def render(doc: dict[str, Any], out: Path) -> None:
                              f"{r['interval'][0]:.2f}-{r['interval'][1]:.2f} | "
                              f"{r['wall_s']:.0f} | {s['features']:.0f} | {s['training']:.0f} "
                              f"| {s['evaluation']:.0f} |")
-        lines += ["", "| model | mean % | stdev | min-max | first run | within 15 min |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| model | mean % | stdev | min-max | first run | within 15 min | "
+                  "load before, after |", "|---|---|---|---|---|---|---|"]
         for model, m in ft["models"].items():
             lines.append(f"| {model} | {m['mean']:.2f} | {m['stdev']:.2f} | "
                          f"{m['min']:.2f}-{m['max']:.2f} | {m['first_run_s'] / 60:.1f} min | "
-                         f"{'yes' if m['met_time_goal'] else 'no'} |")
+                         f"{'yes' if m['met_time_goal'] else 'no'} | "
+                         f"{m.get('load_before', ft['load_before'])}, "
+                         f"{m.get('load_after', ft['load_after'])} |")
         lines += ["", "![fine-tuning](vision_real_finetune.png)", ""]
         _plot_finetune(ft, out / "vision_real_finetune.png")
     if doc.get("autosplit"):
@@ -441,11 +454,14 @@ def main() -> None:
                              "(--allow-load to measure anyway)")
         doc["machine"] = machine_info()
         if "finetune" in args.sections:
-            doc["finetune"] = finetune_section(args.seeds, args.train_limit, args.models)
+            doc["finetune"] = merged(doc.get("finetune"),
+                                     finetune_section(args.seeds, args.train_limit,
+                                                      args.models))
             path.write_text(json.dumps(doc, indent=2))
         if "autosplit" in args.sections:
-            doc["autosplit"] = autosplit_section(args.models, args.settings, args.front_limit,
-                                                 args.serve_images)
+            doc["autosplit"] = merged(doc.get("autosplit"),
+                                      autosplit_section(args.models, args.settings,
+                                                        args.front_limit, args.serve_images))
         path.write_text(json.dumps(doc, indent=2))
     render(doc, args.out)
 
