@@ -259,8 +259,19 @@ def test_plan_measures_accuracy_on_an_eval_file_and_plots_the_front(tmp_path):
     assert doc["methods"]["u8"]["quality"]["samples"] == 120
     assert doc["methods"]["qdmp"]["quality"] is None  # float: nothing to measure
     alts = auto["plan"]["alternatives"]
-    assert any(a["pareto"] for a in alts) and all(a["drop"] is not None for a in alts)
-    assert plot.stat().st_size > 10_000
+    chosen = next(a for a in alts if a["chosen"])
+    # measured fastest first up to the choice: none slower than it, the choice among them
+    assert chosen["drop"] is not None and any(a["pareto"] for a in alts)
+    assert all(a["drop"] is None for a in alts if a["total_ms"] > chosen["total_ms"])
+    assert plot.stat().st_size > 10_000  # drawn on the distortion axis
+    every = json.loads(_run("plan", "digits_cnn", "--edge", "eyeriss", "--cloud", "tpu",
+                            "--link", "autosplit-3mbps", "--method", "autosplit",
+                            "--eval-data", str(data), "--calibration-samples", "30",
+                            "--max-acc-drop", "0.5", "--measure-all", "--pareto-plot",
+                            str(plot), "--json").stdout)["methods"]["autosplit"]["plan"]
+    assert all(a["drop"] is not None for a in every["alternatives"])
+    assert next(a for a in every["alternatives"] if a["chosen"]) == chosen
+    assert plot.stat().st_size > 10_000  # drawn on the drop axis
 
 
 def test_plan_accuracy_options_explain_mistakes(tmp_path):
@@ -269,6 +280,8 @@ def test_plan_accuracy_options_explain_mistakes(tmp_path):
         (["--method", "autosplit", "--eval-data", "digit"], "unknown data set 'digit'"),
         (["--method", "autosplit", "--eval-data", str(tmp_path / "x.npz")], "does not exist"),
         (["--method", "u8", "--pareto-plot", str(tmp_path / "p.png")], "include autosplit"),
+        (["--method", "autosplit", "--measure-all"], "--measure-all measures accuracy"),
+        (["--method", "u8", "--measure-all"], "applies to autosplit"),
         (["--input-bits", "12"], "input_bits"),
     ]:
         result = _run("plan", "resnet18", "--edge", "eyeriss", "--cloud", "tpu", *args)
