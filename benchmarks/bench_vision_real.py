@@ -94,7 +94,8 @@ def merged(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     kept (each model records the load around its own runs)."""
     if not old:
         return new
-    kept = {m: v for m, v in old.get("models", {}).items() if m not in new["models"]}
+    kept = {m: {"load_before": old.get("load_before"), "load_after": old.get("load_after")}
+            | v for m, v in old.get("models", {}).items() if m not in new["models"]}
     return new | {"models": kept | new["models"]}
 
 
