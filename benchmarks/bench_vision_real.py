@@ -18,10 +18,15 @@ images: each method's plan, and AUTO-SPLIT's Pareto front (up to ``--front-limit
 evenly spaced, the choice always), measured with the same calibration. Goal (the paper's):
 AUTO-SPLIT within 1 point of the float model while faster than CLOUD16.
 
+Section ``adaptivenet`` (item 5): AdaptiveNet on the fine-tuned MobileNetV2 (elastify, train,
+search under three budgets, every pool on the test set; switching and reuse), see
+``vision_real_adaptivenet.py``.
+
 Quiet machine: refuses above a 1-minute load of 1.0 unless ``--allow-load`` (accuracy does not
 depend on load; times do); the load is recorded before and after each section.
 
-    python benchmarks/bench_vision_real.py [--sections finetune autosplit] [--seeds 0 1 2]
+    python benchmarks/bench_vision_real.py [--sections finetune autosplit adaptivenet]
+        [--seeds 0 1 2] [--an-seeds 0 1 2] [--an-train-limit N] [--an-runs N]
         [--models mobilenet_v2 ...] [--settings eyeriss-3mbps-tpu ...] [--front-limit N]
         [--train-limit N] [--out DIR] [--allow-load X] [--render-only | --from-cache]
 """
@@ -320,6 +325,10 @@ def render(doc: dict[str, Any], out: Path) -> None:
         _plot_finetune(ft, out / "vision_real_finetune.png")
     if doc.get("autosplit"):
         lines += _render_autosplit(doc["autosplit"], out)
+    if doc.get("adaptivenet"):
+        import vision_real_adaptivenet
+
+        lines += vision_real_adaptivenet.render(doc["adaptivenet"])
     (out / "vision_real.md").write_text("\n".join(lines) + "\n")
 
 
@@ -425,7 +434,16 @@ def _plot_finetune(ft: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["finetune", "autosplit"],
-                        choices=["finetune", "autosplit"])
+                        choices=["finetune", "autosplit", "adaptivenet"])
+    parser.add_argument("--an-seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--an-train-limit", type=int, default=4000)
+    parser.add_argument("--an-search-size", type=int, default=500)
+    parser.add_argument("--an-epochs", nargs=2, type=int, default=[2, 1],
+                        metavar=("DISTILL", "TUNE"))
+    parser.add_argument("--an-search", nargs=2, type=int, default=[10, 5],
+                        metavar=("POPULATION", "ITERATIONS"))
+    parser.add_argument("--an-runs", type=int, default=5, help="Serving runs per load.")
+    parser.add_argument("--an-requests", type=int, default=600)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     parser.add_argument("--front-limit", type=int, default=8)
@@ -463,6 +481,16 @@ def main() -> None:
             doc["autosplit"] = merged(doc.get("autosplit"),
                                       autosplit_section(args.models, args.settings,
                                                         args.front_limit, args.serve_images))
+            path.write_text(json.dumps(doc, indent=2))
+        if "adaptivenet" in args.sections:
+            import vision_real_adaptivenet
+
+            doc["adaptivenet"] = vision_real_adaptivenet.section(
+                args.an_seeds, train_limit=args.an_train_limit,
+                search_size=args.an_search_size, distill_epochs=args.an_epochs[0],
+                tune_epochs=args.an_epochs[1], population=args.an_search[0],
+                iterations=args.an_search[1], runs=args.an_runs, requests=args.an_requests,
+                load=_load)
         path.write_text(json.dumps(doc, indent=2))
     render(doc, args.out)
 

@@ -25,7 +25,7 @@ from edgesplit.nas.adaptivenet.checkpoint import (
     load_supernet,
     save_supernet,
 )
-from edgesplit.nas.adaptivenet.data import batches, load_elastic_data
+from edgesplit.nas.adaptivenet.data import TensorPart, batches, load_elastic_data
 from edgesplit.nas.adaptivenet.train import (
     ElasticTrainer,
     latency_range_accuracy,
@@ -192,7 +192,7 @@ def test_training_changes_only_added_branches_and_helps(digits_supernet):
     data = load_elastic_data("digits", input_shape=(1, 1, 32, 32), teacher=supernet)
     assert data.task == "labels"
     frozen = {k: v.clone() for k, v in supernet.named_buffers()}
-    x = data.search[0][0][:8]
+    x = data.search.example(8)[0]
     with torch.no_grad():
         before = supernet(x)
     indicator_before = latency_range_accuracy(supernet, data, samples=12, ranges=2)
@@ -258,10 +258,11 @@ def test_checkpoint_refuses_a_changed_model_file(tmp_path):
 def test_subnet_accuracy_of_the_original_equals_the_model(digits_supernet):
     data = load_elastic_data("digits", input_shape=(1, 1, 32, 32), teacher=digits_supernet)
     parts = batches(data.test, 64)
+    assert isinstance(data.test, TensorPart)
     with torch.no_grad():
         logits = torch.cat([digits_supernet.subnet(digits_supernet.space.original)(*i)
                             for i, _ in parts])
-    expected = float((logits.argmax(1) == data.test[1]).float().mean())
+    expected = float((logits.argmax(1) == data.test.targets).float().mean())
     got = subnet_accuracy(digits_supernet, digits_supernet.space.original, parts, data.metric)
     assert got == pytest.approx(expected)
 

@@ -21,13 +21,20 @@ from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.nas.adaptivenet.elastify import elastify
 from edgesplit.nas.adaptivenet.loads import CpuLoad, ManualClock, SimulatedLatency, Slowdown
-from edgesplit.nas.adaptivenet.monitor import LatencyMonitor
+from edgesplit.nas.adaptivenet.monitor import (
+    COOLDOWN_REQUESTS,
+    COOLDOWN_S,
+    LatencyMonitor,
+    SwitchEvent,
+    count_flaps,
+)
 from edgesplit.nas.adaptivenet.pool import PoolFileError, SubnetPool
 from edgesplit.nas.adaptivenet.runner import AdaptiveRunner, Reply
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 
 MS = 1e-3
+NO_COOLDOWN = {"cooldown_requests": 0, "cooldown_s": 0.0}  # for tests of other mechanisms
 
 
 def synthetic(n: int = 200, seed: int = 0) -> list[tuple[SubnetArch, float, float]]:
@@ -175,9 +182,12 @@ def test_monitor_switches_down_under_load_and_back_up_after() -> None:
     assert down[0].from_arch == pool.optimal.arch and down[0].r == pytest.approx(2.0)
     assert down[0].to_arch == pool.pick(10 * MS / 2.0).arch
     assert down[0].request == 33  # the third request under load is the window's median
-    up = drive(monitor, clock, 1.0, 30)
+    up = drive(monitor, clock, 1.0, 200)
     assert [(e.reason, e.to_arch) for e in up] == [("headroom", pool.optimal.arch)]
     assert not monitor.needs_search
+    # switching up waited out the default cooldown: requests and seconds since the switch
+    assert up[0].request - down[0].request >= COOLDOWN_REQUESTS
+    assert up[0].time_s - down[0].time_s >= COOLDOWN_S
 
 
 def test_monitor_ignores_one_slow_request_and_stale_measurements() -> None:
@@ -198,17 +208,19 @@ def test_monitor_dead_band_and_cooldown_prevent_flapping() -> None:
     assert drive(monitor, clock, 10 * MS * 1.15 / pool.optimal.latency_s, 20) == []
     cooled = LatencyMonitor(pool, window=3, cooldown_s=1.0, clock=clock)
     assert len(drive(cooled, clock, 2.0, 3)) == 1
-    still = ManualClock(clock())  # time stands still: no second switch within the cooldown
+    still = ManualClock(clock())  # time stands still: no switch up within the cooldown
     cooled.clock = still
-    assert drive(cooled, still, 3.0, 20) == []
+    assert drive(cooled, still, 0.3, 40) == []
     still.advance(1.0)
-    assert len(drive(cooled, still, 3.0, 3)) == 1
+    assert [e.reason for e in drive(cooled, still, 0.3, 3)] == ["headroom"]
+    # switching down is never held back: the budget comes first
+    assert [e.reason for e in drive(cooled, still, 1.5, 3)] == ["over-budget"]
 
 
 def test_monitor_falls_back_to_the_fastest_when_nothing_fits() -> None:
     pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
     clock = ManualClock()
-    monitor = LatencyMonitor(pool, window=3, clock=clock)
+    monitor = LatencyMonitor(pool, window=3, clock=clock, **NO_COOLDOWN)
     events = drive(monitor, clock, 50.0, 20)
     assert [(e.reason, e.to_arch) for e in events] == [("infeasible", pool.fastest.arch)]
     assert monitor.needs_search
@@ -225,6 +237,48 @@ def test_monitor_refuses_bad_settings() -> None:
         LatencyMonitor(pool, start=("nope",))
 
 
+def test_flapping_counts_the_switches_no_load_change_asked_for() -> None:
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    by_speed = sorted(pool, key=lambda e: e.latency_s)
+    fast, mid, slow = (by_speed[0].arch, by_speed[len(by_speed) // 2].arch, by_speed[-1].arch)
+
+    def event(time_s: float, a: SubnetArch, b: SubnetArch, reason: str = "x") -> SwitchEvent:
+        return SwitchEvent(time_s, a, b, 1.0, reason, 0)
+
+    events = [event(0.5, slow, mid),             # steady before the load: a flap
+              event(0.6, mid, slow, "manual"),   # not the monitor's: never counted
+              event(1.1, slow, mid),             # the load starts: down, and down again
+              event(1.2, mid, fast),
+              event(1.5, fast, mid),             # up while loaded: a flap, and all after it
+              event(1.6, mid, fast),
+              event(2.1, fast, mid),             # the load ends: up, up
+              event(2.2, mid, slow),
+              event(2.5, slow, mid)]             # down with no load: a flap
+    latency = lambda arch: pool.entry(arch).latency_s  # noqa: E731
+    changes = [(0.0, None), (1.0, "down"), (2.0, "up")]
+    assert count_flaps(events, latency, changes) == 4
+    assert count_flaps([], latency, changes) == 0
+
+
+def test_a_steady_injected_load_is_met_once_and_not_flapped() -> None:
+    """A 2x slowdown from request 50 to 250 (an injected, deterministic load): one reaction,
+    measured from the load's start, no flap while the load is steady, one switch back."""
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    clock = ManualClock()
+    monitor = LatencyMonitor(pool, window=5, clock=clock)
+    events = drive(monitor, clock, 1.0, 50)
+    load_on = clock()
+    loaded = drive(monitor, clock, 2.0, 200)
+    load_off = clock()
+    events += loaded + drive(monitor, clock, 1.0, 300)
+    latency = lambda arch: pool.entry(arch).latency_s  # noqa: E731
+    assert count_flaps(events, latency, [(0.0, None), (load_on, "down"), (load_off, "up")]) == 0
+    assert [e.reason for e in events] == ["over-budget", "headroom"]
+    # the switch came after the third loaded request (a window of 5: its median is loaded)
+    assert events[0].time_s - load_on == pytest.approx(3 * 2.0 * pool.optimal.latency_s)
+    assert events[1].time_s > load_off and events[1].to_arch == pool.optimal.arch
+
+
 # -- the runner ----------------------------------------------------------------------------
 
 
@@ -237,7 +291,7 @@ def simulated_runner(supernet: ElasticSupernet, pool: SubnetPool
                      ) -> tuple[AdaptiveRunner, SimulatedLatency]:
     clock = ManualClock()
     load = SimulatedLatency(lambda arch: pool.entry(arch).latency_s, clock)
-    monitor = LatencyMonitor(pool, window=3, clock=clock)
+    monitor = LatencyMonitor(pool, window=3, clock=clock, **NO_COOLDOWN)
     return AdaptiveRunner(supernet, monitor, hook=load), load
 
 
@@ -361,7 +415,7 @@ def test_monitor_backs_off_from_a_subnet_slower_than_its_estimate() -> None:
 
     def run(**settings: float) -> list:
         clock = ManualClock()
-        monitor = LatencyMonitor(pool, window=5, clock=clock, **settings)
+        monitor = LatencyMonitor(pool, window=5, clock=clock, **{**NO_COOLDOWN, **settings})
         events = []
         for _ in range(2000):  # about 20 s of 10 ms requests
             true = monitor.current.latency_s * (2.0 if monitor.current == pool.optimal else 1.0)
@@ -376,6 +430,11 @@ def test_monitor_backs_off_from_a_subnet_slower_than_its_estimate() -> None:
     assert 3 <= len(held) <= 25
     assert all(e.to_arch != pool.optimal.arch for e in held[-2:])
     assert {e.reason for e in held} == {"over-budget", "headroom"}
+    # the load never changed: every switch is a flap, and the default cooldown makes fewer
+    latency = lambda arch: pool.entry(arch).latency_s  # noqa: E731
+    assert count_flaps(held, latency, [(0.0, None)]) == len(held)
+    cooled = run(cooldown_requests=COOLDOWN_REQUESTS, cooldown_s=COOLDOWN_S)
+    assert 1 <= count_flaps(cooled, latency, [(0.0, None)]) < len(held)
 
 
 def test_pool_with_measured_latencies_moves_the_optimal() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -294,6 +295,12 @@ def test_reuse_executes_fewer_branch_calls(supernet, batches, space, table):
     assert reuse["branch_calls"] == len(batches) * tree.branch_calls()
     assert base["side_calls"] == len(archs) * len(batches) and reuse["side_calls"] == len(batches)
     assert result["call_saving_pct"] > 0 and result["predicted_saving_pct"] > 0
+    # wall time: the median of 5 runs of each, caches fresh every run (issue 38)
+    assert result["repeats"] == 5
+    assert all(len(runs) == 5 for runs in result["seconds"].values())
+    assert result["median_seconds"]["reuse"] == statistics.median(result["seconds"]["reuse"])
+    with pytest.raises(ConfigError, match="repeats"):
+        measure_reuse(supernet, batches, top1, archs, repeats=0)
 
 
 @pytest.mark.parametrize("max_depth", [0, 1, 2])
@@ -360,6 +367,12 @@ def test_adaptive_search_finds_a_subnet_within_budget(supernet, batches, table):
     reached = search.evaluations_to(search.best_accuracy_)
     assert reached is not None and 1 <= reached <= len(search.history_)
     assert search.evaluations_to(2.0) is None
+    # wall seconds (Fig. 12): rising, at least the evaluation seconds, read off the curve
+    wall = [s.wall_s for s in search.curve_]
+    assert wall == sorted(wall) and all(s.wall_s >= s.seconds for s in search.curve_)
+    first = next(s for s in search.curve_ if s.best_accuracy == search.best_accuracy_)
+    assert search.seconds_to(search.best_accuracy_) == first.wall_s
+    assert search.seconds_to(2.0) is None
     assert search.pareto_ and all(c in search.history_ for c in search.pareto_)
     # reproducible
     again = AdaptiveSearch(budget, population=8, iterations=4, seed=0).fit(evaluator, table)

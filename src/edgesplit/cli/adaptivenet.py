@@ -43,8 +43,15 @@ def elastify(
                                            help="Input shape of a built-in model, e.g. "
                                                 "1,3,32,32."),
     data: str | None = typer.Option(None, "--data",
-                                    help="digits (or any labelled set `load_labelled` reads) "
-                                         "or sentences (default: the model's)."),
+                                    help="digits (or any labelled set `load_labelled` reads), "
+                                         "sentences, or fashion-mnist:size=96,channels=3,"
+                                         "norm=imagenet (streamed; default: the model's)."),
+    train_limit: int | None = typer.Option(None, "--train-limit", min=1,
+                                           help="Train on the first N training samples."),
+    search_size: int | None = typer.Option(None, "--search-size", min=1,
+                                           help="Samples the device searches on (default: "
+                                                "1000 of an image set's held-out 5000; half "
+                                                "the held-out part of a labelled set)."),
     task: str | None = typer.Option(None, "--task",
                                     help="labels, agreement or cosine (default: labels when "
                                          "they fit the outputs, else cosine)."),
@@ -77,7 +84,8 @@ def elastify(
     set_threads(threads)
     with progress_bar(f"AdaptiveNet {model}") as progress:
         _, doc = elastify_model(model, input_shape=shape, config=config, data=data, task=task,
-                                trainer=trainer, out=out_dir, progress=progress, seed=seed)
+                                trainer=trainer, out=out_dir, progress=progress, seed=seed,
+                                train_limit=train_limit, search_size=search_size)
     doc = {"version": 1, "folder": str(out_dir), **doc}
     if as_json:
         emit_json(doc)
@@ -198,6 +206,11 @@ def serve(
     load_until: float = typer.Option(0.7, "--load-until",
                                      help="Load stops at this fraction of the requests."),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads while serving."),
+    cooldown_requests: int = typer.Option(20, "--cooldown-requests", min=0,
+                                          help="Requests after a switch before switching up."),
+    cooldown_s: float = typer.Option(0.5, "--cooldown-s", min=0.0,
+                                     help="Seconds after a switch before switching up "
+                                          "(switching down is never held back)."),
     plot: Path | None = typer.Option(None, "--plot",
                                      help="Write the latency timeline with the switches."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -209,6 +222,7 @@ def serve(
     with progress_bar(f"AdaptiveNet serving {folder}") as progress:
         doc = serve_pool(folder, requests=requests, load_from=load_from, load_until=load_until,
                          load=load, processes=processes, factor=factor, threads=threads,
+                         cooldown_requests=cooldown_requests, cooldown_s=cooldown_s,
                          progress=progress)
     doc = {"version": 1, **doc}
     note = budget_note(doc)

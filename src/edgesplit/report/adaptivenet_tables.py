@@ -102,5 +102,6 @@ def switching_table(doc: Mapping[str, Any]) -> Table:
     table.caption = (f"reaction {seconds(doc['reaction_s'])}, back within budget "
                      f"{seconds(doc['recovery_s'])}, switch back after the load "
                      f"{seconds(doc['switch_back_s'])}; {doc['over_budget']} requests over "
-                     "budget")
+                     f"budget; {doc.get('flaps', 0)} switches no load change asked for "
+                     "(flapping)")
     return table

@@ -2,7 +2,10 @@
 
 Three parts with no sample in two of them: ``train`` (distillation and tuning, on the cloud),
 ``search`` (the edge data ``D_edge`` the device scores candidates on) and ``test`` (held out,
-for the reported accuracy), as the paper divides its validation set.
+for the reported accuracy), as the paper divides its validation set. A part is a
+:class:`TensorPart` (small sets, held in memory) or a :class:`StreamedPart` (a registered image
+set such as Fashion-MNIST: uint8 images transformed one batch at a time, so 55,000 images at
+3x96x96 never exist as one 6 GB float tensor).
 
 Targets depend on what the model's output means (the ``task``):
 
@@ -15,21 +18,28 @@ Targets depend on what the model's output means (the ``task``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from edgesplit.data import EvalData
+from edgesplit.data.images import StreamingImages, is_image_set_spec, load_images
 from edgesplit.errors import ConfigError, option
 
-__all__ = ["METRICS", "TASKS", "ElasticData", "batches", "cosine", "fit_images",
-           "load_elastic_data", "top1"]
+__all__ = ["DEFAULT_SEARCH_SIZE", "HOLDOUT", "METRICS", "TASKS", "ElasticData", "Part",
+           "StreamedPart", "TensorPart", "batches", "cosine", "fit_images", "load_elastic_data",
+           "top1"]
 
 TASKS = ("labels", "agreement", "cosine")
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
+# An image set's last HOLDOUT training images are never trained on (as the fine-tuning
+# recipe keeps them out), so the search part comes from them; the paper's D_edge is small.
+HOLDOUT = 5000
+DEFAULT_SEARCH_SIZE = 1000
 
 
 def top1(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -46,15 +56,76 @@ METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "labels": top1, "agreement": top1, "cosine": cosine}
 
 
+class Part(Protocol):
+    """Samples with their targets, read in batches."""
+
+    def __len__(self) -> int: ...
+
+    def batches(self, batch_size: int, *, rng: np.random.Generator | None = None
+                ) -> Iterator[Batch]:
+        """Batches of ``batch_size`` (the last may be smaller), shuffled by ``rng``."""
+        ...
+
+    def example(self, n: int) -> tuple[torch.Tensor, ...]:
+        """The first ``n`` samples' inputs."""
+        ...
+
+
+@dataclass(frozen=True)
+class TensorPart:
+    """A part held in memory: the inputs (one tensor per model input) and the targets."""
+
+    inputs: tuple[torch.Tensor, ...]
+    targets: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+    def batches(self, batch_size: int, *, rng: np.random.Generator | None = None
+                ) -> Iterator[Batch]:
+        count = len(self)
+        order = torch.from_numpy(rng.permutation(count)) if rng is not None \
+            else torch.arange(count)
+        for i in range(0, count, batch_size):
+            index = order[i:i + batch_size]
+            yield tuple(x[index] for x in self.inputs), self.targets[index]
+
+    def example(self, n: int) -> tuple[torch.Tensor, ...]:
+        return tuple(x[:n] for x in self.inputs)
+
+
+@dataclass(frozen=True)
+class StreamedPart:
+    """A part of a streamed image set: its labels are the targets, and each batch is
+    collated from uint8 samples and transformed only when it is asked for."""
+
+    images: StreamingImages
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def batches(self, batch_size: int, *, rng: np.random.Generator | None = None
+                ) -> Iterator[Batch]:
+        count = len(self.images)
+        order = rng.permutation(count) if rng is not None else np.arange(count)
+        for i in range(0, count, batch_size):
+            images, labels = self.images.collate(
+                [self.images[int(j)] for j in order[i:i + batch_size]])
+            yield (images,), labels
+
+    def example(self, n: int) -> tuple[torch.Tensor, ...]:
+        return self.images.example(n)
+
+
 @dataclass(frozen=True)
 class ElasticData:
-    """Inputs and targets of the three parts (see the module docstring)."""
+    """The three parts (see the module docstring) and what their targets mean."""
 
     name: str
     task: str
-    train: tuple[tuple[torch.Tensor, ...], torch.Tensor]
-    search: tuple[tuple[torch.Tensor, ...], torch.Tensor]
-    test: tuple[tuple[torch.Tensor, ...], torch.Tensor]
+    train: Part
+    search: Part
+    test: Part
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -65,18 +136,14 @@ class ElasticData:
         return METRICS[self.task]
 
     def sizes(self) -> dict[str, int]:
-        return {part: int(getattr(self, part)[1].shape[0]) for part in ("train", "search",
-                                                                          "test")}
+        return {"train": len(self.train), "search": len(self.search), "test": len(self.test)}
 
 
-def batches(part: tuple[tuple[torch.Tensor, ...], torch.Tensor], batch_size: int, *,
-            rng: np.random.Generator | None = None) -> list[Batch]:
-    """``part`` in batches of ``batch_size`` (the last may be smaller), shuffled by ``rng``."""
-    inputs, targets = part
-    count = int(targets.shape[0])
-    order = torch.from_numpy(rng.permutation(count)) if rng is not None else torch.arange(count)
-    return [(tuple(x[order[i:i + batch_size]] for x in inputs), targets[order[i:i + batch_size]])
-            for i in range(0, count, batch_size)]
+def batches(part: Part, batch_size: int, *, rng: np.random.Generator | None = None
+            ) -> list[Batch]:
+    """``part`` in batches held in memory (for data read many times over, such as the search
+    part the evaluator scores every candidate on); stream ``part.batches`` otherwise."""
+    return list(part.batches(batch_size, rng=rng))
 
 
 def fit_images(images: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
@@ -102,16 +169,27 @@ def _teacher_targets(teacher: Callable[..., torch.Tensor], inputs: tuple[torch.T
 
 def load_elastic_data(spec: str, *, input_shape: Sequence[int],
                       teacher: Callable[..., torch.Tensor], task: str | None = None,
-                      seed: int = 0) -> ElasticData:
-    """``digits`` (and any labelled spec of :func:`~edgesplit.data.training.load_labelled`) or
-    ``sentences``, for a model of ``input_shape`` whose pretrained forward is ``teacher``.
+                      seed: int = 0, train_limit: int | None = None,
+                      search_size: int | None = None) -> ElasticData:
+    """``digits`` (and any labelled spec of :func:`~edgesplit.data.training.load_labelled`),
+    ``sentences`` or a registered image set (``fashion-mnist:size=96,channels=3,
+    norm=imagenet``), for a model of ``input_shape`` whose pretrained forward is ``teacher``.
 
     A labelled set keeps its own split: its train part trains (the pretrained model may have
     seen it), its held-out part is halved into search and test. Sentences are split 60/20/20.
+    An image set is streamed (:class:`StreamedPart`): train on its train split but the last
+    :data:`HOLDOUT` images, search on the first ``search_size`` (default
+    :data:`DEFAULT_SEARCH_SIZE`) of those, report on its whole test split. ``train_limit``
+    keeps the first images of the train part, ``search_size`` of the search part.
     ``task`` defaults to ``labels`` when the data has labels and the model has one output per
     class, else ``cosine`` (fidelity to the pretrained outputs; ``agreement`` is degenerate
     for a random-weight classifier, which gives most inputs the same class).
     """
+    for name, value in (("train_limit", train_limit), ("search_size", search_size)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{option(name, value)} must be a positive number of samples")
+    if is_image_set_spec(spec):
+        return _streamed(spec, input_shape, teacher, task, train_limit, search_size)
     inputs, labels, train_count = _inputs(spec, input_shape)
     with torch.no_grad():
         width = teacher(*(x[:1] for x in inputs)).shape[-1]
@@ -130,12 +208,43 @@ def load_elastic_data(spec: str, *, input_shape: Sequence[int],
     order = np.random.default_rng(seed).permutation(count - train_count) + train_count
     half = len(order) // 2
 
-    def part(idx: np.ndarray) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def part(idx: np.ndarray) -> TensorPart:
         index = torch.from_numpy(idx)
-        return tuple(x[index] for x in inputs), targets[index]
+        return TensorPart(tuple(x[index] for x in inputs), targets[index])
 
-    return ElasticData(spec, task, part(np.arange(train_count)), part(order[:half]),
-                       part(order[half:]))
+    return ElasticData(spec, task, part(np.arange(train_count)[:train_limit]),
+                       part(order[:half][:search_size]), part(order[half:]))
+
+
+def _streamed(spec: str, input_shape: Sequence[int], teacher: Callable[..., torch.Tensor],
+              task: str | None, train_limit: int | None, search_size: int | None
+              ) -> ElasticData:
+    """An image set's three parts, streamed (see :func:`load_elastic_data`)."""
+    options = spec.partition(":")[2].split(",")
+    if any(o.split("=")[0] in ("split", "range") for o in options):
+        raise ConfigError(f"{spec}: AdaptiveNet divides an image set itself (train on the "
+                          f"train split but its last {HOLDOUT:,}, search on those, report on "
+                          f"the test split); drop split=/range= and give "
+                          f"{option('train_limit')} or {option('search_size')} instead")
+    train, test = load_images(spec, "train"), load_images(spec, "test")
+    if tuple(train.sample_shape) != tuple(int(s) for s in input_shape[1:]):
+        raise ConfigError(f"{spec} gives {list(train.sample_shape)} images; the model takes "
+                          f"{list(input_shape[1:])} (set size= and channels= to match)")
+    if len(train) <= HOLDOUT:
+        raise ConfigError(f"{spec} has {len(train)} training images; AdaptiveNet keeps the "
+                          f"last {HOLDOUT:,} out of training and needs more")
+    with torch.no_grad():
+        width = int(teacher(*train.example(1)).shape[-1])
+    if (task or "labels") != "labels" or train.num_classes != width:
+        raise ConfigError(f"a streamed image set trains on its labels: the model needs one "
+                          f"output per class ({train.num_classes}), it has {width}"
+                          + (f", and {option('task', task)} is not labels" if task else "")
+                          + "; fine-tune it first (`edgesplit finetune`)")
+    kept = len(train) - HOLDOUT
+    train_part = train.subset(slice(0, min(kept, train_limit or kept)))
+    search = train.subset(slice(kept, kept + (search_size or DEFAULT_SEARCH_SIZE)))
+    return ElasticData(spec, "labels", StreamedPart(train_part), StreamedPart(search),
+                       StreamedPart(test))
 
 
 def _inputs(spec: str, input_shape: Sequence[int]

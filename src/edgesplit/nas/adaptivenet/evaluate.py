@@ -14,6 +14,7 @@ the recomputation (the paper's Fig. 11).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -347,21 +348,36 @@ class _Walk:
 
 def measure_reuse(supernet: ElasticSupernet, batches: Sequence[Batch], metric: Metric,
                   archs: Sequence[Sequence[str]], *, max_depth: int | None = None,
-                  table: BlockLatencyTable | None = None) -> dict[str, Any]:
+                  table: BlockLatencyTable | None = None, repeats: int = 5) -> dict[str, Any]:
     """The evaluation time reuse saves on ``archs`` (the paper's Fig. 11): the baseline (every
-    subnet from scratch) and the prefix tree, one after the other on the same data. Returns
-    both :class:`EvalStats`, ``saving_pct`` (wall time), ``call_saving_pct`` (branch calls),
-    ``predicted_saving_pct`` (compute priced by ``table``, when given) and ``identical``
-    (whether every accuracy agrees exactly)."""
-    base = PrefixTreeEvaluator(supernet, batches, metric, reuse=False, table=table)
-    tree = PrefixTreeEvaluator(supernet, batches, metric, max_depth=max_depth, table=table)
-    first = base.evaluate(archs)
-    second = tree.evaluate(archs)
-    b, t = base.last_stats, tree.last_stats
+    subnet from scratch) and the prefix tree on the same data, ``repeats`` times each with
+    fresh caches, the order alternated (baseline first in even runs, the tree first in odd
+    ones) so that neither always runs on a warmer machine. Returns the last runs'
+    :class:`EvalStats` (calls are the same every run), ``saving_pct`` from the median wall
+    times, every run's seconds, ``call_saving_pct`` (branch calls), ``predicted_saving_pct``
+    (compute priced by ``table``, when given) and ``identical`` (whether every accuracy of
+    every run agrees exactly)."""
+    if repeats < 1:
+        raise ConfigError(f"{option('repeats', repeats)} must be at least 1")
+    seconds: dict[str, list[float]] = {"baseline": [], "reuse": []}
+    scores: list[dict[SubnetArch, float]] = []
+    stats: dict[str, EvalStats] = {}
+    for run in range(repeats):
+        order = ("baseline", "reuse") if run % 2 == 0 else ("reuse", "baseline")
+        for kind in order:
+            evaluator = PrefixTreeEvaluator(supernet, batches, metric, reuse=kind == "reuse",
+                                            max_depth=max_depth if kind == "reuse" else None,
+                                            table=table)
+            scores.append(evaluator.evaluate(archs))
+            stats[kind] = evaluator.last_stats
+            seconds[kind].append(evaluator.last_stats.seconds)
+    b, t = stats["baseline"], stats["reuse"]
+    median = {kind: statistics.median(runs) for kind, runs in seconds.items()}
     result = {"subnets": b.subnets, "baseline": b.to_dict(), "reuse": t.to_dict(),
-              "saving_pct": _saving(b.seconds, t.seconds),
+              "repeats": repeats, "seconds": seconds, "median_seconds": median,
+              "saving_pct": _saving(median["baseline"], median["reuse"]),
               "call_saving_pct": _saving(b.branch_calls, t.branch_calls),
-              "identical": first == second}
+              "identical": all(s == scores[0] for s in scores)}
     if table is not None:
         result["predicted_saving_pct"] = _saving(b.predicted_seconds(table),
                                                  t.predicted_seconds(table))

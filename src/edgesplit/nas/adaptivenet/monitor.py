@@ -23,15 +23,22 @@ from edgesplit.nas.adaptivenet.pool import PoolEntry, SubnetPool
 from edgesplit.nas.adaptivenet.space import SubnetArch
 
 __all__ = [
+    "COOLDOWN_REQUESTS",
+    "COOLDOWN_S",
     "HEADROOM",
     "INFEASIBLE",
     "MANUAL",
     "OVER_BUDGET",
     "LatencyMonitor",
     "SwitchEvent",
+    "count_flaps",
 ]
 
 Clock = Callable[[], float]
+
+# A switch up waits this long after the last switch (see LatencyMonitor).
+COOLDOWN_REQUESTS = 20
+COOLDOWN_S = 0.5
 
 OVER_BUDGET = "over-budget"
 HEADROOM = "headroom"
@@ -80,14 +87,18 @@ class LatencyMonitor:
     time (at most ``max_backoff_s``), so a wrong estimate costs a few switches, not a flap per
     window. Switching down is never held back.
 
-    After a switch the window starts empty, so at least ``window`` requests (plus the
-    cooldowns ``cooldown_requests`` and ``cooldown_s``) run before the next one. ``clock``
-    (seconds) stamps the events; tests inject a :class:`~.loads.ManualClock`.
+    After a switch the window starts empty, so at least ``window`` requests run before the
+    next one; a switch *up* also waits out a cooldown, ``cooldown_requests`` requests and
+    ``cooldown_s`` seconds since the last switch (on by default: under a real load ``r``
+    wanders, and a window of 5 can see headroom that is not there, the flap a cooldown
+    prevents). Switching down is never held back: the budget comes first. ``clock`` (seconds)
+    stamps the events; tests inject a :class:`~.loads.ManualClock`.
     """
 
     def __init__(self, pool: SubnetPool, *, budget_s: float | None = None, window: int = 5,
-                 tolerance: float = 0.1, headroom: float = 0.1, cooldown_requests: int = 0,
-                 cooldown_s: float = 0.0, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
+                 tolerance: float = 0.1, headroom: float = 0.1,
+                 cooldown_requests: int = COOLDOWN_REQUESTS, cooldown_s: float = COOLDOWN_S,
+                 backoff_s: float = 0.5, max_backoff_s: float = 8.0,
                  start: Sequence[str] | None = None, clock: Clock = time.perf_counter) -> None:
         self.pool = pool
         self.budget_s, _ = check_budget(pool.budget_s if budget_s is None else budget_s, None)
@@ -141,9 +152,9 @@ class LatencyMonitor:
         if r is None:
             return None
         now = self.clock()
-        if self._cooling(now):
-            return None
         target, reason = self._decide(r, now)
+        if target is not None and reason == HEADROOM and self._cooling(now):
+            return None
         self._judge_trial(reason if target is not None else None, now)
         if target is None:
             return None
@@ -202,6 +213,31 @@ class LatencyMonitor:
         if better is None or better.accuracy <= current.accuracy:
             return None, HEADROOM
         return better, HEADROOM
+
+
+def count_flaps(events: Sequence[SwitchEvent], latency_s: Callable[[SubnetArch], float],
+                changes: Sequence[tuple[float, str | None]]) -> int:
+    """Switches no load change asked for: the flapping of a run whose load changed at
+    ``changes`` (monitor-clock time, and the direction the change calls for: ``"down"`` when
+    a load starts, ``"up"`` when it ends, None for the start of a steady run).
+
+    Within each phase (from one change to the next) switches in the phase's direction are
+    the reaction to it, several steps of it included; the first switch the other way, and
+    every switch after it in that phase, is a flap, as is any switch in a phase that asked
+    for none. Manual switches are not the monitor's and do not count. A switch's direction
+    is by ``latency_s`` of its two subnets (down: to a faster one)."""
+    bounds = sorted(changes)
+    flaps = 0
+    for k, (start, wanted) in enumerate(bounds):
+        end = bounds[k + 1][0] if k + 1 < len(bounds) else math.inf
+        settled = wanted is None
+        for event in events:
+            if event.reason == MANUAL or not start <= event.time_s < end:
+                continue
+            down = latency_s(event.to_arch) < latency_s(event.from_arch)
+            settled = settled or ("down" if down else "up") != wanted
+            flaps += settled
+    return flaps
 
 
 def _check_monitor(window: Any, tolerance: Any, headroom: Any, cooldown_requests: Any,

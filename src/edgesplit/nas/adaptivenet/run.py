@@ -29,7 +29,12 @@ from edgesplit.nas.adaptivenet.elastify import ElasticConfig
 from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, far_from_estimate
 from edgesplit.nas.adaptivenet.loads import CpuLoad, Slowdown
-from edgesplit.nas.adaptivenet.monitor import LatencyMonitor
+from edgesplit.nas.adaptivenet.monitor import (
+    COOLDOWN_REQUESTS,
+    COOLDOWN_S,
+    LatencyMonitor,
+    count_flaps,
+)
 from edgesplit.nas.adaptivenet.placement import JointLatency, plan_subnet
 from edgesplit.nas.adaptivenet.pool import SubnetPool
 from edgesplit.nas.adaptivenet.runner import AdaptiveRunner
@@ -46,7 +51,7 @@ from edgesplit.plan.cost import EdgeCloudSetting
 from edgesplit.units import at_least
 
 __all__ = ["DEFAULT_DATA", "SearchRun", "budget_note", "calibration_scale", "data_for",
-           "elastify_model", "search_device", "serve_pool", "supernet_data"]
+           "elastify_model", "search_device", "serve_pool", "supernet_data", "trained_data"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -69,10 +74,23 @@ def data_for(model: str, data: str | None) -> str:
 
 
 def supernet_data(supernet: ElasticSupernet, spec: str, task: str | None = None,
-                  seed: int = 0) -> ElasticData:
+                  seed: int = 0, *, train_limit: int | None = None,
+                  search_size: int | None = None) -> ElasticData:
     """``spec`` loaded for ``supernet``'s inputs, targets from its pretrained path."""
     shape = [int(s) for s in supernet.meta["blocks"][0]["in_shape"]]
-    return load_elastic_data(spec, input_shape=shape, teacher=supernet, task=task, seed=seed)
+    return load_elastic_data(spec, input_shape=shape, teacher=supernet, task=task, seed=seed,
+                             train_limit=train_limit, search_size=search_size)
+
+
+def trained_data(supernet: ElasticSupernet) -> ElasticData:
+    """The data a saved supernet was trained on, divided as it was (with the training's
+    seed): the device searches on the same kind of data, never on what trained it, and the
+    test part stays apart from both."""
+    training = supernet.meta.get("training") or {}
+    return supernet_data(supernet, training.get("data", "digits"), training.get("task"),
+                         training.get("seed", 0),
+                         train_limit=training.get("train_limit"),
+                         search_size=training.get("search_size"))
 
 
 def _summary(supernet: ElasticSupernet) -> dict[str, Any]:
@@ -89,14 +107,18 @@ def elastify_model(model: str, *, input_shape: Sequence[int] | None = None,
                    config: ElasticConfig | None = None, data: str | None = None,
                    task: str | None = None, trainer: ElasticTrainer | None = None,
                    out: str | Path | None = None, progress: Progress | None = None,
-                   seed: int = 0) -> tuple[ElasticSupernet, dict[str, Any]]:
+                   seed: int = 0, train_limit: int | None = None,
+                   search_size: int | None = None) -> tuple[ElasticSupernet, dict[str, Any]]:
     """Elastify ``model``, train it on ``data`` and save it to ``out``; returns the supernet
-    and a summary (blocks, branches, training, latency-range accuracy before and after)."""
+    and a summary (blocks, branches, training, latency-range accuracy before and after).
+    ``train_limit`` and ``search_size`` bound the train and search parts
+    (:func:`~.data.load_elastic_data`); the search reads the same parts back."""
     trainer = trainer or ElasticTrainer(seed=seed)
     started = time.perf_counter()
     supernet = build_supernet(model, input_shape=input_shape, config=config)
     spec = data_for(model, data)
-    loaded = supernet_data(supernet, spec, task, seed)
+    loaded = supernet_data(supernet, spec, task, seed, train_limit=train_limit,
+                           search_size=search_size)
     before = latency_range_accuracy(supernet, loaded, seed=seed)
     if progress is not None:
         trainer.progress = lambda phase, step, steps, loss: progress(phase, step, steps)
@@ -104,6 +126,7 @@ def elastify_model(model: str, *, input_shape: Sequence[int] | None = None,
     after = latency_range_accuracy(supernet, loaded, seed=seed)
     training = {
         "data": spec, "task": loaded.task, "seed": seed, "sizes": loaded.sizes(),
+        "train_limit": train_limit, "search_size": search_size,
         "distill_epochs": trainer.distill_epochs, "tune_epochs": trainer.tune_epochs,
         "batch_size": trainer.batch_size, "lr": trainer.lr, "tune_lr": trainer.tune_lr,
         "history": [vars(r) for r in trainer.history_],
@@ -207,6 +230,7 @@ def _plan_setting(setting: EdgeCloudSetting | None) -> EdgeCloudSetting:
                             cloud=resolve_device("v100-server"), link=resolve_link("wifi"))
 
 
+SERVED_INPUTS = 1000  # the test inputs serving cycles through
 POOL_LEVELS = (0.7, 0.5, 0.35)  # extra budgets (fractions of the budget) the pool covers
 
 
@@ -227,10 +251,9 @@ def search_device(folder: str | Path, *, budget: float | None = None,
     at ``pool_levels`` times the budget, so a load that slows the device 3x still finds a
     subnet in it (the paper searches again in that case).
     """
-    supernet, doc = load_supernet(folder)
-    training = doc.get("training") or {}
-    data = supernet_data(supernet, training.get("data", "digits"), training.get("task"), seed)
-    example = tuple(x[:batch] for x in data.search[0])
+    supernet, _ = load_supernet(folder)
+    data = trained_data(supernet)
+    example = data.search.example(batch)
     table, joint = _latency_model(supernet, example, setting, repeats, progress)
     # a joint search prices branches with the cost model itself: only a measured table is checked
     warning = _table_check(supernet, table, example) if joint is None else None
@@ -285,7 +308,7 @@ def _arch_row(supernet: ElasticSupernet, data: ElasticData, arch: SubnetArch,
               latency: float) -> dict[str, Any]:
     return {"arch": list(arch), "latency_ms": latency * 1000,
             "relative_macs": relative_macs(supernet, arch),
-            "test_accuracy": subnet_accuracy(supernet, arch, batches(data.test, 100),
+            "test_accuracy": subnet_accuracy(supernet, arch, data.test.batches(100),
                                              data.metric)}
 
 
@@ -389,13 +412,17 @@ def budget_note(doc: dict[str, Any]) -> str | None:
 def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.3,
                load_until: float = 0.7, load: str = "cpu", processes: int = 2,
                factor: float = 3.0, threads: int = 1, calibrate: int = 20,
+               cooldown_requests: int = COOLDOWN_REQUESTS, cooldown_s: float = COOLDOWN_S,
                progress: Progress | None = None) -> dict[str, Any]:
     """Serve ``requests`` single-sample requests with the pool of a search folder, under a
     load from request ``load_from * requests`` to ``load_until * requests``: ``cpu`` (real
     background processes) or ``slowdown`` (each request sleeps to ``factor`` times its
-    compute: deterministic). Returns the switch events, reaction and recovery times, and
-    every request (time, latency, subnet) for plots; ``budget_ms`` is the budget served, the
-    search's (``searched_budget_ms``) scaled as ``calibration`` says (:func:`budget_note`)."""
+    compute: deterministic). A switch up waits ``cooldown_requests`` requests and
+    ``cooldown_s`` seconds after the last switch (:class:`~.monitor.LatencyMonitor`).
+    Returns the switch events, reaction and recovery times, the flapping count
+    (:func:`~.monitor.count_flaps`) and every request (time, latency, subnet) for plots;
+    ``budget_ms`` is the budget served, the search's (``searched_budget_ms``) scaled as
+    ``calibration`` says (:func:`budget_note`)."""
     if load not in ("cpu", "slowdown"):
         raise ConfigError(f"{option('load', load)} must be cpu or slowdown")
     if not 0 <= load_from < load_until <= 1:
@@ -403,11 +430,10 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
                           f"{option('load_until', load_until)} <= 1 (fractions of the run)")
     folder = Path(folder)
     summary = _read_search(folder)
-    supernet, doc = load_supernet(summary["supernet"])
+    supernet, _ = load_supernet(summary["supernet"])
     pool = SubnetPool.load(folder / POOL_FILE, space=supernet.space)
-    training = doc.get("training") or {}
-    data = supernet_data(supernet, training.get("data", "digits"), training.get("task"))
-    inputs = data.test[0]
+    data = trained_data(supernet)
+    inputs = data.test.example(min(len(data.test), SERVED_INPUTS))
     searched_budget_ms, calibration = pool.budget_s * 1000, None
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -420,7 +446,9 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
                            "optimal_measured_ms": measured[pool.optimal.arch] * 1000,
                            "requests": calibrate}
             pool = _calibrated(pool, measured)
-        served = _serve(supernet, pool, inputs, requests, (load_from, load_until), load,
+        monitor = LatencyMonitor(pool, cooldown_requests=cooldown_requests,
+                                 cooldown_s=cooldown_s)
+        served = _serve(supernet, monitor, inputs, requests, (load_from, load_until), load,
                         processes, factor, progress)
     finally:
         torch.set_num_threads(previous)
@@ -461,16 +489,17 @@ def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: Sub
     runner(*(x[:1] for x in inputs))
 
 
-def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tensor, ...],
-           requests: int, window: tuple[float, float], load: str, processes: int,
-           factor: float, progress: Progress | None) -> dict[str, Any]:
-    slowdown = Slowdown(1.0) if load == "slowdown" else None
-    cpu = CpuLoad(processes).prepare() if load == "cpu" else None
+def _serve(supernet: ElasticSupernet, monitor: LatencyMonitor,
+           inputs: tuple[torch.Tensor, ...], requests: int, window: tuple[float, float],
+           load: str, processes: int, factor: float, progress: Progress | None
+           ) -> dict[str, Any]:
     first, last = int(window[0] * requests), int(window[1] * requests)
-    if first >= last:
+    if first >= last:  # before the load's processes start
         raise ConfigError(f"the load window {window[0]}-{window[1]} of {requests} requests "
                           f"holds no request; widen it or serve more {option('requests')}")
-    monitor = LatencyMonitor(pool)
+    slowdown = Slowdown(1.0) if load == "slowdown" else None
+    cpu = CpuLoad(processes).prepare() if load == "cpu" else None
+    pool = monitor.pool
     marks: dict[str, float] = {}
     try:
         with AdaptiveRunner(supernet, monitor, hook=slowdown) as runner:
@@ -490,6 +519,9 @@ def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tens
             reaction = runner.reaction_time(marks["load_on"])
             recovery = runner.recovery_time(marks["load_on"])
             back = runner.reaction_time(marks["load_off"])
+            flaps = count_flaps(events, lambda arch: pool.entry(arch).latency_s,
+                                [(marks["start"], None), (marks["load_on"], "down"),
+                                 (marks["load_off"], "up")])
     finally:
         if cpu is not None:
             cpu.stop()
@@ -501,6 +533,8 @@ def _serve(supernet: ElasticSupernet, pool: SubnetPool, inputs: tuple[torch.Tens
         "pool": [e.to_dict() for e in pool],
         "load_on_s": marks["load_on"] - start, "load_off_s": marks["load_off"] - start,
         "reaction_s": reaction, "recovery_s": recovery, "switch_back_s": back,
+        "flaps": flaps, "cooldown": {"requests": monitor.cooldown_requests,
+                                     "seconds": monitor.cooldown_s},
         "events": [{**e.to_dict(), "time_s": e.time_s - start} for e in events],
         "records": [{"start_s": r.start_s - start, "latency_ms": r.latency_s * 1000,
                      "arch": list(r.arch)} for r in records],

@@ -18,6 +18,7 @@ whole generation at once; its :class:`~edgesplit.nas.evolution.Candidate` record
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -45,13 +46,16 @@ SearchProgress = Callable[[int, int, "Candidate | None"], None]  # (iteration, o
 @dataclass(frozen=True)
 class SearchStep:
     """The state after one iteration: subnets evaluated so far, the best accuracy within the
-    budget (None before any) and its latency, and the evaluation seconds spent so far."""
+    budget (None before any) and its latency, the evaluation seconds spent so far, and the
+    wall seconds since the search started (breeding and bookkeeping too: the paper's Fig. 12
+    search time)."""
 
     iteration: int
     evaluated: int
     best_accuracy: float | None
     best_latency: float | None
     seconds: float
+    wall_s: float = 0.0
 
 
 class _SubnetSearch:
@@ -88,6 +92,7 @@ class _SubnetSearch:
         self._evaluator, self._table, self._fastest = evaluator, table, fastest
         self._records: dict[SubnetArch, Candidate] = {}
         self._seconds = 0.0
+        self._started = time.perf_counter()
         self.history_: list[Candidate] = []
         self.curve_: list[SearchStep] = []
         self.rejected_ = 0
@@ -121,7 +126,7 @@ class _SubnetSearch:
         self.curve_.append(SearchStep(iteration, len(self.history_),
                                       None if best is None else best.score,
                                       None if best is None else best.metrics["latency"],
-                                      self._seconds))
+                                      self._seconds, time.perf_counter() - self._started))
         if self.progress is not None:
             self.progress(iteration, of, best)
 
@@ -146,6 +151,13 @@ class _SubnetSearch:
             if self._feasible(record) and record.score >= accuracy:
                 return count
         return None
+
+
+    def seconds_to(self, accuracy: float) -> float | None:
+        """Wall seconds from the start until, at the end of an iteration, the best subnet
+        within the budget had reached ``accuracy`` (None: never)."""
+        return next((step.wall_s for step in self.curve_ if step.best_accuracy is not None
+                     and step.best_accuracy >= accuracy), None)
 
 
 def _better(a: Candidate, b: Candidate) -> bool:

@@ -16,7 +16,7 @@ all-original subnet is the pretrained model before and after training.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,8 +135,8 @@ class ElasticTrainer:
     def _epoch(self, phase: str, epoch: int, supernet: ElasticSupernet, data: ElasticData,
                opt: torch.optim.Optimizer, rng: np.random.Generator) -> None:
         start, losses = time.perf_counter(), []
-        parts = batches(data.train, self.batch_size, rng=rng)
-        for step, (inputs, targets) in enumerate(parts):
+        steps = -(-len(data.train) // self.batch_size)
+        for step, (inputs, targets) in enumerate(data.train.batches(self.batch_size, rng=rng)):
             arch = sample_added(supernet, rng)
             if phase == "distill":
                 loss = _distill_loss(supernet, inputs, arch)
@@ -147,8 +147,8 @@ class ElasticTrainer:
             opt.step()
             losses.append(float(loss.detach()))
             if self.progress is not None:
-                self.progress(phase, epoch * len(parts) + step + 1,
-                              len(parts) * self._epochs(phase), losses[-1])
+                self.progress(phase, epoch * steps + step + 1, steps * self._epochs(phase),
+                              losses[-1])
         self.history_.append(TrainRecord(phase, epoch, float(np.mean(losses)),
                                          time.perf_counter() - start))
 
@@ -157,7 +157,7 @@ class ElasticTrainer:
 
 
 def subnet_accuracy(supernet: ElasticSupernet, arch: Sequence[str],
-                    parts: Sequence[tuple[tuple[torch.Tensor, ...], torch.Tensor]],
+                    parts: Iterable[tuple[tuple[torch.Tensor, ...], torch.Tensor]],
                     metric: Metric) -> float:
     """Mean per-sample score of subnet ``arch`` over batches ``parts``."""
     total, count = 0.0, 0
