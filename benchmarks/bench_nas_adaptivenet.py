@@ -423,6 +423,13 @@ def _markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {i + 1} | {r['budget_ms']:.3g} | {len(r['events'])} | {flaps} | "
                      f"{_fmt(r['reaction_s'])} | {_fmt(r['recovery_s'])} | "
                      f"{_fmt(r['switch_back_s'])} | {r['over_budget']}/{r['requests']} |")
+    flapped = [r["flaps"] for r in doc["switching"]["runs"] if "flaps" in r]
+    if flapped:
+        lines += ["", f"Flaps (switches no load change asked for; goal 0): {flapped}, "
+                  + ("met." if not any(flapped) else
+                     "**not met**: under this load the fastest subnet runs near its estimate "
+                     "while larger ones run several times slower, so a switch up is undone "
+                     "once the cooldown and backoff allow it (the monitor assumes one r).")]
     j = doc["joint"]
     link = j["split"]["transfer_ms"] + j["split"]["rtt_ms"]
     lines += ["", "## Joint subnet + split (beyond the paper)", "",

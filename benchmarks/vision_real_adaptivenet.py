@@ -185,6 +185,8 @@ def render(sec: dict[str, Any]) -> list[str]:
                          f" | {s['original_test_accuracy']:.2f} | {pool} | {s['train_s']:.0f} | "
                          f"{r['wall_s']:.0f} |")
     lines += ["", *_best_over_seeds(sec), ""]
+    if sec.get("note"):  # what the numbers say against the paper, written after the run
+        lines += [sec["note"], ""]
     lines += _render_switching(sec["switching"]) + _render_reuse(sec["reuse"])
     return lines
 
