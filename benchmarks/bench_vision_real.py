@@ -341,6 +341,8 @@ def _render_autosplit(sec: dict[str, Any], out: Path) -> list[str]:
              f"Load {sec['load_before']} before, {sec['load_after']} after.", ""]
     for model, settings in sec["models"].items():
         for name, r in settings.items():
+            if not isinstance(r, dict):  # the load around a model's runs (see merged)
+                continue
             lines += [f"### {model}, {r['edge']} -> {r['link']} -> {r['cloud']}", "",
                       f"Float model: {r['float_test_accuracy']:.2f} % on the test set, "
                       f"{r['float_validation_accuracy']:.2f} % on {r['validation_images']} "

@@ -230,13 +230,13 @@ def count_flaps(events: Sequence[SwitchEvent], latency_s: Callable[[SubnetArch],
     flaps = 0
     for k, (start, wanted) in enumerate(bounds):
         end = bounds[k + 1][0] if k + 1 < len(bounds) else math.inf
-        settled = wanted is None
+        flapping = wanted is None  # a steady phase: every switch is a flap
         for event in events:
             if event.reason == MANUAL or not start <= event.time_s < end:
                 continue
             down = latency_s(event.to_arch) < latency_s(event.from_arch)
-            settled = settled or ("down" if down else "up") != wanted
-            flaps += settled
+            flapping = flapping or ("down" if down else "up") != wanted
+            flaps += flapping
     return flaps
 
 
