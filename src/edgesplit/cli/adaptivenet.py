@@ -5,7 +5,7 @@ of searched subnets, switching when the measured latency drifts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -206,11 +206,13 @@ def serve(
     load_until: float = typer.Option(0.7, "--load-until",
                                      help="Load stops at this fraction of the requests."),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads while serving."),
-    cooldown_requests: int = typer.Option(20, "--cooldown-requests", min=0,
-                                          help="Requests after a switch before switching up."),
-    cooldown_s: float = typer.Option(0.5, "--cooldown-s", min=0.0,
-                                     help="Seconds after a switch before switching up "
-                                          "(switching down is never held back)."),
+    cooldown_requests: int | None = typer.Option(
+        None, "--cooldown-requests", min=0,
+        help="Requests after a switch before switching up (default 20)."),
+    cooldown_s: float | None = typer.Option(
+        None, "--cooldown-s", min=0.0,
+        help="Seconds after a switch before switching up (default 0.5; switching down is "
+             "never held back)."),
     plot: Path | None = typer.Option(None, "--plot",
                                      help="Write the latency timeline with the switches."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -219,11 +221,13 @@ def serve(
     measured latency drifts (the paper's dynamic model update)."""
     from edgesplit.nas.adaptivenet.run import budget_note, serve_pool
 
+    # the monitor's own defaults (monitor.COOLDOWN_*) unless the user gives one
+    cooldown: dict[str, Any] = {k: v for k, v in (("cooldown_requests", cooldown_requests),
+                                                  ("cooldown_s", cooldown_s)) if v is not None}
     with progress_bar(f"AdaptiveNet serving {folder}") as progress:
         doc = serve_pool(folder, requests=requests, load_from=load_from, load_until=load_until,
                          load=load, processes=processes, factor=factor, threads=threads,
-                         cooldown_requests=cooldown_requests, cooldown_s=cooldown_s,
-                         progress=progress)
+                         progress=progress, **cooldown)
     doc = {"version": 1, **doc}
     note = budget_note(doc)
     if note is not None:  # the table's budget is not the one search printed: say why
