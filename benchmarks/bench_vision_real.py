@@ -22,10 +22,14 @@ Section ``adaptivenet`` (item 5): AdaptiveNet on the fine-tuned MobileNetV2 (ela
 search under three budgets, every pool on the test set; switching and reuse), see
 ``vision_real_adaptivenet.py``.
 
+Section ``l2s`` (item 7): L2S split training of the ImageNet-pretrained MobileNetV2 on
+Fashion-MNIST between two processes, LinUCB-E learning the cut under the KL privacy limit,
+against unsplit training on the same batches, three seeds; see ``vision_real_l2s.py``.
+
 Quiet machine: refuses above a 1-minute load of 1.0 unless ``--allow-load`` (accuracy does not
 depend on load; times do); the load is recorded before and after each section.
 
-    python benchmarks/bench_vision_real.py [--sections finetune autosplit adaptivenet]
+    python benchmarks/bench_vision_real.py [--sections finetune autosplit adaptivenet l2s]
         [--seeds 0 1 2] [--an-seeds 0 1 2] [--an-train-limit N] [--an-runs N]
         [--models mobilenet_v2 ...] [--settings eyeriss-3mbps-tpu ...] [--front-limit N]
         [--train-limit N] [--out DIR] [--allow-load X] [--render-only | --from-cache]
@@ -329,6 +333,10 @@ def render(doc: dict[str, Any], out: Path) -> None:
         import vision_real_adaptivenet
 
         lines += vision_real_adaptivenet.render(doc["adaptivenet"])
+    if doc.get("l2s"):
+        import vision_real_l2s
+
+        lines += vision_real_l2s.render(doc["l2s"], out / "vision_real_l2s.png")
     (out / "vision_real.md").write_text("\n".join(lines) + "\n")
 
 
@@ -436,7 +444,7 @@ def _plot_finetune(ft: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["finetune", "autosplit"],
-                        choices=["finetune", "autosplit", "adaptivenet"])
+                        choices=["finetune", "autosplit", "adaptivenet", "l2s"])
     parser.add_argument("--an-seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--an-train-limit", type=int, default=4000)
     parser.add_argument("--an-search-size", type=int, default=500)
@@ -446,6 +454,14 @@ def main() -> None:
                         metavar=("POPULATION", "ITERATIONS"))
     parser.add_argument("--an-runs", type=int, default=5, help="Serving runs per load.")
     parser.add_argument("--an-requests", type=int, default=600)
+    parser.add_argument("--l2s-seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--l2s-train-limit", type=int, default=8000)
+    parser.add_argument("--l2s-epochs", type=int, default=2)
+    parser.add_argument("--l2s-size", type=int, default=32)
+    parser.add_argument("--l2s-privacy-kl", type=float, default=0.4)
+    parser.add_argument("--l2s-slowdown", type=float, default=3.0)
+    parser.add_argument("--l2s-bandwidth", nargs=2, type=float, default=[400.0, 10.0],
+                        metavar=("MBPS", "DROP_TO"))
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     parser.add_argument("--front-limit", type=int, default=8)
@@ -493,6 +509,15 @@ def main() -> None:
                 tune_epochs=args.an_epochs[1], population=args.an_search[0],
                 iterations=args.an_search[1], runs=args.an_runs, requests=args.an_requests,
                 load=_load)
+            path.write_text(json.dumps(doc, indent=2))
+        if "l2s" in args.sections:
+            import vision_real_l2s
+
+            doc["l2s"] = vision_real_l2s.section(
+                args.l2s_seeds, train_limit=args.l2s_train_limit, epochs=args.l2s_epochs,
+                size=args.l2s_size, privacy_kl=args.l2s_privacy_kl,
+                slowdown=args.l2s_slowdown, bandwidth=args.l2s_bandwidth[0],
+                drop_to=args.l2s_bandwidth[1], load=_load)
         path.write_text(json.dumps(doc, indent=2))
     render(doc, args.out)
 

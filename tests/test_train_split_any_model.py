@@ -154,3 +154,28 @@ def test_the_cli_refuses_a_mismatch_in_one_line(fashion):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "digits_cnn takes samples of shape [1, 32, 32]" in done.stderr
+
+
+def test_train_limit_keeps_the_first_training_images_and_the_whole_test_set(fashion):
+    whole, kept = load_split_data(DATA, 8, SEED), load_split_data(DATA, 8, SEED, train_limit=16)
+    assert sum(len(y) for _, y in kept.batches(0)) == 16
+    assert sum(len(y) for _, y in whole.batches(0)) == 40
+    assert kept.test_samples == whole.test_samples == 10
+    assert torch.equal(kept.examples(16), whole.examples(16))  # the first 16, not a draw
+    digits = load_split_data("digits", 8, SEED, train_limit=20)
+    assert sum(len(y) for _, y in digits.batches(0)) == 20 and digits.test_samples == 600
+
+
+@pytest.mark.parametrize("picked", ["split=test", "range=:20"])
+def test_a_spec_that_picks_images_is_refused_before_any_work(picked):
+    # split training divides the set itself; a picked range would be trained on *and* tested on
+    with pytest.raises(ConfigError, match="drop split=/range= and give"):
+        TrainSplitConfig(model=MODEL, data=f"{DATA},{picked}")
+    with pytest.raises(ConfigError, match="give 1 or more training images"):
+        TrainSplitConfig(model=MODEL, data=DATA, train_limit=0)
+
+
+def test_a_privacy_limit_no_cut_reaches_is_refused_saying_what_to_change(fashion):
+    config = TrainSplitConfig(model=MODEL, data=DATA, epochs=1, privacy_kl=100.0)
+    with pytest.raises(ConfigError, match="nothing to learn; lower the threshold"):
+        train_split(config, "127.0.0.1:9")  # refused before any connection is tried

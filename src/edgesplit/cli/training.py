@@ -139,6 +139,9 @@ def train_split_cmd(
     data: str = typer.Option(
         "digits", "--data", help="digits, or fashion-mnist[:size=N,channels=C,norm=imagenet] "
         "(train split to train, test split for the accuracy)."),
+    train_limit: int | None = typer.Option(
+        None, "--train-limit", help="Train on the first N training images only (default "
+        "all); the accuracy is on the whole test split."),
     server: str | None = typer.Option(
         None, "--server", help="HOST:PORT of `edgesplit serve-training` (default: start one)."),
     epochs: int = typer.Option(8, "--epochs"),
@@ -204,8 +207,8 @@ def train_split_cmd(
         model += "," if ":" in model else ":"
         model += "pretrained"
     config = TrainSplitConfig(
-        model=model, data=data, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-        seed=seed,
+        model=model, data=data, train_limit=train_limit, epochs=epochs, batch_size=batch_size,
+        lr=lr, momentum=momentum, seed=seed,
         bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms, drop_at=drop_at, drop_to=drop_to,
         restore_at=restore_at, device_slowdown=device_slowdown, policy=policy, cut=cut,
         sync=sync, sync_every=sync_every, privacy_kl=None if no_privacy else privacy_kl,

@@ -49,6 +49,7 @@ __all__ = [
     "fashion_mnist",
     "fashion_mnist_dir",
     "image_files",
+    "image_selection",
     "imagenet_input",
     "is_gray",
     "is_image_set_spec",
@@ -496,6 +497,13 @@ def _selection_options(spec: str, text: str) -> tuple[dict[str, Any], list[str]]
 
 def is_image_set_spec(spec: str) -> bool:
     return spec.partition(":")[0] in IMAGE_SETS
+
+
+def image_selection(spec: str) -> dict[str, Any]:
+    """What an image set spec picks: ``{"split": ..., "range": (A, B)}``, the keys it gives
+    (none: the whole split a command asks for). Commands that divide a set themselves (train on
+    one split, test on the other) refuse a spec that picks."""
+    return _selection_options(spec, spec.partition(":")[2])[0]
 
 
 @register_dataset("fashion-mnist", model=None,

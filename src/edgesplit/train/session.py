@@ -266,6 +266,8 @@ class TrainSplitConfig:
     # fashion-mnist:size=32,channels=3,norm=imagenet (its train split streamed for training,
     # its test split for the accuracy)
     data: str = "digits"
+    # train on the first N training images only (None: all); the test set stays whole
+    train_limit: int | None = None
     # 8 epochs at lr 0.01: unsplit training reaches 97.8-99.2 % for seeds 0-2; at 4 epochs
     # and lr 0.05 it was anywhere from 80 % to 98 % depending on the seed and thread count
     epochs: int = 8
@@ -310,14 +312,22 @@ class TrainSplitConfig:
         if self.privacy_split is not None and self.privacy_split < 0:
             raise ConfigError(f"{option('privacy_split', self.privacy_split)}: give the number "
                               "of chain elements that stay on the device, 0 or more")
+        if self.train_limit is not None and self.train_limit < 1:
+            raise ConfigError(f"{option('train_limit', self.train_limit)}: give 1 or more "
+                              "training images (or leave it out for all)")
         TrainModelSpec.parse(self.model)  # a bad spec fails here, before any data is read
         if self.data != "digits":
-            from edgesplit.data.images import is_image_set_spec
+            from edgesplit.data.images import image_selection, is_image_set_spec
 
             if not is_image_set_spec(self.data):
                 raise ConfigError(f"{option('data', self.data)} is unknown: use digits or an "
                                   "image set such as fashion-mnist:size=32,channels=3,"
                                   "norm=imagenet")
+            if image_selection(self.data):  # it would pick the training and the test images
+                raise ConfigError(f"{option('data', self.data)}: split training trains on the "
+                                  "train split and measures on the test split; drop split=/"
+                                  f"range= and give {option('train_limit')} for fewer "
+                                  "training images")
         from edgesplit.train.simulator import BandwidthTrace
 
         BandwidthTrace(self.bandwidth_mbps, self.rtt_ms, self.drop_at, self.drop_to,
@@ -358,6 +368,18 @@ def _domain(config: TrainSplitConfig, spec: TrainModelSpec, chain: Sequence[nn.M
     return list(range(privacy["chain_point"] - 1, n)), privacy
 
 
+def _nothing_to_learn(config: TrainSplitConfig, privacy: dict | None) -> str:
+    """Why L2S has one cut to choose (training on the device), and what to change."""
+    if privacy is None or "kl_per_cut" not in privacy:
+        return (f"{option('privacy_split', config.privacy_split)} keeps every chain element on "
+                "the device, so there is no cut to learn; give a smaller one")
+    sent = privacy["kl_per_cut"][:-1]  # the last cut sends nothing
+    return (f"no cut that sends anything reaches {option('privacy_kl', config.privacy_kl)} "
+            f"(their KL divergences are {min(sent):.3g} to {max(sent):.3g}), so only training "
+            "on the device is allowed and there is nothing to learn; lower the threshold, give "
+            f"{option('privacy_split')}, or train with {option('no_privacy')}")
+
+
 @dataclass(frozen=True)
 class SplitData:
     """The data of a split-training run: per-epoch training batches (reproducible from the
@@ -373,14 +395,17 @@ class SplitData:
     test_samples: int
 
 
-def load_split_data(spec: str, batch_size: int, seed: int) -> SplitData:
+def load_split_data(spec: str, batch_size: int, seed: int, train_limit: int | None = None
+                    ) -> SplitData:
     """``digits`` (sklearn's, in memory) or an image set spec (``fashion-mnist[:options]``,
-    streamed: its train split to train on, its test split for the accuracy)."""
+    streamed: its train split to train on, its test split for the accuracy); ``train_limit``
+    keeps the first N training samples, the test samples stay whole."""
     if spec == "digits":
         from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
 
         images, labels = digits_arrays()
-        x_train, y_train = images[:TRAIN_SAMPLES], labels[:TRAIN_SAMPLES]
+        kept = min(TRAIN_SAMPLES, train_limit or TRAIN_SAMPLES)
+        x_train, y_train = images[:kept], labels[:kept]
         x_test, y_test = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
         return SplitData("digits", tuple(images.shape[1:]), 10,
                          epoch_batches(x_train, y_train, batch_size, seed),
@@ -389,6 +414,8 @@ def load_split_data(spec: str, batch_size: int, seed: int) -> SplitData:
     from edgesplit.data.images import load_images
 
     train, test = load_images(spec, "train"), load_images(spec, "test")
+    if train_limit is not None:
+        train = train.subset(slice(0, train_limit))
     return SplitData(spec, tuple(train.sample_shape), train.num_classes,
                      lambda epoch: train.loader(batch_size, shuffle=True, seed=seed + epoch),
                      train.first, lambda m: _accuracy(m, test.loader(256)), len(test))
@@ -477,7 +504,7 @@ def train_split(config: TrainSplitConfig, address: str | LoopbackChannel, *,
     server has open, see :class:`RemoteSplitTrainer`; a server's ``loopback_channel()`` trains
     in-process); L2S picks each round's cut. The server must serve :func:`model_for_data`'s
     spec with the same seed. Returns the run's JSON document."""
-    data = load_split_data(config.data, config.batch_size, config.seed)
+    data = load_split_data(config.data, config.batch_size, config.seed, config.train_limit)
     spec = model_for_data(config.model, data)
     model = spec.build(config.seed)
     chain = as_chain(model)
@@ -488,6 +515,8 @@ def train_split(config: TrainSplitConfig, address: str | LoopbackChannel, *,
         raise ConfigError(f"{spec.name} outputs {classes} classes, {data.name} has "
                           f"{data.classes}; choose a model whose classifier can be resized")
     cuts, privacy = _domain(config, spec, chain, data)
+    if config.policy != "fixed" and len(cuts) < 2:
+        raise ConfigError(_nothing_to_learn(config, privacy))
     if config.policy == "fixed" and config.cut not in cuts:
         raise ConfigError(f"{option('cut', config.cut)} is outside the allowed cuts {cuts} "
                           "(privacy)")

@@ -27,7 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from edgesplit.data import EvalData
-from edgesplit.data.images import StreamingImages, is_image_set_spec, load_images
+from edgesplit.data.images import (
+    StreamingImages,
+    image_selection,
+    is_image_set_spec,
+    load_images,
+)
 from edgesplit.errors import ConfigError, option
 
 __all__ = ["DEFAULT_SEARCH_SIZE", "HOLDOUT", "METRICS", "TASKS", "ElasticData", "Part",
@@ -220,8 +225,7 @@ def _streamed(spec: str, input_shape: Sequence[int], teacher: Callable[..., torc
               task: str | None, train_limit: int | None, search_size: int | None
               ) -> ElasticData:
     """An image set's three parts, streamed (see :func:`load_elastic_data`)."""
-    options = spec.partition(":")[2].split(",")
-    if any(o.split("=")[0] in ("split", "range") for o in options):
+    if image_selection(spec):
         raise ConfigError(f"{spec}: AdaptiveNet divides an image set itself (train on the "
                           f"train split but its last {HOLDOUT:,}, search on those, report on "
                           f"the test split); drop split=/range= and give "
