@@ -78,7 +78,7 @@ def _one_seed(config: Any, progress: bool) -> dict[str, Any]:
 
 
 def section(seeds: list[int], *, train_limit: int, epochs: int, size: int, privacy_kl: float,
-            slowdown: float, bandwidth: float, drop_to: float, load: Any,
+            slowdown: float, bandwidth: float, drop_to: float, lr: float, load: Any,
             progress: bool = True) -> dict[str, Any]:
     from edgesplit.train.session import TrainSplitConfig
 
@@ -87,12 +87,12 @@ def section(seeds: list[int], *, train_limit: int, epochs: int, size: int, priva
     rounds = epochs * -(-train_limit // batch)
     sec: dict[str, Any] = {
         "load_before": load(), "model": MODEL, "data": data, "train_limit": train_limit,
-        "epochs": epochs, "batch_size": batch, "lr": 0.01, "momentum": 0.9,
+        "epochs": epochs, "batch_size": batch, "lr": lr, "momentum": 0.9,
         "privacy_kl": privacy_kl, "device_slowdown": slowdown, "bandwidth_mbps": bandwidth,
         "drop_to_mbps": drop_to, "drop_at": rounds // 2, "runs": []}
     for seed in seeds:
         config = TrainSplitConfig(model=MODEL, data=data, train_limit=train_limit,
-                                  epochs=epochs, batch_size=batch, lr=0.01, momentum=0.9,
+                                  epochs=epochs, batch_size=batch, lr=lr, momentum=0.9,
                                   seed=seed, bandwidth_mbps=bandwidth, drop_at=rounds // 2,
                                   drop_to=drop_to, device_slowdown=slowdown, policy="l2s",
                                   privacy_kl=privacy_kl)
@@ -106,6 +106,18 @@ def section(seeds: list[int], *, train_limit: int, epochs: int, size: int, priva
     sec["gap"] = [round(r["accuracy"] - r["baseline_accuracy"], 2) for r in sec["runs"]]
     sec["load_after"] = load()
     return sec
+
+
+def render_earlier(earlier: list[dict[str, Any]]) -> list[str]:
+    """Runs of this section with other settings, kept so that every run made is reported."""
+    lines = []
+    for sec in earlier:
+        runs = "; ".join(f"seed {r['seed']}: {r['accuracy']:.2f} % split, "
+                         f"{r['baseline_accuracy']:.2f} % unsplit, final training loss "
+                         f"{r['final_loss']:.2f}" for r in sec["runs"])
+        lines += [f"Earlier run of this section at lr {sec['lr']} (otherwise the same): "
+                  f"{runs}. {sec.get('note', '')}", ""]
+    return lines
 
 
 def render(sec: dict[str, Any], plot_path: Any) -> list[str]:
@@ -140,6 +152,7 @@ def render(sec: dict[str, Any], plot_path: Any) -> list[str]:
     lines += ["", f"Split: {a['mean']:.2f} % (sd {a['stdev']:.2f}); unsplit: {b['mean']:.2f} % "
               f"(sd {b['stdev']:.2f}). Cut c: chain elements 0..c on the device (the last, "
               f"{sec['runs'][0]['cuts'][-1]}, trains everything on the device).", "",
+              *([sec["note_load"], ""] if sec.get("note_load") else []),
               "![L2S cuts](vision_real_l2s.png)", ""]
     _plot(sec, plot_path)
     return lines
