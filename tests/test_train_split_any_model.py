@@ -179,3 +179,7 @@ def test_a_privacy_limit_no_cut_reaches_is_refused_saying_what_to_change(fashion
     config = TrainSplitConfig(model=MODEL, data=DATA, epochs=1, privacy_kl=100.0)
     with pytest.raises(ConfigError, match="nothing to learn; lower the threshold"):
         train_split(config, "127.0.0.1:9")  # refused before any connection is tried
+    n = len(as_chain(model_for_data(MODEL, load_split_data(DATA, 8, SEED)).build(SEED)))
+    config = TrainSplitConfig(model=MODEL, data=DATA, epochs=1, privacy_split=n)
+    with pytest.raises(ConfigError, match=f"privacy_split={n} keeps every chain element"):
+        train_split(config, "127.0.0.1:9")

@@ -370,10 +370,13 @@ def _domain(config: TrainSplitConfig, spec: TrainModelSpec, chain: Sequence[nn.M
 
 def _nothing_to_learn(config: TrainSplitConfig, privacy: dict | None) -> str:
     """Why L2S has one cut to choose (training on the device), and what to change."""
-    if privacy is None or "kl_per_cut" not in privacy:
+    sent = (privacy or {}).get("kl_per_cut", [])[:-1]  # the last cut sends nothing
+    if config.privacy_split is not None and config.privacy_split > 1:
         return (f"{option('privacy_split', config.privacy_split)} keeps every chain element on "
                 "the device, so there is no cut to learn; give a smaller one")
-    sent = privacy["kl_per_cut"][:-1]  # the last cut sends nothing
+    if not sent:
+        return (f"{config.model} forms a chain of one element, so there is no cut to learn; "
+                f"train it unsplit, or with {option('policy', 'fixed')}")
     return (f"no cut that sends anything reaches {option('privacy_kl', config.privacy_kl)} "
             f"(their KL divergences are {min(sent):.3g} to {max(sent):.3g}), so only training "
             "on the device is allowed and there is nothing to learn; lower the threshold, give "
