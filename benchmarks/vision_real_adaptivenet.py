@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,7 @@ def _progress(stage: str, done: int, total: int) -> None:
 def section(seeds: list[int], *, train_limit: int, search_size: int, distill_epochs: int,
             tune_epochs: int, population: int, iterations: int, runs: int, requests: int,
             load: Any) -> dict[str, Any]:
-    from edgesplit.nas.adaptivenet.train import ElasticTrainer
-    from edgesplit.train.finetune import default_recipe, export_finetuned, finetune
+    from edgesplit.train.finetune import default_recipe, finetune
 
     recipe = default_recipe("mobilenet_v2", seed=0)
     result = finetune(recipe)  # the cached seed-0 run of the finetune section
@@ -53,10 +53,8 @@ def section(seeds: list[int], *, train_limit: int, search_size: int, distill_epo
                            "search_size": search_size, "budgets": list(BUDGETS),
                            "population": population, "iterations": iterations, "seeds": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        model_file = export_finetuned(result, Path(tmp) / "mobilenet_v2.pt2")
-        for seed in seeds:
-            trainer = ElasticTrainer(distill_epochs=distill_epochs, tune_epochs=tune_epochs,
-                                     batch_size=64, seed=seed)
+        for seed, model_file, trainer in seeded_trainers(Path(tmp), result, seeds,
+                                                         distill_epochs, tune_epochs):
             sec["seeds"][str(seed)] = _one_seed(Path(tmp), model_file, recipe.data_spec, seed,
                                                 trainer, train_limit, search_size, population,
                                                 iterations)
@@ -65,6 +63,19 @@ def section(seeds: list[int], *, train_limit: int, search_size: int, distill_epo
         sec["reuse"] = _reuse(Path(tmp) / f"supernet-{seeds[0]}")
     sec["load_after"] = load()
     return sec
+
+
+def seeded_trainers(tmp: Path, result: Any, seeds: list[int], distill_epochs: int,
+                    tune_epochs: int) -> Iterator[tuple[int, Path, Any]]:
+    """The fine-tuned network exported once into ``tmp``, then for each seed the elastic
+    trainer every AdaptiveNet section trains with (batch 64, that seed)."""
+    from edgesplit.nas.adaptivenet.train import ElasticTrainer
+    from edgesplit.train.finetune import export_finetuned
+
+    model_file = export_finetuned(result, tmp / "mobilenet_v2.pt2")
+    for seed in seeds:
+        yield seed, model_file, ElasticTrainer(distill_epochs=distill_epochs,
+                                               tune_epochs=tune_epochs, batch_size=64, seed=seed)
 
 
 def _one_seed(tmp: Path, model_file: Path, spec: str, seed: int, trainer: Any,

@@ -34,10 +34,11 @@ def _latencies(joint: Any, arch: tuple[str, ...]) -> dict[str, Any]:
 def section(seeds: list[int], *, setting_names: tuple[str, str, str], budget: float,
             train_limit: int, search_size: int, distill_epochs: int, tune_epochs: int,
             population: int, iterations: int, load: Any) -> dict[str, Any]:
+    from vision_real_adaptivenet import seeded_trainers
+
     from edgesplit.hardware.catalog import resolve_device, resolve_link
-    from edgesplit.nas.adaptivenet.train import ElasticTrainer
     from edgesplit.plan.cost import EdgeCloudSetting
-    from edgesplit.train.finetune import default_recipe, export_finetuned, finetune
+    from edgesplit.train.finetune import default_recipe, finetune
 
     edge, link, cloud = setting_names
     setting = EdgeCloudSetting(edge=resolve_device(edge), cloud=resolve_device(cloud),
@@ -52,10 +53,8 @@ def section(seeds: list[int], *, setting_names: tuple[str, str, str], budget: fl
                            "iterations": iterations, "distill_epochs": distill_epochs,
                            "tune_epochs": tune_epochs, "seeds": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        model_file = export_finetuned(result, Path(tmp) / "mobilenet_v2.pt2")
-        for seed in seeds:
-            trainer = ElasticTrainer(distill_epochs=distill_epochs, tune_epochs=tune_epochs,
-                                     batch_size=64, seed=seed)
+        for seed, model_file, trainer in seeded_trainers(Path(tmp), result, seeds,
+                                                         distill_epochs, tune_epochs):
             sec["seeds"][str(seed)] = _one_seed(Path(tmp), model_file, recipe.data_spec, seed,
                                                 trainer, setting, budget, train_limit,
                                                 search_size, population, iterations)
