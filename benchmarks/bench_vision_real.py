@@ -61,8 +61,9 @@ SETTINGS = {"eyeriss-3mbps-tpu": ("eyeriss", "tpu", "autosplit-3mbps"),
             "phone-5g-v100": ("phone-2022", "v100-server", "5g")}
 # the joint subnet + split search's setting (edge, link, cloud): one where the pretrained
 # MobileNetV2's best plan cuts inside the network (checked in the section's table)
-# (`edgesplit plan` of the fine-tuned network there: split 8.6 ms, edge-only 15.1, cloud-only
-# 18.5; over the preset `wifi` the device alone is as fast as any cut)
+# (`edgesplit plan` of the fine-tuned network's .pt2, exported at batch 2: split 8.6 ms,
+# edge-only 15.1, cloud-only 18.5; the section prices batch 1, about half; over the preset
+# `wifi` the device alone is as fast as any cut)
 JOINT_SETTING = ["raspberry-pi-4", "l2s-wifi-100", "v100-server"]
 BASELINES = ("u8", "qdmp_e", "qdmp_e_u4", "cloud16")
 GOAL_DROP = 1.0  # points of top-1 below the float model
