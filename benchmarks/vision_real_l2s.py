@@ -28,7 +28,7 @@ from typing import Any
 MODEL = "mobilenet_v2:pretrained"
 
 
-def _phase(partitions: list[int], start: int, stop: int) -> dict[str, Any]:
+def _phase(partitions: list[int], start: int, stop: int | None) -> dict[str, Any]:
     """The cuts chosen in rounds [start, stop): the most used one and each one's share."""
     part = partitions[start:stop]
     counts = Counter(part)
@@ -86,7 +86,8 @@ def section(seeds: list[int], *, train_limit: int, epochs: int, size: int, priva
     batch = 32
     rounds = epochs * -(-train_limit // batch)
     sec: dict[str, Any] = {
-        "load_before": load(), "model": MODEL, "data": data, "train_limit": train_limit,
+        "load_before": load(), "model": MODEL, "data": data, "size": size,
+        "train_limit": train_limit,
         "epochs": epochs, "batch_size": batch, "lr": lr, "momentum": 0.9,
         "privacy_kl": privacy_kl, "device_slowdown": slowdown, "bandwidth_mbps": bandwidth,
         "drop_to_mbps": drop_to, "drop_at": rounds // 2, "runs": []}
@@ -126,8 +127,7 @@ def render(sec: dict[str, Any], plot_path: Any) -> list[str]:
         "## L2S split training of a pretrained network (item 7)", "",
         f"`{sec['model']}` (ImageNet backbone, fresh 10-class classifier) fine-tuned whole on "
         f"the first {sec['train_limit']:,} Fashion-MNIST training images at "
-        f"{sec['data'].split('size=')[1].split(',')[0]}x"
-        f"{sec['data'].split('size=')[1].split(',')[0]}x3 for {sec['epochs']} epochs (batch "
+        f"{sec['size']}x{sec['size']}x3 for {sec['epochs']} epochs (batch "
         f"{sec['batch_size']}, SGD lr {sec['lr']}, momentum {sec['momentum']}), split between "
         "this process (the device) and an `edgesplit serve-training` process (one core each), "
         "weights synchronised at every cut change (FWS). LinUCB-E picks each round's cut among "
