@@ -10,19 +10,19 @@ Two graphs come out of one scan:
   under ``TYPE_CHECKING`` is a dependency all the same;
 - the *module graph*: a node per module, an edge to the module an import loads (``from
   edgesplit.graph import ir`` loads ``edgesplit.graph.ir``; ``from edgesplit.graph import
-  LayerGraph`` loads the package's ``__init__``), each edge marked by when it runs: ``top``
-  (while the importing module is itself imported: module and class bodies, ``try``/``if``
-  included), ``deferred`` (inside a function: runs when called) or ``typing`` (under ``if
-  TYPE_CHECKING:``: never runs). The parent packages Python imports first are not edges: a
-  package importing its own submodules, which import their siblings, is the normal shape and
-  no cycle at run time.
+  LayerGraph`` loads the package's ``__init__``; a name that is both is read as the submodule),
+  each edge marked by when it runs: ``top`` (while the importing module is itself imported:
+  module and class bodies, ``try``/``if`` included), ``deferred`` (inside a function: runs
+  when called) or ``typing`` (under ``if TYPE_CHECKING:``: never runs). The parent packages
+  Python imports first are not edges: a package importing its own submodules, which import
+  their siblings, is the normal shape and no cycle at run time.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +58,8 @@ def node_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ROOT
 
 
-def resolve(name: str, known: Iterable[str]) -> str:
+def resolve(name: str, known: Container[str]) -> str:
     """The module that importing the dotted ``name`` loads: its longest known prefix."""
-    known = set(known)
     while name not in known and "." in name:
         name = name.rpartition(".")[0]
     return name
@@ -74,7 +73,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 class _Scanner(ast.NodeVisitor):
     """Collects the imports of one module with when each runs; relative ones apart."""
 
-    def __init__(self, module: str, known: set[str]):
+    def __init__(self, module: str, known: Container[str]):
         self.module, self.known, self.when = module, known, "top"
         self.found: list[Import] = []
         self.relative: list[int] = []
@@ -128,7 +127,7 @@ def scan(src: Path) -> Scan:
     found = modules(src)
     imports, relative = [], []
     for module, path in found.items():
-        scanner = _Scanner(module, set(found))
+        scanner = _Scanner(module, found.keys())
         scanner.visit(ast.parse(path.read_text(), str(path)))
         imports += scanner.found
         relative += [(module, line) for line in scanner.relative]
