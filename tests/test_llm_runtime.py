@@ -427,3 +427,28 @@ def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails
         assert got == [bytes(s.tensors[0].data) for s in singles]
     finally:
         line.stop()
+
+
+# ---- issue 39: sessions bound to their creator, finite caches, context limits ----------------
+def test_a_step_over_the_context_is_out_of_range_as_documented(models):
+    """README: past the plan's max context a step fails OUT_OF_RANGE; a step carrying more
+    tokens than the context got INVALID_ARGUMENT (token ids: over the wire bound; a float32
+    hidden state: the shape check)."""
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 0, 3, 6)), model)  # the laptop takes input_ids
+    mid = Chain(_plan("llama_tiny", (0, 3, 6)), model)  # the laptop takes a hidden state
+    too_long = MAX_CONTEXT + 1
+    try:
+        for server, tensors in [
+                (line.servers[0], {"input_ids": torch.zeros(1, too_long, dtype=torch.int64)}),
+                (mid.servers[0], {"block.1.out": torch.randn(1, too_long,
+                                                             model.config.hidden_size)})]:
+            with pytest.raises(grpc.RpcError) as info:
+                _raw(server, {**tensors, POSITION: torch.tensor([0])}, "s")
+            assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE, info.value.details()
+            assert f"{too_long} tokens" in info.value.details()
+            assert f"max context of {MAX_CONTEXT}" in info.value.details()
+            assert len(server.sessions) == 0
+    finally:
+        line.stop()
+        mid.stop()

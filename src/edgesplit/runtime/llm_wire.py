@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import torch
 
-from edgesplit.errors import ConfigError, ContextLimitError, SessionError, WireError
-from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.errors import ConfigError, ContextLimitError, SessionError, WireError, option
+from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.runtime.dataplane import Message, Part
 from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.transport import BadRequest
@@ -89,12 +89,17 @@ def decode_step(data: Any, name: str, *, hidden_size: int | None, vocab_size: in
                 max_tokens: int) -> torch.Tensor:
     """The tensor entering a stage: token ids ``[1, T]`` below ``vocab_size``
     (``hidden_size`` None) or a floating hidden state ``[1, T, hidden_size]``, with
-    1 <= T <= ``max_tokens``; BadRequest naming what is wrong."""
+    1 <= T <= ``max_tokens``; BadRequest naming what is wrong: OUT_OF_RANGE for more tokens
+    than ``max_tokens`` (the plan's max context, as the session's own check answers),
+    INVALID_ARGUMENT for anything else."""
     width = 1 if hidden_size is None else hidden_size
     try:  # bounded before anything payload-sized is allocated
         x = decode_tensor(data, max_raw_bytes=max_tokens * width * 8)
     except WireError as exc:
+        _check_tokens(name, _declared_tokens(data), max_tokens)  # too long: OUT_OF_RANGE
         raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: {exc}") from None
+    if x.dim() >= 2:
+        _check_tokens(name, int(x.shape[1]), max_tokens)
     if hidden_size is None:
         want = "int64 token ids of shape [1, T]"
         ok = x.dtype == torch.int64 and x.dim() == 2 and x.shape[0] == 1
@@ -116,6 +121,26 @@ def decode_step(data: Any, name: str, *, hidden_size: int | None, vocab_size: in
         raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
                          f"tensor {name!r} holds NaN or infinite values; nothing was cached")
     return x
+
+
+def _declared_tokens(data: Any) -> int | None:
+    """The tokens (second dimension) a step's tensor declares in its header (None: a
+    malformed message or no such dimension); read without decoding the payload."""
+    try:
+        shape = message_info(data)["shape"]
+    except WireError:
+        return None
+    return int(shape[1]) if len(shape) >= 2 else None
+
+
+def _check_tokens(name: str, tokens: int | None, max_tokens: int) -> None:
+    """OUT_OF_RANGE (ContextLimitError at the client, as for any step past the context)
+    when a step carries more tokens than the plan's max context."""
+    if tokens is not None and tokens > max_tokens:
+        raise BadRequest(_CONTEXT_STATUS,
+                         f"tensor {name!r} carries {tokens} tokens, more than the plan's max "
+                         f"context of {max_tokens}: send a shorter prompt, or plan with a "
+                         f"larger {option('max_context', flag='--max-context')}")
 
 
 def decode_sampling(data: Any) -> Sampling:
