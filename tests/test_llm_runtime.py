@@ -452,3 +452,32 @@ def test_a_step_over_the_context_is_out_of_range_as_documented(models):
     finally:
         line.stop()
         mid.stop()
+
+
+def test_a_max_context_past_the_models_positions_is_refused(models, tmp_path):
+    """An edited plan's max_context past the model's positions failed with a traceback (or
+    gRPC's message limit) only when served: refused on loading, on serving (against the
+    model itself) and when its largest step passes what a message carries."""
+    from edgesplit.plan import load_plan
+    from edgesplit.runtime.llm_server import llm_message_bytes
+
+    model = models["llama_tiny"]
+    plan = _plan("llama_tiny", (0, 3, 6))
+    assert plan.llm is not None
+    positions = model.config.max_position_embeddings
+    doc = plan.model_dump(mode="json")
+    doc["llm"]["max_context"] = positions + 1
+    path = tmp_path / "edited.json"
+    path.write_text(__import__("json").dumps(doc))
+    with pytest.raises(ConfigError, match=rf"{positions} positions \(max_position_embeddings\)"
+                                          rf".*--max-context {positions} or less"):
+        load_plan(path)
+    # the plan claims more positions than the model has: the stage checks the model's own
+    edited = plan.llm.model_copy(update={"max_context": positions + 1,
+                                         "max_positions": positions + 1})
+    with pytest.raises(ConfigError, match=rf"this model's {positions} positions"):
+        LLMStageServer(plan.model_copy(update={"llm": edited}), "laptop", model=model,
+                       data_port=None)
+    huge = plan.llm.model_copy(update={"max_context": 10**8, "max_positions": 10**8})
+    with pytest.raises(ConfigError, match=r"2 GiB a message carries.*--max-context \d+"):
+        llm_message_bytes(huge)

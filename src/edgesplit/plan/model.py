@@ -249,7 +249,8 @@ class LLMPlan(BaseModel):
     pipeline_tokens_per_s: float  # a stream with enough sessions in flight
 
     def check(self, plan: Plan) -> None:
-        """ValueError unless the stages tile the blocks in chain order and match the plan."""
+        """ValueError unless the stages tile the blocks in chain order and match the plan, and
+        the max context is within the model's positions."""
         names = [b.name for b in self.blocks]
         if [layer.name for layer in plan.layers] != names:
             raise ValueError("an LLM plan's layers must be its blocks, in order")
@@ -266,6 +267,11 @@ class LLMPlan(BaseModel):
             raise ValueError("the LLM stages must cover every block")
         if len(self.hops) != len(self.stages) - 1:
             raise ValueError("an LLM plan has one hop per link of its chain")
+        if not 1 <= self.max_context <= self.max_positions:
+            raise ValueError(f"the LLM plan's max_context of {self.max_context} tokens is not "
+                             f"within the model's {self.max_positions} positions "
+                             "(max_position_embeddings): plan it again with --max-context "
+                             f"{self.max_positions} or less")
 
 
 class Plan(BaseModel):

@@ -79,10 +79,22 @@ __all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
 log = logging.getLogger(__name__)
 
 
+_HEADERS = 64 * 1024
+_GRPC_MAX_MESSAGE = 2**31 - 1  # gRPC's message limits are C ints
+
+
 def llm_message_bytes(llm: LLMPlan) -> int:
     """The largest step message: a prompt's hidden state at max context, 8 bytes a value
-    at most, plus headers."""
-    return max(64 * 1024, llm.max_context * llm.hidden_size * 8 + 64 * 1024)
+    at most, plus headers; ConfigError when that passes what a gRPC message can carry (a
+    context that long is refused up front rather than by gRPC's options or mid-session)."""
+    need = llm.max_context * llm.hidden_size * 8 + _HEADERS
+    if need > _GRPC_MAX_MESSAGE:
+        most = (_GRPC_MAX_MESSAGE - _HEADERS) // (llm.hidden_size * 8)
+        raise ConfigError(f"the plan's max context of {llm.max_context} tokens makes a step of "
+                          f"up to {need} bytes (hidden size {llm.hidden_size}), more than the "
+                          f"2 GiB a message carries: plan it again with --max-context {most} "
+                          "or less")
+    return max(_HEADERS, need)
 
 
 def stage_index(plan: Plan, device: str) -> int:

@@ -160,10 +160,10 @@ class LLMStageModel:
         if checkpoint is not None:
             from edgesplit.models.llm_checkpoint import load_modules
 
-            _check_window(checkpoint.config(), self.llm)
+            _check_context(checkpoint.config(), self.llm)
             return load_modules(checkpoint, paths, self.dtype)
         full = model if model is not None else _build_model(plan)
-        _check_window(full.config, self.llm)
+        _check_context(full.config, self.llm)
         self.dtype = next(full.parameters()).dtype
         # a sliding window off, as load_modules does: the mask and the caches are then those
         # of full attention, which the plan's context within the window makes exact
@@ -238,13 +238,20 @@ class LLMStageModel:
         return mask, rope
 
 
-def _check_window(config: Any, llm: LLMPlan) -> None:
-    """Refuse a plan whose max context passes the model's sliding window (the planner never
-    makes one; an edited plan could): the stage runs the window as full attention, exact only
-    within it, and would otherwise answer wrongly without a word."""
+def _check_context(config: Any, llm: LLMPlan) -> None:
+    """Refuse a plan whose max context passes the model's positions or its sliding window
+    (the planner makes neither; an edited plan or another checkpoint could): past its
+    positions a model has no embedding for a token (an index error mid-session, or garbage),
+    and the stage runs a window as full attention, exact only within it; either would
+    otherwise fail or answer wrongly only once a session grew that long."""
     from edgesplit.graph.causal_lm import CausalLMShape
 
-    limit = CausalLMShape.from_config(config).window_context
+    shape = CausalLMShape.from_config(config)
+    if llm.max_context > shape.max_positions:
+        raise ConfigError(f"the plan's max context of {llm.max_context} tokens passes this "
+                          f"model's {shape.max_positions} positions (max_position_embeddings):"
+                          f" plan it again with --max-context {shape.max_positions} or less")
+    limit = shape.window_context
     if limit is not None and llm.max_context > limit:
         raise ConfigError(f"the plan's max context of {llm.max_context} tokens passes this "
                           f"model's sliding window (exact up to {limit}): plan it again "
