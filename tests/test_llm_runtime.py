@@ -430,6 +430,31 @@ def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails
 
 
 # ---- issue 39: sessions bound to their creator, finite caches, context limits ----------------
+def test_a_stage_whose_blocks_overflow_caches_nothing(models):
+    """A finite hidden state that the stage's own blocks turn into NaN/inf (a half-precision
+    overflow, broken weights) used to be cached: refused, and the cache keeps its length."""
+    import copy
+
+    model = copy.deepcopy(models["llama_tiny"])  # the shared weights stay unbroken
+    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    server, hidden = line.servers[0], model.config.hidden_size
+    try:
+        _raw(server, {"block.1.out": torch.randn(1, 2, hidden), POSITION: torch.tensor([0])},
+             "s")
+        layers = server.sessions._sessions["s"].cache.layers
+        with torch.no_grad():  # the stage's second layer: its keys and values turn infinite
+            model.model.layers[3].input_layernorm.weight.fill_(float("inf"))
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(server, {"block.1.out": torch.randn(1, 1, hidden),
+                          POSITION: torch.tensor([2])}, "s")
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert "NaN or infinite" in info.value.details()
+        assert server.sessions.length("s") == 2
+        assert {layer.get_seq_length() for layer in layers[2:4]} == {2}
+    finally:
+        line.stop()
+
+
 def test_a_step_over_the_context_is_out_of_range_as_documented(models):
     """README: past the plan's max context a step fails OUT_OF_RANGE; a step carrying more
     tokens than the context got INVALID_ARGUMENT (token ids: over the wire bound; a float32

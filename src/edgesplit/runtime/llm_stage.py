@@ -196,8 +196,9 @@ class LLMStageModel:
         """Run the stage on ``x`` (token ids ``[1, T]`` or a hidden state ``[1, T, H]``)
         for positions ``position .. position + T - 1``; returns the hidden state it forwards,
         or, when it ends with the head, the next token ``[1, 1]`` picked by ``sampling``
-        (default greedy) for position ``position + T``. Whatever device computes, what it
-        returns is in host memory (the wire's)."""
+        (default greedy) for position ``position + T``; FloatingPointError when the hidden
+        state it reached is not finite (:meth:`_check_finite`). Whatever device computes,
+        what it returns is in host memory (the wire's)."""
         h = x.to(self.torch_device, self.dtype if self.io.hidden_in else x.dtype)
         tokens = int(x.shape[1])
         positions = torch.arange(position, position + tokens,
@@ -214,6 +215,7 @@ class LLMStageModel:
                                use_cache=True, **rope)
                 h = h[0] if isinstance(h, tuple) else h
             else:  # head: only the last position's logits pick the next token
+                self._check_finite(h)
                 h = h[:, -1:, :]
                 for m in modules:
                     h = m(h)
@@ -222,7 +224,19 @@ class LLMStageModel:
                 # on the CPU: a seeded draw is the same whichever device made the logits
                 picked = sample(h.reshape(-1).cpu(), sampling, position + tokens)
                 return torch.tensor([[picked]], dtype=torch.int64)
+        self._check_finite(h)
         return h.cpu()
+
+    def _check_finite(self, h: torch.Tensor) -> None:
+        """FloatingPointError when the stage's blocks made a NaN or infinity (an overflow in
+        half precision, broken weights): its KV cache then holds them too, and every later
+        token of the session would be garbage without an error; raised inside the session's
+        step, the cache is rolled back to what it held."""
+        if h.is_floating_point() and not bool(torch.isfinite(h).all()):
+            raise FloatingPointError(
+                f"blocks [{self.io.start}, {self.io.end}) on {self.device!r} produced NaN or "
+                f"infinite values ({self.dtype} overflow, or broken weights); the step's "
+                "cache entries were dropped")
 
     def _attention_inputs(self, h: torch.Tensor, positions: torch.Tensor, cache: Any
                           ) -> tuple[Any, dict[str, Any]]:
