@@ -190,8 +190,11 @@ def test_context_limit_is_checked_before_anything_runs(models):
         line.stop()
 
 
+RAW_SECRET = "raw-secret"  # the raw steps' own session secret (every step carries one)
+
+
 def _raw(server: LLMStageServer, tensors: dict[str, torch.Tensor], session: str | None,
-         plan_id: str | None = None, secret: str | None = None):
+         plan_id: str | None = None, secret: str | None = RAW_SECRET):
     hop = Hop(server.loopback_channel(), server.limit, None)
     md = [(SESSION_KEY, session)] if session else []
     md += [(OWNER_KEY, secret)] if secret else []  # a session a client made answers only it
@@ -420,7 +423,8 @@ def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails
                    for i, s in enumerate(steps)]
         stub = pb_grpc.PartitionServiceStub(server.loopback_channel())
         replies = list(stub.RunStream(iter(bundles), timeout=30,
-                                      metadata=[(SESSION_KEY, "streamed")]))
+                                      metadata=[(SESSION_KEY, "streamed"),
+                                                (OWNER_KEY, RAW_SECRET)]))
         assert [r.request_id for r in replies] == [1, 2, 3, 4]
         assert "hidden state" in replies[2].error and not replies[2].tensors
         got = [bytes(r.tensors[0].data) for i, r in enumerate(replies) if i != 2]
@@ -430,6 +434,75 @@ def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails
 
 
 # ---- issue 39: sessions bound to their creator, finite caches, context limits ----------------
+def test_a_session_is_refused_to_any_other_secret_and_to_none(models):
+    """Every step and end carries the session's secret: without one INVALID_ARGUMENT before
+    anything is allocated; with another PERMISSION_DENIED, whether it continues, opens the id
+    afresh (never joined) or ends it; the owner's cache stays as it was."""
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    server, hidden = line.servers[0], model.config.hidden_size
+    step = {"block.1.out": torch.randn(1, 3, hidden), POSITION: torch.tensor([0])}
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(server, step, "s", secret=None)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert OWNER_KEY in info.value.details()
+        assert len(server.sessions) == 0
+        _raw(server, step, "s")  # the owner opens it
+        more = {"block.1.out": torch.randn(1, 1, hidden), POSITION: torch.tensor([3])}
+        for tensors in (step, more, {END_SESSION: torch.zeros(1, dtype=torch.int64)}):
+            with pytest.raises(grpc.RpcError) as info:
+                _raw(server, tensors, "s", secret="someone else")
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "belongs to another client" in info.value.details()
+        assert server.sessions.length("s") == 3
+        _raw(server, more, "s")
+        assert server.sessions.length("s") == 4
+    finally:
+        line.stop()
+
+
+def test_a_client_on_another_clients_session_gets_a_session_owner_error(models):
+    """The client's error is SessionOwnerError, at once: no re-prefill from position 0."""
+    from edgesplit.errors import SessionOwnerError
+
+    model = models["llama_tiny"]
+    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    prompt = _prompt(model, 2)[0].tolist()
+    try:
+        with line.client(session="x") as owner, line.client(session="x") as other:
+            _tokens(owner, torch.tensor([prompt]), 2)
+            other._held["x"] = prompt[:4]  # as if it had made the session: it continues
+            with pytest.raises(SessionOwnerError):
+                _tokens(other, torch.tensor([prompt]), 2)
+            assert line.servers[0].sessions.length("x") == PROMPT + 1
+    finally:
+        line.stop()
+
+
+def test_owner_digests_are_compared_in_constant_time(monkeypatch):
+    from edgesplit.runtime import llm_sessions
+
+    calls = []
+
+    def compare(a, b):
+        calls.append((a, b))
+        return a == b
+
+    monkeypatch.setattr(llm_sessions.hmac, "compare_digest", compare)
+    sessions = llm_sessions.LLMSessions("d", lambda: None, max_sessions=2, max_context=8)
+    mine, theirs = llm_sessions.owner_digest("mine"), llm_sessions.owner_digest("theirs")
+    with sessions.step("s", 0, 1, mine):
+        pass
+    calls.clear()
+    with pytest.raises(SessionError, match="another client"):
+        sessions.check_owner("s", theirs)
+    assert calls  # the digests went through hmac.compare_digest
+    with pytest.raises(SessionError, match="another client"):
+        sessions.end("s", None)
+    assert sessions.end("s", mine)
+
+
 def test_a_stage_whose_blocks_overflow_caches_nothing(models):
     """A finite hidden state that the stage's own blocks turn into NaN/inf (a half-precision
     overflow, broken weights) used to be cached: refused, and the cache keeps its length."""

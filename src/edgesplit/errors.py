@@ -21,6 +21,7 @@ __all__ = [
     "InfeasibleError",
     "RemoteError",
     "SessionError",
+    "SessionOwnerError",
     "UnknownNameError",
     "WireError",
     "cli_options",
@@ -70,6 +71,10 @@ class SessionError(EdgesplitError):
 
 class ContextLimitError(SessionError):
     """An LLM session would hold more tokens than the plan's max context."""
+
+
+class SessionOwnerError(SessionError):
+    """An LLM session belongs to another client (its secret differs): use an id of your own."""
 
 
 # How an error message names the setting that fixes it: Python users see the keyword argument

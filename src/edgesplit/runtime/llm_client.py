@@ -34,7 +34,14 @@ import grpc
 import torch
 from torch import nn
 
-from edgesplit.errors import ConfigError, ContextLimitError, RemoteError, SessionError, option
+from edgesplit.errors import (
+    ConfigError,
+    ContextLimitError,
+    RemoteError,
+    SessionError,
+    SessionOwnerError,
+    option,
+)
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.llm_emulation import (
@@ -68,6 +75,8 @@ from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["GeneratedToken", "LLMClient", "common_prefix"]
 
+# session errors that do not mean the caches are gone: sending the prompt again cannot help
+_NOT_GONE = (ContextLimitError, SessionOwnerError)
 
 
 @dataclass
@@ -177,7 +186,7 @@ class LLMClient:
             try:
                 token, compute, codec, slept = self._step(x, position, session, sampling)
             except SessionError as exc:
-                if index > 0 or position == 0 or isinstance(exc, ContextLimitError):
+                if index > 0 or position == 0 or isinstance(exc, _NOT_GONE):
                     raise
                 # the caches are gone somewhere on the chain: the prompt again, from 0
                 x, position, reused = ids, 0, 0

@@ -9,10 +9,11 @@ hidden state to the next stage with the caller's token and session; the stage ho
 answers the greedy token, which travels back along the chain to the client.
 
 A session's error is its request's status: past the max context OUT_OF_RANGE, unknown (evicted,
-never started) or a step past what the cache holds ABORTED; a malformed request
-INVALID_ARGUMENT; another plan FAILED_PRECONDITION. A step at a position below what the cache
-holds rewinds it there first (a conversation's next turn). A failed step leaves every session
-as it was (a rewinding one, at the position it rewound to).
+never started) or a step past what the cache holds ABORTED, another client's (another secret)
+PERMISSION_DENIED; a malformed request (no session secret included) INVALID_ARGUMENT; another
+plan FAILED_PRECONDITION. A step at a position below what the cache holds rewinds it there
+first (a conversation's next turn). A failed step leaves every session as it was (a
+rewinding one, at the position it rewound to).
 
 With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
 model's ratio of its time to this machine's), and links are shaped to the plan's unless
@@ -49,6 +50,7 @@ from edgesplit.runtime.llm_wire import (
     END_SESSION,
     POSITION,
     SAMPLING,
+    SESSION_CODES,
     TOKEN,
     decode_int,
     decode_sampling,
@@ -291,7 +293,7 @@ class LLMStageServer(GrpcServer):
                              f"(version {request.plan_version}); start both sides from the "
                              "same plan file")
 
-    def _end(self, request: pb.Bundle | Message, session: str, owner: str | None,
+    def _end(self, request: pb.Bundle | Message, session: str, owner: str,
              context: grpc.ServicerContext | None) -> Message:
         try:
             self.sessions.end(session, owner)
@@ -336,18 +338,25 @@ class LLMStageServer(GrpcServer):
                                    passed, context)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
-            if code in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ABORTED,
-                        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                        grpc.StatusCode.INVALID_ARGUMENT):
+            if code in SESSION_CODES or code in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                 grpc.StatusCode.CANCELLED,
+                                                 grpc.StatusCode.INVALID_ARGUMENT):
                 raise BadRequest(code, details or code.name) from None
             raise RemoteError(f"next hop after {self.device!r} failed: {code.name}: "
                               f"{details}") from None
 
 
-def _owner(context: grpc.ServicerContext | None) -> str | None:
-    """The digest of the caller's session secret (metadata OWNER_KEY), None without one."""
+def _owner(context: grpc.ServicerContext | None) -> str:
+    """The digest of the caller's session secret (metadata OWNER_KEY), which every step and
+    end must carry: a session is bound to the client that made it."""
     secret = dict(context.invocation_metadata()).get(OWNER_KEY) if context else None
-    return owner_digest(secret if isinstance(secret, str) else None)
+    digest = owner_digest(secret if isinstance(secret, str) else None)
+    if digest is None:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"an LLM session answers only the client that made it: send a secret "
+                         f"of your own with every step and end, call metadata {OWNER_KEY!r} "
+                         "(LLMClient does)")
+    return digest
 
 
 def _session(context: grpc.ServicerContext | None) -> str:

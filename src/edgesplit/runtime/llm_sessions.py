@@ -13,12 +13,15 @@ holds what it held, or, for a rewinding step, what it held up to the position.
 
 A session id is only a name, which two clients may pick alike; so a client also sends a secret
 of its own (call metadata :data:`OWNER_KEY`), and a session made with one answers only steps
-and ends that carry it (the stage keeps its digest, never the secret).
+and ends that carry it (the stage keeps its digest, never the secret, and compares digests in
+constant time); another client's step or end fails with SessionOwnerError, and so does its
+attempt to open the id afresh: an id that exists is never joined.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -26,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from edgesplit.errors import ContextLimitError, SessionError, option
+from edgesplit.errors import ContextLimitError, SessionError, SessionOwnerError, option
 
 __all__ = ["OWNER_KEY", "LLMSessions", "SessionState", "owner_digest"]
 
@@ -38,6 +41,14 @@ def owner_digest(secret: str | None) -> str | None:
     return None if not secret else hashlib.sha256(secret.encode()).hexdigest()
 
 
+def _same_owner(held: str | None, owner: str | None) -> bool:
+    """Whether ``owner`` is the digest ``held`` (None: a session made without a secret, which
+    only a caller without one matches), in time independent of where they differ."""
+    if held is None or owner is None:
+        return held is owner
+    return hmac.compare_digest(held.encode(), owner.encode())
+
+
 @dataclass
 class SessionState:
     """One session's cache on one stage and the tokens it holds."""
@@ -45,7 +56,7 @@ class SessionState:
     cache: Any
     length: int = 0
     lock: threading.Lock | None = None
-    owner: str | None = None  # a digest of its creator's secret (None: anyone may use it)
+    owner: str | None = None  # a digest of its creator's secret (None: made without one)
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -102,13 +113,15 @@ class LLMSessions:
                 f"the step continues from {position}: send its prompt again from position 0")
 
     def check_owner(self, session: str, owner: str | None) -> None:
-        """SessionError unless ``owner`` may use ``session``: a session made with an owner
-        (a digest of its client's secret) answers only that owner, so two clients that pick
-        one id never decode on each other's cache, and nobody else continues or ends it."""
+        """SessionOwnerError unless ``owner`` may use ``session``: a session answers only the
+        owner it was made with (a digest of its client's secret), so two clients that pick
+        one id never decode on each other's cache, and nobody else continues, restarts or
+        ends it."""
         held = self._sessions.get(session)
-        if held is not None and held.owner is not None and held.owner != owner:
-            raise SessionError(f"session {session!r} on device {self.device!r} belongs to "
-                               "another client: use a session id of your own")
+        if held is not None and not _same_owner(held.owner, owner):
+            raise SessionOwnerError(f"session {session!r} on device {self.device!r} belongs "
+                                    "to another client (another session secret): use a "
+                                    "session id of your own")
 
     @contextmanager
     def step(self, session: str, position: int, tokens: int, owner: str | None = None

@@ -21,7 +21,14 @@ from typing import Any
 import grpc
 import torch
 
-from edgesplit.errors import ConfigError, ContextLimitError, SessionError, WireError, option
+from edgesplit.errors import (
+    ConfigError,
+    ContextLimitError,
+    SessionError,
+    SessionOwnerError,
+    WireError,
+    option,
+)
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.runtime.dataplane import Message, Part
 from edgesplit.runtime.llm_sampling import Sampling
@@ -31,6 +38,7 @@ __all__ = [
     "END_SESSION",
     "POSITION",
     "SAMPLING",
+    "SESSION_CODES",
     "TOKEN",
     "decode_int",
     "decode_sampling",
@@ -46,24 +54,25 @@ SAMPLING = "sampling"
 TOKEN = "token"
 END_SESSION = "end_session"
 
-# a stage's session errors as gRPC statuses (and back, in the client)
+# a stage's session errors as gRPC statuses (and back, in the client), most specific first
 _CONTEXT_STATUS = grpc.StatusCode.OUT_OF_RANGE
-_SESSION_STATUS = grpc.StatusCode.ABORTED
+_SESSION_STATUSES: tuple[tuple[type[SessionError], grpc.StatusCode], ...] = (
+    (ContextLimitError, _CONTEXT_STATUS),
+    (SessionOwnerError, grpc.StatusCode.PERMISSION_DENIED),
+    (SessionError, grpc.StatusCode.ABORTED),
+)
+SESSION_CODES = frozenset(code for _, code in _SESSION_STATUSES)
 
 
 def session_status(exc: SessionError) -> BadRequest:
     """A session error as the status its request fails with."""
-    code = _CONTEXT_STATUS if isinstance(exc, ContextLimitError) else _SESSION_STATUS
+    code = next(c for kind, c in _SESSION_STATUSES if isinstance(exc, kind))
     return BadRequest(code, str(exc))
 
 
 def session_error(code: grpc.StatusCode, message: str) -> SessionError | None:
     """The client's error for a stage's session status (None: another failure)."""
-    if code == _CONTEXT_STATUS:
-        return ContextLimitError(message)
-    if code == _SESSION_STATUS:
-        return SessionError(message)
-    return None
+    return next((kind(message) for kind, c in _SESSION_STATUSES if c == code), None)
 
 
 def message(plan_id: str, version: int, request_id: int,
