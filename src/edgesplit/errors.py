@@ -22,6 +22,7 @@ __all__ = [
     "RemoteError",
     "SessionError",
     "SessionOwnerError",
+    "SessionsBusyError",
     "UnknownNameError",
     "WireError",
     "cli_options",
@@ -75,6 +76,11 @@ class ContextLimitError(SessionError):
 
 class SessionOwnerError(SessionError):
     """An LLM session belongs to another client (its secret differs): use an id of your own."""
+
+
+class SessionsBusyError(SessionError):
+    """Every KV cache a stage may hold is in a step: none can make room for another session
+    before the request's deadline; try again."""
 
 
 # How an error message names the setting that fixes it: Python users see the keyword argument

@@ -40,6 +40,7 @@ from edgesplit.errors import (
     RemoteError,
     SessionError,
     SessionOwnerError,
+    SessionsBusyError,
     option,
 )
 from edgesplit.plan.model import PLAN_VERSION, Plan
@@ -76,7 +77,7 @@ from edgesplit.transport.shaping import LinkShaper
 __all__ = ["GeneratedToken", "LLMClient", "common_prefix"]
 
 # session errors that do not mean the caches are gone: sending the prompt again cannot help
-_NOT_GONE = (ContextLimitError, SessionOwnerError)
+_NOT_GONE = (ContextLimitError, SessionOwnerError, SessionsBusyError)
 
 
 @dataclass

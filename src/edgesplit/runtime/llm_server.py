@@ -10,10 +10,11 @@ answers the greedy token, which travels back along the chain to the client.
 
 A session's error is its request's status: past the max context OUT_OF_RANGE, unknown (evicted,
 never started) or a step past what the cache holds ABORTED, another client's (another secret)
-PERMISSION_DENIED; a malformed request (no session secret included) INVALID_ARGUMENT; another
-plan FAILED_PRECONDITION. A step at a position below what the cache holds rewinds it there
-first (a conversation's next turn). A failed step leaves every session as it was (a
-rewinding one, at the position it rewound to).
+PERMISSION_DENIED, no cache free before the deadline RESOURCE_EXHAUSTED; a malformed request
+(no session secret included) INVALID_ARGUMENT; another plan FAILED_PRECONDITION. A step at a
+position below what the cache holds rewinds it there first (a conversation's next turn). A
+failed step leaves every session as it was (a rewinding one, at the position it rewound to).
+At most ``max_workers`` steps run at once, whether they came over gRPC or the data plane.
 
 With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
 model's ratio of its time to this machine's), and links are shaped to the plan's unless
@@ -75,6 +76,7 @@ from edgesplit.transport import (
 from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
+from edgesplit.transport.slots import Slots
 
 __all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
 
@@ -190,6 +192,8 @@ class LLMStageServer(GrpcServer):
         self.sessions = LLMSessions(self.device, self.stage.new_cache,
                                     max_sessions=max_sessions or llm.sessions,
                                     max_context=llm.max_context)
+        # one bound for gRPC's calls and the data plane's (which has a thread per connection)
+        self._slots = Slots(max_workers)
         self.token, self.tls = token, tls
         self.limit = llm_message_bytes(llm)
         self.next_timeout_s = next_timeout_s
@@ -242,7 +246,20 @@ class LLMStageServer(GrpcServer):
     # ---- a step ------------------------------------------------------------------------------
     def handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None = None
                ) -> Message:
-        """Answer one step (or an end of session) of the caller's session."""
+        """Answer one step (or an end of session) of the caller's session, in one of the
+        ``max_workers`` slots that gRPC's calls and the data plane's share."""
+        if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
+            check_alive(context, self.device)
+            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"device {self.device!r} is busy with {option('max_workers')} "
+                             "steps: try again, or serve with more workers")
+        try:
+            return self._handle(request, context)
+        finally:
+            self._slots.give()
+
+    def _handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None
+                ) -> Message:
         t_in = time.perf_counter()
         self._check_plan(request)
         session, owner = _session(context), _owner(context)
@@ -264,7 +281,9 @@ class LLMStageServer(GrpcServer):
         timings = {f"{self.device}.serialize_ms": (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.device)
         try:
-            with self.sessions.step(session, position, int(x.shape[1]), owner) as state:
+            with self.sessions.step(session, position, int(x.shape[1]), owner,
+                                    wait_s=remaining_timeout(context, self.next_timeout_s)
+                                    ) as state:
                 t0 = time.perf_counter()
                 out = self.stage.step(x, position, state.cache, sampling)
                 if self.pacer is not None:  # the time slept is part of the compute

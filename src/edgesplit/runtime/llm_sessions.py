@@ -16,6 +16,11 @@ of its own (call metadata :data:`OWNER_KEY`), and a session made with one answer
 and ends that carry it (the stage keeps its digest, never the secret, and compares digests in
 constant time); another client's step or end fails with SessionOwnerError, and so does its
 attempt to open the id afresh: an id that exists is never joined.
+
+``max_sessions`` bounds the KV caches alive, not only those listed: a session evicted (or ended,
+or started afresh) while a step still runs on its cache keeps that cache until the step ends,
+so a new session takes the room of an idle one only, and waits (up to ``wait_s``) while every
+cache is in a step; past that it fails with SessionsBusyError.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from edgesplit.errors import ContextLimitError, SessionError, SessionOwnerError, option
+from edgesplit.errors import (
+    ContextLimitError,
+    SessionError,
+    SessionOwnerError,
+    SessionsBusyError,
+    option,
+)
 
 __all__ = ["OWNER_KEY", "LLMSessions", "SessionState", "owner_digest"]
 
@@ -51,20 +62,23 @@ def _same_owner(held: str | None, owner: str | None) -> bool:
 
 @dataclass
 class SessionState:
-    """One session's cache on one stage and the tokens it holds."""
+    """One session's cache on one stage and the tokens it holds. ``users``: the steps holding
+    it now; ``listed``: False once evicted, ended or replaced (its cache lives while used)."""
 
     cache: Any
     length: int = 0
     lock: threading.Lock | None = None
     owner: str | None = None  # a digest of its creator's secret (None: made without one)
+    users: int = 0
+    listed: bool = True
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
 
 
 class LLMSessions:
-    """At most ``max_sessions`` sessions of at most ``max_context`` tokens each on
-    ``device``; ``new_cache`` makes an empty KV cache."""
+    """At most ``max_sessions`` sessions (KV caches alive) of at most ``max_context`` tokens
+    each on ``device``; ``new_cache`` makes an empty KV cache."""
 
     def __init__(self, device: str, new_cache: Callable[[], Any], *, max_sessions: int,
                  max_context: int) -> None:
@@ -75,6 +89,8 @@ class LLMSessions:
         self.max_sessions, self.max_context = max_sessions, max_context
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a cache became idle or was dropped
+        self._unlisted = 0  # caches of dropped sessions that a step still uses
         self.evicted = 0  # sessions dropped to make room, since start
 
     def __len__(self) -> int:
@@ -82,6 +98,11 @@ class LLMSessions:
 
     def __contains__(self, session: str) -> bool:
         return session in self._sessions
+
+    @property
+    def alive(self) -> int:
+        """KV caches alive: the sessions listed, and dropped ones a step still uses."""
+        return len(self._sessions) + self._unlisted
 
     def length(self, session: str) -> int:
         """Tokens ``session``'s cache holds (0: unknown)."""
@@ -124,48 +145,91 @@ class LLMSessions:
                                     "session id of your own")
 
     @contextmanager
-    def step(self, session: str, position: int, tokens: int, owner: str | None = None
-             ) -> Iterator[SessionState]:
+    def step(self, session: str, position: int, tokens: int, owner: str | None = None, *,
+             wait_s: float | None = 60.0) -> Iterator[SessionState]:
         """The session's state for one step of ``tokens`` at ``position`` (checked first);
         the tokens count once the block exits normally, an exception rolls the cache back.
-        ``owner``: the caller's digest (:meth:`check_owner`); a new session takes it."""
+        ``owner``: the caller's digest (:meth:`check_owner`); a new session takes it.
+        ``wait_s``: how long a new session waits for a cache to come free (None: as long as
+        it takes)."""
         self.check_owner(session, owner)
         self.check(session, position, tokens)
-        state = self._take(session, fresh=position == 0, owner=owner)
-        assert state.lock is not None
-        with state.lock:
-            self.check(session, position, tokens)  # another step of the session came first
-            if state.length > position:  # a rewind: keep the first ``position`` tokens
-                _crop(state.cache, position)
-                state.length = position
-            try:
-                yield state
-            except BaseException:
-                _crop(state.cache, position)
-                raise
-            state.length = position + tokens
+        state = self._take(session, fresh=position == 0, owner=owner, wait_s=wait_s)
+        try:
+            assert state.lock is not None
+            with state.lock:
+                self.check(session, position, tokens)  # another step of the session came first
+                if state.length > position:  # a rewind: keep the first ``position`` tokens
+                    _crop(state.cache, position)
+                    state.length = position
+                try:
+                    yield state
+                except BaseException:
+                    _crop(state.cache, position)
+                    raise
+                state.length = position + tokens
+        finally:
+            self._release(state)
 
-    def _take(self, session: str, *, fresh: bool, owner: str | None) -> SessionState:
+    def _take(self, session: str, *, fresh: bool, owner: str | None,
+              wait_s: float | None) -> SessionState:
+        """The session's state, held by one more step; a fresh one takes an idle session's
+        room, waiting while every cache alive is in a step."""
         with self._lock:
             self.check_owner(session, owner)  # again, under the lock: it may have changed
             state = self._sessions.get(session)
             if state is not None and not fresh:
                 self._sessions.move_to_end(session)
+                state.users += 1
                 return state
-            self._sessions.pop(session, None)
-            while len(self._sessions) >= self.max_sessions:
-                self._sessions.popitem(last=False)
-                self.evicted += 1
-            state = SessionState(self.new_cache(), owner=owner)
+            if state is not None:  # started afresh: the old cache goes (once idle)
+                self._drop(session)
+            if not self._freed.wait_for(self._make_room, wait_s):
+                raise SessionsBusyError(
+                    f"all {self.max_sessions} KV caches of device {self.device!r} are in "
+                    f"steps of other sessions: try again, or serve with more "
+                    f"{option('max_sessions')}")
+            state = SessionState(self.new_cache(), owner=owner, users=1)
             self._sessions[session] = state
             return state
 
+    def _make_room(self) -> bool:
+        """Evict idle sessions, least recently used first, until one more cache fits; False
+        when every cache alive is in a step (under the lock)."""
+        while self.alive >= self.max_sessions:
+            idle = next((s for s, st in self._sessions.items() if st.users == 0), None)
+            if idle is None:
+                return False
+            self._drop(idle)
+            self.evicted += 1
+        return True
+
+    def _drop(self, session: str) -> None:
+        """Unlist ``session`` (under the lock); a step still using its cache keeps it."""
+        state = self._sessions.pop(session)
+        state.listed = False
+        if state.users:
+            self._unlisted += 1
+        else:
+            self._freed.notify_all()
+
+    def _release(self, state: SessionState) -> None:
+        with self._lock:
+            state.users -= 1
+            if state.users == 0:
+                if not state.listed:
+                    self._unlisted -= 1
+                self._freed.notify_all()
+
     def end(self, session: str, owner: str | None = None) -> bool:
-        """Forget ``session`` (its cache's memory is freed); whether it was here. Only its
-        owner may (:meth:`check_owner`)."""
+        """Forget ``session`` (its cache's memory is freed, once no step uses it); whether it
+        was here. Only its owner may (:meth:`check_owner`)."""
         with self._lock:
             self.check_owner(session, owner)
-            return self._sessions.pop(session, None) is not None
+            if session not in self._sessions:
+                return False
+            self._drop(session)
+            return True
 
 
 def _crop(cache: Any, length: int) -> None:

@@ -26,6 +26,7 @@ from edgesplit.errors import (
     ContextLimitError,
     SessionError,
     SessionOwnerError,
+    SessionsBusyError,
     WireError,
     option,
 )
@@ -59,6 +60,7 @@ _CONTEXT_STATUS = grpc.StatusCode.OUT_OF_RANGE
 _SESSION_STATUSES: tuple[tuple[type[SessionError], grpc.StatusCode], ...] = (
     (ContextLimitError, _CONTEXT_STATUS),
     (SessionOwnerError, grpc.StatusCode.PERMISSION_DENIED),
+    (SessionsBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (SessionError, grpc.StatusCode.ABORTED),
 )
 SESSION_CODES = frozenset(code for _, code in _SESSION_STATUSES)

@@ -1,0 +1,164 @@
+"""An LLM stage's bounds under concurrent steps (issue 39): ``max_workers`` steps at once,
+whether they come over gRPC or the data plane (one limiter), and ``max_sessions`` KV caches
+alive, a session evicted mid-step included.
+
+The counts are deterministic: an instrumented stage counts the steps inside its compute at
+once (and the caches alive then), and holds each step until the steps that could overlap are
+all inside (or a short while passed), so steps that may overlap do; no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from edgesplit.errors import SessionError, SessionOwnerError, SessionsBusyError
+from edgesplit.hardware import chain, get_topology
+from edgesplit.models.causal_lm import create_causal_lm
+from edgesplit.plan import LLMWorkload, plan_llm
+from edgesplit.plan.llm_assemble import assemble_llm_plan
+from edgesplit.plan.llm_placement import evaluate_placement
+from edgesplit.plan.model import Plan
+from edgesplit.runtime.llm_client import LLMClient
+from edgesplit.runtime.llm_server import LLMStageServer
+from edgesplit.runtime.llm_sessions import LLMSessions
+from edgesplit.runtime.llm_wire import session_error, session_status
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+HOLD_S = 0.2  # how long a step waits for others to join it (never asserted)
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return create_causal_lm("llama_tiny")
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    """llama_tiny over home-wifi's phone (the client) and laptop (the served head)."""
+    full = get_topology("home-wifi")
+    topology = chain("two", full.devices[:2], [full.links[0].link])
+    costs = plan_llm("llama_tiny", topology, LLMWorkload(prompt_tokens=4, new_tokens=2,
+                                                         max_context=16)).costs
+    return assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="test")
+
+
+class Gate:
+    """Wraps ``server``'s stage step: records the most steps inside at once and the most KV
+    caches alive at a step's start (those in steps and those listed); each step waits until
+    ``together`` steps are inside, or HOLD_S passed."""
+
+    def __init__(self, server: LLMStageServer, together: int) -> None:
+        self.server, self.together = server, together
+        self.inside: list[Any] = []  # the caches of the steps inside (kept referenced)
+        self.most = self.most_alive = 0
+        self._cond = threading.Condition()
+        self._step = server.stage.step
+        server.stage.step = self._wrapped
+
+    def _wrapped(self, x, position, cache, sampling=None):
+        with self._cond:
+            self.inside.append(cache)
+            listed = [s.cache for s in list(self.server.sessions._sessions.values())]
+            self.most = max(self.most, len(self.inside))
+            self.most_alive = max(self.most_alive, len({id(c) for c in self.inside + listed}))
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: len(self.inside) >= self.together, HOLD_S)
+        try:
+            return self._step(x, position, cache, sampling)
+        finally:
+            with self._cond:
+                self.inside.remove(cache)
+
+
+def _generate_at_once(plan: Plan, model, address: str, planes: list[str]) -> list[Any]:
+    """One client per entry of ``planes`` (its data plane), each generating one token in a
+    thread of its own, all at once; what each returned (or raised)."""
+    results: list[Any] = [None] * len(planes)
+    clients = [LLMClient(plan, address, model=model, data_plane=p, session=f"s{i}")
+               for i, p in enumerate(planes)]
+    start = threading.Barrier(len(clients))
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = [t.token for t in clients[i].generate([1, 2, 3, 4], 1)]
+        except Exception as exc:  # reported by the assertion below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in clients:
+        c.close()
+    return results
+
+
+def test_workers_bound_grpc_and_the_data_plane_together(plan, model):
+    """With --workers 1, steps over the data plane all ran at once (12 seen): one limiter
+    now serves both paths."""
+    server = LLMStageServer(plan, "laptop", model=model, max_workers=1, max_sessions=4)
+    port = server.start()
+    gate = Gate(server, together=2)
+    try:
+        planes = ["tcp", "tcp", "tcp", "grpc"]
+        results = _generate_at_once(plan, model, f"127.0.0.1:{port}", planes)
+        assert all(isinstance(r, list) and len(r) == 1 for r in results), results
+        assert gate.most == 1
+    finally:
+        server.stop(0)
+
+
+def test_max_sessions_bounds_the_caches_alive_under_concurrent_steps(plan, model):
+    """With --max-sessions 2, concurrent steps of new sessions each evicted one in a step and
+    kept its cache alive (12 caches seen): a new session now takes an idle one's room only,
+    waiting while every cache is in a step."""
+    server = LLMStageServer(plan, "laptop", model=model, max_workers=4, max_sessions=2)
+    port = server.start()
+    gate = Gate(server, together=4)
+    try:
+        results = _generate_at_once(plan, model, f"127.0.0.1:{port}", ["tcp"] * 4)
+        assert all(isinstance(r, list) and len(r) == 1 for r in results), results
+        assert gate.most_alive <= 2
+        assert server.sessions.alive <= 2
+    finally:
+        server.stop(0)
+
+
+def _cache() -> object:
+    return object()
+
+
+def test_a_cache_in_a_step_keeps_its_room_until_the_step_ends():
+    sessions = LLMSessions("d", _cache, max_sessions=1, max_context=8)
+    with sessions.step("a", 0, 1, "o"):
+        with pytest.raises(SessionsBusyError, match=r"all 1 KV caches.*max_sessions"), \
+                sessions.step("b", 0, 1, "o", wait_s=0):
+            pass
+        assert sessions.end("a", "o")  # unlisted, but its step still uses the cache
+        assert len(sessions) == 0 and sessions.alive == 1
+        with pytest.raises(SessionsBusyError), sessions.step("b", 0, 1, "o", wait_s=0):
+            pass
+    assert sessions.alive == 0
+    with sessions.step("b", 0, 1, "o", wait_s=0):
+        assert sessions.alive == 1
+    with sessions.step("c", 0, 1, "o", wait_s=0):  # "b" is idle: evicted for it
+        assert "b" not in sessions and sessions.evicted == 1
+
+
+def test_session_errors_travel_as_their_own_statuses():
+    cases = [(SessionOwnerError, grpc.StatusCode.PERMISSION_DENIED),
+             (SessionsBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+             (SessionError, grpc.StatusCode.ABORTED)]
+    for kind, code in cases:
+        status = session_status(kind("why"))
+        assert status.code == code
+        back = session_error(code, "why")
+        assert type(back) is kind and str(back) == "why"
