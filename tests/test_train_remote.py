@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
 from edgesplit.errors import ConfigError, RemoteError
-from edgesplit.quant.wire import encode_tensor
+from edgesplit.quant.wire import decode_tensor, encode_tensor
 from edgesplit.runtime.transport import TlsFiles, open_channel
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
@@ -43,6 +43,7 @@ from edgesplit.train.session import (
     train_unsplit,
 )
 from edgesplit.train.split import as_chain, tensor_bytes
+from edgesplit.transport.loopback import LoopbackError
 
 SEED = 0
 N = 10  # chain elements of DigitsCNN
@@ -756,3 +757,164 @@ def test_the_fixed_policy_trains_at_its_cut(digits, serve):
         model = trainer.final_model()
     assert log.partitions == [5, 5, 5] and all(e > 0 for e in log.edge_ms)
     _assert_same_state(model, _unsplit(batches, lr=0.05))
+
+
+# ---- lost replies, sequence numbers, steps taken back (issue 39) ----------------------------
+class _LosesReplies:
+    """Stands in for a trainer's stub: every call reaches the server, which applies it, but
+    the first ``lose[method]`` replies of ``method`` are lost on the way back (UNAVAILABLE);
+    ``sent`` records each attempt's method and sequence number."""
+
+    def __init__(self, stub, **lose: int) -> None:
+        self._stub, self.lose, self.sent = stub, lose, []
+
+    def __getattr__(self, method: str):
+        real = getattr(self._stub, method)
+
+        def call(request, **kwargs):
+            self.sent.append((method, getattr(request, "seq", None)))
+            reply = real(request, **kwargs)
+            if self.lose.get(method, 0) > 0:
+                self.lose[method] -= 1
+                raise LoopbackError(grpc.StatusCode.UNAVAILABLE, "connection reset")
+            return reply
+        return call
+
+
+def test_a_lost_step_or_sync_reply_is_sent_again_and_applied_once(digits, serve):
+    """The device re-sends a request whose reply was lost with the same sequence number and
+    the server answers it from its first reply: FWS training with a lost Step reply and a
+    lost Sync reply is still exactly unsplit training (a re-sent Sync was merged twice, a
+    re-sent Step trained its batch twice)."""
+    batches = _batches(digits, 16, 4)
+    cuts = [5, 5, 2, 7]  # round 3 syncs 3..5 to the device, round 4 3..7 to the server
+    with RemoteSplitTrainer(_model(), serve(loopback=True, momentum=0.9), lr=0.05,
+                            momentum=0.9, seed=SEED, sync="fws", retry_backoff_s=0) as trainer:
+        trainer._stub = stub = _LosesReplies(trainer._stub, Step=2, Sync=1)
+        for (x, y), cut in zip(batches, cuts, strict=True):
+            trainer.step(x, y, cut)
+        trained = trainer.final_model()
+    # the first Step's reply lost twice (within the 2 retries), then the first Sync's once
+    assert stub.sent[:7] == [("Step", 1), ("Step", 1), ("Step", 1), ("Step", 2),
+                             ("Sync", 3), ("Sync", 3), ("Step", 4)]
+    _assert_same_state(trained, _unsplit(batches, lr=0.05, momentum=0.9))
+
+
+def test_a_lost_periodic_sync_reply_leaves_both_copies_identical(digits, serve):
+    """The issue's case: a periodic merge whose reply was lost and which the device sent
+    again left device and server differing by the deltas merged twice, for good. Now both
+    copies are bit-identical and equal to the same run without the loss."""
+    batches = _batches(digits, 16, 2)
+    merged = []
+    for lose in (0, 1):
+        with RemoteSplitTrainer(_model(), serve(loopback=True), lr=0.05, seed=SEED,
+                                retry_backoff_s=0) as trainer:
+            trainer.step(*batches[0], 3)  # the server trains 4..9
+            trainer.step(*batches[1], 6)  # the device trains 0..6: 4..6 on both sides
+            trainer._stub = _LosesReplies(trainer._stub, Sync=lose)
+            assert trainer.sync_now().indices == (4, 5, 6)
+            server = _fetch(trainer, range(4, 7))
+            device = {i: dict(trainer.replica.chain[i].named_parameters()) for i in range(4, 7)}
+            for i in range(4, 7):
+                for name, p in device[i].items():
+                    assert torch.equal(server[i][0][0][name], p.detach()), (i, name)
+            merged.append(device)
+    for i in range(4, 7):
+        for name, p in merged[0][i].items():
+            assert torch.equal(merged[1][i][name], p), (i, name)
+
+
+def test_sequence_numbers_out_of_step_are_refused_and_change_nothing(digits, serve):
+    """A repeat of the last request gets the first reply and changes nothing; a number that
+    skips ahead, goes back, or repeats the last one with other content is refused with
+    FAILED_PRECONDITION; so is an Undo of anything but the last Step."""
+    (x, y), (x2, y2) = _batches(digits, 8, 2)
+    with RemoteSplitTrainer(_model(), serve(momentum=0.9), lr=0.05, momentum=0.9,
+                            seed=SEED) as trainer:
+        trainer.step(x, y, 5)  # seq 1
+        with torch.no_grad():
+            act = trainer.replica.part(0, 6).eval()(x2)
+        step = pb.StepRequest(session_id=trainer.session_id, round=2, cut=5, seq=2,
+                              activation=encode_tensor(act, 32), labels=encode_tensor(y2, 32))
+        first = trainer._call(trainer._stub.Step, step)
+        after = _server_state(serve.last)
+        assert trainer._call(trainer._stub.Step, step) == first  # re-sent: answered again
+        _assert_bit_identical(after, _server_state(serve.last))
+        other = pb.StepRequest()
+        other.CopyFrom(step)
+        other.labels = encode_tensor(y, 32)
+        undo = pb.UndoRequest(step_seq=1, seq=3)
+        for request, message in [
+            (pb.StepRequest(**{**_fields(step), "seq": 4}), "numbered 4, .*expects 3"),
+            (pb.StepRequest(**{**_fields(step), "seq": 1}), "numbered 1, .*expects 3"),
+            (other, "numbered 2 reuses the number of an earlier, different request"),
+            (pb.SyncRequest(cut=5, indices=[], seq=5), "numbered 5, .*expects 3"),
+            (undo, r"Undo takes back only the last accepted request, and only a Step: 1 is "
+                   r"not \(the last is 2\)"),
+        ]:
+            message = _refused(trainer, type(request).__name__.removesuffix("Request"),
+                               request, "FAILED_PRECONDITION: .*" + message)
+            assert "take_over=True" in message or "Undo" in message
+            _assert_bit_identical(after, _server_state(serve.last))
+        # the device's own next request reuses number 2, which the server gave to `step`
+        with pytest.raises(RemoteError, match=r"reuses the number .* out of step"):
+            trainer.step(x2, y2, 5)
+        _assert_bit_identical(after, _server_state(serve.last))
+
+
+def _fields(message) -> dict:
+    return {field.name: value for field, value in message.ListFields()}
+
+
+class _CorruptsGradients:
+    """Stands in for a trainer's stub: the server steps, but the gradient of the next Step
+    reply arrives with a NaN in it."""
+
+    def __init__(self, stub) -> None:
+        self._stub, self.corrupt = stub, 1
+
+    def __getattr__(self, method: str):
+        real = getattr(self._stub, method)
+        if method != "Step":
+            return real
+
+        def call(request, **kwargs):
+            reply = real(request, **kwargs)
+            if self.corrupt:
+                self.corrupt -= 1
+                grad = decode_tensor(reply.gradient)
+                grad.view(-1)[0] = float("nan")
+                reply.gradient = encode_tensor(grad, 32)
+            return reply
+        return call
+
+
+@pytest.mark.parametrize("where", ["wire", "device"])
+def test_a_round_the_device_cannot_finish_is_taken_back_on_the_server(digits, serve, where):
+    """A gradient the device finds non-finite (corrupted on the way, or its own backward
+    overflowing) after the server stepped: the round fails saying the server's update was
+    taken back, the server's parameters, momentum, buffers and trained set are bit-identical
+    to before, and training goes on as unsplit training without that batch."""
+    batches = _batches(digits, 16, 3)
+    with RemoteSplitTrainer(_model(), serve(loopback=True, momentum=0.9), lr=0.05,
+                            momentum=0.9, seed=SEED, sync="fws") as trainer:
+        trainer.step(*batches[0], 5)
+        before = _server_state(serve.last)
+        device = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        if where == "wire":
+            trainer._stub = _CorruptsGradients(trainer._stub)
+            error, message = RemoteError, "unusable gradient: the gradient at the cut has NaN"
+        else:
+            backward = trainer.replica.backward
+            trainer.replica.backward = lambda *args: (backward(*args), "gradient")[1]
+            error, message = ConfigError, "non-finite gradient; nothing was updated"
+        with pytest.raises(error, match=message + ".*the server's update of this round was "
+                                                  "taken back"):
+            trainer.step(*batches[1], 5)
+        _assert_bit_identical(before, _server_state(serve.last))
+        _assert_bit_identical(device, trainer.model.state_dict())
+        trainer.replica.__dict__.pop("backward", None)
+        trainer.step(*batches[2], 3)  # FWS moves 4..5 back to the device
+        trained = trainer.final_model()
+    _assert_same_state(trained, _unsplit([batches[0], batches[2]], lr=0.05, momentum=0.9))
+

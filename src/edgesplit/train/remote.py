@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.errors import ConfigError, RemoteError, WireError, option
+from edgesplit.errors import ConfigError, EdgesplitError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
@@ -91,13 +91,15 @@ __all__ = ["DEFAULT_MAX_BATCH", "PROTOCOL_VERSION", "SESSION_TIMEOUT_S", "SYNC_P
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2  # 2: sessions, limits in HelloReply, Close
+PROTOCOL_VERSION = 3  # 2: sessions, limits in HelloReply, Close; 3: sequence numbers, Undo
 SYNC_POLICIES = ("periodic", "fws")
 OPTIM_PREFIX = "optim:"  # buffer entries that carry an element's SGD momentum
 DEFAULT_MAX_BATCH = 256
 SESSION_TIMEOUT_S = 600.0
 _HELLO_LIMIT = 1 << 20  # Hello and Close are tiny; the real limit comes with the HelloReply
 _ENDED_KEPT = 32  # ended sessions remembered, to tell their devices why
+# a request that may or may not have reached the server: re-sent with the same sequence number
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 Tensors = dict[str, torch.Tensor]
 Update = tuple[Tensors, bool]  # (params or deltas by name, absolute)
 
@@ -243,6 +245,19 @@ def _read_layer(msg: pb.LayerState, module: nn.Module) -> tuple[Update, Tensors]
 
 
 @dataclass
+class _Snapshot:
+    """What an update changes on one side, copied just before it (see :meth:`_Replica.restore`):
+    the updated elements' parameters, momentum (None: none yet) and buffers (as
+    :meth:`_Replica.save_buffers` saved them before the forward pass moved them), and the set
+    of elements trained since the last sync."""
+
+    params: list[tuple[torch.Tensor, torch.Tensor]]
+    momentum: list[tuple[torch.Tensor, torch.Tensor | None]]
+    buffers: list[tuple[torch.Tensor, torch.Tensor]]
+    trained: set[int]
+
+
+@dataclass
 class _Merged:
     """An element's state after a merge, computed into new tensors before anything changes."""
 
@@ -288,6 +303,32 @@ class _Replica:
                 b.copy_(value)
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
+
+    def snapshot(self, elements: Iterable[int],
+                 buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> _Snapshot:
+        """Copies of what :meth:`update` of ``elements`` changes, so that it can be taken back;
+        ``buffers`` from :meth:`save_buffers` before the forward pass."""
+        params = [p for i in elements for p in self.chain[i].parameters()]
+        state = self.opt.state if self.opt is not None else {}
+        momentum = [(p, state.get(p, {}).get("momentum_buffer")) for p in params]
+        return _Snapshot([(p, p.detach().clone()) for p in params],
+                         [(p, None if b is None else b.clone()) for p, b in momentum],
+                         buffers, set(self.trained))
+
+    def restore(self, snapshot: _Snapshot) -> None:
+        """Take an update back: afterwards parameters, momentum, buffers and the trained set
+        are bit-identical to the :meth:`snapshot`."""
+        with torch.no_grad():
+            for p, value in snapshot.params:
+                p.copy_(value)
+        if self.opt is not None:
+            for p, buf in snapshot.momentum:
+                if buf is None:
+                    self.opt.state.pop(p, None)
+                else:
+                    self.opt.state[p]["momentum_buffer"] = buf
+        self.undo(snapshot.buffers)
+        self.trained = set(snapshot.trained)
 
     def backward(self, start: torch.Tensor, grad: torch.Tensor | None) -> str | None:
         """Back-propagate from ``start`` (with ``grad``, or a scalar loss); why the gradients
@@ -398,11 +439,53 @@ def _failure(exc: Exception) -> str:
     return f"training server failed: {type(exc).__name__}: {exc}"
 
 
+def _digest(method: str, request: Any) -> bytes:
+    """What tells a re-sent request from another one with the same sequence number."""
+    return hashlib.sha256(method.encode() + b"\0" +
+                          request.SerializeToString(deterministic=True)).digest()
+
+
 @dataclass
 class _Session:
+    """An open session and its last accepted state-changing request: its number, its
+    digest and the reply (sent again to a repeat), and, after a Step, what takes it back."""
+
     id: str
     peer: str
     last_seen: float  # time.monotonic() of its last request
+    seq: int = 0
+    digest: bytes = b""
+    reply: Any = None
+    undo: _Snapshot | None = None
+
+    def repeat(self, method: str, seq: int, digest: bytes) -> Any:
+        """The first reply if this is the last accepted request sent again, else None; a
+        reused number with other content is refused (the device lost track)."""
+        if seq == 0 or seq != self.seq:
+            return None
+        if digest != self.digest:
+            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{method} numbered {seq} reuses the number of an earlier, "
+                             "different request that the server already applied (its reply "
+                             "was lost and the device went on without it): device and server "
+                             "are out of step; start a new session "
+                             f"({option('take_over', True)}; the session's training is lost)")
+        log.info("training session %s: %s %d sent again, answered from the first reply",
+                 self.id[:8], method, seq)
+        return self.reply
+
+    def check_next(self, method: str, seq: int) -> None:
+        """Refuse a number other than the next one: requests were lost or reordered."""
+        if seq != self.seq + 1:
+            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{method} numbered {seq}, but the server's last accepted request "
+                             f"was {self.seq}, so it expects {self.seq + 1} (or {self.seq} sent "
+                             "again): device and server are out of step; start a new session "
+                             f"({option('take_over', True)}; the session's training is lost)")
+
+    def accept(self, seq: int, digest: bytes, reply: Any, undo: _Snapshot | None = None
+               ) -> None:
+        self.seq, self.digest, self.reply, self.undo = seq, digest, reply, undo
 
 
 class _Servicer(pb_grpc.SplitTrainServiceServicer):
@@ -427,6 +510,9 @@ class _Servicer(pb_grpc.SplitTrainServiceServicer):
 
     def Close(self, request, context):
         return self._handle(self.s.close_session, request, context)
+
+    def Undo(self, request, context):
+        return self._handle(self.s.undo, request, context)
 
 
 class TrainServer(GrpcServer):
@@ -514,12 +600,12 @@ class TrainServer(GrpcServer):
             self._session = None
         log.info("training session %s ended: %s", session.id[:8], why)
 
-    def _require_session(self, session_id: str) -> None:
+    def _require_session(self, session_id: str) -> _Session:
         """Called under the lock: the request belongs to the open session, or is refused."""
         current = self._session
         if current is not None and session_id == current.id:
             current.last_seen = time.monotonic()
-            return
+            return current
         if not session_id:
             why = "the request names no training session: the device must call Hello first"
         elif session_id in self._ended:
@@ -542,24 +628,31 @@ class TrainServer(GrpcServer):
     # ---- training --------------------------------------------------------------------------
     def step(self, req: pb.StepRequest) -> pb.StepReply:
         """Train chain[cut+1:] on the received activation; return the gradient at the cut.
-        Everything is checked before the lock is taken and the model is touched."""
-        t0 = time.perf_counter()
+        A repeat of the last Step gets its first reply and trains nothing; otherwise the
+        request's content, then its number, is checked before the model is updated."""
+        t0, digest = time.perf_counter(), _digest("Step", req)
         n, cut = len(self.replica.chain), req.cut
         if not -1 <= cut <= n - 2:
             raise invalid(f"cut {cut} is out of range: the server trains the elements after "
                            f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
                            "on-device training and sends nothing)")
         with self.lock:  # a device whose session ended hears that first, not about its data
-            self._require_session(req.session_id)
+            first = self._require_session(req.session_id).repeat("Step", req.seq, digest)
+        if first is not None:
+            return first
         act, y = self._read_batch(req, cut)  # outside the lock: decoding takes time
-        needs_grad = cut >= 0
-        act.requires_grad_(needs_grad)
+        act.requires_grad_(cut >= 0)
         with self.lock:
-            self._require_session(req.session_id)
-            loss = self._train(cut, act, y, req.round)
-        grad = encode_tensor(act.grad, 32) if act.grad is not None else b""  # see _train
-        return pb.StepReply(round=req.round, gradient=grad, loss=loss,
-                            server_ms=(time.perf_counter() - t0) * 1e3)
+            session = self._require_session(req.session_id)
+            first = session.repeat("Step", req.seq, digest)  # a repeat sent meanwhile
+            if first is not None:
+                return first
+            loss, undo = self._train(cut, act, y, req.round, session, req.seq)
+            grad = encode_tensor(act.grad, 32) if act.grad is not None else b""  # see _train
+            reply = pb.StepReply(round=req.round, gradient=grad, loss=loss,
+                                 server_ms=(time.perf_counter() - t0) * 1e3)
+            session.accept(req.seq, digest, reply, undo)
+        return reply
 
     def _read_batch(self, req: pb.StepRequest, cut: int) -> tuple[torch.Tensor, torch.Tensor]:
         sample, dtype = self.shapes.cuts[cut + 1]
@@ -576,8 +669,10 @@ class TrainServer(GrpcServer):
                            "supported: leave those samples out)")
         return act, y
 
-    def _train(self, cut: int, act: torch.Tensor, y: torch.Tensor, round_: int) -> float:
-        """One round on the server's part; refused (and undone) if it is not finite."""
+    def _train(self, cut: int, act: torch.Tensor, y: torch.Tensor, round_: int,
+               session: _Session, seq: int) -> tuple[float, _Snapshot]:
+        """One round on the server's part; refused (and undone) if it is not finite or not
+        the session's next request. Returns the loss and what takes the update back."""
         replica, n = self.replica, len(self.replica.chain)
         saved = replica.save_buffers(range(cut + 1, n))
         try:
@@ -594,11 +689,13 @@ class TrainServer(GrpcServer):
                 raise invalid(f"training on this batch gave a non-finite {problem} (values "
                                "too large for float32); nothing was updated: lower the "
                                "learning rate or scale the inputs")
+            session.check_next("Step", seq)  # after the content: a bad batch hears about it
         except BaseException:
             replica.undo(saved)
             raise
+        undo = replica.snapshot(range(cut + 1, n), saved)
         replica.update(range(cut + 1, n))
-        return float(loss.detach())
+        return float(loss.detach()), undo
 
     def _indices(self, indices: Iterable[int]) -> list[int]:
         n, result = len(self.replica.chain), list(indices)
@@ -609,8 +706,10 @@ class TrainServer(GrpcServer):
 
     def sync(self, req: pb.SyncRequest) -> pb.SyncReply:
         """Merge S = req.indices: reply with this side's deltas (and buffers it owns). Every
-        element is merged into new tensors first and applied only when all merged."""
-        n = len(self.replica.chain)
+        element is merged into new tensors first and applied only when all merged. A repeat
+        of the last Sync gets its first reply and merges nothing (merging twice would add
+        the deltas twice)."""
+        n, digest = len(self.replica.chain), _digest("Sync", req)
         indices = self._indices(req.indices)
         if not -1 <= req.cut <= n - 1:
             raise invalid(f"sync cut {req.cut} is out of range -1 to {n - 1}")
@@ -628,7 +727,11 @@ class TrainServer(GrpcServer):
             raise invalid(f"sync of {indices} sends no state for elements {missing}: send a "
                            "LayerState (possibly empty) for every element it merges")
         with self.lock:
-            self._require_session(req.session_id)
+            session = self._require_session(req.session_id)
+            first = session.repeat("Sync", req.seq, digest)
+            if first is not None:
+                return first
+            session.check_next("Sync", req.seq)
             device_trained = {i for i, (update, _) in device.items() if update[0]}
             own = self.replica.updates(indices, device_trained)
             reply = pb.SyncReply(round=req.round)
@@ -642,6 +745,27 @@ class TrainServer(GrpcServer):
                                                 None if i > req.cut else buffers)
             for i, state in merged.items():
                 self.replica.apply(i, state)
+            session.accept(req.seq, digest, reply)
+        return reply
+
+    def undo(self, req: pb.UndoRequest) -> pb.UndoReply:
+        """Take back the last accepted request, a Step whose gradient the device could not
+        use: parameters, momentum, buffers and the trained set return to before it."""
+        digest = _digest("Undo", req)
+        with self.lock:
+            session = self._require_session(req.session_id)
+            first = session.repeat("Undo", req.seq, digest)
+            if first is not None:
+                return first
+            session.check_next("Undo", req.seq)
+            if session.undo is None or req.step_seq != session.seq:
+                raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"Undo takes back only the last accepted request, and only a "
+                                 f"Step: {req.step_seq} is not (the last is {session.seq})")
+            self.replica.restore(session.undo)
+            log.info("training session %s: Step %d undone", session.id[:8], req.step_seq)
+            reply = pb.UndoReply()
+            session.accept(req.seq, digest, reply)
         return reply
 
     def fetch(self, req: pb.FetchRequest) -> pb.FetchReply:
@@ -746,6 +870,12 @@ class RemoteSplitTrainer:
     applies only with a bandwidth). ``take_over`` ends a session the server has open (this
     device's own, from before a crash) instead of being refused; training restarts from the
     initial model. :meth:`close` (or leaving the ``with`` block) ends the session.
+
+    Every request that changes the server's state (Step, Sync, Undo) carries the session's
+    next sequence number; one that failed on the way (UNAVAILABLE, DEADLINE_EXCEEDED: it may
+    have been applied, its reply lost) is sent again, the same request with the same number,
+    up to ``retries`` times with a backoff doubling from ``retry_backoff_s``; the server
+    answers a repeat from its first reply, so nothing is applied twice.
     """
 
     def __init__(self, model: nn.Module,
@@ -754,7 +884,8 @@ class RemoteSplitTrainer:
                  link_mbps: float | None = None, rtt_ms: float = 0.0,
                  device_slowdown: float = 1.0, token: str | None = None,
                  tls: TlsFiles | None = None, timeout_s: float = 60.0,
-                 take_over: bool = False) -> None:
+                 take_over: bool = False, retries: int = 2,
+                 retry_backoff_s: float = 0.2) -> None:
         if sync not in SYNC_POLICIES:
             raise ConfigError(f"sync policy {sync!r} is unknown: use one of "
                               f"{', '.join(SYNC_POLICIES)}")
@@ -765,6 +896,12 @@ class RemoteSplitTrainer:
                               f"{device_slowdown}")
         if rtt_ms < 0:
             raise ConfigError(f"rtt_ms must be >= 0, got {rtt_ms}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0 \
+                or not retry_backoff_s >= 0:
+            raise ConfigError(f"retries must be a whole number >= 0 and retry_backoff_s >= 0 "
+                              f"seconds, got {retries!r} and {retry_backoff_s!r}")
+        self.retries, self.backoff_s = retries, float(retry_backoff_s)
+        self._seq = 0  # the last sequence number the server accepted
         self.model = copy.deepcopy(model)
         self.replica = _Replica(self.model, lr, momentum, seed)
         self.n = len(self.replica.chain)
@@ -806,6 +943,25 @@ class RemoteSplitTrainer:
         except grpc.RpcError as exc:
             raise RemoteError(_explain(exc.code(), exc.details(), self.address)) from None
 
+    def _send(self, method, request):
+        """A state-changing request, numbered after the last accepted one and sent again, with
+        the same number, while it fails on the way (see the class docstring). The number
+        advances only once the server accepted it."""
+        request.seq = self._seq + 1
+        for attempt in range(self.retries + 1):
+            try:
+                reply = method(request, timeout=self.timeout_s, metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if exc.code() in RETRYABLE and attempt < self.retries:
+                    log.info("request %d failed on the way (%s); sending it again",
+                             request.seq, exc.code().name)
+                    time.sleep(self.backoff_s * 2 ** attempt)
+                    continue
+                raise RemoteError(_explain(exc.code(), exc.details(), self.address)) from None
+            self._seq = request.seq
+            return reply
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _hello(self, take_over: bool) -> pb.HelloReply:
         fp = model_fingerprint(self.replica.chain)
         reply = self._call(self._stub.Hello, pb.HelloRequest(
@@ -816,7 +972,7 @@ class RemoteSplitTrainer:
             raise RemoteError(f"training server {self.address} answered Hello without a "
                               "session or its limits; run the same edgesplit version on both "
                               "sides")
-        self.session_id, self.max_batch = reply.session_id, reply.max_batch
+        self.session_id, self.max_batch, self._seq = reply.session_id, reply.max_batch, 0
         self.classes, self.limit = reply.classes, reply.max_message_bytes
         return reply
 
@@ -931,27 +1087,48 @@ class RemoteSplitTrainer:
                                  labels=encode_tensor(y.to(torch.int64), 32))
         up = request.ByteSize()
         self._shaper.send(up, "up")
-        reply = self._call(self._stub.Step, request)
-        self._server_trained.update(range(cut + 1, self.n))  # it trained, whatever comes next
+        reply = self._send(self._stub.Step, request)
+        server_trained = set(self._server_trained)
+        self._server_trained.update(range(cut + 1, self.n))  # it trained, unless taken back
         down = reply.ByteSize()
         self._shaper.send(down, "down")
-        grad = None
-        if cut >= 0:
-            try:
-                grad = _decode_as(reply.gradient, "the gradient at the cut", act.shape,
-                                  torch.float32)
-            except WireError as exc:
-                raise RemoteError(f"training server {self.address} sent an unusable gradient: "
-                                  f"{exc}") from None
         edge_ms = (time.perf_counter() - t1) * 1e3
         t2 = time.perf_counter()
         if cut >= 0:
-            problem = self.replica.backward(act, grad)
-            if problem is not None:
-                raise self._diverged(problem)
+            try:
+                self._backward_front(act, reply.gradient)
+            except EdgesplitError as exc:  # the server has stepped: take its step back
+                raise self._undo_step(request.seq, exc, server_trained) from None
             self.replica.update(range(cut + 1))
         device_s = _sleep_slowdown(forward_s + time.perf_counter() - t2, self.device_slowdown)
         return device_s * 1e3, reply.loss, (edge_ms, reply.server_ms, up, down)
+
+    def _backward_front(self, act: torch.Tensor, gradient: bytes) -> None:
+        """Back-propagate the server's gradient at the cut through the device's part; raises
+        (with nothing updated) when the gradient or the device's own gradients are unusable."""
+        try:
+            grad = _decode_as(gradient, "the gradient at the cut", act.shape, torch.float32)
+        except WireError as exc:
+            raise RemoteError(f"training server {self.address} sent an unusable gradient: "
+                              f"{exc}") from None
+        problem = self.replica.backward(act, grad)
+        if problem is not None:
+            raise self._diverged(problem)
+
+    def _undo_step(self, step_seq: int, why: EdgesplitError, server_trained: set[int]
+                   ) -> EdgesplitError:
+        """Ask the server to take back Step ``step_seq`` (the round failed on this side after
+        the server had updated; ``server_trained``: what it had trained before); the error to
+        raise, saying whether both sides are as before the round."""
+        try:
+            self._send(self._stub.Undo, pb.UndoRequest(session_id=self.session_id,
+                                                       step_seq=step_seq))
+        except RemoteError as exc:
+            return RemoteError(f"{why}; the server had already applied this round and could "
+                               f"not take it back ({exc}): device and server now differ, "
+                               f"start a new session ({option('take_over', True)})")
+        self._server_trained = server_trained
+        return type(why)(f"{why} (the server's update of this round was taken back)")
 
     # ---- syncing -----------------------------------------------------------------------------
     def sync_now(self, next_cut: int | None = None) -> SyncResult:
@@ -978,7 +1155,7 @@ class RemoteSplitTrainer:
             request.layers.append(_layer_msg(i, own.get(i), mine.get(i)))
         up = request.ByteSize()
         self._shaper.send(up, "up")
-        reply = self._call(self._stub.Sync, request)
+        reply = self._send(self._stub.Sync, request)
         down = reply.ByteSize()
         self._shaper.send(down, "down")
         theirs = self._read_reply(reply.layers, indices)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+edgesplit/train/proto/edgesplit_train.proto\x12\x12\x65\x64gesplit.train.v1\"q\n\x0cHelloRequest\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x14\n\x0c\x63hain_length\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x11\n\ttake_over\x18\x05 \x01(\x08\"\xca\x01\n\nHelloReply\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x14\n\x0c\x63hain_length\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x0f\n\x07\x63lasses\x18\x08 \x01(\r\x12\x19\n\x11session_timeout_s\x18\t \x01(\x01\"a\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0b\n\x03\x63ut\x18\x02 \x01(\x11\x12\x12\n\nactivation\x18\x03 \x01(\x0c\x12\x0e\n\x06labels\x18\x04 \x01(\x0c\"M\n\tStepReply\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08gradient\x18\x02 \x01(\x0c\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tserver_ms\x18\x04 \x01(\x01\")\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x90\x01\n\nLayerState\x12\r\n\x05index\x18\x01 \x01(\r\x12/\n\x06params\x18\x02 \x03(\x0b\x32\x1f.edgesplit.train.v1.NamedTensor\x12\x30\n\x07\x62uffers\x18\x03 \x03(\x0b\x32\x1f.edgesplit.train.v1.NamedTensor\x12\x10\n\x08\x61\x62solute\x18\x04 \x01(\x08\"~\n\x0bSyncRequest\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0b\n\x03\x63ut\x18\x02 \x01(\x11\x12\x0f\n\x07indices\x18\x03 \x03(\r\x12.\n\x06layers\x18\x04 \x03(\x0b\x32\x1e.edgesplit.train.v1.LayerState\"J\n\tSyncReply\x12\r\n\x05round\x18\x01 \x01(\x04\x12.\n\x06layers\x18\x02 \x03(\x0b\x32\x1e.edgesplit.train.v1.LayerState\"3\n\x0c\x46\x65tchRequest\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0f\n\x07indices\x18\x01 \x03(\r\"<\n\nFetchReply\x12.\n\x06layers\x18\x01 \x03(\x0b\x32\x1e.edgesplit.train.v1.LayerState\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x1c\n\nCloseReply\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\x32\x84\x03\n\x11SplitTrainService\x12I\n\x05Hello\x12 .edgesplit.train.v1.HelloRequest\x1a\x1e.edgesplit.train.v1.HelloReply\x12\x46\n\x04Step\x12\x1f.edgesplit.train.v1.StepRequest\x1a\x1d.edgesplit.train.v1.StepReply\x12\x46\n\x04Sync\x12\x1f.edgesplit.train.v1.SyncRequest\x1a\x1d.edgesplit.train.v1.SyncReply\x12I\n\x05\x46\x65tch\x12 .edgesplit.train.v1.FetchRequest\x1a\x1e.edgesplit.train.v1.FetchReply\x12I\n\x05\x43lose\x12 .edgesplit.train.v1.CloseRequest\x1a\x1e.edgesplit.train.v1.CloseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+edgesplit/train/proto/edgesplit_train.proto\x12\x12\x65\x64gesplit.train.v1\"q\n\x0cHelloRequest\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x14\n\x0c\x63hain_length\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x11\n\ttake_over\x18\x05 \x01(\x08\"\xca\x01\n\nHelloReply\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x14\n\x0c\x63hain_length\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x0f\n\x07\x63lasses\x18\x08 \x01(\r\x12\x19\n\x11session_timeout_s\x18\t \x01(\x01\"n\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0b\n\x03\x63ut\x18\x02 \x01(\x11\x12\x12\n\nactivation\x18\x03 \x01(\x0c\x12\x0e\n\x06labels\x18\x04 \x01(\x0c\x12\x0b\n\x03seq\x18\x06 \x01(\x04\"M\n\tStepReply\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08gradient\x18\x02 \x01(\x0c\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tserver_ms\x18\x04 \x01(\x01\")\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x90\x01\n\nLayerState\x12\r\n\x05index\x18\x01 \x01(\r\x12/\n\x06params\x18\x02 \x03(\x0b\x32\x1f.edgesplit.train.v1.NamedTensor\x12\x30\n\x07\x62uffers\x18\x03 \x03(\x0b\x32\x1f.edgesplit.train.v1.NamedTensor\x12\x10\n\x08\x61\x62solute\x18\x04 \x01(\x08\"\x8b\x01\n\x0bSyncRequest\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0b\n\x03\x63ut\x18\x02 \x01(\x11\x12\x0f\n\x07indices\x18\x03 \x03(\r\x12.\n\x06layers\x18\x04 \x03(\x0b\x32\x1e.edgesplit.train.v1.LayerState\x12\x0b\n\x03seq\x18\x06 \x01(\x04\"J\n\tSyncReply\x12\r\n\x05round\x18\x01 \x01(\x04\x12.\n\x06layers\x18\x02 \x03(\x0b\x32\x1e.edgesplit.train.v1.LayerState\"3\n\x0c\x46\x65tchRequest\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0f\n\x07indices\x18\x01 \x03(\r\"<\n\nFetchReply\x12.\n\x06layers\x18\x01 \x03(\x0b\x32\x1e.edgesplit.train.v1.LayerState\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x1c\n\nCloseReply\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"@\n\x0bUndoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08step_seq\x18\x03 \x01(\x04\"\x0b\n\tUndoReply2\xcc\x03\n\x11SplitTrainService\x12I\n\x05Hello\x12 .edgesplit.train.v1.HelloRequest\x1a\x1e.edgesplit.train.v1.HelloReply\x12\x46\n\x04Step\x12\x1f.edgesplit.train.v1.StepRequest\x1a\x1d.edgesplit.train.v1.StepReply\x12\x46\n\x04Sync\x12\x1f.edgesplit.train.v1.SyncRequest\x1a\x1d.edgesplit.train.v1.SyncReply\x12I\n\x05\x46\x65tch\x12 .edgesplit.train.v1.FetchRequest\x1a\x1e.edgesplit.train.v1.FetchReply\x12I\n\x05\x43lose\x12 .edgesplit.train.v1.CloseRequest\x1a\x1e.edgesplit.train.v1.CloseReply\x12\x46\n\x04Undo\x12\x1f.edgesplit.train.v1.UndoRequest\x1a\x1d.edgesplit.train.v1.UndoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,25 +36,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLOREPLY']._serialized_start=183
   _globals['_HELLOREPLY']._serialized_end=385
   _globals['_STEPREQUEST']._serialized_start=387
-  _globals['_STEPREQUEST']._serialized_end=484
-  _globals['_STEPREPLY']._serialized_start=486
-  _globals['_STEPREPLY']._serialized_end=563
-  _globals['_NAMEDTENSOR']._serialized_start=565
-  _globals['_NAMEDTENSOR']._serialized_end=606
-  _globals['_LAYERSTATE']._serialized_start=609
-  _globals['_LAYERSTATE']._serialized_end=753
-  _globals['_SYNCREQUEST']._serialized_start=755
-  _globals['_SYNCREQUEST']._serialized_end=881
-  _globals['_SYNCREPLY']._serialized_start=883
-  _globals['_SYNCREPLY']._serialized_end=957
-  _globals['_FETCHREQUEST']._serialized_start=959
-  _globals['_FETCHREQUEST']._serialized_end=1010
-  _globals['_FETCHREPLY']._serialized_start=1012
-  _globals['_FETCHREPLY']._serialized_end=1072
-  _globals['_CLOSEREQUEST']._serialized_start=1074
-  _globals['_CLOSEREQUEST']._serialized_end=1108
-  _globals['_CLOSEREPLY']._serialized_start=1110
-  _globals['_CLOSEREPLY']._serialized_end=1138
-  _globals['_SPLITTRAINSERVICE']._serialized_start=1141
-  _globals['_SPLITTRAINSERVICE']._serialized_end=1529
+  _globals['_STEPREQUEST']._serialized_end=497
+  _globals['_STEPREPLY']._serialized_start=499
+  _globals['_STEPREPLY']._serialized_end=576
+  _globals['_NAMEDTENSOR']._serialized_start=578
+  _globals['_NAMEDTENSOR']._serialized_end=619
+  _globals['_LAYERSTATE']._serialized_start=622
+  _globals['_LAYERSTATE']._serialized_end=766
+  _globals['_SYNCREQUEST']._serialized_start=769
+  _globals['_SYNCREQUEST']._serialized_end=908
+  _globals['_SYNCREPLY']._serialized_start=910
+  _globals['_SYNCREPLY']._serialized_end=984
+  _globals['_FETCHREQUEST']._serialized_start=986
+  _globals['_FETCHREQUEST']._serialized_end=1037
+  _globals['_FETCHREPLY']._serialized_start=1039
+  _globals['_FETCHREPLY']._serialized_end=1099
+  _globals['_CLOSEREQUEST']._serialized_start=1101
+  _globals['_CLOSEREQUEST']._serialized_end=1135
+  _globals['_CLOSEREPLY']._serialized_start=1137
+  _globals['_CLOSEREPLY']._serialized_end=1165
+  _globals['_UNDOREQUEST']._serialized_start=1167
+  _globals['_UNDOREQUEST']._serialized_end=1231
+  _globals['_UNDOREPLY']._serialized_start=1233
+  _globals['_UNDOREPLY']._serialized_end=1244
+  _globals['_SPLITTRAINSERVICE']._serialized_start=1247
+  _globals['_SPLITTRAINSERVICE']._serialized_end=1707
 # @@protoc_insertion_point(module_scope)

@@ -59,6 +59,11 @@ class SplitTrainServiceStub:
                 request_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseRequest.SerializeToString,
                 response_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseReply.FromString,
                 _registered_method=True)
+        self.Undo = channel.unary_unary(
+                '/edgesplit.train.v1.SplitTrainService/Undo',
+                request_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.UndoRequest.SerializeToString,
+                response_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.UndoReply.FromString,
+                _registered_method=True)
 
 
 class SplitTrainServiceServicer:
@@ -94,6 +99,12 @@ class SplitTrainServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Undo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SplitTrainServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_SplitTrainServiceServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseRequest.FromString,
                     response_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseReply.SerializeToString,
+            ),
+            'Undo': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undo,
+                    request_deserializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.UndoRequest.FromString,
+                    response_serializer=edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.UndoReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class SplitTrainService:
             '/edgesplit.train.v1.SplitTrainService/Close',
             edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseRequest.SerializeToString,
             edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.CloseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgesplit.train.v1.SplitTrainService/Undo',
+            edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.UndoRequest.SerializeToString,
+            edgesplit_dot_train_dot_proto_dot_edgesplit__train__pb2.UndoReply.FromString,
             options,
             channel_credentials,
             insecure,
