@@ -38,6 +38,7 @@ from edgesplit.train.session import (
     TrainSplitConfig,
     epoch_batches,
     evaluate,
+    local_training_server,
     profile_device_ms,
     run_split_training,
     train_unsplit,
@@ -918,3 +919,35 @@ def test_a_round_the_device_cannot_finish_is_taken_back_on_the_server(digits, se
         trained = trainer.final_model()
     _assert_same_state(trained, _unsplit([batches[0], batches[2]], lr=0.05, momentum=0.9))
 
+
+_POPEN = subprocess.Popen
+
+
+def _server_script(monkeypatch, script: str) -> list[subprocess.Popen]:
+    """local_training_server runs ``script`` (python -c) instead of serve-training."""
+    started = []
+
+    def popen(cmd, **kwargs):
+        started.append(_POPEN([sys.executable, "-c", script], **kwargs))
+        return started[-1]
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return started
+
+
+_CHATTY = "import sys; sys.stderr.write('log line\\n' * 25_000); sys.stderr.flush(); "
+
+
+def test_the_local_servers_output_is_drained(monkeypatch):
+    """The spawned server's stderr was a pipe nobody read: a server that logged more than
+    the pipe holds (64 KiB) blocked on its next write, before or after it listened. Now both
+    outputs are drained; a server that could not start is quoted by its last lines."""
+    started = _server_script(monkeypatch, _CHATTY + "print('listening on 127.0.0.1:1', "
+                             "flush=True); " + _CHATTY + "print('x' * 200_000, flush=True)")
+    with local_training_server("digits_cnn", lr=0.05, momentum=0.0, seed=SEED,
+                               timeout_s=60) as address:
+        assert address == "127.0.0.1:1"
+        assert started[0].wait(timeout=60) == 0  # it wrote all it had: nothing blocked it
+    _server_script(monkeypatch, _CHATTY + "sys.exit('the last words')")
+    with pytest.raises(RemoteError, match=r"(?s)did not start: .*log line\nthe last words$"), \
+            local_training_server("digits_cnn", lr=0.05, momentum=0.0, seed=SEED, timeout_s=60):
+        pass

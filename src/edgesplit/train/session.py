@@ -13,11 +13,13 @@ import select
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -575,18 +577,54 @@ def local_training_server(model: str, *, lr: float, momentum: float, seed: int,
     env.pop(TOKEN_ENV, None)
     if token:  # in the environment: a command line is visible to every user in `ps`
         env[TOKEN_ENV] = token
+    with _listening(cmd, env, timeout_s) as (address, _):
+        yield address
+
+
+class _Tail:
+    """The last ``keep`` lines of a child's output stream, read by a daemon thread until the
+    stream ends: a pipe nobody reads fills (64 KiB on Linux) and then blocks the child on its
+    next write, a chatty server in the middle of a round."""
+
+    def __init__(self, stream: IO[str], keep: int = 20) -> None:
+        self._lines: deque[str] = deque(maxlen=keep)
+        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream: IO[str]) -> None:
+        try:
+            for line in stream:
+                self._lines.append(line)
+        except (OSError, ValueError):  # the stream was closed under us: nothing more to keep
+            pass
+
+    def text(self, wait_s: float = 0.0) -> str:
+        """The lines kept, after waiting up to ``wait_s`` for the stream to end."""
+        self._thread.join(wait_s)
+        return "".join(self._lines)
+
+
+@contextmanager
+def _listening(cmd: list[str], env: dict[str, str], timeout_s: float
+               ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """Run ``cmd``, a server that prints ``listening on ADDRESS`` as its first line of stdout;
+    yield the address and the process, and stop it afterwards. Both its outputs are drained
+    all along, their last lines kept for the error when it does not start."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     stdout, stderr = proc.stdout, proc.stderr
     assert stdout is not None and stderr is not None  # both are pipes (PIPE above)
+    errors = _Tail(stderr)
     try:
         ready = select.select([stdout], [], [], timeout_s)[0]
         line = stdout.readline() if ready else ""
         if not line.startswith("listening on "):
             proc.kill()
+            output = (line + errors.text(wait_s=5.0)).strip()[-500:]
             raise RemoteError(f"the local training server did not start: "
-                              f"{(line + stderr.read()).strip()[-500:] or 'no output'}")
-        yield line.split()[2]
+                              f"{output or 'no output'}")
+        _Tail(stdout)
+        yield line.split()[2], proc
     finally:
         proc.terminate()
         try:
