@@ -43,6 +43,14 @@ parameters, buffers and momentum bit-identical; so does a Sync whose states do n
 merged into copies and applied only when every element merged), and a Step whose training
 gave a non-finite loss or gradient (the batch-norm statistics its forward pass moved are put
 back).
+
+**Nothing is applied twice, nothing half.** Step, Sync and Undo carry the session's next
+sequence number. The server keeps its last reply: the device re-sends a request whose reply
+was lost with the same number and gets that reply, with nothing trained or merged again; a
+number out of step is refused with FAILED_PRECONDITION (after the request's content is
+checked). A round the device cannot finish after the server stepped (a non-finite gradient
+at the cut or in the device's part) is taken back with Undo, which restores the server's
+parameters, buffers, momentum and trained set from a copy made just before its update.
 """
 
 from __future__ import annotations
@@ -1092,28 +1100,28 @@ class RemoteSplitTrainer:
         self._server_trained.update(range(cut + 1, self.n))  # it trained, unless taken back
         down = reply.ByteSize()
         self._shaper.send(down, "down")
-        edge_ms = (time.perf_counter() - t1) * 1e3
-        t2 = time.perf_counter()
+        try:  # the server has stepped: a round that fails from here on is taken back there
+            grad = self._gradient(reply.gradient, act) if cut >= 0 else None
+            edge_ms = (time.perf_counter() - t1) * 1e3
+            t2 = time.perf_counter()
+            if grad is not None:
+                problem = self.replica.backward(act, grad)
+                if problem is not None:
+                    raise self._diverged(problem)
+        except EdgesplitError as exc:
+            raise self._undo_step(request.seq, exc, server_trained) from None
         if cut >= 0:
-            try:
-                self._backward_front(act, reply.gradient)
-            except EdgesplitError as exc:  # the server has stepped: take its step back
-                raise self._undo_step(request.seq, exc, server_trained) from None
             self.replica.update(range(cut + 1))
         device_s = _sleep_slowdown(forward_s + time.perf_counter() - t2, self.device_slowdown)
         return device_s * 1e3, reply.loss, (edge_ms, reply.server_ms, up, down)
 
-    def _backward_front(self, act: torch.Tensor, gradient: bytes) -> None:
-        """Back-propagate the server's gradient at the cut through the device's part; raises
-        (with nothing updated) when the gradient or the device's own gradients are unusable."""
+    def _gradient(self, data: bytes, act: torch.Tensor) -> torch.Tensor:
+        """The server's gradient at the cut, which must fit ``act`` and be finite."""
         try:
-            grad = _decode_as(gradient, "the gradient at the cut", act.shape, torch.float32)
+            return _decode_as(data, "the gradient at the cut", act.shape, torch.float32)
         except WireError as exc:
             raise RemoteError(f"training server {self.address} sent an unusable gradient: "
                               f"{exc}") from None
-        problem = self.replica.backward(act, grad)
-        if problem is not None:
-            raise self._diverged(problem)
 
     def _undo_step(self, step_seq: int, why: EdgesplitError, server_trained: set[int]
                    ) -> EdgesplitError:
