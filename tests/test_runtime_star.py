@@ -375,20 +375,147 @@ def test_unknown_tensors_a_missing_key_and_a_foreign_plan_are_refused(program, s
     assert served.sink.join.pending == 0
 
 
-def test_the_oldest_pending_join_is_dropped_beyond_the_cap(program):
-    star = Star(program, max_joins=2, join_timeout_s=5)
+def test_parts_beyond_the_table_bounds_are_refused_and_the_parked_joins_complete(program):
+    """Issue 39: the table is bounded in joins, in joins one source opens (half the table)
+    and in parked bytes; a part past a bound is refused at once (it used to evict the oldest
+    join, which let a flood end legitimate ones), and what is parked completes."""
+    star = Star(program, max_joins=4, join_timeout_s=10)
+    join = star.sink.join
     sent = _sent(program, _views(5))
-    oldest = _in_background(_call, star.sink_channel, sent["sensor0"], "a")
-    _until(lambda: star.sink.join.pending == 1)
-    others = [_in_background(_call, star.sink_channel, sent["sensor0"], key) for key in "bc"]
-    exc = oldest()
+    waits = {key: [_in_background(_call, star.sink_channel, sent["sensor0"], key)]
+             for key in "ab"}
+    _until(lambda: join.pending == 2)
+    exc = _outcome(_call, star.sink_channel, sent["sensor0"], "c")  # sensor0's half is full
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "more than 2 requests were waiting" in exc.details()
-    for key in "bc":  # complete the two that are left
-        for s in SENSORS[1:]:
-            _in_background(_call, star.sink_channel, sent[s], key)
-    assert all(isinstance(wait(), pb.Bundle) for wait in others)
-    assert star.sink.join.computed == 2 and star.sink.join.pending == 0
+    assert "source sensor0 from loopback has 2 requests waiting" in exc.details()
+    waits.update({key: [_in_background(_call, star.sink_channel, sent["sensor1"], key)]
+                  for key in "cd"})
+    _until(lambda: join.pending == 4)
+    exc = _outcome(_call, star.sink_channel, sent["sensor2"], "e")  # the table is full
+    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "4 requests are waiting for their sources already" in exc.details()
+    assert (join.parked, join.busy) == (4, 0)
+    for key, calls in waits.items():  # the parked joins complete
+        missing = ["sensor1", "sensor2"] if key in "ab" else ["sensor0", "sensor2"]
+        calls += [_in_background(_call, star.sink_channel, sent[s], key) for s in missing]
+    assert all(isinstance(wait(), pb.Bundle) for calls in waits.values() for wait in calls)
+    assert (join.computed, join.pending, join.parked, join.parked_bytes) == (4, 0, 0, 0)
+    join.max_bytes = 1  # and a part over the parked bytes' bound
+    exc = _outcome(_call, star.sink_channel, sent["sensor0"], "f")
+    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "bytes are parked" in \
+        exc.details()
+    assert join.pending == 0
+
+
+# ---- workers: a waiting join holds none (issue 39) ------------------------------------------
+def _own_inputs(program: PlanProgram, xs: list[torch.Tensor], source: str, request_id: int
+                ) -> pb.Bundle:
+    """What a client sends ``source``: its own view."""
+    bundle = pb.Bundle(plan_id=program.plan_id, plan_version=PLAN_VERSION,
+                       request_id=request_id)
+    for name in program.step(source).receives:
+        bundle.tensors.add(name=name, data=encode_tensor(program.input_values(xs)[name], 32))
+    return bundle
+
+
+def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_through(program):
+    """The sink serves real gRPC with one worker: parts of many requests from one source park
+    in the table (each used to hold one of the sink's three threads until its join timed
+    out, so the complete join below queued behind them and failed)."""
+    sink = PartitionServer(program, "aggregator", shape=False, max_workers=1, max_joins=16,
+                           join_timeout_s=60)
+    channel = grpc.insecure_channel(f"127.0.0.1:{sink.start()}")
+    try:
+        xs = _views(10)
+        sent = _sent(program, xs)
+        flood = [_in_background(_call, channel, sent["sensor0"], f"flood{i}", 60)
+                 for i in range(6)]
+        _until(lambda: sink.join.pending == 6)
+        assert (sink.join.parked, sink.join.busy) == (6, 0)  # parked: no worker held
+        legit = [_in_background(_call, channel, sent[s], "legit", 30) for s in SENSORS]
+        want = program.unsplit(xs)[0]
+        for wait in legit:
+            reply = wait()
+            assert isinstance(reply, pb.Bundle), reply
+            assert torch.allclose(decode_tensor(reply.tensors[0].data), want, atol=TOL)
+        assert (sink.join.computed, sink.join.pending, sink.join.busy) == (1, 6, 0)
+    finally:
+        sink.stop(0)  # the parked flood is told the sink is going away (issue 39, 2)
+        channel.close()
+    for wait in flood:
+        exc = wait()
+        assert exc.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in exc.details()
+
+
+def test_sources_with_one_worker_each_do_not_wait_on_each_other(program):
+    """sensor0 serves request A and sensor1 request B, one worker each; A's part from sensor1
+    and B's from sensor0 arrive next. A source's call used to hold its only worker while the
+    sink waited for the other parts, which queued behind it: a circular wait until the join
+    timed out. Now a source holds its worker while it computes only."""
+    sink = PartitionServer(program, "aggregator", shape=False, max_workers=1, max_joins=8,
+                           join_timeout_s=60)
+    sink_address = f"127.0.0.1:{sink.start()}"
+    sensors = {s: PartitionServer(program, s, next_address=sink_address, shape=False,
+                                  max_workers=1, max_joins=8) for s in SENSORS}
+    channels = {s: grpc.insecure_channel(f"127.0.0.1:{server.start()}")
+                for s, server in sensors.items()}
+    try:
+        views = {"A": _views(11), "B": _views(12)}
+        def send(source: str, key: str):
+            bundle = _own_inputs(program, views[key], source, 1 if key == "A" else 2)
+            return _in_background(_call, channels[source], bundle, key, 30)
+
+        calls = [send("sensor0", "A")]
+        _until(lambda: sink.join.pending == 1)
+        calls.append(send("sensor1", "B"))
+        _until(lambda: sink.join.pending == 2)
+        calls += [send("sensor1", "A"), send("sensor0", "B"), send("sensor2", "A"),
+                  send("sensor2", "B")]
+        replies = [wait() for wait in calls]
+        for reply in replies:
+            assert isinstance(reply, pb.Bundle), reply
+            key = "A" if reply.request_id == 1 else "B"
+            assert torch.allclose(decode_tensor(reply.tensors[0].data),
+                                  program.unsplit(views[key])[0], atol=TOL)
+        assert (sink.join.computed, sink.join.pending, sink.join.busy) == (2, 0, 0)
+    finally:
+        for server in (*sensors.values(), sink):
+            server.stop(0)
+        for channel in channels.values():
+            channel.close()
+
+
+def test_a_stopping_server_answers_unavailable_not_resource_exhausted(program):
+    """A call waiting for a worker while its server stops is told UNAVAILABLE (retry
+    elsewhere), not RESOURCE_EXHAUSTED once its deadline passes; a part reaching a stopped
+    sink too."""
+    from edgesplit.transport import BadRequest
+    from edgesplit.transport.loopback import LoopbackContext
+
+    server = PartitionServer(program, "sensor0", next_address="127.0.0.1:1", shape=False,
+                             max_workers=1)
+    while server._slots.take(0):  # every data-plane slot busy
+        pass
+    assert server._computing is not None and server._computing.take(0)  # and the worker
+    waiting = [_in_background(_raised, server.take_slot, LoopbackContext(timeout=5)),
+               _in_background(_raised, server._compute, {}, LoopbackContext(timeout=5), {})]
+    _until(lambda: server._slots._waiting == 1 and server._computing._waiting == 1)
+    server.stop(0)
+    for wait in waiting:
+        exc = wait()
+        assert isinstance(exc, BadRequest) and exc.code == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in str(exc)
+    star = Star(program)
+    star.sink.stop(0)
+    exc = _outcome(_call, star.sink_channel, _sent(program, _views(13))["sensor0"], "late")
+    assert exc.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in exc.details()
+
+
+def _raised(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return exc
 
 
 def test_a_star_sink_refuses_to_batch_and_a_source_needs_the_sink(program):

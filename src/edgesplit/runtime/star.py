@@ -12,9 +12,18 @@ its inputs concurrently under a fresh key and checks that their replies agree.
 Bounds against broken or hostile callers: a join takes each of the sink's tensors once (an
 unknown or repeated tensor fails its call with INVALID_ARGUMENT); it waits at most
 ``join_timeout_s`` or its caller's deadline, after which its calls fail with DEADLINE_EXCEEDED
-naming the missing tensors and sources and it is dropped; at most ``max_joins`` wait at once
-(the oldest is dropped, its callers told why); a finished or dropped key is remembered (a
-bounded number of them) so that it is never computed again.
+naming the missing tensors and sources and it is dropped; at most ``max_joins`` wait at once,
+holding at most as many joins' worth of parked bytes, and one source from one host opens at
+most half of them (a part past a bound is refused RESOURCE_EXHAUSTED before anything is
+parked: a flood cannot evict the joins that are waiting); a finished or dropped key is
+remembered (a bounded number of them) so that it is never computed again.
+
+Workers: a waiting part is parked and holds none of the sink's ``max_workers``; the part that
+completes a join takes one and computes (a parked call still blocks a gRPC thread, as the
+synchronous server has no other way to answer later, but the sink has a thread for every part
+its table can park beyond its workers, so a parked part never queues another). A source holds
+its worker only while it computes, not while the sink joins: held across the join, the
+sources' workers waited on each other (a circular wait until the join timed out).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from edgesplit.transport import (
     invalid,
 )
 from edgesplit.transport.shaping import LinkShaper
+from edgesplit.transport.slots import Slots
 
 if TYPE_CHECKING:
     from edgesplit.runtime.transport import PartitionServer
@@ -114,7 +124,9 @@ class _Entry:
 
     ident: tuple[str, int]  # (join key, request id)
     created: float  # time.monotonic()
+    opener: tuple[str, str]  # the (source, peer host) whose part opened it: charged for it
     values: dict[str, torch.Tensor] = field(default_factory=dict)
+    nbytes: int = 0  # bytes of the parked tensors
     done: threading.Event = field(default_factory=threading.Event)
     completed_at: float = 0.0  # time.perf_counter() when the last tensor arrived
     outputs: dict[str, bytes] = field(default_factory=dict)
@@ -122,12 +134,26 @@ class _Entry:
     error: tuple[grpc.StatusCode, str] | None = None
 
 
+def _peer_host(context: grpc.ServicerContext | None) -> str:
+    """The caller's host (``ipv4:10.0.0.2:5123`` -> ``ipv4:10.0.0.2``): a caller cannot get
+    a fresh quota by opening another connection."""
+    peer = context.peer() if context is not None else "local"
+    return peer.rsplit(":", 1)[0] if peer.count(":") > 1 else peer
+
+
 class Join:
-    """A star sink's join table: see the module docstring. ``computed`` counts the joins
-    computed (one per complete request)."""
+    """A star sink's join table: see the module docstring.
+
+    Invariant: a part waiting for the others is *parked* (its call blocks on the join's event)
+    and holds none of the ``workers`` compute workers; the call bringing a join's last part
+    takes one worker, computes once and wakes the others. The table holds at most
+    ``max_joins`` joins and ``max_bytes`` parked bytes, and the joins one source opens from one
+    host at most ``per_source`` of them; a part that would go past a bound is refused
+    (RESOURCE_EXHAUSTED) before anything is parked. ``computed`` counts the joins computed,
+    ``parked`` the calls waiting for other parts, ``busy`` the workers computing."""
 
     def __init__(self, server: PartitionServer, timeout_s: float, max_joins: int,
-                 shape: bool = False) -> None:
+                 shape: bool = False, workers: int = 1) -> None:
         if timeout_s <= 0:
             raise ConfigError(f"{option('join_timeout_s')} must be positive, got {timeout_s}")
         if max_joins < 1:
@@ -137,17 +163,35 @@ class Join:
         self.sink = server.step.name
         self.source_of = {t: s for s in program.sources for t in program.step(s).sends}
         self.shapers = {s: LinkShaper(star_link(program, s), shape) for s in program.sources}
-        self.computed = 0
+        # one source (from one host) may open at most half the table: a flood leaves room
+        self.per_source = max(1, max_joins // 2)
+        full = sum(program.graph.tensors[t].elements * 4 for t in self.source_of)
+        self.max_bytes = max_joins * full  # every join parked with all but nothing missing
+        self.computed = self.parked = self.busy = 0
+        self.parked_bytes = 0
+        self._workers = Slots(workers)
+        self._opened: dict[tuple[str, str], int] = {}  # joins pending per opener
         self._pending: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
         # what became of finished or dropped keys: a late or repeated call is told at once
         self._finished: OrderedDict[tuple[str, int], tuple[grpc.StatusCode, str]] = OrderedDict()
         self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def pending(self) -> int:
         """Joins waiting for some of their sources."""
         with self._lock:
             return len(self._pending)
+
+    def close(self) -> None:
+        """The server is stopping: every pending join's callers, and every later part, are
+        answered UNAVAILABLE (their clients may retry on another sink)."""
+        with self._lock:
+            self._closed = True
+            for entry in list(self._pending.values()):
+                self._drop(entry)
+                self._fail(entry, grpc.StatusCode.UNAVAILABLE, self._stopping())
+        self._workers.close()
 
     def handle(self, request: pb.Bundle, context: grpc.ServicerContext | None) -> pb.Bundle:
         """Add this call's tensors to its join; answer when the join is complete."""
@@ -158,11 +202,12 @@ class Join:
         values = self.server.decode_tensors(request)
         decode_ms = (time.perf_counter() - t0) * 1e3
         arrived = time.perf_counter()
-        entry, complete = self._add((key, request.request_id), names, values)
+        opener = (self.source_of[names[0]], _peer_host(context))
+        entry, complete = self._add((key, request.request_id), opener, names, values)
         if complete:
             self._compute(entry, context)
         else:
-            self._wait(entry, context)
+            self._park(entry, context)
         if entry.error is not None:
             raise BadRequest(*entry.error)
         reply = pb.Bundle(plan_id=self.server.program.plan_id, plan_version=PLAN_VERSION,
@@ -204,39 +249,73 @@ class Join:
             raise invalid(f"tensor(s) {twice} appear twice in one request")
         return names
 
+    def _stopping(self) -> str:
+        return f"device {self.sink!r} is shutting down: send the request to another sink"
+
     # ---- the table -----------------------------------------------------------------------
-    def _add(self, ident: tuple[str, int], names: Sequence[str],
+    def _add(self, ident: tuple[str, int], opener: tuple[str, str], names: Sequence[str],
              values: dict[str, torch.Tensor]) -> tuple[_Entry, bool]:
         """Put ``values`` into the join ``ident``; True when that completes it (the caller
-        then computes it, outside the lock)."""
+        then computes it, outside the lock). Every refusal comes before anything changes."""
+        nbytes = sum(v.element_size() * v.nelement() for v in values.values())
         with self._lock:
+            if self._closed:
+                raise BadRequest(grpc.StatusCode.UNAVAILABLE, self._stopping())
             if ident in self._finished:
                 code, why = self._finished[ident]
                 raise BadRequest(code, f"tensor(s) {list(names)} arrived for join key "
                                        f"{ident[0]!r} (request {ident[1]}), which is over: {why}")
             entry = self._pending.get(ident)
+            if entry is not None:
+                again = [n for n in names if n in entry.values]
+                if again:
+                    raise invalid(f"tensor(s) {again} arrived twice for join key "
+                                  f"{ident[0]!r} (request {ident[1]}); each source sends its "
+                                  "tensors once per request")
+            complete = entry is not None and \
+                len(entry.values) + len(values) == len(self.source_of)
+            if not complete:
+                self._admit(entry, opener, nbytes)
             if entry is None:
-                entry = self._pending[ident] = _Entry(ident, time.monotonic())
-                while len(self._pending) > self.max_joins:
-                    self._fail(self._pending.popitem(last=False)[1],
-                               grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"device {self.sink!r} dropped this join: more than "
-                               f"{self.max_joins} requests were waiting for their sources "
-                               f"(raise {option('max_joins')}, or check that every source "
-                               "reaches this sink)")
-            again = [n for n in names if n in entry.values]
-            if again:
-                raise invalid(f"tensor(s) {again} arrived twice for join key {ident[0]!r} "
-                              f"(request {ident[1]}); each source sends its tensors once per "
-                              "request")
+                entry = self._pending[ident] = _Entry(ident, time.monotonic(), opener)
+                self._opened[opener] = self._opened.get(opener, 0) + 1
             entry.values.update(values)
-            if len(entry.values) < len(self.source_of):
+            entry.nbytes += nbytes
+            self.parked_bytes += nbytes
+            if not complete:
                 return entry, False
-            del self._pending[ident]
+            self._drop(entry)
             entry.completed_at = time.perf_counter()
             self._remember(ident, (grpc.StatusCode.INVALID_ARGUMENT,
                                    "it was complete and has been answered"))
             return entry, True
+
+    def _admit(self, entry: _Entry | None, opener: tuple[str, str], nbytes: int) -> None:
+        """Refuse (RESOURCE_EXHAUSTED) a part the table has no room to park (the lock held)."""
+        source, host = opener
+        if entry is None and len(self._pending) >= self.max_joins:
+            why = f"{self.max_joins} requests are waiting for their sources already"
+        elif entry is None and self._opened.get(opener, 0) >= self.per_source:
+            why = (f"source {source} from {host} has {self.per_source} requests waiting for "
+                   "the other sources already (at most half the table)")
+        elif self.parked_bytes + nbytes > self.max_bytes:
+            why = f"{self.max_bytes} bytes are parked waiting for their sources already"
+        else:
+            return
+        raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"device {self.sink!r} refused this part: {why} (raise "
+                         f"{option('max_joins')}, or check that every source reaches this "
+                         "sink)")
+
+    def _drop(self, entry: _Entry) -> None:
+        """Take ``entry`` out of the table and its bounds (the lock held)."""
+        del self._pending[entry.ident]
+        self.parked_bytes -= entry.nbytes
+        left = self._opened[entry.opener] - 1
+        if left:
+            self._opened[entry.opener] = left
+        else:
+            del self._opened[entry.opener]
 
     def _remember(self, ident: tuple[str, int], outcome: tuple[grpc.StatusCode, str]) -> None:
         self._finished[ident] = outcome
@@ -244,7 +323,7 @@ class Join:
             self._finished.popitem(last=False)
 
     def _fail(self, entry: _Entry, code: grpc.StatusCode, message: str) -> None:
-        """End a pending join (the lock held): its callers fail with ``code``."""
+        """End a join taken out of the table (the lock held): its callers fail with ``code``."""
         entry.error = (code, message)
         entry.values = {}
         self._remember(entry.ident, entry.error)
@@ -255,7 +334,7 @@ class Join:
         with self._lock:
             if self._pending.get(entry.ident) is not entry:
                 return False
-            del self._pending[entry.ident]
+            self._drop(entry)
             missing = [t for t in self.source_of if t not in entry.values]
             sources = sorted({self.source_of[t] for t in missing})
             if code == grpc.StatusCode.CANCELLED:
@@ -272,7 +351,15 @@ class Join:
 
     # ---- computing and waiting -----------------------------------------------------------
     def _compute(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
+        """Compute a complete join on one of the workers, then wake its parked callers."""
         step = self.server.step
+        try:
+            self._take_worker(context)
+        except BadRequest as exc:
+            entry.error = (exc.code, str(exc))
+            entry.values = {}
+            entry.done.set()
+            return
         try:
             t0 = time.perf_counter()
             values = step.compute(dict(entry.values), self.server._state(context))
@@ -286,11 +373,38 @@ class Join:
         except Exception as exc:  # every caller of the join gets the failure
             entry.error = (grpc.StatusCode.INTERNAL, self.server.failure(exc))
         finally:
+            with self._lock:
+                self.busy -= 1
+            self._workers.give()
             entry.values = {}
             entry.done.set()
 
+    def _take_worker(self, context: grpc.ServicerContext | None) -> None:
+        """One of the ``workers`` (counted in ``busy``), or BadRequest: UNAVAILABLE when the
+        server stops, DEADLINE_EXCEEDED when the caller's deadline passes first."""
+        remaining = context.time_remaining() if context is not None else None
+        if not self._workers.take(None if remaining is None else max(0.0, remaining)):
+            if self._closed:
+                raise BadRequest(grpc.StatusCode.UNAVAILABLE, self._stopping())
+            raise BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"device {self.sink!r} completed this join, but the caller's "
+                             f"deadline passed while its {option('max_workers')} workers were "
+                             "busy")
+        with self._lock:
+            self.busy += 1
+
+    def _park(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
+        """Wait, holding no worker, until the join is answered or dropped, or this call's
+        time is up."""
+        with self._lock:
+            self.parked += 1
+        try:
+            self._wait(entry, context)
+        finally:
+            with self._lock:
+                self.parked -= 1
+
     def _wait(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
-        """Until the join is answered or dropped, or this call's time is up."""
         while not entry.done.wait(max(0.0, min(self._left(entry, context), POLL_S))):
             if self._left(entry, context) <= 0:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED

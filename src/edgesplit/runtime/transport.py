@@ -210,9 +210,11 @@ class PartitionServer(GrpcServer):
 
     In a star plan a source forwards to the sink (``next_address``) like a middle hop, its
     join key travelling on; the sink joins its sources' calls (see
-    :class:`edgesplit.runtime.star.Join`: ``join_timeout_s``, ``max_joins``), runs with
-    ``max_workers`` per source (a call waiting for the other sources holds a worker) and does
-    not batch (``max_batch > 1`` is refused: each join already computes once).
+    :class:`edgesplit.runtime.star.Join`: ``join_timeout_s``, ``max_joins``), computes on
+    ``max_workers`` workers, each taken only by a complete join (a part waiting for the other
+    sources is parked and holds none; a source's call waiting for the sink holds none of the
+    source's either), and does not batch (``max_batch > 1`` is refused: each join already
+    computes once).
 
     Besides gRPC, :meth:`start` opens the data plane (length-prefixed frames over TCP,
     :mod:`edgesplit.transport.frames`) on ``data_port`` (0: any free port; None: none) and
@@ -258,10 +260,20 @@ class PartitionServer(GrpcServer):
             if max_batch is not None and max_batch > 1:
                 raise ConfigError(f"device {device!r} joins a star's sources and computes each "
                                   f"request once: it does not batch ({option('max_batch', 1)})")
-            self.join = Join(self, join_timeout_s, max_joins, shape)
-            max_workers *= len(program.sources)
+            self.join = Join(self, join_timeout_s, max_joins, shape, max_workers)
+            # threads for the parts parked in the join table (they compute nothing) and the
+            # callers of the joins being computed: a parked part never queues another
+            sources = len(program.sources)
+            max_workers = max_workers * sources + max_joins * (sources - 1)
         elif self.step.partition is not None and self.step.emulate_ms is None:  # emulation paces
             self.batcher, self.batching = _batcher(program, device, max_batch, max_wait_ms)
+        # a star source computes on max_workers workers, then waits for the sink's join
+        # holding none (a worker held across that wait deadlocks sources on each other)
+        self._computing: Slots | None = None
+        if program.kind == "star" and device != program.sink:
+            self._computing = Slots(max_workers)
+            max_workers += max_joins
+        self._stopping = False
         self.limit = max_message_bytes(program)
         upstream, downstream = _links(program, self.step)
         self.upstream = LinkShaper(upstream, shape)  # replies
@@ -299,7 +311,12 @@ class PartitionServer(GrpcServer):
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Finish requests in flight (up to ``grace_s``), refuse new ones; then shut the
-        engine's deployment down."""
+        engine's deployment down. Calls waiting for a worker, and a star sink's parked
+        joins, are answered UNAVAILABLE: their clients may retry on another server."""
+        self._stopping = True
+        self._slots.close()
+        if self.join is not None:
+            self.join.close()
         if self.engine is not None:  # its health watch must not say SERVING again
             self.engine.stop_watching()
         if self._frames is not None:
@@ -411,10 +428,18 @@ class PartitionServer(GrpcServer):
         """One of the data plane's ``max_workers`` slots (give it back with
         ``_slots.give()``), or BadRequest once the request's deadline passed waiting."""
         if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
+            self._check_running()
             check_alive(context, self.step.name)
             raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"device {self.step.name!r} is busy with {option('max_workers')} "
                              "requests")
+
+    def _check_running(self) -> None:
+        """BadRequest UNAVAILABLE once :meth:`stop` began (not RESOURCE_EXHAUSTED: the
+        client should retry elsewhere, not back off from a busy server)."""
+        if self._stopping:
+            raise BadRequest(grpc.StatusCode.UNAVAILABLE,
+                             f"device {self.step.name!r} is shutting down")
 
     def handle(self, request: pb.Bundle | Message,
                context: grpc.ServicerContext | None = None) -> Message:
@@ -444,6 +469,22 @@ class PartitionServer(GrpcServer):
 
     def _compute(self, values: dict[str, torch.Tensor], context: grpc.ServicerContext | None,
                  timings: dict[str, float]) -> dict[str, torch.Tensor]:
+        computing = self._computing
+        if computing is not None and not computing.take(
+                remaining_timeout(context, self.next_timeout_s)):
+            self._check_running()
+            raise BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"device {self.step.name!r}: the caller's deadline passed while "
+                             f"its {option('max_workers')} workers were busy")
+        try:
+            return self._compute_now(values, context, timings)
+        finally:
+            if computing is not None:
+                computing.give()
+
+    def _compute_now(self, values: dict[str, torch.Tensor],
+                     context: grpc.ServicerContext | None, timings: dict[str, float]
+                     ) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
         state = self._state(context)
         if state is None:

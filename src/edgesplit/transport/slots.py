@@ -21,12 +21,13 @@ class Slots:
         if n < 1:
             raise ValueError(f"Slots needs at least one slot, got {n}")
         self._free, self._waiting = n, 0
+        self._closed = False
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
 
     def take(self, timeout: float | None = None) -> bool:
         """Take a slot, waiting at most ``timeout`` seconds (None: as long as it takes); False
-        when none came free in time."""
+        when none came free in time, or :meth:`close` was called while it waited."""
         with self._lock:
             if self._free:
                 self._free -= 1
@@ -35,6 +36,8 @@ class Slots:
             self._waiting += 1
             try:
                 while not self._free:
+                    if self._closed:
+                        return False
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return False
@@ -50,3 +53,10 @@ class Slots:
             self._free += 1
             if self._waiting:
                 self._freed.notify()
+
+    def close(self) -> None:
+        """The server is stopping: every :meth:`take` that has to wait returns False at once
+        (a free slot is still taken: calls in flight finish; slots held are given back)."""
+        with self._lock:
+            self._closed = True
+            self._freed.notify_all()
