@@ -440,7 +440,7 @@ def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_thr
             assert torch.allclose(decode_tensor(reply.tensors[0].data), want, atol=TOL)
         assert (sink.join.computed, sink.join.pending, sink.join.busy) == (1, 6, 0)
     finally:
-        sink.stop(0)  # the parked flood is told the sink is going away (issue 39, 2)
+        sink.stop(5)  # the parked flood is told the sink is going away (issue 39, 2)
         channel.close()
     for wait in flood:
         exc = wait()
@@ -497,8 +497,8 @@ def test_a_stopping_server_answers_unavailable_not_resource_exhausted(program):
     while server._slots.take(0):  # every data-plane slot busy
         pass
     assert server._computing is not None and server._computing.take(0)  # and the worker
-    waiting = [_in_background(_raised, server.take_slot, LoopbackContext(timeout=5)),
-               _in_background(_raised, server._compute, {}, LoopbackContext(timeout=5), {})]
+    waiting = [_in_background(_raised, server.take_slot, LoopbackContext(timeout=30)),
+               _in_background(_raised, server._compute, {}, LoopbackContext(timeout=30), {})]
     _until(lambda: server._slots._waiting == 1 and server._computing._waiting == 1)
     server.stop(0)
     for wait in waiting:

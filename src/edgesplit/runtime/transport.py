@@ -314,7 +314,9 @@ class PartitionServer(GrpcServer):
         engine's deployment down. Calls waiting for a worker, and a star sink's parked
         joins, are answered UNAVAILABLE: their clients may retry on another server."""
         self._stopping = True
-        self._slots.close()
+        for slots in (self._slots, self._computing):
+            if slots is not None:
+                slots.close()
         if self.join is not None:
             self.join.close()
         if self.engine is not None:  # its health watch must not say SERVING again
