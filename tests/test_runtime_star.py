@@ -421,30 +421,36 @@ def _own_inputs(program: PlanProgram, xs: list[torch.Tensor], source: str, reque
 def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_through(program):
     """The sink serves real gRPC with one worker: parts of many requests from one source park
     in the table (each used to hold one of the sink's three threads until its join timed
-    out, so the complete join below queued behind them and failed)."""
+    out, so the complete join below queued behind them and failed); past half the table that
+    connection's new joins are refused, and another connection's sensor0 still opens one."""
     sink = PartitionServer(program, "aggregator", shape=False, max_workers=1, max_joins=16,
                            join_timeout_s=60)
-    channel = grpc.insecure_channel(f"127.0.0.1:{sink.start()}")
+    address = f"127.0.0.1:{sink.start()}"
+    channel = grpc.insecure_channel(address)
+    # its own connection, as a sensor's server has (channels share one by default)
+    own = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
     try:
         xs = _views(10)
         sent = _sent(program, xs)
         flood = [_in_background(_call, channel, sent["sensor0"], f"flood{i}", 60)
-                 for i in range(6)]
-        _until(lambda: sink.join.pending == 6)
-        assert (sink.join.parked, sink.join.busy) == (6, 0)  # parked: no worker held
-        legit = [_in_background(_call, channel, sent[s], "legit", 30) for s in SENSORS]
+                 for i in range(10)]
+        _until(lambda: sink.join.pending == 8 and sink.join.parked == 8)
+        assert sink.join.busy == 0  # parked: no worker held
+        legit = [_in_background(_call, own, sent["sensor0"], "legit", 30)]
+        _until(lambda: sink.join.pending == 9)
+        legit += [_in_background(_call, own, sent[s], "legit", 30) for s in SENSORS[1:]]
         want = program.unsplit(xs)[0]
         for wait in legit:
             reply = wait()
             assert isinstance(reply, pb.Bundle), reply
             assert torch.allclose(decode_tensor(reply.tensors[0].data), want, atol=TOL)
-        assert (sink.join.computed, sink.join.pending, sink.join.busy) == (1, 6, 0)
+        assert (sink.join.computed, sink.join.pending, sink.join.busy) == (1, 8, 0)
     finally:
         sink.stop(5)  # the parked flood is told the sink is going away (issue 39, 2)
         channel.close()
-    for wait in flood:
-        exc = wait()
-        assert exc.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in exc.details()
+        own.close()
+    codes = [wait().code() for wait in flood]
+    assert sorted(c.name for c in codes) == ["RESOURCE_EXHAUSTED"] * 2 + ["UNAVAILABLE"] * 8
 
 
 def test_sources_with_one_worker_each_do_not_wait_on_each_other(program):

@@ -13,8 +13,8 @@ Bounds against broken or hostile callers: a join takes each of the sink's tensor
 unknown or repeated tensor fails its call with INVALID_ARGUMENT); it waits at most
 ``join_timeout_s`` or its caller's deadline, after which its calls fail with DEADLINE_EXCEEDED
 naming the missing tensors and sources and it is dropped; at most ``max_joins`` wait at once,
-holding at most as many joins' worth of parked bytes, and one source from one host opens at
-most half of them (a part past a bound is refused RESOURCE_EXHAUSTED before anything is
+holding at most as many joins' worth of parked bytes, and one source over one connection opens
+at most half of them (a part past a bound is refused RESOURCE_EXHAUSTED before anything is
 parked: a flood cannot evict the joins that are waiting); a finished or dropped key is
 remembered (a bounded number of them) so that it is never computed again.
 
@@ -124,7 +124,7 @@ class _Entry:
 
     ident: tuple[str, int]  # (join key, request id)
     created: float  # time.monotonic()
-    opener: tuple[str, str]  # the (source, peer host) whose part opened it: charged for it
+    opener: tuple[str, str]  # the (source, peer) whose part opened it: charged for it
     values: dict[str, torch.Tensor] = field(default_factory=dict)
     nbytes: int = 0  # bytes of the parked tensors
     done: threading.Event = field(default_factory=threading.Event)
@@ -134,11 +134,10 @@ class _Entry:
     error: tuple[grpc.StatusCode, str] | None = None
 
 
-def _peer_host(context: grpc.ServicerContext | None) -> str:
-    """The caller's host (``ipv4:10.0.0.2:5123`` -> ``ipv4:10.0.0.2``): a caller cannot get
-    a fresh quota by opening another connection."""
-    peer = context.peer() if context is not None else "local"
-    return peer.rsplit(":", 1)[0] if peer.count(":") > 1 else peer
+def _peer(context: grpc.ServicerContext | None) -> str:
+    """The caller's connection (``ipv4:10.0.0.2:5123``): a source's server calls the sink over
+    one, so a flood from another caller, even on the source's host, has a quota of its own."""
+    return context.peer() if context is not None else "local"
 
 
 class Join:
@@ -147,8 +146,8 @@ class Join:
     Invariant: a part waiting for the others is *parked* (its call blocks on the join's event)
     and holds none of the ``workers`` compute workers; the call bringing a join's last part
     takes one worker, computes once and wakes the others. The table holds at most
-    ``max_joins`` joins and ``max_bytes`` parked bytes, and the joins one source opens from one
-    host at most ``per_source`` of them; a part that would go past a bound is refused
+    ``max_joins`` joins and ``max_bytes`` parked bytes, and the joins one source opens over one
+    connection at most ``per_source`` of them; a part that would go past a bound is refused
     (RESOURCE_EXHAUSTED) before anything is parked. ``computed`` counts the joins computed,
     ``parked`` the calls waiting for other parts, ``busy`` the workers computing."""
 
@@ -163,7 +162,7 @@ class Join:
         self.sink = server.step.name
         self.source_of = {t: s for s in program.sources for t in program.step(s).sends}
         self.shapers = {s: LinkShaper(star_link(program, s), shape) for s in program.sources}
-        # one source (from one host) may open at most half the table: a flood leaves room
+        # one source over one connection opens at most half the table: a flood leaves room
         self.per_source = max(1, max_joins // 2)
         full = sum(program.graph.tensors[t].elements * 4 for t in self.source_of)
         self.max_bytes = max_joins * full  # every join parked with all but nothing missing
@@ -202,7 +201,7 @@ class Join:
         values = self.server.decode_tensors(request)
         decode_ms = (time.perf_counter() - t0) * 1e3
         arrived = time.perf_counter()
-        opener = (self.source_of[names[0]], _peer_host(context))
+        opener = (self.source_of[names[0]], _peer(context))
         entry, complete = self._add((key, request.request_id), opener, names, values)
         if complete:
             self._compute(entry, context)
@@ -292,11 +291,11 @@ class Join:
 
     def _admit(self, entry: _Entry | None, opener: tuple[str, str], nbytes: int) -> None:
         """Refuse (RESOURCE_EXHAUSTED) a part the table has no room to park (the lock held)."""
-        source, host = opener
+        source, peer = opener
         if entry is None and len(self._pending) >= self.max_joins:
             why = f"{self.max_joins} requests are waiting for their sources already"
         elif entry is None and self._opened.get(opener, 0) >= self.per_source:
-            why = (f"source {source} from {host} has {self.per_source} requests waiting for "
+            why = (f"source {source} from {peer} has {self.per_source} requests waiting for "
                    "the other sources already (at most half the table)")
         elif self.parked_bytes + nbytes > self.max_bytes:
             why = f"{self.max_bytes} bytes are parked waiting for their sources already"
