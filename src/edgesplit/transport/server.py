@@ -7,36 +7,59 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import grpc
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.transport.auth import token_matches
+from edgesplit.transport.auth import (
+    WRONG_TOKEN,
+    AuthThrottle,
+    peer_host,
+    throttled,
+    token_matches,
+)
 from edgesplit.transport.channel import server_options
+from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import LoopbackChannel, LoopbackServer
 from edgesplit.transport.tls import TlsFiles, check_tls_pair
 
-__all__ = ["GrpcServer", "serve_forever"]
+__all__ = ["LIGHT_WORKERS", "GrpcServer", "serve_forever"]
+
+T = TypeVar("T")
+LIGHT_WORKERS = 4  # threads of their own for health checks and Describe
 
 
 class GrpcServer:
     """What every edgesplit gRPC server shares: a thread pool with our message limit, the
     standard health service, listening with or without TLS, graceful stop and the bearer-token
-    check. Subclasses call :meth:`_init_grpc` with a function registering their servicer."""
+    check. Subclasses call :meth:`_init_grpc` with a function registering their servicer.
+
+    Health checks and every service's unary ``Describe`` run on ``LIGHT_WORKERS`` threads of
+    their own: they answer while ``max_workers`` requests (or idle streams) hold every
+    worker. Failed token checks are throttled per peer host (:class:`AuthThrottle`), and a
+    stream silent for ``limits.idle_s`` between requests is cancelled (:meth:`idle_limited`)."""
 
     token: str | None = None
     tls: TlsFiles | None = None
+    limits: ConnectionLimits = ConnectionLimits()
 
     def _init_grpc(self, add_servicer: Callable[[grpc.Server], None], limit: int,
                    max_workers: int) -> None:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
         self._add_servicer, self._limit = add_servicer, limit
+        self.throttle = AuthThrottle()
+        self._idle_watch = _IdleWatch(self.limits.idle_s)
+        self._light = futures.ThreadPoolExecutor(max_workers=LIGHT_WORKERS,
+                                                 thread_name_prefix="edgesplit-grpc-light")
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                   options=server_options(limit))
+                                   options=server_options(limit),
+                                   interceptors=[_OwnPool(self._light)])
         add_servicer(self._server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -79,15 +102,108 @@ class GrpcServer:
 
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server.stop(grace_s).wait()
+        self._light.shutdown(wait=False)
 
     def wait(self) -> None:
         self._server.wait_for_termination()
 
     def check_token(self, context: grpc.ServicerContext) -> None:
-        if self.token is not None and not token_matches(context.invocation_metadata(),
-                                                        self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token (give both sides the same token)")
+        """Abort the call UNAUTHENTICATED unless it carries the token; a host that failed
+        too often lately is refused without its token being compared (:class:`AuthThrottle`)."""
+        if self.token is None:
+            return
+        host = peer_host(context.peer())
+        wait = self.throttle.wait_s(host)
+        if wait > 0:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, throttled(host, wait))
+        if not token_matches(context.invocation_metadata(), self.token):
+            self.throttle.failed(host)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
+
+    def idle_limited(self, requests: Iterable[T], context: grpc.ServicerContext
+                     ) -> Iterator[T]:
+        """A stream's requests as they come; the call is cancelled (and this ends) when the
+        client sends nothing for ``limits.idle_s`` between two (an idle stream would hold a
+        worker forever)."""
+        watch, it = self._idle_watch, iter(requests)
+        while True:
+            watch.wait_from(context)
+            try:
+                request = next(it)
+            except (StopIteration, grpc.RpcError):  # the client ended, or the call was cancelled
+                return
+            finally:
+                watch.done(context)
+            yield request
+
+
+def _light(method: str) -> bool:
+    return method == "/grpc.health.v1.Health/Check" or method.endswith("/Describe")
+
+
+class _OwnPool(grpc.ServerInterceptor):
+    """Runs the unary health check and ``Describe`` on ``pool`` (gRPC's
+    ``experimental_thread_pool`` on a handler's behaviour), every other call on the server's."""
+
+    def __init__(self, pool: futures.ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self._wrapped: dict[str, tuple[Any, Any]] = {}  # method -> (its handler, wrapped)
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming \
+                or not _light(details.method):
+            return handler
+        known = self._wrapped.get(details.method)
+        if known is None or known[0] is not handler:
+            behaviour = handler.unary_unary
+
+            def run(request: Any, context: grpc.ServicerContext) -> Any:
+                return behaviour(request, context)
+
+            run.experimental_thread_pool = self.pool  # type: ignore[attr-defined]
+            known = self._wrapped[details.method] = (handler,
+                                                     handler._replace(unary_unary=run))
+        return known[1]
+
+
+class _IdleWatch:
+    """Cancels the gRPC calls that wait for their client's next message longer than
+    ``idle_s``; its thread runs only while some call waits."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self._waiting: dict[Any, float] = {}  # context -> when it is cancelled
+        self._lock = threading.Lock()
+        self._running = False
+
+    def wait_from(self, context: Any) -> None:
+        with self._lock:
+            self._waiting[context] = time.monotonic() + self.idle_s
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="edgesplit-grpc-idle",
+                                 daemon=True).start()
+
+    def done(self, context: Any) -> None:
+        with self._lock:
+            self._waiting.pop(context, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(self.idle_s / 4, 1.0))
+            now = time.monotonic()
+            with self._lock:
+                expired = [c for c, at in self._waiting.items() if at <= now]
+                for context in expired:
+                    del self._waiting[context]
+                stop = not self._waiting
+                if stop:
+                    self._running = False
+            for context in expired:
+                context.cancel()
+            if stop:
+                return
 
 
 class _Held:
