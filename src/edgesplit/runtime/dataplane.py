@@ -6,7 +6,9 @@ tensors as wire-format messages by name, and the hops' timings. It converts to a
 :class:`~edgesplit.transport.frames.Frame`, whose tensor bytes are never copied into a
 protobuf. :class:`Hop` calls the next device: it asks the server's ``Describe`` once for a data
 port and then sends ``Run`` as frames there, or over gRPC when there is none (``mode``
-``"auto"``), always over gRPC (``"grpc"``), or only over the data plane (``"tcp"``).
+``"auto"``), always over gRPC (``"grpc"``), or only over the data plane (``"tcp"``). In
+``"auto"``, a call the data plane did not serve (refused, unreachable, closed before an answer:
+:class:`~edgesplit.transport.frames.Unserved`) goes over gRPC.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -24,6 +27,7 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import BadRequest, LoopbackChannel, LoopbackError, TlsFiles, open_channel
+from edgesplit.transport.auth import AuthThrottle
 from edgesplit.transport.frames import (
     CALL,
     Buffer,
@@ -33,7 +37,9 @@ from edgesplit.transport.frames import (
     Handler,
     MetaCache,
     Pieces,
+    Unserved,
 )
+from edgesplit.transport.limits import ConnectionLimits
 
 __all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "as_part", "open_data_plane",
            "reply_of", "split_address"]
@@ -148,11 +154,14 @@ def _malformed(what: str) -> BadRequest:
 
 
 def open_data_plane(handler: Handler, limit: int, tls: TlsFiles | None, host: str, port: int,
-                    on_failure: Callable[[], None]) -> tuple[FrameServer, int]:
+                    on_failure: Callable[[], None], *, token: str | None = None,
+                    limits: ConnectionLimits | None = None,
+                    throttle: AuthThrottle | None = None
+                    ) -> tuple[FrameServer, int]:
     """A started frame server beside a server's gRPC port, and its port. When the port cannot
     be opened, ``on_failure`` runs (the caller stops its gRPC server) and a ConfigError says
-    what to change."""
-    frames = FrameServer(handler, limit, tls)
+    what to change. ``token``, ``limits`` and ``throttle`` as :class:`FrameServer`'s."""
+    frames = FrameServer(handler, limit, tls, token=token, limits=limits, throttle=throttle)
     try:
         return frames, frames.start(host, port)
     except OSError as exc:
@@ -284,10 +293,15 @@ class Hop:
         frames = self.frames
         if frames is not None:
             frame = self._frame(message, timeout, metadata)
+            start = time.monotonic()
             try:  # a middle hop stops waiting when its own caller hangs up
                 return frames.call(frame, timeout,
                                    read_frame or (lambda answer: read(reply_of(answer))),
                                    caller=getattr(context, "connection", None))
+            except Unserved as exc:  # nothing of it ran there: gRPC may serve it
+                if self.mode == "tcp":
+                    raise
+                timeout = self._after_unserved(exc, timeout, start, metadata)
             except LoopbackError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     self.forget()  # a retry finds the server's data plane anew
@@ -296,6 +310,22 @@ class Hop:
         if context is not None:
             context.add_callback(call.cancel)  # runs when the caller's call ends, any way
         return read(Message.of(call.result()))
+
+    def _after_unserved(self, exc: Unserved, timeout: float | None, start: float,
+                        metadata: Metadata) -> float | None:
+        """Before a call the data plane did not serve goes over gRPC: an unreachable data
+        plane (a restarted server may have opened it elsewhere) is looked up anew; a busy
+        one stays. What is left of ``timeout``."""
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self.forget()
+            self.resolve(_rest(timeout, start), metadata)
+        return _rest(timeout, start)
+
+
+def _rest(timeout: float | None, start: float) -> float | None:
+    """What is left of ``timeout`` seconds begun at ``start`` (never quite nothing: gRPC then
+    answers DEADLINE_EXCEEDED itself)."""
+    return None if timeout is None else max(1e-3, timeout - (time.monotonic() - start))
 
 
 def reply_of(frame: Frame) -> Message:

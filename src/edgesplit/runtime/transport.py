@@ -67,6 +67,7 @@ from edgesplit.transport.frames import (
     MetaCache,
     failure,
 )
+from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
@@ -185,7 +186,7 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
     def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
                   ) -> Iterator[pb.Bundle]:
         self.s.check_token(context)
-        for request in request_iterator:
+        for request in self.s.idle_limited(request_iterator, context):  # idle: cancelled
             try:
                 yield self.s.reply_pb(request, context)
             except (BadRequest, RemoteError) as exc:  # one bad request ends only itself
@@ -232,7 +233,8 @@ class PartitionServer(GrpcServer):
                  max_batch: int | None = None, max_wait_ms: float = 0.0,
                  join_timeout_s: float = 10.0, max_joins: int = 256,
                  data_port: int | None = 0, data_plane: DataPlane = "auto",
-                 engine: RayEngine | None = None) -> None:
+                 engine: RayEngine | None = None, limits: ConnectionLimits | None = None
+                 ) -> None:
         self.program, self.step = program, program.step(plan_device(program, device))
         # the timing names this server reports, built once (a request's path stays short)
         self._ser_key = f"{self.step.name}.serialize_ms"
@@ -246,6 +248,10 @@ class PartitionServer(GrpcServer):
             raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
                               f"{option('next_address', 'HOST:PORT', flag='--next')}")
         self.token, self.tls = token, tls
+        # idle and slow callers' timeouts, the data plane's memory budget (None: defaults)
+        self._limits = limits
+        if limits is not None:
+            self.limits = limits
         self.batcher: Batcher | None = None
         self.batching = "off"
         self.join: Join | None = None
@@ -306,7 +312,8 @@ class PartitionServer(GrpcServer):
         if self._want_data_port is not None:
             self._frames, self.data_port = open_data_plane(
                 self._frame_call, self.limit, self.tls, host, self._want_data_port,
-                lambda: GrpcServer.stop(self, 0))  # the gRPC server just started
+                lambda: GrpcServer.stop(self, 0),  # the gRPC server just started
+                token=self.token, limits=self._limits, throttle=self.throttle)
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:

@@ -19,12 +19,19 @@ A receiver checks the header and every size against its limit before it reads a 
 parts into one buffer per connection that is reused call after call (no per-message
 allocation) and hands them out as memoryviews of it; a sender writes header, meta and parts
 with one scatter-gather ``sendmsg``: no part is copied to be framed.
+
+A server authenticates before it allocates: the meta (with the caller's token) comes before
+the parts, and is checked before a byte of them is read. Its receive buffer grows with the
+bytes that arrived, never with what a header declares, and all frames still arriving share one
+budget (:class:`~edgesplit.transport.limits.PendingBudget`); a connection silent between calls,
+or slow within one, is closed (:class:`~edgesplit.transport.limits.ConnectionLimits`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import select
 import socket
 import ssl
@@ -37,12 +44,14 @@ from typing import Any
 
 import grpc
 
+from edgesplit.transport.auth import WRONG_TOKEN, AuthThrottle, throttled, token_matches
+from edgesplit.transport.limits import ConnectionLimits, PendingBudget
 from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
 
 __all__ = ["CALL", "DEFERRED", "FAILED", "REPLY", "Frame", "FrameClient", "FrameContext",
-           "FrameServer", "Handler", "MetaCache", "Part", "Pieces", "encode_meta", "read_frame",
-           "write_frame"]
+           "FrameServer", "Handler", "MetaCache", "Part", "Pieces", "Unserved", "encode_meta",
+           "read_frame", "write_frame"]
 
 MAGIC, VERSION = b"ESF1", 1
 CALL, REPLY, FAILED = 1, 2, 3
@@ -51,6 +60,8 @@ MAX_META = 1 << 16  # bytes of JSON: names, metadata, timings; never payload
 MAX_PARTS = 4096
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
 IDLE_S = 300.0  # a server closes a connection that sends nothing for this long
+MAX_META_DEPTH = 32  # nesting of a meta's JSON (ours is 3 deep): deeper is refused unparsed
+_GROW = 64 * 1024  # a receive buffer grows by at most this beyond twice what arrived
 
 Buffer = bytes | bytearray | memoryview
 
@@ -125,6 +136,22 @@ class FrameTooLarge(Exception):
     """A frame whose header declares more than the receiver's limit: nothing of it is read."""
 
 
+class FrameRefused(Exception):
+    """A frame a server will not read on (no token, the wrong one, a malformed call, no memory
+    left for it): answered with ``code`` and the connection closed; ``unserved``: the caller
+    may send the call another way (nothing of it ran, and another way may take it)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, unserved: bool = False) -> None:
+        super().__init__(message)
+        self.code, self.unserved = code, unserved
+
+
+class Unserved(LoopbackError):
+    """A call the data plane did not serve, and nothing of which ran there (it refused the
+    connection or the frame for want of room, or could not be reached): the caller may send
+    it over gRPC instead."""
+
+
 class _Closed(Exception):
     """The peer closed the connection between two frames (its normal way to hang up)."""
 
@@ -176,30 +203,65 @@ def _send_rest(sock: socket.socket, buffers: list[Buffer], sent: int) -> None:
 
 
 def _recv_into(sock: socket.socket, view: memoryview, at_start: bool = False,
-               deadline: float | None = None) -> None:
+               deadline: float | None = None, inbox: _Inbox | None = None,
+               frame_s: float | None = None) -> float | None:
+    """Fill ``view``; the frame's deadline. With ``frame_s`` (and no deadline), the deadline
+    is set ``frame_s`` after the first bytes arrive. A receive that leaves bytes to wait for
+    bounds the socket's receive timeout by what is left of the deadline (a slow peer is cut
+    off at it, not at the idle timeout), noting on ``inbox`` that its bound changed."""
     got = 0
     while got < view.nbytes:
         try:
             n = sock.recv_into(view[got:])
         except BlockingIOError:  # SO_RCVTIMEO ran out (a client's deadline)
             raise TimeoutError from None
+        except ConnectionResetError:
+            if at_start and got == 0:
+                raise _Closed from None
+            raise
         if n == 0:
             if at_start and got == 0:
                 raise _Closed
             raise ConnectionError("the connection closed in the middle of a frame")
         got += n
-        if deadline is not None and got < view.nbytes and time.monotonic() > deadline:
-            raise TimeoutError
+        if deadline is None and frame_s is not None:
+            deadline = time.monotonic() + frame_s
+        if deadline is not None and got < view.nbytes:
+            _bound_receive(sock, deadline, inbox)
+    return deadline
+
+
+def _bound_receive(sock: socket.socket, deadline: float, inbox: _Inbox | None) -> None:
+    """Bound the next receives on ``sock`` by what is left of ``deadline`` (the slow path of
+    a frame that arrives in pieces; TimeoutError once it passed), unless they are bound to at
+    most twice that already: a receive then ends at most that much past the deadline, and a
+    large frame's many receives do not each pay a system call. ``inbox.bound`` is then
+    unknown, so the next :meth:`_Inbox.bound_to` sets it anew."""
+    seconds = _left(deadline)
+    assert seconds is not None
+    if inbox is not None:
+        if seconds >= inbox.receiving / 2:
+            return
+        inbox.bound, inbox.receiving = -1.0, seconds
+    if isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(seconds)
+    else:
+        whole = int(seconds)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("ll", whole, max(1, int((seconds - whole) * 1e6))))
 
 
 class _Inbox:
     """One connection's receive buffer, grown to the largest frame seen, never beyond the
-    limit the header was checked against."""
+    limit the header was checked against, and only as bytes arrive (at most twice what
+    arrived, plus ``_GROW``): a header that declares much and sends little costs little."""
 
     def __init__(self) -> None:
         self.head = bytearray(_HEADER.size)
-        self.buffer = bytearray(64 * 1024)
+        self.buffer = bytearray(0)
+        self.taken = 0  # bytes of a pending budget this connection's growth holds
         self.bound: float | None = -1.0  # the socket's kernel timeouts as last set (-1: unset)
+        self.receiving = float("inf")  # its receive timeout as last set (inf: none or unknown)
         # the last frame's meta, raw and parsed: a client's calls repeat theirs, and parsing
         # JSON costs tens of microseconds in the cold path after compute
         self.meta_raw: bytes = b""
@@ -221,20 +283,71 @@ class _Inbox:
             return
         _bound(sock, seconds)
         self.bound = seconds
+        self.receiving = float("inf") if seconds is None else seconds
 
-    def view(self, n: int) -> memoryview:
-        if len(self.buffer) < n:
-            self.buffer = bytearray(max(n, 2 * len(self.buffer)))
-        return memoryview(self.buffer)[:n]
+    def receive(self, sock: socket.socket, got: int, need: int, upto: int,
+                deadline: float | None, budget: PendingBudget | None) -> int:
+        """Receive the frame's rest into the buffer from byte ``got`` until ``need`` bytes
+        arrived, growing the buffer as they do (each growth taken from ``budget``,
+        FrameRefused when it has no room, held until :meth:`release`); bytes up to ``upto``
+        that came with them are kept where the buffer has room already (a frame that arrives
+        at once is read in one receive, and nothing is allocated for bytes not yet needed).
+        How many arrived."""
+        while got < need:
+            if len(self.buffer) <= got:
+                self._grow(min(need, max(2 * got, got + _GROW)), got, budget)
+            view = memoryview(self.buffer)[got:min(upto, len(self.buffer))]
+            try:
+                n = sock.recv_into(view)
+            except BlockingIOError:  # SO_RCVTIMEO ran out (a deadline)
+                raise TimeoutError from None
+            if n == 0:
+                raise ConnectionError("the connection closed in the middle of a frame")
+            got += n
+            if deadline is not None and got < need:
+                _bound_receive(sock, deadline, self)
+        return got
+
+    def _grow(self, size: int, keep: int, budget: PendingBudget | None) -> None:
+        if budget is not None:
+            more = size - len(self.buffer)
+            if not budget.take(more):
+                raise FrameRefused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"the server holds {budget.total} bytes of frames still "
+                                   "arriving: try again later", unserved=True)
+            self.taken += more
+        grown = bytearray(size)
+        grown[:keep] = memoryview(self.buffer)[:keep]
+        self.buffer = grown
+
+    def release(self, budget: PendingBudget | None) -> None:
+        """Give back what this frame's growth took from ``budget`` (it arrived whole, or
+        failed): a buffer kept for the next frame is no longer pending."""
+        if budget is not None and self.taken:
+            budget.give(self.taken)
+            self.taken = 0
 
 
 def read_frame(sock: socket.socket, inbox: _Inbox, limit: int,
-               deadline: float | None = None) -> Frame:
+               deadline: float | None = None, gate: _Gate | None = None) -> Frame:
     """The next frame; its parts are views of ``inbox``, valid until the next read. Raises
     ValueError for a malformed frame, FrameTooLarge for one over ``limit`` bytes of parts,
-    _Closed when the peer hung up cleanly before it, TimeoutError past ``deadline``."""
+    _Closed when the peer hung up cleanly before it, TimeoutError past ``deadline``. A
+    server's ``gate`` bounds the frame's time and memory and checks its meta (the token)
+    before a byte of its parts is read (FrameRefused)."""
+    if gate is None:  # a client: no budget to give back
+        return _read_frame(sock, inbox, limit, deadline, None)
+    try:
+        return _read_frame(sock, inbox, limit, deadline, gate)
+    finally:
+        inbox.release(gate.budget)
+
+
+def _read_frame(sock: socket.socket, inbox: _Inbox, limit: int, deadline: float | None,
+                gate: _Gate | None) -> Frame:
     head = inbox.head
-    _recv_into(sock, memoryview(head), at_start=True, deadline=deadline)
+    deadline = _recv_into(sock, memoryview(head), at_start=True, deadline=deadline,
+                          inbox=inbox, frame_s=gate.frame_s() if gate else None)
     magic, version, kind, reserved, request_id, meta_len, n_parts, rest = _HEADER.unpack(head)
     if magic != MAGIC or version != VERSION or reserved:
         raise ValueError("not an edgesplit data-plane frame (bad magic, version or reserved "
@@ -248,19 +361,23 @@ def read_frame(sock: socket.socket, inbox: _Inbox, limit: int,
     if total < 0:
         raise ValueError(f"malformed frame header: {rest} bytes cannot hold {n_parts} part "
                          f"lengths and {meta_len} meta bytes")
-    view = inbox.view(rest)
-    _recv_into(sock, view, deadline=deadline)
-    sizes = struct.unpack_from(f"<{n_parts}Q", view)
+    budget = gate.budget if gate is not None else None
+    at = 8 * n_parts
+    got = inbox.receive(sock, 0, at + meta_len, rest, deadline, budget)  # <= 96 KiB needed
+    sizes = struct.unpack_from(f"<{n_parts}Q", inbox.buffer)
     if sum(sizes) != total:
         raise ValueError(f"malformed frame: part lengths add up to {sum(sizes)}, the header "
                          f"leaves {total}")
-    at = 8 * n_parts
-    raw = view[at:at + meta_len]
+    raw = memoryview(inbox.buffer)[at:at + meta_len]
     if raw == inbox.meta_raw:  # the same bytes parse to the same (read-only) object
         meta = inbox.meta
     else:
         meta = _parse_meta(raw)
         inbox.meta_raw, inbox.meta = bytes(raw), meta
+    if gate is not None:  # authenticate before the parts are allocated
+        deadline = gate.admit(kind, meta, deadline)
+    inbox.receive(sock, got, rest, rest, deadline, budget)
+    view = memoryview(inbox.buffer)[:rest]
     parts = []
     at += meta_len
     for n in sizes:
@@ -270,17 +387,43 @@ def read_frame(sock: socket.socket, inbox: _Inbox, limit: int,
 
 
 def _parse_meta(raw: memoryview) -> dict[str, Any]:
+    data = bytes(raw)
+    if _depth(data) > MAX_META_DEPTH:
+        raise ValueError(f"malformed frame metadata: nested deeper than {MAX_META_DEPTH}")
     try:
-        meta = json.loads(bytes(raw)) if raw.nbytes else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        meta = json.loads(data) if data else {}
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"malformed frame metadata: {exc}") from None
     if not isinstance(meta, dict):
         raise ValueError("malformed frame metadata: not a JSON object")
     return meta
 
 
-def failure(request_id: int, code: grpc.StatusCode, details: str) -> Frame:
-    return Frame(FAILED, request_id, {"code": code.name, "details": details})
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _depth(data: bytes) -> int:
+    """An upper bound of the JSON's nesting, found without parsing it (the parser recurses
+    once a level: thousands of levels would exhaust Python's stack). Brackets in strings do
+    not count; a meta with few brackets is not scanned."""
+    if data.count(b"[") + data.count(b"{") <= MAX_META_DEPTH:
+        return 0
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRING.sub(b'""', data)):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def failure(request_id: int, code: grpc.StatusCode, details: str, unserved: bool = False
+            ) -> Frame:
+    """A FAILED frame; ``unserved`` tells the caller nothing of its call ran and it may send
+    it another way (:class:`Unserved`)."""
+    meta: dict[str, Any] = {"code": code.name, "details": details}
+    if unserved:
+        meta["unserved"] = True
+    return Frame(FAILED, request_id, meta)
 
 
 def _status(name: Any) -> grpc.StatusCode:
@@ -351,16 +494,81 @@ def _peer_closed(sock: socket.socket) -> bool:
 
 
 Handler = Callable[[Frame, FrameContext], Frame]
+_MALFORMED_CALL = "malformed call frame (kind, metadata or timeout)"
+
+
+class _Gate:
+    """What one server connection checks of a frame between its meta and its parts: a call,
+    well-formed metadata carrying the token (failures throttled per peer host), and how long
+    its parts may take. The memory its frames hold in growing is taken from ``budget``."""
+
+    def __init__(self, server: FrameServer, host: str) -> None:
+        self.token, self.throttle, self.host = server.token, server.throttle, host
+        self.limits, self.budget = server.limits, server.budget
+        self.passed: dict[str, Any] | None = None  # the last meta let in (a repeated one is
+        #                                             the same object: checked once)
+        self.longer = 0.0  # how much longer than frame_s its calls' parts may take
+
+    def wait_s(self) -> float:
+        """How long the connection may wait for its next frame's first byte."""
+        limits = self.limits
+        return limits.idle_s if self.passed is not None else min(limits.hello_s, limits.idle_s)
+
+    def frame_s(self) -> float:
+        """How long its next frame's header and meta may take from their first byte."""
+        limits = self.limits
+        return limits.frame_s if self.passed is not None else min(limits.hello_s,
+                                                                  limits.frame_s)
+
+    def admit(self, kind: int, meta: dict[str, Any], deadline: float | None) -> float | None:
+        """The deadline for the frame's parts, or FrameRefused: its meta is checked first."""
+        if meta is not self.passed or kind != CALL:
+            self._check(kind, meta)
+            self.passed, self.longer = meta, self._longer(meta)
+        return deadline + self.longer if deadline is not None else None
+
+    def _longer(self, meta: dict[str, Any]) -> float:
+        """A call that may take longer than ``frame_s`` (a large message on a slow link) may
+        send its parts for as long as its own timeout, up to ``idle_s``."""
+        timeout, frame_s = meta.get("timeout_s"), self.limits.frame_s
+        if not isinstance(timeout, int | float) or not timeout > frame_s:
+            return 0.0
+        return min(float(timeout), self.limits.idle_s) - frame_s
+
+    def _check(self, kind: int, meta: dict[str, Any]) -> None:
+        metadata = meta.get("metadata", [])
+        if kind != CALL or not _pairs(metadata):
+            raise FrameRefused(grpc.StatusCode.INVALID_ARGUMENT, _MALFORMED_CALL)
+        if self.token is None:
+            return
+        wait = self.throttle.wait_s(self.host)
+        if wait > 0:
+            raise FrameRefused(grpc.StatusCode.UNAUTHENTICATED, throttled(self.host, wait))
+        if not token_matches([(k, v) for k, v in metadata], self.token):
+            self.throttle.failed(self.host)
+            raise FrameRefused(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
 
 
 class FrameServer:
     """Accepts connections and answers each one's calls in its own thread with ``handler``
     (which may raise nothing: it turns failures into FAILED frames itself). At most
-    ``max_connections`` connections at once; more are answered RESOURCE_EXHAUSTED."""
+    ``max_connections`` connections at once; more are answered RESOURCE_EXHAUSTED.
+
+    With ``token``, a frame's meta must carry it (``authorization: Bearer ...``) before a byte
+    of its parts is read; failed checks are throttled per peer host (``throttle``, shared
+    with the gRPC server's). ``limits`` bound how long a connection may be silent or slow
+    and the memory frames still arriving hold together (``budget``)."""
 
     def __init__(self, handler: Handler, limit: int, tls: TlsFiles | None = None,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, *, token: str | None = None,
+                 limits: ConnectionLimits | None = None,
+                 throttle: AuthThrottle | None = None) -> None:
         self.handler, self.limit, self.max_connections = handler, limit, max_connections
+        self.token = token
+        # read when built: IDLE_S may be changed (as a test does) before a server starts
+        self.limits = limits if limits is not None else ConnectionLimits(idle_s=IDLE_S)
+        self.throttle = throttle if throttle is not None else AuthThrottle()
+        self.budget = PendingBudget(self.limits.budget_bytes(limit))
         self._ssl = _server_context(tls)
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
@@ -382,6 +590,8 @@ class FrameServer:
             self._stopping = True
             listener, self._listener = self._listener, None
         if listener is not None:
+            with contextlib.suppress(OSError):  # wakes the accepting thread (close does not)
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
         deadline = time.monotonic() + grace_s
         with self._idle:
@@ -397,41 +607,47 @@ class FrameServer:
             if listener is None:
                 return
             try:
-                conn, _ = listener.accept()
+                conn, peer = listener.accept()
             except OSError:
                 return  # closed by stop()
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                full = len(self._conns) >= self.max_connections or self._stopping
+                stopping = self._stopping
+                full = len(self._conns) >= self.max_connections or stopping
                 if not full:
                     self._conns.add(conn)
             if full:
-                self._refuse(conn)
+                self._refuse(conn, stopping)
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="edgesplit-data-conn",
-                             daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, str(peer[0])),
+                             name="edgesplit-data-conn", daemon=True).start()
 
-    def _refuse(self, conn: socket.socket) -> None:
+    def _refuse(self, conn: socket.socket, stopping: bool) -> None:
+        answer = failure(0, grpc.StatusCode.UNAVAILABLE, "the server is shutting down",
+                         unserved=True) if stopping else \
+            failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, f"the server holds "
+                    f"{self.max_connections} data-plane connections already: try again later",
+                    unserved=True)
         try:
             conn.settimeout(1.0)
-            write_frame(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                      f"the server holds {self.max_connections} data-plane "
-                                      "connections already: try again later"))
+            write_frame(conn, answer)
         except OSError:
             pass
         _close(conn)
 
-    def _serve(self, raw: socket.socket) -> None:
-        inbox, conn = _Inbox(), raw
+    def _serve(self, raw: socket.socket, host: str = "") -> None:
+        inbox, conn, gate = _Inbox(), raw, _Gate(self, host)
+        limits = self.limits
         try:
             if self._ssl is not None:
-                raw.settimeout(10.0)  # the handshake must not hold a thread forever
+                raw.settimeout(limits.hello_s)  # the handshake must not hold a thread long
                 conn = self._ssl.wrap_socket(raw, server_side=True)
-            # a connection silent for IDLE_S is closed: idle ones cannot pin the
-            # max_connections threads forever
-            _bound(conn, IDLE_S)
-            while self._answer(conn, inbox):
-                pass
+            # a new connection must authenticate soon; one silent for idle_s between calls
+            # is closed: neither can pin the max_connections threads for long
+            inbox.bound_to(conn, gate.wait_s())
+            while self._answer(conn, inbox, gate):
+                if inbox.bound != limits.idle_s:  # not authenticated yet, or a slow frame
+                    inbox.bound_to(conn, gate.wait_s())
         except (OSError, ssl.SSLError):
             pass  # the peer went away, fell silent or spoke something else: nobody to tell
         finally:
@@ -439,11 +655,15 @@ class FrameServer:
                 self._conns.discard(raw)
             _close(conn)
 
-    def _answer(self, conn: socket.socket, inbox: _Inbox) -> bool:
+    def _answer(self, conn: socket.socket, inbox: _Inbox, gate: _Gate | None = None) -> bool:
         """Read one call and answer it; False when the connection is done."""
         try:
-            frame = read_frame(conn, inbox, self.limit)
+            frame = read_frame(conn, inbox, self.limit, gate=gate)
         except _Closed:
+            return False
+        except FrameRefused as exc:  # the parts are unread: the connection cannot go on
+            _refuse(conn, failure(0, exc.code, str(exc), exc.unserved), self.limit,
+                    inbox.writing)
             return False
         except FrameTooLarge as exc:  # the body is unread: the connection cannot go on
             _refuse(conn, failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)), self.limit,
@@ -621,9 +841,28 @@ class FrameClient:
         DEADLINE_EXCEEDED after ``timeout``, and the server's own for a FAILED answer. With
         ``caller`` (the connection of the call this one serves), the wait ends CANCELLED as
         soon as that caller hangs up, and this call's connection is closed (the server it
-        calls then drops the work it has not started)."""
+        calls then drops the work it has not started).
+
+        :class:`Unserved` (a LoopbackError) says nothing of the call ran: the server could not
+        be reached, refused the connection or the frame for want of room, or hung up before
+        answering. A kept connection the server closed meanwhile (idle too long) is replaced
+        by a new one, once."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        sock, inbox = self._borrow(timeout)
+        sock, inbox, reused = self._borrow(timeout)
+        try:
+            return self._call(sock, inbox, frame, deadline, on_reply, caller)
+        except Unserved as exc:
+            if not reused or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        try:
+            sock, inbox = self._connect(_left(deadline))
+        except TimeoutError:
+            raise LoopbackError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+                                ) from None
+        return self._call(sock, inbox, frame, deadline, on_reply, caller)
+
+    def _call(self, sock: socket.socket, inbox: _Inbox, frame: Frame, deadline: float | None,
+              on_reply: Callable[[Frame], Any], caller: socket.socket | None) -> Any:
         keep = False
         try:
             # one bound for the call: each receive is also checked against the deadline
@@ -638,8 +877,9 @@ class FrameClient:
             answer = read_frame(sock, inbox, self.limit, deadline)
             if answer.kind == FAILED:
                 keep = answer.request_id == frame.request_id
-                raise LoopbackError(_status(answer.meta.get("code")),
-                                    str(answer.meta.get("details", "")))
+                error = Unserved if answer.meta.get("unserved") is True else LoopbackError
+                raise error(_status(answer.meta.get("code")),
+                            str(answer.meta.get("details", "")))
             if answer.kind != REPLY or answer.request_id != frame.request_id:
                 raise LoopbackError(grpc.StatusCode.INTERNAL,
                                     f"the data plane answered request {answer.request_id} "
@@ -652,19 +892,26 @@ class FrameClient:
                                 ) from None
         except FrameTooLarge as exc:
             raise LoopbackError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
-        except (_Closed, ConnectionError, ValueError, OSError, ssl.SSLError) as exc:
+        except _Closed:  # hung up before a byte of an answer: an idle timeout, a refusal
+            raise Unserved(grpc.StatusCode.UNAVAILABLE, "the data plane connection was "
+                           "closed before an answer") from None
+        except (ConnectionError, ValueError, OSError, ssl.SSLError) as exc:
             raise LoopbackError(grpc.StatusCode.UNAVAILABLE,
                                 f"the data plane connection failed: {exc or type(exc).__name__}"
                                 ) from None
         finally:
             self._give_back(sock, inbox, keep)
 
-    def _borrow(self, timeout: float | None) -> tuple[socket.socket, _Inbox]:
+    def _borrow(self, timeout: float | None) -> tuple[socket.socket, _Inbox, bool]:
+        """An idle connection (True) or a new one (False)."""
         with self._lock:
             if self._closed:
                 raise LoopbackError(grpc.StatusCode.CANCELLED, "the client was closed")
             if self._idle:
-                return self._idle.pop()
+                return (*self._idle.pop(), True)
+        return (*self._connect(timeout), False)
+
+    def _connect(self, timeout: float | None) -> tuple[socket.socket, _Inbox]:
         wait = self.connect_timeout_s if timeout is None else min(timeout,
                                                                   self.connect_timeout_s)
         try:
@@ -675,9 +922,9 @@ class FrameClient:
             else:
                 sock.settimeout(None)  # blocking; calls are bounded by kernel timeouts
         except (OSError, ssl.SSLError) as exc:
-            raise LoopbackError(grpc.StatusCode.UNAVAILABLE,
-                                f"failed to connect to the data plane at {self.host}:"
-                                f"{self.port}: {exc}") from None
+            raise Unserved(grpc.StatusCode.UNAVAILABLE,
+                           f"failed to connect to the data plane at {self.host}:"
+                           f"{self.port}: {exc}") from None
         return sock, _Inbox()
 
     def _give_back(self, sock: socket.socket, inbox: _Inbox, keep: bool) -> None:
