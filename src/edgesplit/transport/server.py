@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -31,6 +32,7 @@ from edgesplit.transport.tls import TlsFiles, check_tls_pair
 __all__ = ["LIGHT_WORKERS", "GrpcServer", "serve_forever"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 LIGHT_WORKERS = 4  # threads of their own for health checks and Describe
 
 
@@ -201,7 +203,10 @@ class _IdleWatch:
                 if stop:
                     self._running = False
             for context in expired:
-                context.cancel()
+                try:
+                    context.cancel()
+                except Exception:  # a call that ended meanwhile: nothing to cancel
+                    log.debug("cancelling an idle call failed", exc_info=True)
             if stop:
                 return
 
