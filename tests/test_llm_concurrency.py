@@ -162,3 +162,36 @@ def test_session_errors_travel_as_their_own_statuses():
         assert status.code == code
         back = session_error(code, "why")
         assert type(back) is kind and str(back) == "why"
+
+
+def test_the_data_plane_checks_the_token_before_it_allocates_a_step(plan, model):
+    """The stage's data plane read a frame whole, the size its header declared, before its
+    handler looked at the token; the frame server now checks it first (as a partition
+    server's does), so a wrong token costs no payload-sized buffer."""
+    import socket
+    import struct
+    import tracemalloc
+
+    from edgesplit.transport import bearer_metadata
+    from edgesplit.transport.frames import CALL, FAILED, _Inbox, encode_meta, read_frame
+
+    server = LLMStageServer(plan, "laptop", model=model, token="s3cret")
+    server.start()
+    meta = encode_meta({"metadata": [list(p) for p in bearer_metadata("wrong")]})
+    part = server.limit - 4096  # the most a step may carry
+    head = struct.pack("<4sBBHQIIQ", b"ESF1", 1, CALL, 0, 1, len(meta), 1,
+                       8 + len(meta) + part) + struct.pack("<Q", part) + meta
+    try:
+        assert server.data_port is not None
+        with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
+            tracemalloc.start()
+            try:
+                sock.sendall(head)  # declares a whole step, sends none of it
+                answer = read_frame(sock, _Inbox(), 1 << 20)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+    finally:
+        server.stop(0)
+    assert answer.kind == FAILED and answer.meta["code"] == "UNAUTHENTICATED"
+    assert peak < part // 4, (peak, part)

@@ -217,7 +217,8 @@ class LLMStageServer(GrpcServer):
         if self._want_data_port is not None:
             self._frames, self.data_port = open_data_plane(
                 self._frame_call, self.limit, self.tls, host, self._want_data_port,
-                lambda: GrpcServer.stop(self, 0))  # the gRPC server just started
+                lambda: GrpcServer.stop(self, 0),  # the gRPC server just started
+                token=self.token, limits=self.limits, throttle=self.throttle)
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:
