@@ -23,7 +23,13 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.errors import CaptureError, ConfigError
-from edgesplit.graph import TrustedModelFile, capture, load_program, unsafe_payloads
+from edgesplit.graph import (
+    ModelFileLimits,
+    TrustedModelFile,
+    capture,
+    load_program,
+    unsafe_payloads,
+)
 from edgesplit.hardware import get_device, get_link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, load_plan
 from edgesplit.plan.planners import Manual
@@ -270,3 +276,125 @@ def test_profile_batch_size_of_a_model_file(tmp_path):
     ok = runner.invoke(app, ["profile", str(fixed), "--batch-size", "1", "--repeats", "1",
                              "--warmup", "0", "--no-onnx", "--json"])
     assert ok.exit_code == 0, ok.output
+
+
+# ---- bounded reading: zip bombs, oversized files, files of other kinds ------------------------
+BOMB_MIB = 64
+
+
+def _bomb(tmp_path: Path, entry: str = "data/sample_inputs/model.pt",
+          declared: int | None = None) -> Path:
+    """A copy of the tiny program whose ``entry`` inflates to BOMB_MIB MiB of zeros (about
+    64 KiB on disk); ``declared``: the size its central directory states instead (a lie)."""
+    src = _tiny(tmp_path)
+    path = tmp_path / "bomb.pt2"
+    with zipfile.ZipFile(src) as old, zipfile.ZipFile(path, "w") as new:
+        prefix = old.namelist()[0].split("/")[0]
+        for info in old.infolist():
+            if info.filename != f"{prefix}/{entry}":
+                new.writestr(info, old.read(info))
+        info = zipfile.ZipInfo(f"{prefix}/{entry}")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with new.open(info, "w") as out:
+            for _ in range(BOMB_MIB):
+                out.write(bytes(1 << 20))
+    if declared is not None:  # patch the central directory's uncompressed size
+        data = bytearray(path.read_bytes())
+        name = f"{prefix}/{entry}".encode()
+        at = data.rfind(b"PK\x01\x02", 0, data.rfind(name))
+        assert data[at + 46:at + 46 + len(name)] == name
+        data[at + 24:at + 28] = declared.to_bytes(4, "little")
+        path.write_bytes(bytes(data))
+    return path
+
+
+def _peak(fn) -> tuple[int, BaseException | None]:
+    """Python's peak allocation (bytes objects included) while ``fn`` runs, and its error."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        error = None
+    except Exception as exc:  # the caller asserts which
+        error = exc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak, error
+
+
+def test_a_zip_bomb_is_refused_from_its_directory_without_inflating_it(tmp_path):
+    bomb = _bomb(tmp_path)
+    assert bomb.stat().st_size < 1 << 20  # a 64 MiB entry in well under a megabyte
+    low = ModelFileLimits(max_bytes=16 << 20)
+    peak, error = _peak(lambda: load_program(bomb, limits=low))
+    assert isinstance(error, CaptureError)
+    assert "would inflate to 64.0 MiB" in str(error) and "sample_inputs/model.pt" in str(error)
+    assert "EDGESPLIT_MAX_MODEL_FILE to at least 65MiB" in str(error)
+    assert peak < 4 << 20, peak  # the entry (64 MiB) was never inflated
+    # the default bound on inflating (4 times the file's size past a slack) refuses it too
+    ratio = ModelFileLimits(ratio_slack_bytes=1 << 20)
+    peak, error = _peak(lambda: load_program(bomb, limits=ratio))
+    assert isinstance(error, CaptureError) and "zip bomb" in str(error), error
+    assert peak < 4 << 20, peak
+    # a trusted file is bounded the same way: trust is about code, not memory
+    with pytest.raises(CaptureError, match="zip bomb"):
+        load_program(TrustedModelFile(str(bomb)), limits=ratio)
+
+
+def test_declared_sizes_bound_every_read_even_when_they_lie(tmp_path):
+    """What the directory check relies on (torch's behaviour, pinned here): an entry whose
+    directory declares 1 KiB but whose stream inflates to 64 MiB is inflated by torch's reader
+    into a buffer of the declared size, which stops there, so nothing larger is allocated
+    (the truncated pickle is then refused)."""
+    bomb = _bomb(tmp_path, declared=1024)
+    peak, error = _peak(lambda: load_program(bomb, limits=ModelFileLimits(max_bytes=16 << 20)))
+    assert isinstance(error, CaptureError), error
+    assert peak < 4 << 20, peak
+
+
+def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path):
+    big = tmp_path / "big.pt2"
+    big.write_bytes(bytes(8 << 20))
+    peak, error = _peak(lambda: load_program(big, limits=ModelFileLimits(max_bytes=1 << 20)))
+    assert isinstance(error, CaptureError)
+    assert "is 8388608 bytes, over the 1048576 bytes" in str(error)
+    assert "EDGESPLIT_MAX_MODEL_FILE to at least 8MiB" in str(error)
+    assert peak < 1 << 20, peak
+    # within the limit, a file that is no zip at all is refused from its (missing) directory
+    peak, error = _peak(lambda: load_program(big))
+    assert isinstance(error, CaptureError) and "not a zip archive" in str(error)
+    assert peak < 1 << 20, peak
+
+
+def test_the_limit_comes_from_the_environment(tmp_path, monkeypatch):
+    path = _tiny(tmp_path)
+    monkeypatch.setenv("EDGESPLIT_MAX_MODEL_FILE", "1KiB")
+    assert ModelFileLimits.from_env().max_bytes == 1024
+    with pytest.raises(CaptureError, match="EDGESPLIT_MAX_MODEL_FILE to at least"):
+        capture(path)
+    monkeypatch.setenv("EDGESPLIT_MAX_MODEL_FILE", "lots")
+    with pytest.raises(ConfigError, match="EDGESPLIT_MAX_MODEL_FILE 'lots' is not a size"):
+        capture(path)
+    monkeypatch.setenv("EDGESPLIT_MAX_MODEL_FILE", "32GiB")
+    assert len(capture(path).layers) == 2
+
+
+@pytest.mark.parametrize("kind", ["model.onnx", "state.pt", "scripted.pt", "missing.pt"])
+def test_files_that_are_not_exported_programs_say_which_files_work(tmp_path, kind):
+    path = tmp_path / kind
+    module = nn.Linear(4, 2)
+    if kind == "model.onnx":
+        path.write_bytes(b"\x08\x07\x12\x07pytorch")  # what an ONNX file starts with
+    elif kind == "state.pt":
+        torch.save(module.state_dict(), path)
+    elif kind == "scripted.pt":
+        torch.jit.save(torch.jit.script(module), str(path))
+    for args in (["inspect", str(path)], ["profile", str(path), "--batch-size", "2"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        line = result.output.strip()
+        assert "\n" not in line and kind in line, line
+        assert "torch.export.save(torch.export.export(model" in line
+        assert "unknown model" not in line and "input-shape" not in line

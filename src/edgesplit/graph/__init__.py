@@ -6,6 +6,7 @@ from edgesplit.graph.capture import (
     check_input_shape,
     export_for_capture,
     export_model,
+    is_model_file,
     load_program,
     optimize_program,
     parse_shape,
@@ -16,7 +17,7 @@ from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
 from edgesplit.graph.markers import split_point
 from edgesplit.graph.memory import MemoryReport, peak_memory, prefix_peak_memory
-from edgesplit.graph.model_file import TrustedModelFile, unsafe_payloads
+from edgesplit.graph.model_file import ModelFileLimits, TrustedModelFile, unsafe_payloads
 
 __all__ = [
     "INPUT",
@@ -27,6 +28,7 @@ __all__ = [
     "Layer",
     "LayerGraph",
     "MemoryReport",
+    "ModelFileLimits",
     "OutputLeaf",
     "Phase",
     "TensorInfo",
@@ -37,6 +39,7 @@ __all__ = [
     "describe_causal_lm",
     "export_for_capture",
     "export_model",
+    "is_model_file",
     "load_program",
     "optimize_program",
     "parse_shape",

@@ -28,6 +28,7 @@ from edgesplit.graph.fusion import build_layer_graph
 from edgesplit.graph.ir import LayerGraph
 from edgesplit.graph.markers import strip_split_points
 from edgesplit.graph.model_file import (
+    ModelFileLimits,
     TrustedModelFile,
     read_model_file,
     register_spec_types,
@@ -43,6 +44,7 @@ __all__ = [
     "check_input_shape",
     "export_for_capture",
     "export_model",
+    "is_model_file",
     "load_program",
     "optimize_program",
     "parse_shape",
@@ -65,8 +67,13 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def load_program(path: str | Path, *, trust_model_file: bool = False) -> ExportedProgram:
+def load_program(path: str | Path, *, trust_model_file: bool = False,
+                 limits: ModelFileLimits | None = None) -> ExportedProgram:
     """Load a program saved with ``torch.export.save``; unreadable files raise CaptureError.
+
+    A file larger than ``limits`` allow, or whose zip entries would inflate beyond them, is
+    refused before it is read whole (see :class:`~edgesplit.graph.model_file.ModelFileLimits`;
+    default: from the environment), as is a file that is not a torch.export archive.
 
     A file whose loading would unpickle data (tensor subclasses, custom objects, sample inputs
     that are not plain tensors, the pre-2.8 format) or load an AOTInductor library is refused
@@ -75,10 +82,7 @@ def load_program(path: str | Path, *, trust_model_file: bool = False) -> Exporte
     """
     trusted = trust_model_file or isinstance(path, TrustedModelFile)
     path = Path(path)
-    if not path.is_file():
-        raise CaptureError(f"model file {str(path)!r} does not exist (pass a built-in model name "
-                           "or a .pt2 file saved with torch.export.save)")
-    data = read_model_file(path)
+    data = read_model_file(path, limits)
     unsafe = [] if trusted else unsafe_payloads(data)
     if unsafe:
         raise CaptureError(
@@ -260,7 +264,7 @@ def export_for_capture(
     if isinstance(model, Exported):
         return model
     strip = ""
-    if isinstance(model, (str, Path)) and _looks_like_file(model):
+    if isinstance(model, (str, Path)) and is_model_file(model):
         ep = load_program(model, trust_model_file=trust_model_file)
         name = name or Path(model).stem
         example = _example_inputs_of(ep)
@@ -330,7 +334,7 @@ def check_input_shape(model: Any, input_shape: Sequence[int] | None, *,
     Nothing to check unless ``model`` is a model file and ``input_shape`` is given; then the
     program is loaded and ConfigError says what shape it was exported for, as :func:`capture`
     would (which checks the same itself; this is for callers with work to do first)."""
-    if input_shape is None or not (isinstance(model, (str, Path)) and _looks_like_file(model)):
+    if input_shape is None or not (isinstance(model, (str, Path)) and is_model_file(model)):
         return
     ep = load_program(model, trust_model_file=trust_model_file)
     fits_input_shape(ep, _example_inputs_of(ep), tuple(input_shape), str(model))
@@ -355,7 +359,14 @@ def _at_shape(ep: ExportedProgram, example: tuple[torch.Tensor, ...], shape: tup
                           "again") from exc
 
 
-def _looks_like_file(model: str | Path) -> bool:
+# suffixes of model files people try: a missing one is "does not exist", not "unknown model"
+_MODEL_FILE_SUFFIXES = (".pt2", ".pt", ".pth", ".onnx", ".safetensors", ".bin", ".ckpt",
+                        ".tflite", ".h5", ".pb", ".zip")
+
+
+def is_model_file(model: str | Path) -> bool:
+    """Whether ``model`` names a file (to load as a saved program) rather than a built-in
+    model: a Path, a name with a model file's suffix or a folder, or an existing file."""
     text = str(model)
-    return isinstance(model, Path) or text.endswith((".pt2", ".pt", ".pth")) or "/" in text \
-        or Path(text).is_file()
+    return isinstance(model, Path) or text.lower().endswith(_MODEL_FILE_SUFFIXES) \
+        or "/" in text or Path(text).is_file()

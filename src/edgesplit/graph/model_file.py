@@ -18,6 +18,14 @@ The graph itself is JSON, and the verifier torch runs on load refuses call targe
 not operators. So an archive is safe to load when none of the above is in it and its sample
 inputs load with ``weights_only=True``: :func:`unsafe_payloads` checks exactly that, on the
 same bytes that are then given to torch (no window for the file to change in between).
+
+Before any of that, :func:`read_model_file` bounds what the file may cost in memory
+(:class:`ModelFileLimits`): the file's size and its zip directory (each entry's declared
+inflated size, and their sum) are checked before the file is read whole or anything in it
+inflated, so a zip bomb (a megabyte on disk, gigabytes inside) is refused at the cost of its
+directory. The declared sizes are what every later read allocates: torch's reader (miniz)
+inflates an entry into a buffer of its declared size and stops there, whatever the
+compressed stream would go on to produce.
 """
 
 from __future__ import annotations
@@ -25,14 +33,27 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
-from edgesplit.errors import CaptureError, option
+from edgesplit.errors import CaptureError, ConfigError, option
+from edgesplit.units import parse_bytes
 
-__all__ = ["TrustedModelFile", "read_model_file", "register_spec_types", "unsafe_payloads"]
+__all__ = ["MAX_MODEL_FILE_ENV", "ModelFileLimits", "TrustedModelFile", "read_model_file",
+           "register_spec_types", "unsafe_payloads"]
+
+MAX_MODEL_FILE_ENV = "EDGESPLIT_MAX_MODEL_FILE"
+_MiB = 1 << 20
+# how torch.export.save tells its archives apart from torch.save's and TorchScript's
+_PT2_FORMAT_ENTRY = "archive_format"
+_EXPORT_HOWTO = ("edgesplit reads a built-in model name (`edgesplit models` lists them) or a "
+                 ".pt2 file: save one with torch.export.save(torch.export.export(model, "
+                 "(example_input,)), 'model.pt2')")
 
 # Packages whose output types (transformers' ModelOutput classes) edgesplit imports on its own
 # to rebuild a saved program's output structure; other packages only for a trusted file.
@@ -50,9 +71,123 @@ class TrustedModelFile(str):
     __slots__ = ()
 
 
-def read_model_file(path: str | Path) -> bytes:
-    """The file's bytes: checked and loaded from memory, so both see the same content."""
-    return Path(path).read_bytes()
+@dataclass(frozen=True)
+class ModelFileLimits:
+    """How much memory reading a ``.pt2`` may take, checked on the file's size and its zip
+    directory before anything is read whole or inflated.
+
+    ``max_bytes`` bounds the file and the sum of its entries' inflated sizes (loading holds
+    both in memory). ``max_ratio`` bounds how far the entries may inflate beyond the file's own
+    size (past ``ratio_slack_bytes``, for small files): torch.export.save stores entries
+    uncompressed, so a model inflates to about its size on disk and a file that inflates many
+    times over is a zip bomb. The default ``max_bytes`` (16 GiB, room for models of billions
+    of parameters) can be changed with the environment variable ``EDGESPLIT_MAX_MODEL_FILE``
+    (e.g. ``64GiB``), which reaches every process that loads the file.
+    """
+
+    max_bytes: int = 16 << 30
+    max_ratio: float = 4.0
+    ratio_slack_bytes: int = 64 * _MiB
+
+    def __post_init__(self) -> None:
+        if self.max_bytes <= 0 or self.max_ratio < 1 or self.ratio_slack_bytes < 0:
+            raise ConfigError(f"model file limits {self}: max_bytes must be positive, "
+                              "max_ratio at least 1 and ratio_slack_bytes 0 or more")
+
+    @classmethod
+    def from_env(cls) -> ModelFileLimits:
+        """The defaults, with ``max_bytes`` from ``EDGESPLIT_MAX_MODEL_FILE`` when it is set."""
+        text = os.environ.get(MAX_MODEL_FILE_ENV)
+        if not text:
+            return cls()
+        size = parse_bytes(text, MAX_MODEL_FILE_ENV)
+        if not size:
+            raise ConfigError(f"{MAX_MODEL_FILE_ENV}={text!r} must be a positive size, e.g. "
+                              "32GiB")
+        return cls(max_bytes=size)
+
+    def inflated_bound(self, file_size: int) -> int:
+        """The most a file of ``file_size`` bytes may hold once inflated."""
+        return min(self.max_bytes, int(file_size * self.max_ratio) + self.ratio_slack_bytes)
+
+
+def read_model_file(path: str | Path, limits: ModelFileLimits | None = None) -> bytes:
+    """The file's bytes, read only once its size and zip directory are within ``limits``
+    (default :meth:`ModelFileLimits.from_env`); CaptureError otherwise, or when the file is
+    not a torch.export archive. The caller checks and loads these bytes from memory, so both
+    see the same content; their directory is checked again, since the file may have changed
+    while it was read."""
+    limits = limits or ModelFileLimits.from_env()
+    if not Path(path).is_file():
+        raise CaptureError(f"model file {str(path)!r} does not exist: {_EXPORT_HOWTO}")
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        _check_archive(str(path), file, size, limits)
+        file.seek(0)
+        data = file.read(size + 1)  # bounded by the size just checked, not by the limit
+    if len(data) != size:
+        raise CaptureError(f"model file {str(path)!r} changed while it was read: load it once "
+                           "it is written completely")
+    _check_archive(str(path), io.BytesIO(data), size, limits)
+    return data
+
+
+def _check_archive(path: str, source: BinaryIO, size: int, limits: ModelFileLimits) -> None:
+    """Refuse a file over ``limits.max_bytes``, one that is not a torch.export archive, and
+    one whose entries declare more inflated bytes than ``limits`` allow; reads only the zip
+    directory (at the end of the file)."""
+    if size > limits.max_bytes:
+        raise CaptureError(f"model file {path!r} is {size} bytes, over the "
+                           f"{limits.max_bytes} bytes a model file may take: if this "
+                           f"machine has the memory, set {MAX_MODEL_FILE_ENV} to at least "
+                           f"{_mib_up(size)}MiB")
+    try:
+        with zipfile.ZipFile(source) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise CaptureError(f"cannot read {path!r} as a torch.export program: it is not a zip "
+                           f"archive; {_EXPORT_HOWTO}") from None
+    _check_kind(path, [e.filename for e in entries])
+    _check_inflated_sizes(path, entries, size, limits)
+
+
+def _check_kind(path: str, names: list[str]) -> None:
+    """A zip from torch.save or torch.jit.save (a ``.pt``) is not an exported program; the
+    pre-2.8 export format (a top-level ``version``) is one, which :func:`unsafe_payloads`
+    judges."""
+    if "version" in names:
+        return
+    prefix = names[0].split("/", 1)[0] if names else ""
+    if f"{prefix}/{_PT2_FORMAT_ENTRY}" not in names:
+        raise CaptureError(f"cannot read {path!r} as a torch.export program: it is a zip "
+                           "archive torch.export.save did not write (it has no archive_format "
+                           f"entry: saved with torch.save or torch.jit.save?); {_EXPORT_HOWTO}")
+
+
+def _check_inflated_sizes(path: str, entries: list[zipfile.ZipInfo], size: int,
+                          limits: ModelFileLimits) -> None:
+    bound = limits.inflated_bound(size)
+    total = sum(e.file_size for e in entries)
+    if total <= bound:
+        return
+    largest = max(entries, key=lambda e: e.file_size)
+    what = (f"model file {path!r} would inflate to {_mib(total)} MiB ({largest.filename!r} "
+            f"alone declares {_mib(largest.file_size)} MiB) from {_mib(size)} MiB on disk")
+    if bound < limits.max_bytes:
+        raise CaptureError(f"{what}, more than {limits.max_ratio:g} times its size: a zip "
+                           "bomb, or an archive compressed after it was saved; re-save the "
+                           "model with torch.export.save, which stores it uncompressed")
+    raise CaptureError(f"{what}, over the {_mib(limits.max_bytes)} MiB a model file may take: "
+                       f"if this machine has the memory, set {MAX_MODEL_FILE_ENV} to at least "
+                       f"{_mib_up(total)}MiB")
+
+
+def _mib(size: int) -> str:
+    return f"{size / _MiB:.1f}"
+
+
+def _mib_up(size: int) -> int:
+    return -(-size // _MiB)  # rounded up: a limit named from it passes
 
 
 def unsafe_payloads(data: bytes) -> list[str]:
