@@ -149,7 +149,9 @@ def profile(
 def _batch_shape(model: str, shape, batch_size, trust_model_file: bool = False):
     if batch_size is None:
         return shape
-    if shape is None and model.endswith(".pt2"):  # the shape it was exported at
+    from edgesplit.graph import is_model_file
+
+    if shape is None and is_model_file(model):  # the shape it was exported at
         from edgesplit.errors import ConfigError
         from edgesplit.graph import check_input_shape, saved_input_shape
 
