@@ -10,6 +10,7 @@ created. Ordinary ``torch.export.save`` files load without the flag.
 from __future__ import annotations
 
 import builtins
+import hashlib
 import io
 import json
 import zipfile
@@ -398,3 +399,15 @@ def test_files_that_are_not_exported_programs_say_which_files_work(tmp_path, kin
         assert "\n" not in line and kind in line, line
         assert "torch.export.save(torch.export.export(model" in line
         assert "unknown model" not in line and "input-shape" not in line
+
+
+def test_elastify_takes_model_files_by_the_same_rule(tmp_path):
+    """``nas adaptivenet elastify missing.onnx`` said "unknown model" (only .pt2/.pt/.pth were
+    files); the file is hashed streamed, not read whole."""
+    from edgesplit.nas.adaptivenet.checkpoint import model_source
+
+    with pytest.raises(ConfigError, match=r"model file .*missing\.onnx does not exist.*"
+                                          r"torch\.export\.save"):
+        model_source("missing.onnx")  # no folder: it used to be looked up as a model name
+    path = _tiny(tmp_path)
+    assert model_source(str(path))["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

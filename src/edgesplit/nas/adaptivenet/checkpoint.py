@@ -35,12 +35,14 @@ SUPERNET_WEIGHTS = "supernet.safetensors"
 def model_source(model: str, input_shape: Sequence[int] | None = None) -> dict[str, Any]:
     """How to capture ``model`` again: a built-in name (and input shape) or a file with its
     SHA-256."""
+    from edgesplit.graph import is_model_file
+
     path = Path(model)
-    if path.suffix in (".pt2", ".pt", ".pth") or path.is_file():
+    if is_model_file(model):
         if not path.is_file():
-            raise ConfigError(f"model file {model} does not exist")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        return {"file": str(path.resolve()), "sha256": digest}
+            raise ConfigError(f"model file {model} does not exist (pass a built-in model name "
+                              "or a .pt2 file saved with torch.export.save)")
+        return {"file": str(path.resolve()), "sha256": _sha256(path)}
     return {"model": model, "input_shape": list(input_shape) if input_shape else None}
 
 
@@ -52,12 +54,18 @@ def _capture(source: dict[str, Any]) -> Any:
         if not path.is_file():
             raise ConfigError(f"the supernet was elastified from {path}, which is gone; "
                               "put the file back or elastify again")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != source.get("sha256"):
+        if _sha256(path) != source.get("sha256"):
             raise ConfigError(f"{path} changed since the supernet was elastified from it "
                               "(SHA-256 differs); elastify it again")
         return capture(path)
     shape = source.get("input_shape")
     return capture(str(source["model"]), input_shape=tuple(shape) if shape else None)
+
+
+def _sha256(path: Path) -> str:
+    """The file's SHA-256, streamed: a model file is checked for size only when captured."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def build_supernet(model: str, *, input_shape: Sequence[int] | None = None,
