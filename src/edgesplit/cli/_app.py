@@ -89,9 +89,16 @@ def model_ref(model: str, trust_model_file: bool) -> str:
     return TrustedModelFile(model) if trust_model_file else model
 
 
-def tls_files(cert: Path | None, key: Path | None, ca: Path | None):
-    """The TLS files given on the command line, read; None when none was given."""
-    if cert is None and key is None and ca is None:
+TLS_SERVER_NAME_HELP = ("Check the server's certificate against this name instead of the "
+                        "host dialled (e.g. a server reached by IP whose certificate names "
+                        "its host); needs --tls-ca.")
+
+
+def tls_files(cert: Path | None, key: Path | None, ca: Path | None,
+              server_name: str | None = None):
+    """The TLS files given on the command line, read, and the name a client checks the
+    server's certificate against; None when none was given."""
+    if cert is None and key is None and ca is None and server_name is None:
         return None
     from edgesplit.errors import ConfigError
     from edgesplit.runtime.transport import TlsFiles
@@ -103,7 +110,7 @@ def tls_files(cert: Path | None, key: Path | None, ca: Path | None):
             raise ConfigError(f"TLS file {str(path)!r} does not exist")
         return path.read_bytes()
 
-    return TlsFiles(cert=read(cert), key=read(key), ca=read(ca))
+    return TlsFiles(cert=read(cert), key=read(key), ca=read(ca), server_name=server_name)
 
 
 def set_threads(threads: int | None) -> None:

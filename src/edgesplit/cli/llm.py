@@ -12,6 +12,7 @@ import typer
 from edgesplit.cli._app import (
     SHAPE_HELP,
     THREADS_HELP,
+    TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
     TORCH_DEVICE_HELP,
@@ -132,6 +133,8 @@ def serve(
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
                                                               "trusting this CA."),
     workers: int = typer.Option(8, "--workers", help="Concurrent steps served."),
@@ -156,7 +159,8 @@ def serve(
     token = read_token(token, token_file)
     plan = load_plan(plan_path)
     server = LLMStageServer(plan, device, next_address=next_hop, token=token,
-                            tls=tls_files(tls_cert, tls_key, tls_ca), max_sessions=max_sessions,
+                            tls=tls_files(tls_cert, tls_key, tls_ca, tls_server_name),
+                            max_sessions=max_sessions,
                             max_workers=workers, data_port=_data_port(data_port),
                             data_plane=_data_plane(data_plane), emulate=emulate_device,
                             shape=shape, torch_device=torch_device)
@@ -208,6 +212,8 @@ def generate(
                                                                "random one)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     retries: int = typer.Option(0, "--retries", help="Retry an unavailable server this often."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
@@ -241,7 +247,8 @@ def generate(
     tokenizer = _tokenizer(plan) if text else None  # refused before connecting
     count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)
     client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
-                       tls=tls_files(None, None, tls_ca), timeout_s=timeout_s, retries=retries,
+                       tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
+                       retries=retries,
                        data_plane=_data_plane(data_plane), emulate=emulate_device,
                        shape=shape, torch_device=torch_device)
     if client.pacer is not None:
@@ -278,6 +285,8 @@ def chat_command(
     seed: int = typer.Option(0, "--seed", rich_help_panel=_SAMPLING),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
@@ -303,7 +312,7 @@ def chat_command(
     sampling = Sampling(temperature, top_k, top_p, seed)
     tokenizer = _tokenizer(plan)
     client = LLMClient(plan, server, token=read_token(token, token_file),
-                       tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
+                       tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
                        shape=shape, torch_device=torch_device)
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)

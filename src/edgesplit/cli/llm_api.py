@@ -11,6 +11,7 @@ import typer
 from edgesplit.cli._app import (
     SHAPE_HELP,
     THREADS_HELP,
+    TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
     TORCH_DEVICE_HELP,
@@ -50,6 +51,8 @@ def api(
                                                   "line).", rich_help_panel=_HTTP),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --server over TLS, "
                                                               "trusting this CA."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
@@ -76,7 +79,7 @@ def api(
         err.print(f"warning: serving on {host} without --api-key: anyone who can reach it "
                   "can generate", highlight=False)
     engine = open_engine(load_plan(plan_path), server, token=read_token(token, token_file),
-                         tls=tls_files(None, None, tls_ca), timeout_s=timeout_s,
+                         tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
                          retries=retries, data_plane=_data_plane(data_plane),
                          shape=shape, torch_device=torch_device)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL

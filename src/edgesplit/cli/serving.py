@@ -13,6 +13,7 @@ from edgesplit.cli._app import (
     BACKEND_HELP,
     SHAPE_HELP,
     THREADS_HELP,
+    TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
     TORCH_DEVICE_HELP,
@@ -79,6 +80,8 @@ def serve(
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
                                                               "trusting this CA."),
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
@@ -157,7 +160,8 @@ def serve(
         max_batch = None  # the deployment batches
     try:
         server = PartitionServer(program, device, next_address=next_hop, token=token,
-                                 tls=tls_files(tls_cert, tls_key, tls_ca), shape=shape,
+                                 tls=tls_files(tls_cert, tls_key, tls_ca, tls_server_name),
+                                 shape=shape,
                                  max_workers=workers, max_batch=max_batch,
                                  max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
                                  data_port=_data_port(data_port),
@@ -233,6 +237,8 @@ def run(
                                     "sharing --requests (never more clients than requests)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     retries: int = typer.Option(0, "--retries", help="Retry unavailable servers this often."),
@@ -266,8 +272,8 @@ def run(
                               "each `edgesplit serve` instead")
         _emulate(program, program.steps[0].name)
     batches = load_inputs(input_path, program) if input_path else None
-    options = {"token": token, "tls": tls_files(None, None, tls_ca), "shape": shape,
-               "retries": retries, "timeout_s": timeout_s}
+    options = {"token": token, "tls": tls_files(None, None, tls_ca, tls_server_name),
+               "shape": shape, "retries": retries, "timeout_s": timeout_s}
     if program.kind == "chain":  # a star's sources are called over gRPC
         options["data_plane"] = _data_plane(data_plane)
     where = server if isinstance(address, str) else ", ".join(address.values())

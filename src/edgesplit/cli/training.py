@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from edgesplit.cli._app import (
+    TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
     TRUST_HELP,
@@ -173,6 +174,8 @@ def train_split_cmd(
                                   help="Also train unsplit, to compare accuracy."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
+    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
+                                               help=TLS_SERVER_NAME_HELP),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --server over TLS, "
                                                               "trusting this CA."),
     take_over: bool = typer.Option(False, "--take-over", help="End the session the server "
@@ -201,7 +204,7 @@ def train_split_cmd(
                           "HOST:PORT); without --server, train-split starts its own on "
                           "127.0.0.1")
     token = read_token(token, token_file)
-    tls = tls_files(None, None, tls_ca)
+    tls = tls_files(None, None, tls_ca, tls_server_name)
 
     if pretrained:
         model += "," if ":" in model else ":"

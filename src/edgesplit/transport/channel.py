@@ -26,8 +26,13 @@ def server_options(limit: int) -> list[tuple[str, int]]:
 
 
 def open_channel(address: str, limit: int, tls: TlsFiles | None) -> grpc.Channel:
-    """A client channel with our message limit and reconnect backoff, TLS when ``tls.ca``."""
+    """A client channel with our message limit and reconnect backoff, TLS when ``tls.ca``
+    (checking the certificate against ``tls.server_name`` when given, else the address's
+    host)."""
     if tls is not None and tls.ca is not None:
         creds = grpc.ssl_channel_credentials(root_certificates=tls.ca)
-        return grpc.secure_channel(address, creds, options=channel_options(limit))
+        options: list[tuple[str, int | str]] = [*channel_options(limit)]
+        if tls.server_name is not None:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+        return grpc.secure_channel(address, creds, options=options)
     return grpc.insecure_channel(address, options=channel_options(limit))

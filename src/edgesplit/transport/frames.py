@@ -820,6 +820,8 @@ class FrameClient:
         self.host, self.port, self.limit = host, port, limit
         self.connect_timeout_s = connect_timeout_s
         self._ssl = _context(ssl.PROTOCOL_TLS_CLIENT, ca=tls.ca) if tls and tls.ca else None
+        # the name the server's certificate must carry: the gRPC channel's, when one is set
+        self._server_name = (tls.server_name if tls else None) or host
         self._idle: list[tuple[socket.socket, _Inbox]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -918,7 +920,7 @@ class FrameClient:
             sock = socket.create_connection((self.host, self.port), timeout=wait)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
-                sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._server_name)
             else:
                 sock.settimeout(None)  # blocking; calls are bounded by kernel timeouts
         except (OSError, ssl.SSLError) as exc:

@@ -12,9 +12,24 @@ __all__ = ["TlsFiles", "check_tls_pair"]
 
 @dataclass(frozen=True)
 class TlsFiles:
+    """A server's certificate and key, or what a client trusts. ``server_name``: the name
+    the client checks the server's certificate against instead of the host it dials (a
+    server reached by IP whose certificate names a host); every client, gRPC and data
+    plane, checks the same name."""
+
     cert: bytes | None = None  # server: certificate chain (PEM)
     key: bytes | None = None  # server: private key (PEM)
     ca: bytes | None = None  # client: root certificate to trust (PEM)
+    server_name: str | None = None  # client: the name the server's certificate must carry
+
+    def __post_init__(self) -> None:
+        if self.server_name is not None and self.ca is None:
+            flag = option("server_name", flag="--tls-server-name")
+            raise ConfigError(f"{flag} says which name the server's certificate must carry: "
+                              f"give the CA that signed it too ({option('ca', flag='--tls-ca')})")
+        if self.server_name is not None and not self.server_name.strip():
+            raise ConfigError(f"{option('server_name', flag='--tls-server-name')} is empty: "
+                              "give the host name the server's certificate is for")
 
 
 def check_tls_pair(tls: TlsFiles) -> None:
