@@ -67,7 +67,7 @@ def test_a_server_reached_by_ip_verifies_under_the_name_given(digits_chain, name
 
 
 def test_a_server_name_needs_the_ca_to_check_it_against():
-    with pytest.raises(ConfigError, match="server_name.*ca"):
+    with pytest.raises(ConfigError, match=r"server_name.*ca"):
         TlsFiles(server_name=HOST_NAME)
     result = CliRunner().invoke(app, ["train-split", "--server", "127.0.0.1:1",
                                       "--tls-server-name", HOST_NAME])
