@@ -155,8 +155,9 @@ def serve(
         _emulate(program, plan_device(program, device))
     ray_engine = None
     if engine == "ray":
-        ray_engine = _ray_engine(program, plan_device(program, device), ray_settings,
-                                 max_batch, max_wait_ms, trust_model_file, emulate_device)
+        ray_engine = _ray_engine(program, plan_device(program, device),
+                                 {**ray_settings, "host": host}, max_batch, max_wait_ms,
+                                 trust_model_file, emulate_device)
         max_batch = None  # the deployment batches
     try:
         server = PartitionServer(program, device, next_address=next_hop, token=token,

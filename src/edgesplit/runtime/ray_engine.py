@@ -27,10 +27,13 @@ refuses with that command.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,7 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.transport import BadRequest
 
-__all__ = ["ENGINES", "RAY_INSTALL", "RayEngine", "RayOptions", "import_ray"]
+__all__ = ["ENGINES", "RAY_INSTALL", "RayEngine", "RayOptions", "cluster_options", "import_ray"]
 
 log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
@@ -68,6 +71,9 @@ class RayOptions:
     per replica; else ``replicas`` fixed."""
 
     address: str | None = None  # a running cluster ("auto", "HOST:PORT"); None: start one here
+    # the interface the cluster started here listens on (the ingress's --host); None: Ray's
+    # default, every interface. A cluster joined (address) listens where it was started.
+    host: str | None = None
     replicas: int = 1
     min_replicas: int | None = None
     max_replicas: int | None = None
@@ -172,9 +178,10 @@ class RayEngine:
     def _start_cluster(self) -> None:
         ray = self.ray
         if not ray.is_initialized():
+            init = cluster_options(self.options)
             try:
-                ray.init(address=self.options.address, include_dashboard=False,
-                         log_to_driver=False, logging_level=logging.WARNING)
+                with _loopback_node(ray, init.get("_node_ip_address") == _LOOPBACK):
+                    ray.init(**init)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 where = self.options.address or "a local cluster"
                 raise ConfigError(f"cannot start or join Ray at {where}: {_first_line(exc)}; "
@@ -183,8 +190,10 @@ class RayEngine:
             self._own_cluster = self.options.address is None
         for name in ("ray.serve", "ray"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        # no HTTP proxy: devices reach the deployment only through our ingress
-        self.serve.start(proxy_location="Disabled")
+        # no HTTP proxy: devices reach the deployment only through our ingress (and were one
+        # started, it would listen on the ingress's host, not Serve's default of every one)
+        http = {"host": self.options.host} if self.options.host else None
+        self.serve.start(proxy_location="Disabled", http_options=http)
 
     def _check_room(self) -> None:
         """Refuse replicas a cluster can never place: Serve would wait for them forever. A
@@ -348,6 +357,57 @@ class RayEngine:
 
 class ReplicaError(Exception):
     """A replica's compute failed (its exception's type and message)."""
+
+
+_LOOPBACK = "127.0.0.1"
+_EVERY_INTERFACE = ("", "0.0.0.0", "::", "[::]")
+
+
+def cluster_options(options: RayOptions) -> dict[str, Any]:
+    """``ray.init``'s keywords. A cluster started here gets the ingress's host as its node
+    address, which its processes (GCS, raylet, workers, agents) listen on instead of every
+    interface; a host name is resolved (Ray takes an address), and a loopback host (127.x,
+    localhost) becomes 127.0.0.1. Every interface, or joining a cluster: Ray's default."""
+    init: dict[str, Any] = {"address": options.address, "include_dashboard": False,
+                            "log_to_driver": False, "logging_level": logging.WARNING}
+    host = options.host
+    if options.address is not None or host is None or host in _EVERY_INTERFACE:
+        return init
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(host))
+        except OSError as exc:
+            raise ConfigError(f"cannot resolve host {host!r} for the Ray cluster: {exc}; give "
+                              "an address") from None
+    node = _LOOPBACK if address.is_loopback else str(address)
+    init.update(_node_ip_address=node, dashboard_host=node)
+    return init
+
+
+@contextmanager
+def _loopback_node(ray: Any, loopback: bool) -> Iterator[None]:
+    """Keep a loopback node address loopback while ``ray.init`` starts the cluster.
+
+    Ray replaces a loopback node address with the machine's external one (so that other nodes
+    could join), and its processes then listen there, reachable from the network, unless its
+    clusters are switched off, as on macOS and Windows (``ray_constants.ENABLE_RAY_CLUSTER``,
+    read when the address is resolved): switched off here for this call only. A single-node
+    cluster is all the engine starts. Checked by hand with ``ss -ltnp`` (Ray 2.60): GCS,
+    raylet, workers and agents on 127.0.0.1, against every interface without it. Ray Serve's
+    replicas still open their inter-deployment gRPC port on ``[::]:0``, which Ray fixes (no
+    option reaches it)."""
+    constants: Any = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if not loopback or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
 
 
 def _replica_lost(ray: Any) -> tuple[type[BaseException], ...]:
