@@ -58,7 +58,7 @@ ALLOWED: dict[str, set[str]] = {
     "validation": {"errors"},
     "data": {"errors", "registry"},
     "models": {"errors", "registry", "data"},  # data: the cache folder, the tokenizer
-    "graph": {"errors", "models"},  # models: a causal LM's config and checkpoint by name
+    "graph": {"errors", "units", "models"},  # models: a causal LM's config and checkpoint by name
     "hardware": {"errors", "registry", "units", "validation", "data", "graph"},  # data: cache
     "quant": {"errors", "data", "graph"},  # data: the evaluation sets the quality meter reads
     "plan": {"errors", "registry", "validation", "data", "graph", "hardware", "quant"},
