@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from edgesplit.cli._app import emit_json, err, out, require_positive, set_threads, user_errors
+from edgesplit.cli._app import (
+    TORCH_DEVICE_HELP,
+    check_torch_device,
+    emit_json,
+    err,
+    out,
+    require_positive,
+    set_threads,
+    user_errors,
+)
 from edgesplit.cli.nas import nas_app, progress_bar
 
 if TYPE_CHECKING:
@@ -68,10 +77,12 @@ def elastify(
     seed: int = typer.Option(0, "--seed"),
     threads: int | None = typer.Option(None, "--threads", min=1,
                                        help="torch threads (default: torch's)."),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Elastify MODEL into a supernet (merged and shrunk branches), train the new branches
     (distillation, then tuning) and save it to --out."""
+    check_torch_device(torch_device)  # a missing accelerator: one line, before the capture
     from edgesplit.graph.capture import parse_shape
     from edgesplit.nas.adaptivenet.elastify import ElasticConfig
     from edgesplit.nas.adaptivenet.run import elastify_model
@@ -79,7 +90,8 @@ def elastify(
 
     config = ElasticConfig(gamma=gamma, merge=merge, shrink=_fractions(shrink))
     trainer = ElasticTrainer(distill_epochs=distill_epochs, tune_epochs=tune_epochs,
-                             batch_size=batch_size, lr=lr, tune_lr=tune_lr, seed=seed)
+                             batch_size=batch_size, lr=lr, tune_lr=tune_lr, seed=seed,
+                             torch_device=torch_device)
     shape = parse_shape(input_shape) if input_shape else None
     set_threads(threads)
     with progress_bar(f"AdaptiveNet {model}") as progress:

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import typer
 
-from edgesplit.cli._app import app, emit_json, err, out, require_positive, user_errors
+from edgesplit.cli._app import (
+    TORCH_DEVICE_HELP,
+    app,
+    check_torch_device,
+    emit_json,
+    err,
+    out,
+    require_positive,
+    user_errors,
+)
 
 __all__ = ["SPACE_HELP", "nas_app", "progress_bar"]
 
@@ -224,6 +233,7 @@ def jmsnas(
     lambda2: float | None = typer.Option(None, "--lambda2", min=0.0,
                                          help="Latency penalty of loss (4) (default 1/T_const^2)."),
     seed: int = typer.Option(0, "--seed"),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     out_dir: Path | None = typer.Option(None, "--out", "-o",
                                         help="Folder for the network, model.pt2, plan.json "
                                              "and search.json."),
@@ -240,6 +250,7 @@ def jmsnas(
     from edgesplit.nas.jmsnas_run import parse_table_options, run_jmsnas
 
     require_positive(latency_budget_ms=budget_ms)  # before minutes of tables and training
+    check_torch_device(torch_device)
     resolved = resolve_space(space)
     topo = resolve_topology(topology)
     files = parse_table_options(table)
@@ -254,7 +265,8 @@ def jmsnas(
                          progress=progress,
                          warmup_epochs=warmup_epochs, epochs=epochs,
                          retrain_epochs=retrain_epochs, batch_size=batch_size,
-                         lambda1=lambda1, lambda2=lambda2, seed=seed)
+                         lambda1=lambda1, lambda2=lambda2, seed=seed,
+                         torch_device=torch_device)
     doc = run.summary()
     if plot is not None:
         from edgesplit.report.plots import plot_search_progress

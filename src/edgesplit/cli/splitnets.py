@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 
-from edgesplit.cli._app import emit_json, err, out, user_errors
+from edgesplit.cli._app import (
+    TORCH_DEVICE_HELP,
+    check_torch_device,
+    emit_json,
+    err,
+    out,
+    user_errors,
+)
 from edgesplit.cli.nas import nas_app, progress_bar
 
 __all__ = ["splitnets_app"]
@@ -67,9 +74,11 @@ def train(
     distill: bool = typer.Option(True, "--distill/--no-distill",
                                  help="In-place distillation from the largest sub-network."),
     seed: int = typer.Option(0, "--seed"),
+    torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Stage 1: train the split-aware supernet of SPACE on DATA and save it to --out."""
+    check_torch_device(torch_device)  # a missing accelerator: one line, before the data
     from edgesplit.nas.splitnets.catalog import data_for, resolve_split_space
     from edgesplit.nas.splitnets.run import train_supernet
     from edgesplit.nas.splitnets.train import SupernetTrainer
@@ -77,7 +86,8 @@ def train(
     resolved = resolve_split_space(space)
     spec = data_for(resolved, data)
     trainer = SupernetTrainer(epochs=epochs, batch_size=batch_size, lr=lr, sampler=sampler,
-                              randoms=randoms, distill=distill, seed=seed)
+                              randoms=randoms, distill=distill, seed=seed,
+                              torch_device=torch_device)
     trainer.validate()  # a bad option fails before the data loads
     with progress_bar(f"SplitNets {resolved.name} on {spec}") as progress:
         supernet, doc = train_supernet(resolved, spec, out=out_dir, trainer=trainer, init=init,

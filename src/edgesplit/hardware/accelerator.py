@@ -12,13 +12,15 @@ a minute of capture.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import torch
 
 from edgesplit.errors import ConfigError
 
-__all__ = ["AcceleratorError", "accelerators", "synchronize", "to_device", "torch_device"]
+__all__ = ["AcceleratorError", "accelerators", "device_of", "synchronize", "to_device",
+           "torch_device"]
 
 class AcceleratorError(ConfigError):
     """``--torch-device`` names a device this machine does not have."""
@@ -88,3 +90,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: the device of its first parameter, else of its first buffer
+    (frozen weights may be buffers), else the CPU. Helpers that feed a model batches read its
+    place from the model, so a trainer that moved it needs to tell them nothing."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        return tensor.device
+    return torch.device("cpu")

@@ -45,6 +45,7 @@ from torch import nn
 from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, stratified_split
 from edgesplit.errors import ConfigError, InfeasibleError
+from edgesplit.hardware.accelerator import device_of, torch_device
 from edgesplit.nas.binary_gates import binary_gates, sample_pair, sample_path
 from edgesplit.nas.chain_latency import ChainLatency
 from edgesplit.nas.mesh_latency import MeshLatency
@@ -78,33 +79,37 @@ class EpochLog:
         return dict(self.__dict__)
 
 
-def _batches(data: EvalData, size: int, gen: torch.Generator
+def _batches(data: EvalData, size: int, gen: torch.Generator, device: torch.device
              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Shuffled batches, each copied to ``device`` as it is drawn (the order comes from the
+    CPU generator ``gen``: the same batches on every device)."""
     order = torch.randperm(len(data), generator=gen)
     x, y = data.inputs[0], data.labels
     assert y is not None  # LabelledData guarantees labels
     for start in range(0, len(order), size):
         idx = order[start:start + size]
-        yield x[idx], y[idx]
+        yield x[idx].to(device), y[idx].to(device)
 
 
 def accuracy(model: nn.Module, data: EvalData, batch_size: int = 256) -> float:
     """Top-1 accuracy in % of ``model`` (put in eval mode) on labelled ``data``."""
     model.eval()
     assert data.labels is not None
-    correct = 0
+    correct, device = 0, device_of(model)
     with torch.inference_mode():
         for start in range(0, len(data), batch_size):
-            logits = model(data.inputs[0][start:start + batch_size])
-            correct += int((logits.argmax(1) == data.labels[start:start + batch_size]).sum())
+            logits = model(data.inputs[0][start:start + batch_size].to(device))
+            labels = data.labels[start:start + batch_size].to(device)
+            correct += int((logits.argmax(1) == labels).sum())
     return 100.0 * correct / len(data)
 
 
 def train_network(model: nn.Module, data: EvalData, *, epochs: int, lr: float,
                   weight_decay: float, batch_size: int, seed: int,
                   progress: Progress | None = None) -> list[float]:
-    """Plain training (stage 2): Adam with cosine decay, cross-entropy; mean loss per epoch."""
-    gen = torch.Generator().manual_seed(seed)
+    """Plain training (stage 2): Adam with cosine decay, cross-entropy; mean loss per epoch.
+    Runs where ``model`` is (:func:`~edgesplit.hardware.accelerator.device_of`)."""
+    gen, device = torch.Generator().manual_seed(seed), device_of(model)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps = epochs * math.ceil(len(data) / batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
@@ -112,7 +117,7 @@ def train_network(model: nn.Module, data: EvalData, *, epochs: int, lr: float,
     for epoch in range(epochs):
         model.train()
         total, n = 0.0, 0
-        for x, y in _batches(data, batch_size, gen):
+        for x, y in _batches(data, batch_size, gen, device):
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -138,8 +143,9 @@ def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int,
         bn.reset_running_stats()
         bn.momentum = None  # cumulative moving average over the batches below
     net.train()
+    gen, device = torch.Generator().manual_seed(0), device_of(net)
     with torch.no_grad():
-        for k, (x, _) in enumerate(_batches(data, batch_size, torch.Generator().manual_seed(0))):
+        for k, (x, _) in enumerate(_batches(data, batch_size, gen, device)):
             if batches is not None and k == batches:
                 break
             net(x)
@@ -177,6 +183,11 @@ class JMSNAS:
     Learned state: ``supernet_``, ``alpha_`` (per layer), ``arch_``, ``arch_ms_``,
     ``history_`` (one :class:`EpochLog` per epoch); after ``retrain``: ``model_`` (an
     :class:`ArchNet` in eval mode) and ``accuracy_`` (top-1 % on ``data.test``).
+
+    ``torch_device`` (``cpu``, ``cuda[:N]``, ``mps``; default the CPU): where the networks
+    train. The supernet and the derived network move there for ``fit`` and ``retrain`` and
+    come back to the CPU after, so what is saved loads anywhere; the architecture parameters,
+    the gates' sampling and the latency model stay on the CPU (a few numbers per layer).
     """
 
     def __init__(self, *, latency_budget_ms: float, lambda1: float = 4e-5,
@@ -184,7 +195,9 @@ class JMSNAS:
                  batch_size: int = 64, weight_lr: float = 2e-3, arch_lr: float = 3e-2,
                  arch_fraction: float = 0.25, retrain_epochs: int = 10, seed: int = 0,
                  weights: Literal["shared", "separate"] = "shared",
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None,
+                 torch_device: str | torch.device | None = None) -> None:
+        self.torch_device = torch_device
         self.latency_budget_ms = latency_budget_ms
         self.lambda1 = lambda1
         self.lambda2 = lambda2
@@ -215,6 +228,7 @@ class JMSNAS:
 
     def fit(self, data: LabelledData, space: SearchSpace, latency: LatencyModel) -> JMSNAS:
         self._check()
+        self.device_ = torch_device(self.torch_device)  # AcceleratorError before any work
         if latency.space is not space and latency.space.to_dict() != space.to_dict():
             raise ConfigError("the latency model was built for another search space")
         if data.sample_shape != tuple(space.input_shape):
@@ -229,7 +243,7 @@ class JMSNAS:
         self.arch_data_ = data.train.subset(a_idx, "architecture")
         with torch.random.fork_rng(devices=[]):  # seeded init; the caller's RNG untouched
             torch.manual_seed(self.seed)
-            self.supernet_ = latency.make_supernet(self.weights)
+            self.supernet_ = latency.make_supernet(self.weights).to(self.device_)
         self.alpha_ = [torch.zeros(len(layer.ops), requires_grad=True) for layer in space.layers]
         # Adam's weight_decay adds wd * theta to the gradient: the gradient of (wd/2)||theta||^2.
         w_opt = torch.optim.Adam(self.supernet_.parameters(), lr=self.weight_lr,
@@ -237,13 +251,16 @@ class JMSNAS:
         a_opt = torch.optim.Adam(self.alpha_, lr=self.arch_lr, betas=(0.0, 0.999))
         self.history_: list[EpochLog] = []
         total = self.warmup_epochs + self.epochs
-        for epoch in range(total):
-            searching = epoch >= self.warmup_epochs
-            w_loss = self._weight_epoch(w_opt, gen)
-            a_loss = self._arch_epoch(a_opt, latency, gen) if searching else None
-            self.history_.append(self._log(epoch, searching, w_loss, a_loss, latency))
-            if self.progress:
-                self.progress("search", epoch + 1, total)
+        try:
+            for epoch in range(total):
+                searching = epoch >= self.warmup_epochs
+                w_loss = self._weight_epoch(w_opt, gen)
+                a_loss = self._arch_epoch(a_opt, latency, gen) if searching else None
+                self.history_.append(self._log(epoch, searching, w_loss, a_loss, latency))
+                if self.progress:
+                    self.progress("search", epoch + 1, total)
+        finally:
+            self.supernet_.cpu()
         self.arch_ = derive_within_budget(space, self.alpha_, latency, self.latency_budget_ms)
         self.arch_ms_ = latency.of_arch(self.arch_)
         self.latency_ = latency
@@ -253,7 +270,7 @@ class JMSNAS:
     def _weight_epoch(self, opt: torch.optim.Optimizer, gen: torch.Generator) -> float:
         net = self.supernet_.train()
         total, n = 0.0, 0
-        for x, y in _batches(self.weight_data_, self.batch_size, gen):
+        for x, y in _batches(self.weight_data_, self.batch_size, gen, self.device_):
             for mixed, a in zip(net.mixed_ops, self.alpha_, strict=True):
                 mixed.set_paths((sample_path(a, gen),))
             loss = F.cross_entropy(net(x), y)
@@ -279,16 +296,16 @@ class JMSNAS:
     def _arch_steps(self, net: Supernet, a_opt: torch.optim.Optimizer, latency: LatencyModel,
                     gen: torch.Generator) -> float:
         total, n = 0.0, 0
-        for x, y in _batches(self.arch_data_, self.batch_size, gen):
+        for x, y in _batches(self.arch_data_, self.batch_size, gen, self.device_):
             for mixed, a in zip(net.mixed_ops, self.alpha_, strict=True):
                 pair = sample_pair(a, gen)
                 if pair[0] == pair[1]:
                     mixed.set_paths((pair[0],))  # a single-candidate layer: nothing to choose
-                else:
-                    mixed.set_paths(pair, binary_gates(a, pair, gen))
+                else:  # the copy to the device is differentiable: alpha's gradient comes back
+                    mixed.set_paths(pair, binary_gates(a, pair, gen).to(self.device_))
             expected = latency([torch.softmax(a, 0) for a in self.alpha_])
             penalty = self.lambda2_ * (expected - self.latency_budget_ms) ** 2
-            loss = F.cross_entropy(net(x), y) + penalty.float()
+            loss = F.cross_entropy(net(x), y) + penalty.float().to(self.device_)
             a_opt.zero_grad()
             loss.backward()
             a_opt.step()
@@ -311,15 +328,18 @@ class JMSNAS:
         trained on all training data; ``accuracy_`` is measured on the held-out part."""
         if not hasattr(self, "arch_"):
             raise ConfigError("call fit before retrain")
-        self.model_: ArchNet = self.supernet_.extract(self.arch_)
-        self.retrain_losses_ = train_network(
-            self.model_, self.data_.train, epochs=self.retrain_epochs, lr=self.weight_lr,
-            weight_decay=2 * self.lambda1, batch_size=self.batch_size, seed=self.seed,
-            progress=self.progress)
-        # Running statistics lag weights that moved fast in a short recipe: re-estimate them
-        # on the training data, as the deployed network will use them.
-        recalibrate_bn(self.model_, self.data_.train, self.batch_size, batches=None)
-        self.accuracy_ = accuracy(self.model_, self.data_.test)
+        self.model_: ArchNet = self.supernet_.extract(self.arch_).to(self.device_)
+        try:
+            self.retrain_losses_ = train_network(
+                self.model_, self.data_.train, epochs=self.retrain_epochs, lr=self.weight_lr,
+                weight_decay=2 * self.lambda1, batch_size=self.batch_size, seed=self.seed,
+                progress=self.progress)
+            # Running statistics lag weights that moved fast in a short recipe: re-estimate
+            # them on the training data, as the deployed network will use them.
+            recalibrate_bn(self.model_, self.data_.train, self.batch_size, batches=None)
+            self.accuracy_ = accuracy(self.model_, self.data_.test)
+        finally:
+            self.model_.cpu()
         return self
 
     def summary(self) -> dict[str, Any]:

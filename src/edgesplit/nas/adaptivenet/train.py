@@ -15,8 +15,9 @@ all-original subnet is the pretrained model before and after training.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.nas.adaptivenet.data import ElasticData, batches
+from edgesplit.hardware.accelerator import device_of, torch_device
+from edgesplit.nas.adaptivenet.data import Batch, ElasticData, Part, batches
 from edgesplit.nas.adaptivenet.space import SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
 
@@ -86,13 +88,39 @@ def _task_loss(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch
     return F.cross_entropy(outputs, targets)
 
 
+@dataclass(frozen=True)
+class _PlacedPart:
+    """A part whose batches arrive on ``device`` (one batch at a time: the set stays in host
+    memory, only what a step reads is copied)."""
+
+    part: Part
+    device: torch.device
+
+    def __len__(self) -> int:
+        return len(self.part)
+
+    def batches(self, batch_size: int, *, rng: np.random.Generator | None = None
+                ) -> Iterator[Batch]:
+        for inputs, targets in self.part.batches(batch_size, rng=rng):
+            yield tuple(x.to(self.device) for x in inputs), targets.to(self.device)
+
+    def example(self, n: int) -> tuple[torch.Tensor, ...]:
+        return tuple(x.to(self.device) for x in self.part.example(n))
+
+
 class ElasticTrainer:
     """Distillation then tuning of a supernet's added branches (scikit-learn style: options in
-    ``__init__``, ``fit(supernet, data)``, ``history_`` after)."""
+    ``__init__``, ``fit(supernet, data)``, ``history_`` after).
+
+    ``torch_device`` (``cpu``, ``cuda[:N]``, ``mps``; default the CPU): where the steps run.
+    ``fit`` moves the supernet there and each batch as it is read, and hands the supernet back
+    on the CPU, so what is saved loads on a machine without that device."""
 
     def __init__(self, *, distill_epochs: int = 10, tune_epochs: int = 10, batch_size: int = 32,
                  lr: float = 3e-3, tune_lr: float = 1e-3, seed: int = 0,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None,
+                 torch_device: str | torch.device | None = None) -> None:
+        self.torch_device = torch_device
         self.distill_epochs = distill_epochs
         self.tune_epochs = tune_epochs
         self.batch_size = batch_size
@@ -114,13 +142,15 @@ class ElasticTrainer:
 
     def fit(self, supernet: ElasticSupernet, data: ElasticData) -> ElasticTrainer:
         self._check()
+        device = torch_device(self.torch_device)  # AcceleratorError before any step
+        data = dataclasses.replace(data, train=_PlacedPart(data.train, device))
         rng = np.random.default_rng(self.seed)
         torch.manual_seed(self.seed)
         self.history_: list[TrainRecord] = []
         params = list(supernet.added_parameters())
         if not params:
             raise ConfigError("this supernet has no added branches to train")
-        supernet.train()
+        supernet.to(device).train()
         try:
             opt = torch.optim.Adam(params, lr=self.lr)
             for epoch in range(self.distill_epochs):
@@ -129,7 +159,7 @@ class ElasticTrainer:
             for epoch in range(self.tune_epochs):
                 self._epoch("tune", epoch, supernet, data, opt, rng)
         finally:
-            supernet.eval()
+            supernet.cpu().eval()
         return self
 
     def _epoch(self, phase: str, epoch: int, supernet: ElasticSupernet, data: ElasticData,
@@ -160,10 +190,11 @@ def subnet_accuracy(supernet: ElasticSupernet, arch: Sequence[str],
                     parts: Iterable[tuple[tuple[torch.Tensor, ...], torch.Tensor]],
                     metric: Metric) -> float:
     """Mean per-sample score of subnet ``arch`` over batches ``parts``."""
-    total, count = 0.0, 0
+    total, count, device = 0.0, 0, device_of(supernet)
     with torch.no_grad():
         for inputs, targets in parts:
-            total += float(metric(supernet(*inputs, arch=arch), targets).sum())
+            inputs = tuple(x.to(device) for x in inputs)
+            total += float(metric(supernet(*inputs, arch=arch), targets.to(device)).sum())
             count += int(targets.shape[0])
     return total / max(count, 1)
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgesplit.errors import ConfigError
+from edgesplit.hardware.accelerator import device_of
 from edgesplit.nas.splitnets.dynamic import INIT_MODES, DynamicConvBN, DynamicMBConv
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 
@@ -260,8 +261,9 @@ def recalibrate(supernet: SplitSupernet, arch: SplitArch, batches: Iterable[torc
         bn.reset_running_stats()
         bn.momentum = None
     supernet.train()
+    device = device_of(supernet)
     for x in batches:
-        supernet(x, arch)
+        supernet(x.to(device), arch)
     for bn, momentum in was:
         bn.momentum = momentum
     supernet.eval()

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError
+from edgesplit.hardware.accelerator import device_of, torch_device
 from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
 from edgesplit.nas.splitnets.space import SplitArch
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
@@ -60,10 +61,10 @@ def subnet_accuracy(supernet: SplitSupernet, arch: SplitArch,
         x, labels = data.inputs[0], data.labels
     else:
         x, labels = data[0].at(r), data[1]
-    correct = 0
+    correct, device = 0, device_of(supernet)
     for i in range(0, len(x), batch_size):
-        logits = supernet(x[i:i + batch_size], arch)
-        correct += int((logits.argmax(1) == labels[i:i + batch_size]).sum())
+        logits = supernet(x[i:i + batch_size].to(device), arch)
+        correct += int((logits.argmax(1) == labels[i:i + batch_size].to(device)).sum())
     return 100.0 * correct / len(x)
 
 
@@ -79,7 +80,11 @@ class SupernetTrainer:
     trains small and split sub-networks much faster on little data.
 
     ``track``: (name, architecture) pairs measured on ``data.test`` after every epoch (slow:
-    a recalibration each); ``progress(epoch, epochs, row)`` after every epoch."""
+    a recalibration each); ``progress(epoch, epochs, row)`` after every epoch.
+
+    ``torch_device`` (``cpu``, ``cuda[:N]``, ``mps``; default the CPU): where the steps run.
+    ``fit`` moves the supernet there and each batch as it is drawn (the data stays in host
+    memory), and leaves the supernet on the CPU, so its checkpoint loads anywhere."""
 
     epochs: int = 20
     batch_size: int = 64
@@ -92,6 +97,7 @@ class SupernetTrainer:
     seed: int = 0
     track: Sequence[tuple[str, SplitArch]] = ()
     progress: TrainProgress | None = None
+    torch_device: str | torch.device | None = None
     history_: list[dict[str, float]] = field(default_factory=list, init=False)
 
     def validate(self) -> None:
@@ -110,6 +116,15 @@ class SupernetTrainer:
     def fit(self, supernet: SplitSupernet, data: EvalData,
             test: EvalData | None = None) -> SupernetTrainer:
         self.validate()
+        device = torch_device(self.torch_device)  # AcceleratorError before any step
+        supernet.to(device)
+        try:
+            return self._fit(supernet, data, test, device)
+        finally:
+            supernet.cpu().eval()
+
+    def _fit(self, supernet: SplitSupernet, data: EvalData, test: EvalData | None,
+             device: torch.device) -> SupernetTrainer:
         torch.manual_seed(self.seed)
         rng = np.random.default_rng(self.seed)
         gen = torch.Generator().manual_seed(self.seed)
@@ -127,13 +142,13 @@ class SupernetTrainer:
             order = torch.randperm(len(y_all), generator=gen)
             for k in range(steps_per_epoch):
                 idx = order[k * self.batch_size:(k + 1) * self.batch_size]
-                y = y_all[idx]
+                y = y_all[idx].to(device)
                 opt.zero_grad()
                 teacher = None
                 for name, arch in training_subnets(supernet.space, self.sampler, rng,
                                                    self.randoms):
                     # the teacher's soft labels fit the student at any resolution: one image
-                    logits = supernet(x_all.at(arch.resolution)[idx], arch)
+                    logits = supernet(x_all.at(arch.resolution)[idx].to(device), arch)
                     if teacher is None or not self.distill:
                         loss = F.cross_entropy(logits, y)
                         teacher = logits.detach().softmax(1)
@@ -150,5 +165,4 @@ class SupernetTrainer:
             self.history_.append(row)
             if self.progress is not None:
                 self.progress(epoch + 1, self.epochs, row)
-        supernet.eval()
         return self
