@@ -117,6 +117,10 @@ def serve(
     replica_cpus: float | None = typer.Option(None, "--replica-cpus", help="--engine ray: "
                                               "Ray CPUs per replica (default 1; its torch "
                                               "threads follow)."),
+    replica_gpus: float | None = typer.Option(None, "--replica-gpus", help="--engine ray: "
+                                              "Ray GPUs per replica (default 0: the CPU; a "
+                                              "fraction shares a GPU); replicas with GPUs "
+                                              "compute on cuda."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="--engine ray: a "
                                            "running Ray cluster (HOST:PORT or auto; default: "
                                            "start one for this server)."),
@@ -135,14 +139,16 @@ def serve(
     token = read_token(token, token_file)
     ray_settings = {"replicas": replicas, "min_replicas": min_replicas,
                     "max_replicas": max_replicas, "target_ongoing": target_ongoing,
-                    "replica_cpus": replica_cpus, "address": ray_address,
+                    "replica_cpus": replica_cpus, "replica_gpus": replica_gpus,
+                    "address": ray_address,
                     "app_name": app_name}
     _check_engine(engine, ray_settings)
     if engine == "ray" and torch_device is not None:
         from edgesplit.errors import ConfigError
 
         raise ConfigError("--torch-device places this process's compute; with --engine ray "
-                          "the replicas compute, on their CPUs: leave out --torch-device")
+                          "the replicas compute: leave out --torch-device (--replica-gpus "
+                          "puts them on GPUs)")
     program = load_program(plan_path, backend, trust_model_file, torch_device)
     _warn_if_idle(program, plan_device(program, device))
     if emulate_device:
@@ -200,11 +206,31 @@ def _check_engine(engine: str, ray_settings: dict) -> None:
         from edgesplit.runtime.ray_engine import import_ray
 
         import_ray()  # without the extra: one line naming the install command, before any work
+        _check_replica_gpus(ray_settings)
     given = [k for k, v in ray_settings.items() if v is not None]
     if engine != "ray" and given:
         flags = ", ".join("--" + ("ray-address" if k == "address" else k.replace("_", "-"))
                           for k in given)
         raise ConfigError(f"{flags} configure the Ray engine: add --engine ray")
+
+
+def _check_replica_gpus(ray_settings: dict) -> None:
+    """--replica-gpus on the Ray cluster this server starts (no --ray-address) needs a GPU on
+    this machine: refused before the plan is loaded, not left waiting for one. A joined
+    cluster's GPUs are counted once it is joined (:class:`RayEngine` refuses none there)."""
+    gpus = ray_settings["replica_gpus"]
+    if not gpus or ray_settings["address"] is not None:
+        return
+    import torch
+
+    from edgesplit.errors import ConfigError
+    from edgesplit.hardware.accelerator import accelerators
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--replica-gpus {gpus:g}: this machine has no CUDA device for the "
+                          f"Ray cluster this server starts (available: "
+                          f"{', '.join(accelerators())}); leave out --replica-gpus or join a "
+                          "cluster with GPUs (--ray-address)")
 
 
 def _ray_engine(program: PlanProgram, device: str, settings: dict, max_batch: int | None,
@@ -218,7 +244,9 @@ def _ray_engine(program: PlanProgram, device: str, settings: dict, max_batch: in
     with err.status(f"deploying {device} on Ray Serve ...", spinner="dots"):
         engine = RayEngine(program, device, options, trust_model_file=trust_model_file,
                            emulate=emulate)
-    err.print(f"Ray Serve: {engine.app_name}, batching {engine.replica_info['batching']}")
+    info = engine.replica_info
+    err.print(f"Ray Serve: {engine.app_name}, batching {info['batching']}, replicas on "
+              f"{info.get('torch_device', 'cpu')}")
     return engine
 
 

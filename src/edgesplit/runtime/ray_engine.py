@@ -79,6 +79,7 @@ class RayOptions:
     max_replicas: int | None = None
     target_ongoing: float = 2.0
     replica_cpus: float = 1.0  # Ray CPUs per replica; its torch threads follow
+    replica_gpus: float = 0.0  # Ray GPUs per replica (a fraction shares one); > 0: on cuda
     max_batch: int = 32  # @serve.batch bound (1: no batching)
     max_wait_ms: float = 0.0
     retries: int = 3  # a request's attempts after its replica died
@@ -102,6 +103,8 @@ class RayOptions:
             raise ConfigError(f"{option('target_ongoing')} must be above 0")
         if self.replica_cpus <= 0:
             raise ConfigError(f"{option('replica_cpus')} must be above 0")
+        if not self.replica_gpus >= 0:
+            raise ConfigError(f"{option('replica_gpus')} must be 0 (the CPU) or more")
         if self.max_batch < 1:
             raise ConfigError(f"{option('max_batch')} must be at least 1")
         if self.constructor_retries < 1:
@@ -125,6 +128,8 @@ class RayOptions:
             # a replica that cannot load the plan fails the same way every time: say so soon
             "max_constructor_retry_count": self.constructor_retries,
         }
+        if self.replica_gpus > 0:  # Ray gives the replica its GPU(s) as CUDA_VISIBLE_DEVICES
+            opts["ray_actor_options"]["num_gpus"] = self.replica_gpus
         if self.max_replicas is None:
             opts["num_replicas"] = self.replicas
         else:
@@ -134,6 +139,12 @@ class RayOptions:
                 "initial_replicas": min(max(self.replicas, low), self.max_replicas),
                 "target_ongoing_requests": self.target_ongoing}
         return opts
+
+    @property
+    def replica_device(self) -> str | None:
+        """The torch device a replica computes on: ``cuda`` (the GPU Ray gave it) where it has
+        GPUs, else None (the CPU)."""
+        return "cuda" if self.replica_gpus > 0 else None
 
 
 class RayEngine:
@@ -202,8 +213,11 @@ class RayEngine:
         opts = self.options
         start = opts.replicas if opts.max_replicas is None else \
             opts.deployment()["autoscaling_config"]["initial_replicas"]
+        resources = self.ray.cluster_resources()
+        if opts.replica_gpus > 0:
+            self._check_gpus(start, float(resources.get("GPU", 0.0)))
         need = start * opts.replica_cpus
-        total = float(self.ray.cluster_resources().get("CPU", 0.0))
+        total = float(resources.get("CPU", 0.0))
         if need <= total + 1e-9:
             return
         text = (f"{start} replica(s) x {opts.replica_cpus:g} CPU need {need:g} CPUs; the Ray "
@@ -213,6 +227,28 @@ class RayEngine:
             raise ConfigError(f"{text}: lower {option('replicas')} or {option('replica_cpus')} "
                               f"(a fraction shares a core), or join a larger cluster with "
                               f"{option('ray_address')}")
+        log.warning("%s: Serve waits until the cluster has room for them", text)
+
+    def _check_gpus(self, start: int, total: float) -> None:
+        """Refuse GPU replicas on a cluster without a GPU (a joined one too: Serve would wait
+        for one without a word), or more than a cluster this engine started has; warn where a
+        joined cluster has some but too few (it may grow)."""
+        opts = self.options
+        need = start * opts.replica_gpus
+        if need <= total + 1e-9:
+            return
+        flag = option("replica_gpus", f"{opts.replica_gpus:g}")
+        if total == 0:
+            self.close(delete=False)
+            raise ConfigError(f"{flag}: the Ray cluster has no GPU, so its replicas would wait "
+                              f"for one forever; leave out {option('replica_gpus')} or join a "
+                              f"cluster with GPUs ({option('ray_address')})")
+        text = (f"{start} replica(s) x {opts.replica_gpus:g} GPU need {need:g} GPUs; the Ray "
+                f"cluster has {total:g}")
+        if self._own_cluster:
+            self.close(delete=False)
+            raise ConfigError(f"{text}: lower {option('replicas')} or "
+                              f"{option('replica_gpus')} (a fraction shares a GPU)")
         log.warning("%s: Serve waits until the cluster has room for them", text)
 
     def _deploy(self, program: PlanProgram, trust_model_file: bool, emulate: bool) -> Any:
@@ -231,7 +267,7 @@ class RayEngine:
             _portable(program).model_dump_json(), self.device,
             backend=program.step(self.device).backend.name, trust_model_file=trust_model_file,
             threads=max(1, int(opts.replica_cpus)), max_batch=opts.max_batch,
-            max_wait_ms=opts.max_wait_ms, emulate=emulate)
+            max_wait_ms=opts.max_wait_ms, emulate=emulate, torch_device=opts.replica_device)
         try:
             return self.serve.run(app, name=self.app_name, route_prefix=None,
                                   logging_config={"log_level": "WARNING"})

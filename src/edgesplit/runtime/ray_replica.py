@@ -69,14 +69,18 @@ def from_arrays(arrays: Arrays) -> dict[str, torch.Tensor]:
 
 
 class PartitionReplica:
-    """A Ray Serve replica computing ``device``'s partition of the plan ``plan_json``."""
+    """A Ray Serve replica computing ``device``'s partition of the plan ``plan_json``, on
+    ``torch_device`` (``cuda``: the GPU Ray gave this replica; None: the CPU). Its backend
+    returns host tensors whatever computed them, so the arrays it answers with are the
+    CPU's."""
 
     def __init__(self, plan_json: str, device: str, *, backend: str = "torch",
                  trust_model_file: bool = False, threads: int = 1, max_batch: int = 1,
-                 max_wait_ms: float = 0.0, emulate: bool = False) -> None:
+                 max_wait_ms: float = 0.0, emulate: bool = False,
+                 torch_device: str | None = None) -> None:
         torch.set_num_threads(threads)
         program = PlanProgram.load(Plan.model_validate_json(plan_json), backend=backend,
-                                   trust_model_file=trust_model_file)
+                                   trust_model_file=trust_model_file, torch_device=torch_device)
         self.step = program.step(device)
         if emulate:  # each compute paced to the plan's prediction: no batching
             program.emulate([device])
@@ -120,7 +124,8 @@ class PartitionReplica:
     def describe(self) -> dict[str, Any]:
         """What this replica runs (the ingress prints it once)."""
         return {"replica": self.replica, "device": self.step.name, "batching": self.batching,
-                "threads": torch.get_num_threads(), "inline": self._inline}
+                "threads": torch.get_num_threads(), "inline": self._inline,
+                "torch_device": str(self.step.backend.device)}
 
     @serve.batch(max_batch_size=DEFAULT_BATCH, batch_wait_timeout_s=0.0)
     async def run_batch(self, requests: list[Arrays]) -> list[ReplicaReply]:
