@@ -116,11 +116,10 @@ class ElasticTrainer:
     ``fit`` moves the supernet there and each batch as it is read, and hands the supernet back
     on the CPU, so what is saved loads on a machine without that device."""
 
-    def __init__(self, *, distill_epochs: int = 10, tune_epochs: int = 10, batch_size: int = 32,
+    def __init__(self, *, torch_device: str | torch.device | None = None,
+                 distill_epochs: int = 10, tune_epochs: int = 10, batch_size: int = 32,
                  lr: float = 3e-3, tune_lr: float = 1e-3, seed: int = 0,
-                 progress: Progress | None = None,
-                 torch_device: str | torch.device | None = None) -> None:
-        self.torch_device = torch_device
+                 progress: Progress | None = None) -> None:
         self.distill_epochs = distill_epochs
         self.tune_epochs = tune_epochs
         self.batch_size = batch_size
@@ -128,6 +127,7 @@ class ElasticTrainer:
         self.tune_lr = tune_lr
         self.seed = seed
         self.progress = progress
+        self.torch_device = torch_device
 
     def _check(self) -> None:
         for name in ("distill_epochs", "tune_epochs"):
