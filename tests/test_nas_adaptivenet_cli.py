@@ -162,7 +162,12 @@ def test_serve_switches_subnets_under_a_sixfold_slowdown(joint_search):
     # the joint search's pool is priced by the cost model, so this holds on any machine.
     start = next(e for e in doc["pool"] if e["arch"] == records[0]["arch"])
     assert any(e["latency_s"] < start["latency_s"] for e in doc["pool"])
-    assert any(e["time_s"] > doc["load_on_s"] for e in doc["events"]), doc["events"]
+    # Under the slowdown it serves a faster subnet than it started on. (Not "it switched
+    # after the load came on": on a busy machine the monitor may already have switched down
+    # before, and then rightly stays there.)
+    priced = {tuple(e["arch"]): e["latency_s"] for e in doc["pool"]}
+    during = [r for r in records if doc["load_on_s"] <= r["start_s"] < doc["load_off_s"]]
+    assert any(priced[tuple(r["arch"])] < start["latency_s"] for r in during), doc["events"]
 
 
 def test_serve_plot_and_search_plot_are_pngs(local_search, tmp_path):
