@@ -111,13 +111,14 @@ def test_every_planner_keeps_the_plan_contract(name, spec, data):
     check_contract(plan, problem)
 
 
-def test_mesh_plans_say_they_only_predict_and_name_the_chain_method():
+def test_mesh_plans_run_and_the_chain_method_still_gives_a_chain():
+    """Issue 39: a mesh plan of the planner's shape runs (it was a prediction only)."""
     from test_mesh import TwoHeads, _mesh
 
     problem = PlanningProblem(TwoHeads(), _mesh(2.0, 1.0, rtt_ms=0.0),
                               example_inputs=torch.randn(1, 3, 16, 16))
     plan = get_planner("multisplit").plan(problem)
-    assert plan.parallel_devices and not plan.runnable
+    assert plan.parallel_devices and plan.runnable
     check_contract(plan, problem)
     chain_plan = get_planner("best_chain").plan(problem)
     assert chain_plan.runnable

@@ -163,17 +163,16 @@ def test_inputs_born_on_the_first_device_make_no_star(graph, model_file):
         _star_plan(graph, model_file, input_devices={"v0": "camera"})
 
 
-def test_a_mesh_plan_stays_a_prediction():
+def test_a_planned_mesh_is_no_star_but_runs_as_a_mesh():
+    """Issue 39: a mesh of the planner's shape now runs (tests/test_runtime_mesh.py)."""
     from edgesplit.plan import PlanningProblem, get_planner
     from test_mesh import TwoHeads, _mesh
 
     problem = PlanningProblem(TwoHeads(), _mesh(2.0, 1.0, rtt_ms=0.0),
                               example_inputs=torch.randn(1, 3, 16, 16))
     plan = get_planner("multisplit").plan(problem)
-    assert plan.parallel_devices and (plan.shape, plan.runnable) == ("mesh", False)
-    with pytest.raises(ConfigError, match=r"in parallel \(a mesh\): a prediction only.*"
-                                          "best_chain"):
-        PlanProgram.load(plan, problem.graph)
+    assert plan.parallel_devices and (plan.shape, plan.runnable) == ("mesh", True)
+    assert PlanProgram.load(plan, problem.graph).kind == "mesh"
 
 
 # ---- the program ----------------------------------------------------------------------------

@@ -14,10 +14,12 @@ from edgesplit.plan.llm import LLM_METHODS, LLMPlanning, llm_plan_document, plan
 from edgesplit.plan.llm_costs import LLMChainCosts, LLMWorkload
 from edgesplit.plan.model import (
     PLAN_VERSION,
+    MeshLayout,
     Plan,
     PlanShape,
     StarLayout,
     load_plan,
+    mesh_layout,
     recompute_total,
     star_layout,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "LLMChainCosts",
     "LLMPlanning",
     "LLMWorkload",
+    "MeshLayout",
     "Network",
     "Plan",
     "PlanShape",
@@ -80,6 +83,7 @@ __all__ = [
     "llm_plan_document",
     "load_plan",
     "make_plan",
+    "mesh_layout",
     "one_way_latency_ms",
     "passed_over",
     "plan_document",

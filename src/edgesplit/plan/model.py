@@ -8,6 +8,7 @@ re-check the prediction (:func:`recompute_total`) and the runtime can execute it
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -25,6 +26,7 @@ __all__ = [
     "LLMHop",
     "LLMPlan",
     "LLMStage",
+    "MeshLayout",
     "ModelRef",
     "Plan",
     "PlanAlternative",
@@ -38,6 +40,7 @@ __all__ = [
     "StarLayout",
     "Transfer",
     "load_plan",
+    "mesh_layout",
     "recompute_total",
     "star_layout",
 ]
@@ -46,7 +49,8 @@ PLAN_VERSION = 1
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
 # chain: devices in order, each talking to the next; star: sources (parallel_devices) each
-# sending to one sink; mesh: any other parallel plan (predicted, not executed)
+# sending to one sink; mesh: any other parallel plan (executed when it has the shape of
+# :func:`mesh_layout`, else a prediction only)
 PlanShape = Literal["chain", "star", "mesh"]
 
 
@@ -340,10 +344,13 @@ class Plan(BaseModel):
 
     @property
     def runnable(self) -> bool:
-        """Whether ``edgesplit run`` can execute this plan: the runtime executes chains and
-        stars of devices; any other plan with parallel devices (a mesh) is a prediction only,
-        and a causal LM's stage plan (``llm``) is for the LLM runtime, not this one."""
-        return self.shape != "mesh" and self.llm is None
+        """Whether ``edgesplit run`` can execute this plan: the runtime executes chains,
+        stars and meshes of :func:`mesh_layout`'s shape; any other plan with parallel devices
+        is a prediction only, and a causal LM's stage plan (``llm``) is for the LLM runtime,
+        not this one."""
+        if self.llm is not None:
+            return False
+        return self.shape != "mesh" or _mesh(self)[0] is not None
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -430,6 +437,81 @@ def _star(plan: Plan) -> tuple[StarLayout | None, str]:
     if idle:
         return None, f"source(s) {idle} hold no model input or send nothing to {sink}"
     return StarLayout(sources, sink, {s: tuple(v) for s, v in inputs.items()}), ""
+
+
+class MeshLayout(NamedTuple):
+    """A runnable mesh plan's roles (JMSNAS Fig. 2b): ``head`` is the chain from the device
+    holding the model inputs to the ``root`` (its last device), which broadcasts to the
+    ``branches``; the ``aggregator`` joins them and ``tail`` is the chain after it. ``idle``:
+    parallel devices that compute and receive nothing (the plan left them out)."""
+
+    head: tuple[str, ...]
+    branches: tuple[str, ...]
+    aggregator: str
+    tail: tuple[str, ...]
+    idle: tuple[str, ...]
+
+    @property
+    def root(self) -> str:
+        return self.head[-1]
+
+    def next_of(self) -> dict[str, str]:
+        """Where each device but the root sends (the root sends to every branch)."""
+        serial = [*self.head, self.aggregator, *self.tail]
+        nxt = {a: b for a, b in itertools.pairwise(serial) if a != self.root}
+        return nxt | dict.fromkeys(self.branches, self.aggregator)
+
+
+MESH_SHAPE = ("a chain of devices to one root, which sends to two or more parallel branch "
+              "devices, each sending only to one aggregator, followed by a chain of devices")
+
+
+def mesh_layout(plan: Plan) -> MeshLayout:
+    """The roles of a mesh plan the runtime executes (see :class:`MeshLayout`): every transfer
+    goes from one device to the next of the serial devices (in plan order), except that the
+    root sends only to the branches (the parallel devices that receive anything) and each
+    branch sends only to the aggregator. Anything else raises ConfigError saying what breaks
+    the shape."""
+    layout, why = _mesh(plan)
+    if layout is None:
+        raise ConfigError(f"this plan is not a mesh the runtime executes ({MESH_SHAPE}): {why}")
+    return layout
+
+
+def _mesh(plan: Plan) -> tuple[MeshLayout | None, str]:
+    """(the layout, "") for a runnable mesh plan, else (None, why not)."""
+    parallel = set(plan.parallel_devices)
+    sent = [t for t in plan.transfers if t.tensors and t.src != t.dst]
+    active = [d.name for d in plan.devices if d.name in parallel and
+              (d.layers or any(d.name in (t.src, t.dst) for t in sent))]
+    serial = [d.name for d in plan.devices if d.name not in parallel]
+    roots = {t.src for t in sent if t.dst in parallel}
+    aggregators = {t.dst for t in sent if t.src in parallel}
+    if len(active) < 2 or len(roots) != 1 or len(aggregators) != 1:
+        return None, (f"its parallel devices {active} receive from {sorted(roots)} and send to "
+                      f"{sorted(aggregators)}")
+    root, aggregator = roots.pop(), aggregators.pop()
+    if plan.devices[0].name in parallel:
+        return None, f"its first device {plan.devices[0].name!r} (the model inputs') is parallel"
+    if root in parallel or aggregator in parallel or \
+            serial.index(aggregator) != serial.index(root) + 1:
+        return None, (f"the aggregator {aggregator!r} must be the serial device right after "
+                      f"the root {root!r}")
+    for t in sent:
+        branch = (t.dst in active and t.src == root) or \
+            (t.src in active and t.dst == aggregator)
+        chained = t.src in serial and t.dst in serial and t.src != root and \
+            serial.index(t.dst) == serial.index(t.src) + 1
+        if not (branch or chained):
+            return None, f"{t.src} sends to {t.dst}"
+    lone = [b for b in active if not {(root, b), (b, aggregator)} <=
+            {(t.src, t.dst) for t in sent}]
+    if lone:
+        return None, f"branch device(s) {lone} must receive from {root} and send to {aggregator}"
+    cut = serial.index(root) + 1
+    idle = tuple(d for d in plan.parallel_devices if d not in active)
+    return MeshLayout(tuple(serial[:cut]), tuple(active), aggregator,
+                      tuple(serial[cut + 1:]), idle), ""
 
 
 def load_plan(path: str | Path) -> Plan:

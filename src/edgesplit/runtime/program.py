@@ -16,7 +16,13 @@ outputs travel back along the chain to device 0.
 A *star* plan (:func:`edgesplit.plan.star_layout`: SplitNets' V sensors and one aggregator)
 runs as ``kind == "star"``: each source receives its own model inputs and sends its transfer
 to the sink; the sink receives what every source sends and returns the model outputs, which
-every source relays to its caller. Other parallel (mesh) plans are not executable.
+every source relays to its caller.
+
+A *mesh* plan (:func:`edgesplit.plan.mesh_layout`, JMSNAS Fig. 2b) runs as ``kind == "mesh"``:
+a chain up to the ``root``, which sends each branch (``sources``) the tensors it needs; the
+branches send to the aggregator (``sink``), which joins them as a star's sink does and is
+followed by a chain (``hops`` says where each device but the root sends). Every device answers
+with the model outputs computed on it or after it. Other parallel plans are not executable.
 
 *Compute emulation* (:meth:`PlanProgram.emulate`, ``serve``/``run --emulate-device``): a step
 with an ``emulate_ms`` target sleeps after computing until its compute took what the plan
@@ -42,7 +48,15 @@ from edgesplit.errors import ConfigError, GraphError
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
 from edgesplit.hardware import accelerator
-from edgesplit.plan.model import Plan, PlanDevice, StarLayout, star_layout
+from edgesplit.plan.model import (
+    MESH_SHAPE,
+    MeshLayout,
+    Plan,
+    PlanDevice,
+    StarLayout,
+    mesh_layout,
+    star_layout,
+)
 from edgesplit.quant.fakequant import fake_quantize, quantize_weight, set_tensor_attr
 from edgesplit.quant.wire import PlainCodec
 from edgesplit.runtime.backends import Backend, TorchBackend, get_backend
@@ -182,10 +196,12 @@ def _chain(plan: Plan) -> list[str]:
                           "(in Python: runtime.llm_server.LLMStageServer, "
                           "runtime.llm_client.LLMClient)")
     if not plan.runnable:
+        why = str(_why_not_mesh(plan))
         raise ConfigError(f"this plan runs {', '.join(plan.parallel_devices)} in parallel (a "
-                          "mesh): a prediction only, the runtime executes chains of devices. "
-                          "Plan with the best_chain method (the best chain through the mesh), "
-                          "a chain topology, or edge/cloud")
+                          "mesh): a prediction only, the runtime executes chains, stars and "
+                          f"meshes of one shape ({MESH_SHAPE}), and {why}. Plan with the "
+                          "best_chain method (the best chain through the mesh), a chain "
+                          "topology, or edge/cloud")
     order = [d.name for d in plan.devices]
     for t in plan.transfers:
         if not t.tensors:
@@ -195,6 +211,40 @@ def _chain(plan: Plan) -> list[str]:
             raise ConfigError(f"transfer {t.src}->{t.dst} skips devices; the runtime executes "
                               "chains where each device talks to the next")
     return order
+
+
+def _why_not_mesh(plan: Plan) -> str:
+    try:
+        mesh_layout(plan)
+    except ConfigError as exc:
+        return str(exc).rpartition("): ")[2]
+    return "it is one"
+
+
+def _mesh_steps(plan: Plan, graph: LayerGraph, layout: MeshLayout) -> list[DeviceStep]:
+    """Each device receives what the plan's transfers bring it (the first device: the model
+    inputs) and sends what they take from it (the root: every branch's share); the serial
+    devices answer with the model outputs computed on them or after them, a branch with the
+    aggregator's."""
+    sent = [t for t in plan.transfers if t.tensors and t.src != t.dst]
+    steps = []
+    for i, device in enumerate(plan.devices):
+        arriving = [n for t in sent if t.dst == device.name for n in t.tensors]
+        leaving = [n for t in sent if t.src == device.name for n in t.tensors]
+        bits = {n: b for t in sent if t.src == device.name for n, b in t.bits.items()}
+        steps.append(DeviceStep(i, device.name, _partition(graph, plan, device),
+                                tuple(graph.inputs) if i == 0 else tuple(dict.fromkeys(arriving)),
+                                tuple(dict.fromkeys(leaving)), bits))
+    by_name = {s.name: s for s in steps}
+    later: list[str] = []
+    for name in reversed([*layout.head, layout.aggregator, *layout.tail]):
+        partition = by_name[name].partition
+        own = [t for t in graph.outputs if partition is not None and t in partition.outputs]
+        later = own + [t for t in later if t not in own]
+        by_name[name].returns = tuple(t for t in graph.outputs if t in later)
+    for name in layout.branches:
+        by_name[name].returns = by_name[layout.aggregator].returns
+    return steps
 
 
 def _partition(graph: LayerGraph, plan: Plan, device: PlanDevice) -> Partition | None:
@@ -275,9 +325,12 @@ class PlanProgram:
     graph: LayerGraph
     steps: list[DeviceStep]
     plan_id: str
-    kind: Literal["chain", "star"] = "chain"
-    sources: tuple[str, ...] = ()  # a star's source devices, in plan order
-    sink: str | None = None  # a star's sink device
+    kind: Literal["chain", "star", "mesh"] = "chain"
+    sources: tuple[str, ...] = ()  # a star's source devices (a mesh's branches), in plan order
+    sink: str | None = None  # a star's sink device (a mesh's aggregator)
+    root: str | None = None  # a mesh's root, which sends to every branch
+    # a mesh: where each device but the root sends
+    hops: dict[str, str] = field(default_factory=dict)
     # the wire codec of each tensor encoded or decoded so far, by name (see codec)
     _codecs: dict[str, PlainCodec] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -296,12 +349,16 @@ class PlanProgram:
         # an unknown backend or a missing accelerator fails before the capture
         runner = get_backend(backend, accelerator.torch_device(torch_device))
         layout = star_layout(plan) if plan.shape == "star" else None
-        order = _chain(plan) if layout is None else []
+        mesh = mesh_layout(plan) if plan.shape == "mesh" and plan.runnable else None
+        order = _chain(plan) if layout is None and mesh is None else []
         graph = graph or _capture_for(plan, trust_model_file)
         if [layer.name for layer in graph.layers] != [layer.name for layer in plan.layers]:
             raise ConfigError(f"the plan's layers do not match {graph.model} as captured here "
                               "(different edgesplit or model version?): plan it again")
-        if layout is None:
+        if mesh is not None:
+            program = cls(plan, graph, _mesh_steps(plan, graph, mesh), plan_id(plan), "mesh",
+                          mesh.branches, mesh.aggregator, mesh.root, mesh.next_of())
+        elif layout is None:
             program = cls(plan, graph, _chain_steps(plan, graph, order), plan_id(plan))
             program._assign_returns()
         else:
@@ -352,6 +409,8 @@ class PlanProgram:
     def manifest(self) -> dict:
         """What an export writes next to the ONNX files: who receives and sends what."""
         star = {"sources": list(self.sources), "sink": self.sink} if self.kind == "star" else {}
+        if self.kind == "mesh":
+            star = {"root": self.root, "branches": list(self.sources), "aggregator": self.sink}
         return {"version": 1, "plan_id": self.plan_id, "model": self.graph.model,
                 "kind": self.kind, **star,
                 "devices": [{"name": s.name, "onnx": f"{s.name}.onnx" if s.partition else None,
@@ -373,7 +432,7 @@ class PlanProgram:
     def _check_flow(self) -> None:
         available = set(self.graph.inputs)
         for step in self.steps:
-            first = self.kind == "chain" and step.index == 0  # a star's sources receive inputs
+            first = self.kind != "star" and step.index == 0  # a star's sources receive inputs
             have = set(step.receives) | (set(self.graph.inputs) if first else set())
             if step.partition is not None:
                 missing = set(step.partition.inputs) - have
@@ -385,7 +444,7 @@ class PlanProgram:
             if not set(step.sends) <= have:
                 raise ConfigError(f"device {step.name!r} is to send "
                                   f"{sorted(set(step.sends) - have)} which it does not have")
-            if step.name == self.sink and not set(step.returns) <= have:
+            if self.kind == "star" and step.name == self.sink and not set(step.returns) <= have:
                 raise ConfigError(f"the star's sink {step.name!r} lacks model outputs "
                                   f"{sorted(set(step.returns) - have)}")
 
@@ -437,8 +496,10 @@ class PlanProgram:
 
     def next_device(self, step: DeviceStep) -> str | None:
         """Where ``step`` sends: the next device of a chain, a star's sink (None: nowhere)."""
-        if not step.sends:
+        if not step.sends or step.name == self.root:  # a mesh's root sends to every branch
             return None
+        if self.kind == "mesh":
+            return self.hops[step.name]
         return self.sink if self.kind == "star" else self.steps[step.index + 1].name
 
     def run_local(self, inputs: Sequence[torch.Tensor] | None = None
@@ -448,6 +509,8 @@ class PlanProgram:
         its sources one after the other, then the sink."""
         if self.kind == "star":
             return self._run_star_local(inputs)
+        if self.kind == "mesh":
+            return self._run_mesh_local(inputs)
         timings = {"compute": 0.0, "serialize": 0.0}
         values = self.input_values(inputs)
         results: dict[str, torch.Tensor] = {}
@@ -484,6 +547,43 @@ class PlanProgram:
         result = self.step(self.sink).compute(arrived)
         timings["compute"] += (time.perf_counter() - t0) * 1e3
         return tuple(result[t] for t in self.outputs), timings
+
+    def _run_mesh_local(self, inputs: Sequence[torch.Tensor] | None
+                        ) -> tuple[tuple[torch.Tensor, ...], dict[str, float]]:
+        """The head, the branches one after the other, the aggregator, the tail: each device
+        gets what it receives through the wire format."""
+        timings = {"compute": 0.0, "serialize": 0.0}
+        inbox: dict[str, dict[str, torch.Tensor]] = {s.name: {} for s in self.steps}
+        inbox[self.steps[0].name] = self.input_values(inputs)
+        results: dict[str, torch.Tensor] = {}
+        for step in self._mesh_order():
+            t0 = time.perf_counter()
+            values = step.compute(dict(inbox[step.name]))
+            t1 = time.perf_counter()
+            results.update({t: values[t] for t in self.outputs if t in values})
+            targets = self.sources if step.name == self.root else \
+                ((self.hops[step.name],) if step.name in self.hops else ())
+            for target in targets:
+                names = [t for t in self.step(target).receives if t in step.sends]
+                inbox[target].update({t: self.decode(t, b) for t, b in
+                                      self.encode(step, values, names).items()})
+            timings["compute"] += (t1 - t0) * 1e3
+            timings["serialize"] += (time.perf_counter() - t1) * 1e3
+        return tuple(results[t] for t in self.outputs), timings
+
+    def _mesh_order(self) -> list[DeviceStep]:
+        """A mesh's steps in the order data flows: the head to the root, the branches, the
+        aggregator and the tail (idle devices left out)."""
+        order, name = [], self.steps[0].name
+        while True:
+            order.append(self.step(name))
+            if name == self.root:
+                order += [self.step(b) for b in self.sources]
+                name = str(self.sink)
+                continue
+            if name not in self.hops:
+                return order
+            name = self.hops[name]
 
     def unsplit(self, inputs: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """The float model on the same inputs, as the flat tensors of :attr:`outputs` (what a

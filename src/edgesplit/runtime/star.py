@@ -204,7 +204,7 @@ class Join:
         opener = (self.source_of[names[0]], _peer(context))
         entry, complete = self._add((key, request.request_id), opener, names, values)
         if complete:
-            self._compute(entry, context)
+            self._compute(entry, request, context)
         else:
             self._park(entry, context)
         if entry.error is not None:
@@ -349,8 +349,11 @@ class Join:
             return True
 
     # ---- computing and waiting -----------------------------------------------------------
-    def _compute(self, entry: _Entry, context: grpc.ServicerContext | None) -> None:
-        """Compute a complete join on one of the workers, then wake its parked callers."""
+    def _compute(self, entry: _Entry, request: pb.Bundle,
+                 context: grpc.ServicerContext | None) -> None:
+        """Compute a complete join on one of the workers (and, when the sink sends on, as a
+        mesh's aggregator followed by a chain does, forward the result within the completing
+        call's deadline), then wake its parked callers."""
         step = self.server.step
         try:
             self._take_worker(context)
@@ -363,12 +366,22 @@ class Join:
             t0 = time.perf_counter()
             values = step.compute(dict(entry.values), self.server._state(context))
             t1 = time.perf_counter()
-            entry.outputs = {name: encode_tensor(values[name], 32) for name in step.returns}
-            entry.timings = {f"{self.sink}.compute_ms": (t1 - t0) * 1e3,
-                             f"{self.sink}.serialize_ms": (time.perf_counter() - t1) * 1e3,
-                             **step.emulation_timings()}
+            timings = {f"{self.sink}.compute_ms": (t1 - t0) * 1e3, **step.emulation_timings()}
+            later: dict[str, bytes] = {}
+            if step.sends:
+                later, more = self.server._forward(request, values, context, timings)
+                timings.update(more)
+                t1 = time.perf_counter()
+            entry.outputs = {name: later[name] if name in later else
+                             encode_tensor(values[name], 32) for name in step.returns}
+            serialize = f"{self.sink}.serialize_ms"
+            timings[serialize] = timings.get(serialize, 0.0) + \
+                (time.perf_counter() - t1) * 1e3
+            entry.timings = timings
             with self._lock:
                 self.computed += 1
+        except BadRequest as exc:  # the chain after it gave up (a deadline, a cancellation)
+            entry.error = (exc.code, str(exc))
         except Exception as exc:  # every caller of the join gets the failure
             entry.error = (grpc.StatusCode.INTERNAL, self.server.failure(exc))
         finally:

@@ -74,6 +74,7 @@ from edgesplit.transport.slots import Slots
 
 if TYPE_CHECKING:  # the star module imports this one
     from edgesplit.runtime.batching import Batcher
+    from edgesplit.runtime.mesh import Fanout
     from edgesplit.runtime.ray_engine import RayEngine
     from edgesplit.runtime.star import Join
 
@@ -138,6 +139,12 @@ def _links(program: PlanProgram, step: DeviceStep) -> tuple[Link | None, Link | 
         from edgesplit.runtime.star import star_link
 
         return None, (star_link(program, step.name) if step.sends else None)
+    if program.kind == "mesh":  # the root's fan-out and the aggregator's join shape nothing
+        before = {b: a for a, b in program.hops.items() if b != program.sink}
+        before |= dict.fromkeys(program.sources, str(program.root))
+        up, down = before.get(step.name), program.next_device(step)
+        return (_link_between(program, up, step.name) if up and step.name != program.sink
+                else None, _link_between(program, step.name, down) if down else None)
     return (_link_before(program, step.index),
             _link_before(program, step.index + 1) if step.sends else None)
 
@@ -147,7 +154,11 @@ def _link_before(program: PlanProgram, device_index: int):
     if device_index == 0:
         return None
     names = [s.name for s in program.steps]
-    a, b = names[device_index - 1], names[device_index]
+    return _link_between(program, names[device_index - 1], names[device_index])
+
+
+def _link_between(program: PlanProgram, a: str, b: str) -> Link:
+    """The plan's link between devices ``a`` and ``b``."""
     for link in program.plan.links:
         if {link.src, link.dst} == {a, b}:
             return link.link
@@ -227,7 +238,8 @@ class PartitionServer(GrpcServer):
     it (and batches); health follows the deployment's, and :meth:`stop` shuts it down too."""
 
     def __init__(self, program: PlanProgram, device: str, *,
-                 next_address: str | LoopbackChannel | None = None,
+                 next_address: str | LoopbackChannel | Mapping[str, str | LoopbackChannel]
+                 | None = None,
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = False,
                  max_workers: int = 32, next_timeout_s: float = 60.0,
                  max_batch: int | None = None, max_wait_ms: float = 0.0,
@@ -240,10 +252,20 @@ class PartitionServer(GrpcServer):
         self._ser_key = f"{self.step.name}.serialize_ms"
         self._compute_key = f"{self.step.name}.compute_ms"
         device = self.step.name
-        if program.kind == "chain" and self.step.index == 0:
+        if program.kind != "star" and self.step.index == 0:
             raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
                               "client (`edgesplit run`), not as a server")
         nxt = program.next_device(self.step)
+        if device == program.root:  # a mesh's root: one address per branch
+            nxt = ", ".join(program.sources)
+            if not isinstance(next_address, Mapping):
+                from edgesplit.runtime.mesh import check_branches
+
+                check_branches(program, {})
+        elif isinstance(next_address, Mapping):
+            flag = option("next_address", "HOST:PORT", flag="--next")
+            raise ConfigError(f"device {device!r} sends to one device, {nxt!r}: give its "
+                              f"address alone ({flag})")
         if nxt is not None and next_address is None:
             raise ConfigError(f"device {device!r} sends to {nxt!r}: give its address with "
                               f"{option('next_address', 'HOST:PORT', flag='--next')}")
@@ -260,7 +282,7 @@ class PartitionServer(GrpcServer):
             if engine.device != device:
                 raise ConfigError(f"the engine runs device {engine.device!r}, not {device!r}")
             self.batching = "in the engine"
-        elif device == program.sink:
+        elif device == program.sink:  # a star's sink, a mesh's aggregator
             from edgesplit.runtime.star import Join
 
             if max_batch is not None and max_batch > 1:
@@ -273,10 +295,11 @@ class PartitionServer(GrpcServer):
             max_workers = max_workers * sources + max_joins * (sources - 1)
         elif self.step.partition is not None and self.step.emulate_ms is None:  # emulation paces
             self.batcher, self.batching = _batcher(program, device, max_batch, max_wait_ms)
-        # a star source computes on max_workers workers, then waits for the sink's join
-        # holding none (a worker held across that wait deadlocks sources on each other)
+        # a star source (a mesh's branch) computes on max_workers workers, then waits for the
+        # sink's join holding none (a worker held across that wait deadlocks sources on each
+        # other)
         self._computing: Slots | None = None
-        if program.kind == "star" and device != program.sink:
+        if device in program.sources:
             self._computing = Slots(max_workers)
             max_workers += max_joins
         self._stopping = False
@@ -287,10 +310,17 @@ class PartitionServer(GrpcServer):
         self.next_timeout_s = next_timeout_s
         self._states: OrderedDict[str, Any] = OrderedDict()  # backend state per session
         self._states_lock = threading.Lock()
-        self._next = None if next_address is None else Hop(next_address, self.limit, tls,
-                                                             data_plane)
+        self._next: Hop | Fanout | None = None
+        if isinstance(next_address, Mapping):
+            from edgesplit.runtime.mesh import Fanout
+
+            self._next = Fanout(program, next_address, self.limit, tls, data_plane)
+        elif next_address is not None:
+            self._next = Hop(next_address, self.limit, tls, data_plane)
         self._frames: FrameServer | None = None
-        self._want_data_port = None if program.kind == "star" else data_port
+        # a join's parts, and a branch's call cancelled with its siblings, travel over gRPC
+        joined = device in program.sources or device == program.sink
+        self._want_data_port = None if joined else data_port
         self.data_port: int | None = None
         self._slots = Slots(max_workers)  # the data plane's workers
         self._token_checked: object = None  # the call metadata last found to hold the token

@@ -1,0 +1,226 @@
+"""Mesh plans (JMSNAS Fig. 2b) served: a chain to a root that broadcasts to parallel branch
+devices, whose outputs an aggregator joins (star.py's Join) before the rest of the chain.
+
+The plan is what the JMSNAS mesh planner (``multisplit`` over a ``mesh`` topology) makes of
+``TwoHeads`` (a stem, two independent branches, their sum and a head): ``ue`` relays the
+input, ``root`` runs the stem, ``b0`` and ``b1`` one branch each, ``agg`` the sum and the head.
+Every device after the first is a ``PartitionServer`` on its own port; the client is the usual
+``ChainClient``. Parallelism and failures are shown with an instrumented backend on the
+branches, never with wall-clock times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+import torch
+
+from edgesplit.errors import ConfigError, RemoteError
+from edgesplit.hardware import Link, mesh
+from edgesplit.plan import Plan, PlanningProblem, get_planner, mesh_layout
+from edgesplit.runtime import PlanProgram
+from edgesplit.runtime.backends import TorchBackend
+from edgesplit.runtime.transport import ChainClient, PartitionServer
+from test_mesh import TwoHeads, _device, _mesh
+
+TOL = 1e-5
+BRANCHES = ("b0", "b1")
+
+
+def _input(seed: int) -> torch.Tensor:
+    return torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def problem() -> PlanningProblem:
+    torch.manual_seed(0)
+    return PlanningProblem(TwoHeads().eval(), _mesh(2.0, 1.0, rtt_ms=0.0),
+                           example_inputs=_input(0))
+
+
+@pytest.fixture(scope="module")
+def plan(problem) -> Plan:
+    return get_planner("multisplit").plan(problem)
+
+
+@pytest.fixture
+def program(plan, problem) -> PlanProgram:
+    """A fresh program per test: tests swap the branches' backends."""
+    return PlanProgram.load(plan, problem.graph)
+
+
+def test_the_planners_mesh_is_runnable_with_its_roles(plan, program):
+    assert (plan.shape, plan.runnable) == ("mesh", True)
+    layout = mesh_layout(plan)
+    assert (layout.head, layout.branches, layout.aggregator, layout.tail) == \
+        (("ue", "root"), BRANCHES, "agg", ())
+    assert (program.kind, program.root, program.sources, program.sink) == \
+        ("mesh", "root", BRANCHES, "agg")
+    stem = program.step("root").sends
+    for b in BRANCHES:
+        assert program.step(b).receives == stem  # the root broadcasts its output
+        assert program.next_device(program.step(b)) == "agg"
+    assert program.next_device(program.step("root")) is None  # it sends to every branch
+    assert program.manifest()["branches"] == list(BRANCHES)
+    for seed in range(2):
+        got, _ = program.run_local([_input(seed)])
+        assert torch.allclose(got[0], program.unsplit([_input(seed)])[0], atol=TOL)
+
+
+# ---- served, one server per device on its own port ------------------------------------------
+class Mesh:
+    """root, b0, b1 and agg serving on ports; ``client()`` drives them from ue."""
+
+    def __init__(self, program: PlanProgram, **root_options: Any) -> None:
+        self.program = program
+        self.agg = PartitionServer(program, "agg")
+        agg = f"127.0.0.1:{self.agg.start()}"
+        self.branches = {b: PartitionServer(program, b, next_address=agg) for b in BRANCHES}
+        at = {b: f"127.0.0.1:{s.start()}" for b, s in self.branches.items()}
+        self.root = PartitionServer(program, "root", next_address=at, **root_options)
+        self.address = f"127.0.0.1:{self.root.start()}"
+
+    def client(self, **options: Any) -> ChainClient:
+        return ChainClient(self.program, self.address, **{"timeout_s": 20.0, **options})
+
+    def stop(self) -> None:
+        for server in (self.root, *self.branches.values(), self.agg):
+            server.stop(0)
+
+
+@pytest.fixture
+def served(program) -> Iterator[Mesh]:
+    m = Mesh(program)
+    yield m
+    m.stop()
+
+
+class Hooked(TorchBackend):
+    """The torch backend, with ``hook(step)`` run inside every branch compute first."""
+
+    def __init__(self, hook: Callable[[str], None]) -> None:
+        super().__init__()
+        self.hook = hook
+        self.finished: list[str] = []  # the branches that finished computing
+
+    def run(self, step, values: Mapping[str, torch.Tensor], state: Any
+            ) -> dict[str, torch.Tensor]:
+        self.hook(step.name)
+        out = super().run(step, values, state)
+        self.finished.append(step.name)
+        return out
+
+
+def _hook_branches(program: PlanProgram, hook: Callable[[str], None]) -> Hooked:
+    backend = Hooked(hook)
+    for b in BRANCHES:
+        program.step(b).backend = backend
+    return backend
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.005)
+
+
+def test_served_mesh_equals_the_unsplit_model(program, served):
+    with served.client() as client:
+        for seed in range(3):
+            result = client.request([_input(seed)])
+            assert torch.allclose(result.outputs[0], program.unsplit([_input(seed)])[0],
+                                  atol=TOL)
+    assert {f"{d}.compute_ms" for d in ("root", *BRANCHES, "agg")} <= set(result.hops_ms)
+    assert served.agg.join.computed == 3 and served.agg.join.pending == 0
+
+
+def test_the_branches_compute_at_the_same_time(program, served):
+    """Each branch waits inside its compute until the other is inside too (or 10 s): the
+    peak is 2 only if the root broadcast to both before either answered."""
+    inside, peak = [0], [0]
+    both = threading.Condition()
+
+    def meet(_: str) -> None:
+        with both:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+            both.notify_all()
+            both.wait_for(lambda: peak[0] >= 2, timeout=10)
+        with both:
+            inside[0] -= 1
+
+    _hook_branches(program, meet)
+    with served.client() as client:
+        result = client.request([_input(5)])
+    assert peak[0] == 2
+    assert torch.allclose(result.outputs[0], program.unsplit([_input(5)])[0], atol=TOL)
+
+
+def test_a_failing_branch_fails_the_request_cleanly(program, served):
+    def fail(name: str) -> None:
+        if name == "b1":
+            raise RuntimeError("branch exploded")
+
+    _hook_branches(program, fail)
+    with served.client() as client, \
+            pytest.raises(RemoteError, match=r"(?s)'b1' failed.*branch exploded"):
+        client.request([_input(1)])
+    # b0's part, parked at the aggregator, is dropped when the root cancels its call
+    _until(lambda: served.agg.join.pending == 0)
+    assert (served.agg.join.computed, served.agg.join.busy) == (0, 0)
+    _hook_branches(program, lambda _: None)  # the mesh serves the next request
+    with served.client() as client:
+        assert torch.allclose(client.request([_input(2)]).outputs[0],
+                              program.unsplit([_input(2)])[0], atol=TOL)
+
+
+def test_a_branch_past_the_deadline_is_deadline_exceeded_and_leaves_no_join(program):
+    """The root gives its branches 0.5 s (the client 20): b1 never answers in time, so the
+    root answers DEADLINE_EXCEEDED (the client's sentence for it: "did not answer in time"),
+    b0's part parked at the aggregator is dropped, and b1's late result goes nowhere."""
+    served = Mesh(program, next_timeout_s=0.5)
+    release = threading.Event()
+    backend = _hook_branches(program, lambda name: name == "b1" and release.wait(20) and None)
+    try:
+        with served.client() as client, \
+                pytest.raises(RemoteError, match="did not answer in time"):
+            client.request([_input(3)])
+        _until(lambda: served.agg.join.pending == 0)
+        release.set()  # b1 finishes computing for a caller that left: nothing is forwarded
+        _until(lambda: "b1" in backend.finished)
+        assert served.agg.join.pending == 0 and served.agg.join.computed == 0
+        assert (served.agg.join.busy, served.agg.join.parked) == (0, 0)
+    finally:
+        release.set()
+        served.stop()
+
+
+def test_the_root_needs_every_branch_address(program):
+    with pytest.raises(ConfigError, match=r"b0, b1.*missing: \['b1'\]"):
+        PartitionServer(program, "root", next_address={"b0": "127.0.0.1:1"})
+    with pytest.raises(ConfigError, match="NAME=HOST:PORT"):
+        PartitionServer(program, "root", next_address="127.0.0.1:1")
+    with pytest.raises(ConfigError, match="sends to one device"):
+        PartitionServer(program, "b0", next_address={"agg": "127.0.0.1:1"})
+
+
+def test_other_meshes_stay_refused_naming_the_supported_shape(problem):
+    """A mesh whose root also sends straight to the aggregator is not of the shape."""
+    fast = Link(name="fast", bandwidth_mbps=10_000.0, rtt_ms=0.0)
+    topology = mesh("m", [_device("ue", 0.5)], [fast], _device("root", 1.0),
+                    [_device(f"b{i}", 2.0) for i in range(2)], fast, _device("agg", 0.5), fast)
+    plan = get_planner("multisplit").plan(PlanningProblem(problem.model, topology,
+                                                          example_inputs=_input(0)))
+    assert plan.shape == "mesh"
+    bad = plan.model_copy(update={"transfers": [*plan.transfers, plan.transfers[-1].model_copy(
+        update={"src": "root", "dst": "agg"})]})
+    assert not bad.runnable
+    with pytest.raises(ConfigError, match=r"a chain of devices to one root.*root sends to agg"):
+        mesh_layout(bad)
+    with pytest.raises(ConfigError, match=r"(?s)a chain of devices to one root.*best_chain"):
+        PlanProgram.load(bad, problem.graph)
