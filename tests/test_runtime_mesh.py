@@ -11,6 +11,7 @@ branches, never with wall-clock times.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -21,7 +22,15 @@ import torch
 
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.hardware import Link, mesh
-from edgesplit.plan import Plan, PlanningProblem, get_planner, mesh_layout
+from edgesplit.hardware.topology import Topology, TopologyLink
+from edgesplit.plan import (
+    Network,
+    Plan,
+    PlanningProblem,
+    assemble_plan,
+    get_planner,
+    mesh_layout,
+)
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.transport import ChainClient, PartitionServer
@@ -224,3 +233,90 @@ def test_other_meshes_stay_refused_naming_the_supported_shape(problem):
         mesh_layout(bad)
     with pytest.raises(ConfigError, match=r"(?s)a chain of devices to one root.*best_chain"):
         PlanProgram.load(bad, problem.graph)
+
+
+# ---- a root that is the first device, and a chain after the aggregator ----------------------
+@pytest.fixture(scope="module")
+def tailed(problem) -> PlanProgram:
+    """root (the client) -> b0, b1 -> agg -> tail, placed by hand: the stem on the root, a
+    branch on each branch device, the sum on the aggregator, the head on the tail."""
+    fast = Link(name="fast", bandwidth_mbps=10_000.0, rtt_ms=0.0)
+    names = ["root", *BRANCHES, "agg", "tail"]
+    edges = [("root", "b0"), ("root", "b1"), ("b0", "agg"), ("b1", "agg"), ("agg", "tail")]
+    topology = Topology(name="tailed", devices=tuple(_device(n, 1.0) for n in names),
+                        links=tuple(TopologyLink(src=a, dst=b, link=fast) for a, b in edges))
+    graph = problem.graph
+    placement = {"root": ["stem"], "b0": ["left.0", "left.2"], "b1": ["right.0"],
+                 "agg": ["add"], "tail": ["head"]}
+    plan = assemble_plan(graph, placement, Network.of_topology(topology, names),
+                         layer_ms={layer.name: dict.fromkeys(names, 1.0)
+                                   for layer in graph.layers},
+                         method="manual", source="TwoHeads", edge_memory_bytes=0,
+                         parallel_devices=list(BRANCHES))
+    assert mesh_layout(plan).tail == ("tail",)
+    return PlanProgram.load(plan, graph)
+
+
+def test_a_root_client_and_a_chain_after_the_aggregator(tailed):
+    got, _ = tailed.run_local([_input(4)])
+    assert torch.allclose(got[0], tailed.unsplit([_input(4)])[0], atol=TOL)
+    tail = PartitionServer(tailed, "tail")
+    agg = PartitionServer(tailed, "agg", next_address=f"127.0.0.1:{tail.start()}")
+    at = f"127.0.0.1:{agg.start()}"
+    branches = {b: PartitionServer(tailed, b, next_address=at) for b in BRANCHES}
+    addresses = {b: f"127.0.0.1:{s.start()}" for b, s in branches.items()}
+    try:
+        with pytest.raises(ConfigError, match="NAME=HOST:PORT"):
+            ChainClient(tailed, addresses["b0"])
+        with ChainClient(tailed, addresses, timeout_s=20) as client:
+            for seed in range(2):
+                result = client.request([_input(seed)])
+                assert torch.allclose(result.outputs[0], tailed.unsplit([_input(seed)])[0],
+                                      atol=TOL)
+        assert {"agg.compute_ms", "tail.compute_ms"} <= set(result.hops_ms)
+        assert agg.join.computed == 2 and agg.join.pending == 0
+    finally:
+        for server in (*branches.values(), agg, tail):
+            server.stop(0)
+
+
+# ---- served by `edgesplit serve` processes, driven by `edgesplit run` -----------------------
+@pytest.mark.xdist_group("runtime")
+def test_mesh_served_by_processes_equals_the_unsplit_model(problem, plan, tmp_path):
+    from typer.testing import CliRunner
+
+    from edgesplit.cli import app
+    from edgesplit.graph import export_model
+    from edgesplit.plan import load_plan
+    from test_runtime import ServerProc
+
+    model = tmp_path / "twoheads.pt2"
+    torch.export.save(export_model(problem.model, (_input(0),), name="twoheads"), str(model))
+    path = tmp_path / "mesh.json"
+    plan.model_copy(update={"model": plan.model.model_copy(update={"source": str(model)})}
+                    ).save(path)
+    assert load_plan(path).runnable
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", str(path), "--device", "root"])
+    assert result.exit_code == 2 and "--next NAME=HOST:PORT for each of them" in \
+        " ".join(result.output.split()), result.output
+    procs = [ServerProc(path, "agg", log_dir=tmp_path)]
+    try:
+        agg = procs[0].address
+        branches = [ServerProc(path, b, "--next", agg, log_dir=tmp_path) for b in BRANCHES]
+        procs += branches
+        nexts = [f"--next={b}={p.address}" for b, p in zip(BRANCHES, branches, strict=True)]
+        procs.append(ServerProc(path, "root", *nexts, log_dir=tmp_path))
+        result = runner.invoke(app, ["run", str(path), "--server", procs[-1].address,
+                                     "-n", "4", "-c", "2", "--timeout-s", "30", "--json"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        assert (doc["ok"], doc["errors"]) == (4, 0) and doc["max_abs_diff"] <= TOL
+        assert (doc["root"], doc["branches"], doc["aggregator"]) == ("root", list(BRANCHES),
+                                                                     "agg")
+        compute = plan.predicted.compute_ms  # one branch's compute is on the path, not both
+        assert doc["predicted_breakdown_ms"]["remote"] == pytest.approx(
+            compute["root"] + max(compute[b] for b in BRANCHES) + compute["agg"])
+    finally:
+        for proc in procs:
+            proc.kill()

@@ -351,7 +351,8 @@ def _plan_topology(problem, methods: list[str], draw: Path | None,
     chosen = plans[best]
     if not chosen.runnable:
         err.print(f"note: {best} runs {', '.join(chosen.parallel_devices)} in parallel: a "
-                  "prediction only (the runtime executes chains; best_chain can run)")
+                  "prediction only (the runtime executes chains, stars and meshes of "
+                  "JMSNAS's shape; best_chain can run)")
     if out_path is not None:
         chosen.save(out_path)
     if draw is not None:

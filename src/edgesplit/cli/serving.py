@@ -73,9 +73,9 @@ def serve(
                                                            "sensor or aggregator)."),
     port: int = typer.Option(50051, "--port", "-p", help="Port (0: any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: all)."),
-    next_hop: str | None = typer.Option(None, "--next", help="HOST:PORT of the next device "
-                                                             "(middle hops of a chain; a "
-                                                             "star's sources: the sink)."),
+    next_hop: list[str] = typer.Option([], "--next", help="HOST:PORT of the next device "
+                                       "(middle hops of a chain; a star's sources: the sink; "
+                                       "a mesh's root: NAME=HOST:PORT once per branch)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
@@ -166,7 +166,9 @@ def serve(
                                  trust_model_file, emulate_device)
         max_batch = None  # the deployment batches
     try:
-        server = PartitionServer(program, device, next_address=next_hop, token=token,
+        server = PartitionServer(program, device,
+                                 next_address=_next_address(program, device, next_hop),
+                                 token=token,
                                  tls=tls_files(tls_cert, tls_key, tls_ca, tls_server_name),
                                  shape=shape,
                                  max_workers=workers, max_batch=max_batch,
@@ -303,7 +305,7 @@ def run(
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": tls_files(None, None, tls_ca, tls_server_name),
                "shape": shape, "retries": retries, "timeout_s": timeout_s}
-    if program.kind == "chain":  # a star's sources are called over gRPC
+    if program.kind != "star":  # a star's sources are called over gRPC
         options["data_plane"] = _data_plane(data_plane)
     where = server if isinstance(address, str) else ", ".join(address.values())
     clients = min(requests, concurrency)  # no client is started with nothing to send
@@ -364,13 +366,54 @@ def _data_plane(value: str) -> DataPlane:
     return cast("DataPlane", value)
 
 
+def _next_address(program: PlanProgram, device: str, hops: list[str]
+                  ) -> str | dict[str, str] | None:
+    """``--next``: one HOST:PORT, or NAME=HOST:PORT per branch for a mesh's root."""
+    from edgesplit.errors import ConfigError
+    from edgesplit.runtime.mesh import check_branches
+    from edgesplit.runtime.transport import plan_device
+
+    if plan_device(program, device) == program.root:
+        parsed = _named(hops, "--next")
+        check_branches(program, parsed)
+        return parsed
+    if len(hops) > 1:
+        raise ConfigError(f"device {device} sends to one device: give --next HOST:PORT once")
+    return hops[0] if hops else None
+
+
+def _named(items: list[str], flag: str) -> dict[str, str]:
+    """``NAME=HOST:PORT`` items by name."""
+    from edgesplit.errors import ConfigError
+
+    parsed: dict[str, str] = {}
+    for item in items:
+        name, sep, address = item.partition("=")
+        if not sep or not name or not address:
+            raise ConfigError(f"{flag} takes NAME=HOST:PORT, got {item!r}")
+        if name in parsed:
+            raise ConfigError(f"{flag} {name}=... is given twice")
+        parsed[name] = address
+    return parsed
+
+
 def _addresses(program: PlanProgram, server: str | None, sources: list[str]
                ) -> str | dict[str, str]:
-    """``--server`` for a chain; ``--source NAME=HOST:PORT`` for each source of a star."""
+    """``--server`` for a chain; ``--source NAME=HOST:PORT`` for each source of a star (or
+    each branch of a mesh whose root is the first device)."""
     from edgesplit.errors import ConfigError
     from edgesplit.runtime.star import check_addresses
 
-    if program.kind == "chain":
+    if program.kind == "mesh" and program.root == program.steps[0].name:
+        from edgesplit.runtime.mesh import check_branches
+
+        if server is not None:
+            raise ConfigError("this mesh plan's root runs here: give each branch's address "
+                              "with --source NAME=HOST:PORT, not --server")
+        parsed = _named(sources, "--source")
+        check_branches(program, parsed)
+        return parsed
+    if program.kind != "star":
         if sources:
             raise ConfigError("--source is for star plans; this plan is a chain: give the "
                               "second device's address with --server HOST:PORT")
@@ -381,13 +424,6 @@ def _addresses(program: PlanProgram, server: str | None, sources: list[str]
         raise ConfigError(f"this plan is a star: give each source's address with --source "
                           f"NAME=HOST:PORT (its sources: {', '.join(program.sources)}), not "
                           "--server")
-    parsed: dict[str, str] = {}
-    for item in sources:
-        name, sep, address = item.partition("=")
-        if not sep or not name or not address:
-            raise ConfigError(f"--source takes NAME=HOST:PORT, got {item!r}")
-        if name in parsed:
-            raise ConfigError(f"--source {name}=... is given twice")
-        parsed[name] = address
+    parsed = _named(sources, "--source")
     check_addresses(program, parsed)
     return parsed

@@ -105,8 +105,8 @@ def topology_table(doc: dict[str, Any], plans: dict[str, Plan]) -> Table:
     hops = ", ".join(f"{l['src']}->{l['dst']} {l['bandwidth_mbps']:g} Mbps" for l in topo["links"])
     caption = f"chosen: {doc['best']}"
     if doc["best"] in plans and not plans[doc["best"]].runnable:
-        caption += (" (predicted only: the runtime executes chains of devices; best_chain is "
-                    "the best plan it can run)")
+        caption += (" (predicted only: the runtime executes chains, stars and meshes of "
+                    "JMSNAS's shape; best_chain is the best chain it can run)")
     table = Table(title=f"{doc['model']} over {topo['name']}: {hops}; objective "
                         f"{doc['objective']}", caption=caption)
     table.add_column("method")

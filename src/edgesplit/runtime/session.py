@@ -61,15 +61,16 @@ Address = str | LoopbackChannel
 
 def make_client(program: PlanProgram, address: Address | Mapping[str, Address],
                 **options: Any) -> ChainClient | StarClient:
-    """The client that drives ``program``: a ChainClient to the second device's ``address``,
-    or, for a star, a StarClient to every source (``address``: source -> its address)."""
+    """The client that drives ``program``: a ChainClient to the second device's ``address``
+    (a mesh whose root is the first device: every branch's, by name), or, for a star, a
+    StarClient to every source (``address``: source -> its address)."""
     if program.kind == "star":
         if not isinstance(address, Mapping):
             raise ConfigError(f"this plan is a star: give every source's address "
                               f"({option('addresses', flag='--source')} NAME=HOST:PORT each), "
                               "not one server")
         return StarClient(program, address, **options)
-    if isinstance(address, Mapping):
+    if isinstance(address, Mapping) and program.root != program.steps[0].name:
         check_addresses(program, address)  # says that a chain takes one address
         raise AssertionError("unreachable")
     return ChainClient(program, address, **options)
@@ -154,7 +155,8 @@ def client_shares(requests: int, concurrency: int) -> list[int]:
 def _predicted(program: PlanProgram) -> dict[str, float]:
     """The plan's own breakdown in the measured one's terms (``serialize``: the encode and
     decode it prices, 0 in plans written before it did). A star's edge is its critical
-    source's compute (the slowest with its transfer)."""
+    source's compute (the slowest with its transfer); a mesh's remote counts its slowest
+    branch's compute."""
     p = program.plan.predicted
     if program.kind == "star":
         def branch_ms(source: str) -> float:
@@ -167,9 +169,11 @@ def _predicted(program: PlanProgram) -> dict[str, float]:
                 "transfer": p.transfer_ms + p.rtt_ms,
                 "remote": p.compute_ms.get(program.sink or "", 0.0), "total": p.total_ms}
     first = program.steps[0].name
+    # a mesh's branches run side by side: only the slowest one's compute is on the path
+    serial = sum(ms for d, ms in p.compute_ms.items() if d != first and d not in program.sources)
+    branch = max((p.compute_ms.get(b, 0.0) for b in program.sources), default=0.0)
     return {"edge": p.compute_ms.get(first, 0.0), "serialize": p.serialize_ms,
-            "transfer": p.transfer_ms + p.rtt_ms,
-            "remote": sum(ms for d, ms in p.compute_ms.items() if d != first),
+            "transfer": p.transfer_ms + p.rtt_ms, "remote": serial + branch,
             "total": p.total_ms}
 
 
@@ -221,6 +225,8 @@ def _document(program: PlanProgram, rows: list[dict[str, Any]], errors: list[str
         "devices": [s.name for s in program.steps],
         **({"sources": list(program.sources), "sink": program.sink}
            if program.kind == "star" else {}),
+        **({"root": program.root, "branches": list(program.sources),
+            "aggregator": program.sink} if program.kind == "mesh" else {}),
         "requests": sent,
         "concurrency": concurrency,
         "ok": len(rows),

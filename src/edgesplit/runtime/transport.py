@@ -592,9 +592,12 @@ class RequestResult:
 class ChainClient:
     """Runs device 0's partition and sends the rest of the chain to ``address``: over the
     server's data plane when it offers one (``data_plane="auto"``, the default; ``"tcp"``
-    insists on it), else, or with ``"grpc"``, over gRPC. Safe to share between threads."""
+    insists on it), else, or with ``"grpc"``, over gRPC. Safe to share between threads.
+    A mesh whose root is device 0: ``address`` maps each branch device to its address, and
+    the client broadcasts to them (:class:`edgesplit.runtime.mesh.Fanout`)."""
 
-    def __init__(self, program: PlanProgram, address: str | LoopbackChannel, *,
+    def __init__(self, program: PlanProgram,
+                 address: str | LoopbackChannel | Mapping[str, str | LoopbackChannel], *,
                  token: str | None = None,
                  tls: TlsFiles | None = None, shape: bool = False, timeout_s: float = 60.0,
                  retries: int = 0, retry_backoff_s: float = 0.2,
@@ -607,8 +610,18 @@ class ChainClient:
         self.limit = max_message_bytes(program)
         self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
                                  shape)
-        self._hop = Hop(address, self.limit, tls, data_plane)
-        self.address = address_name(address)
+        self._hop: Hop | Fanout
+        if isinstance(address, Mapping) or program.root == self.step.name:
+            from edgesplit.runtime.mesh import Fanout
+
+            if program.root != self.step.name:
+                raise ConfigError("this plan's first device sends to one device: give the "
+                                  "second device's address alone, not one per device")
+            branches = address if isinstance(address, Mapping) else {}  # {}: says what to give
+            self._hop = Fanout(program, branches, self.limit, tls, data_plane)
+        else:
+            self._hop = Hop(address, self.limit, tls, data_plane)
+        self.address = self._hop.address
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
         self._plan_checked = False
