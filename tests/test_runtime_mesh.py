@@ -84,9 +84,10 @@ def test_the_planners_mesh_is_runnable_with_its_roles(plan, program):
 class Mesh:
     """root, b0, b1 and agg serving on ports; ``client()`` drives them from ue."""
 
-    def __init__(self, program: PlanProgram, **root_options: Any) -> None:
+    def __init__(self, program: PlanProgram, agg_options: Mapping[str, Any] | None = None,
+                 **root_options: Any) -> None:
         self.program = program
-        self.agg = PartitionServer(program, "agg")
+        self.agg = PartitionServer(program, "agg", **(agg_options or {}))
         agg = f"127.0.0.1:{self.agg.start()}"
         self.branches = {b: PartitionServer(program, b, next_address=agg) for b in BRANCHES}
         at = {b: f"127.0.0.1:{s.start()}" for b, s in self.branches.items()}
@@ -170,12 +171,29 @@ def test_the_branches_compute_at_the_same_time(program, served):
     assert torch.allclose(result.outputs[0], program.unsplit([_input(5)])[0], atol=TOL)
 
 
-def test_a_failing_branch_fails_the_request_cleanly(program, served):
+def test_a_failing_branch_fails_the_request_cleanly(program):
+    """The root cancels b0's call when b1 fails: its part parked at the aggregator is dropped
+    then, not at the join timeout (a minute here)."""
+    served = Mesh(program, {"join_timeout_s": 60.0})
+    try:
+        _fail_one_branch(program, served)
+    finally:
+        served.stop()
+
+
+def _fail_b1_once_b0_is_parked(agg: PartitionServer) -> Callable[[str], None]:
+    """A hook failing b1 once b0's part waits at the aggregator: only a cancellation of b0's
+    call, which the root makes when b1 fails, drops that part before the join timeout."""
     def fail(name: str) -> None:
         if name == "b1":
+            _until(lambda: agg.join.pending == 1)
             raise RuntimeError("branch exploded")
 
-    _hook_branches(program, fail)
+    return fail
+
+
+def _fail_one_branch(program: PlanProgram, served: Mesh) -> None:
+    _hook_branches(program, _fail_b1_once_b0_is_parked(served.agg))
     with served.client() as client, \
             pytest.raises(RemoteError, match=r"(?s)'b1' failed.*branch exploded"):
         client.request([_input(1)])
@@ -265,16 +283,24 @@ def test_a_root_client_and_a_chain_after_the_aggregator(tailed):
     at = f"127.0.0.1:{agg.start()}"
     branches = {b: PartitionServer(tailed, b, next_address=at) for b in BRANCHES}
     addresses = {b: f"127.0.0.1:{s.start()}" for b, s in branches.items()}
+    agg.join.timeout_s = 60.0  # b0's parked part can only go by the client's cancelling it
     try:
         with pytest.raises(ConfigError, match="NAME=HOST:PORT"):
             ChainClient(tailed, addresses["b0"])
+        with ChainClient(tailed, addresses, timeout_s=20) as client:
+            _hook_branches(tailed, _fail_b1_once_b0_is_parked(agg))
+            with pytest.raises(RemoteError, match="branch exploded"):
+                client.request([_input(0)])
+            _until(lambda: agg.join.pending == 0)
+        for b in BRANCHES:
+            tailed.step(b).backend = TorchBackend()
         with ChainClient(tailed, addresses, timeout_s=20) as client:
             for seed in range(2):
                 result = client.request([_input(seed)])
                 assert torch.allclose(result.outputs[0], tailed.unsplit([_input(seed)])[0],
                                       atol=TOL)
         assert {"agg.compute_ms", "tail.compute_ms"} <= set(result.hops_ms)
-        assert agg.join.computed == 2 and agg.join.pending == 0
+        assert (agg.join.computed, agg.join.pending, agg.join.busy) == (2, 0, 0)
     finally:
         for server in (*branches.values(), agg, tail):
             server.stop(0)

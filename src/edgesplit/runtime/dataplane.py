@@ -307,8 +307,10 @@ class Hop:
                     self.forget()  # a retry finds the server's data plane anew
                 raise
         call = self.stub.Run.future(message.to_pb(), timeout=timeout, metadata=metadata)
-        if context is not None:
-            context.add_callback(call.cancel)  # runs when the caller's call ends, any way
+        # runs when the caller's call ends, any way; a caller that ended already (gRPC then
+        # refuses the callback) cancels it at once, or it would run on to its deadline
+        if context is not None and not context.add_callback(call.cancel):
+            call.cancel()
         return read(Message.of(call.result()))
 
     def _after_unserved(self, exc: Unserved, timeout: float | None, start: float,

@@ -24,8 +24,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import grpc
-
 from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Metadata, Part
 from edgesplit.runtime.program import PlanProgram
@@ -58,8 +56,8 @@ class _Group:
         self._callbacks: list[Callable[[], Any]] = []
         self._cancelled = False
         self._lock = threading.Lock()
-        if context is not None:
-            context.add_callback(self.cancel)
+        if context is not None and not context.add_callback(self.cancel):
+            self._cancelled = True  # the caller's call ended already
 
     def add_callback(self, callback: Callable[[], Any]) -> bool:
         with self._lock:
@@ -136,7 +134,9 @@ class Fanout:
         for _ in self.hops:
             branch, got = finished.get()
             if isinstance(got, BaseException):
-                group.cancel()  # the other branches' calls end, and their parts at the join
+                # the other branches' calls end, and their parts at the join (a root server's
+                # caller ending cancels them too; a client root has no caller but this)
+                group.cancel()
                 raise got
             replies[branch] = got
         return read(self._agree(replies, message.request_id))
@@ -147,9 +147,7 @@ class Fanout:
               finished: queue.SimpleQueue) -> None:
         try:
             finished.put((branch, hop.run(share, timeout, metadata, group)))
-        except grpc.FutureCancelledError as exc:  # cancelled after a sibling failed
-            finished.put((branch, exc))
-        except BaseException as exc:  # the caller raises it
+        except BaseException as exc:  # the caller raises the first (a sibling's: cancelled)
             finished.put((branch, exc))
 
     def _agree(self, replies: Mapping[str, Message], request_id: int) -> Message:
