@@ -227,6 +227,17 @@ def test_a_branch_past_the_deadline_is_deadline_exceeded_and_leaves_no_join(prog
         served.stop()
 
 
+def test_the_root_shapes_each_branch_link_as_the_plan_prices_it(program, plan):
+    root = PartitionServer(program, "root", shape=True,
+                           next_address={b: "127.0.0.1:1" for b in BRANCHES})
+    links = {(pl.src, pl.dst): pl.link for pl in plan.links}
+    assert {b: s.link for b, s in root._next.shapers.items()} == \
+        {b: links["root", b] for b in BRANCHES}
+    assert all(s.enabled for s in root._next.shapers.values())
+    assert not root.downstream.enabled  # the fan-out shapes, not the server's one link
+    root.stop(0)
+
+
 def test_the_root_needs_every_branch_address(program):
     with pytest.raises(ConfigError, match=r"b0, b1.*missing: \['b1'\]"):
         PartitionServer(program, "root", next_address={"b0": "127.0.0.1:1"})

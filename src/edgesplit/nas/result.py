@@ -8,8 +8,9 @@
 - ``plan.json``: the network planned over ``topology`` by the same planners as any model
   (``multisplit`` by default: the exact chain DP; the search's own placement was fixed before
   the architecture existed, this one is chosen for it);
-- ``plan_chain.json``, for a mesh only: mesh plans only predict (the runtime runs chains), so
-  the best chain through the mesh is written too, and that one runs;
+- ``plan_chain.json``, only for a parallel plan the runtime does not execute (a mesh plan of
+  :func:`edgesplit.plan.mesh_layout`'s shape runs as it is): the best chain through the mesh,
+  which runs;
 - ``search.json``: the search's summary (whatever the caller passes) with the plan's method,
   predicted latency and where each device's layers are.
 
@@ -72,7 +73,7 @@ def save_search_result(folder: str | Path, net: ArchNet, topology: Topology, *,
     plan.save(out / PLAN_FILE)
     doc = dict(summary or {})
     doc["plan"] = _describe(plan, PLAN_FILE)
-    if not plan.runnable:  # a mesh plan predicts; the best chain through the mesh runs
+    if not plan.runnable:  # a mesh of another shape predicts; the best chain through it runs
         chain = get_planner("best_chain").plan(problem)
         chain.save(out / CHAIN_PLAN_FILE)
         doc["runnable_plan"] = _describe(chain, CHAIN_PLAN_FILE)

@@ -29,6 +29,7 @@ from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Metadata, Part
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import JOIN_KEY
 from edgesplit.transport import LoopbackChannel, TlsFiles
+from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["Fanout", "check_branches"]
 
@@ -80,13 +81,18 @@ class Fanout:
     (each over its :class:`Hop`: the data plane where the branch offers one, else gRPC), under
     one fresh join key, and answers with the one reply they all relay (timings: each key at its
     largest). Raises the first failed call's ``grpc.RpcError`` after cancelling the others.
-    Has :class:`Hop`'s interface (``run``, ``describe``, ``wire_size``, ``close``)."""
+    Has :class:`Hop`'s interface (``run``, ``describe``, ``wire_size``, ``close``). ``shape``:
+    each branch's share is delayed as the plan's link from the root to it would (each link
+    its own, side by side)."""
 
     def __init__(self, program: PlanProgram, addresses: Mapping[str, Address], limit: int,
-                 tls: TlsFiles | None, mode: DataPlane = "auto") -> None:
+                 tls: TlsFiles | None, mode: DataPlane = "auto", shape: bool = False) -> None:
         check_branches(program, addresses)
         self.program = program
         self.hops = {b: Hop(addresses[b], limit, tls, mode) for b in program.sources}
+        links = {frozenset((pl.src, pl.dst)): pl.link for pl in program.plan.links}
+        self.shapers = {b: LinkShaper(links.get(frozenset((str(program.root), b))), shape)
+                        for b in program.sources}
         self.shares = {b: program.step(b).receives for b in program.sources}
         self.address = ", ".join(f"{b}={hop.address}" for b, hop in self.hops.items())
         self.frames = None  # messages are cut per branch: no one frame to send from memory
@@ -128,8 +134,8 @@ class Fanout:
         for branch, hop in self.hops.items():
             share = self._share(message, branch)
             threading.Thread(target=self._call, daemon=True, name=f"edgesplit-mesh-{branch}",
-                             args=(branch, hop, share, timeout, metadata, group,
-                                   finished)).start()
+                             args=(branch, hop, share, timeout, metadata, group, finished,
+                                   self.shapers[branch])).start()
         replies: dict[str, Message] = {}
         for _ in self.hops:
             branch, got = finished.get()
@@ -143,9 +149,11 @@ class Fanout:
 
     @staticmethod
     def _call(branch: str, hop: Hop, share: Message, timeout: float | None,
-              metadata: Metadata, group: _Group,
-              finished: queue.SimpleQueue) -> None:
+              metadata: Metadata, group: _Group, finished: queue.SimpleQueue,
+              shaper: LinkShaper) -> None:
         try:
+            if shaper.enabled:
+                shaper.send(hop.wire_size(share), "up")
             finished.put((branch, hop.run(share, timeout, metadata, group)))
         except BaseException as exc:  # the caller raises the first (a sibling's: cancelled)
             finished.put((branch, exc))

@@ -319,7 +319,9 @@ def _quantize(partition: Partition, graph: LayerGraph, plan: Plan) -> None:
 @dataclass
 class PlanProgram:
     """A plan's steps, one per device in the plan's order. ``kind``: ``chain`` (each device
-    talks to the next) or ``star`` (``sources`` each send to ``sink``)."""
+    talks to the next), ``star`` (``sources`` each send to ``sink``) or ``mesh`` (``root``
+    sends to every branch in ``sources``, which send to ``sink``; ``hops``: where every other
+    device sends)."""
 
     plan: Plan
     graph: LayerGraph

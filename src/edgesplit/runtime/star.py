@@ -18,6 +18,10 @@ at most half of them (a part past a bound is refused RESOURCE_EXHAUSTED before a
 parked: a flood cannot evict the joins that are waiting); a finished or dropped key is
 remembered (a bounded number of them) so that it is never computed again.
 
+A mesh plan's aggregator (:mod:`edgesplit.runtime.mesh`) is such a sink, its branches the
+sources; when devices follow it, the completing part's call forwards the result to them before
+the join answers.
+
 Workers: a waiting part is parked and holds none of the sink's ``max_workers``; the part that
 completes a join takes one and computes (a parked call still blocks a gRPC thread, as the
 synchronous server has no other way to answer later, but the sink has a thread for every part

@@ -314,7 +314,7 @@ class PartitionServer(GrpcServer):
         if isinstance(next_address, Mapping):
             from edgesplit.runtime.mesh import Fanout
 
-            self._next = Fanout(program, next_address, self.limit, tls, data_plane)
+            self._next = Fanout(program, next_address, self.limit, tls, data_plane, shape)
         elif next_address is not None:
             self._next = Hop(next_address, self.limit, tls, data_plane)
         self._frames: FrameServer | None = None
@@ -608,8 +608,10 @@ class ChainClient:
             self.metadata.append((SESSION_KEY, session))
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.limit = max_message_bytes(program)
-        self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 else None,
-                                 shape)
+        # a mesh's root here: its fan-out shapes each branch's link
+        fanout = program.root == self.step.name
+        self.shaper = LinkShaper(_link_before(program, 1) if len(program.steps) > 1 and
+                                 not fanout else None, shape)
         self._hop: Hop | Fanout
         if isinstance(address, Mapping) or program.root == self.step.name:
             from edgesplit.runtime.mesh import Fanout
@@ -618,7 +620,7 @@ class ChainClient:
                 raise ConfigError("this plan's first device sends to one device: give the "
                                   "second device's address alone, not one per device")
             branches = address if isinstance(address, Mapping) else {}  # {}: says what to give
-            self._hop = Fanout(program, branches, self.limit, tls, data_plane)
+            self._hop = Fanout(program, branches, self.limit, tls, data_plane, shape)
         else:
             self._hop = Hop(address, self.limit, tls, data_plane)
         self.address = self._hop.address
