@@ -247,6 +247,13 @@ def test_the_root_needs_every_branch_address(program):
         PartitionServer(program, "b0", next_address={"agg": "127.0.0.1:1"})
 
 
+def test_the_ray_engine_does_not_serve_the_aggregator(program):
+    from edgesplit.runtime.ray_engine import RayEngine
+
+    with pytest.raises(ConfigError, match="a mesh's branches"):
+        RayEngine(program, "agg")
+
+
 def test_other_meshes_stay_refused_naming_the_supported_shape(problem):
     """A mesh whose root also sends straight to the aggregator is not of the shape."""
     fast = Link(name="fast", bandwidth_mbps=10_000.0, rtt_ms=0.0)

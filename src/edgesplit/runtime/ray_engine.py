@@ -158,9 +158,10 @@ class RayEngine:
         if step.partition is None:
             raise ConfigError(f"device {device!r} computes nothing in this plan (it only "
                               f"relays): serve it without {option('engine', 'ray')}")
-        if program.kind == "star" and device == program.sink:
-            raise ConfigError(f"device {device!r} joins a star's sources; the Ray engine "
-                              "serves a chain's devices and a star's sources")
+        if step.name == program.sink:
+            raise ConfigError(f"device {device!r} joins a star's sources (a mesh's branches); "
+                              "the Ray engine serves a chain's devices, a star's sources and a "
+                              "mesh's other devices")
         self.ray, self.serve = import_ray()
         self.device = step.name
         self.inputs = tuple(step.partition.inputs)
