@@ -139,7 +139,7 @@ def _links(program: PlanProgram, step: DeviceStep) -> tuple[Link | None, Link | 
         from edgesplit.runtime.star import star_link
 
         return None, (star_link(program, step.name) if step.sends else None)
-    if program.kind == "mesh":  # the root's fan-out and the aggregator's join shape nothing
+    if program.kind == "mesh":  # the root's fan-out and the aggregator's join shape their own
         before = {b: a for a, b in program.hops.items() if b != program.sink}
         before |= dict.fromkeys(program.sources, str(program.root))
         up, down = before.get(step.name), program.next_device(step)
@@ -220,8 +220,9 @@ class _Servicer(pb_grpc.PartitionServiceServicer):
 class PartitionServer(GrpcServer):
     """Serves one device's partition; a middle hop forwards to ``next_address``.
 
-    In a star plan a source forwards to the sink (``next_address``) like a middle hop, its
-    join key travelling on; the sink joins its sources' calls (see
+    In a star plan (and a mesh's branches: :mod:`edgesplit.runtime.mesh`; its root gets one
+    ``next_address`` per branch) a source forwards to the sink (``next_address``) like a
+    middle hop, its join key travelling on; the sink joins its sources' calls (see
     :class:`edgesplit.runtime.star.Join`: ``join_timeout_s``, ``max_joins``), computes on
     ``max_workers`` workers, each taken only by a complete join (a part waiting for the other
     sources is parked and holds none; a source's call waiting for the sink holds none of the
