@@ -1,15 +1,15 @@
 """The data plane's short way through a last hop for the call every client repeats.
 
 A served request runs its serving code right after compute, with cold caches, where each
-Python call and object costs several microseconds; the general path
-(:meth:`PartitionServer._handle_slot`) builds a request :class:`Message`, its parts, checks the
-plan and the tensor names, a reply :class:`Message` and its frame, call after call. For a
-server that only computes and answers (no next hop, deployment engine, star join or compute
-emulation), a call whose frame meta was found to be the plan's own once (the same object: a
-connection parses a repeated meta once) needs none of that again: :class:`FastPath` decodes its
-parts by the plan's names, computes, and answers with the reply meta built once. Whatever
-differs (another meta, a part count, a tensor that does not decode) takes the general path,
-which says what is wrong in its own words, so both paths give the same answers and errors.
+Python call and object costs several microseconds; the general path (the server's own
+data-plane handler) builds a request :class:`Message`, its parts, checks the plan and the
+tensor names, a reply :class:`Message` and its frame, call after call. For a server that
+only computes and answers (no next hop, deployment engine, star join or compute emulation),
+a call whose frame meta was found to be the plan's own once (the same object: a connection
+parses a repeated meta once) needs none of that again: :class:`FastPath` decodes its parts
+by the plan's names, computes, and answers with the reply meta built once. Whatever differs
+(another meta, a part count, a tensor that does not decode) takes the general path, which
+says what is wrong in its own words, so both paths give the same answers and errors.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class FastPath:
             t2 = time.perf_counter()
             parts: list[Any] = [as_part(codec(out[name], 32)) for name, codec in self.encoders]
         finally:
-            server._slots.give()
+            server.give_slot()
         serialize_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
         parts.append(_TIMINGS.pack(serialize_ms, (t2 - t1) * 1e3))
         return Frame(REPLY, frame.request_id, self.reply_meta, parts, self.reply_json)
@@ -131,7 +131,7 @@ class FastPath:
         try:
             check_alive(context, server.step.name)
         except Exception:
-            server._slots.give()
+            server.give_slot()
             raise
         t1 = time.perf_counter()
         request_id = frame.request_id
@@ -150,7 +150,7 @@ class FastPath:
             except Exception as exc:
                 reply = _failed(context, request_id, exc, server.failure)
             finally:
-                server._slots.give()
+                server.give_slot()
             send(reply)
 
         assert server.batcher is not None

@@ -44,6 +44,7 @@ from edgesplit.errors import (
     option,
 )
 from edgesplit.plan.model import PLAN_VERSION, Plan
+from edgesplit.runtime.calls import rpc_failed_with, runs_plan, with_retries
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.llm_emulation import (
     Phase,
@@ -66,7 +67,6 @@ from edgesplit.runtime.llm_wire import (
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.transport import SESSION_KEY
 from edgesplit.transport import (
-    MAX_BACKOFF_S,
     LoopbackChannel,
     TlsFiles,
     bearer_metadata,
@@ -284,7 +284,7 @@ class LLMClient:
     def _check_plan(self) -> None:
         assert self._hop is not None
         described = self._call(self._hop.describe)
-        if described.plan_id != self.plan_id or described.plan_version != PLAN_VERSION:
+        if not runs_plan(described, self.plan_id):
             raise RemoteError(f"server {self.address} runs plan {described.plan_id} (version "
                               f"{described.plan_version}), this client {self.plan_id} "
                               f"(version {PLAN_VERSION}); start both sides from the same "
@@ -294,23 +294,20 @@ class LLMClient:
     def _call(self, method: Any) -> Any:
         """``method(timeout, metadata)``, retried on UNAVAILABLE (a step is only retried
         when it never reached a server); a stage's session status becomes its error."""
-        for attempt in range(self.retries + 1):
-            try:
-                return method(self.timeout_s, self.metadata)
-            except grpc.RpcError as exc:
-                code, details = exc.code(), " ".join((exc.details() or "").split())
-                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
-                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
-                    continue
-                session = session_error(code, details)
-                if session is not None:
-                    raise session from None
-                raise RemoteError(explain(
-                    code, details, self.address,
-                    unavailable_hint="; is `edgesplit llm serve` running there? "
-                    f"({option('retries')} retries with backoff)",
-                    timeout_hint=f"raise {option('timeout_s')}")) from None
-        raise AssertionError("unreachable")
+        try:
+            return with_retries(lambda _: method(self.timeout_s, self.metadata),
+                                retries=self.retries, base_s=self.backoff_s,
+                                retryable=rpc_failed_with([grpc.StatusCode.UNAVAILABLE]))
+        except grpc.RpcError as exc:
+            code, details = exc.code(), " ".join((exc.details() or "").split())
+            session = session_error(code, details)
+            if session is not None:
+                raise session from None
+            raise RemoteError(explain(
+                code, details, self.address,
+                unavailable_hint="; is `edgesplit llm serve` running there? "
+                f"({option('retries')} retries with backoff)",
+                timeout_hint=f"raise {option('timeout_s')}")) from None
 
 
 

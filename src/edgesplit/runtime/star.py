@@ -49,6 +49,7 @@ from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import encode_tensor
+from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, runs_plan, with_retries
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
@@ -63,7 +64,6 @@ from edgesplit.runtime.transport import (
     max_message_bytes,
 )
 from edgesplit.transport import (
-    MAX_BACKOFF_S,
     BadRequest,
     LoopbackChannel,
     TlsFiles,
@@ -80,7 +80,6 @@ __all__ = ["JOIN_KEY", "Join", "StarClient", "check_addresses", "star_link"]
 
 MAX_KEY_CHARS = 128  # a join key longer than this is refused (keys are held in memory)
 POLL_S = 0.05  # how often a waiting call checks that its caller is still there
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def star_link(program: PlanProgram, source: str) -> Link:
@@ -368,12 +367,12 @@ class Join:
             return
         try:
             t0 = time.perf_counter()
-            values = step.compute(dict(entry.values), self.server._state(context))
+            values = step.compute(dict(entry.values), self.server.session_state(context))
             t1 = time.perf_counter()
             timings = {f"{self.sink}.compute_ms": (t1 - t0) * 1e3, **step.emulation_timings()}
             later: dict[str, bytes] = {}
             if step.sends:
-                later, more = self.server._forward(request, values, context, timings)
+                later, more = self.server.forward(request, values, context, timings)
                 timings.update(more)
                 t1 = time.perf_counter()
             entry.outputs = {name: later[name] if name in later else
@@ -495,24 +494,19 @@ class StarClient:
 
     def describe(self, source: str) -> pb.Description:
         """What ``source`` serves (retried as requests are, while it is not up yet)."""
-        for attempt in range(self.retries + 1):
-            try:
-                return self._stubs[source].Describe(pb.DescribeRequest(),
-                                                    timeout=self.timeout_s,
-                                                    metadata=self.metadata)
-            except grpc.RpcError as exc:
-                if exc.code() in RETRYABLE and attempt < self.retries:
-                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
-                    continue
-                raise RemoteError(self._explain(source, exc)) from None
-        raise AssertionError("unreachable")
+        try:
+            return with_retries(lambda _: self._stubs[source].Describe(
+                pb.DescribeRequest(), timeout=self.timeout_s, metadata=self.metadata),
+                retries=self.retries, base_s=self.backoff_s,
+                retryable=rpc_failed_with(RETRYABLE))
+        except grpc.RpcError as exc:
+            raise RemoteError(self._explain(source, exc)) from None
 
     def check_plan(self) -> None:
         """Ask every source which plan it runs before sending it tensors."""
         for source in self.program.sources:
             described = self.describe(source)
-            if (described.plan_id, described.plan_version) != (self.program.plan_id,
-                                                               PLAN_VERSION):
+            if not runs_plan(described, self.program.plan_id):
                 raise RemoteError(
                     f"source {source} ({self.addresses[source]}) refused the request: "
                     f"FAILED_PRECONDITION: plan mismatch: it runs plan {described.plan_id} "
@@ -526,16 +520,13 @@ class StarClient:
         values = self.program.input_values(inputs)
         with self._id_lock:
             request_id = next(self._ids)
-        for attempt in range(self.retries + 1):
-            try:
-                return self._request(values, request_id,
-                                     f"{self._client_key}-{request_id}-{attempt}")
-            except _Failed as failed:
-                if failed.code in RETRYABLE and attempt < self.retries:
-                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
-                    continue
-                raise RemoteError(failed.message) from None
-        raise AssertionError("unreachable")
+        try:  # each attempt under a new join key: the sink may still hold the last one's
+            return with_retries(lambda attempt: self._request(
+                values, request_id, f"{self._client_key}-{request_id}-{attempt}"),
+                retries=self.retries, base_s=self.backoff_s,
+                retryable=lambda exc: isinstance(exc, _Failed) and exc.code in RETRYABLE)
+        except _Failed as failed:
+            raise RemoteError(failed.message) from None
 
     def _request(self, values: Mapping[str, torch.Tensor], request_id: int, key: str
                  ) -> RequestResult:

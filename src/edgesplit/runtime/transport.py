@@ -28,6 +28,7 @@ from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import encode_tensor
+from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, runs_plan, with_retries
 from edgesplit.runtime.dataplane import (
     DataPlane,
     Hop,
@@ -42,7 +43,6 @@ from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import (
-    MAX_BACKOFF_S,
     TOKEN_ENV,
     BadRequest,
     GrpcServer,
@@ -369,7 +369,7 @@ class PartitionServer(GrpcServer):
         if self.engine is not None:
             self.engine.close()
 
-    def _state(self, context: grpc.ServicerContext | None) -> Any:
+    def session_state(self, context: grpc.ServicerContext | None) -> Any:
         """The backend state of the caller's session (metadata ``edgesplit-session``), made
         on its first request; None without a session or with a stateless backend. The oldest
         sessions are forgotten beyond ``MAX_SESSIONS`` (a client cannot grow memory without
@@ -466,13 +466,17 @@ class PartitionServer(GrpcServer):
 
     def take_slot(self, context: grpc.ServicerContext) -> None:
         """One of the data plane's ``max_workers`` slots (give it back with
-        ``_slots.give()``), or BadRequest once the request's deadline passed waiting."""
+        :meth:`give_slot`), or BadRequest once the request's deadline passed waiting."""
         if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
             self._check_running()
             check_alive(context, self.step.name)
             raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"device {self.step.name!r} is busy with {option('max_workers')} "
                              "requests")
+
+    def give_slot(self) -> None:
+        """Give back the slot :meth:`take_slot` took."""
+        self._slots.give()
 
     def _check_running(self) -> None:
         """BadRequest UNAVAILABLE once :meth:`stop` began (not RESOURCE_EXHAUSTED: the
@@ -497,7 +501,7 @@ class PartitionServer(GrpcServer):
             values = self._compute(values, context, timings)
         downstream: dict[str, bytes] = {}
         if self.step.sends:
-            downstream, more = self._forward(request, values, context, timings)
+            downstream, more = self.forward(request, values, context, timings)
             timings.update(more)
         t1 = time.perf_counter()
         parts = []
@@ -526,7 +530,7 @@ class PartitionServer(GrpcServer):
                      context: grpc.ServicerContext | None, timings: dict[str, float]
                      ) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
-        state = self._state(context)
+        state = self.session_state(context)
         if state is None:
             batcher = self.batcher
             values = batcher.compute(values, deadline_of(context)) if batcher is not None \
@@ -538,9 +542,12 @@ class PartitionServer(GrpcServer):
             timings.update(self.step.emulation_timings())
         return values
 
-    def _forward(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
-                 context: grpc.ServicerContext | None, timings: dict[str, float]
-                 ) -> tuple[dict[str, Any], dict[str, float]]:
+    def forward(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
+                context: grpc.ServicerContext | None, timings: dict[str, float]
+                ) -> tuple[dict[str, Any], dict[str, float]]:
+        """Send this step's ``sends`` of ``values`` to the next hop (its serialize time added
+        to ``timings``, its link shaped); the next hop's reply tensors (still encoded) and
+        timings."""
         t0 = time.perf_counter()
         encoded = self.program.encode(self.step, values, self.step.sends)
         out = Message(request.plan_id, request.plan_version, request.request_id,
@@ -651,24 +658,19 @@ class ChainClient:
 
     def _call(self, method: Any) -> Any:
         """``method(timeout, metadata)``, retried on UNAVAILABLE and DEADLINE_EXCEEDED."""
-        for attempt in range(self.retries + 1):
-            try:
-                return method(self.timeout_s, self.metadata)
-            except grpc.RpcError as exc:
-                code = exc.code()
-                retryable = code in (grpc.StatusCode.UNAVAILABLE,
-                                     grpc.StatusCode.DEADLINE_EXCEEDED)
-                if retryable and attempt < self.retries:
-                    time.sleep(min(self.backoff_s * (2 ** attempt), MAX_BACKOFF_S))
-                    continue
-                raise RemoteError(explain_failure(code, exc.details(), self.address)) from None
-        raise AssertionError("unreachable")
+        try:
+            return with_retries(lambda _: method(self.timeout_s, self.metadata),
+                                retries=self.retries, base_s=self.backoff_s,
+                                retryable=rpc_failed_with(RETRYABLE))
+        except grpc.RpcError as exc:
+            raise RemoteError(explain_failure(exc.code(), exc.details(), self.address)
+                              ) from None
 
     def check_plan(self) -> None:
         """Ask the server which plan it runs before sending it tensors: a mismatch is then
         reported as such even when this plan's messages exceed the server's size limit."""
         described = self.describe()
-        if described.plan_id != self.program.plan_id or described.plan_version != PLAN_VERSION:
+        if not runs_plan(described, self.program.plan_id):
             raise RemoteError(
                 f"server {self.address} refused the request: FAILED_PRECONDITION: plan "
                 f"mismatch: the server runs plan {described.plan_id} (version "
