@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any, cast
 
 import grpc
@@ -63,6 +62,7 @@ from edgesplit.runtime.llm_wire import (
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.shell import Servicer, check_request_plan
 from edgesplit.runtime.transport import SESSION_KEY
 from edgesplit.transport import (
     BadRequest,
@@ -122,37 +122,6 @@ def head_stage(llm: LLMPlan) -> int:
                 and (s.start < s.end or len(llm.blocks) == 0))
 
 
-class _Servicer(pb_grpc.PartitionServiceServicer):
-    def __init__(self, server: LLMStageServer) -> None:
-        self.s = server
-
-    def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
-        self.s.check_token(context)
-        return answer(context, lambda: self.s.handle(request, context).to_pb(), self.s.failure)
-
-    def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
-                  ) -> Iterator[pb.Bundle]:
-        self.s.check_token(context)
-        for request in request_iterator:
-            try:
-                yield self.s.handle(request, context).to_pb()
-            except (BadRequest, RemoteError) as exc:  # one bad step ends only itself
-                yield pb.Bundle(request_id=request.request_id, error=str(exc),
-                                plan_id=self.s.plan_id)
-            except Exception as exc:
-                yield pb.Bundle(request_id=request.request_id, error=self.s.failure(exc),
-                                plan_id=self.s.plan_id)
-
-    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
-                 ) -> pb.Description:
-        self.s.check_token(context)
-        io = self.s.stage.io
-        return pb.Description(plan_id=self.s.plan_id, plan_version=PLAN_VERSION,
-                              device=self.s.device, inputs=[io.receives, POSITION, SAMPLING],
-                              outputs=[TOKEN], max_message_bytes=self.s.limit,
-                              data_port=self.s.data_port or 0)
-
-
 class LLMStageServer(GrpcServer):
     """Serves stage ``device`` of the LLM ``plan``; a stage before the head forwards to
     ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
@@ -208,7 +177,7 @@ class LLMStageServer(GrpcServer):
         self._frames: FrameServer | None = None
         self.data_port: int | None = None
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
-            _Servicer(self), server), self.limit, max_workers)
+            Servicer(self, self), server), self.limit, max_workers)
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen for gRPC on host:port (0: any free port) and for the data plane on
@@ -227,6 +196,19 @@ class LLMStageServer(GrpcServer):
         super().stop(grace_s)
         if self._next is not None:
             self._next.close()
+
+    # ---- the shell's handler -------------------------------------------------------------
+    def describe(self) -> pb.Description:
+        """What this stage serves (gRPC's ``Describe``)."""
+        io = self.stage.io
+        return pb.Description(plan_id=self.plan_id, plan_version=PLAN_VERSION,
+                              device=self.device, inputs=[io.receives, POSITION, SAMPLING],
+                              outputs=[TOKEN], max_message_bytes=self.limit,
+                              data_port=self.data_port or 0)
+
+    def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
+        """One gRPC step's answer (:meth:`handle`)."""
+        return self.handle(request, context).to_pb()
 
     def failure(self, exc: BaseException) -> str:
         log.exception("device %s failed on a step", self.device)
@@ -262,7 +244,7 @@ class LLMStageServer(GrpcServer):
     def _handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None
                 ) -> Message:
         t_in = time.perf_counter()
-        self._check_plan(request)
+        check_request_plan(request, self.plan_id)
         session, owner = _session(context), _owner(context)
         parts = {t.name: t.data for t in request.tensors}
         if list(parts) == [END_SESSION]:
@@ -304,14 +286,6 @@ class LLMStageServer(GrpcServer):
         if self.upstream.enabled:  # the token's way back to the caller
             self.upstream.send(reply.to_frame(REPLY).nbytes(), "down")
         return reply
-
-    def _check_plan(self, request: pb.Bundle | Message) -> None:
-        if request.plan_id != self.plan_id or request.plan_version != PLAN_VERSION:
-            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"plan mismatch: this server runs plan {self.plan_id} (version "
-                             f"{PLAN_VERSION}), the request is for {request.plan_id or '?'} "
-                             f"(version {request.plan_version}); start both sides from the "
-                             "same plan file")
 
     def _end(self, request: pb.Bundle | Message, session: str, owner: str,
              context: grpc.ServicerContext | None) -> Message:

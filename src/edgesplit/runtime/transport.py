@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,6 +42,7 @@ from edgesplit.runtime.fastpath import FastPath
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.shell import Servicer, check_request_plan
 from edgesplit.transport import (
     TOKEN_ENV,
     BadRequest,
@@ -186,37 +187,6 @@ def _batcher(program: PlanProgram, device: str, max_batch: int | None, max_wait_
             f"up to {limit}")
 
 
-class _Servicer(pb_grpc.PartitionServiceServicer):
-    def __init__(self, server: PartitionServer) -> None:
-        self.s = server
-
-    def Run(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
-        self.s.check_token(context)
-        return answer(context, lambda: self.s.reply_pb(request, context), self.s.failure)
-
-    def RunStream(self, request_iterator: Iterator[pb.Bundle], context: grpc.ServicerContext
-                  ) -> Iterator[pb.Bundle]:
-        self.s.check_token(context)
-        for request in self.s.idle_limited(request_iterator, context):  # idle: cancelled
-            try:
-                yield self.s.reply_pb(request, context)
-            except (BadRequest, RemoteError) as exc:  # one bad request ends only itself
-                yield pb.Bundle(request_id=request.request_id, error=str(exc),
-                                plan_id=self.s.program.plan_id)
-            except Exception as exc:
-                yield pb.Bundle(request_id=request.request_id, error=self.s.failure(exc),
-                                plan_id=self.s.program.plan_id)
-
-    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
-                 ) -> pb.Description:
-        self.s.check_token(context)
-        step = self.s.step
-        return pb.Description(plan_id=self.s.program.plan_id, plan_version=PLAN_VERSION,
-                              device=step.name, inputs=list(step.receives),
-                              outputs=list(step.returns), max_message_bytes=self.s.limit,
-                              data_port=self.s.data_port or 0)
-
-
 class PartitionServer(GrpcServer):
     """Serves one device's partition; a middle hop forwards to ``next_address``.
 
@@ -328,7 +298,21 @@ class PartitionServer(GrpcServer):
         self._reply_metas = MetaCache()
         self._fast = FastPath(self)
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
-            _Servicer(self), server), self.limit, max_workers)
+            Servicer(self, self, self.idle_limited), server), self.limit, max_workers)
+
+    # ---- the shell's handler -------------------------------------------------------------
+    @property
+    def plan_id(self) -> str:
+        return self.program.plan_id
+
+    def describe(self) -> pb.Description:
+        """What this server serves (gRPC's ``Describe``): its plan, device, tensors, message
+        limit and data-plane port (0: none)."""
+        step = self.step
+        return pb.Description(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
+                              device=step.name, inputs=list(step.receives),
+                              outputs=list(step.returns), max_message_bytes=self.limit,
+                              data_port=self.data_port or 0)
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen for gRPC on host:port (0 = any free port), and for the data plane on
@@ -395,12 +379,7 @@ class PartitionServer(GrpcServer):
 
     def check_plan(self, request: pb.Bundle) -> None:
         """Refuse (FAILED_PRECONDITION) a request made for another plan."""
-        if request.plan_id != self.program.plan_id or request.plan_version != PLAN_VERSION:
-            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"plan mismatch: this server runs plan {self.program.plan_id} "
-                              f"(version {PLAN_VERSION}), the request is for "
-                              f"{request.plan_id or '?'} (version {request.plan_version}); "
-                              "start both sides from the same plan file")
+        check_request_plan(request, self.program.plan_id)
 
     def _decode(self, request: pb.Bundle) -> dict[str, torch.Tensor]:
         self.check_plan(request)
