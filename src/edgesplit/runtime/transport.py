@@ -297,6 +297,11 @@ class PartitionServer(GrpcServer):
         self._token_checked: object = None  # the call metadata last found to hold the token
         self._reply_metas = MetaCache()
         self._fast = FastPath(self)
+        # a request's path, chosen once: a star's sink (a mesh's aggregator) joins its
+        # sources' calls; any other device decodes, computes (in the engine's deployment or
+        # here) and forwards what it sends
+        self._reply_pb = self.join.handle if self.join is not None else self._chain_reply_pb
+        self._compute_step = self._engine_compute if engine is not None else self._compute
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             Servicer(self, self, self.idle_limited), server), self.limit, max_workers)
 
@@ -406,8 +411,10 @@ class PartitionServer(GrpcServer):
     def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext | None = None
                  ) -> pb.Bundle:
         """Answer one gRPC request, the reply's time on the link included."""
-        if self.join is not None:  # a star's sink: wait for every source, compute once
-            return self.join.handle(request, context)
+        return self._reply_pb(request, context)
+
+    def _chain_reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext | None
+                        ) -> pb.Bundle:
         reply = self.handle(request, context).to_pb()
         self.upstream.send(reply.ByteSize(), "down")
         return reply
@@ -472,12 +479,7 @@ class PartitionServer(GrpcServer):
         values = self._decode(request)
         timings: dict[str, float] = {self._ser_key: (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.step.name)  # the client may have given up while we queued
-        if self.engine is not None:  # the deployment's compute, and the hop to it
-            values, more = self.engine.compute(values,
-                                               remaining_timeout(context, self.next_timeout_s))
-            timings.update(more)
-        else:
-            values = self._compute(values, context, timings)
+        values = self._compute_step(values, context, timings)
         downstream: dict[str, bytes] = {}
         if self.step.sends:
             downstream, more = self.forward(request, values, context, timings)
@@ -489,6 +491,16 @@ class PartitionServer(GrpcServer):
             parts.append(Part(name, data if data is not None else encode_tensor(values[name], 32)))
         timings[self._ser_key] = timings.get(self._ser_key, 0.0) + (time.perf_counter() - t1) * 1e3
         return Message(self.program.plan_id, PLAN_VERSION, request.request_id, parts, timings)
+
+    def _engine_compute(self, values: dict[str, torch.Tensor],
+                        context: grpc.ServicerContext | None, timings: dict[str, float]
+                        ) -> dict[str, torch.Tensor]:
+        """The deployment's compute, and the hop to it (their timings added)."""
+        assert self.engine is not None
+        values, more = self.engine.compute(values,
+                                           remaining_timeout(context, self.next_timeout_s))
+        timings.update(more)
+        return values
 
     def _compute(self, values: dict[str, torch.Tensor], context: grpc.ServicerContext | None,
                  timings: dict[str, float]) -> dict[str, torch.Tensor]:
