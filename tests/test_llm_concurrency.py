@@ -190,3 +190,13 @@ def test_the_data_plane_checks_the_token_before_it_allocates_a_step(plan, model)
     finally:
         server.stop(0)
     assert answer.kind == FAILED and answer.meta["code"] == "UNAUTHENTICATED"
+
+
+def test_grpc_message_limits_are_not_read_as_a_busy_stage():
+    """RESOURCE_EXHAUSTED means a busy stage (no worker or cache free: try again) only when the
+    stage says so; gRPC's own for a message over the limit is another failure, told as is."""
+    busy = session_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "device 'laptop' is busy")
+    assert isinstance(busy, SessionsBusyError)
+    for text in ("Received message larger than max (4194405 vs. 4194304)",
+                 "Sent message larger than max (9 vs. 8)"):
+        assert session_error(grpc.StatusCode.RESOURCE_EXHAUSTED, text) is None

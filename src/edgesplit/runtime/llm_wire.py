@@ -72,8 +72,16 @@ def session_status(exc: SessionError) -> BadRequest:
     return BadRequest(code, str(exc))
 
 
+# gRPC's own RESOURCE_EXHAUSTED for a message over a channel's limit ("Received message larger
+# than max (N vs. M)", "Sent message larger than max"): not a busy stage, and retrying the same
+# step cannot help, so it must not read as SessionsBusyError
+_GRPC_TOO_LARGE = "message larger than max"
+
+
 def session_error(code: grpc.StatusCode, message: str) -> SessionError | None:
     """The client's error for a stage's session status (None: another failure)."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _GRPC_TOO_LARGE in message:
+        return None
     return next((kind(message) for kind, c in _SESSION_STATUSES if c == code), None)
 
 
