@@ -46,6 +46,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -279,8 +280,6 @@ def autosplit_setting(model_file: Path, module: Any, recipe: Any, setting_name: 
 
 def autosplit_section(models: list[str], settings: list[str], front_limit: int,
                       serve_images: int | None) -> dict[str, Any]:
-    import tempfile
-
     from edgesplit.train.finetune import default_recipe, export_finetuned, finetune
 
     section: dict[str, Any] = {"load_before": _load(), "models": {}}
@@ -343,10 +342,12 @@ def render(doc: dict[str, Any], out: Path) -> None:
         import vision_real_adaptivenet
 
         lines += vision_real_adaptivenet.render(doc["adaptivenet"])
+        lines += vision_real_adaptivenet.render_earlier(doc.get("adaptivenet_earlier", []))
     if doc.get("joint"):
         import vision_real_joint
 
         lines += vision_real_joint.render(doc["joint"])
+        lines += vision_real_joint.render_earlier(doc.get("joint_earlier", []))
     if doc.get("l2s"):
         import vision_real_l2s
 
@@ -461,11 +462,13 @@ def main() -> None:
     parser.add_argument("--sections", nargs="+", default=["finetune", "autosplit"],
                         choices=["finetune", "autosplit", "adaptivenet", "l2s", "joint"])
     parser.add_argument("--an-seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--an-train-limit", type=int, default=4000)
+    parser.add_argument("--an-train-limit", type=int, default=8000)
     parser.add_argument("--an-search-size", type=int, default=500)
-    parser.add_argument("--an-epochs", nargs=2, type=int, default=[2, 1],
+    parser.add_argument("--an-epochs", nargs=2, type=int, default=[3, 1],
                         metavar=("DISTILL", "TUNE"))
-    parser.add_argument("--an-search", nargs=2, type=int, default=[10, 5],
+    parser.add_argument("--an-lr", nargs=2, type=float, default=None, metavar=("LR", "TUNE_LR"),
+                        help="AdaptiveNet's Adam rates (default: ElasticTrainer's).")
+    parser.add_argument("--an-search", nargs=2, type=int, default=[10, 4],
                         metavar=("POPULATION", "ITERATIONS"))
     parser.add_argument("--an-runs", type=int, default=5, help="Serving runs per load.")
     parser.add_argument("--an-requests", type=int, default=600)
@@ -521,26 +524,7 @@ def main() -> None:
                                       autosplit_section(args.models, args.settings,
                                                         args.front_limit, args.serve_images))
             path.write_text(json.dumps(doc, indent=2))
-        if "adaptivenet" in args.sections:
-            import vision_real_adaptivenet
-
-            doc["adaptivenet"] = vision_real_adaptivenet.section(
-                args.an_seeds, train_limit=args.an_train_limit,
-                search_size=args.an_search_size, distill_epochs=args.an_epochs[0],
-                tune_epochs=args.an_epochs[1], population=args.an_search[0],
-                iterations=args.an_search[1], runs=args.an_runs, requests=args.an_requests,
-                load=_load)
-            path.write_text(json.dumps(doc, indent=2))
-        if "joint" in args.sections:
-            import vision_real_joint
-
-            doc["joint"] = vision_real_joint.section(
-                args.an_seeds, setting_names=tuple(args.joint_setting),
-                budget=args.joint_budget, train_limit=args.an_train_limit,
-                search_size=args.an_search_size, distill_epochs=args.an_epochs[0],
-                tune_epochs=args.an_epochs[1], population=args.an_search[0],
-                iterations=args.an_search[1], load=_load)
-            path.write_text(json.dumps(doc, indent=2))
+        _adaptivenet_sections(args, doc, path)
         if "l2s" in args.sections:
             import vision_real_l2s
 
@@ -553,6 +537,42 @@ def main() -> None:
                 drop_to=args.l2s_bandwidth[1], lr=args.l2s_lr, load=_load)
         path.write_text(json.dumps(doc, indent=2))
     render(doc, args.out)
+
+
+def _adaptivenet_sections(args: argparse.Namespace, doc: dict[str, Any], path: Path) -> None:
+    """Sections ``adaptivenet`` and ``joint``: run together, the joint search reuses the
+    supernets section ``adaptivenet`` trained (same seeds, same recipe). A run replacing one
+    made with another recipe keeps it under ``*_earlier``: every run made is reported."""
+    from edgesplit.nas.adaptivenet.train import ElasticTrainer
+
+    defaults = ElasticTrainer()
+    lr, tune_lr = args.an_lr or (defaults.lr, defaults.tune_lr)
+    recipe = dict(train_limit=args.an_train_limit, search_size=args.an_search_size,
+                  distill_epochs=args.an_epochs[0], tune_epochs=args.an_epochs[1], lr=lr,
+                  tune_lr=tune_lr, population=args.an_search[0], iterations=args.an_search[1],
+                  load=_load)
+    with tempfile.TemporaryDirectory() as kept:
+        if "adaptivenet" in args.sections:
+            import vision_real_adaptivenet
+
+            _keep_earlier(doc, "adaptivenet")
+            doc["adaptivenet"] = vision_real_adaptivenet.section(
+                args.an_seeds, runs=args.an_runs, requests=args.an_requests,
+                workdir=Path(kept), **recipe)
+            path.write_text(json.dumps(doc, indent=2))
+        if "joint" in args.sections:
+            import vision_real_joint
+
+            _keep_earlier(doc, "joint")
+            doc["joint"] = vision_real_joint.section(
+                args.an_seeds, setting_names=tuple(args.joint_setting),
+                budget=args.joint_budget, workdir=Path(kept), **recipe)
+            path.write_text(json.dumps(doc, indent=2))
+
+
+def _keep_earlier(doc: dict[str, Any], name: str) -> None:
+    if doc.get(name):
+        doc.setdefault(f"{name}_earlier", []).append(doc.pop(name))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 
 def section(seeds: list[int], *, train_limit: int, search_size: int, distill_epochs: int,
-            tune_epochs: int, population: int, iterations: int, runs: int, requests: int,
-            load: Any) -> dict[str, Any]:
+            tune_epochs: int, lr: float, tune_lr: float, population: int, iterations: int,
+            runs: int, requests: int, load: Any, workdir: Path | None = None
+            ) -> dict[str, Any]:
+    """``workdir``: where the trained supernets are kept (``supernet-SEED``) for section
+    ``joint`` to reuse; a temporary folder by default."""
     from edgesplit.train.finetune import default_recipe, finetune
 
     recipe = default_recipe("mobilenet_v2", seed=0)
@@ -51,31 +54,38 @@ def section(seeds: list[int], *, train_limit: int, search_size: int, distill_epo
                            "finetuned_test_accuracy": result.test_accuracy,
                            "data": recipe.data_spec, "train_limit": train_limit,
                            "search_size": search_size, "budgets": list(BUDGETS),
+                           "distill_epochs": distill_epochs, "tune_epochs": tune_epochs,
+                           "lr": lr, "tune_lr": tune_lr,
                            "population": population, "iterations": iterations, "seeds": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed, model_file, trainer in seeded_trainers(Path(tmp), result, seeds,
-                                                         distill_epochs, tune_epochs):
-            sec["seeds"][str(seed)] = _one_seed(Path(tmp), model_file, recipe.data_spec, seed,
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = workdir or Path(scratch)
+        for seed, model_file, trainer in seeded_trainers(tmp, result, seeds, distill_epochs,
+                                                         tune_epochs, lr, tune_lr):
+            sec["seeds"][str(seed)] = _one_seed(tmp, model_file, recipe.data_spec, seed,
                                                 trainer, train_limit, search_size, population,
                                                 iterations)
-        first = Path(tmp) / f"search-{seeds[0]}-{BUDGETS[1]}"
+        first = tmp / f"search-{seeds[0]}-{BUDGETS[1]}"
         sec["switching"] = _switching(first, runs, requests)
-        sec["reuse"] = _reuse(Path(tmp) / f"supernet-{seeds[0]}")
+        sec["reuse"] = _reuse(tmp / f"supernet-{seeds[0]}")
     sec["load_after"] = load()
     return sec
 
 
 def seeded_trainers(tmp: Path, result: Any, seeds: list[int], distill_epochs: int,
-                    tune_epochs: int) -> Iterator[tuple[int, Path, Any]]:
+                    tune_epochs: int, lr: float, tune_lr: float
+                    ) -> Iterator[tuple[int, Path, Any]]:
     """The fine-tuned network exported once into ``tmp``, then for each seed the elastic
     trainer every AdaptiveNet section trains with (batch 64, that seed)."""
     from edgesplit.nas.adaptivenet.train import ElasticTrainer
     from edgesplit.train.finetune import export_finetuned
 
-    model_file = export_finetuned(result, tmp / "mobilenet_v2.pt2")
+    model_file = tmp / "mobilenet_v2.pt2"
+    if not model_file.is_file():  # a kept workdir's supernets name this file as their source
+        export_finetuned(result, model_file)
     for seed in seeds:
         yield seed, model_file, ElasticTrainer(distill_epochs=distill_epochs,
-                                               tune_epochs=tune_epochs, batch_size=64, seed=seed)
+                                               tune_epochs=tune_epochs, batch_size=64, lr=lr,
+                                               tune_lr=tune_lr, seed=seed)
 
 
 def _one_seed(tmp: Path, model_file: Path, spec: str, seed: int, trainer: Any,
@@ -180,7 +190,8 @@ def render(sec: dict[str, Any]) -> list[str]:
     lines = ["## AdaptiveNet on the fine-tuned MobileNetV2 (item 5)", "",
              f"The fine-tuned MobileNetV2 (seed 0, {sec['finetuned_test_accuracy']:.2f} % on "
              f"the test set) elastified; its added branches distilled and tuned on the first "
-             f"{sec['train_limit']:,} training images at 96x96x3; searched on this machine "
+             f"{sec['train_limit']:,} training images at 96x96x3 "
+             f"({_recipe(sec)}); searched on this machine "
              f"(population {sec['population']}, {sec['iterations']} iterations, on "
              f"{sec['search_size']:,} of the held-out training images) under three budgets, "
              "fractions of the pretrained path's latency measured here. Accuracy: all 10,000 "
@@ -200,6 +211,30 @@ def render(sec: dict[str, Any]) -> list[str]:
         lines += [sec["note"], ""]
     lines += _render_switching(sec["switching"]) + _render_reuse(sec["reuse"])
     return lines
+
+
+def _recipe(sec: dict[str, Any]) -> str:
+    """The training recipe in words (runs made before the rates were recorded used the
+    defaults of then: 3e-3 / 1e-3)."""
+    training = next(iter(sec["seeds"].values()))["training"]
+    return (f"{training['distill_epochs']} distillation + {training['tune_epochs']} tuning "
+            f"epochs, Adam lr {sec.get('lr', 3e-3):g}, tuning lr {sec.get('tune_lr', 1e-3):g}")
+
+
+def render_earlier(earlier: list[dict[str, Any]]) -> list[str]:
+    """Every earlier run of this section (another recipe), one line each: every run made is
+    reported, not only the latest."""
+    if not earlier:
+        return []
+    lines = ["### Earlier runs of this section", ""]
+    for sec in earlier:
+        best = {b: statistics.mean(100 * s["searches"][str(b)]["best"]["test_accuracy"]
+                                   for s in sec["seeds"].values()) for b in sec["budgets"]}
+        lines.append(f"- {_recipe(sec)}, {sec['train_limit']:,} images, seeds "
+                     f"{', '.join(sec['seeds'])}: best subnet's test accuracy, mean over seeds, "
+                     + ", ".join(f"{v:.2f} % at {b}" for b, v in best.items())
+                     + f" (pretrained path {sec['finetuned_test_accuracy']:.2f} %).")
+    return [*lines, ""]
 
 
 def _best_over_seeds(sec: dict[str, Any]) -> list[str]:

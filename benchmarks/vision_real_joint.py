@@ -33,7 +33,11 @@ def _latencies(joint: Any, arch: tuple[str, ...]) -> dict[str, Any]:
 
 def section(seeds: list[int], *, setting_names: tuple[str, str, str], budget: float,
             train_limit: int, search_size: int, distill_epochs: int, tune_epochs: int,
-            population: int, iterations: int, load: Any) -> dict[str, Any]:
+            lr: float, tune_lr: float, population: int, iterations: int, load: Any,
+            workdir: Path | None = None) -> dict[str, Any]:
+    """``workdir``: where section ``adaptivenet`` kept its trained supernets; one trained
+    with this recipe and seed is searched as it is (training it again would give the same
+    weights at the cost of minutes), any other seed is trained here."""
     from vision_real_adaptivenet import seeded_trainers
 
     from edgesplit.hardware.catalog import resolve_device, resolve_link
@@ -51,11 +55,13 @@ def section(seeds: list[int], *, setting_names: tuple[str, str, str], budget: fl
                            "budget": budget, "train_limit": train_limit,
                            "search_size": search_size, "population": population,
                            "iterations": iterations, "distill_epochs": distill_epochs,
-                           "tune_epochs": tune_epochs, "seeds": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed, model_file, trainer in seeded_trainers(Path(tmp), result, seeds,
-                                                         distill_epochs, tune_epochs):
-            sec["seeds"][str(seed)] = _one_seed(Path(tmp), model_file, recipe.data_spec, seed,
+                           "tune_epochs": tune_epochs, "lr": lr, "tune_lr": tune_lr,
+                           "seeds": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = workdir or Path(scratch)
+        for seed, model_file, trainer in seeded_trainers(tmp, result, seeds, distill_epochs,
+                                                         tune_epochs, lr, tune_lr):
+            sec["seeds"][str(seed)] = _one_seed(tmp, model_file, recipe.data_spec, seed,
                                                 trainer, setting, budget, train_limit,
                                                 search_size, population, iterations)
     runs = list(sec["seeds"].values())
@@ -74,12 +80,21 @@ def _one_seed(tmp: Path, model_file: Path, spec: str, seed: int, trainer: Any, s
     from edgesplit.nas.adaptivenet.placement import JointLatency
     from edgesplit.nas.adaptivenet.run import elastify_model, search_device, trained_data
 
-    print(f"  joint seed {seed}: elastify and train", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    folder = tmp / f"joint-supernet-{seed}"
-    supernet, doc = elastify_model(str(model_file), data=spec, trainer=trainer, out=folder,
-                                   seed=seed, train_limit=train_limit, search_size=search_size)
-    trained_s = time.perf_counter() - started
+    folder = tmp / f"supernet-{seed}"
+    kept = _kept(folder, trainer, train_limit, search_size)
+    if kept is not None:
+        print(f"  joint seed {seed}: the supernet section adaptivenet trained", file=sys.stderr,
+              flush=True)
+        supernet, training = kept
+    else:
+        print(f"  joint seed {seed}: elastify and train", file=sys.stderr, flush=True)
+        folder = tmp / f"joint-supernet-{seed}"
+        supernet, doc = elastify_model(str(model_file), data=spec, trainer=trainer,
+                                       out=folder, seed=seed, train_limit=train_limit,
+                                       search_size=search_size)
+        training = doc["training"]
+    trained_s = training["seconds"] if kept is not None else time.perf_counter() - started
     print(f"  joint seed {seed}: joint search at {budget} of the pretrained plan",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -97,7 +112,26 @@ def _one_seed(tmp: Path, model_file: Path, spec: str, seed: int, trainer: Any, s
             "best_arch": list(best), "search_accuracy": run.summary["best"]["search_accuracy"],
             "original_test_accuracy": 100 * scores[original],
             "best_test_accuracy": 100 * scores[best],
-            "history": doc["training"]["history"]}
+            "history": training["history"], "reused_training": kept is not None}
+
+
+def _kept(folder: Path, trainer: Any, train_limit: int, search_size: int
+          ) -> tuple[Any, dict[str, Any]] | None:
+    """The supernet saved in ``folder`` and its training record, if it was trained with
+    ``trainer``'s recipe and seed on the same images; else None."""
+    from edgesplit.nas.adaptivenet.checkpoint import load_supernet
+
+    if not folder.is_dir():
+        return None
+    supernet, _ = load_supernet(folder)
+    training = supernet.meta["training"]
+    wanted = {"seed": trainer.seed, "distill_epochs": trainer.distill_epochs,
+              "tune_epochs": trainer.tune_epochs, "batch_size": trainer.batch_size,
+              "lr": trainer.lr, "tune_lr": trainer.tune_lr, "train_limit": train_limit,
+              "search_size": search_size}
+    if any(training.get(k) != v for k, v in wanted.items()):
+        return None
+    return supernet, training
 
 
 def _row(name: str, seed: str, lat: dict[str, Any], acc: float) -> str:
@@ -107,12 +141,34 @@ def _row(name: str, seed: str, lat: dict[str, Any], acc: float) -> str:
             f"{'yes' if pays else 'no'} | {acc:.2f} |")
 
 
+def _reused(sec: dict[str, Any]) -> str:
+    seeds = [seed for seed, r in sec["seeds"].items() if r.get("reused_training")]
+    return f"; seeds {', '.join(seeds)}: section 5's supernets, not trained again" if seeds else ""
+
+
+def render_earlier(earlier: list[dict[str, Any]]) -> list[str]:
+    """Every earlier run of this section, one line each."""
+    if not earlier:
+        return []
+    lines = ["### Earlier runs of this section", ""]
+    for sec in earlier:
+        b, o = sec["best_test_accuracy"], sec["original_test_accuracy"]
+        lines.append(f"- Adam lr {sec.get('lr', 3e-3):g}, tuning lr {sec.get('tune_lr', 1e-3):g}"
+                     f", {sec['distill_epochs']} + {sec['tune_epochs']} epochs, "
+                     f"{sec['train_limit']:,} images, seeds {', '.join(sec['seeds'])}: chosen "
+                     f"subnets {b['mean']:.2f} % (sd {b['stdev']:.2f}) against "
+                     f"{o['mean']:.2f} %.")
+    return [*lines, ""]
+
+
 def render(sec: dict[str, Any]) -> list[str]:
     s = sec["setting"]
     lines = ["## AdaptiveNet's subnet and split chosen together (item 6)", "",
              f"The fine-tuned MobileNetV2 ({sec['finetuned_test_accuracy']:.2f} %) elastified, "
              f"distilled ({sec['distill_epochs']} epochs) and tuned ({sec['tune_epochs']}) on "
-             f"the first {sec['train_limit']:,} training images, then searched jointly with "
+             f"the first {sec['train_limit']:,} training images (Adam lr "
+             f"{sec.get('lr', 3e-3):g}, tuning lr {sec.get('tune_lr', 1e-3):g}"
+             f"{_reused(sec)}), then searched jointly with "
              f"its split for `{s['edge']}` -> `{s['link']}` -> `{s['cloud']}` (population "
              f"{sec['population']}, {sec['iterations']} iterations, on {sec['search_size']:,} "
              f"held-out training images) under a budget of {sec['budget']} of the pretrained "
