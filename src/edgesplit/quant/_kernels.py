@@ -36,7 +36,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 __all__ = ["PARALLEL_MIN", "float_to_half", "half_to_float", "quantize_pack", "run",
-           "unpack_dequantize", "value_range"]
+           "unpack_dequantize", "value_range", "workers_for"]
 
 _F0 = np.float32(0.0)
 _U = np.uint32
@@ -338,28 +338,52 @@ def float_to_half(x, out, start, stop):
 # ---- running a kernel over chunks ---------------------------------------------------------------
 # Below this many values one call on the caller's thread is faster than a hand-off to another.
 PARALLEL_MIN = 1 << 20
+# Each thread gets at least half of that, and at most this many threads run one call: a
+# pass over memory saturates the bandwidth with a few threads, and on a many-core machine one
+# thread per core made a call's start-up and its wait for the slowest (or a preempted) thread
+# grow with the core count instead of the tensor.
+MAX_WORKERS = 8
 _POOL: list[ThreadPoolExecutor] = []
 _POOL_LOCK = threading.Lock()
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share, not
+    the machine's count), at most MAX_WORKERS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS))
+
+
 def _pool() -> ThreadPoolExecutor:
-    """One small pool shared by every caller (os.cpu_count() threads, started on first use).
+    """One small pool shared by every caller (:func:`_cpus` threads, started on first use).
 
     Not numba's parallel=True: its default threading layer aborts the process when two threads
     call a parallel kernel at once, and servers encode and decode from many threads."""
     with _POOL_LOCK:
         if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+            _POOL.append(ThreadPoolExecutor(max_workers=_cpus(),
                                             thread_name_prefix="edgesplit-wire"))
         return _POOL[0]
 
 
+def workers_for(count: int) -> int:
+    """How many threads :func:`run` uses for ``count`` values: 1 below PARALLEL_MIN, else one
+    per PARALLEL_MIN / 2 values, bounded by :func:`_cpus`."""
+    if count < PARALLEL_MIN:
+        return 1
+    return max(1, min(_cpus(), count // (PARALLEL_MIN // 2)))
+
+
 def run(kernel: Callable[..., None], count: int, *args: Any) -> None:
     """``kernel(*args, start, stop)`` over [0, count): on this thread for small tensors, else in
-    chunks of a multiple of 8 values (packed bytes never straddle two chunks), one per CPU, the
-    first on this thread while the pool runs the others."""
-    workers = os.cpu_count() or 1
-    if count < PARALLEL_MIN or workers < 2:
+    chunks of a multiple of 8 values (packed bytes never straddle two chunks), one per worker
+    (:func:`workers_for`), the first on this thread while the pool runs the others. The bytes
+    do not depend on the split: each value's code depends on that value alone."""
+    workers = workers_for(count)
+    if workers < 2:
         kernel(*args, 0, count)
         return
     step = (-(-count // workers) + 7) // 8 * 8
