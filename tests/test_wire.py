@@ -722,3 +722,109 @@ def test_plain_codec_pieces_join_to_the_message(dtype):
     small, x = PlainCodec((2, 3), dtype), torch.randn(2, 3).to(dtype)
     assert small.encode_pieces(x, dtype.itemsize * 8) == small.encode(x, dtype.itemsize * 8)
     assert codec.encode_pieces(t, 8) == codec.encode(t, 8)  # quantized: a message of its own
+
+
+# ---- speed that does not depend on the machine's threads (issue 39, item 5) ---------------------
+def _table6(seed: int = 3) -> torch.Tensor:
+    return torch.randn(1, 256, 36, 64, generator=torch.Generator().manual_seed(seed))
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_encoded_bytes_do_not_depend_on_torchs_thread_count():
+    x = _table6()
+    for bits, axis in ((4, None), (4, 1), (2, 3), (6, None), (8, 1)):
+        with _torch_threads(1):
+            one = encode_tensor(x, bits, per_channel_axis=axis)
+        with _torch_threads(2):
+            two = encode_tensor(x, bits, per_channel_axis=axis)
+        assert one == two, (bits, axis)
+        with _torch_threads(1):
+            y1 = decode_tensor(one)
+        with _torch_threads(2):
+            y2 = decode_tensor(one)
+        assert torch.equal(y1.view(torch.int32), y2.view(torch.int32)), (bits, axis)
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+def test_quantized_encode_and_decode_make_no_torch_reduction(monkeypatch):
+    """The range of a quantized tensor comes from the one-pass kernel on the caller's thread:
+    torch's reductions run on its intra-op pool, whose cost followed the core count and the
+    machine's load rather than the tensor (the wire speed differed 2x between machines)."""
+    x = _table6()
+    expected = {axis: encode_tensor(x, 4, per_channel_axis=axis) for axis in (None, 1, 3)}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a torch reduction ran on the kernel path")
+
+    for name in ("aminmax", "amin", "amax", "min", "max"):
+        monkeypatch.setattr(torch, name, refuse)
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    for axis, message in expected.items():
+        assert encode_tensor(x, 4, per_channel_axis=axis) == message
+        decode_tensor(message)
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+def test_the_range_kernel_agrees_with_torch_on_edge_values():
+    k = kernels_module()
+    special = torch.tensor([-0.0, 0.0, 1e-45, -1e-45, 3.4e38, -3.4e38, 1.0, -2.5])
+    cases = [special, special.flip(0), torch.tensor([-0.0]), torch.tensor([5.0, 5.0, 5.0]),
+             torch.randn(7, 3, 5), torch.randn(1000) * 1e-40]
+    for x in cases:
+        for channels in (1, x.shape[0]):
+            u = x.numpy().reshape(-1).view(np.uint32)
+            lo, hi = np.empty(channels, np.int32), np.empty(channels, np.int32)
+            mag = k.value_range(u, channels, x.numel() // channels, lo, hi)
+            rows = x.reshape(channels, -1)
+            zero = np.float32(0.0)  # which zero a reduction returns depends on its order
+            assert np.array_equal(wire._from_keys(lo) + zero, rows.amin(dim=1).numpy() + zero)
+            assert np.array_equal(wire._from_keys(hi) + zero, rows.amax(dim=1).numpy() + zero)
+            assert mag < 0x7F800000
+    for bad in (float("inf"), float("-inf"), float("nan"), -float("nan")):
+        for at in (0, 5, 12):
+            x = torch.randn(13)
+            x[at] = bad
+            lo, hi = np.empty(1, np.int32), np.empty(1, np.int32)
+            assert k.value_range(x.numpy().view(np.uint32), 1, 13, lo, hi) >= 0x7F800000
+            with pytest.raises(WireError, match="inf or NaN"):
+                encode_tensor(x.reshape(1, 13), 4, per_channel_axis=0)
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+def test_kernel_threads_are_bounded_by_the_tensor_and_the_affinity(monkeypatch):
+    """A Table 6 tensor runs on the caller's thread whatever the core count; larger ones use
+    at most one thread per half PARALLEL_MIN values, MAX_WORKERS, and the CPUs the process
+    may run on (not the machine's count)."""
+    k = kernels_module()
+    monkeypatch.setattr(k.os, "sched_getaffinity", lambda pid: set(range(96)), raising=False)
+    monkeypatch.setattr(k.os, "cpu_count", lambda: 96)
+    assert k.workers_for(1 * 256 * 36 * 64) == 1
+    assert k.workers_for(k.PARALLEL_MIN) == 2
+    assert k.workers_for(1 << 30) == k.MAX_WORKERS < 96
+    monkeypatch.setattr(k.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert k.workers_for(1 << 30) == 3
+
+
+def test_decoded_tensors_never_share_memory_with_each_other_or_the_message():
+    """Whatever buffers the codec keeps between calls, a returned tensor owns its memory."""
+    x = _table6()
+    for bits, axis in ((4, None), (4, 1), (16, None), (32, None)):
+        message = encode_tensor(x, bits, per_channel_axis=axis)
+        receive = bytearray(message)
+        first = decode_tensor(memoryview(receive))
+        kept = first.clone()
+        second = decode_tensor(memoryview(receive))
+        again = encode_tensor(x, bits, per_channel_axis=axis)
+        assert first.data_ptr() != second.data_ptr()
+        second.fill_(7.0)
+        receive[:] = bytes(len(receive))
+        assert torch.equal(first, kept) and again == message, (bits, axis)
