@@ -192,20 +192,21 @@ def _range_run(u, start, stop, lo, hi, mag):
 
 @njit(nogil=True, cache=True)
 def value_range(u, channels, inner, lo, hi):
-    """Smallest and largest key (:func:`_key`) of each channel of the float32 bits ``u`` (laid
-    out as outer x channels x inner) into ``lo``/``hi`` (int32, one per channel); returns the
-    largest magnitude's bits, at or above 0x7F800000 when a value is inf or NaN. One pass on
-    the caller's thread: a tensor this size costs less than waking a thread pool."""
+    """The smallest and largest value of each channel of the float32 bits ``u`` (laid out as
+    outer x channels x inner), written as float32 bits into ``lo``/``hi`` (uint32, one per
+    channel); returns False when a value is inf or NaN (the range is then meaningless). One
+    pass on the caller's thread: a tensor this size costs less than waking a thread pool."""
     mag = np.uint32(0)
     for c in range(channels):
-        lo[c], hi[c] = _I32_MAX, _I32_MIN
-    if channels == 1:
-        lo[0], hi[0], mag = _range_run(u, 0, u.size, lo[0], hi[0], mag)
-        return mag
-    for row in range(u.size // inner):
+        lo[c], hi[c] = np.uint32(_I32_MAX), np.uint32(_I32_MIN)
+    for row in range(u.size // inner if channels > 1 else 1):
         c = row % channels
-        lo[c], hi[c], mag = _range_run(u, row * inner, (row + 1) * inner, lo[c], hi[c], mag)
-    return mag
+        stop = (row + 1) * inner if channels > 1 else u.size
+        a, b, mag = _range_run(u, row * inner, stop, np.int32(lo[c]), np.int32(hi[c]), mag)
+        lo[c], hi[c] = np.uint32(a), np.uint32(b)
+    for c in range(channels):  # the keys back to float bits: _key is its own inverse
+        lo[c], hi[c] = np.uint32(_key(lo[c])), np.uint32(_key(hi[c]))
+    return mag < np.uint32(0x7F800000)
 
 
 @njit(inline="always")

@@ -451,17 +451,11 @@ def _fast_params(kernels: ModuleType, x: np.ndarray, bits: int, axis: int | None
     _, channels, inner = _rows(shape, axis)
     if x.size == 0:
         return np.ones(channels, np.float32), np.zeros(channels, np.float32)
-    lo, hi = np.empty(channels, np.int32), np.empty(channels, np.int32)
-    if kernels.value_range(x.view(np.uint32), channels, inner, lo, hi) >= 0x7F800000:
-        lo[:] = 0x7FC00000  # a NaN's bits: the range is refused
-    return _params_from_range(_from_keys(lo), _from_keys(hi), bits)
-
-
-def _from_keys(keys: np.ndarray) -> np.ndarray:
-    """The float32 values of the range kernel's order-preserving int32 keys (the mapping is
-    its own inverse: the sign bit decides whether the other 31 bits are flipped)."""
-    flip = (keys >> 31).view(np.uint32) >> np.uint32(1)
-    return (keys.view(np.uint32) ^ flip).view(np.float32)
+    lo, hi = np.empty((2, channels), np.float32)
+    if not kernels.value_range(x.view(np.uint32), channels, inner, lo.view(np.uint32),
+                               hi.view(np.uint32)):
+        lo[:] = np.nan  # the range is refused
+    return _params_from_range(lo, hi, bits)
 
 
 @dataclass(frozen=True)
