@@ -10,6 +10,10 @@
 3. The bit packer alone (pack + unpack) at realistic activation sizes, against AUTO-SPLIT's
    10 ms per 288 K values (Table 6).
 
+Beside the figures it records what made them differ between machines (issue 39): torch's
+thread count and ATen CPU capability, numpy's SIMD features, numba's target CPU and the wire
+kernels' thread bound. Every GB/s figure has its ratio to the copy next to it.
+
 Writes wire.md and wire.json to benchmarks/results/, or to --out. ``--quick`` runs a few
 repetitions only (a smoke test: the numbers are not for quoting).
 """
@@ -35,6 +39,26 @@ SIZES = {"AUTO-SPLIT Table 6 (288 KB of 8-bit values)": 288 * 1024,
          "ResNet-50 stage-1 output (256x56x56)": 802_816}
 PLAIN_BYTES = {"100 KB": 100_000, "1 MB": 1 << 20, "4 MB": 4 << 20}
 GOAL_GBS = 4.0
+
+
+def settings() -> dict:
+    """What the codec's speed could depend on besides memory bandwidth, for the results file."""
+    import numba
+    from llvmlite import binding
+
+    from edgesplit.quant import _kernels
+    try:  # numpy 2's module; numpy 1 called it numpy.core
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath
+    simd = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+    return {"torch_threads": torch.get_num_threads(),
+            "aten_capability": torch.backends.cpu.get_cpu_capability(),
+            "numpy_simd": simd,
+            "numba_cpu": numba.config.CPU_NAME or binding.get_host_cpu_name(),
+            "wire_kernel_threads": _kernels.workers_for(1 << 30),
+            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count()}
 
 
 def _ms(fn, repeats: int) -> float:
@@ -116,11 +140,16 @@ def _mark(ok: bool | None) -> str:
     return "" if ok is None else "pass" if ok else "FAIL"
 
 
-def report(goal: list[dict], plain: list[dict], packer: list[dict], load: str) -> str:
+def report(goal: list[dict], plain: list[dict], packer: list[dict], load: str,
+           setup: dict) -> str:
     lines = ["# Wire format throughput", "",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
              f"load average before the run: {load}. Every ratio is against a copy timed in the "
              "same run.", "",
+             f"Settings: torch {setup['torch_threads']} threads, ATen capability "
+             f"{setup['aten_capability']}, numpy SIMD {' '.join(setup['numpy_simd']) or 'none'}"
+             f", numba target {setup['numba_cpu']}, wire kernels at most "
+             f"{setup['wire_kernel_threads']} threads ({setup['cpus_usable']} CPUs usable).", "",
              "## Encode + decode of the AUTO-SPLIT Table 6 tensor (1x256x36x64 float32)", "",
              "GB/s of float32 input: 4 bytes a value over (encode + decode) time. Goals: 4-bit "
              f">= {GOAL_GBS:g} GB/s; 6-bit at least half the 4-bit speed.", "",
@@ -161,13 +190,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else 25
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    setup = settings()
     goal, plain = goal_rows(repeats), plain_rows(repeats)
     packer = packer_rows(repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "wire.json").write_text(json.dumps(
-        {"version": 2, "load_average": load, "quick": args.quick, "goal": goal,
+        {"version": 3, "load_average": load, "settings": setup, "quick": args.quick, "goal": goal,
          "plain": plain, "packer": packer}, indent=2) + "\n")
-    text = report(goal, plain, packer, load)
+    text = report(goal, plain, packer, load, setup)
     (args.out / "wire.md").write_text(text)
     print(text)
 
