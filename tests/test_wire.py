@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import re
 import struct
 import tracemalloc
@@ -789,6 +790,16 @@ def test_the_range_kernel_agrees_with_torch_on_edge_values():
             zero = np.float32(0.0)  # which zero a reduction returns depends on its order
             assert np.array_equal(lo + zero, rows.amin(dim=1).numpy() + zero)
             assert np.array_equal(hi + zero, rows.amax(dim=1).numpy() + zero)
+    x = torch.randn(3, 4, 5, 2)  # per channel along axis 1: outer 3, rows of 10 and of 5
+    for axis in (1, 2):
+        outer, channels = math.prod(x.shape[:axis]), x.shape[axis]
+        lo, hi = np.empty((2, channels), np.float32)
+        assert k.value_range(x.numpy().reshape(-1).view(np.uint32), channels,
+                             x.numel() // (outer * channels), lo.view(np.uint32),
+                             hi.view(np.uint32))
+        rows = x.movedim(axis, 0).reshape(channels, -1)
+        assert np.array_equal(lo, rows.amin(dim=1).numpy()), axis
+        assert np.array_equal(hi, rows.amax(dim=1).numpy()), axis
     for bad in (float("inf"), float("-inf"), float("nan"), -float("nan")):
         for at in (0, 5, 12):
             x = torch.randn(13)

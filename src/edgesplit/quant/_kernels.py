@@ -197,15 +197,27 @@ def value_range(u, channels, inner, lo, hi):
     channel); returns False when a value is inf or NaN (the range is then meaningless). One
     pass on the caller's thread: a tensor this size costs less than waking a thread pool."""
     mag = np.uint32(0)
-    for c in range(channels):
-        lo[c], hi[c] = np.uint32(_I32_MAX), np.uint32(_I32_MIN)
-    for row in range(u.size // inner if channels > 1 else 1):
-        c = row % channels
-        stop = (row + 1) * inner if channels > 1 else u.size
-        a, b, mag = _range_run(u, row * inner, stop, np.int32(lo[c]), np.int32(hi[c]), mag)
-        lo[c], hi[c] = np.uint32(a), np.uint32(b)
+    klo = np.full(channels, _I32_MAX, np.int32)
+    khi = np.full(channels, _I32_MIN, np.int32)
+    if channels == 1:
+        klo[0], khi[0], mag = _range_run(u, 0, u.size, klo[0], khi[0], mag)
+    elif inner >= 8:  # rows long enough to vectorise along
+        for row in range(u.size // inner):
+            c = row % channels
+            klo[c], khi[c], mag = _range_run(u, row * inner, (row + 1) * inner, klo[c], khi[c],
+                                             mag)
+    else:  # short rows: vectorise across the channels (inner 1: the last axis)
+        for o in range(u.size // (channels * inner)):
+            for k in range(inner):
+                v = u[o * channels * inner + k:]
+                for c in range(channels):
+                    w = v[c * inner]
+                    klo[c] = min(klo[c], _key(w))
+                    khi[c] = max(khi[c], _key(w))
+                    mag = max(mag, np.uint32(w & _ABS))
     for c in range(channels):  # the keys back to float bits: _key is its own inverse
-        lo[c], hi[c] = np.uint32(_key(lo[c])), np.uint32(_key(hi[c]))
+        lo[c] = np.uint32(_key(np.uint32(klo[c])))
+        hi[c] = np.uint32(_key(np.uint32(khi[c])))
     return mag < np.uint32(0x7F800000)
 
 
