@@ -39,6 +39,12 @@ SIZES = {"AUTO-SPLIT Table 6 (288 KB of 8-bit values)": 288 * 1024,
          "ResNet-50 stage-1 output (256x56x56)": 802_816}
 PLAIN_BYTES = {"100 KB": 100_000, "1 MB": 1 << 20, "4 MB": 4 << 20}
 GOAL_GBS = 4.0
+_NOTE = ("The codec runs no torch arithmetic or reduction on a float32 quantized tensor, and at "
+         "most one thread per 2^19 values (the Table 6 tensor: the caller's thread alone), so its "
+         "speed follows the memory, not the core count or the load (the instruction set only "
+         "through numba's host target); until issue 39 its min/max was torch's aminmax on torch's "
+         "thread pool, which cost 2-60x more on machines with many threads or a busy core (4-bit "
+         "at 2.5 GB/s where a copy ran at 28). Compare machines by the x copy column.")
 
 
 def settings() -> dict:
@@ -150,6 +156,7 @@ def report(goal: list[dict], plain: list[dict], packer: list[dict], load: str,
              f"{setup['aten_capability']}, numpy SIMD {' '.join(setup['numpy_simd']) or 'none'}"
              f", numba target {setup['numba_cpu']}, wire kernels at most "
              f"{setup['wire_kernel_threads']} threads ({setup['cpus_usable']} CPUs usable).", "",
+             _NOTE, "",
              "## Encode + decode of the AUTO-SPLIT Table 6 tensor (1x256x36x64 float32)", "",
              "GB/s of float32 input: 4 bytes a value over (encode + decode) time. Goals: 4-bit "
              f">= {GOAL_GBS:g} GB/s; 6-bit at least half the 4-bit speed.", "",
