@@ -40,11 +40,12 @@ SIZES = {"AUTO-SPLIT Table 6 (288 KB of 8-bit values)": 288 * 1024,
 PLAIN_BYTES = {"100 KB": 100_000, "1 MB": 1 << 20, "4 MB": 4 << 20}
 GOAL_GBS = 4.0
 _NOTE = ("The codec runs no torch arithmetic or reduction on a float32 quantized tensor, and at "
-         "most one thread per 2^19 values (the Table 6 tensor: the caller's thread alone), so its "
-         "speed follows the memory, not the core count or the load (the instruction set only "
-         "through numba's host target); until issue 39 its min/max was torch's aminmax on torch's "
-         "thread pool, which cost 2-60x more on machines with many threads or a busy core (4-bit "
-         "at 2.5 GB/s where a copy ran at 28). Compare machines by the x copy column.")
+         "most one thread per 2^19 values (the Table 6 tensor: the caller's thread alone), so "
+         "its speed follows the memory, not the core count or the load (the instruction set only"
+         " through numba's host target); until issue 39 its min/max was torch's aminmax on "
+         "torch's thread pool, which cost 2-100x its quiet time on machines with many threads or"
+         " a busy core (4-bit at 2.5 GB/s where a copy ran at 28). Compare machines by the x "
+         "copy column.")
 
 
 def settings() -> dict:
