@@ -24,6 +24,7 @@ import grpc
 from edgesplit.errors import WireError
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.runtime.dataplane import Message, as_part
+from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.transport import answer, check_alive, deadline_of
 from edgesplit.transport.frames import DEFERRED, REPLY, Frame, encode_meta, failure
 from edgesplit.transport.loopback import Aborted
@@ -31,7 +32,7 @@ from edgesplit.transport.loopback import Aborted
 if TYPE_CHECKING:
     import torch
 
-    from edgesplit.runtime.transport import PartitionServer
+    from edgesplit.runtime.server import PartitionServer
 
 __all__ = ["FastPath"]
 
@@ -68,8 +69,6 @@ class FastPath:
     def _fits(self, meta: dict[str, Any]) -> bool:
         """Whether calls with this meta are the plan's plain ones: its plan, its tensor names
         in order, no timings and no session (a session's state is the general path's)."""
-        from edgesplit.runtime.transport import SESSION_KEY
-
         return (self._serves() and meta.get("plan_id") == self.server.program.plan_id
                 and meta.get("plan_version") == PLAN_VERSION
                 and meta.get("names") == self.receives

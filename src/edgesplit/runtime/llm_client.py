@@ -64,8 +64,8 @@ from edgesplit.runtime.llm_wire import (
     session_error,
     step_tensors,
 )
+from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
-from edgesplit.runtime.transport import SESSION_KEY
 from edgesplit.transport import (
     LoopbackChannel,
     TlsFiles,

@@ -59,11 +59,11 @@ from edgesplit.runtime.llm_wire import (
     session_status,
     step_tensors,
 )
+from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.shell import Servicer, check_request_plan
-from edgesplit.runtime.transport import SESSION_KEY
 from edgesplit.transport import (
     BadRequest,
     GrpcServer,

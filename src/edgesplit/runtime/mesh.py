@@ -1,7 +1,7 @@
 """Mesh plans served: the root's broadcast to the branch devices.
 
 A mesh plan (:func:`edgesplit.plan.mesh_layout`, JMSNAS Fig. 2b) runs with one
-:class:`~edgesplit.runtime.transport.PartitionServer` per device after the first, as a chain
+:class:`~edgesplit.runtime.server.PartitionServer` per device after the first, as a chain
 does, except around its parallel part: the root's next hop is a :class:`Fanout`, which sends
 each branch device the tensors it receives, all at once and under one fresh join key (call
 metadata ``edgesplit-join``); each branch computes and forwards to the aggregator like a star's
@@ -26,8 +26,8 @@ from typing import Any
 
 from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Metadata, Part
+from edgesplit.runtime.planned import JOIN_KEY
 from edgesplit.runtime.program import PlanProgram
-from edgesplit.runtime.transport import JOIN_KEY
 from edgesplit.transport import LoopbackChannel, TlsFiles
 from edgesplit.transport.shaping import LinkShaper
 

@@ -15,9 +15,9 @@ import torch
 
 from edgesplit.errors import ConfigError, EdgesplitError, option
 from edgesplit.hardware.threads import release_thread_pool
+from edgesplit.runtime.client import ChainClient, RequestResult
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.star import StarClient, check_addresses
-from edgesplit.runtime.transport import ChainClient, RequestResult
 from edgesplit.transport import LoopbackChannel
 
 __all__ = ["REPORT_VERSION", "client_shares", "load_inputs", "make_client", "run_requests"]

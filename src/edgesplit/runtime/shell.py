@@ -1,6 +1,6 @@
 """The serving shell's gRPC face, shared by every runtime server.
 
-A server (:class:`~edgesplit.runtime.transport.PartitionServer`,
+A server (:class:`~edgesplit.runtime.server.PartitionServer`,
 :class:`~edgesplit.runtime.llm_server.LLMStageServer`) is a shell around one handler: the
 shell authenticates each call, answers ``Run`` through :func:`~edgesplit.transport.answer`
 (a failure becomes its status, an unexpected one INTERNAL with a logged sentence), answers a

@@ -1,7 +1,7 @@
 """Star plans served: the sink's join, and the client that drives a star.
 
 A star plan (:func:`edgesplit.plan.star_layout`: SplitNets' V sensors and one aggregator) runs
-with one :class:`~edgesplit.runtime.transport.PartitionServer` per device. A source gets its
+with one :class:`~edgesplit.runtime.server.PartitionServer` per device. A source gets its
 own model inputs from the client, runs its layers and forwards what it sends to the sink, like
 a middle hop of a chain. The sink *joins*: the calls of one client request carry one join key
 (call metadata ``edgesplit-join``) and one request id; the sink waits until every tensor it
@@ -50,19 +50,11 @@ from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, runs_plan, with_retries
+from edgesplit.runtime.client import RequestResult, address_name, connect, explain_failure
+from edgesplit.runtime.planned import JOIN_KEY, SESSION_KEY, decode_planned, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.transport import (
-    JOIN_KEY,
-    SESSION_KEY,
-    RequestResult,
-    address_name,
-    connect,
-    decode_planned,
-    explain_failure,
-    max_message_bytes,
-)
 from edgesplit.transport import (
     BadRequest,
     LoopbackChannel,
@@ -74,7 +66,7 @@ from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
 
 if TYPE_CHECKING:
-    from edgesplit.runtime.transport import PartitionServer
+    from edgesplit.runtime.server import PartitionServer
 
 __all__ = ["JOIN_KEY", "Join", "StarClient", "check_addresses", "star_link"]
 
