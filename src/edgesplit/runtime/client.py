@@ -1,7 +1,9 @@
 """The client of split inference: ``ChainClient`` runs device 0 and drives the chain (its
-servers are :class:`~edgesplit.runtime.server.PartitionServer`), and the helpers every runtime
-client shares to reach a server and say why a call failed (:func:`connect`,
-:func:`address_name`, :func:`explain_failure`).
+servers are :class:`~edgesplit.runtime.server.PartitionServer`); ``RuntimeClient``, the base
+of every runtime client (the chain's, the star's :class:`~edgesplit.runtime.star.StarClient`,
+the LLM's :class:`~edgesplit.runtime.llm_client.LLMClient`); and the helpers they share to
+reach a server and say why a call failed (:func:`connect`, :func:`address_name`,
+:func:`explain_failure`).
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 import grpc
 import torch
@@ -19,7 +21,15 @@ import torch
 from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, runs_plan, with_retries
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Part, as_part, reply_of
+from edgesplit.runtime.dataplane import (
+    DataPlane,
+    Hop,
+    Message,
+    Metadata,
+    Part,
+    as_part,
+    reply_of,
+)
 from edgesplit.runtime.planned import SESSION_KEY, decode_planned, link_before, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
@@ -36,8 +46,10 @@ from edgesplit.transport.shaping import LinkShaper
 if TYPE_CHECKING:
     from edgesplit.runtime.mesh import Fanout
 
-__all__ = ["ChainClient", "Reply", "RequestResult", "address_name", "connect",
+__all__ = ["ChainClient", "Reply", "RequestResult", "RuntimeClient", "address_name", "connect",
            "explain_failure"]
+
+T = TypeVar("T")
 
 # a reply as the client reads it: request id, the hops' timings, outputs by name, decode ms
 Reply = tuple[int, dict[str, float], dict[str, torch.Tensor], float]
@@ -51,7 +63,92 @@ class RequestResult:
     hops_ms: dict[str, float] = field(default_factory=dict)  # what each server reported
 
 
-class ChainClient:
+class RuntimeClient:
+    """What every runtime client holds and does alike: the call metadata (the bearer token,
+    and the session where the client names one), the timeout of a call, retries with backoff
+    (:func:`~edgesplit.runtime.calls.with_retries`), request ids (unique per client, safe
+    across threads), the plan check made once before the first request, and closing.
+
+    A subclass says, in its own words, how a final failure reads (:meth:`_failed`), which
+    codes are worth another attempt (``retryable``), what it asks a server for its plan
+    (:meth:`_described`) and how a mismatch reads (:meth:`_plan_mismatch`)."""
+
+    retryable: ClassVar[tuple[grpc.StatusCode, ...]] = RETRYABLE
+    address: str  # the server a failure is explained against
+
+    def __init__(self, plan_id: str, token: str | None, *, timeout_s: float, retries: int,
+                 retry_backoff_s: float, session: str | None = None) -> None:
+        self.plan_id = plan_id  # what every server asked must run
+        self.metadata = bearer_metadata(token)
+        if session is not None:  # the servers keep backend state (a KV cache) per session
+            self.metadata.append((SESSION_KEY, session))
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
+        self._ids = iter(range(1, 1 << 62))
+        self._id_lock = threading.Lock()
+        self._plan_checked = False
+
+    def close(self) -> None:
+        """Close the client's connections (a subclass's)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next_request_id(self) -> int:
+        """A request id this client has not used."""
+        with self._id_lock:
+            return next(self._ids)
+
+    def _retried(self, attempt: Callable[[int], T], retryable: Callable[[Exception], bool]
+                 ) -> T:
+        """``attempt(n)`` retried with this client's retries and backoff while ``retryable``
+        says so; a final failure is raised as it is."""
+        return with_retries(attempt, retries=self.retries, base_s=self.backoff_s,
+                            retryable=retryable)
+
+    def _attempts(self, method: Callable[[float, Metadata], T]) -> T:
+        """``method(timeout, metadata)``, retried on ``retryable``; a final gRPC failure is
+        raised as it is."""
+        return self._retried(lambda _: method(self.timeout_s, self.metadata),
+                             rpc_failed_with(self.retryable))
+
+    def _call(self, method: Any) -> Any:
+        """``method(timeout, metadata)``, retried on ``retryable``; a final gRPC failure
+        becomes :meth:`_failed`'s error."""
+        try:
+            return self._attempts(method)
+        except grpc.RpcError as exc:
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: grpc.RpcError) -> Exception:
+        """The error a call's final failure is raised as."""
+        return RemoteError(explain_failure(exc.code(), exc.details(), self.address))
+
+    def check_plan(self) -> None:
+        """Ask the servers which plan they run before sending them tensors: a mismatch is
+        then reported as such even when this plan's messages exceed a server's size limit."""
+        for where, described in self._described():
+            if not runs_plan(described, self.plan_id):
+                raise RemoteError(self._plan_mismatch(where, described))
+        self._plan_checked = True
+
+    def _ensure_plan(self) -> None:
+        """:meth:`check_plan`, once: until it passed."""
+        if not self._plan_checked:
+            self.check_plan()
+
+    def _described(self) -> Iterator[tuple[str, pb.Description]]:
+        """Each server asked (its name in a mismatch) and its ``Describe`` answer, in the
+        order they are asked: a mismatch stops the asking."""
+        raise NotImplementedError
+
+    def _plan_mismatch(self, where: str, described: pb.Description) -> str:
+        raise NotImplementedError
+
+
+class ChainClient(RuntimeClient):
     """Runs device 0's partition and sends the rest of the chain to ``address``: over the
     server's data plane when it offers one (``data_plane="auto"``, the default; ``"tcp"``
     insists on it), else, or with ``"grpc"``, over gRPC. Safe to share between threads.
@@ -64,11 +161,9 @@ class ChainClient:
                  tls: TlsFiles | None = None, shape: bool = False, timeout_s: float = 60.0,
                  retries: int = 0, retry_backoff_s: float = 0.2,
                  session: str | None = None, data_plane: DataPlane = "auto") -> None:
+        super().__init__(program.plan_id, token, timeout_s=timeout_s, retries=retries,
+                         retry_backoff_s=retry_backoff_s, session=session)
         self.program, self.step = program, program.steps[0]
-        self.metadata = bearer_metadata(token)
-        if session is not None:  # the servers keep backend state (a KV cache) per session
-            self.metadata.append((SESSION_KEY, session))
-        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.limit = max_message_bytes(program)
         # a mesh's root here: its fan-out shapes each branch's link
         fanout = program.root == self.step.name
@@ -86,9 +181,6 @@ class ChainClient:
         else:
             self._hop = Hop(address, self.limit, tls, data_plane)
         self.address = self._hop.address
-        self._ids = iter(range(1, 1 << 62))
-        self._id_lock = threading.Lock()
-        self._plan_checked = False
         self._returns = list(program.steps[1].returns) if len(program.steps) > 1 else []
         self._reply_meta: dict[str, Any] | None = None  # a reply meta found well formed
 
@@ -101,42 +193,22 @@ class ChainClient:
         :meth:`describe`, which :meth:`request` makes before its first request)."""
         return self._hop.data_plane
 
-    def __enter__(self) -> ChainClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def describe(self) -> pb.Description:
         return self._call(self._hop.describe)
 
-    def _call(self, method: Any) -> Any:
-        """``method(timeout, metadata)``, retried on UNAVAILABLE and DEADLINE_EXCEEDED."""
-        try:
-            return with_retries(lambda _: method(self.timeout_s, self.metadata),
-                                retries=self.retries, base_s=self.backoff_s,
-                                retryable=rpc_failed_with(RETRYABLE))
-        except grpc.RpcError as exc:
-            raise RemoteError(explain_failure(exc.code(), exc.details(), self.address)
-                              ) from None
+    def _described(self) -> Iterator[tuple[str, pb.Description]]:
+        yield self.address, self.describe()
 
-    def check_plan(self) -> None:
-        """Ask the server which plan it runs before sending it tensors: a mismatch is then
-        reported as such even when this plan's messages exceed the server's size limit."""
-        described = self.describe()
-        if not runs_plan(described, self.program.plan_id):
-            raise RemoteError(
-                f"server {self.address} refused the request: FAILED_PRECONDITION: plan "
+    def _plan_mismatch(self, where: str, described: pb.Description) -> str:
+        return (f"server {where} refused the request: FAILED_PRECONDITION: plan "
                 f"mismatch: the server runs plan {described.plan_id} (version "
                 f"{described.plan_version}), this client {self.program.plan_id} (version "
                 f"{PLAN_VERSION}); start both sides from the same plan file")
-        self._plan_checked = True
 
     def request(self, inputs: Sequence[torch.Tensor] | None = None) -> RequestResult:
-        if self.step.sends and not self._plan_checked:
-            self.check_plan()
-        with self._id_lock:
-            request_id = next(self._ids)
+        if self.step.sends:
+            self._ensure_plan()
+        request_id = self.next_request_id()
         start = time.perf_counter()
         values = self.step.compute(self.program.input_values(inputs))
         edge_ms = (time.perf_counter() - start) * 1e3

@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import torch
@@ -44,7 +43,7 @@ from edgesplit.errors import (
     option,
 )
 from edgesplit.plan.model import PLAN_VERSION, Plan
-from edgesplit.runtime.calls import rpc_failed_with, runs_plan, with_retries
+from edgesplit.runtime.client import RuntimeClient
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.llm_emulation import (
     Phase,
@@ -66,10 +65,10 @@ from edgesplit.runtime.llm_wire import (
 )
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
+from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.transport import (
     LoopbackChannel,
     TlsFiles,
-    bearer_metadata,
     explain,
 )
 from edgesplit.transport.shaping import LinkShaper
@@ -98,7 +97,7 @@ class GeneratedToken:
     reused: int = 0  # prompt tokens the session's caches already held (not run again)
 
 
-class LLMClient:
+class LLMClient(RuntimeClient):
     """The first stage of ``plan`` plus a caller of the second device at ``address`` (not
     needed when the first device holds every block). ``session`` names this client's KV
     caches on every stage (default: a random id). ``model``: the transformers model to take
@@ -106,6 +105,9 @@ class LLMClient:
     ``emulate``: the first stage's real compute is slowed to its device's speed; ``shape``:
     its sends take the plan's link time; ``dilation``: both that many times slower.
     ``torch_device``: where the first stage computes (``cpu``, ``cuda[:N]``, ``mps``)."""
+
+    # a step is only retried when it never reached a server
+    retryable = (grpc.StatusCode.UNAVAILABLE,)
 
     def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
                  session: str | None = None, token: str | None = None,
@@ -118,11 +120,12 @@ class LLMClient:
         self.stage = LLMStageModel(plan, 0, model, torch_device)
         self.device = plan.devices[0].name
         self.session = session or uuid.uuid4().hex
-        self._bearer = bearer_metadata(token)
+        super().__init__(self.plan_id, token, timeout_s=timeout_s, retries=retries,
+                         retry_backoff_s=retry_backoff_s)
+        self._bearer = self.metadata  # the token alone: each call names its session
         # this client's secret for its sessions: a stage answers a session it made only to it
         self._secret = secrets.token_urlsafe(24)
         self.metadata = self._metadata(self.session)
-        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         self.sessions = LLMSessions(self.device, self.stage.new_cache,
                                     max_sessions=self.llm.sessions,
                                     max_context=self.llm.max_context)
@@ -139,8 +142,6 @@ class LLMClient:
             if emulate else None
         self.shaper = LinkShaper(stage_links(plan, 0, dilation)[1] if self.remote else None,
                                  shape)
-        self._ids = iter(range(1, 1 << 62))
-        self._checked = False
 
     @property
     def data_plane(self) -> str:
@@ -150,12 +151,6 @@ class LLMClient:
     def close(self) -> None:
         if self._hop is not None:
             self._hop.close()
-
-    def __enter__(self) -> LLMClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _metadata(self, session: str) -> list[tuple[str, str]]:
         return [*self._bearer, (SESSION_KEY, session), (OWNER_KEY, self._secret)]
@@ -174,8 +169,8 @@ class LLMClient:
         exceed the plan's max context."""
         session = session or self.session
         ids = self.check_prompt(prompt, new_tokens)
-        if self._hop is not None and not self._checked:
-            self._check_plan()
+        if self._hop is not None:
+            self._ensure_plan()
         held = self._held.pop(session, [])  # set again after each step that succeeds
         seq = ids[0].tolist()
         position = _reusable(held, seq)
@@ -227,7 +222,7 @@ class LLMClient:
         self._held.pop(session, None)
         self.sessions.end(session)
         if self._hop is not None:
-            end = message(self.plan_id, PLAN_VERSION, next(self._ids),
+            end = message(self.plan_id, PLAN_VERSION, self.next_request_id(),
                           {END_SESSION: torch.zeros(1, dtype=torch.int64)})
             md = self._metadata(session)
             self._call(lambda timeout, _: self._hop.run(end, timeout, md))
@@ -247,7 +242,7 @@ class LLMClient:
             if self._hop is None:
                 return int(out.reshape(-1)[0]), compute, codec, slept
             t1 = time.perf_counter()
-            request_id = next(self._ids)
+            request_id = self.next_request_id()
             step = message(self.plan_id, PLAN_VERSION, request_id,
                            step_tensors(self.stage.io.sends, out, position, sampling))
             codec[self.device] = (time.perf_counter() - t1) * 1e3
@@ -281,33 +276,27 @@ class LLMClient:
             raise RemoteError(f"server {self.address} answered with a bad token: {exc}"
                               ) from None
 
-    def _check_plan(self) -> None:
+    def _described(self) -> Iterator[tuple[str, pb.Description]]:
         assert self._hop is not None
-        described = self._call(self._hop.describe)
-        if not runs_plan(described, self.plan_id):
-            raise RemoteError(f"server {self.address} runs plan {described.plan_id} (version "
-                              f"{described.plan_version}), this client {self.plan_id} "
-                              f"(version {PLAN_VERSION}); start both sides from the same "
-                              "plan file")
-        self._checked = True
+        yield self.address, self._call(self._hop.describe)
 
-    def _call(self, method: Any) -> Any:
-        """``method(timeout, metadata)``, retried on UNAVAILABLE (a step is only retried
-        when it never reached a server); a stage's session status becomes its error."""
-        try:
-            return with_retries(lambda _: method(self.timeout_s, self.metadata),
-                                retries=self.retries, base_s=self.backoff_s,
-                                retryable=rpc_failed_with([grpc.StatusCode.UNAVAILABLE]))
-        except grpc.RpcError as exc:
-            code, details = exc.code(), " ".join((exc.details() or "").split())
-            session = session_error(code, details)
-            if session is not None:
-                raise session from None
-            raise RemoteError(explain(
-                code, details, self.address,
-                unavailable_hint="; is `edgesplit llm serve` running there? "
-                f"({option('retries')} retries with backoff)",
-                timeout_hint=f"raise {option('timeout_s')}")) from None
+    def _plan_mismatch(self, where: str, described: pb.Description) -> str:
+        return (f"server {where} runs plan {described.plan_id} (version "
+                f"{described.plan_version}), this client {self.plan_id} "
+                f"(version {PLAN_VERSION}); start both sides from the same "
+                "plan file")
+
+    def _failed(self, exc: grpc.RpcError) -> Exception:
+        """A stage's session status becomes its error; any other failure a RemoteError."""
+        code, details = exc.code(), " ".join((exc.details() or "").split())
+        session = session_error(code, details)
+        if session is not None:
+            return session
+        return RemoteError(explain(
+            code, details, self.address,
+            unavailable_hint="; is `edgesplit llm serve` running there? "
+            f"({option('retries')} retries with backoff)",
+            timeout_hint=f"raise {option('timeout_s')}"))
 
 
 

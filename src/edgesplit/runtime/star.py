@@ -37,7 +37,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,9 +49,15 @@ from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import encode_tensor
-from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, runs_plan, with_retries
-from edgesplit.runtime.client import RequestResult, address_name, connect, explain_failure
-from edgesplit.runtime.planned import JOIN_KEY, SESSION_KEY, decode_planned, max_message_bytes
+from edgesplit.runtime.calls import RETRYABLE
+from edgesplit.runtime.client import (
+    RequestResult,
+    RuntimeClient,
+    address_name,
+    connect,
+    explain_failure,
+)
+from edgesplit.runtime.planned import JOIN_KEY, decode_planned, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
@@ -59,7 +65,6 @@ from edgesplit.transport import (
     BadRequest,
     LoopbackChannel,
     TlsFiles,
-    bearer_metadata,
     invalid,
 )
 from edgesplit.transport.shaping import LinkShaper
@@ -447,7 +452,7 @@ def _settle(future: Future, call: Callable[[], Any]) -> None:
         future.set_exception(exc)
 
 
-class StarClient:
+class StarClient(RuntimeClient):
     """Drives a star plan: every source gets its own model inputs, concurrently, under one
     join key per request; the sink computes once and every source relays its answer, which
     must agree. ``addresses``: source device -> ``HOST:PORT`` or a server's
@@ -460,63 +465,46 @@ class StarClient:
                  timeout_s: float = 60.0, retries: int = 0, retry_backoff_s: float = 0.2,
                  session: str | None = None) -> None:
         check_addresses(program, addresses)
+        super().__init__(program.plan_id, token, timeout_s=timeout_s, retries=retries,
+                         retry_backoff_s=retry_backoff_s, session=session)
         self.program = program
-        self.metadata = bearer_metadata(token)
-        if session is not None:  # the servers keep backend state per session
-            self.metadata.append((SESSION_KEY, session))
-        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, retry_backoff_s
         limit = max_message_bytes(program)
         self._channels = {s: connect(addresses[s], limit, tls) for s in program.sources}
         self.addresses = {s: address_name(addresses[s]) for s in program.sources}
         self._stubs = {s: pb_grpc.PartitionServiceStub(c) for s, c in self._channels.items()}
         self._client_key = secrets.token_hex(8)  # join keys: this client's id + request id
-        self._ids = iter(range(1, 1 << 62))
-        self._id_lock = threading.Lock()
-        self._plan_checked = False
 
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
 
-    def __enter__(self) -> StarClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def describe(self, source: str) -> pb.Description:
         """What ``source`` serves (retried as requests are, while it is not up yet)."""
         try:
-            return with_retries(lambda _: self._stubs[source].Describe(
-                pb.DescribeRequest(), timeout=self.timeout_s, metadata=self.metadata),
-                retries=self.retries, base_s=self.backoff_s,
-                retryable=rpc_failed_with(RETRYABLE))
+            return self._attempts(lambda timeout, metadata: self._stubs[source].Describe(
+                pb.DescribeRequest(), timeout=timeout, metadata=metadata))
         except grpc.RpcError as exc:
             raise RemoteError(self._explain(source, exc)) from None
 
-    def check_plan(self) -> None:
-        """Ask every source which plan it runs before sending it tensors."""
+    def _described(self) -> Iterator[tuple[str, pb.Description]]:
+        """Every source, asked in turn."""
         for source in self.program.sources:
-            described = self.describe(source)
-            if not runs_plan(described, self.program.plan_id):
-                raise RemoteError(
-                    f"source {source} ({self.addresses[source]}) refused the request: "
-                    f"FAILED_PRECONDITION: plan mismatch: it runs plan {described.plan_id} "
-                    f"(version {described.plan_version}), this client {self.program.plan_id} "
-                    f"(version {PLAN_VERSION}); start every side from the same plan file")
-        self._plan_checked = True
+            yield source, self.describe(source)
+
+    def _plan_mismatch(self, where: str, described: pb.Description) -> str:
+        return (f"source {where} ({self.addresses[where]}) refused the request: "
+                f"FAILED_PRECONDITION: plan mismatch: it runs plan {described.plan_id} "
+                f"(version {described.plan_version}), this client {self.program.plan_id} "
+                f"(version {PLAN_VERSION}); start every side from the same plan file")
 
     def request(self, inputs: Sequence[torch.Tensor] | None = None) -> RequestResult:
-        if not self._plan_checked:
-            self.check_plan()
+        self._ensure_plan()
         values = self.program.input_values(inputs)
-        with self._id_lock:
-            request_id = next(self._ids)
+        request_id = self.next_request_id()
         try:  # each attempt under a new join key: the sink may still hold the last one's
-            return with_retries(lambda attempt: self._request(
+            return self._retried(lambda attempt: self._request(
                 values, request_id, f"{self._client_key}-{request_id}-{attempt}"),
-                retries=self.retries, base_s=self.backoff_s,
-                retryable=lambda exc: isinstance(exc, _Failed) and exc.code in RETRYABLE)
+                lambda exc: isinstance(exc, _Failed) and exc.code in RETRYABLE)
         except _Failed as failed:
             raise RemoteError(failed.message) from None
 
