@@ -46,6 +46,7 @@ from edgesplit.runtime.planned import (
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.roles import LastHop, Relay, Role
 from edgesplit.runtime.shell import Servicer, check_request_plan
 from edgesplit.transport import (
     BadRequest,
@@ -233,6 +234,9 @@ class PartitionServer(GrpcServer):
         self._token_checked: object = None  # the call metadata last found to hold the token
         self._reply_metas = MetaCache()
         self._fast = FastPath(self)
+        # its role, chosen once: a device that sends relays, the last one answers (the short
+        # way where a data-plane call fits)
+        self._role: Role = Relay(self) if self.step.sends else LastHop(self, self._fast)
         # a request's path, chosen once: a star's sink (a mesh's aggregator) joins its
         # sources' calls; any other device decodes, computes (in the engine's deployment or
         # here) and forwards what it sends
@@ -363,7 +367,7 @@ class PartitionServer(GrpcServer):
             if metadata is not self._token_checked:  # a connection's repeated metadata
                 self.check_token(call)                # is one object, checked once
                 self._token_checked = metadata
-            run = self._fast.reply if self._fast.fits(frame) else self._handle_slot
+            run = self._role.route(frame)
             out = answer(call, lambda: run(frame, call), self.failure)
         except Aborted:
             return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
@@ -371,16 +375,6 @@ class PartitionServer(GrpcServer):
         if self.upstream.enabled:
             self.upstream.send(out.nbytes(), "down")
         return out
-
-    def _handle_slot(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
-        """At most ``max_workers`` requests at once, as gRPC's thread pool allows; a request
-        that waits for a slot past its deadline is dropped."""
-        request = Message.from_frame(frame)
-        self.take_slot(context)
-        try:
-            return self.reply_frame(self.handle(request, context))
-        finally:
-            self._slots.give()
 
     def reply_frame(self, reply: Message) -> Frame:
         """``reply`` as the data plane's answer (its meta encoded once while it repeats)."""
@@ -416,10 +410,7 @@ class PartitionServer(GrpcServer):
         timings: dict[str, float] = {self._ser_key: (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.step.name)  # the client may have given up while we queued
         values = self._compute_step(values, context, timings)
-        downstream: dict[str, bytes] = {}
-        if self.step.sends:
-            downstream, more = self.forward(request, values, context, timings)
-            timings.update(more)
+        downstream = self._role.downstream(request, values, context, timings)
         t1 = time.perf_counter()
         parts = []
         for name in self.step.returns:
