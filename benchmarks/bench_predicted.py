@@ -131,13 +131,16 @@ def process_cpu_s(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def serve_process(plan_path: Path, *flags: str, shape: bool = False) -> Iterator[Served]:
-    """`edgesplit serve` for the plan's cloud part in its own process (shaping its replies or
-    not); its gRPC address (with the process id)."""
+def serve_process(plan_path: Path, *flags: str, shape: bool = False, device: str = "cloud",
+                  env: dict[str, str] | None = None) -> Iterator[Served]:
+    """`edgesplit serve` for the plan's ``device`` (its cloud part by default) in its own
+    process (shaping its replies or not; ``env``: the process's environment, e.g. a
+    PYTHONPATH naming another version's source); its gRPC address (with the process id)."""
     proc = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),
-                             "--device", "cloud", "--port", "0",
+                             "--device", device, "--port", "0",
                              *(["--shape"] if shape else ["--no-shape"]), *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
