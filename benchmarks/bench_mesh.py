@@ -100,7 +100,8 @@ def _topology(device: Device, ue: Device) -> Any:
                 [named(b) for b in BRANCHES], LINK, named("agg"), LINK)
 
 
-def plan_mesh(tmp: Path) -> tuple[nn.Module, torch.Tensor, dict[str, Plan], dict[str, Any]]:
+def plan_mesh(tmp: Path, repeats: int = 20
+              ) -> tuple[nn.Module, torch.Tensor, dict[str, Plan], dict[str, Any]]:
     """The model, its example input, the mesh and best-chain plans (their model exported to a
     ``.pt2`` the servers load) and what priced them."""
     torch.manual_seed(0)
@@ -109,7 +110,7 @@ def plan_mesh(tmp: Path) -> tuple[nn.Module, torch.Tensor, dict[str, Plan], dict
     graph = PlanningProblem(model, _topology(get_device("this-machine"),
                                              get_device("this-machine")),
                             example_inputs=x).graph
-    profile = min((profile_graph(graph, warmup=3, repeats=20, onnx=False) for _ in range(2)),
+    profile = min((profile_graph(graph, warmup=3, repeats=repeats, onnx=False) for _ in range(2)),
                   key=lambda p: p["sum_of_layers_ms"]["eager"])
     profile = predicted._scaled_to_whole(profile)
     device = _profiled(tmp / "mesh.profile.json", profile, codec)
@@ -176,7 +177,7 @@ def _requests(plans: dict[str, Plan], model: nn.Module, x: torch.Tensor, request
     out: dict[str, dict[str, Any]] = {k: {"latencies_ms": [], "diffs": [], "errors": []}
                                       for k in plans}
     for k in plans:
-        out[k]["served"] = []
+        out[k]["served"], out[k]["breakdowns"] = [], []
     with contextlib.ExitStack() as stack:
         clients = {}
         for k, plan in plans.items():
@@ -203,6 +204,7 @@ def _one(client: ChainClient, inputs: list, references: list, i: int, out: dict)
         out["errors"].append(str(exc))
         return
     out["latencies_ms"].append((time.perf_counter() - start) * 1e3)
+    out["breakdowns"].append(result.breakdown_ms)
     out["diffs"].append(float((result.outputs[0] - references[i]).abs().max()))
 
 
@@ -225,16 +227,22 @@ def _row(label: str, plan: Plan, measured: dict[str, Any]) -> dict[str, Any]:
                         "min": min(lat, default=median)},
         "measured_over_predicted": median / p.total_ms,
         "max_abs_diff": max(measured["diffs"], default=float("nan")),
+        # the client's own split of a request (median per part): remote is the servers'
+        # compute on the request's path as they report it, transfer everything else
+        "breakdown_ms": {k: float(statistics.median(b[k] for b in measured["breakdowns"]))
+                         for k in ("edge", "serialize", "remote", "transfer", "total")
+                         if measured["breakdowns"] and k in measured["breakdowns"][0]},
     }
 
 
-def bench_mesh(requests: int, tmp: Path) -> dict[str, Any]:
-    """The section: both plans planned, served and measured; load before and after."""
+def bench_mesh(requests: int, tmp: Path, profile_repeats: int = 20) -> dict[str, Any]:
+    """The section: both plans planned (priced by a profile of ``profile_repeats`` passes, the
+    better of two), served and measured; load before and after."""
     before = os.getloadavg()[0]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # this process is the UE: one core, as every device here
     try:
-        model, x, plans, priced = plan_mesh(tmp)
+        model, x, plans, priced = plan_mesh(tmp, profile_repeats)
         measured = _requests(plans, model, x, requests, tmp)
     finally:
         torch.set_num_threads(threads)
@@ -271,11 +279,15 @@ def render(section: dict[str, Any]) -> list[str]:
              "links are shaped (nothing sleeps to a predicted time), so the measurement can "
              f"disagree with the model. Requests alternate between the plans in blocks of "
              f"{section['block']} after 3 warm-ups each; every output is compared with the "
-             f"unsplit model's. Load average {section['load_before']:.2f} before, "
+             "unsplit model's. The measured parts are the client's own split of a request "
+             "(medians): `remote` the compute the servers on its path report, `transfer` "
+             "everything else but the client's encode and decode (links, hops, broadcast and "
+             f"join). Load average {section['load_before']:.2f} before, "
              f"{section['load_after']:.2f} after.", "",
              "| plan | layers per device | predicted ms | compute / transfer+RTT / serialize ms "
-             "| measured median ms | p95 ms | measured / predicted | ok | errors | "
-             "max abs diff |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| measured median ms | p95 ms | measured remote / transfer / serialize ms "
+             "| measured / predicted | ok | errors | max abs diff |",
+             "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in section["rows"]:
         parts = r["predicted_parts_ms"]
         compute = ", ".join(f"{d} {v:.2f}" for d, v in parts["compute"].items() if v)
@@ -284,9 +296,15 @@ def render(section: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['plan']} (`{r['method']}`) | {layers} | {r['predicted_ms']:.2f} | "
                      f"{compute} / {parts['transfer'] + parts['rtt']:.2f} / "
                      f"{parts['serialize']:.2f} | {m['median']:.2f} | {m['p95']:.2f} | "
+                     f"{_parts(r.get('breakdown_ms', {}))} | "
                      f"x{r['measured_over_predicted']:.2f} | {r['ok']} | {r['errors']} | "
                      f"{r['max_abs_diff']:.2g} |")
     return [*lines, "", note(section)]
+
+
+def _parts(b: dict[str, float]) -> str:
+    keys = ("remote", "transfer", "serialize")
+    return " / ".join(f"{b[k]:.2f}" for k in keys) if all(k in b for k in keys) else "-"
 
 
 def note(section: dict[str, Any]) -> str:

@@ -16,6 +16,12 @@ end-to-end latency, and how one server holds up under concurrent clients.
    just before, against the mean of 10 shaped requests.
 4. Load: 1 and 32 concurrent clients against an ``edgesplit serve`` process for digits_cnn,
    over each plane, with and without dynamic batching.
+5. Mesh (benchmarks/bench_mesh.py): a JMSNAS mesh plan served by one process per device, its
+   measured latency against its eq. 2 prediction, and the same problem's best chain.
+6. Baseline: section 4's setups run by an older commit's code (``--baseline REF``, default the
+   commit before the serving-shell refactor) and by this checkout's, alternating round by
+   round, each version's servers and clients importing its own ``src``
+   (benchmarks/load_client.py): new/old per metric against the run-to-run spread.
 
 Section 2 runs its servers in this process; every server is stopped in a ``finally``. The
 benchmark refuses to start on a busy machine (1-minute load above 1.0; ``--allow-load`` for a
@@ -23,7 +29,9 @@ trial run, with ``--out`` elsewhere). Writes runtime.md and runtime.json (to
 benchmarks/results/ by default); quote the ratios, not absolute times.
 
     python benchmarks/bench_runtime.py [--sections overhead,load] [--out DIR] [--models a,b]
-        [--requests 10] [--rounds 60] [--render-only]
+        [--requests 10] [--rounds 60] [--mesh-requests 400] [--baseline REF]
+        [--baseline-rounds 4] [--keep] [--render-only]
+    python benchmarks/bench_runtime.py --quick --out /tmp/rt   # smoke run, tiny sizes
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ import os
 import socket
 import statistics
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -44,10 +54,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import bench_mesh  # section 5, also runnable alone
 import bench_predicted as predicted  # section 3, also runnable alone (benchmarks/ is on the path)
 import numpy as np
 import torch
 
+import edgesplit
 from edgesplit.hardware import Device, Link, get_device
 from edgesplit.hardware.profile import machine_info, time_call
 from edgesplit.plan import (
@@ -93,6 +105,23 @@ LOAD_CLIENTS, LOAD_REQUESTS, LOAD_SINGLE_REQUESTS = 32, 150, 1500
 # run to run (where the scheduler puts it and the server), so one pair decides nothing at 2x
 LOAD_PAIRS = 3
 LOAD_PROCESSES = 4  # client processes (devices), LOAD_CLIENTS // LOAD_PROCESSES clients each
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSize:
+    """How much load sections 4 and 6 put on a server: ``processes`` client processes of
+    ``clients // processes`` clients, ``requests`` each; a lone client's ``single_requests``;
+    ``pairs`` (one client, then all) per setup in section 4."""
+
+    clients: int = LOAD_CLIENTS
+    processes: int = LOAD_PROCESSES
+    requests: int = LOAD_REQUESTS
+    single_requests: int = LOAD_SINGLE_REQUESTS
+    pairs: int = LOAD_PAIRS
+
+
+FULL_LOAD = LoadSize()
+QUICK_LOAD = LoadSize(clients=2, processes=1, requests=20, single_requests=50, pairs=1)
 LOAD_SETUPS = [("tcp", True), ("grpc", True), ("tcp", False), ("grpc", False)]
 QUIET_LOAD = 1.0  # 1-minute load average above which the machine is not quiet (2 cores)
 
@@ -619,6 +648,13 @@ def _load_run(plan_path: Path, address: str, plane: str, processes: int, threads
     server_cpu = predicted.process_cpu_s(pid) - server_cpu if pid else float("nan")
     for p in procs:
         p.join(10)
+    return _load_summary(parts, processes, threads, requests, server_cpu)
+
+
+def _load_summary(parts: list[dict[str, Any]], processes: int, threads: int, requests: int,
+                  server_cpu: float) -> dict[str, Any]:
+    """What ``processes`` client processes x ``threads`` clients measured together: latency,
+    throughput from the first start to the last end, errors, CPU per request."""
     lat = [x for part in parts for x in part["latencies_ms"]]
     errors = [e for part in parts for e in part["errors"]]
     wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
@@ -638,7 +674,7 @@ def _load_run(plan_path: Path, address: str, plane: str, processes: int, threads
     }
 
 
-def bench_load(device: Device, tmp: Path) -> dict[str, Any]:
+def bench_load(device: Device, tmp: Path, size: LoadSize = FULL_LOAD) -> dict[str, Any]:
     """One client against LOAD_CLIENTS, for each (plane, batching) in LOAD_SETUPS. The server
     is an `edgesplit serve` process and the clients are LOAD_PROCESSES processes (devices are
     separate machines: one interpreter for 32 clients would measure its lock instead)."""
@@ -647,17 +683,17 @@ def bench_load(device: Device, tmp: Path) -> dict[str, Any]:
     plan, _program = _manual(problem, layer)
     plan.save(tmp / "load.json")
     out: dict[str, Any] = {"model": model, "split_after": layer, "setups": []}
-    threads = LOAD_CLIENTS // LOAD_PROCESSES
+    threads = size.clients // size.processes
     for plane, batching in LOAD_SETUPS:
         # one torch thread, as every device in this benchmark: an idle OpenMP worker of the
         # server would spin on the cores the clients need
         flags = ("--threads", "1") if batching else ("--threads", "1", "--max-batch", "1")
         pairs = []
         with serve_process(tmp / "load.json", *flags) as address:
-            for _ in range(LOAD_PAIRS):
-                one = _load_run(tmp / "load.json", address, plane, 1, 1, LOAD_SINGLE_REQUESTS)
-                many = _load_run(tmp / "load.json", address, plane, LOAD_PROCESSES, threads,
-                                 LOAD_REQUESTS)
+            for _ in range(size.pairs):
+                one = _load_run(tmp / "load.json", address, plane, 1, 1, size.single_requests)
+                many = _load_run(tmp / "load.json", address, plane, size.processes, threads,
+                                 size.requests)
                 pairs.append((many["throughput_rps"] / one["throughput_rps"], one, many))
         row = _load_row(plane, batching, pairs)
         out["setups"].append(row)
@@ -665,7 +701,7 @@ def bench_load(device: Device, tmp: Path) -> dict[str, Any]:
         print(f"load {plane}, batching {'on' if batching else 'off'}: x"
               + ", x".join(f"{r:.2f}" for r in row["ratios"])
               + f" (median x{row['throughput_ratio']:.2f}: 1 client "
-              f"{one['throughput_rps']:.0f} req/s, {LOAD_CLIENTS} clients "
+              f"{one['throughput_rps']:.0f} req/s, {size.clients} clients "
               f"{many['throughput_rps']:.0f} req/s), {row['errors_all_runs']} errors")
     return out
 
@@ -684,6 +720,164 @@ def _load_row(plane: str, batching: bool, pairs: list[tuple[float, dict, dict]]
                                          for p in pairs)}
 
 
+# ---- 6. old and new code in the same run --------------------------------------------------------
+# the commit before the serving-shell work (issue 39) began: its overhead and throughput are what
+# the refactor must stay within
+BASELINE_REF = "3672140"
+BASELINE_ROUNDS = 4  # old, new, then new, old, ...: drift over the run hits both equally
+CLIENT_SCRIPT = Path(__file__).with_name("load_client.py")
+NEW_SRC = Path(edgesplit.__file__).resolve().parents[1]  # the source this process imports
+
+
+@contextlib.contextmanager
+def source_at(ref: str) -> Iterator[tuple[Path, str]]:
+    """``src/`` of commit ``ref`` of this repository in a temporary folder (removed at the end),
+    and the full commit id."""
+    repo = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="edgesplit-baseline-") as tmp:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "src"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp) / "src", commit
+
+
+def _env(src: Path) -> dict[str, str]:
+    """This environment with ``src`` alone on PYTHONPATH (ahead of the installed edgesplit)."""
+    return {**os.environ, "PYTHONPATH": str(src)}
+
+
+class ClientDevices:
+    """``processes`` load_client.py processes of ``threads`` clients each, importing edgesplit
+    from ``env``'s PYTHONPATH, connected and warmed up; :meth:`run` starts them together."""
+
+    def __init__(self, plan_path: Path, address: str, plane: str, processes: int,
+                 threads: int, env: dict[str, str]) -> None:
+        self.procs = [subprocess.Popen(
+            [sys.executable, str(CLIENT_SCRIPT), str(plan_path), address, plane, str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(processes)]
+        self.address, self.threads = address, threads
+        src = Path(env["PYTHONPATH"]).resolve()
+        for p in self.procs:
+            assert p.stdout is not None
+            ready, _, imported = p.stdout.readline().strip().partition(" ")
+            if ready != "ready" or not Path(imported).resolve().is_relative_to(src):
+                self.close()
+                raise RuntimeError(f"a client process for {address} did not start on {src} "
+                                   f"(exit {p.poll()}, imported {imported or 'nothing'})")
+
+    def run(self, kind: str, requests: int) -> dict[str, Any]:
+        """``single``: the first client alone; ``concurrent``: every client at once."""
+        procs = self.procs[:1] if kind == "single" else self.procs
+        pid = getattr(self.address, "pid", None)
+        cpu = predicted.process_cpu_s(pid) if pid else 0.0
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"{kind} {requests}\n")
+            p.stdin.flush()
+        parts = [json.loads(p.stdout.readline()) for p in procs if p.stdout is not None]
+        cpu = predicted.process_cpu_s(pid) - cpu if pid else float("nan")
+        return _load_summary(parts, len(procs), 1 if kind == "single" else self.threads,
+                             requests, cpu)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.stdin is not None:
+                p.stdin.close()
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _code_run(plan_path: Path, address: str, plane: str, size: LoadSize,
+              env: dict[str, str]) -> dict[str, Any]:
+    """One client alone, then all of them, against ``address``, clients importing ``env``'s
+    edgesplit."""
+    devices = ClientDevices(plan_path, address, plane, size.processes,
+                            size.clients // size.processes, env)
+    try:
+        return {"single client": devices.run("single", size.single_requests),
+                "concurrent": devices.run("concurrent", size.requests)}
+    finally:
+        devices.close()
+
+
+def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
+                   rounds: int = BASELINE_ROUNDS, size: LoadSize = FULL_LOAD,
+                   setups: list[tuple[str, bool]] = LOAD_SETUPS) -> dict[str, Any]:
+    """Section 4's setups served and driven by commit ``ref``'s code and by this checkout's,
+    side by side: per setup an old and a new `edgesplit serve` process, and ``rounds`` rounds
+    of (one client alone, then all) against each, old and new alternating (old first in even
+    rounds, new first in odd ones). The same client script drives both, importing the
+    version under test."""
+    model, layer = LOAD_SPLIT
+    problem = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=UNSHAPED_LINK))
+    plan, _program = _manual(problem, layer)
+    plan_path = tmp / "baseline-load.json"
+    plan.save(plan_path)  # this version's plan file; the old code reads it (checked at start)
+    before = os.getloadavg()[0]
+    out: dict[str, Any] = {"model": model, "split_after": layer, "ref": ref, "rounds": rounds,
+                           "setups": [], "load_before": before}
+    with source_at(ref) as (old_src, commit):
+        out["commit"] = commit
+        envs = {"old": _env(old_src), "new": _env(NEW_SRC)}
+        for plane, batching in setups:
+            flags = ("--threads", "1") if batching else ("--threads", "1", "--max-batch", "1")
+            runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+            with predicted.serve_process(plan_path, *flags, env=envs["old"]) as old_address, \
+                    predicted.serve_process(plan_path, *flags, env=envs["new"]) as new_address:
+                addresses = {"old": old_address, "new": new_address}
+                for r in range(rounds):
+                    for code in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                        runs[code].append(_code_run(plan_path, addresses[code], plane, size,
+                                                    envs[code]))
+            row = _baseline_row(plane, batching, runs)
+            out["setups"].append(row)
+            print(f"baseline {plane}, batching {'on' if batching else 'off'}: " + "; ".join(
+                f"{m['run']} {m['metric']} new/old x{m['ratio']:.3f} ({m['verdict']})"
+                for m in row["metrics"]))
+    out["load_after"] = os.getloadavg()[0]
+    return out
+
+
+BASELINE_METRICS = (("single client", "throughput_rps", "req/s", True),
+                    ("single client", "p50_ms", "ms", False),
+                    ("concurrent", "throughput_rps", "req/s", True),
+                    ("concurrent", "p50_ms", "ms", False))
+
+
+def _metric(run: dict[str, Any], key: str) -> float:
+    return run["throughput_rps"] if key == "throughput_rps" else run["latency_ms"]["p50"]
+
+
+def _baseline_row(plane: str, batching: bool, runs: dict[str, list[dict[str, Any]]]
+                  ) -> dict[str, Any]:
+    """Per metric: old and new median over the rounds, their min..max, new/old and a verdict
+    (``within spread`` where the two ranges overlap, else better or worse)."""
+    metrics = []
+    for label, key, unit, higher_is_better in BASELINE_METRICS:
+        values = {code: [_metric(r[label], key) for r in rs] for code, rs in runs.items()}
+        old, new = _median(values["old"]), _median(values["new"])
+        if max(values["new"]) >= min(values["old"]) and max(values["old"]) >= min(values["new"]):
+            verdict = "within spread"
+        else:
+            verdict = "better" if (new > old) == higher_is_better else "worse"
+        metrics.append({"run": label, "metric": key, "unit": unit, "old": values["old"],
+                        "new": values["new"], "old_median": old, "new_median": new,
+                        "ratio": new / old, "verdict": verdict})
+    errors = sum(r[k]["errors"] for rs in runs.values() for r in rs
+                 for k in ("single client", "concurrent"))
+    diff = max(r[k]["max_abs_diff"] for rs in runs.values() for r in rs
+               for k in ("single client", "concurrent"))
+    return {"plane": plane, "batching": batching, "metrics": metrics, "runs": runs,
+            "errors_all_runs": errors, "max_abs_diff_all_runs": diff}
+
+
 # ---- report -------------------------------------------------------------------------------------
 def write(doc: dict[str, Any], out: Path = RESULTS) -> None:
     """runtime.json and runtime.md in ``out``, with the sections this run measured."""
@@ -691,7 +885,8 @@ def write(doc: dict[str, Any], out: Path = RESULTS) -> None:
     (out / "runtime.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = _render_header(doc)
     for key, render in (("overhead", _render_overhead), ("shaping", _render_shaping),
-                        ("predicted", _render_predicted), ("load", _render_load)):
+                        ("predicted", _render_predicted), ("load", _render_load),
+                        ("mesh", _render_mesh), ("baseline", _render_baseline)):
         if key in doc:
             lines += render(doc)
     (out / "runtime.md").write_text("\n".join(lines) + "\n")
@@ -707,7 +902,9 @@ def _render_header(doc: dict[str, Any]) -> list[str]:
         f"torch {m['torch']}, Python {m['python']}, {m['threads']} threads, {m['processor']}; "
         f"this-machine measured live: {tm['peak_gops']['32']} GFLOP/s FP32, "
         f"{tm['memory_bandwidth_gb_per_s']} GB/s. One run of `benchmarks/bench_runtime.py` "
-        f"({doc['wall_s']:.0f} s, sections: {', '.join(doc['sections'])}) on a 2-core machine "
+        f"({doc['wall_s']:.0f} s, sections: {', '.join(doc['sections'])}"
+        + (f"; {', '.join(doc['kept_sections'])} kept from an earlier run"
+           if doc.get("kept_sections") else "") + ") on a 2-core machine "
         f"with nothing else running: load average {before:.2f} before, {after:.2f} after (the "
         "benchmark's own threads and server processes raise it). Quote the ratios, not the "
         "absolute times.", "",
@@ -802,16 +999,19 @@ def _render_load(doc: dict[str, Any]) -> list[str]:
     first = ld["setups"][0]
     single = first["single client"]["requests_per_client"]
     pairs = len(first.get("ratios", [0]))
-    lines = [f"## 4. Load: {LOAD_CLIENTS} concurrent clients x {LOAD_REQUESTS} requests", "",
+    many = first["concurrent"]
+    clients, processes = many["clients"], many["processes"]
+    lines = [f"## 4. Load: {clients} concurrent clients x {many['requests_per_client']} "
+             "requests", "",
              f"One `edgesplit serve --threads 1` process for {ld['model']} split after "
              f"`{ld['split_after']}`, no shaping, with and without dynamic batching (the "
              "default batches up to 32 waiting requests; `--max-batch 1` turns it off). The "
-             f"{LOAD_CLIENTS} clients are {LOAD_PROCESSES} client processes (devices) of "
-             f"{LOAD_CLIENTS // LOAD_PROCESSES} `ChainClient`s each, one torch thread per "
+             f"{clients} clients are {processes} client processes (devices) of "
+             f"{clients // processes} `ChainClient`s each, one torch thread per "
              "process, started together once every client has connected and warmed up; the "
              "single client is one such process with one client "
              f"({single} requests), the reference for the ratios. One client, "
-             f"then {LOAD_CLIENTS}, {pairs} times over against the same server: the table "
+             f"then {clients}, {pairs} times over against the same server: the table "
              "shows the pair with the median ratio, `x one client` every pair's ratio in "
              "brackets (a lone client's rate moves by several percent from run to run). Each "
              "request "
@@ -844,6 +1044,43 @@ def _render_load(doc: dict[str, Any]) -> list[str]:
     return [*lines, "", doc["notes"]["load"], ""]
 
 
+def _render_mesh(doc: dict[str, Any]) -> list[str]:
+    return [*bench_mesh.render(doc["mesh"]), ""]
+
+
+def _render_baseline(doc: dict[str, Any]) -> list[str]:
+    b = doc["baseline"]
+    first = b["setups"][0]["runs"]["new"][0]
+    one, many = first["single client"], first["concurrent"]
+    lines = [f"## 6. Old and new code in one run: section 4's setups, commit `{b['commit'][:7]}` "
+             "against this checkout", "",
+             f"Commit `{b['commit'][:10]}` (`{b['ref']}`, before the serving-shell refactor of "
+             "issue 39) is unpacked into a temporary folder (`git archive`); per setup one "
+             "`edgesplit serve --threads 1` process runs the old code and one the new (both "
+             "idle while the other is measured), and the same client script "
+             "(`benchmarks/load_client.py`, which imports the version under test) drives each: "
+             f"one client alone ({one['requests_per_client']} requests), then {many['clients']} "
+             f"clients in {many['processes']} processes ({many['requests_per_client']} requests "
+             f"each), {b['rounds']} rounds, old first in even rounds and new first in odd ones, "
+             "so that drift over the run hits both alike. Per metric: the median over the "
+             "rounds with the run-to-run spread (min..max), new/old of the medians, and "
+             "`within spread` where the two ranges overlap (else better or worse). p50 is the "
+             "per-request latency, what serving a request costs end to end. Load average "
+             f"{b['load_before']:.2f} before, {b['load_after']:.2f} after.", "",
+             "| plane | batching | run | metric | old median (min..max) | new median (min..max) "
+             "| new / old | verdict |", "|---|---|---|---|---:|---:|---:|---|"]
+    for setup in b["setups"]:
+        for m in setup["metrics"]:
+            fmt = ".0f" if m["unit"] == "req/s" else ".3f"
+            lines.append(
+                f"| {setup['plane']} | {'on' if setup['batching'] else 'off'} | {m['run']} | "
+                f"{m['metric'].replace('_rps', ' req/s').replace('_ms', ' ms')} | "
+                f"{m['old_median']:{fmt}} ({min(m['old']):{fmt}}..{max(m['old']):{fmt}}) | "
+                f"{m['new_median']:{fmt}} ({min(m['new']):{fmt}}..{max(m['new']):{fmt}}) | "
+                f"x{m['ratio']:.3f} | {m['verdict']} |")
+    return [*lines, "", doc["notes"]["baseline"], ""]
+
+
 def _cpu(run: dict[str, Any], key: str, fmt: str = ".3f") -> str:
     """A CPU column ("-" in results measured before it was recorded)."""
     value = run.get(key)
@@ -854,7 +1091,8 @@ def _notes(doc: dict[str, Any]) -> dict[str, str]:
     """Observations computed from this run's numbers (kept honest by deriving them)."""
     notes: dict[str, str] = {}
     for key, note in (("overhead", _note_overhead), ("shaping", _note_shaping),
-                      ("predicted", _note_predicted), ("load", _note_load)):
+                      ("predicted", _note_predicted), ("load", _note_load),
+                      ("baseline", _note_baseline)):
         if key in doc:
             notes[key] = note(doc)
     return notes
@@ -972,7 +1210,8 @@ def _note_load(doc: dict[str, Any]) -> str:
     text = [f"Every request of every run answered with {bad} errors (a reply carrying another "
             f"request's id counts as one), outputs equal to the unsplit model within "
             f"{diff:.2g}. "
-            f"{LOAD_CLIENTS} clients get x{best['throughput_ratio']:.2f} the requests/s of one "
+            f"{best['concurrent']['clients']} clients get x{best['throughput_ratio']:.2f} the "
+            "requests/s of one "
             f"with the {best['plane']} plane and batching "
             f"{'on' if best['batching'] else 'off'} "
             f"({best['concurrent']['throughput_rps']:.0f} req/s)."]
@@ -983,6 +1222,28 @@ def _note_load(doc: dict[str, Any]) -> str:
                     "a batch costs far less than its requests run one by one.")
     text.append(_note_load_cpu(ld))
     return " ".join(t for t in text if t)
+
+
+def _note_baseline(doc: dict[str, Any]) -> str:
+    b = doc["baseline"]
+    metrics = [m for s in b["setups"] for m in s["metrics"]]
+    verdicts = {v: sum(m["verdict"] == v for m in metrics)
+                for v in ("within spread", "better", "worse")}
+    ratios = [m["ratio"] for m in metrics if m["metric"] == "throughput_rps"]
+    worse = [f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}"
+             for s in b["setups"] for m in s["metrics"] if m["verdict"] == "worse"]
+    errors = sum(s["errors_all_runs"] for s in b["setups"])
+    diff = max(s["max_abs_diff_all_runs"] for s in b["setups"])
+    return (f"Of {len(metrics)} metrics, {verdicts['within spread']} are within the "
+            f"run-to-run spread, {verdicts['better']} better and {verdicts['worse']} worse"
+            + (f" ({', '.join(worse)})" if worse else "") +
+            f"; new/old throughput x{min(ratios):.3f}-x{max(ratios):.3f}. Every run of both "
+            f"versions answered with {errors} errors in all, outputs equal to the unsplit model "
+            f"within {diff:.2g}. Not compared: section 1's breakdown (run_local, the reference "
+            "peers and ChainClient's own split of a request run in this process, which "
+            "imports one version); the single client's p50 above is the per-request cost both "
+            "versions pay end to end. Section 5's mesh is not compared either: before the "
+            "refactor a mesh plan ran as its best chain (section 5's second row).")
 
 
 def _note_load_cpu(ld: dict[str, Any]) -> str:
@@ -998,13 +1259,14 @@ def _note_load_cpu(ld: dict[str, Any]) -> str:
             f"request. A lone client keeps {one['cores_busy']:.2f} cores busy at "
             f"{cpu1:.3f} ms of CPU a request (client {one['client_cpu_ms']:.3f}, server "
             f"{one['server_cpu_ms']:.3f}): its request's parts run one after the other, so a "
-            f"round trip is about one core's worth of work, not idle time. {LOAD_CLIENTS} "
+            f"round trip is about one core's worth of work, not idle time. {many['clients']} "
             f"clients keep {many['cores_busy']:.2f} cores busy at {cpu32:.3f} ms a request "
             f"(client {many['client_cpu_ms']:.3f}, server {many['server_cpu_ms']:.3f}): "
             f"x{many['cores_busy'] / one['cores_busy']:.2f} the cores, each request "
             f"x{cpu1 / cpu32:.2f} as cheap. Batching makes the server's share cheaper, while "
             "the clients' share (their edge compute, encode and socket calls) grows: with "
-            f"{LOAD_CLIENTS // LOAD_PROCESSES} clients to a process, each torch operator of "
+            f"{many['clients'] // many['processes']} clients to a process, each torch "
+            "operator of "
             "the edge compute gives the interpreter lock up and takes it back, a hand-off "
             "between threads (digits_cnn's edge part alone, no sockets: 0.34 ms of CPU a "
             "pass on one thread, 0.67 ms with eight threads computing in one process, in a "
@@ -1013,7 +1275,7 @@ def _note_load_cpu(ld: dict[str, Any]) -> str:
             "server's part can.")
 
 
-SECTIONS = ("overhead", "shaping", "predicted", "load")
+SECTIONS = ("overhead", "shaping", "predicted", "load", "mesh", "baseline")
 
 
 def _quiet(threshold: float) -> None:
@@ -1041,7 +1303,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60,
                         help=f"requests per variant, section 1 (in blocks of {OVERHEAD_BLOCK})")
     parser.add_argument("--shaping-requests", type=int, default=5)
+    parser.add_argument("--mesh-requests", type=int, default=400,
+                        help="requests per plan, section 5 (mesh and best chain)")
+    parser.add_argument("--baseline", default=BASELINE_REF, metavar="REF",
+                        help="section 6: the commit whose code this checkout's is compared "
+                             f"with (default {BASELINE_REF}, before the serving-shell work)")
+    parser.add_argument("--baseline-rounds", type=int, default=BASELINE_ROUNDS,
+                        help="section 6: rounds of old and new (alternating who goes first)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the sections not run now from runtime.json in --out")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run with tiny sizes (seconds per section; section 6 "
+                             "runs one setup): its numbers mean nothing, so it needs --out "
+                             "elsewhere and starts at any load")
+    parser.set_defaults(load_size=FULL_LOAD, baseline_setups=LOAD_SETUPS,
+                        mesh_profile_repeats=20)
     args = parser.parse_args()
+    if args.quick:
+        _quick(args)
     if args.render_only:
         doc = json.loads((args.out / "runtime.json").read_text())
         doc["notes"] = _notes(doc)
@@ -1070,11 +1349,43 @@ def main() -> None:
             doc["predicted"] = bench_predicted_section(args.models.split(","), args.requests,
                                                        Path(tmp))
         if "load" in sections:
-            doc["load"] = bench_load(device, Path(tmp))
+            doc["load"] = bench_load(device, Path(tmp), args.load_size)
+        if "mesh" in sections:
+            doc["mesh"] = bench_mesh.bench_mesh(args.mesh_requests, Path(tmp),
+                                                args.mesh_profile_repeats)
+        if "baseline" in sections:
+            doc["baseline"] = bench_baseline(device, Path(tmp), args.baseline,
+                                             args.baseline_rounds, args.load_size,
+                                             args.baseline_setups)
     doc["load_average_end"] = list(os.getloadavg())
     doc["wall_s"] = time.perf_counter() - start
+    if args.keep:
+        _keep_earlier(doc, args.out)
     doc["notes"] = _notes(doc)
     write(doc, args.out)
+
+
+def _quick(args: argparse.Namespace) -> None:
+    """Tiny sizes for every section (a smoke run), never into the committed results."""
+    if args.out.resolve() == RESULTS.resolve():
+        raise SystemExit("--quick measures nothing worth keeping: pass --out DIR elsewhere")
+    args.rounds, args.shaping_requests, args.requests = OVERHEAD_BLOCK, 1, 2
+    args.models, args.mesh_requests, args.mesh_profile_repeats = "digits_cnn", 20, 3
+    args.baseline_rounds, args.allow_load = 2, float("inf")
+    args.load_size, args.baseline_setups = QUICK_LOAD, LOAD_SETUPS[:1]
+
+
+def _keep_earlier(doc: dict[str, Any], out: Path) -> None:
+    """Sections of the runtime.json in ``out`` that this run did not measure, kept as they
+    were (named in ``kept_sections``: the header's load and time are this run's)."""
+    path = out / "runtime.json"
+    if not path.exists():
+        return
+    earlier = json.loads(path.read_text())
+    kept = [k for k in SECTIONS if k in earlier and k not in doc]
+    for key in kept:
+        doc[key] = earlier[key]
+    doc["kept_sections"] = kept
 
 
 if __name__ == "__main__":
