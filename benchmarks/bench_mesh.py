@@ -299,7 +299,9 @@ def render(section: dict[str, Any]) -> list[str]:
                      f"{_parts(r.get('breakdown_ms', {}))} | "
                      f"x{r['measured_over_predicted']:.2f} | {r['ok']} | {r['errors']} | "
                      f"{r['max_abs_diff']:.2g} |")
-    return [*lines, "", note(section)]
+    return [*lines, "", note(section), "",
+            "![mesh plan and best chain, predicted and measured by part (medians of each "
+            "part; dot: the median request, bar: p95)](runtime_mesh.png)"]
 
 
 def _parts(b: dict[str, float]) -> str:
@@ -330,6 +332,50 @@ def note(section: dict[str, Any]) -> str:
             f"{bad} errors; outputs equal to the unsplit model within {diff:.2g}.")
 
 
+def plot(section: dict[str, Any], path: Path) -> Path:
+    """Per plan, its prediction and its measurement side by side, each stacked by part
+    (compute on the request's path, links and hops, serialisation: the measured parts are
+    medians of each, so their sum need not be the median request); the measured median and
+    p95 as markers."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    colors = {"compute": "#1f77b4", "links and hops": "#ff7f0e", "serialize": "#2ca02c"}
+    ticks, labels = [], []
+    for i, r in enumerate(section["rows"]):
+        p, b = r["predicted_parts_ms"], r.get("breakdown_ms", {})
+        links = p["transfer"] + p["rtt"]
+        stacks = {"predicted": (r["predicted_ms"] - links - p["serialize"], links,
+                                p["serialize"]),
+                  "measured": (b.get("remote", 0.0), b.get("transfer", 0.0),
+                               b.get("serialize", 0.0))}
+        for j, (kind, parts) in enumerate(stacks.items()):
+            x, bottom = 3 * i + j, 0.0
+            for (name, color), value in zip(colors.items(), parts, strict=True):
+                ax.bar(x, value, bottom=bottom, color=color, alpha=0.5 if j == 0 else 0.9,
+                       label=name if i == 0 and j == 1 else None)
+                bottom += value
+            ticks.append(x)
+            labels.append(f"{r['plan']}\n{kind}")
+        ax.scatter([3 * i + 1], [r["measured_ms"]["median"]], color="black", marker="o",
+                   zorder=3, label="measured median" if i == 0 else None)
+        ax.scatter([3 * i + 1], [r["measured_ms"]["p95"]], color="black", marker="_", s=300,
+                   zorder=3, label="measured p95" if i == 0 else None)
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.set_ylabel("latency per request, ms")
+    ax.set_title("mesh plan vs best chain: eq. 2 prediction and measurement", fontsize=9)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=120, format="png")
+    finally:
+        fig.clear()
+    return path
+
+
 def main() -> None:
     import tempfile
 
@@ -344,6 +390,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "mesh.json").write_text(json.dumps(section, indent=2) + "\n")
+        plot(section, args.out / "runtime_mesh.png")
 
 
 if __name__ == "__main__":

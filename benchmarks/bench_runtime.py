@@ -890,6 +890,8 @@ def write(doc: dict[str, Any], out: Path = RESULTS) -> None:
         if key in doc:
             lines += render(doc)
     (out / "runtime.md").write_text("\n".join(lines) + "\n")
+    if "mesh" in doc:
+        bench_mesh.plot(doc["mesh"], out / "runtime_mesh.png")
     print("\n".join(lines))
 
 
