@@ -54,7 +54,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import bench_mesh  # section 5, also runnable alone
 import bench_predicted as predicted  # section 3, also runnable alone (benchmarks/ is on the path)
 import numpy as np
 import torch
@@ -443,7 +442,8 @@ def _overhead_row(model: str, layer: str, program: PlanProgram, plane: str,
     }
 
 
-def bench_overhead(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any]]:
+def bench_overhead(device: Device, rounds: int, tmp: Path,
+                   splits: list[tuple[str, str]] = OVERHEAD_SPLITS) -> list[dict[str, Any]]:
     """Per split: the data plane and gRPC served side by side with run_local, a raw socket
     carrying the same bytes, the floor and the raw round trip between the same computations,
     interleaved block by block. Every server is a process of its own (`edgesplit serve`, and
@@ -452,14 +452,15 @@ def bench_overhead(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any
     threads = torch.get_num_threads()
     torch.set_num_threads(predicted.THREADS)  # this process is the edge device: one core
     try:
-        return _overhead_splits(device, rounds, tmp)
+        return _overhead_splits(device, rounds, tmp, splits)
     finally:
         torch.set_num_threads(threads)
 
 
-def _overhead_splits(device: Device, rounds: int, tmp: Path) -> list[dict[str, Any]]:
+def _overhead_splits(device: Device, rounds: int, tmp: Path, splits: list[tuple[str, str]]
+                     ) -> list[dict[str, Any]]:
     rows = []
-    for i, (model, layer) in enumerate(OVERHEAD_SPLITS):
+    for i, (model, layer) in enumerate(splits):
         problem = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=UNSHAPED_LINK))
         plan, program = _manual(problem, layer)
         plan_path = tmp / f"overhead-{i}.json"
@@ -809,12 +810,14 @@ def _code_run(plan_path: Path, address: str, plane: str, size: LoadSize,
 
 def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
                    rounds: int = BASELINE_ROUNDS, size: LoadSize = FULL_LOAD,
-                   setups: list[tuple[str, bool]] = LOAD_SETUPS) -> dict[str, Any]:
+                   setups: list[tuple[str, bool]] = LOAD_SETUPS,
+                   overhead: tuple[int, int] | None = None) -> dict[str, Any]:
     """Section 4's setups served and driven by commit ``ref``'s code and by this checkout's,
     side by side: per setup an old and a new `edgesplit serve` process, and ``rounds`` rounds
     of (one client alone, then all) against each, old and new alternating (old first in even
     rounds, new first in odd ones). The same client script drives both, importing the
-    version under test."""
+    version under test. ``overhead``: (requests per variant, splits) to compare section 1
+    too, each version running it in a process of its own (:func:`bench_baseline_overhead`)."""
     model, layer = LOAD_SPLIT
     problem = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=UNSHAPED_LINK))
     plan, _program = _manual(problem, layer)
@@ -826,6 +829,9 @@ def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
     with source_at(ref) as (old_src, commit):
         out["commit"] = commit
         envs = {"old": _env(old_src), "new": _env(NEW_SRC)}
+        if overhead is not None:  # (requests per variant, splits)
+            out["overhead"] = bench_baseline_overhead({"old": old_src, "new": NEW_SRC}, tmp,
+                                                      rounds, *overhead)
         for plane, batching in setups:
             flags = ("--threads", "1") if batching else ("--threads", "1", "--max-batch", "1")
             runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
@@ -855,27 +861,78 @@ def _metric(run: dict[str, Any], key: str) -> float:
     return run["throughput_rps"] if key == "throughput_rps" else run["latency_ms"]["p50"]
 
 
+def _compare(old_values: list[float], new_values: list[float], higher_is_better: bool
+             ) -> dict[str, Any]:
+    """Old and new median over the rounds, their values, new/old and a verdict: ``within
+    spread`` where the two ranges (min..max) overlap, else better or worse."""
+    old, new = _median(old_values), _median(new_values)
+    if max(new_values) >= min(old_values) and max(old_values) >= min(new_values):
+        verdict = "within spread"
+    else:
+        verdict = "better" if (new > old) == higher_is_better else "worse"
+    return {"old": old_values, "new": new_values, "old_median": old, "new_median": new,
+            "ratio": new / old, "verdict": verdict}
+
+
 def _baseline_row(plane: str, batching: bool, runs: dict[str, list[dict[str, Any]]]
                   ) -> dict[str, Any]:
-    """Per metric: old and new median over the rounds, their min..max, new/old and a verdict
-    (``within spread`` where the two ranges overlap, else better or worse)."""
+    """Per metric of BASELINE_METRICS: :func:`_compare` over the rounds."""
     metrics = []
     for label, key, unit, higher_is_better in BASELINE_METRICS:
         values = {code: [_metric(r[label], key) for r in rs] for code, rs in runs.items()}
-        old, new = _median(values["old"]), _median(values["new"])
-        if max(values["new"]) >= min(values["old"]) and max(values["old"]) >= min(values["new"]):
-            verdict = "within spread"
-        else:
-            verdict = "better" if (new > old) == higher_is_better else "worse"
-        metrics.append({"run": label, "metric": key, "unit": unit, "old": values["old"],
-                        "new": values["new"], "old_median": old, "new_median": new,
-                        "ratio": new / old, "verdict": verdict})
+        metrics.append({"run": label, "metric": key, "unit": unit,
+                        **_compare(values["old"], values["new"], higher_is_better)})
     errors = sum(r[k]["errors"] for rs in runs.values() for r in rs
                  for k in ("single client", "concurrent"))
     diff = max(r[k]["max_abs_diff"] for rs in runs.values() for r in rs
                for k in ("single client", "concurrent"))
     return {"plane": plane, "batching": batching, "metrics": metrics, "runs": runs,
             "errors_all_runs": errors, "max_abs_diff_all_runs": diff}
+
+
+def _overhead_run(src: Path, out: Path, rounds: int, splits: int) -> list[dict[str, Any]]:
+    """Section 1 (its first ``splits`` splits, ``rounds`` requests per variant) run by this
+    script in a process of its own that imports edgesplit from ``src``: its rows."""
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--sections", "overhead",
+                    "--rounds", str(rounds), "--overhead-splits", str(splits), "--out", str(out),
+                    "--allow-load", "inf"], env=_env(src), check=True,
+                   stdout=subprocess.DEVNULL)
+    doc = json.loads((out / "runtime.json").read_text())
+    if not Path(doc["edgesplit_source"]).resolve().is_relative_to(src.resolve()):
+        raise RuntimeError(f"section 1 ran on {doc['edgesplit_source']}, not {src}")
+    return doc["overhead"]
+
+
+OVERHEAD_METRICS = (("overhead_ms", "overhead ms"), ("served_ms", "served ms"))
+
+
+def bench_baseline_overhead(srcs: dict[str, Path], tmp: Path, rounds: int,
+                            requests: int, splits: int) -> dict[str, Any]:
+    """Section 1 run ``rounds`` times by each version (this script, the version's edgesplit),
+    old first in even rounds; per split and plane (data plane, gRPC), :func:`_compare` of its
+    overhead (what serving adds besides compute) and of the whole served request."""
+    before = os.getloadavg()[0]
+    runs: dict[str, list[list[dict[str, Any]]]] = {"old": [], "new": []}
+    for r in range(rounds):
+        for code in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            runs[code].append(_overhead_run(srcs[code], tmp / f"overhead-{code}-{r}", requests,
+                                            splits))
+    rows = []
+    keys = [(x["model"], x["split_after"], x["plane"], x["request_bytes"])
+            for x in runs["new"][0] if x["plane"] in ("tcp", "grpc")]
+    for model, layer, plane, nbytes in keys:
+        def values(code: str, metric: str, model=model, layer=layer, plane=plane
+                   ) -> list[float]:
+            return [x[metric] for run in runs[code] for x in run
+                    if (x["model"], x["split_after"], x["plane"]) == (model, layer, plane)]
+        for metric, unit in OVERHEAD_METRICS:
+            rows.append({"model": model, "split_after": layer, "plane": plane,
+                         "request_bytes": nbytes, "metric": metric, "unit": unit,
+                         **_compare(values("old", metric), values("new", metric), False)})
+        print(f"baseline overhead {model} {plane}: new/old x{rows[-2]['ratio']:.3f} "
+              f"({rows[-2]['verdict']})")
+    return {"rounds": rounds, "requests": requests, "rows": rows, "load_before": before,
+            "load_after": os.getloadavg()[0]}
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -891,6 +948,8 @@ def write(doc: dict[str, Any], out: Path = RESULTS) -> None:
             lines += render(doc)
     (out / "runtime.md").write_text("\n".join(lines) + "\n")
     if "mesh" in doc:
+        import bench_mesh  # section 5 (not importable with code from before meshes ran)
+
         bench_mesh.plot(doc["mesh"], out / "runtime_mesh.png")
     print("\n".join(lines))
 
@@ -1047,6 +1106,8 @@ def _render_load(doc: dict[str, Any]) -> list[str]:
 
 
 def _render_mesh(doc: dict[str, Any]) -> list[str]:
+    import bench_mesh
+
     return [*bench_mesh.render(doc["mesh"]), ""]
 
 
@@ -1080,7 +1141,30 @@ def _render_baseline(doc: dict[str, Any]) -> list[str]:
                 f"{m['old_median']:{fmt}} ({min(m['old']):{fmt}}..{max(m['old']):{fmt}}) | "
                 f"{m['new_median']:{fmt}} ({min(m['new']):{fmt}}..{max(m['new']):{fmt}}) | "
                 f"x{m['ratio']:.3f} | {m['verdict']} |")
-    return [*lines, "", doc["notes"]["baseline"], ""]
+    return [*lines, *_render_baseline_overhead(b), "", doc["notes"]["baseline"], ""]
+
+
+def _render_baseline_overhead(b: dict[str, Any]) -> list[str]:
+    """Section 1 by each version, where it ran (``--baseline-overhead-rounds``)."""
+    ov = b.get("overhead")
+    if not ov:
+        return ["", "Section 1 was not compared in this run (`--baseline-overhead-rounds 0`)."]
+    lines = ["", f"Section 1 run whole by each version ({ov['rounds']} runs each, alternating "
+             f"as above, {ov['requests']} requests per variant in each; this script, its "
+             "edgesplit imported from the version's `src`): `overhead` is section 1's "
+             "(transfer + the reply's encode/decode: what serving adds besides compute), "
+             "`served` the whole request; medians per run, then over the runs. Load average "
+             f"{ov['load_before']:.2f} before, {ov['load_after']:.2f} after.", "",
+             "| model | split after | bytes up | plane | metric | old median (min..max) | "
+             "new median (min..max) | new / old | verdict |",
+             "|---|---|---:|---|---|---:|---:|---:|---|"]
+    for r in ov["rows"]:
+        lines.append(f"| {r['model']} | `{r['split_after']}` | {r['request_bytes']:,} | "
+                     f"{r['plane']} | {r['unit']} | {r['old_median']:.3f} "
+                     f"({min(r['old']):.3f}..{max(r['old']):.3f}) | {r['new_median']:.3f} "
+                     f"({min(r['new']):.3f}..{max(r['new']):.3f}) | x{r['ratio']:.3f} | "
+                     f"{r['verdict']} |")
+    return lines
 
 
 def _cpu(run: dict[str, Any], key: str, fmt: str = ".3f") -> str:
@@ -1228,12 +1312,15 @@ def _note_load(doc: dict[str, Any]) -> str:
 
 def _note_baseline(doc: dict[str, Any]) -> str:
     b = doc["baseline"]
-    metrics = [m for s in b["setups"] for m in s["metrics"]]
+    metrics = [m for s in b["setups"] for m in s["metrics"]] + b.get("overhead", {}).get(
+        "rows", [])
     verdicts = {v: sum(m["verdict"] == v for m in metrics)
                 for v in ("within spread", "better", "worse")}
     ratios = [m["ratio"] for m in metrics if m["metric"] == "throughput_rps"]
     worse = [f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}"
              for s in b["setups"] for m in s["metrics"] if m["verdict"] == "worse"]
+    worse += [f"section 1 {r['model']} {r['plane']} {r['metric']}"
+              for r in b.get("overhead", {}).get("rows", []) if r["verdict"] == "worse"]
     errors = sum(s["errors_all_runs"] for s in b["setups"])
     diff = max(s["max_abs_diff_all_runs"] for s in b["setups"])
     return (f"Of {len(metrics)} metrics, {verdicts['within spread']} are within the "
@@ -1241,11 +1328,13 @@ def _note_baseline(doc: dict[str, Any]) -> str:
             + (f" ({', '.join(worse)})" if worse else "") +
             f"; new/old throughput x{min(ratios):.3f}-x{max(ratios):.3f}. Every run of both "
             f"versions answered with {errors} errors in all, outputs equal to the unsplit model "
-            f"within {diff:.2g}. Not compared: section 1's breakdown (run_local, the reference "
-            "peers and ChainClient's own split of a request run in this process, which "
-            "imports one version); the single client's p50 above is the per-request cost both "
-            "versions pay end to end. Section 5's mesh is not compared either: before the "
-            "refactor a mesh plan ran as its best chain (section 5's second row).")
+            f"within {diff:.2g}. Section 1 runs in whole runs per version, not request by "
+            "request (its client, run_local and reference peers run in one process, which "
+            "imports one version), so drift within a run is not shared by the other version; "
+            "its reference rows (floor, raw round trips) are not versions of the runtime and "
+            "are left out. Not compared: sections 2 and 3 (the same transport as section 1, "
+            "shaped or predicted), and section 5's mesh: before the refactor a mesh plan ran "
+            "as its best chain (section 5's second row).")
 
 
 def _note_load_cpu(ld: dict[str, Any]) -> str:
@@ -1304,6 +1393,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10, help="requests per plan, section 3")
     parser.add_argument("--rounds", type=int, default=60,
                         help=f"requests per variant, section 1 (in blocks of {OVERHEAD_BLOCK})")
+    parser.add_argument("--overhead-splits", type=int, default=len(OVERHEAD_SPLITS),
+                        help="section 1: the first N splits only")
     parser.add_argument("--shaping-requests", type=int, default=5)
     parser.add_argument("--mesh-requests", type=int, default=400,
                         help="requests per plan, section 5 (mesh and best chain)")
@@ -1312,6 +1403,9 @@ def main() -> None:
                              f"with (default {BASELINE_REF}, before the serving-shell work)")
     parser.add_argument("--baseline-rounds", type=int, default=BASELINE_ROUNDS,
                         help="section 6: rounds of old and new (alternating who goes first)")
+    parser.add_argument("--baseline-overhead-rounds", type=int, default=30,
+                        help="section 6: section 1's requests per variant in each version's "
+                             "run of it (0: compare section 4's setups only)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the sections not run now from runtime.json in --out")
     parser.add_argument("--quick", action="store_true",
@@ -1338,13 +1432,15 @@ def main() -> None:
     torch.manual_seed(0)
     device = get_device("this-machine")
     doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "sections": sections,
+                           "edgesplit_source": str(NEW_SRC),
                            "this_machine": device.model_dump(mode="json"),
                            "load_average": list(load_start),
                            "e2e_link": predicted.LINK.model_dump(mode="json"),
                            "e2e_requests": args.requests}
     with tempfile.TemporaryDirectory(prefix="edgesplit-bench-") as tmp:
         if "overhead" in sections:
-            doc["overhead"] = bench_overhead(device, args.rounds, Path(tmp))
+            doc["overhead"] = bench_overhead(device, args.rounds, Path(tmp),
+                                             OVERHEAD_SPLITS[:args.overhead_splits])
         if "shaping" in sections:
             doc["shaping"] = bench_shaping(device, args.shaping_requests)
         if "predicted" in sections:
@@ -1353,12 +1449,17 @@ def main() -> None:
         if "load" in sections:
             doc["load"] = bench_load(device, Path(tmp), args.load_size)
         if "mesh" in sections:
+            import bench_mesh
+
             doc["mesh"] = bench_mesh.bench_mesh(args.mesh_requests, Path(tmp),
                                                 args.mesh_profile_repeats)
         if "baseline" in sections:
             doc["baseline"] = bench_baseline(device, Path(tmp), args.baseline,
                                              args.baseline_rounds, args.load_size,
-                                             args.baseline_setups)
+                                             args.baseline_setups,
+                                             (args.baseline_overhead_rounds,
+                                              args.overhead_splits)
+                                             if args.baseline_overhead_rounds else None)
     doc["load_average_end"] = list(os.getloadavg())
     doc["wall_s"] = time.perf_counter() - start
     if args.keep:
@@ -1374,6 +1475,7 @@ def _quick(args: argparse.Namespace) -> None:
     args.rounds, args.shaping_requests, args.requests = OVERHEAD_BLOCK, 1, 2
     args.models, args.mesh_requests, args.mesh_profile_repeats = "digits_cnn", 20, 3
     args.baseline_rounds, args.allow_load = 2, float("inf")
+    args.overhead_splits, args.baseline_overhead_rounds = 1, OVERHEAD_BLOCK
     args.load_size, args.baseline_setups = QUICK_LOAD, LOAD_SETUPS[:1]
 
 
