@@ -21,7 +21,9 @@ end-to-end latency, and how one server holds up under concurrent clients.
 6. Baseline: section 4's setups run by an older commit's code (``--baseline REF``, default the
    commit before the serving-shell refactor) and by this checkout's, alternating round by
    round, each version's servers and clients importing its own ``src``
-   (benchmarks/load_client.py): new/old per metric against the run-to-run spread.
+   (benchmarks/load_client.py), and section 1 run whole by each version in turn
+   (``--baseline-overhead-rounds``, 0: skip): new/old per metric against the run-to-run
+   spread.
 
 Section 2 runs its servers in this process; every server is stopped in a ``finally``. The
 benchmark refuses to start on a busy machine (1-minute load above 1.0; ``--allow-load`` for a
@@ -30,7 +32,8 @@ benchmarks/results/ by default); quote the ratios, not absolute times.
 
     python benchmarks/bench_runtime.py [--sections overhead,load] [--out DIR] [--models a,b]
         [--requests 10] [--rounds 60] [--mesh-requests 400] [--baseline REF]
-        [--baseline-rounds 4] [--keep] [--render-only]
+        [--baseline-rounds 4] [--baseline-overhead-rounds 30] [--overhead-splits 6] [--keep]
+        [--render-only]
     python benchmarks/bench_runtime.py --quick --out /tmp/rt   # smoke run, tiny sizes
 """
 
