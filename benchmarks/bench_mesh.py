@@ -153,7 +153,7 @@ def serve_plan(plan: Plan, program: PlanProgram, path: Path) -> Iterator[tuple[s
             agg = serve(layout.aggregator)
             branches = [f"{b}={serve(b, agg)}" for b in layout.branches]
             first = serve("root", *branches)
-            path_devices = ["root", layout.branches[0], layout.aggregator]
+            path_devices = ["root", "|".join(layout.branches), layout.aggregator]
         else:
             hops, step = [], program.steps[0]
             while (nxt := program.next_device(step)) is not None:
@@ -309,6 +309,14 @@ def _parts(b: dict[str, float]) -> str:
     return " / ".join(f"{b[k]:.2f}" for k in keys) if all(k in b for k in keys) else "-"
 
 
+def _path(row: dict[str, Any]) -> str:
+    """The served processes a request passes, those without layers named as relays."""
+    path = row.get("served_path", [])
+    relays = [d for d in path if not any(row["layers"].get(x) for x in d.split("|"))]
+    return (f"{len(path)} served processes in turn ({', '.join(path)}"
+            + (f"; {', '.join(relays)} only relay" if relays else "") + ")")
+
+
 def note(section: dict[str, Any]) -> str:
     """What this run's numbers say (derived, so it stays true when they change)."""
     by = {r["plan"]: r for r in section["rows"]}
@@ -322,10 +330,7 @@ def note(section: dict[str, Any]) -> str:
             f" its own ({excess['best chain']:+.2f} ms); the parallel branches made a request "
             f"x{section['measured_gain']:.2f} as fast as the best chain, where the plans "
             f"predicted x{section['predicted_gain']:.2f}. A mesh request passes "
-            f"{len(mesh_row.get('served_path', ()))} served processes "
-            f"({', '.join(mesh_row.get('served_path', ()))}), the chain's "
-            f"{len(chain.get('served_path', ()))} "
-            f"({', '.join(chain.get('served_path', ()))}): eq. 2 prices their links and "
+            f"{_path(mesh_row)}, the chain's {_path(chain)}: eq. 2 prices their links and "
             "compute but not each hop's own serving cost (framing, thread wake-ups; sections 1 "
             "and 2), nor the root's broadcast and the aggregator's join, and the two branches "
             "compute at once on a 2-core machine that the UE and the other servers share. "
