@@ -112,7 +112,10 @@ def plan_mesh(tmp: Path, repeats: int = 20
                             example_inputs=x).graph
     profile = min((profile_graph(graph, warmup=3, repeats=repeats, onnx=False) for _ in range(2)),
                   key=lambda p: p["sum_of_layers_ms"]["eager"])
-    profile = predicted._scaled_to_whole(profile)
+    # per-layer medians as measured: the whole pass timed alongside is recorded, not scaled
+    # to (section 3 scales profiles taken after idle; back to back, in trial runs, the served
+    # compute matched the layers' sum and the scaled profile overpriced it)
+    whole = profile["whole_model"]["eager_ms"]["median"]
     device = _profiled(tmp / "mesh.profile.json", profile, codec)
     ue = _profiled(tmp / "mesh-ue.profile.json", profile, codec, UE_SLOWER)
     problem = PlanningProblem(model, _topology(device, ue), example_inputs=x)
@@ -129,8 +132,8 @@ def plan_mesh(tmp: Path, repeats: int = 20
         plans[label] = plan
     if plans["mesh"].shape != "mesh":
         raise RuntimeError("multisplit chose a chain for TwoBranch: no mesh to measure")
-    return model, x, plans, {"scaled_to_whole": profile["scaled_to_whole"],
-                             "whole_model_ms": profile["whole_model"]["eager_ms"]["median"]}
+    return model, x, plans, {"sum_of_layers_ms": profile["sum_of_layers_ms"]["eager"],
+                             "whole_model_ms": whole}
 
 
 # ---- serving ------------------------------------------------------------------------------------
@@ -177,7 +180,7 @@ def _requests(plans: dict[str, Plan], model: nn.Module, x: torch.Tensor, request
     out: dict[str, dict[str, Any]] = {k: {"latencies_ms": [], "diffs": [], "errors": []}
                                       for k in plans}
     for k in plans:
-        out[k]["served"], out[k]["breakdowns"] = [], []
+        out[k]["served"], out[k]["breakdowns"], out[k]["hops"] = [], [], []
     with contextlib.ExitStack() as stack:
         clients = {}
         for k, plan in plans.items():
@@ -205,7 +208,36 @@ def _one(client: ChainClient, inputs: list, references: list, i: int, out: dict)
         return
     out["latencies_ms"].append((time.perf_counter() - start) * 1e3)
     out["breakdowns"].append(result.breakdown_ms)
+    out["hops"].append(dict(result.hops_ms))
     out["diffs"].append(float((result.outputs[0] - references[i]).abs().max()))
+
+
+def _med(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def _computing(plan: Plan) -> list[str]:
+    """The devices that compute in ``plan``."""
+    return [d.name for d in plan.devices if d.layers]
+
+
+def _breakdown(plan: Plan, measured: dict[str, Any]) -> dict[str, float]:
+    """Medians over the requests of: ``compute``, the compute on a request's path as the
+    servers report it (every serial device's, the slowest branch's: the client's own
+    ``remote`` adds both branches up), ``serialize`` (every encode and decode), and
+    ``transfer``, the rest of the request (links, hops, broadcast and join)."""
+    parallel = set(plan.parallel_devices)
+    rows = []
+    for b, hops in zip(measured["breakdowns"], measured["hops"], strict=True):
+        compute = {k.removesuffix(".compute_ms"): v for k, v in hops.items()
+                   if k.endswith(".compute_ms")}
+        path = b["edge"] + sum(v for d, v in compute.items() if d not in parallel) + max(
+            (v for d, v in compute.items() if d in parallel), default=0.0)
+        rows.append({"compute": path, "serialize": b["serialize"],
+                     "transfer": max(0.0, b["total"] - path - b["serialize"]),
+                     "total": b["total"]})
+    return {k: _med([r[k] for r in rows]) for k in ("compute", "serialize", "transfer",
+                                                     "total")} if rows else {}
 
 
 def _row(label: str, plan: Plan, measured: dict[str, Any]) -> dict[str, Any]:
@@ -227,11 +259,9 @@ def _row(label: str, plan: Plan, measured: dict[str, Any]) -> dict[str, Any]:
                         "min": min(lat, default=median)},
         "measured_over_predicted": median / p.total_ms,
         "max_abs_diff": max(measured["diffs"], default=float("nan")),
-        # the client's own split of a request (median per part): remote is the servers'
-        # compute on the request's path as they report it, transfer everything else
-        "breakdown_ms": {k: float(statistics.median(b[k] for b in measured["breakdowns"]))
-                         for k in ("edge", "serialize", "remote", "transfer", "total")
-                         if measured["breakdowns"] and k in measured["breakdowns"][0]},
+        "breakdown_ms": _breakdown(plan, measured),
+        "device_compute_ms": {d: _med([h.get(f"{d}.compute_ms", 0.0) for h in measured["hops"]])
+                              for d in _computing(plan)},
     }
 
 
@@ -267,8 +297,9 @@ def render(section: dict[str, Any]) -> list[str]:
              "this machine's devices, every link shaped "
              f"{link['bandwidth_mbps']:g} Mbps / {link['rtt_ms']:g} ms. Root, branches and "
              "aggregator are priced by a per-layer profile measured just before on one torch "
-             f"thread (scaled x{section['profile']['scaled_to_whole']:.2f} to the whole pass it "
-             f"timed alongside, {section['profile']['whole_model_ms']:.2f} ms), the UE "
+             f"thread, back to back (layers' medians as measured, "
+             f"{section['profile']['sum_of_layers_ms']:.2f} ms in all; the whole pass timed "
+             f"alongside took {section['profile']['whole_model_ms']:.2f} ms), the UE "
              f"{section['ue_slower']:g}x slower so that it only relays its input (it computes "
              "nothing in either plan). `mesh` is `multisplit`'s plan (JMSNAS's exact search; "
              "its prediction is eq. 2: chain part + the slowest branch with its two transfers "
@@ -279,24 +310,27 @@ def render(section: dict[str, Any]) -> list[str]:
              "links are shaped (nothing sleeps to a predicted time), so the measurement can "
              f"disagree with the model. Requests alternate between the plans in blocks of "
              f"{section['block']} after 3 warm-ups each; every output is compared with the "
-             "unsplit model's. The measured parts are the client's own split of a request "
-             "(medians): `remote` the compute the servers on its path report, `transfer` "
-             "everything else but the client's encode and decode (links, hops, broadcast and "
-             f"join). Load average {section['load_before']:.2f} before, "
+             "unsplit model's. The measured parts are medians over the requests: `compute` "
+             "the compute on a request's path as the servers report it (each serial device's "
+             "and the slower branch's), `serialize` every encode and decode, `transfer` the "
+             "rest (links, hops, the broadcast and the join); `device compute` each device's "
+             "median compute, where the branches show what computing at once costs them. "
+             f"Load average {section['load_before']:.2f} before, "
              f"{section['load_after']:.2f} after.", "",
              "| plan | layers per device | predicted ms | compute / transfer+RTT / serialize ms "
-             "| measured median ms | p95 ms | measured remote / transfer / serialize ms "
-             "| measured / predicted | ok | errors | max abs diff |",
-             "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+             "| measured median ms | p95 ms | measured compute / transfer / serialize ms "
+             "| device compute ms | measured / predicted | ok | errors | max abs diff |",
+             "|---|---|---:|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for r in section["rows"]:
         parts = r["predicted_parts_ms"]
         compute = ", ".join(f"{d} {v:.2f}" for d, v in parts["compute"].items() if v)
         layers = ", ".join(f"{d} {n}" for d, n in r["layers"].items() if n)
         m = r["measured_ms"]
+        devices = ", ".join(f"{d} {v:.2f}" for d, v in r.get("device_compute_ms", {}).items())
         lines.append(f"| {r['plan']} (`{r['method']}`) | {layers} | {r['predicted_ms']:.2f} | "
                      f"{compute} / {parts['transfer'] + parts['rtt']:.2f} / "
                      f"{parts['serialize']:.2f} | {m['median']:.2f} | {m['p95']:.2f} | "
-                     f"{_parts(r.get('breakdown_ms', {}))} | "
+                     f"{_parts(r.get('breakdown_ms', {}))} | {devices or '-'} | "
                      f"x{r['measured_over_predicted']:.2f} | {r['ok']} | {r['errors']} | "
                      f"{r['max_abs_diff']:.2g} |")
     return [*lines, "", note(section), "",
@@ -305,7 +339,7 @@ def render(section: dict[str, Any]) -> list[str]:
 
 
 def _parts(b: dict[str, float]) -> str:
-    keys = ("remote", "transfer", "serialize")
+    keys = ("compute", "transfer", "serialize")
     return " / ".join(f"{b[k]:.2f}" for k in keys) if all(k in b for k in keys) else "-"
 
 
@@ -315,6 +349,21 @@ def _path(row: dict[str, Any]) -> str:
     relays = [d for d in path if not any(row["layers"].get(x) for x in d.split("|"))]
     return (f"{len(path)} served processes in turn ({', '.join(path)}"
             + (f"; {', '.join(relays)} only relay" if relays else "") + ")")
+
+
+def _where(mesh_row: dict[str, Any], chain: dict[str, Any]) -> str:
+    """Where the measured time went against the predicted, by part, for both plans."""
+    parts = []
+    for name, r in (("mesh", mesh_row), ("best chain", chain)):
+        b, p = r.get("breakdown_ms", {}), r["predicted_parts_ms"]
+        if not b:
+            return ""
+        links = p["transfer"] + p["rtt"]
+        compute = r["predicted_ms"] - links - p["serialize"]
+        parts.append(f"the {name}'s compute on the path {b['compute']:.2f} ms against "
+                     f"{compute:.2f} predicted, its links and hops {b['transfer']:.2f} against "
+                     f"{links:.2f}")
+    return "By part (medians): " + "; ".join(parts) + "."
 
 
 def note(section: dict[str, Any]) -> str:
@@ -329,7 +378,8 @@ def note(section: dict[str, Any]) -> str:
             f"{excess['mesh']:+.2f} ms) and the best chain x{chain['measured_over_predicted']:.2f}"
             f" its own ({excess['best chain']:+.2f} ms); the parallel branches made a request "
             f"x{section['measured_gain']:.2f} as fast as the best chain, where the plans "
-            f"predicted x{section['predicted_gain']:.2f}. A mesh request passes "
+            f"predicted x{section['predicted_gain']:.2f}. {_where(mesh_row, chain)} "
+            "A mesh request passes "
             f"{_path(mesh_row)}, the chain's {_path(chain)}: eq. 2 prices their links and "
             "compute but not each hop's own serving cost (framing, thread wake-ups; sections 1 "
             "and 2), nor the root's broadcast and the aggregator's join, and the two branches "
@@ -355,7 +405,7 @@ def plot(section: dict[str, Any], path: Path) -> Path:
         links = p["transfer"] + p["rtt"]
         stacks = {"predicted": (r["predicted_ms"] - links - p["serialize"], links,
                                 p["serialize"]),
-                  "measured": (b.get("remote", 0.0), b.get("transfer", 0.0),
+                  "measured": (b.get("compute", 0.0), b.get("transfer", 0.0),
                                b.get("serialize", 0.0))}
         for j, (kind, parts) in enumerate(stacks.items()):
             x, bottom = 3 * i + j, 0.0

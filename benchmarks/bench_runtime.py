@@ -1478,7 +1478,8 @@ def _quick(args: argparse.Namespace) -> None:
     args.rounds, args.shaping_requests, args.requests = OVERHEAD_BLOCK, 1, 2
     args.models, args.mesh_requests, args.mesh_profile_repeats = "digits_cnn", 20, 3
     args.baseline_rounds, args.allow_load = 2, float("inf")
-    args.overhead_splits, args.baseline_overhead_rounds = 1, OVERHEAD_BLOCK
+    args.overhead_splits = 1
+    args.baseline_overhead_rounds = min(args.baseline_overhead_rounds, OVERHEAD_BLOCK)
     args.load_size, args.baseline_setups = QUICK_LOAD, LOAD_SETUPS[:1]
 
 
