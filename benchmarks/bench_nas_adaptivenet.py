@@ -75,10 +75,6 @@ SEEDS = 2 if QUICK else 10
 RESNET_SEEDS = 1 if QUICK else 5
 EPOCHS = (1, 1) if QUICK else (15, 15)
 RESNET_EPOCHS = (1, 0) if QUICK else (15, 15)
-# the rates these results were measured with (ElasticTrainer's defaults until 2026-11-28, now
-# 3e-4 / 1e-4 for pretrained networks): the toys here train 15 + 15 epochs, and this keeps the
-# committed results those of the code that runs
-RATES = {"lr": 3e-3, "tune_lr": 1e-3}
 PRETRAIN_EPOCHS = 1 if QUICK else 8  # ResNet-18 trained on the digits: the "pretrained" model
 MODELS = {"digits_cnn": None, "resnet18": (1, 3, 64, 64), "mobilenet_v2": (1, 3, 64, 64),
           "all_minilm_l6_v2": None}
@@ -323,13 +319,13 @@ def measure(out: Path) -> None:
         elast = elastification_rows()
         _stage("training three supernets", clock)
         elastify_model("digits_cnn", out=work / "digits", trainer=ElasticTrainer(
-            distill_epochs=EPOCHS[0], tune_epochs=EPOCHS[1], **RATES))
+            distill_epochs=EPOCHS[0], tune_epochs=EPOCHS[1]))
         pretrain = pretrained_resnet(work / "resnet18-digits.pt2")
         elastify_model(str(work / "resnet18-digits.pt2"), data="digits", out=work / "resnet",
                        trainer=ElasticTrainer(distill_epochs=RESNET_EPOCHS[0],
-                                              tune_epochs=RESNET_EPOCHS[1], **RATES))
+                                              tune_epochs=RESNET_EPOCHS[1]))
         elastify_model("all_minilm_l6_v2", out=work / "minilm", trainer=ElasticTrainer(
-            distill_epochs=1 if QUICK else 10, tune_epochs=1 if QUICK else 10, **RATES))
+            distill_epochs=1 if QUICK else 10, tune_epochs=1 if QUICK else 10))
         _stage("search efficiency: digits", clock)
         digits = _efficiency(work / "digits", 0.6, SEEDS, exhaustive=True)
         _stage("search efficiency: resnet18", clock)
