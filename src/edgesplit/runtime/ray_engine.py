@@ -262,8 +262,8 @@ class RayEngine:
             raise ConfigError(f"Ray Serve already runs an application {self.app_name!r} (another "
                               f"ingress?): give another {option('app_name')}, or delete it "
                               f"(`serve shutdown`, or ray.serve.delete({self.app_name!r}))")
-        deployment = self.serve.deployment(PartitionReplica, name=f"edgesplit-{self.device}"
-                                           ).options(**opts.deployment())
+        deployment = _past_pickle_race(lambda: self.serve.deployment(
+            PartitionReplica, name=f"edgesplit-{self.device}").options(**opts.deployment()))
         app = deployment.bind(
             _portable(program).model_dump_json(), self.device,
             backend=program.step(self.device).backend.name, trust_model_file=trust_model_file,
@@ -469,3 +469,20 @@ def _portable(program: PlanProgram):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
+
+
+def _past_pickle_race(make: Callable[[], Any], attempts: int = 5) -> Any:
+    """``make()``, tried again where Ray lost a race with itself: each DeploymentConfig
+    Serve builds registers its request router's module with cloudpickle, pickles it and
+    unregisters it, in one process-wide table, so a config built on another thread at the
+    same moment (a live handle's router, say) can unregister it first and the second
+    unregister raises ValueError ("... is not registered for pickle by value"). Nothing was
+    deployed yet, so building the deployment again is safe."""
+    for attempt in range(attempts):
+        try:
+            return make()
+        except ValueError as exc:
+            if "registered for pickle by value" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
