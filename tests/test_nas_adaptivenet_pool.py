@@ -28,7 +28,7 @@ from edgesplit.nas.adaptivenet.monitor import (
     SwitchEvent,
     count_flaps,
 )
-from edgesplit.nas.adaptivenet.pool import PoolFileError, SubnetPool
+from edgesplit.nas.adaptivenet.pool import PoolEntry, PoolFileError, SubnetPool
 from edgesplit.nas.adaptivenet.runner import AdaptiveRunner, Reply
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
@@ -277,6 +277,63 @@ def test_a_steady_injected_load_is_met_once_and_not_flapped() -> None:
     # the switch came after the third loaded request (a window of 5: its median is loaded)
     assert events[0].time_s - load_on == pytest.approx(3 * 2.0 * pool.optimal.latency_s)
     assert events[1].time_s > load_off and events[1].to_arch == pool.optimal.arch
+
+
+def test_an_uneven_load_is_not_flapped_and_its_end_is_seen() -> None:
+    """A load that slows subnets of up to 5 ms 1.15x and larger ones 2.2x (as a real CPU load
+    did): the fast subnet's ratio promises headroom the larger ones lack. Without waiting for
+    the load to ease on the subnet switched to, each switch up is undone (the same run with
+    that wait off is the reference); with it, one switch down, none while the load is steady,
+    and one back up once it ends."""
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    latency = lambda arch: pool.entry(arch).latency_s  # noqa: E731
+
+    def uneven(entry: PoolEntry) -> float:
+        return 1.15 if entry.latency_s <= 5 * MS else 2.2
+
+    def run(monitor: LatencyMonitor, clock: ManualClock) -> tuple[list, list]:
+        events, changes = drive(monitor, clock, 1.0, 50), [(0.0, None)]
+        for loaded, requests in ((True, 600), (False, 300)):
+            changes.append((clock(), "down" if loaded else "up"))
+            for _ in range(requests):
+                true = monitor.current.latency_s * (uneven(monitor.current) if loaded else 1.0)
+                clock.advance(true)
+                if (event := monitor.observe(true)) is not None:
+                    events.append(event)
+        return events, changes
+
+    clock = ManualClock()
+    events, changes = run(LatencyMonitor(pool, window=5, clock=clock), clock)
+    assert changes[2][0] - changes[1][0] < 8.0  # the load ends before a probe would be made
+    assert count_flaps(events, latency, changes) == 0
+    assert [e.reason for e in events] == ["over-budget", "headroom"]
+    assert events[1].time_s > changes[2][0] and events[1].to_arch == pool.optimal.arch
+    clock = ManualClock()
+    blind = LatencyMonitor(pool, window=5, clock=clock)
+    blind._eased = lambda r, now: True  # type: ignore[method-assign]  # the wait off
+    flapped, changes = run(blind, clock)
+    assert count_flaps(flapped, latency, changes) >= 3
+
+
+def test_a_load_that_never_eases_is_probed_at_most_every_max_backoff() -> None:
+    """The same uneven load, steady for 40 s: a switch up is tried only as a probe, each
+    max_backoff_s after the last switch down."""
+    pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+    clock = ManualClock()
+    monitor = LatencyMonitor(pool, window=5, max_backoff_s=4.0, clock=clock)
+    events = []
+    while clock() < 40.0:
+        entry = monitor.current
+        true = entry.latency_s * (1.15 if entry.latency_s <= 5 * MS else 2.2)
+        clock.advance(true)
+        if (event := monitor.observe(true)) is not None:
+            events.append(event)
+    ups = [e for e in events if e.reason == "headroom"]
+    downs = [e for e in events if e.reason == "over-budget"]
+    assert 1 <= len(ups) <= 40.0 / 4.0
+    for up in ups:  # each probe came max_backoff_s after the switch down before it
+        last_down = max(d.time_s for d in downs if d.time_s < up.time_s)
+        assert up.time_s - last_down >= 4.0
 
 
 # -- the runner ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from edgesplit.nas.adaptivenet.space import SubnetArch
 __all__ = [
     "COOLDOWN_REQUESTS",
     "COOLDOWN_S",
+    "EASED",
     "HEADROOM",
     "INFEASIBLE",
     "MANUAL",
@@ -39,6 +40,9 @@ Clock = Callable[[], float]
 # A switch up waits this long after the last switch (see LatencyMonitor).
 COOLDOWN_REQUESTS = 20
 COOLDOWN_S = 0.5
+# The load has eased once the ratio of the subnet switched down to is below EASED times its
+# ratio when it was switched to (see LatencyMonitor).
+EASED = 0.9
 
 OVER_BUDGET = "over-budget"
 HEADROOM = "headroom"
@@ -93,6 +97,15 @@ class LatencyMonitor:
     wanders, and a window of 5 can see headroom that is not there, the flap a cooldown
     prevents). Switching down is never held back: the budget comes first. ``clock`` (seconds)
     stamps the events; tests inject a :class:`~.loads.ManualClock`.
+
+    A load need not slow every subnet alike: a real CPU load slowed a small subnet 1.15x and
+    larger ones 2-2.5x, so ``r`` read on the small one promises headroom the larger ones do
+    not have, and every switch up under the load was undone. So after a switch down, the
+    subnet switched to is gauged while the cooldown runs: its loaded ratio ``r0`` is the
+    median of its first ``max(window, cooldown_requests)`` requests, and a switch up waits
+    until its own ratio shows the load eased (``r <= max(1, EASED * r0)``), or for a probe
+    ``max_backoff_s`` after the switch down (a load that barely touches the small subnet
+    cannot be seen easing from it).
     """
 
     def __init__(self, pool: SubnetPool, *, budget_s: float | None = None, window: int = 5,
@@ -116,6 +129,7 @@ class LatencyMonitor:
         self._trial_until: float | None = None  # a switch up undone before this failed
         self._failures = 0  # consecutive failed switches up
         self._ceiling: tuple[float, float] | None = None  # (latency, until): no switch up to it
+        self._loaded: _Loaded | None = None  # since the last switch down, until one up
         self.needs_search = False
 
     @property
@@ -136,6 +150,7 @@ class LatencyMonitor:
             self._current = self.pool.entry(arch)
         self._ratios.clear()
         self._trial_until = None
+        self._loaded = None
 
     def observe(self, latency_s: float, *, arch: Sequence[str] | None = None
                 ) -> SwitchEvent | None:
@@ -148,12 +163,15 @@ class LatencyMonitor:
             raise ConfigError(f"a measured latency must be finite and >= 0, got {latency_s!r}")
         self.observed += 1
         self._ratios.append(latency_s / self._current.latency_s)
+        if self._loaded is not None:
+            self._loaded.add(self._ratios[-1])
         r = self.ratio
         if r is None:
             return None
         now = self.clock()
         target, reason = self._decide(r, now)
-        if target is not None and reason == HEADROOM and self._cooling(now):
+        if target is not None and reason == HEADROOM and (self._cooling(now)
+                                                          or not self._eased(r, now)):
             return None
         self._judge_trial(reason if target is not None else None, now)
         if target is None:
@@ -161,6 +179,9 @@ class LatencyMonitor:
         event = SwitchEvent(now, self._current.arch, target.arch, r, reason, self.observed)
         if reason == HEADROOM:
             self._trial_until = now + self._hold(self._failures)
+            self._loaded = None
+        else:
+            self._loaded = _Loaded(now, max(self.window, self.cooldown_requests))
         self._current = target
         self._ratios.clear()  # the next subnet's ratio needs its own evidence
         self._switched_at = (self.observed, now)
@@ -171,6 +192,14 @@ class LatencyMonitor:
             return False
         count, at = self._switched_at
         return self.observed - count < self.cooldown_requests or now - at < self.cooldown_s
+
+    def _eased(self, r: float, now: float) -> bool:
+        """May the monitor switch up, as far as the load it last switched down for goes?"""
+        loaded = self._loaded
+        if loaded is None or now - loaded.since_s >= self.max_backoff_s:
+            return True  # no switch down since the last up, or time for a probe
+        r0 = loaded.ratio
+        return r0 is not None and r <= max(1.0, EASED * r0)
 
     def _hold(self, failures: int) -> float:
         return min(self.backoff_s * 2 ** failures, self.max_backoff_s)
@@ -213,6 +242,21 @@ class LatencyMonitor:
         if better is None or better.accuracy <= current.accuracy:
             return None, HEADROOM
         return better, HEADROOM
+
+
+class _Loaded:
+    """The subnet a switch down went to, gauged: its ratio over its first requests."""
+
+    def __init__(self, since_s: float, requests: int) -> None:
+        self.since_s, self.requests = since_s, requests
+        self._ratios: list[float] = []
+        self.ratio: float | None = None  # r0, once `requests` ratios are in
+
+    def add(self, ratio: float) -> None:
+        if self.ratio is None:
+            self._ratios.append(ratio)
+            if len(self._ratios) == self.requests:
+                self.ratio = statistics.median(self._ratios)
 
 
 def count_flaps(events: Sequence[SwitchEvent], latency_s: Callable[[SubnetArch], float],

@@ -149,8 +149,11 @@ class SubnetPool:
               space: ElasticSpace | None = None, meta: Mapping[str, Any] | None = None
               ) -> SubnetPool:
         """The pool of a search history: of the evaluated ``(arch, latency_s, accuracy)``
-        candidates with latency in ``[budget_s - delta_s, budget_s + delta_s]``, the most
-        accurate at each latency (the Pareto front); with ``levels``, only the most accurate
+        candidates with latency in ``[budget_s - delta_s, budget_s + delta_s]`` and the most
+        accurate one within the budget wherever it lies (the search's choice, where the
+        monitor starts: it may be faster than the window), the most accurate at each latency
+        (the Pareto front, so it drops the window's slower, less accurate ones); with
+        ``levels``, only the most accurate
         of each of ``levels`` equal latency bins over that window, plus the optimal subnet.
         ``space`` checks every arch is a subnet of that supernet."""
         budget_s, delta_s = check_budget(budget_s, delta_s)
@@ -170,7 +173,8 @@ class SubnetPool:
             raise InfeasibleError(f"none of the {len(items)} searched subnets has a latency in "
                                   f"[{_ms(low)}, {_ms(high)}]; search again or widen "
                                   f"{option('delta_s')}")
-        front = _front(window)
+        best = _best_within(items, budget_s)
+        front = _front(window if best is None or best in window else [*window, best])
         if levels is not None:
             optimal = _best_within(front, budget_s)
             lo, hi = (max(low, front[0][1]), min(high, front[-1][1]))
