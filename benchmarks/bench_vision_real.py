@@ -30,10 +30,16 @@ Section ``joint`` (item 6): AdaptiveNet's subnet chosen together with its edge-c
 setting where cutting pays, with the chosen subnet's test accuracy, three seeds; see
 ``vision_real_joint.py``.
 
+Section ``switching``: section ``adaptivenet``'s switching runs alone, again, after a change to
+the monitor (``--an-monitor`` says which); the earlier runs are kept beside them. ``--prepare
+--an-workdir DIR`` fine-tunes and trains its seed-0 supernet first (no quiet machine needed),
+so the quiet part is only the search and the serving runs.
+
 Quiet machine: refuses above a 1-minute load of 1.0 unless ``--allow-load`` (accuracy does not
 depend on load; times do); the load is recorded before and after each section.
 
-    python benchmarks/bench_vision_real.py [--sections finetune autosplit adaptivenet l2s joint]
+    python benchmarks/bench_vision_real.py [--sections finetune autosplit adaptivenet l2s joint
+        switching] [--an-workdir DIR] [--prepare]
         [--seeds 0 1 2] [--an-seeds 0 1 2] [--an-train-limit N] [--an-runs N]
         [--models mobilenet_v2 ...] [--settings eyeriss-3mbps-tpu ...] [--front-limit N]
         [--train-limit N] [--out DIR] [--allow-load X] [--render-only | --from-cache]
@@ -460,7 +466,8 @@ def _plot_finetune(ft: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["finetune", "autosplit"],
-                        choices=["finetune", "autosplit", "adaptivenet", "l2s", "joint"])
+                        choices=["finetune", "autosplit", "adaptivenet", "l2s", "joint",
+                                 "switching"])
     parser.add_argument("--an-seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--an-train-limit", type=int, default=8000)
     parser.add_argument("--an-search-size", type=int, default=500)
@@ -471,6 +478,15 @@ def main() -> None:
     parser.add_argument("--an-search", nargs=2, type=int, default=[10, 4],
                         metavar=("POPULATION", "ITERATIONS"))
     parser.add_argument("--an-runs", type=int, default=5, help="Serving runs per load.")
+    parser.add_argument("--an-workdir", type=Path, default=None,
+                        help="Keep the trained supernets here (a temporary folder by default); "
+                             "a kept one trained with the same recipe is reused.")
+    parser.add_argument("--an-monitor", default="",
+                        help="With section switching: the monitor it measures, in words (the "
+                             "earlier runs are kept, each with its own).")
+    parser.add_argument("--prepare", action="store_true",
+                        help="Section switching: only fine-tune and train into --an-workdir "
+                             "(no measurement, so no quiet machine needed).")
     parser.add_argument("--an-requests", type=int, default=600)
     parser.add_argument("--joint-setting", nargs=3, default=JOINT_SETTING,
                         metavar=("EDGE", "LINK", "CLOUD"))
@@ -509,6 +525,15 @@ def main() -> None:
         if args.note:
             doc["finetune"]["note"] = args.note
         path.write_text(json.dumps(doc, indent=2))
+    elif args.prepare:
+        import vision_real_adaptivenet
+
+        if args.an_workdir is None:
+            raise SystemExit("--prepare trains into --an-workdir; name one")
+        vision_real_adaptivenet.switching_section(
+            args.an_seeds[0], workdir=args.an_workdir, runs=args.an_runs,
+            requests=args.an_requests, prepare=True, **_an_recipe(args))
+        return
     elif not args.render_only:
         if _load() > args.allow_load:
             raise SystemExit(f"load {_load()} > {args.allow_load}: not a quiet machine "
@@ -543,15 +568,9 @@ def _adaptivenet_sections(args: argparse.Namespace, doc: dict[str, Any], path: P
     """Sections ``adaptivenet`` and ``joint``: run together, the joint search reuses the
     supernets section ``adaptivenet`` trained (same seeds, same recipe). A run replacing one
     made with another recipe keeps it under ``*_earlier``: every run made is reported."""
-    from edgesplit.nas.adaptivenet.train import ElasticTrainer
-
-    defaults = ElasticTrainer()
-    lr, tune_lr = args.an_lr or (defaults.lr, defaults.tune_lr)
-    recipe = dict(train_limit=args.an_train_limit, search_size=args.an_search_size,
-                  distill_epochs=args.an_epochs[0], tune_epochs=args.an_epochs[1], lr=lr,
-                  tune_lr=tune_lr, population=args.an_search[0], iterations=args.an_search[1],
-                  load=_load)
-    with tempfile.TemporaryDirectory() as kept:
+    recipe = _an_recipe(args)
+    with tempfile.TemporaryDirectory() as scratch:
+        kept = args.an_workdir or scratch
         if "adaptivenet" in args.sections:
             import vision_real_adaptivenet
 
@@ -568,6 +587,40 @@ def _adaptivenet_sections(args: argparse.Namespace, doc: dict[str, Any], path: P
                 args.an_seeds, setting_names=tuple(args.joint_setting),
                 budget=args.joint_budget, workdir=Path(kept), **recipe)
             path.write_text(json.dumps(doc, indent=2))
+        if "switching" in args.sections:
+            _switching_again(args, doc, Path(kept), recipe)
+            path.write_text(json.dumps(doc, indent=2))
+
+
+def _an_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    from edgesplit.nas.adaptivenet.train import ElasticTrainer
+
+    defaults = ElasticTrainer()
+    lr, tune_lr = args.an_lr or (defaults.lr, defaults.tune_lr)
+    return dict(train_limit=args.an_train_limit, search_size=args.an_search_size,
+                distill_epochs=args.an_epochs[0], tune_epochs=args.an_epochs[1], lr=lr,
+                tune_lr=tune_lr, population=args.an_search[0], iterations=args.an_search[1],
+                load=_load)
+
+
+def _switching_again(args: argparse.Namespace, doc: dict[str, Any], workdir: Path,
+                     recipe: dict[str, Any]) -> None:
+    """Section ``switching``: the adaptivenet section's switching runs again, replacing its
+    ``switching`` (the earlier runs kept under ``switching_earlier``)."""
+    import vision_real_adaptivenet
+
+    section = doc.get("adaptivenet")
+    if not section:
+        raise SystemExit("section switching reruns section adaptivenet's switching; run "
+                         "section adaptivenet first")
+    load_before = _load()
+    switching = vision_real_adaptivenet.switching_section(
+        args.an_seeds[0], workdir=workdir, runs=args.an_runs, requests=args.an_requests,
+        **recipe)
+    assert switching is not None
+    section.setdefault("switching_earlier", []).append(section["switching"])
+    section["switching"] = switching | {"monitor": args.an_monitor, "load_before": load_before,
+                                        "load_after": _load()}
 
 
 def _keep_earlier(doc: dict[str, Any], name: str) -> None:

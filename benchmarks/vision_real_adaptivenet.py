@@ -155,6 +155,41 @@ def _switching(folder: Path, runs: int, requests: int) -> dict[str, Any]:
     return out
 
 
+def switching_section(seed: int, *, workdir: Path, train_limit: int, search_size: int,
+                      distill_epochs: int, tune_epochs: int, lr: float, tune_lr: float,
+                      population: int, iterations: int, runs: int, requests: int,
+                      prepare: bool = False, **_: Any) -> dict[str, Any] | None:
+    """Section ``switching``: the switching runs of section ``adaptivenet`` alone, again
+    (after a change to the monitor), on the supernet of ``seed`` trained with the section's
+    recipe into ``workdir`` (reused when kept there with that recipe, as section ``joint``
+    does) and its search at the middle budget. ``prepare``: only train (no quiet machine
+    needed) and return None."""
+    from vision_real_joint import _kept
+
+    from edgesplit.nas.adaptivenet.run import elastify_model, search_device
+    from edgesplit.train.finetune import default_recipe, finetune
+
+    recipe = default_recipe("mobilenet_v2", seed=0)
+    result = finetune(recipe)  # the cached seed-0 run of the finetune section
+    workdir.mkdir(parents=True, exist_ok=True)
+    (_, model_file, trainer), = seeded_trainers(workdir, result, [seed], distill_epochs,
+                                                tune_epochs, lr, tune_lr)
+    folder = workdir / f"supernet-{seed}"
+    if _kept(folder, trainer, train_limit, search_size) is None:
+        print(f"  seed {seed}: elastify and train", file=sys.stderr, flush=True)
+        elastify_model(str(model_file), data=recipe.data_spec, trainer=trainer, out=folder,
+                       seed=seed, train_limit=train_limit, search_size=search_size,
+                       progress=_progress)
+    if prepare:
+        return None
+    search = workdir / f"search-{seed}-{BUDGETS[1]}"
+    print(f"  seed {seed}: search at {BUDGETS[1]} of the pretrained latency", file=sys.stderr,
+          flush=True)
+    search_device(folder, budget=BUDGETS[1], population=population, iterations=iterations,
+                  seed=seed, out=search)
+    return _switching(search, runs, requests)
+
+
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def median(key: str) -> float | None:
         values = [r[key] for r in runs if r[key] is not None]
@@ -209,8 +244,9 @@ def render(sec: dict[str, Any]) -> list[str]:
     lines += ["", *_best_over_seeds(sec), ""]
     if sec.get("note"):  # what the numbers say against the paper, written after the run
         lines += [sec["note"], ""]
-    lines += _render_switching(sec["switching"]) + _render_reuse(sec["reuse"])
-    return lines
+    lines += _render_switching(sec["switching"])
+    lines += _render_switching_earlier(sec.get("switching_earlier", []))
+    return lines + _render_reuse(sec["reuse"])
 
 
 def _recipe(sec: dict[str, Any]) -> str:
@@ -273,6 +309,19 @@ def _render_switching(sw: dict[str, Any]) -> list[str]:
         f"{name}: {[x['flaps'] for x in r['runs']]}" for name, r in sw.items()
         if isinstance(r, dict)), ""]
     return lines
+
+
+def _render_switching_earlier(earlier: list[dict[str, Any]]) -> list[str]:
+    """Every earlier switching run (another monitor), one line each."""
+    if not earlier:
+        return []
+    lines = ["Earlier switching runs (every run made is reported):", ""]
+    for sw in earlier:
+        flaps = "; ".join(f"{name}: median {_fmt(r['median']['flaps'], '.0f')} "
+                          f"{[x['flaps'] for x in r['runs']]}"
+                          for name, r in sw.items() if isinstance(r, dict) and "runs" in r)
+        lines.append(f"- {sw.get('monitor', 'the monitor of the section run')}: flaps {flaps}.")
+    return [*lines, ""]
 
 
 def _render_reuse(r: dict[str, Any]) -> list[str]:
