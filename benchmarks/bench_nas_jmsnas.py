@@ -35,12 +35,12 @@ import torch
 
 from edgesplit.data.training import load_labelled
 from edgesplit.hardware import Topology, get_topology
-from edgesplit.nas import ArchNet, build_latency_table, get_space, validate_latency_table
-from edgesplit.nas.chain_latency import ChainLatency
-from edgesplit.nas.jmsnas import accuracy, recalibrate_bn, train_network
-from edgesplit.nas.jmsnas_run import latency_tables, run_jmsnas
-from edgesplit.nas.mesh_latency import MeshLatency
-from edgesplit.nas.result import export_network
+from edgesplit.nas.jmsnas import ArchNet, build_latency_table, get_space, validate_latency_table
+from edgesplit.nas.jmsnas.chain_latency import ChainLatency
+from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
+from edgesplit.nas.jmsnas.result import export_network
+from edgesplit.nas.jmsnas.run import latency_tables, run_jmsnas
+from edgesplit.nas.jmsnas.search import accuracy, recalibrate_bn, train_network
 from edgesplit.plan import Plan, PlanningProblem, get_planner
 from edgesplit.report.plots import plot_accuracy_latency, plot_search_progress
 from edgesplit.runtime.program import PlanProgram

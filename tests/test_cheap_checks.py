@@ -12,7 +12,8 @@ from edgesplit.cli import app
 from edgesplit.data.training import EvalData, LabelledData
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import get_topology
-from edgesplit.nas import jmsnas_run, resolve_space
+from edgesplit.nas.jmsnas import resolve_space
+from edgesplit.nas.jmsnas import run as jmsnas_run
 
 runner = CliRunner()
 

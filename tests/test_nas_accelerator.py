@@ -21,12 +21,12 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, load_labelled
 from edgesplit.hardware import get_topology
 from edgesplit.hardware.accelerator import AcceleratorError
-from edgesplit.nas import get_space
 from edgesplit.nas.adaptivenet.checkpoint import build_supernet
 from edgesplit.nas.adaptivenet.data import load_elastic_data
 from edgesplit.nas.adaptivenet.train import ElasticTrainer
-from edgesplit.nas.chain_latency import ChainLatency
-from edgesplit.nas.jmsnas import JMSNAS
+from edgesplit.nas.jmsnas import get_space
+from edgesplit.nas.jmsnas.chain_latency import ChainLatency
+from edgesplit.nas.jmsnas.search import JMSNAS
 from edgesplit.nas.splitnets.space import PhaseSpec, SplitSpace
 from edgesplit.nas.splitnets.supernet import SplitSupernet
 from edgesplit.nas.splitnets.train import SupernetTrainer

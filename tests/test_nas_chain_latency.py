@@ -11,8 +11,8 @@ import torch
 
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import get_topology
-from edgesplit.nas import ArchNet, get_space
-from edgesplit.nas.chain_latency import ChainLatency, ChainPlacement, unit_output_bytes
+from edgesplit.nas.jmsnas import ArchNet, get_space
+from edgesplit.nas.jmsnas.chain_latency import ChainLatency, ChainPlacement, unit_output_bytes
 
 SPACE = get_space("digits-mbconv")
 TOPOLOGY = get_topology("jmsnas-chain")

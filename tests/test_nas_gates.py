@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from edgesplit.nas.binary_gates import binary_gates, lemma1_gradient, sample_pair, sample_path
+from edgesplit.nas.jmsnas.binary_gates import (
+    binary_gates,
+    lemma1_gradient,
+    sample_pair,
+    sample_path,
+)
 
 
 def _loss(mixed: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from edgesplit.data.training import LabelledData, load_labelled
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import get_topology
-from edgesplit.nas import Supernet, get_space
-from edgesplit.nas.binary_gates import binary_gates
-from edgesplit.nas.chain_latency import ChainLatency
-from edgesplit.nas.jmsnas import JMSNAS, derive_within_budget
+from edgesplit.nas.jmsnas import Supernet, get_space
+from edgesplit.nas.jmsnas.binary_gates import binary_gates
+from edgesplit.nas.jmsnas.chain_latency import ChainLatency
+from edgesplit.nas.jmsnas.search import JMSNAS, derive_within_budget
 
 SPACE = get_space("digits-mbconv")
 TOPOLOGY = get_topology("jmsnas-chain")
@@ -128,3 +128,4 @@ def test_derivation_keeps_the_argmax_when_it_fits_and_meets_the_budget_otherwise
     fastest, _ = latency.fastest()
     for budget in (fastest * 1.05, (fastest + latency.of_arch(argmax)) / 2):
         assert latency.of_arch(derive_within_budget(SPACE, alpha, latency, budget)) <= budget
+

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from conftest import rgb_folder
 from edgesplit.cli import app
 from edgesplit.data.training import load_labelled
-from edgesplit.nas import HeadSpec, SearchSpace, StemSpec
+from edgesplit.nas.jmsnas import HeadSpec, SearchSpace, StemSpec
 from edgesplit.plan import load_plan
 from edgesplit.runtime.program import PlanProgram
 

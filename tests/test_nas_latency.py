@@ -20,11 +20,11 @@ from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.graph import capture
 from edgesplit.hardware import LayerWork, estimator_for, get_device
-from edgesplit.nas import (
+from edgesplit.nas import OpSpec
+from edgesplit.nas.jmsnas import (
     Arch,
     HeadSpec,
     LatencyTable,
-    OpSpec,
     SearchSpace,
     StemSpec,
     build_latency_table,

@@ -11,17 +11,17 @@ import torch
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.graph import capture
 from edgesplit.hardware import get_topology
-from edgesplit.nas import get_space, load_network, save_network
-from edgesplit.nas.branched import (
+from edgesplit.nas.jmsnas import get_space, load_network, save_network
+from edgesplit.nas.jmsnas.branched import (
     BranchedSupernet,
     BranchLayout,
     branched_space,
     shape_keeping_sections,
 )
-from edgesplit.nas.chain_latency import unit_output_bytes
-from edgesplit.nas.mesh_latency import MeshLatency
-from edgesplit.nas.result import save_search_result
-from edgesplit.nas.sampler import random_arch
+from edgesplit.nas.jmsnas.chain_latency import unit_output_bytes
+from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
+from edgesplit.nas.jmsnas.result import save_search_result
+from edgesplit.nas.jmsnas.sampler import random_arch
 from edgesplit.plan import load_plan
 from edgesplit.plan.mesh import parallel_regions
 from edgesplit.runtime.program import PlanProgram

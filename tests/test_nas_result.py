@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from edgesplit.hardware import get_topology
-from edgesplit.nas import Supernet, get_space, load_network
-from edgesplit.nas.result import save_search_result
-from edgesplit.nas.sampler import random_arch
+from edgesplit.nas.jmsnas import Supernet, get_space, load_network
+from edgesplit.nas.jmsnas.result import save_search_result
+from edgesplit.nas.jmsnas.sampler import random_arch
 from edgesplit.plan import load_plan
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import ChainClient, PartitionServer

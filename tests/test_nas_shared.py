@@ -9,10 +9,11 @@ import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.graph import capture
-from edgesplit.nas import MBConv, Supernet, get_space
-from edgesplit.nas.binary_gates import binary_gates
-from edgesplit.nas.sampler import random_arch
-from edgesplit.nas.shared import SharedMixedOp
+from edgesplit.nas import MBConv
+from edgesplit.nas.jmsnas import Supernet, get_space
+from edgesplit.nas.jmsnas.binary_gates import binary_gates
+from edgesplit.nas.jmsnas.sampler import random_arch
+from edgesplit.nas.jmsnas.shared import SharedMixedOp
 
 SPACE = get_space("digits-mbconv")
 

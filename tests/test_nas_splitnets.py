@@ -233,7 +233,7 @@ def test_evolution_search_keeps_the_feasible_front():
 
 
 def test_evolution_with_a_violation_amount_on_a_plain_space():
-    from edgesplit.nas import get_space
+    from edgesplit.nas.jmsnas import get_space
 
     space = get_space("digits-mbconv")
     with pytest.raises(InfeasibleError, match="is 5 over the limit"):

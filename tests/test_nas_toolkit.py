@@ -12,23 +12,18 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, InfeasibleError, UnknownNameError
 from edgesplit.graph import capture
-from edgesplit.nas import (
-    JMSNAS_CANDIDATES,
+from edgesplit.nas import JMSNAS_CANDIDATES, Evaluation, EvolutionSearch, MBConv, OpSpec, legal_ops
+from edgesplit.nas.jmsnas import (
     Arch,
     ArchNet,
-    Evaluation,
-    EvolutionSearch,
     HeadSpec,
     LayerSpec,
-    MBConv,
     MixedOp,
-    OpSpec,
     SearchSpace,
     StemSpec,
     Supernet,
     crossover,
     get_space,
-    legal_ops,
     list_spaces,
     load_network,
     mutate,
@@ -391,5 +386,5 @@ def test_missing_corrupt_and_mismatched_files_are_config_errors(space, tmp_path)
     with pytest.raises(ConfigError, match="save the network again"):
         load_network(tmp_path)
     (tmp_path / "arch.json").write_text("{")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="not readable JSON"):
         load_network(tmp_path)

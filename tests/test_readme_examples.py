@@ -281,7 +281,7 @@ def _llama_config(path: Path) -> None:
 
 def _search_space(path: Path) -> None:
     """A two-stage MBConv search space on 1x32x32 inputs."""
-    from edgesplit.nas import HeadSpec, SearchSpace, StemSpec
+    from edgesplit.nas.jmsnas import HeadSpec, SearchSpace, StemSpec
 
     space = SearchSpace.from_stages("my-space", (1, 32, 32), 10, stem=StemSpec(8, stride=2),
                                     stages=[(8, 1, 2), (16, 1, 2)], head=HeadSpec(0))

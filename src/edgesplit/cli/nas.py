@@ -106,7 +106,7 @@ def _space_for(space, labelled):
 def spaces(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")
            ) -> None:
     """List the built-in search spaces."""
-    from edgesplit.nas import get_space, list_spaces
+    from edgesplit.nas.jmsnas import get_space, list_spaces
 
     found = [get_space(name) for name in list_spaces()]
     if as_json:
@@ -145,7 +145,7 @@ def latency_table(
 ) -> None:
     """Per-op latency table of SPACE on DEVICE: measured here, derived for presets."""
     from edgesplit.errors import ConfigError
-    from edgesplit.nas import (
+    from edgesplit.nas.jmsnas import (
         THIS_MACHINE,
         build_latency_table,
         resolve_space,
@@ -246,8 +246,8 @@ def jmsnas(
     the derived network; --out writes it with a plan that `edgesplit serve/run` executes."""
     from edgesplit.data.training import load_labelled
     from edgesplit.hardware import resolve_topology
-    from edgesplit.nas import resolve_space
-    from edgesplit.nas.jmsnas_run import parse_table_options, run_jmsnas
+    from edgesplit.nas.jmsnas import resolve_space
+    from edgesplit.nas.jmsnas.run import parse_table_options, run_jmsnas
 
     require_positive(latency_budget_ms=budget_ms)  # before minutes of tables and training
     check_torch_device(torch_device)

@@ -15,9 +15,11 @@ when the constraint says by how much); when only some are feasible (or a small s
 of new architectures), the search goes on with the smaller population it could fill. (The
 once-for-all evolution finder loops forever in that case.)
 
-The space is anything that breeds architectures: a :class:`~edgesplit.nas.space.SearchSpace`
-(op per layer), or an object with ``name``, ``random_arch(rng)``, ``mutate_arch(arch, rng,
-prob)`` and ``crossover_arch(a, b, rng)`` (:class:`Breeder`; SplitNets' spaces have one).
+The space is anything that breeds architectures: an object with ``name``,
+``random_arch(rng)``, ``mutate_arch(arch, rng, prob)`` and ``crossover_arch(a, b, rng)``
+(:class:`Breeder`; SplitNets' spaces have one), or a space whose ``breeder()`` gives one
+(:class:`Breedable`: a JMSNAS :class:`~edgesplit.nas.jmsnas.space.SearchSpace`, bred by
+:mod:`edgesplit.nas.jmsnas.sampler`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from edgesplit.errors import ConfigError, InfeasibleError, option
-from edgesplit.nas.sampler import crossover, mutate, random_arch
-from edgesplit.nas.space import Arch, SearchSpace
 
-__all__ = ["Breeder", "Candidate", "Constraint", "Evaluation", "Evaluator", "EvolutionSearch",
-           "Progress", "pareto_front"]
+__all__ = ["Breedable", "Breeder", "Breeding", "Candidate", "Constraint", "Evaluation",
+           "Evaluator", "EvolutionSearch", "Progress", "evolve", "pareto_front"]
 
 
 @dataclass(frozen=True)
@@ -76,24 +76,15 @@ class Breeder(Protocol):
                        ) -> Hashable: ...
 
 
-class _SpaceBreeder:
-    """A SearchSpace bred by :mod:`edgesplit.nas.sampler`."""
+@runtime_checkable
+class Breedable(Protocol):
+    """A space that names its own breeder (a JMSNAS SearchSpace: ``space.breeder()``)."""
 
-    def __init__(self, space: SearchSpace) -> None:
-        self.space, self.name = space, space.name
-
-    def random_arch(self, rng: np.random.Generator) -> Arch:
-        return random_arch(self.space, rng)
-
-    def mutate_arch(self, arch: Arch, rng: np.random.Generator, prob: float) -> Arch:
-        return mutate(self.space, arch, rng, prob)
-
-    def crossover_arch(self, first: Arch, second: Arch, rng: np.random.Generator) -> Arch:
-        return crossover(self.space, first, second, rng)
+    def breeder(self) -> Breeder: ...
 
 
-def _breeder(space: SearchSpace | Breeder) -> Breeder:
-    return _SpaceBreeder(space) if isinstance(space, SearchSpace) else space
+def _breeder(space: Breeder | Breedable) -> Breeder:
+    return space if isinstance(space, Breeder) else space.breeder()
 
 
 def pareto_front(candidates: Sequence[Candidate], maximize: str, minimize: str
@@ -107,6 +98,86 @@ def pareto_front(candidates: Sequence[Candidate], maximize: str, minimize: str
         if not front or c.metrics[maximize] > front[-1].metrics[maximize]:
             front.append(c)
     return front
+
+
+class Breeding:
+    """What every evolutionary search here breeds with: new architectures only (each proposal
+    is remembered in ``seen``, feasible or not, and never proposed twice), drawn in a bounded
+    number of proposals, and a generation's children as mutants and crossovers of parents.
+
+    ``admit(arch)`` says whether a new architecture joins (a constraint, a latency band);
+    ``max_attempts`` bounds the proposals per wanted architecture; ``patience`` (None: never)
+    stops a draw after that many proposals in a row that were all seen before.
+    """
+
+    def __init__(self, breeder: Breeder, rng: np.random.Generator, admit: Callable[[Any], bool],
+                 *, max_attempts: int, patience: int | None = None) -> None:
+        self.breeder = breeder
+        self.rng = rng
+        self.admit = admit
+        self.max_attempts = max_attempts
+        self.patience = patience
+        self.seen: set[Hashable] = set()
+
+    def draw(self, count: int, propose: Callable[[], Any]) -> list[Any]:
+        """Up to ``count`` new admitted architectures from ``propose``, in at most
+        ``count * max_attempts`` proposals."""
+        found: list[Any] = []
+        stale = 0
+        for _ in range(count * self.max_attempts):
+            if len(found) == count or stale == self.patience:
+                break
+            arch = propose()
+            if arch in self.seen:
+                stale += 1
+                continue
+            stale = 0
+            self.seen.add(arch)
+            if self.admit(arch):
+                found.append(arch)
+        return found
+
+    def initial(self, count: int) -> list[Any]:
+        """Up to ``count`` new random architectures: the first generation."""
+        return self.draw(count, lambda: self.breeder.random_arch(self.rng))
+
+    def children(self, parents: Sequence[Any], wanted: int, crossovers: int,
+                 mutation_prob: float) -> list[Any]:
+        """Up to ``wanted`` children: ``wanted - crossovers`` mutants of a random parent, then
+        ``crossovers`` crossovers of two (``crossovers`` must be 0 with fewer than two
+        parents); parents that have converged cross into little that is new, so mutants fill
+        the rest."""
+        breeder, rng = self.breeder, self.rng
+
+        def mutant() -> Hashable:
+            return breeder.mutate_arch(parents[int(rng.integers(len(parents)))], rng,
+                                       mutation_prob)
+
+        def child() -> Hashable:
+            i, j = rng.choice(len(parents), size=2, replace=False)
+            return breeder.crossover_arch(parents[int(i)], parents[int(j)], rng)
+
+        found = self.draw(wanted - crossovers, mutant)
+        found += self.draw(crossovers, child)
+        return found + self.draw(wanted - len(found), mutant)
+
+
+def evolve(population: list[Candidate], generations: int, *,
+           parent_count: Callable[[int], int], breed: Callable[[list[Any]], list[Any]],
+           evaluate: Callable[[list[Any], int], list[Candidate]],
+           survivors: Callable[[list[Candidate], list[Candidate], list[Candidate]],
+                               list[Candidate]],
+           report: Callable[[int], None]) -> list[Candidate]:
+    """The generational loop every evolutionary search here runs: per generation the best
+    ``parent_count(len(population))`` of the ranked ``population`` breed children, which are
+    evaluated; ``survivors(population, parents, children)`` is the next population, ranked
+    best first; ``report(generation)`` after each. Returns the last population."""
+    for generation in range(1, generations + 1):
+        parents = population[:parent_count(len(population))]
+        children = evaluate(breed([c.arch for c in parents]), generation)
+        population = survivors(population, parents, children)
+        report(generation)
+    return population
 
 
 class EvolutionSearch:
@@ -138,16 +209,16 @@ class EvolutionSearch:
         self.max_attempts = max_attempts
         self.progress = progress
 
-    def fit(self, space: SearchSpace | Breeder, evaluator: Evaluator) -> EvolutionSearch:
+    def fit(self, space: Breeder | Breedable, evaluator: Evaluator) -> EvolutionSearch:
         """Run the search; returns ``self`` with the learned state set."""
         self._check_params()
         breeder = _breeder(space)
-        rng = np.random.default_rng(self.seed)
-        seen: set[Hashable] = set()  # proposed so far, feasible or not: never proposed twice
         self.history_: list[Candidate] = []
         self.rejected_ = 0
         self.closest_: tuple[Any, float] | None = None
-        archs = self._draw(self.population, lambda: breeder.random_arch(rng), seen)
+        breeding = Breeding(breeder, np.random.default_rng(self.seed), self._feasible,
+                            max_attempts=self.max_attempts)
+        archs = breeding.initial(self.population)
         if not archs:
             closest = ""
             if self.closest_ is not None and self.closest_[1] > 0:
@@ -161,12 +232,12 @@ class EvolutionSearch:
             raise error
         population = self._rank(self._evaluate(archs, evaluator, 0))
         self._report(0)
-        for generation in range(1, self.generations + 1):
-            parents = population[:self._parent_count(len(population))]
-            children = self._breed(breeder, [c.arch for c in parents], rng, seen)
-            population = self._rank(parents + self._evaluate(children, evaluator, generation))
-            self._report(generation)
-        self.population_ = population
+        self.population_ = evolve(
+            population, self.generations, parent_count=self._parent_count,
+            breed=lambda parents: self._breed(breeding, parents),
+            evaluate=lambda archs, generation: self._evaluate(archs, evaluator, generation),
+            survivors=lambda _, parents, children: self._rank(parents + children),
+            report=self._report)
         return self
 
     # -- steps -------------------------------------------------------------------------------
@@ -183,21 +254,6 @@ class EvolutionSearch:
             if not ok:
                 raise ConfigError(f"EvolutionSearch {name}={getattr(self, name)!r} must be "
                                   f"{allowed}")
-
-    def _draw(self, count: int, propose: Callable[[], Any], seen: set[Hashable]) -> list[Any]:
-        """Up to ``count`` new feasible architectures from ``propose``, in at most
-        ``count * max_attempts`` proposals."""
-        found: list[Any] = []
-        for _ in range(count * self.max_attempts):
-            if len(found) == count:
-                break
-            arch = propose()
-            if arch in seen:
-                continue
-            seen.add(arch)
-            if self._feasible(arch):
-                found.append(arch)
-        return found
 
     def _feasible(self, arch: Any) -> bool:
         if self.constraint is None:
@@ -216,23 +272,10 @@ class EvolutionSearch:
     def _parent_count(self, size: int) -> int:
         return min(size, max(1, round(self.parents_fraction * self.population)))
 
-    def _breed(self, breeder: Breeder, parents: list[Any], rng: np.random.Generator,
-               seen: set[Hashable]) -> list[Any]:
+    def _breed(self, breeding: Breeding, parents: list[Any]) -> list[Any]:
         wanted = self.population - len(parents)
         mutants = wanted if len(parents) < 2 else round(self.mutation_fraction * wanted)
-
-        def mutant() -> Hashable:
-            return breeder.mutate_arch(parents[rng.integers(len(parents))], rng,
-                                       self.mutation_prob)
-
-        def child() -> Hashable:
-            i, j = rng.choice(len(parents), size=2, replace=False)
-            return breeder.crossover_arch(parents[i], parents[j], rng)
-
-        children = self._draw(mutants, mutant, seen)
-        children += self._draw(wanted - mutants, child, seen)
-        # parents that have converged cross into little that is new: mutate for the rest
-        return children + self._draw(wanted - len(children), mutant, seen)
+        return breeding.children(parents, wanted, wanted - mutants, self.mutation_prob)
 
     def _evaluate(self, archs: list[Any], evaluator: Evaluator,
                   generation: int) -> list[Candidate]:

@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
-from edgesplit.nas.latency import LatencyTable
-from edgesplit.nas.space import SearchSpace
+from edgesplit.nas.jmsnas.latency import LatencyTable
+from edgesplit.nas.jmsnas.space import SearchSpace
 from edgesplit.report.format import human_count
 
 __all__ = ["jmsnas_epochs_table", "jmsnas_result_table", "latency_table_table",

@@ -10,7 +10,6 @@ with the saved options, checks that this gives the saved space, then loads the a
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from edgesplit.errors import ConfigError
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig, elastify
 from edgesplit.nas.adaptivenet.space import ElasticSpace
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
+from edgesplit.nas.files import read_document, write_json
 
 __all__ = ["SUPERNET_FILE", "SUPERNET_WEIGHTS", "build_supernet", "load_supernet",
            "model_source", "save_supernet"]
@@ -86,7 +86,7 @@ def save_supernet(folder: str | Path, supernet: ElasticSupernet,
     save_file(added_state(supernet), str(out / SUPERNET_WEIGHTS))
     doc = {"format": FORMAT, "space": supernet.space.to_dict(), "training": training or {},
            **{k: v for k, v in supernet.meta.items() if k != "space"}}
-    (out / SUPERNET_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / SUPERNET_FILE, doc)
     return out
 
 
@@ -96,19 +96,9 @@ def added_state(supernet: ElasticSupernet) -> dict[str, torch.Tensor]:
 
 
 def read_supernet_doc(folder: str | Path) -> dict[str, Any]:
-    path = Path(folder) / SUPERNET_FILE
-    if not path.is_file():
-        raise ConfigError(f"{folder} holds no elastified supernet ({SUPERNET_FILE} is missing); "
-                          "make one with `edgesplit nas adaptivenet elastify MODEL --out DIR`")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else None
-        raise ConfigError(f"{path} has format {found!r}, expected {FORMAT!r}; "
-                          "elastify the model again with this edgesplit")
-    return doc
+    return read_document(folder, SUPERNET_FILE, what="elastified supernet",
+                         expected_format=FORMAT,
+                         fix="make one with `edgesplit nas adaptivenet elastify MODEL --out DIR`")
 
 
 def load_supernet(folder: str | Path) -> tuple[ElasticSupernet, dict[str, Any]]:

@@ -40,9 +40,16 @@ import numpy as np
 import torch
 
 from edgesplit.errors import ConfigError
+from edgesplit.hardware.timing import (
+    check_counts,
+    machine_identity,
+    synced,
+    time_block,
+    timing_conditions,
+)
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.latency import machine_identity, timing_conditions
+from edgesplit.nas.files import read_json, write_json
 
 __all__ = ["BLOCK_TABLE_VERSION", "FAR_FACTOR", "FAR_SLACK_S", "BlockLatencyTable",
            "far_from_estimate", "measure_subnet", "space_fingerprint", "table_error"]
@@ -166,7 +173,7 @@ class BlockLatencyTable:
         """Measure every branch of ``supernet`` on this machine (see the module docstring):
         ``warmup`` untimed rounds, then ``repeats`` timed rounds (each branch timed at least
         twice a round); each entry is the median. ``seed`` draws the chains."""
-        _check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
+        check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
         inputs = tuple(example_inputs)
         started = time.perf_counter()
         threads = torch.get_num_threads()
@@ -252,7 +259,7 @@ class BlockLatencyTable:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict())
         return path
 
     @classmethod
@@ -260,11 +267,7 @@ class BlockLatencyTable:
              ) -> BlockLatencyTable:
         """Read a table; with ``supernet`` also check it was measured for it."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read block latency table {str(path)!r}: {exc}; "
-                              f"{_REPROFILE}") from None
+        data = read_json(path, what="block latency table", fix=_REPROFILE)
         table = cls.from_dict(data, source=str(path))
         return table if supernet is None else table.check(supernet, source=str(path))
 
@@ -303,12 +306,6 @@ def far_from_estimate(table: BlockLatencyTable, estimate_s: Mapping[str, float],
 
 
 # -- timing helpers --------------------------------------------------------------------------
-
-
-def _check_counts(**counts: tuple[Any, int]) -> None:
-    for what, (value, low) in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{what}={value!r} must be an integer >= {low}")
 
 
 _BURST = 3  # passes of a chain back to back; the first is not kept
@@ -364,40 +361,16 @@ def _chain(supernet: ElasticSupernet, inputs: tuple[torch.Tensor, ...], path: Su
         x = timed(name, partial(module, x, side))
 
 
-def _sync(fn: _Call, like: torch.Tensor) -> _Call:
-    """``fn``, waiting for the GPU when the inputs live there: an asynchronous launch would
-    otherwise time only the launch."""
-    if like.is_cuda:
-        def timed() -> object:
-            out = fn()
-            torch.cuda.synchronize(like.device)
-            return out
-        return timed
-    return fn
-
-
-def _block(fn: _Call, untimed: int, timed: int, samples: list[int]) -> None:
-    """``fn`` run ``untimed`` then ``timed`` times back to back, keeping the timed calls'
-    nanoseconds (as :mod:`edgesplit.nas.latency` times a deployed network: warm, the way a
-    network serving requests one after another runs)."""
-    for _ in range(untimed):
-        fn()
-    for _ in range(timed):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-
-
 def measure_subnet(supernet: ElasticSupernet, arch: Sequence[str],
                    example_inputs: Sequence[torch.Tensor], *, repeats: int = 30, warmup: int = 3
                    ) -> float:
     """Median seconds of subnet ``arch`` run whole (side inputs and all its branches)."""
-    _check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
+    check_counts(repeats=(repeats, 1), warmup=(warmup, 0))
     subnet = supernet.subnet(arch).eval()
     inputs = tuple(example_inputs)
     samples: list[int] = []
     with timing_conditions(torch.get_num_threads()):
-        _block(_sync(lambda: subnet(*inputs), inputs[0]), warmup, repeats, samples)
+        time_block(synced(lambda: subnet(*inputs), inputs[0]), warmup, repeats, samples)
     return statistics.median(samples) / 1e9
 
 
@@ -412,7 +385,7 @@ def table_error(table: BlockLatencyTable, supernet: ElasticSupernet,
     ``fraction_within_10pct`` and per subnet ``arch``, ``predicted_s``, ``measured_s``,
     ``error_pct`` (positive: the table predicts slower than measured)."""
     table.check(supernet)
-    _check_counts(samples=(samples, 1))
+    check_counts(samples=(samples, 1))
     if int(example_inputs[0].shape[0]) != table.batch:
         raise ConfigError(f"the table was measured at batch size {table.batch}; measure with "
                           f"inputs of that batch size, not {int(example_inputs[0].shape[0])}")

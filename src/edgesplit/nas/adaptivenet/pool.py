@@ -11,7 +11,6 @@ with them.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 from edgesplit.errors import ConfigError, InfeasibleError, option
 from edgesplit.nas.adaptivenet._checks import arch_text, check_budget
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
+from edgesplit.nas.files import read_json, write_json
 
 __all__ = ["POOL_VERSION", "PoolEntry", "PoolFileError", "SubnetPool"]
 
@@ -270,18 +270,14 @@ class SubnetPool:
     def save(self, path: str | Path) -> Path:
         """Write the pool as JSON (it ships with the searched supernet)."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict())
         return path
 
     @classmethod
     def load(cls, path: str | Path, *, space: ElasticSpace | None = None) -> SubnetPool:
         """Read a pool written by :meth:`save` (PoolFileError naming the file if it cannot)."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PoolFileError(f"cannot read subnet pool {str(path)!r}: {exc}; {_REBUILD}"
-                                ) from None
+        data = read_json(path, what="subnet pool", fix=_REBUILD, error=PoolFileError)
         return cls.from_dict(data, source=str(path), space=space)
 
 

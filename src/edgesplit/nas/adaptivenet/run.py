@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +46,7 @@ from edgesplit.nas.adaptivenet.train import (
     relative_macs,
     subnet_accuracy,
 )
+from edgesplit.nas.files import read_document, write_json
 from edgesplit.plan.cost import EdgeCloudSetting
 from edgesplit.units import at_least
 
@@ -360,7 +360,7 @@ def _save_search(out: Path, folder: str | Path, supernet: ElasticSupernet,
     summary["supernet"] = str(Path(folder).resolve())
     summary["plan"] = {"file": PLAN_FILE, "model": MODEL_FILE,
                        "predicted_ms": plan.predicted.total_ms}
-    (out / SEARCH_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / SEARCH_FILE, summary)
 
 
 # ---- on the device: serve and switch --------------------------------------------------------
@@ -458,14 +458,9 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
 
 def _read_search(folder: Path) -> dict[str, Any]:
     path = folder / SEARCH_FILE
-    if not path.is_file():
-        raise ConfigError(f"{folder} holds no search result ({SEARCH_FILE} is missing); run "
-                          "`edgesplit nas adaptivenet search SUPERNET --out DIR` first")
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc})") from None
-    if not isinstance(summary, dict) or "supernet" not in summary:
+    summary = read_document(folder, SEARCH_FILE, what="search result",
+                            fix="run `edgesplit nas adaptivenet search SUPERNET --out DIR` first")
+    if "supernet" not in summary:
         raise ConfigError(f"{path} does not name its supernet; search again with --out")
     return summary
 

@@ -10,16 +10,19 @@ one-branch moves). :class:`SearchStep` is one point of their curves.
 All three follow the scikit-learn contract: parameters in ``__init__``, ``fit(evaluator,
 table)`` returns ``self``, learned state with a trailing underscore (``best_``, ``history_``,
 ``curve_``, ``pareto_``...). :class:`~edgesplit.nas.evolution.EvolutionSearch` is not reused
-for the loop: it scores one architecture per evaluator call, and the prefix tree needs the
-whole generation at once; its :class:`~edgesplit.nas.evolution.Candidate` records and
-:func:`~edgesplit.nas.evolution.pareto_front` are.
+as a whole: it scores one architecture per evaluator call, and the prefix tree needs the
+whole generation at once. Its loop is: :class:`~edgesplit.nas.evolution.Breeding` (new
+subnets only, mutants and crossovers) and :func:`~edgesplit.nas.evolution.evolve` (the
+generations), with AdaptiveNet's own survivors (the best of parents and children, within the
+budget first); so are its :class:`~edgesplit.nas.evolution.Candidate` records and
+:func:`~edgesplit.nas.evolution.pareto_front`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Self
@@ -32,7 +35,7 @@ from edgesplit.nas.adaptivenet.breed import NearbyBreeder, UniformBreeder
 from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
-from edgesplit.nas.evolution import Candidate, pareto_front
+from edgesplit.nas.evolution import Breeding, Candidate, evolve, pareto_front
 from edgesplit.units import at_least
 
 __all__ = ["AdaptiveSearch", "AnnealingSearch", "EvolutionBaseline", "SearchStep"]
@@ -209,22 +212,24 @@ class _Evolution(_SubnetSearch):
     def fit(self, evaluator: PrefixTreeEvaluator, table: BlockLatencyTable) -> Self:
         """Run the search; returns ``self`` with the learned state set."""
         space = self._start(evaluator, table)
-        breeder = self._breeder(space, table)
-        rng = np.random.default_rng(self.seed)
-        seen: set[Hashable] = set()
-        first = self._draw(self.population, lambda: breeder.random_arch(rng), seen)
+        # a small space or a narrow band runs out of new subnets: after max_attempts
+        # proposals in a row all seen before, drawing on would only spin
+        breeding = Breeding(self._breeder(space, table), np.random.default_rng(self.seed),
+                            self._admitted, max_attempts=self.max_attempts,
+                            patience=self.max_attempts)
+        first = breeding.initial(self.population)
         if not any(self._latency(a) <= self.budget for a in first) \
-                and self._fastest not in seen:
+                and self._fastest not in breeding.seen:
             first.append(self._fastest)  # so that the search has a subnet within the budget
         population = self._rank(self._evaluate(first, 0))
         self._record(0, self.iterations)
-        for iteration in range(1, self.iterations + 1):
-            parents = [c.arch for c in population[:self._parents(len(population))]]
-            children = self._breed(breeder, parents, rng, seen)
-            population = self._rank(population + self._evaluate(children, iteration))
-            population = population[:self.population]
-            self._record(iteration, self.iterations)
-        self.population_ = population
+        self.population_ = evolve(
+            population, self.iterations, parent_count=self._parents,
+            breed=lambda parents: self._breed(breeding, parents),
+            evaluate=self._evaluate,
+            survivors=lambda population, _, children: self._rank(
+                population + children)[:self.population],
+            report=lambda iteration: self._record(iteration, self.iterations))
         self._finish()
         return self
 
@@ -235,44 +240,15 @@ class _Evolution(_SubnetSearch):
         return sorted(candidates, reverse=True,  # stable: ties keep their order
                       key=lambda c: (self._feasible(c), c.score, -c.metrics["latency"]))
 
-    def _draw(self, count: int, propose: Callable[[], SubnetArch], seen: set[Hashable]
-              ) -> list[SubnetArch]:
-        """Up to ``count`` new admitted subnets in at most ``count * max_attempts``
-        proposals, stopping early after ``max_attempts`` in a row that were all seen before
-        (a small space or a narrow band is exhausted: drawing on would only spin)."""
-        found: list[SubnetArch] = []
-        stale = 0
-        for _ in range(count * self.max_attempts):
-            if len(found) == count or stale == self.max_attempts:
-                break
-            arch = propose()
-            if arch in seen:
-                stale += 1
-                continue
-            stale = 0
-            seen.add(arch)
-            if self._admit(arch):
-                found.append(arch)
-            else:
-                self.rejected_ += 1
-        return found
+    def _admitted(self, arch: SubnetArch) -> bool:
+        if self._admit(arch):
+            return True
+        self.rejected_ += 1
+        return False
 
-    def _breed(self, breeder: UniformBreeder, parents: list[SubnetArch],
-               rng: np.random.Generator, seen: set[Hashable]) -> list[SubnetArch]:
+    def _breed(self, breeding: Breeding, parents: list[SubnetArch]) -> list[SubnetArch]:
         crossovers = 0 if len(parents) < 2 else round(self.crossover_fraction * self.population)
-
-        def mutant() -> SubnetArch:
-            return breeder.mutate_arch(parents[int(rng.integers(len(parents)))], rng,
-                                       self.mutation_prob)
-
-        def child() -> SubnetArch:
-            i, j = rng.choice(len(parents), size=2, replace=False)
-            return breeder.crossover_arch(parents[int(i)], parents[int(j)], rng)
-
-        children = self._draw(self.population - crossovers, mutant, seen)
-        children += self._draw(crossovers, child, seen)
-        # converged parents cross into little that is new: mutate for the rest
-        return children + self._draw(self.population - len(children), mutant, seen)
+        return breeding.children(parents, self.population, crossovers, self.mutation_prob)
 
 
 class AdaptiveSearch(_Evolution):

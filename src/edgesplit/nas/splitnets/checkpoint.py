@@ -8,7 +8,6 @@ file and what is wrong with it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from edgesplit.errors import ConfigError
+from edgesplit.nas.files import read_document, write_json
 from edgesplit.nas.splitnets.space import SplitSpace
 from edgesplit.nas.splitnets.supernet import SplitSupernet
 
@@ -35,24 +35,13 @@ def save_supernet(folder: str | Path, supernet: SplitSupernet,
     save_file(_own_state(supernet), str(out / SUPERNET_WEIGHTS))
     doc = {"format": FORMAT, "space": supernet.space.to_dict(), "init": supernet.init,
            "training": training or {}}
-    (out / SUPERNET_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / SUPERNET_FILE, doc)
     return out
 
 
 def read_supernet_doc(folder: str | Path) -> dict[str, Any]:
-    path = Path(folder) / SUPERNET_FILE
-    if not path.is_file():
-        raise ConfigError(f"{folder} holds no trained supernet ({SUPERNET_FILE} is missing); "
-                          "train one with `edgesplit nas splitnets train --out DIR`")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else None
-        raise ConfigError(f"{path} has format {found!r}, expected {FORMAT!r}; "
-                          "train the supernet again with this edgesplit")
-    return doc
+    return read_document(folder, SUPERNET_FILE, what="trained supernet", expected_format=FORMAT,
+                         fix="train one with `edgesplit nas splitnets train --out DIR`")
 
 
 def load_supernet(folder: str | Path) -> tuple[SplitSupernet, dict[str, Any]]:

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.memory import peak_memory
 from edgesplit.hardware import Topology, estimator_for
 from edgesplit.hardware.work import LayerWork
+from edgesplit.nas.files import write_json
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.space import SplitArch
 from edgesplit.nas.splitnets.supernet import SplitNet, SplitSupernet, recalibrate
@@ -137,14 +137,14 @@ def save_splitnet(folder: str | Path, supernet: SplitSupernet, arch: SplitArch,
     plan.save(out / PLAN_FILE)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()},
               str(out / WEIGHTS_FILE))
-    (out / ARCH_FILE).write_text(json.dumps({"format": FORMAT, "space": space.to_dict(),
-                                             "arch": arch.to_dict()}, indent=2) + "\n")
+    write_json(out / ARCH_FILE, {"format": FORMAT, "space": space.to_dict(),
+                                 "arch": arch.to_dict()})
     doc = dict(summary or {})
     doc.update(_checks(graph, plan, cost, hardware))
     doc["arch"], doc["describe"] = arch.to_dict(), arch.describe()
     if test is not None:
         doc["test_accuracy"] = net_accuracy(net, test, arch.resolution)
-    (out / SUMMARY_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / SUMMARY_FILE, doc)
     return SplitNetResult(out, net, plan, doc)
 
 

@@ -13,7 +13,6 @@ writes ``search.json`` and a result folder (model + plan) for the best network a
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, load_labelled, stratified_split
 from edgesplit.errors import ConfigError, option
 from edgesplit.hardware import AnalyticalCompute, Topology, resolve_topology
+from edgesplit.nas.files import write_json
 from edgesplit.nas.splitnets.checkpoint import load_supernet, save_supernet
 from edgesplit.nas.splitnets.cost import SplitHardware
 from edgesplit.nas.splitnets.result import SplitNetResult, save_splitnet
@@ -192,7 +192,7 @@ def search_supernet(folder: str | Path, topology: str | Path | Topology, *,
                                      "test_accuracy": r.summary.get("test_accuracy"),
                                      "predicted_ms": r.plan.predicted.total_ms}
                               for (name, _), r in zip(chosen, results, strict=True)}
-        (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(out / "search.json", summary)
     return SearchRun(search, summary, results)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.space import Arch, SearchSpace
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 
-__all__ = ["crossover", "mutate", "random_arch"]
+__all__ = ["SpaceBreeder", "crossover", "mutate", "random_arch"]
 
 
 def random_arch(space: SearchSpace, rng: np.random.Generator) -> Arch:
@@ -45,3 +45,20 @@ def crossover(space: SearchSpace, first: Arch, second: Arch, rng: np.random.Gene
     take_first = rng.random(len(a)) < 0.5
     return space.arch_from_indices([x if t else y for x, y, t in zip(a, b, take_first,
                                                                      strict=True)])
+
+
+class SpaceBreeder:
+    """A SearchSpace bred by this module's functions: the
+    :class:`~edgesplit.nas.evolution.Breeder` ``EvolutionSearch`` uses for it."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space, self.name = space, space.name
+
+    def random_arch(self, rng: np.random.Generator) -> Arch:
+        return random_arch(self.space, rng)
+
+    def mutate_arch(self, arch: Arch, rng: np.random.Generator, prob: float) -> Arch:
+        return mutate(self.space, arch, rng, prob)
+
+    def crossover_arch(self, first: Arch, second: Arch, rng: np.random.Generator) -> Arch:
+        return crossover(self.space, first, second, rng)

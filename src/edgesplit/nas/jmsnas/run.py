@@ -3,7 +3,7 @@ every device of the topology, the placement, both stages, and the result folder 
 
 Tables come from files the user measured (``--table DEVICE=FILE``: refused if built for another
 space or device) or are built on the spot: measured for ``this-machine``, estimated from the
-device model for presets (:func:`~edgesplit.nas.latency.build_latency_table`).
+device model for presets (:func:`~edgesplit.nas.jmsnas.latency.build_latency_table`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 from edgesplit.data.training import LabelledData
 from edgesplit.errors import ConfigError, option
 from edgesplit.hardware import Topology
-from edgesplit.nas.chain_latency import ChainLatency, ChainPlacement, chain_devices
-from edgesplit.nas.jmsnas import JMSNAS, LatencyModel
-from edgesplit.nas.latency import LatencyTable, build_latency_table
-from edgesplit.nas.mesh_latency import MeshLatency
-from edgesplit.nas.result import SearchResult, save_search_result
-from edgesplit.nas.space import SearchSpace
+from edgesplit.nas.jmsnas.chain_latency import ChainLatency, ChainPlacement, chain_devices
+from edgesplit.nas.jmsnas.latency import LatencyTable, build_latency_table
+from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
+from edgesplit.nas.jmsnas.result import SearchResult, save_search_result
+from edgesplit.nas.jmsnas.search import JMSNAS, LatencyModel
+from edgesplit.nas.jmsnas.space import SearchSpace
 from edgesplit.plan.mesh import mesh_shape
 
 __all__ = ["JMSNASRun", "latency_tables", "parse_table_options", "run_jmsnas"]

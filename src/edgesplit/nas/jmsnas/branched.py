@@ -27,9 +27,9 @@ from typing import Any, Literal
 import torch
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.network import ArchNet
-from edgesplit.nas.space import Arch, SearchSpace
-from edgesplit.nas.supernet import Supernet
+from edgesplit.nas.jmsnas.network import ArchNet
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
+from edgesplit.nas.jmsnas.supernet import Supernet
 
 __all__ = ["BranchLayout", "BranchedArchNet", "BranchedSupernet", "branched_space",
            "shape_keeping_sections"]

@@ -2,7 +2,7 @@
 
 ``save_search_result(folder, net, topology)`` writes
 
-- ``arch.json`` + ``weights.safetensors``: the network (:mod:`edgesplit.nas.checkpoint`);
+- ``arch.json`` + ``weights.safetensors``: the network (:mod:`edgesplit.nas.jmsnas.checkpoint`);
 - ``model.pt2``: the network exported with ``torch.export`` (plain tensor weights, so it loads
   without ``trust_model_file``), which the plan names as its model;
 - ``plan.json``: the network planned over ``topology`` by the same planners as any model
@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ from typing import Any
 import torch
 
 from edgesplit.hardware import Topology
-from edgesplit.nas.checkpoint import save_network
-from edgesplit.nas.network import ArchNet
+from edgesplit.nas.files import write_json
+from edgesplit.nas.jmsnas.checkpoint import save_network
+from edgesplit.nas.jmsnas.network import ArchNet
 from edgesplit.plan import Plan, PlanningProblem, get_planner
 
 __all__ = ["CHAIN_PLAN_FILE", "MODEL_FILE", "PLAN_FILE", "SUMMARY_FILE", "SearchResult",
@@ -77,5 +77,5 @@ def save_search_result(folder: str | Path, net: ArchNet, topology: Topology, *,
         chain = get_planner("best_chain").plan(problem)
         chain.save(out / CHAIN_PLAN_FILE)
         doc["runnable_plan"] = _describe(chain, CHAIN_PLAN_FILE)
-    (out / SUMMARY_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / SUMMARY_FILE, doc)
     return SearchResult(out, plan, doc)

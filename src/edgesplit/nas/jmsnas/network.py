@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.nas.space import Arch, SearchSpace
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 
 __all__ = ["ArchNet", "ChainFrame", "init_weights"]
 

@@ -1,4 +1,4 @@
-"""Built-in search spaces (registered on import by :mod:`edgesplit.nas.catalog`).
+"""Built-in search spaces (registered on import by :mod:`edgesplit.nas.jmsnas.catalog`).
 
 ``digits-mbconv`` is sized so that supernet training on the scikit-learn digits (1x32x32,
 10 classes) takes seconds to minutes on a laptop CPU: the stem halves the image at once, and
@@ -9,8 +9,8 @@ MobileNetV2-for-CIFAR layout (3x32x32) for runs that have more time.
 
 from __future__ import annotations
 
-from edgesplit.nas.catalog import register_space
-from edgesplit.nas.space import HeadSpec, SearchSpace, StemSpec
+from edgesplit.nas.jmsnas.catalog import register_space
+from edgesplit.nas.jmsnas.space import HeadSpec, SearchSpace, StemSpec
 
 __all__: list[str] = []
 

@@ -1,6 +1,6 @@
 """A mixed op whose MBConv candidates share their convolution weights (once-for-all style).
 
-With one weight set per candidate (ProxylessNAS, :class:`~edgesplit.nas.supernet.MixedOp`),
+With one weight set per candidate (ProxylessNAS, :class:`~edgesplit.nas.jmsnas.supernet.MixedOp`),
 channel c of one candidate's output has nothing to do with channel c of another's at the start,
 so a layer after a randomly sampled path sees inputs whose meaning changes every step. On the
 digits, uniform sampling over the 13 JMSNAS candidates left the supernet at chance after 200
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgesplit.nas.jmsnas.paths import PathChoice
 from edgesplit.nas.ops import OpSpec
-from edgesplit.nas.paths import PathChoice
 
 __all__ = ["SharedMixedOp"]
 

@@ -7,7 +7,7 @@ A layer holds R candidate ops; which of them run is state on the module, not an 
   architecture; memory as for one network);
 - ``active=(i, j)`` with ``gates`` of shape (2,): the output is
   ``gates[0] * op_i(x) + gates[1] * op_j(x)``, JMSNAS's architecture step (section IV-A) with
-  the binary gates of :mod:`edgesplit.nas.binary_gates`. Both paths run even where a gate is
+  the binary gates of :mod:`edgesplit.nas.jmsnas.binary_gates`. Both paths run even where a gate is
   0, because dL/dg_j needs op_j(x): memory is 2x a single network, not Rx.
 
 Subclasses say how candidate ``i`` runs (:meth:`PathChoice.run_path`) and what its weights are

@@ -1,13 +1,13 @@
 """The supernet of a search space and its mixed ops.
 
 Every searchable layer is a mixed op over its R candidates (which paths run, and the binary
-gates of JMSNAS's architecture step, are described in :mod:`edgesplit.nas.paths`). Two kinds:
+gates of JMSNAS's architecture step, are described in :mod:`edgesplit.nas.jmsnas.paths`). Two kinds:
 
 - ``weights="separate"``: :class:`MixedOp`, one weight set per candidate (ProxylessNAS, and
   JMSNAS's "mixed operation vector with R elements");
-- ``weights="shared"``: :class:`~edgesplit.nas.shared.SharedMixedOp`, every MBConv candidate of
-  a layer slices one weight set (once-for-all), which trains far faster from scratch when
-  paths are sampled uniformly (the measurements are in that module).
+- ``weights="shared"``: :class:`~edgesplit.nas.jmsnas.shared.SharedMixedOp`, every MBConv
+  candidate of a layer slices one weight set (once-for-all), which trains far faster from
+  scratch when paths are sampled uniformly (the measurements are in that module).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.network import ArchNet, ChainFrame, init_weights
+from edgesplit.nas.jmsnas.network import ArchNet, ChainFrame, init_weights
+from edgesplit.nas.jmsnas.paths import PathChoice
+from edgesplit.nas.jmsnas.shared import SharedMixedOp
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 from edgesplit.nas.ops import OpSpec
-from edgesplit.nas.paths import PathChoice
-from edgesplit.nas.shared import SharedMixedOp
-from edgesplit.nas.space import Arch, SearchSpace
 
 __all__ = ["MixedOp", "Supernet"]
 

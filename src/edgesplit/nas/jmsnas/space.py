@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from edgesplit.errors import ConfigError
 from edgesplit.nas.ops import JMSNAS_CANDIDATES, OpSpec, keeps_shape, legal_ops
+
+if TYPE_CHECKING:
+    from edgesplit.nas.jmsnas.sampler import SpaceBreeder
 
 __all__ = [
     "Arch",
@@ -217,6 +220,12 @@ class SearchSpace:
     def fixed_arch(self, kind: FixedArch) -> Arch:
         """A reference architecture: see :func:`fixed_arch`."""
         return fixed_arch(self, kind)
+
+    def breeder(self) -> SpaceBreeder:
+        """What an evolutionary search breeds this space with (:mod:`.sampler`)."""
+        from edgesplit.nas.jmsnas.sampler import SpaceBreeder
+
+        return SpaceBreeder(self)
 
     # -- serialisation -----------------------------------------------------------------------
 

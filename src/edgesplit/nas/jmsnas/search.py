@@ -4,10 +4,11 @@ Stage 1, the search (Fig. 4b), alternates
 - **weight steps**: every searchable layer runs one path sampled from ``p = softmax(alpha)``
   (memory 1x) and the weights take an Adam step on cross-entropy + lambda_1 ||theta||^2;
 - **architecture steps** (after ``warmup_epochs``): every layer runs two sampled paths behind
-  binary gates (memory 2x, not Rx; :mod:`edgesplit.nas.binary_gates`) and ``alpha`` takes a
-  step on loss (4), cross-entropy + lambda_2 (E[T] - T_const)^2, with Lemma 1's gradient for
-  the cross-entropy and autograd's for E[T] (:class:`~edgesplit.nas.chain_latency.ChainLatency`,
-  eq. 1 over a chain, or :class:`~edgesplit.nas.mesh_latency.MeshLatency`, eq. 2 over a mesh,
+  binary gates (memory 2x, not Rx; :mod:`edgesplit.nas.jmsnas.binary_gates`) and ``alpha``
+  takes a step on loss (4), cross-entropy + lambda_2 (E[T] - T_const)^2, with Lemma 1's
+  gradient for the cross-entropy and autograd's for E[T]
+  (:class:`~edgesplit.nas.jmsnas.chain_latency.ChainLatency`, eq. 1 over a chain, or
+  :class:`~edgesplit.nas.jmsnas.mesh_latency.MeshLatency`, eq. 2 over a mesh,
   with ``E[tau] = sum_i p_i U(v_i)``).
 Weight steps use one part of the training data and architecture steps a held-apart part, so
 alpha is chosen on samples the weights did not fit (as ProxylessNAS does).
@@ -22,8 +23,8 @@ Stage 2 fixes it and retrains it from the supernet's weights (``retrain``), then
 top-1 accuracy on held-out data.
 
 The supernet's candidates share their weights by default (``weights="shared"``,
-:mod:`edgesplit.nas.shared`): with one weight set per candidate, as in the paper, uniform path
-sampling left the digits supernet at chance for hundreds of steps. ``weights="separate"`` is
+:mod:`edgesplit.nas.jmsnas.shared`): with one weight set per candidate, as in the paper, uniform
+path sampling left the digits supernet at chance for hundreds of steps. ``weights="separate"`` is
 the paper's supernet.
 
 Defaults differ from the paper's ImageNet recipe (20 warm-up + 60 epochs, batch 512, Adam
@@ -46,12 +47,12 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, stratified_split
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware.accelerator import device_of, torch_device
-from edgesplit.nas.binary_gates import binary_gates, sample_pair, sample_path
-from edgesplit.nas.chain_latency import ChainLatency
-from edgesplit.nas.mesh_latency import MeshLatency
-from edgesplit.nas.network import ArchNet
-from edgesplit.nas.space import Arch, SearchSpace
-from edgesplit.nas.supernet import Supernet
+from edgesplit.nas.jmsnas.binary_gates import binary_gates, sample_pair, sample_path
+from edgesplit.nas.jmsnas.chain_latency import ChainLatency
+from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
+from edgesplit.nas.jmsnas.network import ArchNet
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
+from edgesplit.nas.jmsnas.supernet import Supernet
 
 LatencyModel = ChainLatency | MeshLatency  # eq. (1) over a chain, eq. (2) over a mesh
 

@@ -28,11 +28,11 @@ import torch
 
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import Link, Topology
-from edgesplit.nas.space import Arch, SearchSpace
-from edgesplit.nas.supernet import Supernet
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
+from edgesplit.nas.jmsnas.supernet import Supernet
 
 if TYPE_CHECKING:
-    from edgesplit.nas.mesh_latency import MeshLatency
+    from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
 
 __all__ = ["ChainLatency", "ChainPlacement", "LayerLatencies", "chain_devices", "check_budget",
            "unit_names", "unit_output_bytes"]
@@ -42,7 +42,7 @@ FLOAT_BYTES = 4  # activations travel as float32 during the search, as the float
 
 class LayerLatencies(Protocol):
     """What the latency model needs of a device's latency table
-    (:class:`~edgesplit.nas.latency.LatencyTable`); a table may also carry ``overhead_ms``,
+    (:class:`~edgesplit.nas.jmsnas.latency.LatencyTable`); a table may also carry ``overhead_ms``,
     what a device pays per network it runs a part of beyond its ops (0 if absent)."""
 
     @property

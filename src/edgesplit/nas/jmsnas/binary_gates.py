@@ -14,7 +14,7 @@ probabilities ``p = softmax(alpha)``. A one-hot binary gate ``g`` (``g_i = 1`` w
 
   over the pair, with ``p`` renormalised over the pair; the other alphas get no gradient.
 
-The gates plug into :meth:`edgesplit.nas.supernet.MixedOp.set_paths` (``active`` = the pair,
+The gates plug into :meth:`edgesplit.nas.jmsnas.supernet.MixedOp.set_paths` (``active`` = the pair,
 ``gates`` = this function's output). ProxylessNAS additionally shifts the pair's alphas after
 each update so the unsampled paths keep their probabilities; JMSNAS does not say it does, and
 we do not.

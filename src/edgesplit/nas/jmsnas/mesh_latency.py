@@ -2,7 +2,7 @@
 
 A mesh is a chain from the source to a root, which broadcasts to parallel branch devices,
 whose results one aggregator joins (``plan.mesh.mesh_shape``). The searched network has the
-matching shape (:mod:`edgesplit.nas.branched`): the stem and the prefix layers on the chain
+matching shape (:mod:`edgesplit.nas.jmsnas.branched`): the stem and the prefix layers on the chain
 (placed by the same DP as a chain, result at the root), one copy of the branch section per
 branch device, and the join, the suffix and the head on the aggregator. Then
 
@@ -25,13 +25,13 @@ import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import Topology
-from edgesplit.nas.branched import (
+from edgesplit.nas.jmsnas.branched import (
     BranchedSupernet,
     BranchLayout,
     branched_space,
     shape_keeping_sections,
 )
-from edgesplit.nas.chain_latency import (
+from edgesplit.nas.jmsnas.chain_latency import (
     FLOAT_BYTES,
     LayerLatencies,
     _hop_ms,
@@ -41,7 +41,7 @@ from edgesplit.nas.chain_latency import (
     check_budget,
     unit_output_bytes,
 )
-from edgesplit.nas.space import Arch, SearchSpace
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 from edgesplit.plan.mesh import mesh_shape
 
 __all__ = ["MeshLatency", "MeshPlacement"]

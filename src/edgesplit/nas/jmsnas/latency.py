@@ -30,7 +30,6 @@ reports a measured table's error on whole random networks.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import math
@@ -38,10 +37,11 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,18 @@ from edgesplit.hardware import (
     get_device,
     resolve_device,
 )
-from edgesplit.nas.network import ArchNet, ChainFrame, init_weights
+from edgesplit.hardware.timing import (
+    check_counts,
+    machine_identity,
+    median_ms,
+    time_block,
+    timing_conditions,
+)
+from edgesplit.nas.files import read_json, write_json
+from edgesplit.nas.jmsnas.network import ArchNet, ChainFrame, init_weights
+from edgesplit.nas.jmsnas.sampler import random_arch
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 from edgesplit.nas.ops import OpSpec
-from edgesplit.nas.sampler import random_arch
-from edgesplit.nas.space import Arch, SearchSpace
 
 __all__ = [
     "LATENCY_TABLE_VERSION",
@@ -71,9 +79,7 @@ __all__ = [
     "LatencyTable",
     "build_latency_table",
     "device_fingerprint",
-    "machine_identity",
     "space_fingerprint",
-    "timing_conditions",
     "validate_latency_table",
 ]
 
@@ -97,27 +103,6 @@ def _sha256(data: Any) -> str:
 def space_fingerprint(space: SearchSpace) -> str:
     """sha256 of the space's canonical JSON: any change to a layer, op list or shape changes it."""
     return _sha256(space.to_dict())
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_identity() -> dict[str, Any]:
-    """What makes this computer's timings its own: CPU model, logical CPUs, architecture, OS.
-
-    ``this-machine`` is re-measured in every process, so its peaks differ run to run; a table
-    measured here is tied to this identity instead, so that it loads again on this computer
-    (and on an identical one) but not on another."""
-    return {"processor": _cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
-            "system": platform.system()}
 
 
 def _is_this_machine(device: Device | str) -> bool:
@@ -276,7 +261,7 @@ class LatencyTable:
         ConfigError naming both sides and the command that rebuilds it."""
         what = f"latency table {source!r}" if source else "latency table"
         if space is not None:
-            from edgesplit.nas.catalog import resolve_space
+            from edgesplit.nas.jmsnas.catalog import resolve_space
 
             wanted = resolve_space(space)
             fingerprint = space_fingerprint(wanted)
@@ -359,7 +344,7 @@ class LatencyTable:
     def save(self, path: str | Path) -> Path:
         """Write the table as JSON (a file a user can ship with a searched model)."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict())
         return path
 
     @classmethod
@@ -370,12 +355,8 @@ class LatencyTable:
         An unreadable or corrupt file, an unknown version, or a table of another space or
         device is a ConfigError naming the file, both sides and the command that rebuilds it."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read latency table {str(path)!r}: {exc}; rebuild it with "
-                              "`edgesplit nas latency-table SPACE --device DEVICE -o FILE`"
-                              ) from None
+        data = read_json(path, what="latency table", fix="rebuild it with `edgesplit nas "
+                         "latency-table SPACE --device DEVICE -o FILE`")
         table = cls.from_dict(data, source=str(path))
         return table.check(space=space, device=device, source=str(path))
 
@@ -460,39 +441,11 @@ def _deployed(graph: LayerGraph) -> _Call:
     return extract_partition(graph, [layer.name for layer in graph.layers]).module
 
 
-@contextmanager
-def timing_conditions(threads: int) -> Iterator[None]:
-    """Timing conditions: ``threads`` torch threads, no autograd (as the runtime runs), no
-    garbage-collection pauses inside timed calls. Restores the caller's settings."""
-    before = torch.get_num_threads()
-    gc_was_enabled = gc.isenabled()
-    torch.set_num_threads(threads)
-    gc.collect()
-    gc.disable()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-        torch.set_num_threads(before)
-
-
 def _load() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:  # not available on this platform
         return []
-
-
-def _median_ms(samples_ns: Sequence[int]) -> float:
-    return statistics.median(samples_ns) / 1e6
-
-
-def _check_counts(**counts: tuple[Any, int]) -> None:
-    for what, (value, low) in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{what}={value!r} must be an integer >= {low}")
 
 
 def build_latency_table(space: SearchSpace | str, device: Device | str, *, batch: int = 1,
@@ -511,13 +464,13 @@ def build_latency_table(space: SearchSpace | str, device: Device | str, *, batch
     the timing arguments. Ops sharing a shape are built and captured once.
     ``progress(stage, done, total)`` is called as the work advances.
     """
-    from edgesplit.nas.catalog import resolve_space
+    from edgesplit.nas.jmsnas.catalog import resolve_space
 
     space = resolve_space(space)
-    _check_counts(batch=(batch, 1), warmup=(warmup, 0), repeats=(repeats, 1),
+    check_counts(batch=(batch, 1), warmup=(warmup, 0), repeats=(repeats, 1),
                   calibration=(calibration, 0))
     if threads is not None:
-        _check_counts(threads=(threads, 1))
+        check_counts(threads=(threads, 1))
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):  # building modules leaves the caller's RNG alone
         torch.manual_seed(seed)
@@ -614,12 +567,12 @@ def _measure(space: SearchSpace, pieces: _Pieces, *, warmup: int, repeats: int, 
             pieces, calls, whole, x, warmup=warmup, repeats=repeats,
             rng=np.random.default_rng([seed, 2]), progress=progress)
     after = _load()
-    stem_ms, head_ms = _median_ms(stem_ns), _median_ms(head_ns)
-    rows = _rows(pieces, lambda i, j, key: _median_ms(op_ns[i][j]))
+    stem_ms, head_ms = median_ms(stem_ns), median_ms(head_ns)
+    rows = _rows(pieces, lambda i, j, key: median_ms(op_ns[i][j]))
     parts = [stem_ms + head_ms + sum(rows[i][op.name] for i, op in enumerate(arch.ops))
              for arch in archs]
     # A network with no timed block (more calibration networks than rounds) is left out.
-    measured = [_median_ms(s) if s else None for s in whole_ns]
+    measured = [median_ms(s) if s else None for s in whole_ns]
     residuals = [m - p for m, p in zip(measured, parts, strict=True) if m is not None]
     return {
         "method": _MEASURED, "stem_ms": stem_ms, "head_ms": head_ms, "layers": rows,
@@ -695,9 +648,9 @@ def _in_context(pieces: _Pieces, calls: Mapping[str | _Key, _Call], whole: Seque
                     ops.append((fn, op_ns[i][j]))
             for keep in _burst(r >= warmup):
                 chain(ops, keep)
-        if whole:  # one calibration network per round, in a block (see _block)
+        if whole:  # one calibration network per round, in a block (see time_block)
             n = r % len(whole)
-            _block(whole[n], x, 1, _BLOCK if r >= warmup else 0, whole_ns[n])
+            time_block(partial(whole[n], x), 1, _BLOCK if r >= warmup else 0, whole_ns[n])
         if progress:
             progress("timing ops in context", r + 1, rounds)
     return stem_ns, head_ns, op_ns, whole_ns
@@ -712,19 +665,6 @@ def _burst(timed: bool) -> list[bool]:
     and all passes but the first are kept, so its weights are as warm as a deployed network's
     serving one request after another."""
     return [False] + [timed] * (_BURST - 1)
-
-
-def _block(fn: _Call, x: torch.Tensor, untimed: int, timed: int, samples: list[int]) -> None:
-    """Run a whole network ``untimed`` then ``timed`` times back to back, keeping the timed
-    calls. Whole networks are timed in blocks, not one call each in a round-robin over many
-    networks: on a 2-core Xeon a round-robin over 30 networks made each about 5 % slower than
-    the same network serving requests back to back, which is what a deployment does."""
-    for _ in range(untimed):
-        fn(x)
-    for _ in range(timed):
-        t0 = time.perf_counter_ns()
-        fn(x)
-        samples.append(time.perf_counter_ns() - t0)
 
 
 # -- validation ----------------------------------------------------------------------------
@@ -748,10 +688,10 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
     when the table was built, timed in the same passes. On a busy machine torch's worker
     threads wait for cores; an error of about the drift's size is the machine's, not the
     table's. Only a table measured here can be checked here: an estimated table is refused."""
-    from edgesplit.nas.catalog import resolve_space
+    from edgesplit.nas.jmsnas.catalog import resolve_space
 
     space = resolve_space(space)
-    _check_counts(samples=(samples, 1), warmup=(warmup, 0), repeats=(repeats, 1))
+    check_counts(samples=(samples, 1), warmup=(warmup, 0), repeats=(repeats, 1))
     if not table.is_measured:
         raise ConfigError(
             f"the latency table of device {table.device!r} was {table.method}, not measured: "
@@ -785,16 +725,16 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
         samples_ns: list[list[int]] = [[] for _ in calls]
         for p in range(_PASSES):
             for n, (fn, samples_of) in enumerate(zip(calls, samples_ns, strict=True)):
-                _block(fn, x, warmup, per_pass, samples_of)
+                time_block(partial(fn, x), warmup, per_pass, samples_of)
                 if progress:
                     progress("timing networks", p * len(calls) + n + 1, _PASSES * len(calls))
     after = _load()
-    drift = [100.0 * (_median_ms(ns) - then) / then
+    drift = [100.0 * (median_ms(ns) - then) / then
              for (_, then), ns in zip(references, samples_ns[len(archs):], strict=True)]
     rows: list[dict[str, Any]] = []
     errors: list[float] = []
     for arch, ns in zip(archs, samples_ns[:len(archs)], strict=True):
-        predicted, measured = table.arch_ms(arch), _median_ms(ns)
+        predicted, measured = table.arch_ms(arch), median_ms(ns)
         errors.append(100.0 * (predicted - measured) / measured)
         rows.append({"arch": list(arch.names), "predicted_ms": predicted,
                      "measured_ms": measured, "error_pct": errors[-1]})

@@ -9,7 +9,6 @@ raises :class:`~edgesplit.errors.ConfigError` naming the file and what is wrong 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,11 +17,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from edgesplit.errors import ConfigError, EdgesplitError
-from edgesplit.nas.network import ArchNet
-from edgesplit.nas.space import Arch, SearchSpace
+from edgesplit.nas.files import read_document, read_json, write_json
+from edgesplit.nas.jmsnas.network import ArchNet
+from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 
 if TYPE_CHECKING:
-    from edgesplit.nas.branched import BranchLayout
+    from edgesplit.nas.jmsnas.branched import BranchLayout
 
 __all__ = ["ARCH_FILE", "FORMAT", "WEIGHTS_FILE", "load_network", "read_arch", "save_network"]
 
@@ -39,7 +39,7 @@ def save_network(folder: str | Path, net: ArchNet) -> Path:
     layout = getattr(net, "layout", None)  # a BranchedArchNet: its slots run in parallel
     if layout is not None:
         doc["layout"] = layout.to_dict()
-    (folder / ARCH_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(folder / ARCH_FILE, doc)
     state = {k: v.detach().to("cpu").contiguous() for k, v in net.state_dict().items()}
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": FORMAT})
     return folder
@@ -48,18 +48,8 @@ def save_network(folder: str | Path, net: ArchNet) -> Path:
 def read_arch(folder: str | Path) -> tuple[SearchSpace, Arch]:
     """The space and architecture stored in ``folder``'s arch.json (the weights untouched)."""
     path = Path(folder) / ARCH_FILE
-    if not path.is_file():
-        raise ConfigError(f"{str(path)!r} does not exist: pass a folder written by "
-                          "save_network")
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); save the network "
-                          "again with save_network") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else None
-        raise ConfigError(f"{str(path)!r} has format {found!r}, this edgesplit reads "
-                          f"{FORMAT!r}; save the network again with this version")
+    doc = read_document(folder, ARCH_FILE, what="network", expected_format=FORMAT,
+                        fix="save the network again with save_network")
     try:
         space = SearchSpace.from_dict(doc["space"])
         return space, space.validate(Arch.from_dict(doc["arch"]))
@@ -83,7 +73,7 @@ def load_network(folder: str | Path) -> ArchNet:
     layout = _read_layout(folder)
     if layout is None:
         return ArchNet.from_state_dict(space, arch, state).eval()
-    from edgesplit.nas.branched import BranchedArchNet
+    from edgesplit.nas.jmsnas.branched import BranchedArchNet
 
     with torch.device("meta"):
         net = BranchedArchNet(space, arch, layout)
@@ -94,9 +84,10 @@ def load_network(folder: str | Path) -> ArchNet:
 
 def _read_layout(folder: str | Path) -> BranchLayout | None:
     """The BranchLayout stored next to the architecture, or None for a chain network."""
-    from edgesplit.nas.branched import BranchLayout
+    from edgesplit.nas.jmsnas.branched import BranchLayout
 
-    doc = json.loads((Path(folder) / ARCH_FILE).read_text())
+    doc = read_json(Path(folder) / ARCH_FILE, what="network",
+                    fix="save the network again with save_network")
     if "layout" not in doc:
         return None
     try:

@@ -1,25 +1,22 @@
 """The registry of named search spaces: ``register_space``, ``get_space``, ``list_spaces``,
 and ``resolve_space`` for a name-or-file argument.
 
-Built-in spaces live in :mod:`edgesplit.nas._presets` and are imported on the first lookup.
+Built-in spaces live in :mod:`edgesplit.nas.jmsnas._presets` and are imported on the first lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from edgesplit.nas.space import SearchSpace
+from edgesplit.nas.files import resolve_spec
+from edgesplit.nas.jmsnas.space import SearchSpace
 from edgesplit.registry import Registry
 
-__all__ = ["get_space", "list_spaces", "register_space", "resolve_space", "resolve_spec"]
-
-T = TypeVar("T")
+__all__ = ["get_space", "list_spaces", "register_space", "resolve_space"]
 
 
 def _load_presets() -> None:
-    from edgesplit.nas import _presets  # noqa: F401  (registers on import)
+    from edgesplit.nas.jmsnas import _presets  # noqa: F401  (registers on import)
 
 
 _SPACES: Registry[SearchSpace] = Registry(
@@ -47,17 +44,3 @@ def resolve_space(spec: str | Path | SearchSpace) -> SearchSpace:
     a SearchSpace (returned as is): what a command's SPACE argument accepts, as
     :func:`~edgesplit.hardware.resolve_device` does for devices."""
     return resolve_spec(spec, SearchSpace, get_space)
-
-
-def resolve_spec(spec: str | Path | T, kind: type[T], get: Callable[[str], T]) -> T:
-    """``spec`` itself if it is a ``kind``, the ``kind.from_dict`` of a JSON/YAML/TOML file it
-    names, or the registered ``get(name)``: the rule every SPACE argument follows."""
-    if isinstance(spec, kind):
-        return spec
-    text = str(spec)
-    if isinstance(spec, Path) or "/" in text or text.endswith((".json", ".yaml", ".yml", ".toml")):
-        from edgesplit.hardware.files import read_config
-
-        data = read_config(text if not isinstance(spec, Path) else spec)
-        return kind.from_dict(data)  # type: ignore[attr-defined]  # both kinds have it
-    return get(text)
