@@ -141,6 +141,29 @@ def test_docs_layer_table_agrees_with_the_graph():
     assert not problems, "\n".join(problems)
 
 
+NAS_SYSTEMS = ("jmsnas", "splitnets", "adaptivenet")
+
+
+def _nas_part(module: str) -> str | None:
+    """``core`` for a module at ``nas/``'s root, the system for one of its packages, None for a
+    module outside ``nas``."""
+    parts = module.split(".")
+    if parts[:2] != ["edgesplit", "nas"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in NAS_SYSTEMS else "core"
+
+
+def test_nas_systems_share_only_the_core():
+    """docs/architecture.md's NAS package: a shared core and three systems over it. A system
+    imports the core, never another system; the core imports no system."""
+    tree = _tree()
+    problems = [f"{where(tree, i.source, i.line)}: {_nas_part(i.source)} imports {i.target}"
+                for i in tree.imports if _nas_part(i.source) is not None
+                and _nas_part(i.target) not in (None, "core", _nas_part(i.source))]
+    assert not problems, ("\n".join(problems) + "\n(move what two systems need into the core "
+                          "at nas/'s root)")
+
+
 # --- the checker on small synthetic trees ------------------------------------------------------
 
 def _write(root: Path, files: dict[str, str]) -> Path:

@@ -129,3 +129,19 @@ def test_derivation_keeps_the_argmax_when_it_fits_and_meets_the_budget_otherwise
     for budget in (fastest * 1.05, (fastest + latency.of_arch(argmax)) / 2):
         assert latency.of_arch(derive_within_budget(SPACE, alpha, latency, budget)) <= budget
 
+
+@pytest.mark.parametrize("start_over", [1.5, 0.6])  # E[T] at uniform alpha over / under T_const
+def test_architecture_steps_move_expected_latency_toward_the_budget(start_over):
+    """The penalty lambda_2 (E[T] - T_const)^2 pulls E[T] to the budget from either side: with
+    its sign flipped the steps push E[T] away, and this fails."""
+    latency = ChainLatency.best_placement(SPACE, TOPOLOGY, TABLES)
+    uniform = [torch.full((len(l.ops),), 1 / len(l.ops)) for l in SPACE.layers]
+    start = float(latency(uniform))  # alpha starts at zeros: the uniform mixture
+    budget = start / start_over
+    # a penalty that outweighs the cross-entropy, so its direction decides alpha's steps
+    search = JMSNAS(latency_budget_ms=budget, lambda2=1e3 / budget ** 2, warmup_epochs=0,
+                    epochs=2, retrain_epochs=0, batch_size=32, arch_fraction=0.5, arch_lr=0.1)
+    search.fit(_small_digits(), SPACE, latency)
+    gaps = [abs(h.expected_ms - budget) for h in search.history_]
+    assert gaps[0] < abs(start - budget)  # the first architecture steps already close in
+    assert gaps[-1] < min(gaps[0], 0.75 * abs(start - budget))
