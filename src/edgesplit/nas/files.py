@@ -55,7 +55,8 @@ def read_document(folder: str | Path, name: str, *, what: str, fix: str,
     ConfigError that ends with ``fix``."""
     path = Path(folder) / name
     if not path.is_file():
-        raise ConfigError(f"{str(path)!r} does not exist: {folder} holds no {what}; {fix}")
+        raise ConfigError(f"{folder} holds no {what}: {name} is missing ({str(path)!r} does "
+                          f"not exist); {fix}")
     doc = read_json(path, what=what, fix=fix)
     if not isinstance(doc, dict):
         raise ConfigError(f"{str(path)!r} holds {type(doc).__name__}, not a JSON object; {fix}")
