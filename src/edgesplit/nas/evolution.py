@@ -1,6 +1,13 @@
-"""Evolutionary architecture search (regularised to the Once-for-All recipe) with the
-scikit-learn estimator contract: parameters in ``__init__``, ``fit(space, evaluator)``, learned
-state with a trailing underscore.
+"""The evolutionary loop every NAS search here runs, and the toolkit's search on it.
+
+:class:`Breeding` draws new architectures only (bounded, each proposal remembered) and breeds a
+generation's children; :func:`evolve` runs the generations. :class:`EvolutionSearch` is the
+toolkit's search on them; AdaptiveNet's searches run the same two with their own survivors and
+a whole generation evaluated at once.
+
+:class:`EvolutionSearch`: regularised to the Once-for-All recipe, with the scikit-learn
+estimator contract: parameters in ``__init__``, ``fit(space, evaluator)``, learned state with a
+trailing underscore.
 
 Each generation keeps the best ``parents_fraction`` of the population and fills the rest with
 children: ``mutation_fraction`` of them mutants of a random parent, the others uniform
