@@ -474,6 +474,59 @@ def test_kernels_give_the_reference_bytes_and_values(bits, monkeypatch):
             assert torch.equal(decode_tensor(packed), decoded), name
 
 
+def _random_case(rng: np.random.Generator):
+    """A random tensor (rank 0-4, odd sizes and empty dimensions among them, several dtypes and
+    scales) and a per-channel axis (None, or one of its axes, negative ones included)."""
+    shape = tuple(int(d) for d in rng.choice([0, 1, 2, 3, 5, 7, 8, 9, 16, 17, 33],
+                                             size=rng.integers(0, 5)))
+    dtype = [torch.float32, torch.float32, torch.float16, torch.bfloat16, torch.float64][
+        rng.integers(0, 5)]
+    x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    x = (x * float(10.0 ** rng.integers(-3, 4)) + float(rng.standard_normal())).to(dtype)
+    axis = None if not shape or rng.random() < 0.4 else int(rng.integers(-len(shape), len(shape)))
+    return x, axis
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+def test_fast_encoder_gives_the_reference_bytes_on_random_tensors():
+    """The uncompressed quantized encoder (fields packed in one call, parameters from the range
+    kernel written straight into the message) against the numpy/torch reference path, on
+    random shapes (odd lengths, empty dimensions, 0-d), dtypes, axes and every width."""
+    rng = np.random.default_rng(39)
+    for case in range(300):
+        x, axis = _random_case(rng)
+        for bits in range(1, 9):
+            fast = encode_tensor(x, bits, per_channel_axis=axis)
+            with reference_path():
+                slow = encode_tensor(x, bits, per_channel_axis=axis)
+                expected = decode_tensor(slow)
+            assert fast == slow, (case, tuple(x.shape), x.dtype, axis, bits)
+            decoded = decode_tensor(fast)
+            assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
+            assert torch.equal(decoded.float().view(torch.int32), expected.float().view(
+                torch.int32)), (case, tuple(x.shape), x.dtype, axis, bits)
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+@pytest.mark.parametrize("values", [[1.0, float("inf")], [float("nan"), 0.0],
+                                    [-3e38, 3e38], [-1e-45, 1e-45], [0.0, -0.0, 5e-45]])
+@pytest.mark.parametrize("axis", [None, 0])
+def test_fast_encoder_refuses_and_scales_edge_ranges_as_the_reference(values, axis):
+    """Infinite, NaN, unscalable and subnormal ranges: the same error or the same bytes."""
+    x = torch.tensor([values, values[::-1]])
+    for bits in (1, 4, 8):
+        try:
+            fast: bytes | str = encode_tensor(x, bits, per_channel_axis=axis)
+        except WireError as exc:
+            fast = str(exc)
+        with reference_path():
+            try:
+                slow: bytes | str = encode_tensor(x, bits, per_channel_axis=axis)
+            except WireError as exc:
+                slow = str(exc)
+        assert fast == slow, (values, axis, bits)
+
+
 def kernels_module():
     from edgesplit.quant import _kernels
 

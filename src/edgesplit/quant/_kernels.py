@@ -35,8 +35,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["PARALLEL_MIN", "float_to_half", "half_to_float", "quantize_pack", "run",
-           "unpack_dequantize", "value_range", "workers_for"]
+__all__ = ["PARALLEL_MIN", "RANGE_NOT_FINITE", "RANGE_OK", "RANGE_UNSCALABLE", "float_to_half",
+           "half_to_float", "quantize_pack", "range_params", "run", "unpack_dequantize",
+           "value_range", "workers_for"]
 
 _F0 = np.float32(0.0)
 _U = np.uint32
@@ -219,6 +220,43 @@ def value_range(u, channels, inner, lo, hi):
         lo[c] = np.uint32(_key(np.uint32(klo[c])))
         hi[c] = np.uint32(_key(np.uint32(khi[c])))
     return mag < np.uint32(0x7F800000)
+
+
+RANGE_OK, RANGE_NOT_FINITE, RANGE_UNSCALABLE = 0, 1, 2
+
+
+@njit(nogil=True, cache=True)
+def range_params(u, channels, inner, bits, scale, zero, pairs):
+    """The quantization parameters of each channel of the float32 bits ``u``, in one call:
+    :func:`value_range`, then wire.py's ``_params_from_range`` in the same float32 operations
+    (a -0.0 minimum taken as +0.0, scale = (hi - lo) / top or 1 when that is not positive,
+    zero = -lo / scale), written to ``scale``, ``zero`` and interleaved to ``pairs`` (the
+    header's scale, zero point pairs). Returns RANGE_OK, RANGE_NOT_FINITE (a value is inf or
+    NaN) or RANGE_UNSCALABLE (a scale or zero point is not finite). About 12 us of numpy calls
+    fewer per message than computing them in numpy."""
+    if u.size == 0:  # nothing to scale; any valid parameters do
+        for c in range(channels):
+            scale[c], zero[c] = np.float32(1.0), _F0
+            pairs[2 * c], pairs[2 * c + 1] = np.float32(1.0), _F0
+        return RANGE_OK
+    lo = np.empty(channels, np.uint32)
+    hi = np.empty(channels, np.uint32)
+    if not value_range(u, channels, inner, lo, hi):
+        return RANGE_NOT_FINITE
+    lows, highs = lo.view(np.float32), hi.view(np.float32)
+    top = np.float32((1 << bits) - 1)
+    status = RANGE_OK
+    for c in range(channels):
+        low = lows[c] + _F0
+        s = (highs[c] - low) / top
+        if not s > _F0:  # a constant channel
+            s = np.float32(1.0)
+        z = -low / s
+        if not (np.isfinite(s) and np.isfinite(z)):
+            status = RANGE_UNSCALABLE
+        scale[c], zero[c] = s, z
+        pairs[2 * c], pairs[2 * c + 1] = s, z
+    return status
 
 
 @njit(inline="always")
