@@ -527,6 +527,24 @@ def test_fast_encoder_refuses_and_scales_edge_ranges_as_the_reference(values, ax
         assert fast == slow, (values, axis, bits)
 
 
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+def test_the_range_kernel_finds_every_kind_of_inf_and_nan_by_its_keys():
+    """value_range tells a non-finite value from the extremes of its order keys alone: every
+    NaN payload of either sign, both infinities, and the finite values next to them."""
+    k = kernels_module()
+    patterns = [0x7F800000, 0xFF800000, 0x7F800001, 0xFF800001, 0x7FC00000, 0xFFC00000,
+                0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000000, 0x80000000,
+                0x00000001, 0x80000001]
+    for pattern in patterns:
+        for at in (0, 3, 8):
+            u = np.full(9, 0x3F800000, np.uint32)  # 1.0
+            u[at] = pattern
+            expected = bool(np.isfinite(u.view(np.float32)).all())
+            for channels, inner in ((1, 9), (3, 3), (9, 1)):
+                lo, hi = np.empty((2, channels), np.uint32)
+                assert k.value_range(u, channels, inner, lo, hi) == expected, (hex(pattern), at)
+
+
 def kernels_module():
     from edgesplit.quant import _kernels
 

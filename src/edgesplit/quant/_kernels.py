@@ -167,28 +167,27 @@ def quantize_pack(x, scale, zero, inner, bits, out, start, stop):
 # ---- the range of a tensor or of each channel ----------------------------------------------------
 _I32_MAX = np.int32(0x7FFFFFFF)
 _I32_MIN = np.int32(-0x7FFFFFFF - 1)
-_ABS = np.uint32(0x7FFFFFFF)
+_KEY_INF = np.int32(0x7F800000)  # _key(+inf); a +NaN's key is above it
+_KEY_NEG_INF = np.int32(-0x7F800001)  # _key(-inf); a -NaN's key is below it
 
 
 @njit(inline="always")
 def _key(u):
     """float32 bits as an int32 that orders as the float does (-0.0 just below +0.0; NaNs at
-    the ends, which the caller rejects through the magnitude): min/max on integers, which
+    the ends, beyond the infinities, where value_range finds them): min/max on integers, which
     vectorise under every instruction set and are exact, where a float min/max reduction
     only vectorises with fast-math."""
     return np.int32(u ^ (np.uint32(np.int32(u) >> np.int32(31)) >> np.uint32(1)))
 
 
 @njit(inline="always")
-def _range_run(u, start, stop, lo, hi, mag):
+def _range_run(u, start, stop, lo, hi):
     v = u[start:stop]
     for i in range(v.size):
-        w = v[i]
-        k = _key(w)
+        k = _key(v[i])
         lo = min(lo, k)
         hi = max(hi, k)
-        mag = max(mag, np.uint32(w & _ABS))
-    return lo, hi, mag
+    return lo, hi
 
 
 @njit(nogil=True, cache=True)
@@ -196,30 +195,33 @@ def value_range(u, channels, inner, lo, hi):
     """The smallest and largest value of each channel of the float32 bits ``u`` (laid out as
     outer x channels x inner), written as float32 bits into ``lo``/``hi`` (uint32, one per
     channel); returns False when a value is inf or NaN (the range is then meaningless). One
-    pass on the caller's thread: a tensor this size costs less than waking a thread pool."""
-    mag = np.uint32(0)
+    pass on the caller's thread: a tensor this size costs less than waking a thread pool.
+
+    The keys say whether a value is inf or NaN as well: those are the keys beyond the
+    infinities' (a NaN orders beyond the infinity of its sign), so a channel's extremes
+    tell, with no third reduction over the magnitudes (a sixth less time)."""
     klo = np.full(channels, _I32_MAX, np.int32)
     khi = np.full(channels, _I32_MIN, np.int32)
     if channels == 1:
-        klo[0], khi[0], mag = _range_run(u, 0, u.size, klo[0], khi[0], mag)
+        klo[0], khi[0] = _range_run(u, 0, u.size, klo[0], khi[0])
     elif inner >= 8:  # rows long enough to vectorise along
         for row in range(u.size // inner):
             c = row % channels
-            klo[c], khi[c], mag = _range_run(u, row * inner, (row + 1) * inner, klo[c], khi[c],
-                                             mag)
+            klo[c], khi[c] = _range_run(u, row * inner, (row + 1) * inner, klo[c], khi[c])
     else:  # short rows: vectorise across the channels (inner 1: the last axis)
         for o in range(u.size // (channels * inner)):
             for k in range(inner):
                 v = u[o * channels * inner + k:]
                 for c in range(channels):
-                    w = v[c * inner]
-                    klo[c] = min(klo[c], _key(w))
-                    khi[c] = max(khi[c], _key(w))
-                    mag = max(mag, np.uint32(w & _ABS))
+                    k = _key(v[c * inner])
+                    klo[c] = min(klo[c], k)
+                    khi[c] = max(khi[c], k)
+    finite = True
     for c in range(channels):  # the keys back to float bits: _key is its own inverse
+        finite = finite and klo[c] > _KEY_NEG_INF and khi[c] < _KEY_INF
         lo[c] = np.uint32(_key(np.uint32(klo[c])))
         hi[c] = np.uint32(_key(np.uint32(khi[c])))
-    return mag < np.uint32(0x7F800000)
+    return finite
 
 
 RANGE_OK, RANGE_NOT_FINITE, RANGE_UNSCALABLE = 0, 1, 2
