@@ -41,22 +41,35 @@ __all__ = ["PARALLEL_MIN", "RANGE_NOT_FINITE", "RANGE_OK", "RANGE_UNSCALABLE", "
 
 _F0 = np.float32(0.0)
 _U = np.uint32
-_MAGIC = np.float32(1 << 23)
 _U64_FF = np.uint64(0xFF)
+
+
+@intrinsic
+def _lrint(typingctx, value):
+    """A float32 rounded to an int32 in the current rounding mode (half to even unless a
+    program changed it, as for every float operation here): LLVM's lrint, one conversion
+    instruction where it vectorises (vcvtps2dq), where adding and subtracting 2^23 took
+    three operations and the pack loops are bound by their operation count (4-bit packing
+    of a Table 6 tensor about 10 % faster)."""
+    def codegen(context, builder, signature, args):
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.lrint", [i32, f32],
+                                              ir.FunctionType(i32, [f32]))
+        return builder.call(fn, [args[0]])
+    return types.int32(types.float32), codegen
 
 
 @njit(inline="always")
 def _q(v, s, z, top):
     """One value's code, float32 throughout as the reference computes it. Clamping before
     rounding gives the reference's clamp(rint(.)) (0 and top are integers, no NaN reaches
-    here), and on [0, top] adding and subtracting 2^23 is rint, half to even, in two
-    vectorisable float32 operations where np.rint is a library call."""
+    here), and on [0, top] the rounding is rint's, half to even."""
     r = v / s + z
     if r < _F0:
         r = _F0
     if r > top:
         r = top
-    return np.uint32((r + _MAGIC) - _MAGIC)
+    return np.uint32(_lrint(r))
 
 
 @njit(inline="always")
