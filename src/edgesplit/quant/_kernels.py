@@ -36,8 +36,8 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 __all__ = ["PARALLEL_MIN", "RANGE_NOT_FINITE", "RANGE_OK", "RANGE_UNSCALABLE", "float_to_half",
-           "half_to_float", "quantize_pack", "range_params", "run", "unpack_dequantize",
-           "value_range", "workers_for"]
+           "half_to_float", "quantize_pack", "range_params", "range_quantize_pack", "run",
+           "unpack_dequantize", "value_range", "workers_for"]
 
 _F0 = np.float32(0.0)
 _U = np.uint32
@@ -273,6 +273,17 @@ def range_params(u, channels, inner, bits, scale, zero, pairs):
             status = RANGE_UNSCALABLE
         scale[c], zero[c] = s, z
         pairs[2 * c], pairs[2 * c + 1] = s, z
+    return status
+
+
+@njit(nogil=True, cache=True)
+def range_quantize_pack(x, channels, inner, bits, scale, zero, pairs, out):
+    """:func:`range_params` then :func:`quantize_pack` over all of the flat float32 ``x``, in
+    one call on this thread (a tensor below :data:`PARALLEL_MIN` values: one dispatch fewer);
+    returns range_params' status, and packs nothing unless it is RANGE_OK."""
+    status = range_params(x.view(np.uint32), channels, inner, bits, scale, zero, pairs)
+    if status == RANGE_OK and x.size:
+        quantize_pack(x, scale, zero, inner, bits, out, 0, x.size)
     return status
 
 

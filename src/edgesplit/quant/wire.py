@@ -451,18 +451,25 @@ def _rows(shape: Sequence[int], axis: int | None) -> tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-def _fast_params(kernels: ModuleType, x: np.ndarray, bits: int, channels: int, inner: int
-                 ) -> np.ndarray:
+def _fast_params(kernels: ModuleType, x: np.ndarray, bits: int, channels: int, inner: int,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """The kernels' parameters: one call of the range kernel on this thread, exact, the same
     minimum and maximum as torch's reductions (whose thread pool made this step
     machine-dependent: waking a pool of many cores, or one whose threads wait for a busy core,
     cost 2-60x the reduction itself for a Table 6 tensor), and from them the scales and zero
     points in :func:`_params_from_range`'s float32 operations. Returns one float32 array of
     4 x ``channels``: scales, zero points, then the (scale, zero point) pairs of the header;
-    raises what :func:`_params_from_range` raises."""
+    raises what :func:`_params_from_range` raises. With ``out`` (the payload, uint8), a tensor
+    small enough for one thread is packed into it by the same call."""
     params = np.empty(4 * channels, np.float32)
-    status = kernels.range_params(x.view(np.uint32), channels, inner, bits, params[:channels],
-                                  params[channels: 2 * channels], params[2 * channels:])
+    scale, zero, pairs = params[:channels], params[channels: 2 * channels], params[2 * channels:]
+    if out is not None and kernels.workers_for(x.size) < 2:
+        status = kernels.range_quantize_pack(x, channels, inner, bits, scale, zero, pairs, out)
+    else:
+        status = kernels.range_params(x.view(np.uint32), channels, inner, bits, scale, zero,
+                                      pairs)
+        if out is not None and status == kernels.RANGE_OK and x.size:
+            kernels.run(kernels.quantize_pack, x.size, x, scale, zero, inner, bits, out)
     if status == kernels.RANGE_NOT_FINITE:
         raise _not_finite(bits)
     if status != kernels.RANGE_OK:
@@ -580,23 +587,19 @@ def _encode_quantized(kernels: ModuleType, t: torch.Tensor, bits: int, axis: int
     x = t if t.dtype == torch.float32 else t.float()
     flat = x.numpy().reshape(-1)
     _, channels, inner = _rows(x.shape, axis)
-    params = _fast_params(kernels, flat, bits, channels, inner)
     fields = _quantized_fields(x.dim())
     lengths_at = fields.size + 8 * channels
     crc_at = lengths_at + _LENGTHS.size
     raw_len = packed_size(flat.size, bits)
     message, view = _new_message(crc_at + _CRC.size + raw_len)
+    out = np.frombuffer(view, np.uint8)
+    body = out[crc_at + _CRC.size:]
+    params = _fast_params(kernels, flat, bits, channels, inner, body)
     fields.pack_into(view, 0, MAGIC, WIRE_VERSION, _CODES[t.dtype], bits, int(axis is not None),
                      axis or 0, 0, x.dim(), 0, *x.shape, channels)
-    _LENGTHS.pack_into(view, lengths_at, raw_len, raw_len)
-    out = np.frombuffer(view, np.uint8)
     out[fields.size: lengths_at] = params[2 * channels:].view(np.uint8)
-    crc = _crc32(view[:crc_at])
-    body = out[crc_at + _CRC.size:]
-    if flat.size:
-        kernels.run(kernels.quantize_pack, flat.size, flat, params[:channels],
-                    params[channels: 2 * channels], inner, bits, body)
-    _CRC.pack_into(view, crc_at, _crc32(body, crc))
+    _LENGTHS.pack_into(view, lengths_at, raw_len, raw_len)
+    _CRC.pack_into(view, crc_at, _crc32(body, _crc32(view[:crc_at])))
     del view, out, body  # no writable view outlives the build
     return bytes(message) if isinstance(message, bytearray) else message
 
