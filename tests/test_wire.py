@@ -545,6 +545,31 @@ def test_the_range_kernel_finds_every_kind_of_inf_and_nan_by_its_keys():
                 assert k.value_range(u, channels, inner, lo, hi) == expected, (hex(pattern), at)
 
 
+def test_a_remembered_header_prefix_does_not_excuse_what_follows_it():
+    """The parser remembers the checked fields before the parameters; a message that shares
+    them is still checked from the parameters on, and one too short for them is read field by
+    field, with the same errors."""
+    message = encode_tensor(torch.randn(3, 5), 4)
+    decode_tensor(message)  # its prefix is remembered now
+    prefix = 16 + 4 * 2
+    bad_scale = bytearray(message)
+    bad_scale[prefix: prefix + 4] = struct.pack("<f", float("nan"))
+    with pytest.raises(WireError, match="not finite"):
+        decode_tensor(bytes(bad_scale))
+    with pytest.raises(WireError, match="truncated message: the parameters"):
+        decode_tensor(message[: prefix + 3])
+    with pytest.raises(WireError, match="truncated message: the parameter count"):
+        decode_tensor(message[: prefix - 1])
+    wire._known_prefix.cache_clear()
+    for damaged in (bytes(bad_scale), message[: prefix + 3]):
+        with pytest.raises(WireError) as cold:
+            decode_tensor(damaged)
+        with pytest.raises(WireError) as warm:
+            decode_tensor(damaged)
+        assert str(cold.value) == str(warm.value)
+    assert torch.equal(decode_tensor(message), decode_tensor(bytes(message)))
+
+
 def kernels_module():
     from edgesplit.quant import _kernels
 
