@@ -736,9 +736,10 @@ def _as_view(data: Message) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=MAX_NDIM + 1)
 def _shape_fields(ndim: int) -> struct.Struct:
-    """The shape's fields of a message of rank ``ndim`` (any u8: checked after reading)."""
+    """The shape's fields of a message of rank ``ndim`` (at most MAX_NDIM: _read_fixed checks
+    it first)."""
     return struct.Struct(f"<{ndim}I")
 
 
