@@ -570,6 +570,31 @@ def test_a_remembered_header_prefix_does_not_excuse_what_follows_it():
     assert torch.equal(decode_tensor(message), decode_tensor(bytes(message)))
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, -1.0,
+                                   1e-45])
+@pytest.mark.parametrize("field", ["scale", "zero point"])
+def test_per_channel_parameters_are_refused_alike_with_and_without_the_kernels(value, field):
+    """A per-channel header's pairs are checked by one kernel call where numba loads: the
+    same verdict and error as numpy's checks, for each kind of bad scale or zero point."""
+    message = encode_tensor(torch.randn(2, 5, 3), 4, per_channel_axis=1)
+    at = 16 + 4 * 3 + 8 * 3 + (0 if field == "scale" else 4)  # the fourth channel's pair
+    damaged = bytearray(message)
+    damaged[at: at + 4] = struct.pack("<f", value)
+    crc_at = 16 + 4 * 3 + 8 * 5 + 16
+    damaged[crc_at: crc_at + 4] = struct.pack(
+        "<I", zlib.crc32(bytes(damaged[:crc_at]) + bytes(damaged[crc_at + 4:])))
+    outcomes = []
+    for path in (contextlib.nullcontext, reference_path):
+        with path():
+            try:
+                outcomes.append(decode_tensor(bytes(damaged)).view(torch.int32).tolist())
+            except WireError as exc:
+                outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    refused = not math.isfinite(value) or (field == "scale" and value <= 0)
+    assert isinstance(outcomes[0], str) == refused, outcomes[0]
+
+
 def kernels_module():
     from edgesplit.quant import _kernels
 

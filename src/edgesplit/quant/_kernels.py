@@ -35,7 +35,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["PARALLEL_MIN", "RANGE_NOT_FINITE", "RANGE_OK", "RANGE_UNSCALABLE", "float_to_half",
+__all__ = ["PARALLEL_MIN", "PARAMS_NOT_FINITE", "PARAMS_NOT_POSITIVE", "PARAMS_OK",
+           "RANGE_NOT_FINITE", "RANGE_OK", "RANGE_UNSCALABLE", "check_params", "float_to_half",
            "half_to_float", "quantize_pack", "range_params", "range_quantize_pack", "run",
            "unpack_dequantize", "value_range", "workers_for"]
 
@@ -298,6 +299,24 @@ def range_quantize_pack(x, channels, inner, bits, scale, zero, pairs, out):
     if status == RANGE_OK and x.size:
         quantize_pack(x, scale, zero, inner, bits, out, 0, x.size)
     return status
+
+
+PARAMS_OK, PARAMS_NOT_FINITE, PARAMS_NOT_POSITIVE = 0, 1, 2
+
+
+@njit(nogil=True, cache=True)
+def check_params(params):
+    """What a decoder must refuse in a message's (scale, zero point) pairs (float32, n x 2):
+    PARAMS_NOT_FINITE if any number is inf or NaN, else PARAMS_NOT_POSITIVE if a scale is not
+    above 0, else PARAMS_OK; one call where numpy's two reductions and their temporaries
+    took about 3.5 us for a 256-channel header."""
+    for i in range(params.shape[0]):
+        if not (np.isfinite(params[i, 0]) and np.isfinite(params[i, 1])):
+            return PARAMS_NOT_FINITE
+    for i in range(params.shape[0]):
+        if not params[i, 0] > _F0:
+            return PARAMS_NOT_POSITIVE
+    return PARAMS_OK
 
 
 @njit(inline="always")

@@ -798,9 +798,13 @@ def _read_params(reader: _Reader, n_params: int) -> np.ndarray:
     at = reader.pos
     params = np.frombuffer(reader.take(8 * n_params, "the parameters"), dtype="<f4")
     params = params.reshape(n_params, 2)
+    kernels = _kernels()
     if n_params == 1:  # per tensor: two numbers, checked without numpy's calls
         scale, zero = _PAIR.unpack_from(reader.data, at)
         finite, positive = math.isfinite(scale) and math.isfinite(zero), scale > 0
+    elif kernels is not None:  # per channel: one call
+        status = kernels.check_params(params)
+        finite, positive = status != kernels.PARAMS_NOT_FINITE, status == kernels.PARAMS_OK
     else:
         finite = bool(np.isfinite(params).all())
         positive = finite and not (params[:, 0] <= 0).any()
