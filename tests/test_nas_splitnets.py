@@ -316,3 +316,52 @@ def test_plain_network_cuts_equal_the_layergraph():
         assert c.cost.sensor_memory_bytes == memory.total_bytes
     whole = hardware.all_on_aggregator(TINY, arch.with_splits([0]))
     assert whole.sensor_ms == 0 and whole.feature_bytes == 4 * r * r
+
+
+# ---- pricing conventions --------------------------------------------------------------------
+@pytest.mark.parametrize("views", [1, 2])
+def test_paper_convention_prices_8_bit_sizes_and_op_over_comp(views):
+    """SplitNets' Table 4/6 convention: every size is a quarter of float32's, each side's time
+    its MACs over its device's MAC rate, T_comm the 8-bit feature over the link share."""
+    from edgesplit.nas.splitnets import PAPER
+
+    space = TINY.with_views(views)
+    topology = get_topology("hmd-star")
+    float32 = SplitHardware.from_topology(topology, views)
+    paper = SplitHardware.from_topology(topology, views, pricing=PAPER)
+    rng = np.random.default_rng(3)
+    for arch in [space.largest([1]), space.smallest([0]), random_split_arch(space, rng)]:
+        a, b = float32.cost(space, arch), paper.cost(space, arch)
+        assert (4 * b.sensor_weight_bytes, 4 * b.sensor_activation_bytes,
+                4 * b.feature_bytes) == (a.sensor_weight_bytes, a.sensor_activation_bytes,
+                                         a.feature_bytes)
+        assert (b.sensor_macs, b.aggregator_macs) == (a.sensor_macs, a.aggregator_macs)
+        # Comp in MACs per second: the preset's peak counts two ops a MAC
+        mac_rate_sen = paper.sensor.compute.peak_gops[8] * 1e9 / 2
+        mac_rate_agg = paper.aggregator.compute.peak_gops[8] * 1e9 / 2
+        assert b.sensor_ms == pytest.approx(1e3 * b.sensor_macs / mac_rate_sen)
+        assert b.aggregator_ms == pytest.approx(1e3 * b.aggregator_macs / mac_rate_agg)
+        link = paper.link
+        share = views if link.shared else 1
+        assert b.comm_ms == pytest.approx(
+            1e3 * b.feature_bytes * 8 * share / (link.bandwidth_mbps * 1e6 * (1 - link.loss)))
+        # the default differs: float32 sizes and the estimators' roofline + crossing costs
+        assert a.total_ms != pytest.approx(b.total_ms)
+    assert "paper pricing" in paper.describe() and "pricing" not in float32.describe()
+
+
+def test_paper_convention_prices_plain_networks_and_all_on_aggregator():
+    from edgesplit.nas.splitnets import PAPER
+
+    arch = random_split_arch(TINY, np.random.default_rng(5)).with_splits(())
+    topology = get_topology("hmd-star")
+    float32 = SplitHardware.from_topology(topology, 1)
+    paper = SplitHardware.from_topology(topology, 1, pricing=PAPER)
+    mac_rate_agg = paper.aggregator.compute.peak_gops[8] * 1e9 / 2
+    for a, b in zip(float32.plain_costs(TINY, arch), paper.plain_costs(TINY, arch),
+                    strict=True):
+        assert 4 * b.cost.feature_bytes == a.cost.feature_bytes
+        assert 4 * b.cost.sensor_memory_bytes == a.cost.sensor_memory_bytes
+        assert b.cost.aggregator_ms == pytest.approx(1e3 * b.cost.aggregator_macs / mac_rate_agg)
+    whole = paper.all_on_aggregator(TINY, arch.with_splits([0]))
+    assert whole.feature_bytes == arch.resolution ** 2  # one byte a pixel

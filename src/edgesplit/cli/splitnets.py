@@ -133,10 +133,15 @@ def search(
                                              "per saved network."),
     plot: Path | None = typer.Option(None, "--plot",
                                      help="Write the accuracy/latency plot (PNG)."),
+    paper_convention: bool = typer.Option(
+        False, "--paper-convention",
+        help="Price as SplitNets' Tables 4/6: 8-bit weights and activations, T = OP / Comp, "
+             "T_comm = bytes / bandwidth (default: float32 and the devices' estimators)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Stage 2: evolutionary search of a trained supernet for TOPOLOGY under the sensor memory
     limit; --out writes the networks with plans `edgesplit serve/run` execute."""
+    from edgesplit.nas.splitnets.cost import FLOAT32, PAPER
     from edgesplit.nas.splitnets.run import search_supernet
     from edgesplit.units import parse_bytes
 
@@ -146,6 +151,7 @@ def search(
                               sensor_speedup=sensor_speedup, latency_target_ms=target_ms,
                               population=population, generations=generations, seed=seed,
                               save_front=save_front,
+                              pricing=PAPER if paper_convention else FLOAT32,
                               progress=lambda g, n, best: progress("generation", g, n))
     doc = {"version": 1, **run.summary}
     if plot is not None:

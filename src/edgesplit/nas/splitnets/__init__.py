@@ -21,7 +21,15 @@ from edgesplit.nas.splitnets.catalog import (
     resolve_split_space,
 )
 from edgesplit.nas.splitnets.checkpoint import load_supernet, save_supernet
-from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware, split_layers
+from edgesplit.nas.splitnets.cost import (
+    FLOAT32,
+    PAPER,
+    PRICINGS,
+    SplitCost,
+    SplitHardware,
+    SplitPricing,
+    split_layers,
+)
 from edgesplit.nas.splitnets.dynamic import INIT_MODES, init_std
 from edgesplit.nas.splitnets.sampling import (
     SAMPLERS,
@@ -42,7 +50,10 @@ from edgesplit.nas.splitnets.supernet import (
 from edgesplit.nas.splitnets.train import SupernetTrainer, calibration_batches, subnet_accuracy
 
 __all__ = [
+    "FLOAT32",
     "INIT_MODES",
+    "PAPER",
+    "PRICINGS",
     "SAMPLERS",
     "PhaseArch",
     "PhaseSpec",
@@ -52,6 +63,7 @@ __all__ = [
     "SplitHardware",
     "SplitNet",
     "SplitNetsSearch",
+    "SplitPricing",
     "SplitSpace",
     "SplitSupernet",
     "SupernetTrainer",

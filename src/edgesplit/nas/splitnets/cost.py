@@ -12,21 +12,101 @@ Mirrored conventions (see :mod:`edgesplit.graph.ops`): a convolution's batch-nor
 (its parameters gain a bias), its FLOPs are 2 x MACs + one per output element for the bias
 + one more for a fused ReLU6; an add, View-Fuse's stack and a reshape count one FLOP per
 output element, pooling one per input element, a linear layer 2 x MACs + its bias.
+
+Pricing (a :class:`SplitPricing` composed into :class:`SplitHardware`). The default,
+:data:`FLOAT32`, is edgesplit's own convention: float32 weights and activations (4 bytes an
+element, so sizes, the sensor memory and the sent feature are 4x the paper's), each layer
+priced by its device's estimator (roofline with memory traffic), and a crossing priced as the
+plan prices it (link share + half the RTT + encode/decode). :data:`PAPER`
+(``--paper-convention``) is SplitNets' Table 4/6 convention: 8-bit weights and activations
+(1 byte an element) and T = OP / Comp, an OP being a MAC (only layers with MACs cost time),
+T_comm the feature's bytes over the sensor's share of the link.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from edgesplit.errors import ConfigError
-from edgesplit.hardware import Device, Link, Topology, estimator_for, serialize_ms
+from edgesplit.hardware import (
+    AnalyticalCompute,
+    Device,
+    Link,
+    Topology,
+    estimator_for,
+    serialize_ms,
+)
 from edgesplit.hardware.work import LayerWork
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 
-__all__ = ["BaselineCost", "SplitCost", "SplitHardware", "plain_layers", "split_layers"]
+__all__ = ["FLOAT32", "PAPER", "PRICINGS", "BaselineCost", "EstimatorPricing", "OpsPricing",
+           "SplitCost", "SplitHardware", "SplitPricing", "plain_layers", "split_layers"]
 
 FLOAT_BYTES = 4
+
+
+class SplitPricing(Protocol):
+    """How the cost model prices an architecture: bytes per weight or activation element,
+    one layer's time on a device, and one sensor's feature crossing the link."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def element_bytes(self) -> int: ...
+
+    def layer_ms(self, work: LayerWork, device: Device) -> float: ...
+
+    def comm_ms(self, link: Link, senders: int, src: Device, dst: Device, nbytes: int
+                ) -> float: ...
+
+
+@dataclass(frozen=True)
+class EstimatorPricing:
+    """edgesplit's convention: the devices' own estimators and the plan's crossing price."""
+
+    name: str = "float32"
+    element_bytes: int = FLOAT_BYTES
+
+    def layer_ms(self, work: LayerWork, device: Device) -> float:
+        return estimator_for(device).layer_ms(work, device)
+
+    def comm_ms(self, link: Link, senders: int, src: Device, dst: Device, nbytes: int
+                ) -> float:
+        # the link share, half the RTT, and the encode on src and decode on dst, as the
+        # plan prices every crossing tensor
+        return (link.transfer_ms(nbytes, senders=senders) + link.rtt_ms / 2
+                + serialize_ms(src, dst, nbytes))
+
+
+@dataclass(frozen=True)
+class OpsPricing:
+    """SplitNets' Table 4/6 convention: T = OP / Comp with an OP a MAC and Comp the device's
+    peak at ``bits`` (edgesplit's peaks count 2 ops a MAC), ``bits``-bit elements, and
+    T_comm = bytes / bandwidth share (no RTT, no serialisation)."""
+
+    name: str = "paper"
+    element_bytes: int = 1
+    bits: int = 8
+
+    def layer_ms(self, work: LayerWork, device: Device) -> float:
+        compute = device.compute
+        if not isinstance(compute, AnalyticalCompute):
+            raise ConfigError(f"device {device.name!r} has a measured compute model; the "
+                              "paper convention (OP / Comp) needs a peak: use the default "
+                              "pricing or an analytical device")
+        peak_ops = compute.peak_gops[compute.compute_bits(self.bits)] * 1e9
+        return 2 * work.macs / peak_ops * 1e3
+
+    def comm_ms(self, link: Link, senders: int, src: Device, dst: Device, nbytes: int
+                ) -> float:
+        return link.transfer_ms(nbytes, senders=senders)
+
+
+FLOAT32 = EstimatorPricing()
+PAPER = OpsPricing()
+PRICINGS: dict[str, SplitPricing] = {p.name: p for p in (FLOAT32, PAPER)}
 
 
 @dataclass
@@ -47,11 +127,12 @@ class _Part:
     layers: list[_Layer] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)
     count: int = 0
+    element_bytes: int = FLOAT_BYTES
 
     def tensor(self, elements: int) -> str:
         self.count += 1
         name = f"t{self.count}"
-        self.sizes[name] = elements * FLOAT_BYTES
+        self.sizes[name] = elements * self.element_bytes
         return name
 
     def conv(self, name: str, x: str, c_in: int, c_out: int, size_out: int, *, kernel: int = 1,
@@ -72,7 +153,8 @@ class _Part:
 
     def works(self) -> list[LayerWork]:
         return [LayerWork(layer.name, layer.op_class, layer.macs, layer.flops, layer.params,
-                          layer.params * FLOAT_BYTES, sum(self.sizes[t] for t in layer.inputs),
+                          layer.params * self.element_bytes,
+                          sum(self.sizes[t] for t in layer.inputs),
                           self.sizes[layer.output]) for layer in self.layers]
 
     def peak_activation_bytes(self, inputs: tuple[str, ...], leaving: tuple[str, ...]) -> int:
@@ -115,12 +197,14 @@ def _block(part: _Part, name: str, x: str, c_in: int, c_out: int, expand: int, s
     return y, size_out
 
 
-def split_layers(space: SplitSpace, arch: SplitArch) -> tuple[_Part, _Part, str, str]:
+def split_layers(space: SplitSpace, arch: SplitArch, element_bytes: int = FLOAT_BYTES
+                 ) -> tuple[_Part, _Part, str, str]:
     """(sensor part, aggregator part, the sensor's input tensor, its output) of ``arch``; one
-    view's sensor (every sensor runs the same layers)."""
+    view's sensor (every sensor runs the same layers); tensors of ``element_bytes`` an
+    element."""
     space.validate(arch, deployable=True)
     s = arch.split
-    sensor, agg = _Part(), _Part()
+    sensor, agg = _Part(element_bytes=element_bytes), _Part(element_bytes=element_bytes)
     r = arch.resolution
     x = sensor.tensor(space.in_channels * r * r)
     y = sensor.conv("stem", x, space.in_channels, arch.stem, r, kernel=3)
@@ -161,12 +245,13 @@ def _join(space: SplitSpace, arch: SplitArch, sensor: _Part, agg: _Part, y: str,
     return agg.conv("join", fused, p.reduced * views, p.width, size, act=False)
 
 
-def plain_layers(space: SplitSpace, arch: SplitArch) -> tuple[_Part, list[int], str]:
+def plain_layers(space: SplitSpace, arch: SplitArch, element_bytes: int = FLOAT_BYTES
+                 ) -> tuple[_Part, list[int], str]:
     """One view through ``arch`` without any splitting module (the supernet's "zero hot"
     network): its layers, the layer counts after which a block ends (the cuts a split of a
     plain network may take: after the stem, after every block, before the classifier), and
     its input tensor."""
-    part = _Part()
+    part = _Part(element_bytes=element_bytes)
     r = arch.resolution
     x = part.tensor(space.in_channels * r * r)
     y = part.conv("stem", x, space.in_channels, arch.stem, r, kernel=3)
@@ -242,10 +327,12 @@ class SplitHardware:
     link: Link
     senders: int
     memory_limit_bytes: int | None
+    pricing: SplitPricing = FLOAT32
 
     @classmethod
     def from_topology(cls, topology: Topology, views: int, *,
-                      memory_limit_bytes: int | None = None) -> SplitHardware:
+                      memory_limit_bytes: int | None = None,
+                      pricing: SplitPricing = FLOAT32) -> SplitHardware:
         """The first ``views`` sensors of a star ``topology`` (every device but one sends to
         the same aggregator). A shared bus is split between the sensors that send at once,
         the ``views`` (as the plan prices it). The paper gives a lone sensor a quarter of
@@ -273,25 +360,23 @@ class SplitHardware:
         sensor = topology.device(used[0])
         link = next(tl.link for tl in topology.links if tl.src == used[0])
         limit = memory_limit_bytes if memory_limit_bytes is not None else sensor.memory_bytes
-        return cls(used, sensor, sink, topology.device(sink), link, views, limit)
+        return cls(used, sensor, sink, topology.device(sink), link, views, limit, pricing)
 
     def cost(self, space: SplitSpace, arch: SplitArch) -> SplitCost:
-        sensor, agg, x, z = split_layers(space, arch)
-        sensor_est, agg_est = estimator_for(self.sensor), estimator_for(self.aggregator)
-        t_sen = sum(sensor_est.layer_ms(w, self.sensor) for w in sensor.works())
-        t_agg = sum(agg_est.layer_ms(w, self.aggregator) for w in agg.works())
+        sensor, agg, x, z = split_layers(space, arch, self.pricing.element_bytes)
+        t_sen = sum(self.pricing.layer_ms(w, self.sensor) for w in sensor.works())
+        t_agg = sum(self.pricing.layer_ms(w, self.aggregator) for w in agg.works())
         feature = sensor.sizes[z]
         comm = self._comm_ms(feature)
-        return SplitCost(t_sen, comm, t_agg, sum(l.params for l in sensor.layers) * FLOAT_BYTES,
+        weight_bytes = sum(l.params for l in sensor.layers) * self.pricing.element_bytes
+        return SplitCost(t_sen, comm, t_agg, weight_bytes,
                          sensor.peak_activation_bytes((x,), (z,)), feature,
                          sum(l.macs for l in sensor.layers), sum(l.macs for l in agg.layers))
 
     def _comm_ms(self, feature: int) -> float:
-        """One sensor's feature of ``feature`` bytes to the aggregator: its share of the link,
-        half the RTT, and its encode on the sensor and decode on the aggregator (as the plan
-        prices every crossing tensor)."""
-        return (self.link.transfer_ms(feature, senders=self.senders) + self.link.rtt_ms / 2
-                + serialize_ms(self.sensor, self.aggregator, feature))
+        """One sensor's feature of ``feature`` bytes to the aggregator, as the pricing says."""
+        return self.pricing.comm_ms(self.link, self.senders, self.sensor, self.aggregator,
+                                    feature)
 
     def check_memory(self, cost: SplitCost) -> float:
         """How far over Mem_sen the sensor is (bytes; 0 when it fits)."""
@@ -304,27 +389,28 @@ class SplitHardware:
                  else "unbounded")
         return (f"{len(self.sensors)} x {self.sensor.name} ({limit} each) -> "
                 f"{self.aggregator.name} over {self.link.name}"
-                f"{f' shared by {self.senders}' if self.link.shared else ''}")
+                f"{f' shared by {self.senders}' if self.link.shared else ''}"
+                f"{'' if self.pricing is FLOAT32 else f', {self.pricing.name} pricing'}")
 
 
     def plain_costs(self, space: SplitSpace, arch: SplitArch) -> list[BaselineCost]:
         """Every cut of the plain (zero hot) network ``arch`` at a block boundary, with its
         cost: what splitting an existing network without a splitting module gives
         (Neurosurgeon's baseline in Table 4; cut 0 is "all on the aggregator")."""
-        part, cuts, x = plain_layers(space, arch)
-        sensor_est, agg_est = estimator_for(self.sensor), estimator_for(self.aggregator)
+        part, cuts, x = plain_layers(space, arch, self.pricing.element_bytes)
         works = part.works()
-        on_sensor = [sensor_est.layer_ms(w, self.sensor) for w in works]
-        on_agg = [agg_est.layer_ms(w, self.aggregator) for w in works]
+        on_sensor = [self.pricing.layer_ms(w, self.sensor) for w in works]
+        on_agg = [self.pricing.layer_ms(w, self.aggregator) for w in works]
         out = []
         for k in [0, *cuts]:
             sent = x if k == 0 else part.layers[k - 1].output
-            prefix = _Part(part.layers[:k], part.sizes)
+            prefix = _Part(part.layers[:k], part.sizes, element_bytes=part.element_bytes)
             feature = part.sizes[sent]
             comm = self._comm_ms(feature)
             memory = prefix.peak_activation_bytes((x,), (sent,)) if k else feature
             cost = SplitCost(sum(on_sensor[:k]), comm, sum(on_agg[k:]),
-                             sum(l.params for l in part.layers[:k]) * FLOAT_BYTES, memory,
+                             sum(l.params for l in part.layers[:k]) * part.element_bytes,
+                             memory,
                              feature, sum(l.macs for l in part.layers[:k]),
                              sum(l.macs for l in part.layers[k:]))
             out.append(BaselineCost(k, len(part.layers), cost))
@@ -334,10 +420,9 @@ class SplitHardware:
         """``arch`` (one splitting module) run wholly on the aggregator: every view sent raw,
         the aggregator running the sensor part once per view, then the rest (Table 6's
         "All-on-agg." with the same network)."""
-        sensor, agg, x, _ = split_layers(space, arch)
-        est = estimator_for(self.aggregator)
-        per_view = sum(est.layer_ms(w, self.aggregator) for w in sensor.works())
-        rest = sum(est.layer_ms(w, self.aggregator) for w in agg.works())
+        sensor, agg, x, _ = split_layers(space, arch, self.pricing.element_bytes)
+        per_view = sum(self.pricing.layer_ms(w, self.aggregator) for w in sensor.works())
+        rest = sum(self.pricing.layer_ms(w, self.aggregator) for w in agg.works())
         feature = sensor.sizes[x]
         comm = self._comm_ms(feature)
         return SplitCost(0.0, comm, per_view * space.views + rest, 0, feature, feature, 0,

@@ -26,7 +26,7 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.hardware import AnalyticalCompute, Topology, resolve_topology
 from edgesplit.nas.files import write_json
 from edgesplit.nas.splitnets.checkpoint import load_supernet, save_supernet
-from edgesplit.nas.splitnets.cost import SplitHardware
+from edgesplit.nas.splitnets.cost import FLOAT32, SplitHardware, SplitPricing
 from edgesplit.nas.splitnets.result import SplitNetResult, save_splitnet
 from edgesplit.nas.splitnets.search import SearchProgress, SplitNetsSearch
 from edgesplit.nas.splitnets.space import SplitSpace
@@ -157,17 +157,20 @@ def search_supernet(folder: str | Path, topology: str | Path | Topology, *,
                     sensor_speedup: float = 1.0, latency_target_ms: float | None = None,
                     population: int = 32, generations: int = 20, seed: int = 0,
                     save_front: int = 3, progress: SearchProgress | None = None,
-                    supernet: SplitSupernet | None = None, doc: dict[str, Any] | None = None
-                    ) -> SearchRun:
+                    supernet: SplitSupernet | None = None, doc: dict[str, Any] | None = None,
+                    pricing: SplitPricing = FLOAT32) -> SearchRun:
     """Stage 2 on the supernet saved in ``folder`` (or the ``supernet`` and its training
-    ``doc`` given) for ``topology``; result folders under ``out``."""
+    ``doc`` given) for ``topology``, costs under ``pricing`` (the default float32
+    convention, or :data:`~edgesplit.nas.splitnets.cost.PAPER`); result folders under
+    ``out``."""
     if supernet is None or doc is None:
         supernet, saved = load_supernet(folder)
         doc = saved.get("training", {})
     assert doc is not None
     topo = scale_sensors(resolve_topology(topology), sensor_speedup)
     hardware = SplitHardware.from_topology(topo, supernet.space.views,
-                                           memory_limit_bytes=memory_limit_bytes)
+                                           memory_limit_bytes=memory_limit_bytes,
+                                           pricing=pricing)
     data = load_split_data(str(doc.get("data", "digits")), supernet.space,
                            int(doc.get("seed", 0)))
     search = SplitNetsSearch(hardware, population=population, generations=generations,
@@ -176,6 +179,7 @@ def search_supernet(folder: str | Path, topology: str | Path | Topology, *,
     start = time.perf_counter()
     search.fit(supernet, data.validation, data.fit)
     summary = {"supernet": str(folder), "topology": topo.name, "sensor_speedup": sensor_speedup,
+               "pricing": pricing.name,
                "search_seconds": time.perf_counter() - start, **search.summary()}
     results: list[SplitNetResult] = []
     if out is not None:
