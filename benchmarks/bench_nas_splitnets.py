@@ -6,19 +6,27 @@
    and "min all hot", and the mean of the same 16 random one-module networks.
 2. Single view (Table 4 style) on ``hmd-star``'s first sensor with Mem_sen scaled to these
    networks: the searched front (512 candidates: population 32, 20 generations, timed) against
-   the largest plain network (no splitting module) all on the aggregator and split at its best
-   block boundary that fits the sensor (Neurosurgeon's baseline).
+   fair baselines: plain networks of the same supernet (no splitting module, not searched)
+   across the size range, smallest to largest, each all on the aggregator and split at its
+   best block boundary that fits the sensor (Neurosurgeon's baseline: every block-boundary
+   cut priced, the fastest kept). Each searched network is compared at equal accuracy, as
+   Table 4 does: against the fastest baseline at >= its held-out accuracy. ``--seeds N``
+   repeats this part with N supernet and search seeds.
 3. Multi-view (Table 6 style), ``shapes-split`` on the four sensors: the searched front against
-   the best network run wholly on the aggregator (all four views sent raw) and fused late (its
-   architecture with the splitting module in the last phase).
+   networks across the size range run wholly on the aggregator (all four views sent raw) and
+   fused late (the splitting module in the last phase), compared at equal accuracy too.
 4. Appendix H: the single-view search again with 4x faster sensors, no retraining.
 
 Latency is eq. 1 on the preset devices (T_sen + T_comm + T_agg), the same model every plan
-uses; accuracy is held-out (the search scores on a validation part of the training data).
+uses (float32; ``--paper-convention``: 8-bit, T = OP / Comp, as the paper's Tables 4/6);
+accuracy is held-out (the search scores on a validation part of the training data).
 Writes benchmarks/results/nas_splitnets.{md,json} and nas_splitnets_{single,multi}.png.
 Run it on a quiet machine: the load average is recorded before and after.
 
-    python benchmarks/bench_nas_splitnets.py [--out DIR] [--render-only]
+    python benchmarks/bench_nas_splitnets.py [--out DIR] [--render-only] [--seeds N]
+        [--paper-convention] [--baselines K]
+
+``EDGESPLIT_BENCH_QUICK=1`` runs a smoke setting and writes into a temporary folder.
 """
 
 from __future__ import annotations
@@ -33,7 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.nas.splitnets import SplitHardware, get_split_space, random_split_arch
+from edgesplit.nas.splitnets import (
+    FLOAT32,
+    PAPER,
+    SplitHardware,
+    SplitPricing,
+    SplitSpace,
+    get_split_space,
+    random_split_arch,
+)
 from edgesplit.nas.splitnets.run import load_split_data, search_supernet, train_supernet
 from edgesplit.nas.splitnets.train import (
     SupernetTrainer,
@@ -48,10 +64,12 @@ EPOCHS = {"digits-split": 2 if QUICK else 20, "shapes-split": 1 if QUICK else 30
 MEMORY_KIB = 128  # Mem_sen scaled with the networks (2 MB on the paper's ImageNet models)
 POPULATION, GENERATIONS = (8, 1) if QUICK else (32, 20)  # 32 + 20 x 24 = 512 candidates
 RANDOM_NETS = 4 if QUICK else 16
+BASELINES = 3 if QUICK else 8  # plain networks across the size range, ends included
 
 
-def _train(space_name: str, sampler: str, folder: Path) -> tuple[Any, dict[str, Any]]:
-    trainer = SupernetTrainer(epochs=EPOCHS[space_name], sampler=sampler)
+def _train(space_name: str, sampler: str, folder: Path, seed: int = 0
+           ) -> tuple[Any, dict[str, Any]]:
+    trainer = SupernetTrainer(epochs=EPOCHS[space_name], sampler=sampler, seed=seed)
     return train_supernet(get_split_space(space_name), _data(space_name), out=folder,
                           trainer=trainer)
 
@@ -98,34 +116,117 @@ def _searched(run: Any, limit: int) -> list[dict[str, Any]]:
     return rows
 
 
-def single_view(folder: Path, net: Any, work: Path) -> dict[str, Any]:
+def size_range(space: SplitSpace, count: int, splits: tuple[int, ...] = (),
+               seed: int = 0) -> list[Any]:
+    """``count`` architectures of ``space`` with ``splits`` from the smallest to the largest:
+    the two ends and random ones between, spread evenly by MACs."""
+    ends = [space.smallest(splits), space.largest(splits)]
+    if count <= 2:
+        return ends[:count]
+    rng = np.random.default_rng(seed)
+    pool = sorted({random_split_arch(space, rng).with_splits(splits) for _ in range(16 * count)}
+                  - set(ends), key=lambda a: _macs(space, a))
+    picks = [pool[round(i * (len(pool) - 1) / (count - 3))] for i in range(count - 2)] \
+        if count > 3 else [pool[len(pool) // 2]]
+    return [ends[0], *picks, ends[1]]
+
+
+def _macs(space: SplitSpace, arch: Any) -> int:
+    from edgesplit.nas.splitnets.cost import plain_layers, split_layers
+
+    if arch.splits:
+        sensor, agg, _, _ = split_layers(space, arch)
+        return sum(l.macs for l in sensor.layers) * space.views + \
+            sum(l.macs for l in agg.layers)
+    part, _, _ = plain_layers(space, arch)
+    return sum(l.macs for l in part.layers)
+
+
+def plain_baselines(net: Any, hardware: SplitHardware, data: Any, limit: int, count: int
+                    ) -> list[dict[str, Any]]:
+    """Plain networks of the supernet across the size range, each all on the aggregator and
+    at its best cut that fits the sensor (Neurosurgeon: every block-boundary cut priced)."""
+    space = net.space
+    calib = calibration_batches(data.fit)
+    rows = []
+    for i, arch in enumerate(size_range(space, count)):
+        acc = subnet_accuracy(net, arch, data.test, calib)
+        cuts = hardware.plain_costs(space, arch)
+        fitting = [c for c in cuts if c.cost.sensor_memory_bytes <= limit]
+        best = min(fitting, key=lambda c: c.cost.total_ms)
+        name = f"plain {i} ({_macs(space, arch) / 1e6:.2f} MMAC)"
+        rows.append({**_row("all on aggregator", acc, cuts[0].cost, limit, name),
+                     "arch": arch.describe()})
+        rows.append({**_row("Neurosurgeon", acc, best.cost, limit,
+                            f"{name}, cut after {best.cut}/{best.layers} layers"),
+                     "arch": arch.describe()})
+    return rows
+
+
+def multi_baselines(net: Any, hardware: SplitHardware, data: Any, limit: int, count: int
+                    ) -> list[dict[str, Any]]:
+    """Multi-view networks across the size range, fused in the last phase: run wholly on the
+    aggregator (every view sent raw) and fused late (the sensors run all but the last
+    phase's end)."""
+    space = net.space
+    calib = calibration_batches(data.fit)
+    rows = []
+    for i, arch in enumerate(size_range(space, count, (len(space.phases) - 1,))):
+        acc = subnet_accuracy(net, arch, data.test, calib)
+        name = f"size {i} ({_macs(space, arch) / 1e6:.2f} MMAC)"
+        rows.append({**_row("all on aggregator", acc, hardware.all_on_aggregator(space, arch),
+                            limit, name), "arch": arch.describe()})
+        rows.append({**_row("late fusion", acc, hardware.cost(space, arch), limit, name),
+                     "arch": arch.describe()})
+    return rows
+
+
+def equal_accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Table 4's comparison: for each searched network, the fastest baseline that fits the
+    sensor at >= its held-out accuracy, and how many times slower that baseline is (below 1:
+    the baseline is faster)."""
+    bases = [r for r in rows if r["method"] != "SplitNets" and r["fits"]]
+    out = []
+    for r in rows:
+        if r["method"] != "SplitNets":
+            continue
+        ok = [b for b in bases if b["accuracy"] >= r["accuracy"]]
+        base = min(ok, key=lambda b: b["latency_ms"]) if ok else None
+        out.append({"searched": r["label"], "accuracy": r["accuracy"],
+                    "latency_ms": r["latency_ms"],
+                    "baseline": None if base is None else f"{base['method']}: {base['label']}",
+                    "baseline_accuracy": None if base is None else base["accuracy"],
+                    "baseline_ms": None if base is None else base["latency_ms"],
+                    "speedup": None if base is None else base["latency_ms"] / r["latency_ms"]})
+    return out
+
+
+def single_view(folder: Path, net: Any, work: Path, pricing: SplitPricing = FLOAT32,
+                seed: int = 0, appendix: bool = True) -> dict[str, Any]:
     space = get_split_space("digits-split")
     limit = MEMORY_KIB * 1024
-    run = search_supernet(folder, "hmd-star", out=work / "single", memory_limit_bytes=limit,
-                          population=POPULATION, generations=GENERATIONS, save_front=3,
-                          supernet=net, doc=json.loads((folder / "supernet.json").read_text()
-                                                       )["training"])
+    doc = json.loads((folder / "supernet.json").read_text())["training"]
+    run = search_supernet(folder, "hmd-star", out=work / f"single-{seed}",
+                          memory_limit_bytes=limit, population=POPULATION,
+                          generations=GENERATIONS, save_front=3, supernet=net, doc=doc,
+                          pricing=pricing, seed=seed)
     hardware = run.search.hardware
-    data = load_split_data("digits", space)
-    largest = space.largest()
-    acc = subnet_accuracy(net, largest, data.test, calibration_batches(data.fit))
-    cuts = hardware.plain_costs(space, largest)
-    fitting = [c for c in cuts if c.cost.sensor_memory_bytes <= limit]
-    best_cut = min(fitting, key=lambda c: c.cost.total_ms)
-    rows = [*_searched(run, limit),
-            _row("all on aggregator", acc, cuts[0].cost, limit, "largest plain"),
-            _row("Neurosurgeon", acc, best_cut.cost, limit,
-                 f"largest plain, cut after {best_cut.cut}/{best_cut.layers} layers")]
-    faster = search_supernet(folder, "hmd-star", memory_limit_bytes=limit, sensor_speedup=4,
-                             population=POPULATION, generations=GENERATIONS, supernet=net,
-                             doc=json.loads((folder / "supernet.json").read_text())["training"])
-    appendix_h = [_adapt("default sensors", run.summary["best"]),
-                  _adapt("4x faster sensors", faster.summary["best"])]
-    return {"rows": rows, "search_seconds": run.summary["search_seconds"],
+    data = load_split_data("digits", space, seed)
+    rows = [*_searched(run, limit), *plain_baselines(net, hardware, data, limit, BASELINES)]
+    part = {"seed": seed, "rows": rows, "equal_accuracy": equal_accuracy(rows),
+            "search_seconds": run.summary["search_seconds"],
             "evaluated": run.summary["evaluated"], "rejected": run.summary["rejected_by_memory"],
             "history": [dict(c.metrics) for c in run.search.search_.history_],
-            "front": [dict(c.metrics) for c in run.search.front_], "appendix_h": appendix_h,
+            "front": [dict(c.metrics) for c in run.search.front_],
             "hardware": hardware.describe()}
+    if appendix:
+        faster = search_supernet(folder, "hmd-star", memory_limit_bytes=limit,
+                                 sensor_speedup=4, population=POPULATION,
+                                 generations=GENERATIONS, supernet=net, doc=doc,
+                                 pricing=pricing, seed=seed)
+        part["appendix_h"] = [_adapt("default sensors", run.summary["best"]),
+                              _adapt("4x faster sensors", faster.summary["best"])]
+    return part
 
 
 def _adapt(label: str, best: dict[str, Any]) -> dict[str, Any]:
@@ -135,24 +236,18 @@ def _adapt(label: str, best: dict[str, Any]) -> dict[str, Any]:
             "split_phase": best["arch"]["splits"][0]}
 
 
-def multi_view(folder: Path, net: Any, doc: dict[str, Any], work: Path) -> dict[str, Any]:
+def multi_view(folder: Path, net: Any, doc: dict[str, Any], work: Path,
+               pricing: SplitPricing = FLOAT32) -> dict[str, Any]:
     space = get_split_space("shapes-split")
     limit = MEMORY_KIB * 1024
     run = search_supernet(folder, "hmd-star", out=work / "multi", memory_limit_bytes=limit,
                           population=POPULATION, generations=GENERATIONS, save_front=3,
-                          supernet=net, doc=doc)
+                          supernet=net, doc=doc, pricing=pricing)
     hardware: SplitHardware = run.search.hardware
     data = load_split_data("multiview-shapes", space)
-    best = run.search.best_.arch
-    best_acc = run.results[0].summary["test_accuracy"]
-    late = best.with_splits([len(space.phases) - 1])
-    late_acc = subnet_accuracy(net, late, data.test, calibration_batches(data.fit))
-    rows = [*_searched(run, limit),
-            _row("all on aggregator", best_acc, hardware.all_on_aggregator(space, best), limit,
-                 "best searched"),
-            _row("late fusion", late_acc, hardware.cost(space, late), limit,
-                 "best searched, fused in the last phase")]
-    return {"rows": rows, "search_seconds": run.summary["search_seconds"],
+    rows = [*_searched(run, limit), *multi_baselines(net, hardware, data, limit, BASELINES)]
+    return {"rows": rows, "equal_accuracy": equal_accuracy(rows),
+            "search_seconds": run.summary["search_seconds"],
             "evaluated": run.summary["evaluated"], "rejected": run.summary["rejected_by_memory"],
             "history": [dict(c.metrics) for c in run.search.search_.history_],
             "front": [dict(c.metrics) for c in run.search.front_],
@@ -171,10 +266,39 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _summary(rows: list[dict[str, Any]]) -> str:
-    """The best searched network against the all-on-aggregator baseline, as the paper
-    compares them (Table 4: 76.98 % at 1.49 ms against EfficientNet-B0's 77.13 % at 4.32 ms,
-    2.9x)."""
+def _equal_table(pairs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| searched | held-out % | ms | fastest baseline at >= its accuracy | its % | "
+             "its ms | baseline ms / searched ms |", "|---|---:|---:|---|---:|---:|---:|"]
+    for p in pairs:
+        if p["baseline"] is None:
+            lines.append(f"| {p['searched']} | {p['accuracy']:.1f} | {p['latency_ms']:.4f} | "
+                         "none as accurate | | | |")
+            continue
+        lines.append(f"| {p['searched']} | {p['accuracy']:.1f} | {p['latency_ms']:.4f} | "
+                     f"{p['baseline']} | {p['baseline_accuracy']:.1f} | "
+                     f"{p['baseline_ms']:.4f} | {p['speedup']:.2f}x |")
+    return lines
+
+
+def _summary(pairs: list[dict[str, Any]]) -> str:
+    """Whether the searched networks beat the fair baselines at equal accuracy (Table 4:
+    76.98 % at 1.49 ms against EfficientNet-B0's 77.13 % at 4.32 ms all on the aggregator)."""
+    rated = [p for p in pairs if p["speedup"] is not None]
+    wins = [p for p in rated if p["speedup"] > 1]
+    if not rated:
+        return ("No baseline reaches the accuracy of any searched network: the searched "
+                "networks are the more accurate ones.")
+    best = max(rated, key=lambda p: p["speedup"])
+    return (f"At equal accuracy, {len(wins)} of {len(pairs)} searched networks are faster than "
+            f"every baseline at least as accurate ({len(pairs) - len(rated)} have no baseline "
+            f"as accurate); the largest ratio is {best['speedup']:.2f}x ({best['searched']}: "
+            f"{best['accuracy']:.1f} % at {best['latency_ms']:.4f} ms against "
+            f"{best['baseline']} at {best['baseline_ms']:.4f} ms).")
+
+
+def _legacy_summary(rows: list[dict[str, Any]]) -> str:
+    """A run saved before the fair baselines (no ``pricing`` in its JSON): its one line
+    against the largest plain network all on the aggregator, as it was written."""
     best = next(r for r in rows if r["method"] == "SplitNets" and r["label"] == "best")
     fastest = min((r for r in rows if r["method"] == "SplitNets"),
                   key=lambda r: r["latency_ms"])
@@ -186,11 +310,28 @@ def _summary(rows: list[dict[str, Any]]) -> str:
             f"({base['latency_ms'] / fastest['latency_ms']:.1f}x).")
 
 
+def _seed_summary(parts: list[dict[str, Any]]) -> str:
+    """The best searched network's equal-accuracy ratio over the seeds: median and range."""
+    ratios = [p["speedup"] for part in parts for p in part["equal_accuracy"]
+              if p["searched"] == "best" and p["speedup"] is not None]
+    if not ratios:
+        return f"Over {len(parts)} seed(s), no baseline was as accurate as the best searched."
+    return (f"Over {len(parts)} seed(s), the best searched network's baseline ms / searched ms "
+            f"at equal accuracy: median {float(np.median(ratios)):.2f}x, range "
+            f"{min(ratios):.2f}-{max(ratios):.2f}x ({len(ratios)} seed(s) with an as-accurate "
+            "baseline).")
+
+
 def _markdown(doc: dict[str, Any]) -> str:
+    legacy = "pricing" not in doc  # saved before the fair baselines: rendered as written
+    setting = ("Latency: eq. 1 on the preset devices; accuracy: held-out." if legacy else
+               f"Latency: eq. 1 on the preset devices, {_pricing_words(doc['pricing'])}; "
+               "accuracy: held-out. Baselines: networks of the same supernet across the size "
+               "range (not searched, not trained independently).")
     lines = ["# SplitNets: split-aware NAS on the head-mounted system (paper 004)", "",
              f"Load average before {doc['load_before']}, after {doc['load_after']} (2 cores); "
              f"total {doc['seconds'] / 60:.1f} min. Mem_sen = {doc['memory_kib']} KiB (scaled with "
-             "these networks). Latency: eq. 1 on the preset devices; accuracy: held-out.", "",
+             f"these networks). {setting}", "",
              "## Sampler (appendix D, Fig. 12): digits-split, "
              f"{doc['epochs']['digits-split']} epochs each", "",
              "| sampler | max zero hot | max all hot | min zero hot | min all hot | gap max0 - "
@@ -209,7 +350,14 @@ def _markdown(doc: dict[str, Any]) -> str:
                   f"candidates evaluated in {part['search_seconds']:.1f} s "
                   f"({part['rejected']} drawn over the memory limit and skipped).", ""]
         lines += _table(part["rows"])
-        lines += ["", _summary(part["rows"])]
+        if legacy:
+            lines += ["", _legacy_summary(part["rows"])]
+            continue
+        pairs = part["equal_accuracy"]
+        lines += ["", "At equal accuracy (Table 4 style):", "", *_equal_table(pairs), "",
+                  _summary(pairs)]
+        if key == "single" and doc.get("single_seeds"):
+            lines += ["", _seed_summary([part, *doc["single_seeds"]])]
     multi = doc["multi"]
     lines += ["", f"Multi-view supernet ({doc['epochs']['shapes-split']} epochs, sandwich, "
               f"{multi['train_seconds']:.0f} s), held-out: " + ", ".join(
@@ -224,9 +372,19 @@ def _markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pricing_words(name: str) -> str:
+    return {"float32": "float32 weights and activations, the devices' estimators",
+            "paper": "the paper's convention (8-bit, T = OP / Comp)"}.get(name, name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="repeat the single-view part with this many supernet and search "
+                             "seeds (3 for a spread)")
+    parser.add_argument("--paper-convention", action="store_true",
+                        help="price as the paper's Tables 4/6: 8-bit, T = OP / Comp")
     parser.add_argument("--render-only", "--replot", action="store_true",
                         help=f"rewrite {NAME}.md and the figures from {NAME}.json without "
                              "measuring")
@@ -234,10 +392,12 @@ def main() -> None:
     if args.render_only:
         write_report(json.loads((args.out / f"{NAME}.json").read_text()), args.out)
         return
-    measure(args.out)
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    measure(args.out, seeds=args.seeds, pricing=PAPER if args.paper_convention else FLOAT32)
 
 
-def measure(out: Path) -> None:
+def measure(out: Path, *, seeds: int = 1, pricing: SplitPricing = FLOAT32) -> None:
     out.mkdir(parents=True, exist_ok=True)
     load_before = [round(x, 2) for x in os.getloadavg()]
     start = time.perf_counter()
@@ -246,15 +406,21 @@ def measure(out: Path) -> None:
         supernets = {s: _train("digits-split", s, work / f"digits-{s}")
                      for s in ("five", "sandwich")}
         sampler = sampler_rows(supernets)
-        single = single_view(work / "digits-five", supernets["five"][0], work)
+        single = single_view(work / "digits-five", supernets["five"][0], work, pricing)
+        repeats = []
+        for seed in range(1, seeds):
+            folder = work / f"digits-five-{seed}"
+            net, _ = _train("digits-split", "five", folder, seed)
+            repeats.append(single_view(folder, net, work, pricing, seed, appendix=False))
         multi_net, multi_doc = _train("shapes-split", "sandwich", work / "shapes")
-        multi = multi_view(work / "shapes", multi_net, multi_doc, work)
-    doc = {"sampler": sampler, "single": single, "multi": multi, "epochs": EPOCHS,
+        multi = multi_view(work / "shapes", multi_net, multi_doc, work, pricing)
+    doc = {"sampler": sampler, "single": single, "single_seeds": repeats, "multi": multi,
+           "pricing": pricing.name, "baselines": BASELINES, "epochs": EPOCHS,
            "memory_kib": MEMORY_KIB, "population": POPULATION, "generations": GENERATIONS,
            "seconds": time.perf_counter() - start, "load_before": load_before,
            "load_after": [round(x, 2) for x in os.getloadavg()], "quick": QUICK}
     # a quick run only checks the script: its numbers stay out of the results
-    results = Path(tempfile.mkdtemp()) if QUICK else out
+    results = Path(tempfile.mkdtemp()) if QUICK and out == RESULTS else out
     (results / f"{NAME}.json").write_text(json.dumps(doc, indent=2) + "\n")
     write_report(doc, results)
 

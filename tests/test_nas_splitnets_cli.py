@@ -111,3 +111,23 @@ def test_a_users_rgb_folder_of_3_classes_trains_a_3_class_rgb_supernet(trained, 
     assert "3 channel(s) (was 1), 3 classes (was 10)" in " ".join(result.stderr.split())
     saved = json.loads((out / "supernet.json").read_text())["space"]
     assert (saved["in_channels"], saved["num_classes"]) == (3, 3)
+
+
+def test_search_with_the_paper_convention_prices_8_bit(trained):
+    """--paper-convention: the search priced at 8 bits, so each network's sensor memory is a
+    quarter of what the default float32 convention prices it at."""
+    from edgesplit.hardware import get_topology
+    from edgesplit.nas.splitnets import SplitArch, SplitHardware
+
+    _, supernet, _ = trained
+    result = CliRunner().invoke(app, [
+        "nas", "splitnets", "search", str(supernet), "--population", "4",
+        "--generations", "0", "--paper-convention", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["pricing"] == "paper" and "paper pricing" in doc["hardware"]
+    float32 = SplitHardware.from_topology(get_topology("hmd-star"), 1)
+    assert doc["front"]
+    for row in doc["front"]:
+        cost = float32.cost(TINY, SplitArch.from_dict(row["arch"]))
+        assert 4 * row["sensor_memory_bytes"] == cost.sensor_memory_bytes
