@@ -15,7 +15,8 @@ alpha is in units of the pure on-device delay d_P^m (see ``LinUCB``'s ``delay_sc
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,17 +40,46 @@ __all__ = [
     "L2S_RIDGE",
     "POLICIES",
     "SIM_VERSION",
+    "OracleCut",
     "compare_policies",
+    "oracle_cut",
     "scaled_features",
 ]
 
 SIM_VERSION = 2
 L2S_ALPHA = 0.3
-"""Default exploration weight, in units of d_P^m: chosen by the sweep in benchmarks/bench_l2s.py
-(the paper gives no value)."""
+"""Default exploration weight, in units of d_P^m (the paper gives no value): chosen by the sweep
+in benchmarks/bench_l2s.py on its tuning settings, which are disjoint from the settings it
+reports."""
 L2S_RIDGE = 0.03
-"""Default beta of A_0 = beta I (Algorithm 1 line 5), chosen by the same sweep."""
+"""Default beta of A_0 = beta I (Algorithm 1 line 5), chosen by the same sweep on the same
+tuning settings."""
 POLICIES = ("oracle", "fpt", "pdt", "linucb", "l2s", "l2s_fws")
+
+
+@dataclass(frozen=True)
+class OracleCut:
+    """Where the Oracle trains in the first round: ``split`` layers on the device. ``kind`` is
+    ``"on-device"`` (pure on-device training, p = P), ``"earliest"`` (the earliest cut allowed:
+    P^c with a privacy point, else one layer) or ``"interior"`` (neither: the case of L2S
+    Fig. 1, where a learner has to find a middle cut)."""
+
+    split: int
+    kind: Literal["on-device", "earliest", "interior"]
+
+
+def oracle_cut(graph: LayerGraph, device: Device, server: Device, trace: BandwidthTrace, *,
+               privacy_split: int | None = None) -> OracleCut:
+    """The Oracle's cut at round 1 of ``trace`` (expected delays, no noise, no sync)."""
+    costs = training_costs(graph, device, server)
+    p_c = _privacy_index(costs, privacy_split)
+    arm = OraclePolicy(costs, trace, list(range(p_c, len(costs)))).select(1)
+    kind: Literal["on-device", "earliest", "interior"] = "interior"
+    if arm == len(costs) - 1:
+        kind = "on-device"
+    elif arm == p_c:
+        kind = "earliest"
+    return OracleCut(costs[arm].split, kind)
 
 
 def scaled_features(graph: LayerGraph, costs: list[CutCost]) -> dict[int, np.ndarray]:
