@@ -292,7 +292,9 @@ def _render_switching(sw: dict[str, Any]) -> list[str]:
              f"{sw['runs']} runs of {sw['requests']} single-image requests each, the load from "
              "request 30 % to 70 %: `cpu` is two background processes (real contention), "
              "`slowdown` an injected 3x sleep (deterministic). Medians over the runs; flaps: "
-             "switches no load change asked for (goal 0).", "",
+             "switches no load change asked for (goal 0)."
+             + (f" Monitor: {sw['monitor']}; load {sw['load_before']} before, "
+                f"{sw['load_after']} after." if sw.get("monitor") else ""), "",
              "| load | monitor | reaction s | back within budget s | switch back s | "
              "switches | flaps | requests over budget | runs without a reaction |",
              "|---|---|---|---|---|---|---|---|---|"]
