@@ -523,9 +523,11 @@ def _raised(fn, *args):
         return exc
 
 
-def test_a_star_sink_refuses_to_batch_and_a_source_needs_the_sink(program):
-    with pytest.raises(ConfigError, match="does not batch"):
-        PartitionServer(program, "aggregator", max_batch=4)
+def test_a_star_sink_batches_and_a_source_needs_the_sink(program):
+    """Issue 39, 2: the sink batches complete joins (it used to refuse --max-batch)."""
+    sink = PartitionServer(program, "aggregator", max_batch=4)
+    assert sink.batcher is not None and sink.batcher.max_batch == 4
+    sink.stop(0)
     with pytest.raises(ConfigError, match="sends to 'aggregator': give its address"):
         PartitionServer(program, "sensor0")
 

@@ -14,6 +14,7 @@ port and then sends ``Run`` as frames there, or over gRPC when there is none (``
 from __future__ import annotations
 
 import contextlib
+import socket
 import struct
 import threading
 import time
@@ -41,8 +42,8 @@ from edgesplit.transport.frames import (
 )
 from edgesplit.transport.limits import ConnectionLimits
 
-__all__ = ["DATA_PLANES", "DataPlane", "Hop", "Message", "Part", "as_part", "open_data_plane",
-           "reply_of", "split_address"]
+__all__ = ["DATA_PLANES", "DataPlane", "Hangup", "Hop", "Message", "Part", "as_part",
+           "open_data_plane", "reply_of", "split_address"]
 
 DataPlane = Literal["auto", "grpc", "tcp"]
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -180,6 +181,40 @@ def split_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+class Hangup:
+    """A connection that hangs up on :meth:`cancel`: what a data-plane call watches
+    (``FrameClient.call``'s ``caller``) on behalf of a caller with no connection of its own to
+    watch (a gRPC call, a mesh root's group of branch calls), so that cancelling it ends the
+    call as a hung-up data-plane caller does. :meth:`close` once nothing watches it."""
+
+    def __init__(self) -> None:
+        self.watched, self._end = socket.socketpair()
+
+    def cancel(self) -> None:
+        self._end.close()  # the watched end reads a hang-up; closing twice is harmless
+
+    def close(self) -> None:
+        self._end.close()
+        self.watched.close()
+
+
+@contextlib.contextmanager
+def _watched(context: Any) -> Any:
+    """The connection a data-plane call made for ``context`` watches: the caller's own, a
+    :class:`Hangup` its cancellation closes (gRPC's callback), or None (no caller)."""
+    connection = getattr(context, "connection", None)
+    if connection is not None or context is None or not hasattr(context, "add_callback"):
+        yield connection
+        return
+    hangup = Hangup()
+    try:
+        if not context.add_callback(hangup.cancel):
+            hangup.cancel()  # the caller's call ended already
+        yield hangup.watched
+    finally:
+        hangup.close()
+
+
 def _owned(reply: Message) -> Message:
     """``reply`` with its tensors' bytes copied out of the connection's buffer."""
     for part in reply.tensors:
@@ -287,17 +322,19 @@ class Hop:
         reuses: it must copy or decode what it keeps. ``read_frame``, when given, reads a
         data-plane reply instead, from its frame (:func:`reply_of` makes its Message). The
         call is cancelled when ``context`` (the caller's own call) ends: over gRPC by its
-        callback, over the data plane when the caller's connection hangs up."""
+        callback, over the data plane when the caller's connection hangs up (a caller with no
+        connection, a gRPC call, through a :class:`Hangup` its callback closes)."""
         if not self._resolved:
             self.resolve(timeout, metadata)
         frames = self.frames
         if frames is not None:
             frame = self._frame(message, timeout, metadata)
             start = time.monotonic()
-            try:  # a middle hop stops waiting when its own caller hangs up
-                return frames.call(frame, timeout,
-                                   read_frame or (lambda answer: read(reply_of(answer))),
-                                   caller=getattr(context, "connection", None))
+            try:  # a middle hop stops waiting when its own caller hangs up or cancels
+                with _watched(context) as caller:
+                    return frames.call(frame, timeout,
+                                       read_frame or (lambda answer: read(reply_of(answer))),
+                                       caller=caller)
             except Unserved as exc:  # nothing of it ran there: gRPC may serve it
                 if self.mode == "tcp":
                     raise

@@ -24,16 +24,19 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import grpc
+
 from edgesplit.errors import ConfigError, RemoteError, option
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Metadata, Part
+from edgesplit.runtime.dataplane import DataPlane, Hangup, Hop, Message, Metadata, Part
 from edgesplit.runtime.planned import JOIN_KEY
 from edgesplit.runtime.program import PlanProgram
-from edgesplit.transport import LoopbackChannel, TlsFiles
+from edgesplit.transport import LoopbackChannel, LoopbackError, TlsFiles
 from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["Fanout", "check_branches"]
 
 Address = str | LoopbackChannel
+POLL_S = 0.05  # how often the root checks that its data-plane caller is still there
 
 
 def check_branches(program: PlanProgram, addresses: Mapping[str, Any]) -> None:
@@ -50,15 +53,19 @@ def check_branches(program: PlanProgram, addresses: Mapping[str, Any]) -> None:
 
 class _Group:
     """Stands for the root's caller towards its branch calls (``Hop.run``'s ``context``):
-    collects their cancellations, run when one of them fails or the caller's call ends."""
+    collects their gRPC cancellations, and its :class:`Hangup` (``connection``, which their
+    data-plane calls watch) hangs up, when one of them fails or the caller's call ends.
+    ``users``: the calls and the root that use it; the last to :meth:`leave` closes it."""
 
-    def __init__(self, context: Any) -> None:
-        self.connection = getattr(context, "connection", None)
-        self._callbacks: list[Callable[[], Any]] = []
+    def __init__(self, context: Any, users: int) -> None:
+        self._hangup = Hangup()
+        self.connection = self._hangup.watched
+        self._callbacks: list[Callable[[], Any]] = [self._hangup.cancel]
         self._cancelled = False
+        self._users = users
         self._lock = threading.Lock()
         if context is not None and not context.add_callback(self.cancel):
-            self._cancelled = True  # the caller's call ended already
+            self.cancel()  # the caller's call ended already
 
     def add_callback(self, callback: Callable[[], Any]) -> bool:
         with self._lock:
@@ -74,6 +81,13 @@ class _Group:
             self._cancelled, callbacks, self._callbacks = True, self._callbacks, []
         for callback in callbacks:
             callback()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._hangup.close()
 
 
 class Fanout:
@@ -129,23 +143,38 @@ class Fanout:
         with self._lock:
             key = f"{self._root_key}-{next(self._count)}"
         metadata = [*((k, v) for k, v in metadata if k != JOIN_KEY), (JOIN_KEY, key)]
-        group = _Group(context)
+        group = _Group(context, len(self.hops) + 1)
         finished: queue.SimpleQueue[tuple[str, Message | BaseException]] = queue.SimpleQueue()
         for branch, hop in self.hops.items():
             share = self._share(message, branch)
             threading.Thread(target=self._call, daemon=True, name=f"edgesplit-mesh-{branch}",
                              args=(branch, hop, share, timeout, metadata, group, finished,
                                    self.shapers[branch])).start()
+        try:
+            replies = self._replies(finished, group, context)
+        finally:
+            group.leave()
+        return read(self._agree(replies, message.request_id))
+
+    def _replies(self, finished: queue.SimpleQueue, group: _Group, context: Any
+                 ) -> dict[str, Message]:
+        """Every branch's reply; the first failure, or the root's data-plane caller hanging
+        up (its connection is watched here), cancels the other calls and is raised."""
         replies: dict[str, Message] = {}
-        for _ in self.hops:
-            branch, got = finished.get()
+        while len(replies) < len(self.hops):
+            try:
+                branch, got = finished.get(timeout=POLL_S)
+            except queue.Empty:
+                if getattr(context, "connection", None) is None or context.is_active():
+                    continue
+                got = LoopbackError(grpc.StatusCode.CANCELLED, "the caller hung up")
             if isinstance(got, BaseException):
                 # the other branches' calls end, and their parts at the join (a root server's
                 # caller ending cancels them too; a client root has no caller but this)
                 group.cancel()
                 raise got
             replies[branch] = got
-        return read(self._agree(replies, message.request_id))
+        return replies
 
     @staticmethod
     def _call(branch: str, hop: Hop, share: Message, timeout: float | None,
@@ -157,6 +186,8 @@ class Fanout:
             finished.put((branch, hop.run(share, timeout, metadata, group)))
         except BaseException as exc:  # the caller raises the first (a sibling's: cancelled)
             finished.put((branch, exc))
+        finally:
+            group.leave()
 
     def _agree(self, replies: Mapping[str, Message], request_id: int) -> Message:
         """The one reply every branch relayed (they all relay the aggregator's answer)."""

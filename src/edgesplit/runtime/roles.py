@@ -1,11 +1,11 @@
 """A chain device's role, chosen once when its server is made: a :class:`Relay` (a middle
 hop; a star's source, a mesh's root or branch) computes and forwards what it sends to the next
 hop, answering with what came back; a :class:`LastHop` answers from what it computed, and a
-data-plane call of the plan's plain shape takes its :class:`~edgesplit.runtime.fastpath.FastPath`.
-(A star's sink, a mesh's aggregator, answers through its
-:class:`~edgesplit.runtime.star.Join` instead.) Both reach the server only through its public
-calls, so :meth:`~edgesplit.runtime.server.PartitionServer.handle` asks its role, not which
-role it has.
+data-plane call of the plan's plain shape takes its
+:class:`~edgesplit.runtime.fastpath.FastPath`; a :class:`Sink` (a star's sink, a mesh's
+aggregator) answers through its :class:`~edgesplit.runtime.star.Join`. They reach the server
+only through its public calls, so :meth:`~edgesplit.runtime.server.PartitionServer.handle`
+asks its role, not which role it has.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from edgesplit.transport.frames import Frame
 if TYPE_CHECKING:  # the server module imports this one
     from edgesplit.runtime.fastpath import FastPath
     from edgesplit.runtime.server import PartitionServer
+    from edgesplit.runtime.star import Join
 
-__all__ = ["LastHop", "Relay", "Role"]
+__all__ = ["LastHop", "Relay", "Role", "Sink"]
 
 FrameRun = Callable[[Frame, grpc.ServicerContext], Frame]
 
@@ -84,4 +85,22 @@ class LastHop:
         return self.fast.reply if self.fast.fits(frame) else self.slotted
 
 
-Role = Relay | LastHop
+class Sink:
+    """A device that joins its sources' calls: a data-plane call is one part of a join, and
+    holds no worker while it waits for the others (the join takes one to compute)."""
+
+    def __init__(self, join: Join) -> None:
+        self.join = join
+
+    def downstream(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
+                   context: grpc.ServicerContext | None, timings: dict[str, float]
+                   ) -> dict[str, Any]:
+        """Nothing: the join forwards a complete join's result itself."""
+        return {}
+
+    def route(self, frame: Frame) -> FrameRun:
+        """How a data-plane call is answered: as a part of its join."""
+        return self.join.reply_frame
+
+
+Role = Relay | LastHop | Sink

@@ -46,7 +46,7 @@ from edgesplit.runtime.planned import (
 from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.roles import LastHop, Relay, Role
+from edgesplit.runtime.roles import LastHop, Relay, Role, Sink
 from edgesplit.runtime.shell import Servicer, check_request_plan
 from edgesplit.transport import (
     BadRequest,
@@ -193,15 +193,13 @@ class PartitionServer(GrpcServer):
         elif device == program.sink:  # a star's sink, a mesh's aggregator
             from edgesplit.runtime.star import Join
 
-            if max_batch is not None and max_batch > 1:
-                raise ConfigError(f"device {device!r} joins a star's sources and computes each "
-                                  f"request once: it does not batch ({option('max_batch', 1)})")
             self.join = Join(self, join_timeout_s, max_joins, shape, max_workers)
             # threads for the parts parked in the join table (they compute nothing) and the
             # callers of the joins being computed: a parked part never queues another
             sources = len(program.sources)
             max_workers = max_workers * sources + max_joins * (sources - 1)
-        elif self.step.partition is not None and self.step.emulate_ms is None:  # emulation paces
+        if engine is None and self.step.partition is not None and \
+                self.step.emulate_ms is None:  # emulation paces; the sink batches complete joins
             self.batcher, self.batching = _batcher(program, device, max_batch, max_wait_ms)
         # a star source (a mesh's branch) computes on max_workers workers, then waits for the
         # sink's join holding none (a worker held across that wait deadlocks sources on each
@@ -226,9 +224,7 @@ class PartitionServer(GrpcServer):
         elif next_address is not None:
             self._next = Hop(next_address, self.limit, tls, data_plane)
         self._frames: FrameServer | None = None
-        # a join's parts, and a branch's call cancelled with its siblings, travel over gRPC
-        joined = device in program.sources or device == program.sink
-        self._want_data_port = None if joined else data_port
+        self._want_data_port = data_port
         self.data_port: int | None = None
         self._slots = Slots(max_workers)  # the data plane's workers
         self._token_checked: object = None  # the call metadata last found to hold the token
@@ -236,11 +232,12 @@ class PartitionServer(GrpcServer):
         self._fast = FastPath(self)
         # its role, chosen once: a device that sends relays, the last one answers (the short
         # way where a data-plane call fits)
-        self._role: Role = Relay(self) if self.step.sends else LastHop(self, self._fast)
+        self._role: Role = Sink(self.join) if self.join is not None else \
+            Relay(self) if self.step.sends else LastHop(self, self._fast)
         # a request's path, chosen once: a star's sink (a mesh's aggregator) joins its
         # sources' calls; any other device decodes, computes (in the engine's deployment or
         # here) and forwards what it sends
-        self._reply_pb = self.join.handle if self.join is not None else self._chain_reply_pb
+        self._reply_pb = self.join.reply_pb if self.join is not None else self._chain_reply_pb
         self._compute_step = self._engine_compute if engine is not None else self._compute
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             Servicer(self, self, self.idle_limited), server), self.limit, max_workers)
@@ -439,14 +436,16 @@ class PartitionServer(GrpcServer):
                              f"device {self.step.name!r}: the caller's deadline passed while "
                              f"its {option('max_workers')} workers were busy")
         try:
-            return self._compute_now(values, context, timings)
+            return self.compute_now(values, context, timings)
         finally:
             if computing is not None:
                 computing.give()
 
-    def _compute_now(self, values: dict[str, torch.Tensor],
-                     context: grpc.ServicerContext | None, timings: dict[str, float]
-                     ) -> dict[str, torch.Tensor]:
+    def compute_now(self, values: dict[str, torch.Tensor],
+                    context: grpc.ServicerContext | None, timings: dict[str, float]
+                    ) -> dict[str, torch.Tensor]:
+        """This step's outputs of ``values``, in the batcher's next batch where there is one
+        (a session's requests alone, on its state); the compute time added to ``timings``."""
         t0 = time.perf_counter()
         state = self.session_state(context)
         if state is None:

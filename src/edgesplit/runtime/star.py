@@ -57,6 +57,7 @@ from edgesplit.runtime.client import (
     connect,
     explain_failure,
 )
+from edgesplit.runtime.dataplane import Message, Part
 from edgesplit.runtime.planned import JOIN_KEY, decode_planned, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
@@ -67,6 +68,7 @@ from edgesplit.transport import (
     TlsFiles,
     invalid,
 )
+from edgesplit.transport.frames import Frame
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
 
@@ -135,9 +137,15 @@ class _Entry:
 
 
 def _peer(context: grpc.ServicerContext | None) -> str:
-    """The caller's connection (``ipv4:10.0.0.2:5123``): a source's server calls the sink over
-    one, so a flood from another caller, even on the source's host, has a quota of its own."""
-    return context.peer() if context is not None else "local"
+    """Who the caller is, for its quota: its gRPC connection (``ipv4:10.0.0.2:5123``), over
+    which a source's server calls the sink, so a flood from another caller, even on the
+    source's host, has a quota of its own; over the data plane its host (``tcp:10.0.0.2``),
+    as a source's calls come over as many connections as it has calls in flight."""
+    if context is None:
+        return "local"
+    if getattr(context, "connection", None) is None:
+        return context.peer()
+    return context.peer().rpartition(":")[0]
 
 
 class Join:
@@ -192,8 +200,24 @@ class Join:
                 self._fail(entry, grpc.StatusCode.UNAVAILABLE, self._stopping())
         self._workers.close()
 
-    def handle(self, request: pb.Bundle, context: grpc.ServicerContext | None) -> pb.Bundle:
-        """Add this call's tensors to its join; answer when the join is complete."""
+    def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext | None) -> pb.Bundle:
+        """A part that came over gRPC: its join's answer, once the join is complete."""
+        reply, source = self.handle(request, context)
+        bundle = reply.to_pb()
+        self.shapers[source].send(bundle.ByteSize(), "down")
+        return bundle
+
+    def reply_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
+        """A part that came over the data plane: the same checks, join and answer."""
+        reply, source = self.handle(Message.from_frame(frame), context)
+        answer = self.server.reply_frame(reply)
+        self.shapers[source].send(answer.nbytes(), "down")
+        return answer
+
+    def handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None
+               ) -> tuple[Message, str]:
+        """Add this call's tensors to its join; once the join is complete, its answer and
+        the source whose link it goes back over."""
         t0 = time.perf_counter()
         self.server.check_plan(request)  # a foreign plan is named as such, as for chains
         key = self._key(context)
@@ -201,25 +225,21 @@ class Join:
         values = self.server.decode_tensors(request)
         decode_ms = (time.perf_counter() - t0) * 1e3
         arrived = time.perf_counter()
-        opener = (self.source_of[names[0]], _peer(context))
-        entry, complete = self._add((key, request.request_id), opener, names, values)
+        source = self.source_of[names[0]]
+        entry, complete = self._add((key, request.request_id), (source, _peer(context)),
+                                    names, values)
         if complete:
             self._compute(entry, request, context)
         else:
             self._park(entry, context)
         if entry.error is not None:
             raise BadRequest(*entry.error)
-        reply = pb.Bundle(plan_id=self.server.program.plan_id, plan_version=PLAN_VERSION,
-                          request_id=request.request_id)
-        for name in self.server.step.returns:
-            reply.tensors.add(name=name, data=entry.outputs[name])
         serialize = f"{self.sink}.serialize_ms"
-        reply.timings_ms.update({**entry.timings,
-                                 serialize: entry.timings.get(serialize, 0.0) + decode_ms,
-                                 f"{self.sink}.join_wait_ms":
-                                     max(0.0, entry.completed_at - arrived) * 1e3})
-        self.shapers[self.source_of[names[0]]].send(reply.ByteSize(), "down")
-        return reply
+        timings = {**entry.timings, serialize: entry.timings.get(serialize, 0.0) + decode_ms,
+                   f"{self.sink}.join_wait_ms": max(0.0, entry.completed_at - arrived) * 1e3}
+        parts = [Part(name, entry.outputs[name]) for name in self.server.step.returns]
+        return Message(self.server.program.plan_id, PLAN_VERSION, request.request_id, parts,
+                       timings), source
 
     # ---- checks --------------------------------------------------------------------------
     def _key(self, context: grpc.ServicerContext | None) -> str:
@@ -349,7 +369,7 @@ class Join:
             return True
 
     # ---- computing and waiting -----------------------------------------------------------
-    def _compute(self, entry: _Entry, request: pb.Bundle,
+    def _compute(self, entry: _Entry, request: pb.Bundle | Message,
                  context: grpc.ServicerContext | None) -> None:
         """Compute a complete join on one of the workers (and, when the sink sends on, as a
         mesh's aggregator followed by a chain does, forward the result within the completing
@@ -363,16 +383,15 @@ class Join:
             entry.done.set()
             return
         try:
-            t0 = time.perf_counter()
-            values = step.compute(dict(entry.values), self.server.session_state(context))
+            timings: dict[str, float] = {}  # the server's batcher batches complete joins
+            values = self.server.compute_now(dict(entry.values), context, timings)
             t1 = time.perf_counter()
-            timings = {f"{self.sink}.compute_ms": (t1 - t0) * 1e3, **step.emulation_timings()}
-            later: dict[str, bytes] = {}
+            later: dict[str, Any] = {}
             if step.sends:
                 later, more = self.server.forward(request, values, context, timings)
                 timings.update(more)
                 t1 = time.perf_counter()
-            entry.outputs = {name: later[name] if name in later else
+            entry.outputs = {name: bytes(later[name]) if name in later else
                              encode_tensor(values[name], 32) for name in step.returns}
             serialize = f"{self.sink}.serialize_ms"
             timings[serialize] = timings.get(serialize, 0.0) + \
