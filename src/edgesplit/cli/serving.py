@@ -304,9 +304,8 @@ def run(
         _emulate(program, program.steps[0].name)
     batches = load_inputs(input_path, program) if input_path else None
     options = {"token": token, "tls": tls_files(None, None, tls_ca, tls_server_name),
-               "shape": shape, "retries": retries, "timeout_s": timeout_s}
-    if program.kind != "star":  # a star's sources are called over gRPC
-        options["data_plane"] = _data_plane(data_plane)
+               "shape": shape, "retries": retries, "timeout_s": timeout_s,
+               "data_plane": _data_plane(data_plane)}
     where = server if isinstance(address, str) else ", ".join(address.values())
     clients = min(requests, concurrency)  # no client is started with nothing to send
     with err.status(f"{requests} request(s) from {clients} client(s) to {where} ...",

@@ -33,7 +33,7 @@ from edgesplit.runtime.program import PlanProgram
 from edgesplit.transport import LoopbackChannel, LoopbackError, TlsFiles
 from edgesplit.transport.shaping import LinkShaper
 
-__all__ = ["Fanout", "check_branches"]
+__all__ = ["BranchFailed", "Fanout", "check_branches"]
 
 Address = str | LoopbackChannel
 POLL_S = 0.05  # how often the root checks that its data-plane caller is still there
@@ -49,6 +49,15 @@ def check_branches(program: PlanProgram, addresses: Mapping[str, Any]) -> None:
                           f"devices {', '.join(program.sources)}: give {flag} NAME=HOST:PORT "
                           f"for each of them (unknown: {unknown or 'none'}, missing: "
                           f"{missing or 'none'})")
+
+
+class BranchFailed(LoopbackError):
+    """The first branch call that failed, as its own ``grpc.RpcError`` read (``code()``,
+    ``details()``), naming its ``branch``."""
+
+    def __init__(self, branch: str, exc: grpc.RpcError) -> None:
+        super().__init__(exc.code(), exc.details() or "")
+        self.branch = branch
 
 
 class _Group:
@@ -94,7 +103,8 @@ class Fanout:
     """The root's next hop: ``run`` sends every branch its share of ``message`` concurrently
     (each over its :class:`Hop`: the data plane where the branch offers one, else gRPC), under
     one fresh join key, and answers with the one reply they all relay (timings: each key at its
-    largest). Raises the first failed call's ``grpc.RpcError`` after cancelling the others.
+    largest). Raises the first failed call's ``grpc.RpcError`` (as :class:`BranchFailed`)
+    after cancelling the others. A star's client sends to its sources through one.
     Has :class:`Hop`'s interface (``run``, ``describe``, ``wire_size``, ``close``). ``shape``:
     each branch's share is delayed as the plan's link from the root to it would (each link
     its own, side by side)."""
@@ -167,11 +177,14 @@ class Fanout:
             except queue.Empty:
                 if getattr(context, "connection", None) is None or context.is_active():
                     continue
-                got = LoopbackError(grpc.StatusCode.CANCELLED, "the caller hung up")
+                group.cancel()
+                raise LoopbackError(grpc.StatusCode.CANCELLED, "the caller hung up") from None
             if isinstance(got, BaseException):
                 # the other branches' calls end, and their parts at the join (a root server's
                 # caller ending cancels them too; a client root has no caller but this)
                 group.cancel()
+                if isinstance(got, grpc.RpcError):
+                    raise BranchFailed(branch, got) from None
                 raise got
             replies[branch] = got
         return replies

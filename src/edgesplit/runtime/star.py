@@ -32,13 +32,10 @@ sources' workers waited on each other (a circular wait until the join timed out)
 
 from __future__ import annotations
 
-import queue
-import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,14 +51,13 @@ from edgesplit.runtime.client import (
     RequestResult,
     RuntimeClient,
     address_name,
-    connect,
     explain_failure,
 )
-from edgesplit.runtime.dataplane import Message, Part
+from edgesplit.runtime.dataplane import DataPlane, Message, Part
+from edgesplit.runtime.mesh import BranchFailed, Fanout
 from edgesplit.runtime.planned import JOIN_KEY, decode_planned, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
-from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import (
     BadRequest,
     LoopbackChannel,
@@ -464,44 +460,41 @@ class Join:
 
 
 # ---- client ---------------------------------------------------------------------------------
-def _settle(future: Future, call: Callable[[], Any]) -> None:
-    try:
-        future.set_result(call())
-    except BaseException as exc:  # the caller reads it from the future
-        future.set_exception(exc)
-
-
 class StarClient(RuntimeClient):
     """Drives a star plan: every source gets its own model inputs, concurrently, under one
-    join key per request; the sink computes once and every source relays its answer, which
-    must agree. ``addresses``: source device -> ``HOST:PORT`` or a server's
-    ``loopback_channel()``. ``shape`` is accepted as for :class:`ChainClient`; a source's own
-    inputs cross no planned link (the sources shape theirs to the sink). ``retries``: a request
-    that fails UNAVAILABLE or DEADLINE_EXCEEDED is sent again, under a new key."""
+    join key per request (a :class:`~edgesplit.runtime.mesh.Fanout` over the sources: each
+    over its data plane where it offers one, as ``data_plane`` says, else gRPC); the sink
+    computes once and every source relays its answer, which must agree. ``addresses``: source
+    device -> ``HOST:PORT`` or a server's ``loopback_channel()``. ``shape`` is accepted as for
+    :class:`ChainClient`; a source's own inputs cross no planned link (the sources shape
+    theirs to the sink). ``retries``: a request that fails UNAVAILABLE or DEADLINE_EXCEEDED is
+    sent again, under a new key."""
 
     def __init__(self, program: PlanProgram, addresses: Mapping[str, str | LoopbackChannel], *,
                  token: str | None = None, tls: TlsFiles | None = None, shape: bool = False,
                  timeout_s: float = 60.0, retries: int = 0, retry_backoff_s: float = 0.2,
-                 session: str | None = None) -> None:
+                 session: str | None = None, data_plane: DataPlane = "auto") -> None:
         check_addresses(program, addresses)
         super().__init__(program.plan_id, token, timeout_s=timeout_s, retries=retries,
                          retry_backoff_s=retry_backoff_s, session=session)
         self.program = program
         limit = max_message_bytes(program)
-        self._channels = {s: connect(addresses[s], limit, tls) for s in program.sources}
+        self._sources = Fanout(program, {s: addresses[s] for s in program.sources}, limit, tls,
+                               data_plane)
         self.addresses = {s: address_name(addresses[s]) for s in program.sources}
-        self._stubs = {s: pb_grpc.PartitionServiceStub(c) for s, c in self._channels.items()}
-        self._client_key = secrets.token_hex(8)  # join keys: this client's id + request id
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
+        self._sources.close()
+
+    @property
+    def data_plane(self) -> str:
+        """How each source is called now ("sensor0: tcp HOST:PORT, ..." or "...: grpc")."""
+        return self._sources.data_plane
 
     def describe(self, source: str) -> pb.Description:
         """What ``source`` serves (retried as requests are, while it is not up yet)."""
         try:
-            return self._attempts(lambda timeout, metadata: self._stubs[source].Describe(
-                pb.DescribeRequest(), timeout=timeout, metadata=metadata))
+            return self._attempts(self._sources.hops[source].describe)
         except grpc.RpcError as exc:
             raise RemoteError(self._explain(source, exc)) from None
 
@@ -521,106 +514,55 @@ class StarClient(RuntimeClient):
         values = self.program.input_values(inputs)
         request_id = self.next_request_id()
         try:  # each attempt under a new join key: the sink may still hold the last one's
-            return self._retried(lambda attempt: self._request(
-                values, request_id, f"{self._client_key}-{request_id}-{attempt}"),
-                lambda exc: isinstance(exc, _Failed) and exc.code in RETRYABLE)
+            return self._retried(lambda attempt: self._request(values, request_id),
+                                 lambda exc: isinstance(exc, _Failed) and exc.code in RETRYABLE)
         except _Failed as failed:
             raise RemoteError(failed.message) from None
 
-    def _request(self, values: Mapping[str, torch.Tensor], request_id: int, key: str
-                 ) -> RequestResult:
+    def _request(self, values: Mapping[str, torch.Tensor], request_id: int) -> RequestResult:
         start = time.perf_counter()
-        bundles = {}
-        for source in self.program.sources:
-            bundle = pb.Bundle(plan_id=self.program.plan_id, plan_version=PLAN_VERSION,
-                               request_id=request_id)
-            for name in self.program.step(source).receives:  # its own inputs, as they are
-                bundle.tensors.add(name=name, data=encode_tensor(values[name], 32))
-            bundles[source] = bundle
+        names = dict.fromkeys(n for s in self.program.sources
+                              for n in self.program.step(s).receives)
+        message = Message(self.program.plan_id, PLAN_VERSION, request_id,  # inputs as they are
+                          [Part(name, encode_tensor(values[name], 32)) for name in names])
         serialize_ms = (time.perf_counter() - start) * 1e3
-        replies = self._gather(bundles, [*self.metadata, (JOIN_KEY, key)])
+        try:
+            reply = self._sources.run(message, self.timeout_s, self.metadata)
+        except BranchFailed as exc:
+            raise _Failed(exc.code(), self._explain(exc.branch, exc)) from None
         t1 = time.perf_counter()
-        outputs = self._agree(replies, request_id)
+        outputs = self._outputs(reply)
         serialize_ms += (time.perf_counter() - t1) * 1e3
         total = (time.perf_counter() - start) * 1e3
-        return RequestResult(request_id, outputs, *self._breakdown(replies, serialize_ms, total))
+        return RequestResult(request_id, outputs,
+                             *self._breakdown(reply.timings_ms, serialize_ms, total))
 
-    def _gather(self, bundles: Mapping[str, pb.Bundle], metadata: list[tuple[str, str]]
-                ) -> dict[str, pb.Bundle]:
-        """Every source's reply; the first failure cancels the other calls and is raised."""
-        finished: queue.SimpleQueue[str] = queue.SimpleQueue()
-        calls = {}
-        for source, bundle in bundles.items():
-            calls[source] = self._start(source, bundle, metadata)
-            calls[source].add_done_callback(lambda _, s=source: finished.put(s))
-        replies = {}
-        for _ in calls:
-            source = finished.get()
-            try:
-                replies[source] = calls[source].result()
-            except grpc.RpcError as exc:
-                for call in calls.values():
-                    call.cancel()  # the sources cancel their calls to the sink in turn
-                raise _Failed(exc.code(), self._explain(source, exc)) from None
-        return replies
-
-    def _start(self, source: str, bundle: pb.Bundle, metadata: list[tuple[str, str]]) -> Any:
-        """A gRPC future of the call; a loopback call runs on its own thread (it blocks until
-        the sink has joined every source), in a future that cannot be cancelled."""
-        stub = self._stubs[source]
-        if not isinstance(self._channels[source], LoopbackChannel):
-            return stub.Run.future(bundle, timeout=self.timeout_s, metadata=metadata)
-        future: Future = Future()
-        future.set_running_or_notify_cancel()  # running: cancel() leaves it alone
-        threading.Thread(target=_settle, daemon=True, name=f"edgesplit-star-{source}",
-                         args=(future, lambda: stub.Run(bundle, timeout=self.timeout_s,
-                                                        metadata=metadata))).start()
-        return future
-
-    def _agree(self, replies: Mapping[str, pb.Bundle], request_id: int
-               ) -> tuple[torch.Tensor, ...]:
-        """The outputs, once every reply is for this request, with the plan's outputs, the
-        same bytes from every source."""
+    def _outputs(self, reply: Message) -> tuple[torch.Tensor, ...]:
+        """The outputs of the reply every source relayed (the fan-out checked that they
+        agree), once it holds the plan's outputs."""
         expected = sorted(self.program.outputs)
-        first: tuple[str, dict[str, bytes]] | None = None
-        for source in self.program.sources:
-            reply, where = replies[source], f"source {source} ({self.addresses[source]})"
-            if reply.request_id != request_id:
-                raise RemoteError(f"{where} answered request {reply.request_id} for request "
-                                  f"{request_id}")
-            data = {t.name: t.data for t in reply.tensors}
-            if sorted(t.name for t in reply.tensors) != expected:
-                raise RemoteError(f"{where} answered with tensors "
-                                  f"{[t.name for t in reply.tensors]}, the plan expects "
-                                  f"{expected}")
-            if first is None:
-                first = (source, data)
-            elif data != first[1]:
-                raise RemoteError(f"sources {first[0]} and {source} relayed different outputs "
-                                  f"for request {request_id}: the sink mixed two requests")
-        assert first is not None  # a star has sources
+        data = {t.name: t.data for t in reply.tensors}
+        if sorted(data) != expected or len(data) != len(reply.tensors):
+            raise RemoteError(f"the sources answered with tensors "
+                              f"{[t.name for t in reply.tensors]}, the plan expects {expected}")
         try:
-            return tuple(decode_planned(self.program, t, first[1][t])
-                         for t in self.program.outputs)
+            return tuple(decode_planned(self.program, t, data[t]) for t in self.program.outputs)
         except Exception as exc:
-            raise RemoteError(f"source {first[0]} answered with a bad tensor: {exc}") from None
+            raise RemoteError(f"the sources answered with a bad tensor: {exc}") from None
 
-    def _breakdown(self, replies: Mapping[str, pb.Bundle], serialize_ms: float, total: float
+    def _breakdown(self, hops: Mapping[str, float], serialize_ms: float, total: float
                    ) -> tuple[dict[str, float], dict[str, float]]:
         """``edge``: the slowest source's compute; ``remote``: the sink's; ``serialize``: here,
         the slowest source's and the sink's; ``transfer``: the rest. Hops: what the servers
         reported, a key several replies carry (the sink's) at its largest."""
-        hops: dict[str, float] = {}
-        for reply in replies.values():
-            for k, v in reply.timings_ms.items():
-                hops[k] = max(v, hops.get(k, v))
         sources, sink = self.program.sources, self.program.sink
         edge = max(hops.get(f"{s}.compute_ms", 0.0) for s in sources)
         remote = hops.get(f"{sink}.compute_ms", 0.0)
         serialize_ms += max(hops.get(f"{s}.serialize_ms", 0.0) for s in sources) + \
             hops.get(f"{sink}.serialize_ms", 0.0)
         return {"edge": edge, "serialize": serialize_ms, "remote": remote,
-                "transfer": max(0.0, total - edge - serialize_ms - remote), "total": total}, hops
+                "transfer": max(0.0, total - edge - serialize_ms - remote), "total": total}, \
+            dict(hops)
 
     def _explain(self, source: str, exc: grpc.RpcError) -> str:
         code, details, address = exc.code(), exc.details() or "", self.addresses[source]
