@@ -133,13 +133,13 @@ class PartitionServer(GrpcServer):
     :class:`edgesplit.runtime.star.Join`: ``join_timeout_s``, ``max_joins``), computes on
     ``max_workers`` workers, each taken only by a complete join (a part waiting for the other
     sources is parked and holds none; a source's call waiting for the sink holds none of the
-    source's either), and does not batch (``max_batch > 1`` is refused: each join already
-    computes once).
+    source's either), and batches complete joins that wait together (``max_batch``, as any
+    device).
 
     Besides gRPC, :meth:`start` opens the data plane (length-prefixed frames over TCP,
     :mod:`edgesplit.transport.frames`) on ``data_port`` (0: any free port; None: none) and
-    names it in ``Describe``; a chain's calls go there unless the client says ``grpc``. A
-    star's devices serve gRPC only. ``data_plane`` says how this server calls the next hop.
+    names it in ``Describe``; calls go there unless the caller says ``grpc`` (a star's and a
+    mesh's joins too). ``data_plane`` says how this server calls the next hop.
 
     With ``engine`` (a :class:`~edgesplit.runtime.ray_engine.RayEngine`) this server is an
     ingress: it checks and decodes each request as always, and the engine's deployment computes

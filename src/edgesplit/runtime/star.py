@@ -23,9 +23,12 @@ sources; when devices follow it, the completing part's call forwards the result 
 the join answers.
 
 Workers: a waiting part is parked and holds none of the sink's ``max_workers``; the part that
-completes a join takes one and computes (a parked call still blocks a gRPC thread, as the
-synchronous server has no other way to answer later, but the sink has a thread for every part
-its table can park beyond its workers, so a parked part never queues another). A source holds
+completes a join takes one and computes, through the server's batcher: complete joins waiting
+together run as one batch (a parked call still blocks a gRPC thread, or its data-plane
+connection's, as the synchronous server has no other way to answer later, but the sink has a
+thread for every part its table can park beyond its workers, so a parked part never queues
+another). Parts arrive over gRPC (:meth:`Join.reply_pb`) or the data plane
+(:meth:`Join.reply_frame`), checked and joined alike. A source holds
 its worker only while it computes, not while the sink joins: held across the join, the
 sources' workers waited on each other (a circular wait until the join timed out).
 """
