@@ -310,7 +310,7 @@ def test_an_uneven_load_is_not_flapped_and_its_end_is_seen() -> None:
     assert events[1].time_s > changes[2][0] and events[1].to_arch == pool.optimal.arch
     clock = ManualClock()
     blind = LatencyMonitor(pool, window=5, clock=clock)
-    blind._eased = lambda now: True  # type: ignore[method-assign]  # the wait off
+    blind._eased = lambda r, now: True  # type: ignore[method-assign]  # the wait off
     flapped, changes = run(blind, clock)
     assert count_flaps(flapped, latency, changes) >= 3
 

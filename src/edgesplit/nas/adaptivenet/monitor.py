@@ -103,8 +103,7 @@ class LatencyMonitor:
     not have, and every switch up under the load was undone. So after a switch down, the
     subnet switched to is gauged while the cooldown runs: its loaded ratio ``r0`` is the
     median of its first ``max(window, cooldown_requests)`` requests, and a switch up waits
-    until its own ratio, the median of as many of its latest requests, shows the load eased
-    (``<= max(1, EASED * r0)``), or for a probe
+    until its own ratio shows the load eased (``r <= max(1, EASED * r0)``), or for a probe
     ``max_backoff_s`` after the switch down (a load that barely touches the small subnet
     cannot be seen easing from it).
     """
@@ -172,7 +171,7 @@ class LatencyMonitor:
         now = self.clock()
         target, reason = self._decide(r, now)
         if target is not None and reason == HEADROOM and (self._cooling(now)
-                                                          or not self._eased(now)):
+                                                          or not self._eased(r, now)):
             return None
         self._judge_trial(reason if target is not None else None, now)
         if target is None:
@@ -194,13 +193,13 @@ class LatencyMonitor:
         count, at = self._switched_at
         return self.observed - count < self.cooldown_requests or now - at < self.cooldown_s
 
-    def _eased(self, now: float) -> bool:
+    def _eased(self, r: float, now: float) -> bool:
         """May the monitor switch up, as far as the load it last switched down for goes?"""
         loaded = self._loaded
         if loaded is None or now - loaded.since_s >= self.max_backoff_s:
             return True  # no switch down since the last up, or time for a probe
-        r0, recent = loaded.ratio, loaded.recent
-        return r0 is not None and recent is not None and recent <= max(1.0, EASED * r0)
+        r0 = loaded.ratio
+        return r0 is not None and r <= max(1.0, EASED * r0)
 
     def _hold(self, failures: int) -> float:
         return min(self.backoff_s * 2 ** failures, self.max_backoff_s)
@@ -246,26 +245,18 @@ class LatencyMonitor:
 
 
 class _Loaded:
-    """The subnet a switch down went to, gauged: the median ratio of its first ``requests``
-    requests (``r0``) and of its last ``requests`` (``recent``, which says whether the load
-    eased: a window of 5 on a subnet the load barely slows dips to 1 now and then, and a
-    switch up on such a dip was undone within 0.1 s in the real-CPU runs)."""
+    """The subnet a switch down went to, gauged: its ratio over its first requests."""
 
     def __init__(self, since_s: float, requests: int) -> None:
-        self.since_s = since_s
-        self._ratios: deque[float] = deque(maxlen=requests)
+        self.since_s, self.requests = since_s, requests
+        self._ratios: list[float] = []
         self.ratio: float | None = None  # r0, once `requests` ratios are in
 
     def add(self, ratio: float) -> None:
-        self._ratios.append(ratio)
-        if self.ratio is None and len(self._ratios) == self._ratios.maxlen:
-            self.ratio = statistics.median(self._ratios)
-
-    @property
-    def recent(self) -> float | None:
-        if len(self._ratios) < (self._ratios.maxlen or 0):
-            return None
-        return statistics.median(self._ratios)
+        if self.ratio is None:
+            self._ratios.append(ratio)
+            if len(self._ratios) == self.requests:
+                self.ratio = statistics.median(self._ratios)
 
 
 def count_flaps(events: Sequence[SwitchEvent], latency_s: Callable[[SubnetArch], float],

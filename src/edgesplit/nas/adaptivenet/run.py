@@ -475,11 +475,9 @@ def _switch_load(on: bool, slowdown: Slowdown | None, cpu: CpuLoad | None, facto
 
 
 def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
-             count: int = 50) -> None:
-    """Requests on a fresh worker thread (its first calls are slow: after 10 of these, the
-    first served requests of two of five real-CPU runs still ran 1.15-1.3x their estimate and
-    were switched away from before any load), then back to the optimal subnet, so the run
-    starts where the search left it."""
+             count: int = 10) -> None:
+    """A few requests on a fresh worker thread (its first calls are slow), then back to the
+    optimal subnet, so the run starts where the search left it."""
     for i in range(count):
         runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
     runner.switch_to(pool.optimal.arch)
