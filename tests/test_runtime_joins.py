@@ -88,6 +88,20 @@ class _Counted(queue.Queue):
         super().put(item, block, timeout)
 
 
+def hold_the_first_until_two_queue(program: PlanProgram, step: str, batcher: Any) -> None:
+    """The first compute of ``step`` (a lone request's path) waits inside until two more
+    requests are queued at ``batcher``, so those two run as one batch."""
+    batcher._queue = queued = _Counted()
+    first = threading.Event()
+
+    def hold_the_first(_: str) -> None:
+        if not first.is_set():
+            first.set()
+            _until(lambda: queued.puts >= 2, 20)
+
+    program.step(step).backend = Hooked(hold_the_first)
+
+
 def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -121,15 +135,7 @@ def test_the_sink_batches_complete_joins_and_each_answer_equals_the_unsplit_mode
     star = PortStar(program, {"max_batch": 8}, data_plane="tcp")
     batcher = star.sink.batcher
     assert batcher is not None, star.sink.batching
-    batcher._queue = queued = _Counted()
-    first = threading.Event()
-
-    def hold_the_first(_: str) -> None:
-        if not first.is_set():
-            first.set()
-            _until(lambda: queued.puts >= 2, 20)
-
-    program.step("aggregator").backend = Hooked(hold_the_first)  # the lone request's path
+    hold_the_first_until_two_queue(program, "aggregator", batcher)
     try:
         with star.client(data_plane="tcp") as client:
             def one(seed: int) -> float:

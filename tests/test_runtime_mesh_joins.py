@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import queue
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from test_runtime_joins import hold_the_first_until_two_queue
 from test_runtime_mesh import (  # noqa: F401 - fixtures
     BRANCHES,
     TOL,
@@ -47,28 +46,13 @@ def test_mesh_joins_over_the_data_plane_equal_unsplit_and_a_failing_branch_fails
         served.stop()
 
 
-class _Counted(queue.Queue):
-    puts = 0
-
-    def put(self, item, block=True, timeout=None) -> None:
-        self.puts += 1
-        super().put(item, block, timeout)
-
-
 def test_the_aggregator_batches_complete_joins_equal_to_the_unsplit_model(program):  # noqa: F811
     """As the star's sink: the first complete join waits inside its compute until two more
     are queued at the aggregator's batcher, which runs them as one batch."""
     served = Mesh(program, {"max_batch": 8})
     batcher = served.agg.batcher
     assert batcher is not None, served.agg.batching
-    batcher._queue = queued = _Counted()
-    first = threading.Event()
-    def hold_the_first(_: str) -> None:
-        if not first.is_set():
-            first.set()
-            _until(lambda: queued.puts >= 2, 20)
-
-    program.step("agg").backend = Hooked(hold_the_first)  # the lone request's path
+    hold_the_first_until_two_queue(program, "agg", batcher)
     try:
         with served.client() as client, ThreadPoolExecutor(3) as pool:
             outs = list(pool.map(lambda seed: client.request([_input(seed)]).outputs[0],
