@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from edgesplit.nas.splitnets import (
     FLOAT32,
@@ -47,6 +48,7 @@ from edgesplit.nas.splitnets import (
     SplitHardware,
     SplitPricing,
     SplitSpace,
+    SplitSupernet,
     get_split_space,
     random_split_arch,
 )
@@ -161,42 +163,62 @@ def _macs(space: SplitSpace, arch: Any) -> int:
     return sum(l.macs for l in part.layers)
 
 
-def plain_baselines(net: Any, hardware: SplitHardware, data: Any, limit: int, count: int
-                    ) -> list[dict[str, Any]]:
-    """Plain networks of the supernet across the size range, each all on the aggregator and
-    at its best cut that fits the sensor (Neurosurgeon: every block-boundary cut priced)."""
-    space = net.space
+def train_alone(space: SplitSpace, arch: Any, data: Any, epochs: int, seed: int) -> Any:
+    """``arch`` trained by itself from scratch on the supernet's training part, with its
+    recipe and epochs (the same budget, no weight sharing): an independently trained
+    baseline. Returns a supernet of which only ``arch``'s weights were trained."""
+    torch.manual_seed(seed)
+    net = SplitSupernet(space)
+    SupernetTrainer(epochs=epochs, seed=seed, alone=arch).fit(net, data.fit)
+    return net
+
+
+def _baseline(net: Any, arch: Any, data: Any, epochs: int, seed: int
+              ) -> tuple[float, dict[str, Any]]:
+    """The held-out accuracy of ``arch`` trained alone, and what to record beside it: its
+    accuracy as a sub-network of the shared supernet, and its training time."""
     calib = calibration_batches(data.fit)
+    start = time.perf_counter()
+    alone = train_alone(net.space, arch, data, epochs, seed)
+    seconds = time.perf_counter() - start
+    acc = subnet_accuracy(alone, arch, data.test, calib)
+    return acc, {"arch": arch.describe(), "train_seconds": seconds,
+                 "shared_accuracy": subnet_accuracy(net, arch, data.test, calib)}
+
+
+def plain_baselines(net: Any, hardware: SplitHardware, data: Any, limit: int, count: int,
+                    epochs: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Plain networks across the size range of the space, each trained alone (same data and
+    epochs as the supernet), all on the aggregator and at its best cut that fits the sensor
+    (Neurosurgeon: every block-boundary cut priced)."""
+    space = net.space
     rows = []
-    for i, arch in enumerate(size_range(space, count)):
-        acc = subnet_accuracy(net, arch, data.test, calib)
+    for i, arch in enumerate(size_range(space, count)):  # the same networks every seed
+        acc, extra = _baseline(net, arch, data, epochs, seed)
         cuts = hardware.plain_costs(space, arch)
         fitting = [c for c in cuts if c.cost.sensor_memory_bytes <= limit]
         best = min(fitting, key=lambda c: c.cost.total_ms)
         name = f"plain {i} ({_macs(space, arch) / 1e6:.2f} MMAC)"
-        rows.append({**_row("all on aggregator", acc, cuts[0].cost, limit, name),
-                     "arch": arch.describe()})
+        rows.append({**_row("all on aggregator", acc, cuts[0].cost, limit, name), **extra})
         rows.append({**_row("Neurosurgeon", acc, best.cost, limit,
-                            f"{name}, cut after {best.cut}/{best.layers} layers"),
-                     "arch": arch.describe()})
+                            f"{name}, cut after {best.cut}/{best.layers} layers"), **extra})
     return rows
 
 
-def multi_baselines(net: Any, hardware: SplitHardware, data: Any, limit: int, count: int
-                    ) -> list[dict[str, Any]]:
-    """Multi-view networks across the size range, fused in the last phase: run wholly on the
-    aggregator (every view sent raw) and fused late (the sensors run all but the last
-    phase's end)."""
+def multi_baselines(net: Any, hardware: SplitHardware, data: Any, limit: int, count: int,
+                    epochs: int) -> list[dict[str, Any]]:
+    """Multi-view networks across the size range, fused in the last phase and each trained
+    alone (same data and epochs as the supernet): run wholly on the aggregator (every view
+    sent raw) and fused late (the sensors run all but the last phase's end)."""
     space = net.space
-    calib = calibration_batches(data.fit)
     rows = []
     for i, arch in enumerate(size_range(space, count, (len(space.phases) - 1,))):
-        acc = subnet_accuracy(net, arch, data.test, calib)
+        acc, extra = _baseline(net, arch, data, epochs, 0)
         name = f"size {i} ({_macs(space, arch) / 1e6:.2f} MMAC)"
         rows.append({**_row("all on aggregator", acc, hardware.all_on_aggregator(space, arch),
-                            limit, name), "arch": arch.describe()})
+                            limit, name), **extra})
         rows.append({**_row("late fusion", acc, hardware.cost(space, arch), limit, name),
-                     "arch": arch.describe()})
+                     **extra})
     return rows
 
 
@@ -231,7 +253,9 @@ def single_view(folder: Path, net: Any, work: Path, pricing: SplitPricing = FLOA
                           pricing=pricing, seed=seed)
     hardware = run.search.hardware
     data = load_split_data(_data("digits-split"), space, seed)
-    rows = [*_searched(run, limit), *plain_baselines(net, hardware, data, limit, BASELINES)]
+    rows = [*_searched(run, limit),
+            *plain_baselines(net, hardware, data, limit, BASELINES, EPOCHS["digits-split"],
+                             seed)]
     part = {"seed": seed, "rows": rows, "equal_accuracy": equal_accuracy(rows),
             "search_seconds": run.summary["search_seconds"],
             "evaluated": run.summary["evaluated"], "rejected": run.summary["rejected_by_memory"],
@@ -246,6 +270,19 @@ def single_view(folder: Path, net: Any, work: Path, pricing: SplitPricing = FLOA
         part["appendix_h"] = [_adapt("default sensors", run.summary["best"]),
                               _adapt("4x faster sensors", faster.summary["best"])]
     return part
+
+
+def sandwich_searched(folder: Path, net: Any, work: Path, pricing: SplitPricing
+                      ) -> list[dict[str, Any]]:
+    """The sandwich supernet searched as the five-subnet one is (seed 0): the deployable
+    networks (one splitting module) each sampler's weights give, held-out."""
+    doc = json.loads((folder / "supernet.json").read_text())["training"]
+    limit = MEMORY_KIB * 1024
+    run = search_supernet(folder, "hmd-star", out=work / "single-sandwich",
+                          memory_limit_bytes=limit, population=POPULATION,
+                          generations=GENERATIONS, save_front=3, supernet=net, doc=doc,
+                          pricing=pricing, seed=0)
+    return _searched(run, limit)
 
 
 def _adapt(label: str, best: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +301,8 @@ def multi_view(folder: Path, net: Any, doc: dict[str, Any], work: Path,
                           supernet=net, doc=doc, pricing=pricing)
     hardware: SplitHardware = run.search.hardware
     data = load_split_data("multiview-shapes", space)
-    rows = [*_searched(run, limit), *multi_baselines(net, hardware, data, limit, BASELINES)]
+    rows = [*_searched(run, limit),
+            *multi_baselines(net, hardware, data, limit, BASELINES, EPOCHS["shapes-split"])]
     return {"rows": rows, "equal_accuracy": equal_accuracy(rows),
             "search_seconds": run.summary["search_seconds"],
             "evaluated": run.summary["evaluated"], "rejected": run.summary["rejected_by_memory"],
@@ -274,12 +312,18 @@ def multi_view(folder: Path, net: Any, doc: dict[str, Any], work: Path,
             "train_seconds": doc["train_seconds"]}
 
 
+def _cell(text: str) -> str:
+    """``text`` safe inside a markdown table cell (architectures mark a split as ``|d8|``)."""
+    return text.replace("|", "\\|")
+
+
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| method | network | held-out top-1 % | T_sen ms | T_comm ms | T_agg ms | "
              "total ms | sensor KiB |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         mark = "" if r["fits"] else " (over)"
-        lines.append(f"| {r['method']} | {r.get('arch') or r['label']} | {r['accuracy']:.1f} | "
+        lines.append(f"| {r['method']} | {_cell(r.get('arch') or r['label'])} | "
+                     f"{r['accuracy']:.1f} | "
                      f"{r['sensor_ms']:.4f} | {r['comm_ms']:.4f} | {r['aggregator_ms']:.4f} | "
                      f"{r['latency_ms']:.4f} | {r['sensor_memory_bytes'] / 1024:.0f}{mark} |")
     return lines
@@ -329,6 +373,30 @@ def _legacy_summary(rows: list[dict[str, Any]]) -> str:
             f"({base['latency_ms'] / fastest['latency_ms']:.1f}x).")
 
 
+def _seed_table(parts: list[dict[str, Any]]) -> list[str]:
+    """Per seed: the best searched network against the most accurate and the fastest plain
+    baseline (all on the aggregator), then mean and standard deviation over the seeds."""
+    lines = ["| seed | best searched % | its ms | most accurate baseline % | its ms | "
+             "fastest baseline % | its ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    cols: list[list[float]] = [[] for _ in range(6)]
+    for part in parts:
+        best = next(r for r in part["rows"] if r["method"] == "SplitNets"
+                    and r["label"] == "best")
+        plain = [r for r in part["rows"] if r["method"] == "all on aggregator"]
+        top = max(plain, key=lambda r: r["accuracy"])
+        fast = min(plain, key=lambda r: r["latency_ms"])
+        values = [best["accuracy"], best["latency_ms"], top["accuracy"], top["latency_ms"],
+                  fast["accuracy"], fast["latency_ms"]]
+        for col, v in zip(cols, values, strict=True):
+            col.append(v)
+        lines.append(f"| {part['seed']} | " + " | ".join(
+            f"{v:.1f}" if k % 2 == 0 else f"{v:.4f}" for k, v in enumerate(values)) + " |")
+    lines.append("| mean +- sd | " + " | ".join(
+        f"{np.mean(c):.1f} +- {np.std(c):.1f}" if k % 2 == 0 else
+        f"{np.mean(c):.4f} +- {np.std(c):.4f}" for k, c in enumerate(cols)) + " |")
+    return lines
+
+
 def _seed_summary(parts: list[dict[str, Any]]) -> str:
     """The best searched network's equal-accuracy ratio over the seeds: median and range."""
     ratios = [p["speedup"] for part in parts for p in part["equal_accuracy"]
@@ -345,8 +413,7 @@ def _markdown(doc: dict[str, Any]) -> str:
     legacy = "pricing" not in doc  # saved before the fair baselines: rendered as written
     setting = ("Latency: eq. 1 on the preset devices; accuracy: held-out." if legacy else
                f"Latency: eq. 1 on the preset devices, {_pricing_words(doc['pricing'])}; "
-               "accuracy: held-out. Baselines: networks of the same supernet across the size "
-               "range (not searched, not trained independently).")
+               f"accuracy: held-out. {_baseline_words(doc)}")
     lines = ["# SplitNets: split-aware NAS on the head-mounted system (paper 004)", "",
              f"Load average before {doc['load_before']}, after {doc['load_after']} (2 cores); "
              f"total {doc['seconds'] / 60:.1f} min. Mem_sen = {doc['memory_kib']} KiB (scaled with "
@@ -361,6 +428,8 @@ def _markdown(doc: dict[str, Any]) -> str:
                      f"{r['min-zero-hot']:.1f} | {r['min-all-hot']:.1f} | {r['gap']:.1f} | "
                      f"{r['random_one_hot_mean']:.1f} ({r['random_one_hot_min']:.1f}) | "
                      f"{r['train_seconds']:.0f} |")
+    if doc.get("sampler_searched"):
+        lines += ["", *_sampler_searched(doc["sampler_searched"])]
     for key, title in (("single", f"Single view (Table 4 style): digits-split{_on(doc)} on "
                                   "hmd-star"),
                        ("multi", "Multi-view (Table 6 style): shapes-split, 4 views on "
@@ -368,7 +437,8 @@ def _markdown(doc: dict[str, Any]) -> str:
         part = doc[key]
         lines += ["", f"## {title}", "", f"{part['hardware']}. Search: {part['evaluated']} "
                   f"candidates evaluated in {part['search_seconds']:.1f} s "
-                  f"({part['rejected']} drawn over the memory limit and skipped).", ""]
+                  f"({part['rejected']} drawn over the memory limit and skipped). "
+                  f"{_ties(part['history'])}", ""]
         lines += _table(part["rows"])
         if legacy:
             lines += ["", _legacy_summary(part["rows"])]
@@ -377,7 +447,8 @@ def _markdown(doc: dict[str, Any]) -> str:
         lines += ["", "At equal accuracy (Table 4 style):", "", *_equal_table(pairs), "",
                   _summary(pairs)]
         if key == "single" and doc.get("single_seeds"):
-            lines += ["", _seed_summary([part, *doc["single_seeds"]])]
+            parts = [part, *doc["single_seeds"]]
+            lines += ["", *_seed_table(parts), "", _seed_summary(parts)]
     multi = doc["multi"]
     lines += ["", f"Multi-view supernet ({doc['epochs']['shapes-split']} epochs, sandwich, "
               f"{multi['train_seconds']:.0f} s), held-out: " + ", ".join(
@@ -386,10 +457,46 @@ def _markdown(doc: dict[str, Any]) -> str:
               "| sensors | best network | validation top-1 % | total ms | sensor share of "
               "MACs | split phase |", "|---|---|---:|---:|---:|---:|"]
     for r in doc["single"]["appendix_h"]:
-        lines.append(f"| {r['setting']} | {r['arch']} | {r['accuracy']:.1f} | "
+        lines.append(f"| {r['setting']} | {_cell(r['arch'])} | {r['accuracy']:.1f} | "
                      f"{r['latency_ms']:.4f} | {100 * r['sensor_mac_share']:.0f} % | "
                      f"{r['split_phase']} |")
     return "\n".join(lines) + "\n"
+
+
+def _baseline_words(doc: dict[str, Any]) -> str:
+    if doc.get("baselines_trained") == "alone":
+        return ("Baselines: networks across the size range without a splitting module (late "
+                "fusion for multi-view), each trained alone from scratch on the supernet's "
+                "data for its epochs (not searched, no shared weights; their accuracy as "
+                "sub-networks of the supernet is `shared_accuracy` in the JSON).")
+    return ("Baselines: networks of the same supernet across the size range (not searched, "
+            "not trained independently).")
+
+
+def _ties(history: list[dict[str, Any]]) -> str:
+    """How many candidates share the top validation accuracy: a search can only rank what
+    its validation part separates (the digits' 204 images left 53 of 512 at 100 %)."""
+    if not history:
+        return ""
+    top = max(c["accuracy"] for c in history)
+    tied = sum(c["accuracy"] == top for c in history)
+    return f"{tied} of {len(history)} candidates tie at the top validation accuracy ({top:.1f} %)."
+
+
+def _sampler_searched(found: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The deployable networks each sampler's supernet yields (the search's saved ones)."""
+    lines = ["Deployable networks (exactly one splitting module) the search saves from each "
+             "supernet (seed 0, same search), held-out:", "",
+             "| sampler | saved networks: top-1 % at ms | mean top-1 % |", "|---|---|---:|"]
+    means = {}
+    for sampler, rows in found.items():
+        means[sampler] = float(np.mean([r["accuracy"] for r in rows]))
+        cells = ", ".join(f"{r['accuracy']:.1f} % at {r['latency_ms']:.4f}" for r in rows)
+        lines.append(f"| {sampler} | {cells} | {means[sampler]:.1f} |")
+    better = max(means, key=lambda k: means[k])
+    return [*lines, "", f"The {better} sampler's supernet gives the more accurate deployable "
+            "networks on average here (the bounds above measure networks with zero or all "
+            "modules, which are not deployed)."]
 
 
 def _on(doc: dict[str, Any]) -> str:
@@ -404,6 +511,7 @@ def _pricing_words(name: str) -> str:
 
 
 def main() -> None:
+    global BASELINES  # the script's settings are module constants, as EPOCHS and DATA
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument("--seeds", type=int, default=1,
@@ -414,6 +522,12 @@ def main() -> None:
                              "enough for the search to rank)")
     parser.add_argument("--fashion-samples", type=int, default=1200 if QUICK else 12000,
                         help="Fashion-MNIST training images used (a quarter held out)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="single-view supernet epochs, also each baseline's (default "
+                             f"{EPOCHS['digits-split']})")
+    parser.add_argument("--baselines", type=int, default=BASELINES,
+                        help="plain networks across the size range, ends included, each "
+                             "trained alone")
     parser.add_argument("--paper-convention", action="store_true",
                         help="price as the paper's Tables 4/6: 8-bit, T = OP / Comp")
     parser.add_argument("--render-only", "--replot", action="store_true",
@@ -423,8 +537,13 @@ def main() -> None:
     if args.render_only:
         write_report(json.loads((args.out / f"{NAME}.json").read_text()), args.out)
         return
-    if args.seeds < 1:
-        parser.error("--seeds must be at least 1")
+    for flag, value in (("--seeds", args.seeds), ("--epochs", args.epochs or 1),
+                        ("--baselines", args.baselines - 1)):
+        if value < 1:
+            parser.error(f"{flag} is too small")
+    if args.epochs:
+        EPOCHS["digits-split"] = args.epochs
+    BASELINES = args.baselines
     fashion = args.fashion_samples if args.single_data == "fashion-mnist" else None
     measure(args.out, seeds=args.seeds, pricing=PAPER if args.paper_convention else FLOAT32,
             fashion_samples=fashion)
@@ -445,6 +564,9 @@ def measure(out: Path, *, seeds: int = 1, pricing: SplitPricing = FLOAT32,
                      for s in ("five", "sandwich")}
         sampler = sampler_rows(supernets)
         single = single_view(work / "digits-five", supernets["five"][0], work, pricing)
+        searched = {"five": [r for r in single["rows"] if r["method"] == "SplitNets"],
+                    "sandwich": sandwich_searched(work / "digits-sandwich",
+                                                  supernets["sandwich"][0], work, pricing)}
         repeats = []
         for seed in range(1, seeds):
             folder = work / f"digits-five-{seed}"
@@ -452,8 +574,9 @@ def measure(out: Path, *, seeds: int = 1, pricing: SplitPricing = FLOAT32,
             repeats.append(single_view(folder, net, work, pricing, seed, appendix=False))
         multi_net, multi_doc = _train("shapes-split", "sandwich", work / "shapes")
         multi = multi_view(work / "shapes", multi_net, multi_doc, work, pricing)
-    doc = {"sampler": sampler, "single": single, "single_seeds": repeats, "multi": multi,
-           "pricing": pricing.name, "baselines": BASELINES, "single_data": single_data,
+    doc = {"sampler": sampler, "sampler_searched": searched, "single": single,
+           "single_seeds": repeats, "multi": multi, "pricing": pricing.name,
+           "baselines": BASELINES, "baselines_trained": "alone", "single_data": single_data,
            "epochs": EPOCHS,
            "memory_kib": MEMORY_KIB, "population": POPULATION, "generations": GENERATIONS,
            "seconds": time.perf_counter() - start, "load_before": load_before,

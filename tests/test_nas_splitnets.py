@@ -5,6 +5,7 @@ equal the supernet and run from their plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -365,3 +366,42 @@ def test_paper_convention_prices_plain_networks_and_all_on_aggregator():
         assert b.cost.aggregator_ms == pytest.approx(1e3 * b.cost.aggregator_macs / mac_rate_agg)
     whole = paper.all_on_aggregator(TINY, arch.with_splits([0]))
     assert whole.feature_bytes == arch.resolution ** 2  # one byte a pixel
+
+
+# ---- an independently trained network (the fair baselines) ---------------------------------
+def _labelled(space: SplitSpace, n: int) -> EvalData:
+    x = _inputs(space, n)
+    return EvalData("noise", (x,), torch.arange(n) % space.num_classes)
+
+
+def test_a_network_trained_alone_updates_only_its_own_weights():
+    from edgesplit.nas.splitnets.train import SupernetTrainer
+
+    torch.manual_seed(0)
+    net = SplitSupernet(TINY)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    arch = TINY.smallest()  # no splitting module, the fewest blocks
+    SupernetTrainer(epochs=1, batch_size=8, alone=arch).fit(net, _labelled(TINY, 16))
+    after = net.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any(k.startswith("stem.") for k in changed)  # its own weights learned
+    # what it never runs stayed as initialised: every splitting module, and each phase's
+    # blocks beyond its depth
+    assert not any(k.startswith(("reduce.", "join.")) for k in changed)
+    for i, p in enumerate(arch.phases):
+        assert not any(k.startswith(f"blocks.{i}.{j}.") for k in changed
+                       for j in range(p.blocks, TINY.phases[i].max_blocks))
+    # the same recipe trains the sampler's sub-networks, which do use the splitting modules
+    shared = SplitSupernet(TINY)
+    fresh = {k: v.clone() for k, v in shared.state_dict().items()}
+    SupernetTrainer(epochs=1, batch_size=8).fit(shared, _labelled(TINY, 16))
+    assert any(k.startswith("reduce.") and not torch.equal(fresh[k], v)
+               for k, v in shared.state_dict().items())
+
+
+def test_training_alone_refuses_an_architecture_outside_the_space():
+    from edgesplit.nas.splitnets.train import SupernetTrainer
+
+    bad = dataclasses.replace(TINY.smallest(), resolution=99)
+    with pytest.raises(ConfigError, match="resolution=99"):
+        SupernetTrainer(epochs=1, alone=bad).fit(SplitSupernet(TINY), _labelled(TINY, 8))

@@ -20,7 +20,7 @@ from edgesplit.data import EvalData
 from edgesplit.errors import ConfigError
 from edgesplit.hardware.accelerator import device_of, torch_device
 from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
-from edgesplit.nas.splitnets.space import SplitArch
+from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
 
 __all__ = ["CALIBRATION_IMAGES", "SupernetTrainer", "TrainProgress", "calibration_batches",
@@ -82,6 +82,10 @@ class SupernetTrainer:
     ``track``: (name, architecture) pairs measured on ``data.test`` after every epoch (slow:
     a recalibration each); ``progress(epoch, epochs, row)`` after every epoch.
 
+    ``alone``: train this one architecture by itself instead of the sampler's sub-networks
+    (from a fresh supernet, only its slice of the weights is ever updated): an independently
+    trained network, with the same recipe and budget as the supernet, for the fair baselines.
+
     ``torch_device`` (``cpu``, ``cuda[:N]``, ``mps``; default the CPU): where the steps run.
     ``fit`` moves the supernet there and each batch as it is drawn (the data stays in host
     memory), and leaves the supernet on the CPU, so its checkpoint loads anywhere."""
@@ -96,6 +100,7 @@ class SupernetTrainer:
     distill: bool = True
     seed: int = 0
     track: Sequence[tuple[str, SplitArch]] = ()
+    alone: SplitArch | None = None
     progress: TrainProgress | None = None
     torch_device: str | torch.device | None = None
     history_: list[dict[str, float]] = field(default_factory=list, init=False)
@@ -116,12 +121,20 @@ class SupernetTrainer:
     def fit(self, supernet: SplitSupernet, data: EvalData,
             test: EvalData | None = None) -> SupernetTrainer:
         self.validate()
+        if self.alone is not None:
+            supernet.space.validate(self.alone)  # a ConfigError naming the choice, not a crash
         device = torch_device(self.torch_device)  # AcceleratorError before any step
         supernet.to(device)
         try:
             return self._fit(supernet, data, test, device)
         finally:
             supernet.cpu().eval()
+
+    def _subnets(self, space: SplitSpace, rng: np.random.Generator
+                 ) -> list[tuple[str, SplitArch]]:
+        if self.alone is not None:
+            return [("alone", self.alone)]
+        return training_subnets(space, self.sampler, rng, self.randoms)
 
     def _fit(self, supernet: SplitSupernet, data: EvalData, test: EvalData | None,
              device: torch.device) -> SupernetTrainer:
@@ -145,8 +158,7 @@ class SupernetTrainer:
                 y = y_all[idx].to(device)
                 opt.zero_grad()
                 teacher = None
-                for name, arch in training_subnets(supernet.space, self.sampler, rng,
-                                                   self.randoms):
+                for name, arch in self._subnets(supernet.space, rng):
                     # the teacher's soft labels fit the student at any resolution: one image
                     logits = supernet(x_all.at(arch.resolution)[idx].to(device), arch)
                     if teacher is None or not self.distill:
