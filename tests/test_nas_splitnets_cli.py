@@ -83,7 +83,7 @@ def test_tables_print(trained):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["train", "--out", "{tmp}/x", "--sampler", "bignas"], "unknown sampler"),
+    (["train", "--out", "{tmp}/x", "--sampler", "bignas"], "must be one of five, sandwich"),
     (["train", "--out", "{tmp}/x", "--space", "nope"], "Known SplitNets spaces"),
     (["search", "{tmp}/missing"], "no trained supernet"),
     (["search", "{supernet}", "--topology", "jmsnas-chain"], "not a star"),

@@ -7,7 +7,9 @@ The shared core (this package's root):
   AdaptiveNet's searches run with their own survivors and a whole generation evaluated at once;
 - :mod:`~edgesplit.nas.ops`: the MBConv block and the candidate ops' JSON-able specs;
 - :mod:`~edgesplit.nas.files`: a SPACE argument (a name or a file) and the versioned JSON
-  files every result folder and table is written as.
+  files every result folder and table is written as;
+- :mod:`~edgesplit.nas.checks`: how every trainer and search refuses a setting (rules checked
+  before any work, one message style).
 
 The systems, each a package over that core: :mod:`~edgesplit.nas.jmsnas` (joint multi-split
 NAS), :mod:`~edgesplit.nas.splitnets` (split-aware supernets) and

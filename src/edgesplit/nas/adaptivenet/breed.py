@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.nas.adaptivenet._checks import positive
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
+from edgesplit.nas.checks import is_number
 
 __all__ = ["NearbyBreeder", "UniformBreeder"]
 
@@ -174,7 +174,7 @@ class NearbyBreeder(UniformBreeder):
                  delta: float, *, max_attempts: int = 100) -> None:
         super().__init__(space)
         table.check(space)
-        if not positive(budget) or not positive(delta, allow_zero=True):
+        if not is_number(budget) or not is_number(delta, strict=False):
             raise ConfigError(f"NearbyBreeder needs {option('budget', budget)} > 0 and "
                               f"{option('delta', delta)} >= 0 (seconds)")
         self.table = table

@@ -29,12 +29,12 @@ from typing import Self
 
 import numpy as np
 
-from edgesplit.errors import ConfigError, InfeasibleError, option
-from edgesplit.nas.adaptivenet._checks import positive
+from edgesplit.errors import InfeasibleError, option
 from edgesplit.nas.adaptivenet.breed import NearbyBreeder, UniformBreeder
 from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
+from edgesplit.nas.checks import Rule, is_count, is_fraction, is_number, refuse
 from edgesplit.nas.evolution import Breeding, Candidate, evolve, pareto_front
 from edgesplit.units import at_least
 
@@ -73,15 +73,12 @@ class _SubnetSearch:
         self.max_attempts = max_attempts
         self.progress = progress
 
-    def _checks(self) -> list[tuple[str, bool, str]]:
-        return [("budget", positive(self.budget), "a number of seconds > 0"),
-                ("max_attempts", _count(self.max_attempts, 1), "an integer >= 1")]
+    def _checks(self) -> list[Rule]:
+        return [("budget", is_number(self.budget), "a number of seconds > 0"),
+                ("max_attempts", is_count(self.max_attempts, 1), "an integer >= 1")]
 
     def _start(self, evaluator: PrefixTreeEvaluator, table: BlockLatencyTable) -> ElasticSpace:
-        for name, ok, allowed in self._checks():
-            if not ok:
-                raise ConfigError(f"{type(self).__name__} {option(name, getattr(self, name))} "
-                                  f"must be {allowed}")
+        refuse(self, self._checks())
         table.check(evaluator.supernet)
         fastest, seconds = table.fastest()
         if seconds > self.budget:
@@ -168,14 +165,6 @@ def _better(a: Candidate, b: Candidate) -> bool:
     return (a.score, -a.metrics["latency"]) > (b.score, -b.metrics["latency"])
 
 
-def _count(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _fraction(value: object) -> bool:
-    return positive(value, allow_zero=True) and isinstance(value, int | float) and value <= 1
-
-
 class _Evolution(_SubnetSearch):
     """The evolutionary loop: an initial generation, then per iteration a new generation of
     ``population`` children (a ``crossover_fraction`` of them crossovers of two of the best
@@ -193,14 +182,14 @@ class _Evolution(_SubnetSearch):
         self.crossover_fraction = crossover_fraction
         self.mutation_prob = mutation_prob
 
-    def _checks(self) -> list[tuple[str, bool, str]]:
+    def _checks(self) -> list[Rule]:
         return [*super()._checks(),
-                ("population", _count(self.population, 1), "an integer >= 1"),
-                ("iterations", _count(self.iterations, 0), "an integer >= 0"),
-                ("parents_fraction", _fraction(self.parents_fraction)
+                ("population", is_count(self.population, 1), "an integer >= 1"),
+                ("iterations", is_count(self.iterations, 0), "an integer >= 0"),
+                ("parents_fraction", is_fraction(self.parents_fraction)
                  and self.parents_fraction > 0, "above 0 and at most 1"),
-                ("crossover_fraction", _fraction(self.crossover_fraction), "between 0 and 1"),
-                ("mutation_prob", _fraction(self.mutation_prob), "between 0 and 1")]
+                ("crossover_fraction", is_fraction(self.crossover_fraction), "between 0 and 1"),
+                ("mutation_prob", is_fraction(self.mutation_prob), "between 0 and 1")]
 
     def _breeder(self, space: ElasticSpace, table: BlockLatencyTable) -> UniformBreeder:
         raise NotImplementedError
@@ -283,9 +272,9 @@ class AdaptiveSearch(_Evolution):
                          seed=seed, max_attempts=max_attempts, progress=progress)
         self.delta = delta
 
-    def _checks(self) -> list[tuple[str, bool, str]]:
+    def _checks(self) -> list[Rule]:
         return [*super()._checks(),
-                ("delta", self.delta is None or positive(self.delta, allow_zero=True),
+                ("delta", self.delta is None or is_number(self.delta, strict=False),
                  "None or a number of seconds >= 0")]
 
     def _breeder(self, space: ElasticSpace, table: BlockLatencyTable) -> NearbyBreeder:
@@ -329,11 +318,11 @@ class AnnealingSearch(_SubnetSearch):
         self.t_start = t_start
         self.t_end = t_end
 
-    def _checks(self) -> list[tuple[str, bool, str]]:
+    def _checks(self) -> list[Rule]:
         return [*super()._checks(),
-                ("steps", _count(self.steps, 0), "an integer >= 0"),
-                ("t_start", positive(self.t_start), "a number > 0"),
-                ("t_end", positive(self.t_end) and self.t_end <= self.t_start,
+                ("steps", is_count(self.steps, 0), "an integer >= 0"),
+                ("t_start", is_number(self.t_start), "a number > 0"),
+                ("t_end", is_number(self.t_end) and self.t_end <= self.t_start,
                  "a number > 0 and at most t_start")]
 
     def fit(self, evaluator: PrefixTreeEvaluator, table: BlockLatencyTable) -> Self:

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgesplit.errors import ConfigError, option
+from edgesplit.errors import ConfigError
 from edgesplit.hardware.accelerator import device_of, torch_device
 from edgesplit.nas.adaptivenet.data import Batch, ElasticData, Part, batches
 from edgesplit.nas.adaptivenet.space import SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
+from edgesplit.nas.checks import is_count, is_number, refuse
 
 __all__ = ["ElasticTrainer", "TrainRecord", "latency_range_accuracy", "relative_macs",
            "sample_added", "subnet_accuracy"]
@@ -136,15 +137,12 @@ class ElasticTrainer:
         self.torch_device = torch_device
 
     def _check(self) -> None:
-        for name in ("distill_epochs", "tune_epochs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{option(name, value)} must be a whole number >= 0")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"{option('batch_size', self.batch_size)} must be >= 1")
-        for name in ("lr", "tune_lr"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{option(name, getattr(self, name))} must be positive")
+        refuse(self, [
+            ("distill_epochs", is_count(self.distill_epochs), "a whole number >= 0"),
+            ("tune_epochs", is_count(self.tune_epochs), "a whole number >= 0"),
+            ("batch_size", is_count(self.batch_size, 1), "a whole number >= 1"),
+            ("lr", is_number(self.lr), "positive"),
+            ("tune_lr", is_number(self.tune_lr), "positive")])
 
     def fit(self, supernet: ElasticSupernet, data: ElasticData) -> ElasticTrainer:
         self._check()

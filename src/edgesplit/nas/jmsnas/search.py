@@ -47,6 +47,7 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, stratified_split
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware.accelerator import device_of, torch_device
+from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
 from edgesplit.nas.jmsnas.binary_gates import binary_gates, sample_pair, sample_path
 from edgesplit.nas.jmsnas.chain_latency import ChainLatency
 from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
@@ -214,14 +215,18 @@ class JMSNAS:
         self.progress = progress
 
     def _check(self) -> None:
-        if not self.latency_budget_ms > 0:
-            raise ConfigError(f"latency_budget_ms={self.latency_budget_ms!r} must be positive")
-        if self.warmup_epochs < 0 or self.epochs < 1 or self.retrain_epochs < 0:
-            raise ConfigError("need warmup_epochs >= 0, epochs >= 1 and retrain_epochs >= 0")
-        if self.batch_size < 1 or self.weight_lr <= 0 or self.arch_lr <= 0:
-            raise ConfigError("need batch_size >= 1 and positive learning rates")
-        if self.lambda1 < 0 or (self.lambda2 is not None and self.lambda2 < 0):
-            raise ConfigError("lambda1 and lambda2 must be non-negative")
+        refuse(self, [
+            ("latency_budget_ms", is_number(self.latency_budget_ms), "positive"),
+            ("warmup_epochs", is_count(self.warmup_epochs), "a whole number >= 0"),
+            ("epochs", is_count(self.epochs, 1), "a whole number >= 1"),
+            ("retrain_epochs", is_count(self.retrain_epochs), "a whole number >= 0"),
+            ("batch_size", is_count(self.batch_size, 1), "a whole number >= 1"),
+            ("weight_lr", is_number(self.weight_lr), "positive"),
+            ("arch_lr", is_number(self.arch_lr), "positive"),
+            ("arch_fraction", is_fraction(self.arch_fraction), "between 0 and 1"),
+            ("lambda1", is_number(self.lambda1, strict=False), "a number >= 0"),
+            ("lambda2", self.lambda2 is None or is_number(self.lambda2, strict=False),
+             "a number >= 0, or None (1 / T_const^2)")])
 
     @property
     def lambda2_(self) -> float:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesplit.data import EvalData
-from edgesplit.errors import ConfigError, InfeasibleError, option
+from edgesplit.errors import InfeasibleError, option
+from edgesplit.nas.checks import is_count, is_number, refuse
 from edgesplit.nas.evolution import Candidate, Evaluation, EvolutionSearch, pareto_front
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.sampling import SplitBreeder
@@ -63,10 +64,13 @@ class SplitNetsSearch:
 
     def validate(self) -> None:
         """Refuse bad options (ConfigError) before any work starts."""
-        if self.latency_target_ms is not None and not self.latency_target_ms > 0:
-            raise ConfigError(f"latency target {self.latency_target_ms!r} ms must be > 0")
-        if self.penalty < 0 or self.latency_weight < 0:
-            raise ConfigError("penalty and latency_weight must be >= 0")
+        refuse(self, [
+            ("latency_target_ms", self.latency_target_ms is None
+             or is_number(self.latency_target_ms), "positive, or None"),
+            ("penalty", is_number(self.penalty, strict=False), "a number >= 0"),
+            ("latency_weight", is_number(self.latency_weight, strict=False), "a number >= 0"),
+            ("calibration_images", is_count(self.calibration_images, 1),
+             "a whole number >= 1")])
 
     def cost(self, supernet: SplitSupernet, arch: SplitArch) -> SplitCost:
         if arch not in self.costs_:

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from edgesplit.data import EvalData
-from edgesplit.errors import ConfigError
 from edgesplit.hardware.accelerator import device_of, torch_device
+from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
 from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
@@ -107,16 +107,14 @@ class SupernetTrainer:
 
     def validate(self) -> None:
         """Refuse bad options (ConfigError) before any work starts."""
-        if self.sampler not in SAMPLERS:
-            raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of "
-                              f"{', '.join(SAMPLERS)}")
-        for name, least in (("epochs", 1), ("batch_size", 1), ("randoms", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ConfigError(f"SupernetTrainer {name}={value!r} must be an integer >= "
-                                  f"{least}")
-        if not self.lr > 0:
-            raise ConfigError(f"SupernetTrainer lr={self.lr!r} must be > 0")
+        refuse(self, [
+            ("sampler", self.sampler in SAMPLERS, f"one of {', '.join(SAMPLERS)}"),
+            ("epochs", is_count(self.epochs, 1), "a whole number >= 1"),
+            ("batch_size", is_count(self.batch_size, 1), "a whole number >= 1"),
+            ("randoms", is_count(self.randoms), "a whole number >= 0"),
+            ("lr", is_number(self.lr), "positive"),
+            ("momentum", is_fraction(self.momentum), "between 0 and 1"),
+            ("weight_decay", is_number(self.weight_decay, strict=False), "a number >= 0")])
 
     def fit(self, supernet: SplitSupernet, data: EvalData,
             test: EvalData | None = None) -> SupernetTrainer:
