@@ -7,7 +7,8 @@ deployment costs, and requests/s from 1 to N replicas.
    process sends requests over the data plane to an ``edgesplit serve`` process (local
    engine) and to one with ``--engine ray --replicas 1``, in turn round by round; per server
    the median request time. The added hop is the Ray server's median minus the local one's
-   (goal, issue 21: <= 5 ms at p50). The Ray server's own view of the hop
+   (goal, issue 21: <= 5 ms at p50, judged on the median of ``--hop-runs``
+   runs, each with fresh servers; every run is listed). The Ray server's own view of the hop
    (``cloud.engine_ms``: its call to the deployment minus the replica's compute) is reported
    beside it. Then the same without batching (``--max-batch 1``), against the local server.
 2. Replicas: a probe whose cloud part is compute-bound (eight 3x3 convolutions of 64
@@ -26,7 +27,7 @@ checked against the unsplit model. Refuses to start on a busy machine (1-minute 
 after (the load test itself raises it). Writes ray.md, ray.json and ray.png (requests/s by
 replicas) to benchmarks/results/ by default.
 
-    python benchmarks/bench_ray.py [--rounds 200] [--replicas 1,2,4] [--out DIR]
+    python benchmarks/bench_ray.py [--rounds 200] [--hop-runs 5] [--replicas 1,2,4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -237,13 +238,8 @@ def render(doc: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['server']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
                      f"{r['local_p50_ms']:.2f} | {r['added_ms']:+.2f} ms | "
                      f"{r['engine_ms_p50']:.2f} ms |")
-    met = ray_row["added_ms"] <= GOAL_HOP_MS
     floor = hop.get("ray_floor_ms")
-    lines += [
-        "",
-        f"Goal: the added hop <= {GOAL_HOP_MS:g} ms at p50: {ray_row['added_ms']:.2f} ms "
-        f"({'met' if met else 'MISSED'}).",
-    ]
+    lines += ["", *_hop_verdict(doc.get("hop_runs") or [hop])]
     if floor:
         lines += [
             "",
@@ -277,6 +273,29 @@ def render(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _added(run: dict[str, Any], server: str) -> float:
+    return float(next(r["added_ms"] for r in run["rows"] if r["server"] == server))
+
+
+def _hop_verdict(runs: list[dict[str, Any]]) -> list[str]:
+    """The goal judged on the median added hop over the runs (each with servers of its own),
+    every run listed; one run (a document from before ``--hop-runs``) says so."""
+    added = [_added(run, "ray") for run in runs]
+    median = statistics.median(added)
+    met = "met" if median <= GOAL_HOP_MS else "MISSED"
+    if len(runs) == 1:
+        return [f"Goal: the added hop <= {GOAL_HOP_MS:g} ms at p50: {median:.2f} ms ({met}, "
+                "from one run)."]
+    lines = ["Every run (fresh servers each; the table above is run 1):", "",
+             "| run | added, ray (p50) | added, ray without batching (p50) |",
+             "|---:|---:|---:|"]
+    lines += [f"| {i + 1} | {_added(run, 'ray'):+.2f} ms | "
+              f"{_added(run, 'ray, no batching'):+.2f} ms |" for i, run in enumerate(runs)]
+    return [*lines, "", f"Goal: the added hop <= {GOAL_HOP_MS:g} ms at p50: median "
+            f"{median:.2f} ms over {len(runs)} runs (range {min(added):.2f}-"
+            f"{max(added):.2f}): {met}."]
+
+
 def write(doc: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "ray.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -297,6 +316,9 @@ def _tmp() -> Iterator[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200, help="hop: requests per server")
+    parser.add_argument("--hop-runs", type=int, default=5,
+                        help="hop: runs, each with fresh servers (the goal is judged on "
+                             "their median)")
     parser.add_argument("--replicas", default="1,2,4", help="replica counts to load")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--allow-load", type=float, default=QUIET_LOAD)
@@ -312,7 +334,8 @@ def main() -> None:
     doc: dict[str, Any] = {"version": 1, "machine": machine_info(), "load_before": before,
                            "ray_version": ray.__version__}
     with _tmp() as tmp:
-        doc["hop"] = bench_hop(tmp, args.rounds)
+        doc["hop_runs"] = [bench_hop(tmp, args.rounds) for _ in range(max(1, args.hop_runs))]
+        doc["hop"] = doc["hop_runs"][0]
         doc["hop"]["ray_floor_ms"] = bench_floor(args.rounds)
         doc["replicas"] = bench_replicas(tmp, [int(n) for n in args.replicas.split(",")])
     doc["load_after"] = os.getloadavg()[0]
