@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import itertools
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import ClassVar
 
+from edgesplit.errors import ConfigError, option
 from edgesplit.hardware import Topology, chain
 from edgesplit.plan.model import Plan
 from edgesplit.plan.multisplit import (
@@ -32,6 +34,7 @@ __all__ = [
     "MESH_METHODS",
     "TOPOLOGY_METHODS",
     "BestChain",
+    "ChainManual",
     "Linear",
     "Multisplit",
     "SinkOnly",
@@ -136,6 +139,28 @@ class Linear(_ChainPlanner):
 
     def assign(self, costs: ChainCosts, problem: PlanningProblem) -> ChainAssignment:
         return linear_search(costs)
+
+
+@register_planner("chain_manual")
+class ChainManual(_ChainPlanner):
+    """The assignment someone else decided: ``layers_per_device[m]`` consecutive layers (in
+    graph order) on the chain's m-th device, priced like every chain plan (a NAS search that
+    placed its own units, e.g. JMSNAS's |D^m|, deploys its choice through this)."""
+
+    problems = ("chain",)
+    options = ("layers_per_device",)
+
+    def __init__(self, layers_per_device: Sequence[int] = ()) -> None:
+        self.layers_per_device = list(layers_per_device)
+
+    def assign(self, costs: ChainCosts, problem: PlanningProblem) -> ChainAssignment:
+        counts, n, m = self.layers_per_device, costs.n, len(costs.devices)
+        if len(counts) != m or min(counts, default=0) < 0 or sum(counts) != n:
+            raise ConfigError(
+                f"the chain_manual method needs one non-negative layer count per device "
+                f"({m}: {', '.join(costs.devices)}) adding up to the model's {n} layers; got "
+                f"{option('layers_per_device', counts)}")
+        return evaluate_boundaries(costs, (0, *itertools.accumulate(counts)))
 
 
 @register_planner("source_only")

@@ -48,7 +48,8 @@ class JMSNASRun:
                          for d, t in self.tables.items()}
         if self.result is not None:
             doc["folder"] = str(self.result.folder)
-            doc["plan"] = self.result.summary["plan"]
+            for key in ("plan", "plans", "kept"):
+                doc[key] = self.result.summary[key]
             if "runnable_plan" in self.result.summary:
                 doc["runnable_plan"] = self.result.summary["runnable_plan"]
         return doc
@@ -143,5 +144,7 @@ def run_jmsnas(space: SearchSpace, topology: Topology, data: LabelledData, *,
     search.fit(data, latency.space, latency).retrain()
     run = JMSNASRun(search, latency, found, None)
     if out is not None:
-        run.result = save_search_result(out, search.model_, topology, summary=run.summary())
+        own = latency.placement if isinstance(latency, ChainLatency) else None
+        run.result = save_search_result(out, search.model_, topology, summary=run.summary(),
+                                        placement=own)
     return run
