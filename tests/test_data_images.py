@@ -165,3 +165,19 @@ def test_the_installed_fashion_mnist_is_as_published():
     assert train.images.shape == (60_000, 1, 28, 28) and test.images.shape == (10_000, 1, 28, 28)
     assert np.bincount(test.labels).tolist() == [1000] * 10
     assert np.bincount(train.labels).tolist() == [6000] * 10
+
+
+def test_fashion_mnist_as_labelled_data_at_a_larger_size(small_set):
+    from edgesplit.data.training import load_fashion_mnist
+
+    data = load_fashion_mnist(64, train_samples=20)
+    assert (len(data.train), len(data.test), data.num_classes) == (20, 30, 10)
+    assert data.sample_shape == (1, 64, 64)
+    x = data.test.inputs[0]
+    assert x.min() >= -1.0 and x.max() <= 1.0
+    same = load_fashion_mnist(28, test_samples=5)  # the published size: no resampling
+    raw = fashion_mnist("test").images[:5]
+    torch.testing.assert_close(same.test.inputs[0], torch.from_numpy(raw).float() / 127.5 - 1)
+    assert torch.equal(same.train.labels, torch.arange(50) % 10)
+    with pytest.raises(ConfigError, match="size=0"):
+        load_fashion_mnist(0)

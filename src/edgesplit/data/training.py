@@ -22,16 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from edgesplit.data import EvalData, load_eval_data
-from edgesplit.data.images import IMAGE_SUFFIXES, image_files, is_gray
+from edgesplit.data.images import IMAGE_SUFFIXES, fashion_mnist, image_files, is_gray
 from edgesplit.errors import ConfigError, option
 
-__all__ = ["IMAGE_SUFFIXES", "LabelledData", "load_image_folder", "load_labelled",
-           "stratified_split"]
+__all__ = ["IMAGE_SUFFIXES", "LabelledData", "load_fashion_mnist", "load_image_folder",
+           "load_labelled", "stratified_split"]
 
 @dataclass(frozen=True)
 class LabelledData:
@@ -144,6 +145,29 @@ def _multiview(spec: str, image_size: int | tuple[int, int]) -> tuple[EvalData, 
     views = images.shape[1]
     return EvalData(spec, (torch.from_numpy(images),), torch.from_numpy(labels),
                     f"rendered solids, {views} views of each object"), classes
+
+
+def load_fashion_mnist(size: int = 28, *, train_samples: int | None = None,
+                       test_samples: int | None = None) -> LabelledData:
+    """Fashion-MNIST's first ``train_samples`` training images (all 60,000 if None) and first
+    ``test_samples`` test images (all 10,000 if None), gray in [-1, 1], resized bilinearly to
+    ``size`` x ``size`` (a larger frame than the 28x28 published, for settings where the input's
+    size matters)."""
+    if not (isinstance(size, int) and size >= 1):
+        raise ConfigError(f"{option('size', size)} must be a positive image side in pixels")
+
+    def part(split: Literal["train", "test"], samples: int | None) -> EvalData:
+        source = fashion_mnist(split)
+        images = torch.from_numpy(source.images[:samples]).float() / 127.5 - 1.0
+        if size != images.shape[-1]:
+            images = torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear",
+                                                     align_corners=False)
+        labels = torch.from_numpy(source.labels[:samples])
+        return EvalData(f"fashion-mnist[{split}]@{size}", (images,), labels)
+
+    classes = fashion_mnist("test").classes
+    return LabelledData(f"fashion-mnist@{size}", part("train", train_samples),
+                        part("test", test_samples), tuple(classes))
 
 
 def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
