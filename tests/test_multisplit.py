@@ -121,3 +121,26 @@ def test_jmsnas_chain_setting(model):
     # a tensor crossing from device i to j is on every link between them
     for transfer, b in zip(plan.transfers, best.boundaries[1:-1], strict=True):
         assert transfer.bytes == graph.cuts()[b].bytes
+
+
+def test_chain_manual_prices_a_given_assignment_like_the_dp_and_refuses_bad_counts():
+    from edgesplit.errors import ConfigError
+    from edgesplit.plan import PlanningProblem, get_planner
+
+    module = SpecDAG([("conv", 0, 0), ("conv", 1, 1), ("conv", 2, 0)])
+    topo = _topology(3)
+    problem = PlanningProblem(model=module, example_inputs=example_input(), setting=topo)
+    graph = problem.graph
+    best = get_planner("multisplit").plan(problem)
+    counts = [len(d.layers) for d in best.devices]
+    again = get_planner("chain_manual", layers_per_device=counts).plan(problem)
+    assert again.predicted.total_ms == pytest.approx(best.predicted.total_ms)
+    assert [d.layers for d in again.devices] == [d.layers for d in best.devices]
+    n = len(graph.layers)
+    costs = ChainCosts.build(graph, topo)
+    other = get_planner("chain_manual", layers_per_device=[0, 0, n]).plan(problem)
+    assert other.predicted.total_ms == pytest.approx(
+        evaluate_boundaries(costs, (0, 0, 0, n)).total_ms)
+    for bad in ([n], [n, 0, 1], [-1, 1, n]):
+        with pytest.raises(ConfigError, match="one non-negative layer count per device"):
+            get_planner("chain_manual", layers_per_device=bad).plan(problem)
