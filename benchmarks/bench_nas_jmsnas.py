@@ -15,8 +15,10 @@ MobileNetV2-style and smallest networks (numbers in the space's docstring and th
    scratch on the same data for as many epochs as JMSNAS's search and retraining together,
    split by the exact DP (``multisplit``) and by a HiveMind-style linear search (``linear``),
    and cloud-only.
-The mesh part and the this-machine latency-table check of earlier versions are not rerun (time
-budget: the whole run fits about 25 minutes on two cores). Writes benchmarks/results/
+The mesh part, the measured column (the plan over shaped loopback links, every part computed
+at this machine's speed, not the preset devices') and the this-machine latency-table check of
+earlier versions are not rerun (time budget: the whole run should take about 20 minutes on two
+quiet cores). Writes benchmarks/results/
 nas_jmsnas.md, nas_jmsnas.json, nas_jmsnas_fig5.png and nas_jmsnas_fig6.png. Run it on a quiet
 machine: the load average is recorded before and after. ``EDGESPLIT_BENCH_QUICK=1`` runs a
 smoke setting (tiny data and epochs, one seed) into a temporary folder.
@@ -212,7 +214,9 @@ def _markdown(doc: dict[str, Any]) -> str:
         "leaves out. Values: mean (min-max) over the seeds; "
         "every run is in `nas_jmsnas.json`. The MobileNetV2-style baseline trains from "
         f"scratch for {doc['total_epochs']} epochs, as many as JMSNAS's warm-up, search and "
-        "retraining together, on the same images. The mesh part is not rerun.", "",
+        "retraining together, on the same images. Not rerun (time budget): the mesh part, the "
+        "plan measured over shaped loopback links, the latency table's check on this "
+        "machine.", "",
         "| method | T_const ms | test top-1 % | tables ms | planned ms | kept | "
         "best single device ms | cloud-only ms | vs cloud-only | layers per device (seed "
         f"{doc['seeds'][0]}) |",
