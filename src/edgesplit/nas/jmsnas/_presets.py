@@ -14,8 +14,8 @@ channels at 4x4, a 1280-channel head) are cheap for the GPUs but 1.5-4 ms on the
 Raspberry-Pi-class UE. By the preset device models: largest network UE-only 4.47 ms,
 MobileNetV2-style 3.54 ms, smallest 1.79 ms, each above its best plan (2.09, 1.75, 1.33 ms,
 the first 14 layers on the UE, the rest on the SBS). At 64x64 a training step on 64 images
-takes 0.13-0.6 s on one loaded core (smallest to largest), so a few epochs on 5,000 images fit
-a benchmark's minutes.
+takes 63-293 ms on two cores (smallest to largest network); on 5,000 images a search epoch
+takes about 14 s and a retraining epoch 17 s, so a benchmark's seeds and budgets fit minutes.
 """
 
 from __future__ import annotations
