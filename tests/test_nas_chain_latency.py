@@ -3,6 +3,7 @@ the infeasible budget, and agreement with the shapes an extracted network really
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -120,3 +121,28 @@ def test_every_busy_device_pays_its_overhead_once():
                            placement)
     arch = SPACE.fixed_arch("largest")
     assert model.of_arch(arch) - without.of_arch(arch) == pytest.approx(0.1 + 0.3)
+
+
+@pytest.mark.parametrize("kind", ["largest", "mobilenetv2", "smallest"])
+def test_fashion_mbconv_on_jmsnas_chain_is_faster_split_than_on_any_one_device(kind):
+    """The benchmark's setting: with the preset devices' tables, the search's placement puts
+    the stem and early layers on the UE and the rest on the SBS, and every single device
+    alone (input relayed to it) is slower for the space's largest, MobileNetV2-style and
+    smallest networks."""
+    space = get_space("fashion-mbconv")
+    tables = _fashion_tables(space)
+    split = ChainLatency.best_placement(space, TOPOLOGY, tables)
+    ue, sbs, *_ = split.placement.counts()
+    assert ue >= 2 and sbs >= 2 and sum(split.placement.counts()) == ue + sbs
+    arch = space.fixed_arch(kind)
+    units = len(space.layers) + 2
+    alone = [ChainLatency(space, TOPOLOGY, tables, ChainPlacement(tuple(DEVICES), (m,) * units))
+             .of_arch(arch) for m in range(len(DEVICES))]
+    assert split.of_arch(arch) < min(alone)
+
+
+@functools.cache
+def _fashion_tables(space):
+    from edgesplit.nas.jmsnas.run import latency_tables
+
+    return latency_tables(space, TOPOLOGY)
