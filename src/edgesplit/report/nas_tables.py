@@ -134,6 +134,11 @@ def jmsnas_result_table(doc: Mapping[str, Any]) -> Table:
     if plan:
         table.add_row("plan", f"{plan['method']}: {plan['predicted_ms']:.3f} ms predicted, "
                               f"layers per device {plan['devices']}")
+        other = {"own": "replan", "replan": "own"}.get(doc.get("kept", ""))
+        if other in doc.get("plans", {}):
+            alt = doc["plans"][other]
+            table.add_row("not kept", f"{alt['method']} ({alt['file']}): "
+                                      f"{alt['predicted_ms']:.3f} ms predicted")
         chain = doc.get("runnable_plan")
         if chain:
             table.add_row("runs", f"{plan['method']} over the mesh only predicts; "
