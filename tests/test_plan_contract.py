@@ -4,6 +4,8 @@ runtime loads it (chain plans) or refuses it naming a chain method (mesh plans).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -64,7 +66,13 @@ NETWORKS = {"edge_cloud": edge_cloud_settings(), "chain": chains(), "mesh": mesh
 
 
 def _options(name: str, problem: PlanningProblem, data) -> dict:
-    """What a planner needs besides the problem (the manual split's layer)."""
+    """What a planner needs besides the problem (the manual split's layer, the manual chain
+    assignment's layer counts per device)."""
+    if name == "chain_manual":
+        n, m = len(problem.graph.layers), len(problem.setting.devices)
+        cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=m - 1, max_size=m - 1)))
+        bounds = [0, *cuts, n]
+        return {"layers_per_device": [b - a for a, b in itertools.pairwise(bounds)]}
     if name != "manual":
         return {}
     layers = [layer.name for layer in problem.graph.layers]
