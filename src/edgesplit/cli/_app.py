@@ -8,12 +8,15 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from edgesplit.errors import EdgesplitError, cli_options
+
+if TYPE_CHECKING:
+    from edgesplit.transport.limits import ConnectionLimits
 
 __all__ = [
     "BACKEND_HELP",
@@ -164,6 +167,50 @@ def require_positive(**flags: float | None) -> None:
     for name, value in flags.items():
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+
+
+_LIMITS = "Connection limits"
+IDLE_TIMEOUT_OPTION = typer.Option(
+    None, "--idle-timeout-s", rich_help_panel=_LIMITS,
+    help="Close a connection (data plane or gRPC stream) silent this long between calls "
+         "(default 300).")
+FRAME_TIMEOUT_OPTION = typer.Option(
+    None, "--frame-timeout-s", rich_help_panel=_LIMITS,
+    help="A call's header and meta must arrive within this once it started (default 60).")
+HELLO_TIMEOUT_OPTION = typer.Option(
+    None, "--hello-timeout-s", rich_help_panel=_LIMITS,
+    help="A new connection must send its first call, with the token, within this "
+         "(default 10).")
+PENDING_BYTES_OPTION = typer.Option(
+    None, "--pending-bytes", rich_help_panel=_LIMITS,
+    help="Memory all calls still arriving may hold together, e.g. 512MiB (default: four "
+         "message limits, at least 256MiB); a call that would need more is refused.")
+
+
+def connection_limits(idle_timeout_s: float | None, frame_timeout_s: float | None,
+                      hello_timeout_s: float | None, pending_bytes: str | None
+                      ) -> ConnectionLimits | None:
+    """The four connection-limit flags as the server's limits; None when none is given (the
+    server keeps its defaults). A bad value is refused naming its flag."""
+    from edgesplit.transport.limits import ConnectionLimits
+    from edgesplit.units import parse_bytes
+
+    given = (idle_timeout_s, frame_timeout_s, hello_timeout_s, pending_bytes)
+    if all(value is None for value in given):
+        return None
+    require_positive(idle_timeout_s=idle_timeout_s, frame_timeout_s=frame_timeout_s,
+                     hello_timeout_s=hello_timeout_s)
+    budget = parse_bytes(pending_bytes, "--pending-bytes")
+    if budget is not None and budget <= 0:
+        from edgesplit.errors import ConfigError
+
+        raise ConfigError(f"--pending-bytes must be positive, got {pending_bytes}")
+    defaults = ConnectionLimits()
+    return ConnectionLimits(
+        idle_s=defaults.idle_s if idle_timeout_s is None else idle_timeout_s,
+        frame_s=defaults.frame_s if frame_timeout_s is None else frame_timeout_s,
+        hello_s=defaults.hello_s if hello_timeout_s is None else hello_timeout_s,
+        pending_bytes=budget)
 
 
 def rehearsal(shape: bool, emulate: bool) -> str:

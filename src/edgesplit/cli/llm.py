@@ -10,6 +10,10 @@ from pathlib import Path
 import typer
 
 from edgesplit.cli._app import (
+    FRAME_TIMEOUT_OPTION,
+    HELLO_TIMEOUT_OPTION,
+    IDLE_TIMEOUT_OPTION,
+    PENDING_BYTES_OPTION,
     SHAPE_HELP,
     THREADS_HELP,
     TLS_SERVER_NAME_HELP,
@@ -18,6 +22,7 @@ from edgesplit.cli._app import (
     TORCH_DEVICE_HELP,
     app,
     check_torch_device,
+    connection_limits,
     emit_json,
     err,
     out,
@@ -146,6 +151,10 @@ def serve(
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
+    idle_timeout_s: float | None = IDLE_TIMEOUT_OPTION,
+    frame_timeout_s: float | None = FRAME_TIMEOUT_OPTION,
+    hello_timeout_s: float | None = HELLO_TIMEOUT_OPTION,
+    pending_bytes: str | None = PENDING_BYTES_OPTION,
 ) -> None:
     """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
     plan names, one KV cache per client session (up to the plan's max context)."""
@@ -156,6 +165,7 @@ def serve(
 
     set_threads(threads)
     check_torch_device(torch_device)
+    limits = connection_limits(idle_timeout_s, frame_timeout_s, hello_timeout_s, pending_bytes)
     token = read_token(token, token_file)
     plan = load_plan(plan_path)
     server = LLMStageServer(plan, device, next_address=next_hop, token=token,
@@ -163,7 +173,7 @@ def serve(
                             max_sessions=max_sessions,
                             max_workers=workers, data_port=_data_port(data_port),
                             data_plane=_data_plane(data_plane), emulate=emulate_device,
-                            shape=shape, torch_device=torch_device)
+                            shape=shape, torch_device=torch_device, limits=limits)
     if server.pacer is not None:
         _say_emulating(plan, server.device, server.pacer)
     bound = server.start(host, port)

@@ -11,6 +11,10 @@ import typer
 
 from edgesplit.cli._app import (
     BACKEND_HELP,
+    FRAME_TIMEOUT_OPTION,
+    HELLO_TIMEOUT_OPTION,
+    IDLE_TIMEOUT_OPTION,
+    PENDING_BYTES_OPTION,
     SHAPE_HELP,
     THREADS_HELP,
     TLS_SERVER_NAME_HELP,
@@ -20,6 +24,7 @@ from edgesplit.cli._app import (
     TRUST_HELP,
     app,
     check_torch_device,
+    connection_limits,
     emit_json,
     err,
     load_program,
@@ -127,6 +132,10 @@ def serve(
     app_name: str | None = typer.Option(None, "--app-name", help="--engine ray: the Ray Serve "
                                         "application's name (default: edgesplit-<plan "
                                         "id>-<device>)."),
+    idle_timeout_s: float | None = IDLE_TIMEOUT_OPTION,
+    frame_timeout_s: float | None = FRAME_TIMEOUT_OPTION,
+    hello_timeout_s: float | None = HELLO_TIMEOUT_OPTION,
+    pending_bytes: str | None = PENDING_BYTES_OPTION,
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully). A star plan's sink joins its sources' calls of each request; each source
@@ -136,6 +145,7 @@ def serve(
 
     set_threads(threads)
     check_torch_device(torch_device)
+    limits = connection_limits(idle_timeout_s, frame_timeout_s, hello_timeout_s, pending_bytes)
     token = read_token(token, token_file)
     ray_settings = {"replicas": replicas, "min_replicas": min_replicas,
                     "max_replicas": max_replicas, "target_ongoing": target_ongoing,
@@ -174,7 +184,8 @@ def serve(
                                  max_workers=workers, max_batch=max_batch,
                                  max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
                                  data_port=_data_port(data_port),
-                                 data_plane=_data_plane(data_plane), engine=ray_engine)
+                                 data_plane=_data_plane(data_plane), engine=ray_engine,
+                                 limits=limits)
         bound = server.start(host, port)
     except BaseException:
         if ray_engine is not None:  # the deployment must not outlive a server that never ran

@@ -74,6 +74,7 @@ from edgesplit.transport import (
     remaining_timeout,
 )
 from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
+from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
@@ -131,7 +132,9 @@ class LLMStageServer(GrpcServer):
     (None: none). ``emulate``: each step's real compute is slowed to the plan device's speed;
     ``shape``: its sends and replies take the plan's link time; ``dilation``: both
     ``dilation`` times slower (:mod:`edgesplit.runtime.llm_emulation`). ``torch_device``:
-    where the stage computes (``cpu``, ``cuda[:N]``, ``mps``)."""
+    where the stage computes (``cpu``, ``cuda[:N]``, ``mps``). ``limits``: how long idle or
+    slow callers may hold a connection and the memory frames still arriving may hold
+    (:class:`~edgesplit.transport.limits.ConnectionLimits`; None: its defaults)."""
 
     def __init__(self, plan: Plan, device: str, *,
                  next_address: str | LoopbackChannel | None = None, token: str | None = None,
@@ -140,7 +143,8 @@ class LLMStageServer(GrpcServer):
                  data_port: int | None = 0, data_plane: DataPlane = "auto",
                  model: nn.Module | None = None, emulate: bool = False,
                  shape: bool = False, dilation: float = 1.0,
-                 torch_device: str | torch.device | None = None) -> None:
+                 torch_device: str | torch.device | None = None,
+                 limits: ConnectionLimits | None = None) -> None:
         llm = llm_section(plan)
         index = stage_index(plan, device)
         self.device = plan.devices[index].name
@@ -164,6 +168,8 @@ class LLMStageServer(GrpcServer):
         # one bound for gRPC's calls and the data plane's (which has a thread per connection)
         self._slots = Slots(max_workers)
         self.token, self.tls = token, tls
+        if limits is not None:  # idle and slow callers' timeouts, the frames' memory budget
+            self.limits = limits
         self.limit = llm_message_bytes(llm)
         self.next_timeout_s = next_timeout_s
         self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
