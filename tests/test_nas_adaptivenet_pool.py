@@ -216,7 +216,7 @@ def test_monitor_dead_band_and_cooldown_prevent_flapping() -> None:
     cooled.clock = still
     assert drive(cooled, still, 0.3, 40) == []
     still.advance(1.0)
-    assert [e.reason for e in drive(cooled, still, 0.3, 3)] == ["headroom"]
+    assert [e.reason for e in drive(cooled, still, 0.3, 20)] == ["headroom"]  # 3 probes
     # switching down is never held back: the budget comes first
     assert [e.reason for e in drive(cooled, still, 1.5, 3)] == ["over-budget"]
 
@@ -228,7 +228,7 @@ def test_monitor_falls_back_to_the_fastest_when_nothing_fits() -> None:
     events = drive(monitor, clock, 50.0, 20)
     assert [(e.reason, e.to_arch) for e in events] == [("infeasible", pool.fastest.arch)]
     assert monitor.needs_search
-    assert [e.reason for e in drive(monitor, clock, 1.0, 10)] == ["headroom"]
+    assert [e.reason for e in drive(monitor, clock, 1.0, 20)] == ["headroom"]  # 3 probes
     assert not monitor.needs_search
 
 
@@ -361,9 +361,17 @@ def test_a_probe_that_meets_the_budget_switches_up_and_a_stale_one_is_ignored() 
     # a measurement of a third subnet is neither the probe's nor the current one's
     other = next(e for e in pool if e.arch not in (probe.arch, monitor.current.arch))
     assert monitor.observe(100.0, arch=other.arch) is None and monitor.probe is probe
-    event = monitor.observe(probe.latency_s, arch=probe.arch)
+    # three probes in a row within budget switch up; one over it restarts the count
+    verdicts = []
+    for latency in (1.0, 1.0, 2.0, 1.0, 1.0, 1.0):
+        while monitor.probe is None:
+            assert serve_one(monitor, clock, lambda entry: 1.0) is None
+        verdicts.append(monitor.observe(latency * probe.latency_s, arch=probe.arch))
+    assert verdicts[:5] == [None] * 5
+    event = verdicts[5]
     assert event is not None and event.reason == "headroom" and event.to_arch == probe.arch
     assert monitor.current is probe and monitor.probe is None
+    assert [passed for *_, passed in monitor.probes] == [True, True, False, True, True, True]
 
 
 # -- the runner ----------------------------------------------------------------------------
@@ -388,9 +396,9 @@ def test_runner_switches_between_requests_and_each_reply_names_its_subnet(
     x = torch.randn(1, 1, 32, 32)
     replies = []
     with runner:
-        for factor in (1.0, 1.8, 1.0):
+        for factor, requests in ((1.0, 10), (1.8, 10), (1.0, 30)):  # 3 probes to switch up
             load.set(factor)
-            replies += [runner(x) for _ in range(10)]
+            replies += [runner(x) for _ in range(requests)]
     events = runner.events
     assert [e.reason for e in events] == ["over-budget", "headroom"]
     assert events[1].to_arch == supernet_pool.optimal.arch
@@ -400,7 +408,7 @@ def test_runner_switches_between_requests_and_each_reply_names_its_subnet(
     assert served[12] == events[0].to_arch != served[11]
     for reply in replies:
         torch.testing.assert_close(reply.output, reference(supernet, x, reply.arch))
-    assert [r.index for r in runner.records] == list(range(30))
+    assert [r.index for r in runner.records] == list(range(50))
     assert runner.reaction_time(runner.records[10].start_s) == pytest.approx(
         runner.records[11].start_s + runner.records[11].latency_s - runner.records[10].start_s)
     first_switched = runner.records[12]  # its simulated latency is within the budget

@@ -101,23 +101,30 @@ class LatencyMonitor:
     monitor switches up only on evidence from the subnet it would switch to: once the
     cooldown is over it sets :attr:`probe`, the runner serves the next request on that subnet
     and reports it (``observe(latency, arch=probe.arch)``); a probe within the budget and its
-    tolerance (a latency that would not switch down) switches up (reason ``headroom``), one
-    over it leaves the running subnet in place and holds the next probe back ``backoff_s``,
-    doubling with each failure (at most ``max_backoff_s``, and at least ``window``
-    requests). A probe costs one request; a switch up undone costs a window of requests over
-    budget and two switches. :attr:`probes` keeps the latest probes and their verdicts.
+    tolerance (a latency that would not switch down) counts, and ``probe_passes`` of them in a
+    row, ``window`` requests apart, switch up (reason ``headroom``): under a real load one
+    short request can still run at full speed. A probe over it restarts the count and holds
+    the next probe back ``backoff_s``, doubling with each failure (at most
+    ``max_backoff_s``, and at least ``window`` requests). A probe costs one request; a switch
+    up undone costs a window of requests over budget and two switches. :attr:`probes` keeps
+    the latest probes and their verdicts.
     """
 
     def __init__(self, pool: SubnetPool, *, budget_s: float | None = None, window: int = 5,
                  tolerance: float = 0.1, headroom: float = 0.1,
                  cooldown_requests: int = COOLDOWN_REQUESTS, cooldown_s: float = COOLDOWN_S,
-                 backoff_s: float = 0.5, max_backoff_s: float = 8.0,
+                 backoff_s: float = 0.5, max_backoff_s: float = 8.0, probe_passes: int = 3,
                  start: Sequence[str] | None = None, clock: Clock = time.perf_counter) -> None:
         self.pool = pool
         self.budget_s, _ = check_budget(pool.budget_s if budget_s is None else budget_s, None)
         _check_monitor(window, tolerance, headroom, cooldown_requests,
                        {"cooldown_s": cooldown_s, "backoff_s": backoff_s,
                         "max_backoff_s": max_backoff_s})
+        if not isinstance(probe_passes, int) or isinstance(probe_passes, bool) \
+                or probe_passes < 1:
+            raise ConfigError(f"{option('probe_passes', probe_passes)} must be a whole number "
+                              ">= 1 (probes in a row within budget before a switch up)")
+        self.probe_passes = probe_passes
         self.window, self.tolerance, self.headroom = window, tolerance, headroom
         self.cooldown_requests, self.cooldown_s = cooldown_requests, cooldown_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
@@ -133,6 +140,7 @@ class LatencyMonitor:
         self._probe: PoolEntry | None = None
         self._next_probe: tuple[int, float] = (0, 0.0)  # (observed, time) it may come at
         self._probe_failures = 0  # consecutive
+        self._passed: tuple[SubnetArch | None, int] = (None, 0)  # probes in a row of that subnet
         # the latest probes: (time, subnet, its latency ratio, whether it met the budget)
         self.probes: deque[tuple[float, SubnetArch, float, bool]] = deque(maxlen=1000)
         self.needs_search = False
@@ -196,7 +204,7 @@ class LatencyMonitor:
         event = SwitchEvent(now, self._current.arch, target.arch, r, reason, self.observed)
         if reason == HEADROOM:
             self._trial_until = now + self._hold(self._failures)
-            self._probing, self._probe_failures = False, 0
+            self._probing, self._probe_failures, self._passed = False, 0, (None, 0)
         else:
             self._probing = True
             self._next_probe = (self.observed, now)  # after the cooldown
@@ -217,14 +225,23 @@ class LatencyMonitor:
         return self.observed >= count and now >= at
 
     def _probed(self, probe: PoolEntry, latency_s: float) -> SwitchEvent | None:
-        """A probe's request on ``probe``: switch up to it if it is within the budget and its
-        tolerance, else hold the next probe back (doubling with each failure)."""
+        """A probe's request on ``probe``: within the budget and its tolerance it counts
+        towards ``probe_passes`` in a row (the next probe ``window`` requests later), and the
+        last of them switches up; over it the count restarts and the next probe is held back
+        (doubling with each failure)."""
         self._probe = None
         now, r = self.clock(), latency_s / probe.latency_s
         passed = latency_s <= self.budget_s * (1 + self.tolerance)  # would not switch down
         self.probes.append((now, probe.arch, r, passed))
         if passed:
-            return self._switch(probe, r, HEADROOM, now)
+            arch, count = self._passed
+            count = count + 1 if arch == probe.arch else 1
+            if count >= self.probe_passes:
+                return self._switch(probe, r, HEADROOM, now)
+            self._passed = (probe.arch, count)
+            self._next_probe = (self.observed + self.window, now)
+            return None
+        self._passed = (None, 0)
         self._next_probe = (self.observed + self.window,
                             now + self._hold(self._probe_failures))
         self._probe_failures += 1

@@ -481,13 +481,15 @@ def _switch_load(on: bool, slowdown: Slowdown | None, cpu: CpuLoad | None, facto
 
 
 def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
-             count: int = 10) -> None:
-    """A few requests on a fresh worker thread (its first calls are slow), then back to the
-    optimal subnet, so the run starts where the search left it."""
+             count: int = 50) -> None:
+    """Requests on a fresh worker thread (its first calls are slow), then back to the optimal
+    subnet with the monitor's window emptied, so the run starts where the search left it and
+    the monitor judges the run's requests only."""
     for i in range(count):
         runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
     runner.switch_to(pool.optimal.arch)
     runner(*(x[:1] for x in inputs))
+    runner.monitor.reset()  # no request is in flight: the worker waits for the next
 
 
 def _serve(supernet: ElasticSupernet, monitor: LatencyMonitor,
