@@ -150,9 +150,7 @@ def _switching(folder: Path, runs: int, requests: int) -> dict[str, Any]:
                 done.append({k: doc[k] for k in
                              ("budget_ms", "reaction_s", "recovery_s", "switch_back_s",
                               "flaps", "over_budget", "cooldown", "load_on_s", "load_off_s")}
-                            | {"switches": len(doc["events"]), "events": doc["events"],
-                               "probes": len(doc["probes"]),
-                               "failed_probes": sum(not p["passed"] for p in doc["probes"])})
+                            | {"switches": len(doc["events"]), "events": doc["events"]})
             out[name] = {"runs": done, "median": _medians(done)}
     return out
 
@@ -194,11 +192,11 @@ def switching_section(seed: int, *, workdir: Path, train_limit: int, search_size
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def median(key: str) -> float | None:
-        values = [r[key] for r in runs if r.get(key) is not None]
+        values = [r[key] for r in runs if r[key] is not None]
         return statistics.median(values) if values else None
 
     return {k: median(k) for k in ("reaction_s", "recovery_s", "switch_back_s", "flaps",
-                                   "switches", "over_budget", "probes", "failed_probes")} | {
+                                   "switches", "over_budget")} | {
         "no_reaction": sum(r["reaction_s"] is None for r in runs)}
 
 
@@ -294,15 +292,12 @@ def _render_switching(sw: dict[str, Any]) -> list[str]:
              f"{sw['runs']} runs of {sw['requests']} single-image requests each, the load from "
              "request 30 % to 70 %: `cpu` is two background processes (real contention), "
              "`slowdown` an injected 3x sleep (deterministic). Medians over the runs; flaps: "
-             "switches no load change asked for (goal 0); probes: requests run on the "
-             "subnet the monitor would switch up to, after a switch down (failed: over "
-             "budget, no switch)."
+             "switches no load change asked for (goal 0)."
              + (f" Monitor: {sw['monitor']}; load {sw['load_before']} before, "
                 f"{sw['load_after']} after." if sw.get("monitor") else ""), "",
              "| load | monitor | reaction s | back within budget s | switch back s | "
-             "switches | flaps | probes (failed) | requests over budget | "
-             "runs without a reaction |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "switches | flaps | requests over budget | runs without a reaction |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in sw.items():
         if not isinstance(r, dict):
             continue
@@ -311,18 +306,11 @@ def _render_switching(sw: dict[str, Any]) -> list[str]:
         lines.append(f"| {load} | {monitor} | {_fmt(m['reaction_s'])} | "
                      f"{_fmt(m['recovery_s'])} | {_fmt(m['switch_back_s'])} | "
                      f"{_fmt(m['switches'], '.0f')} | {_fmt(m['flaps'], '.0f')} | "
-                     f"{_probes(m)} | {_fmt(m['over_budget'], '.0f')} | {m['no_reaction']} |")
+                     f"{_fmt(m['over_budget'], '.0f')} | {m['no_reaction']} |")
     lines += ["", "Every run's flaps: " + "; ".join(
         f"{name}: {[x['flaps'] for x in r['runs']]}" for name, r in sw.items()
         if isinstance(r, dict)), ""]
     return lines
-
-
-def _probes(median: dict[str, Any]) -> str:
-    """Median probes and failed probes; '-' for runs of a monitor without probes."""
-    if median.get("probes") is None:
-        return "-"
-    return f"{median['probes']:.0f} ({median['failed_probes']:.0f})"
 
 
 def _render_switching_earlier(earlier: list[dict[str, Any]]) -> list[str]:

@@ -83,12 +83,6 @@ def search_table(doc: Mapping[str, Any]) -> Table:
     return table
 
 
-def _probe_words(probes: list[Mapping[str, Any]]) -> str:
-    failed = sum(not p["passed"] for p in probes)
-    return (f"{len(probes)} probe{'' if len(probes) == 1 else 's'} of a switch up "
-            f"({failed} over budget)")
-
-
 def switching_table(doc: Mapping[str, Any]) -> Table:
     """Every switch the latency monitor made, and how fast it reacted to the load."""
     load = (f"{doc['processes']} background processes" if doc["load"] == "cpu"
@@ -109,5 +103,5 @@ def switching_table(doc: Mapping[str, Any]) -> Table:
                      f"{seconds(doc['recovery_s'])}, switch back after the load "
                      f"{seconds(doc['switch_back_s'])}; {doc['over_budget']} requests over "
                      f"budget; {doc.get('flaps', 0)} switches no load change asked for "
-                     f"(flapping); {_probe_words(doc.get('probes', []))}")
+                     "(flapping)")
     return table

@@ -3,8 +3,7 @@
 :class:`LatencyMonitor`: the ratio ``r = actual / estimated`` latency of the running subnet over
 the last few requests; over budget it picks the most accurate subnet of the
 :class:`~.pool.SubnetPool` within ``T_budget / r``, and when a more accurate subnet fits again
-it switches back up (after a switch down, only once a probe request on the more accurate
-subnet met the budget). Each switch is a :class:`SwitchEvent`, with one of the reasons
+it switches back up. Each switch is a :class:`SwitchEvent`, with one of the reasons
 :data:`OVER_BUDGET`, :data:`HEADROOM`, :data:`INFEASIBLE` or :data:`MANUAL`.
 """
 
@@ -26,6 +25,7 @@ from edgesplit.nas.adaptivenet.space import SubnetArch
 __all__ = [
     "COOLDOWN_REQUESTS",
     "COOLDOWN_S",
+    "EASED",
     "HEADROOM",
     "INFEASIBLE",
     "MANUAL",
@@ -40,6 +40,9 @@ Clock = Callable[[], float]
 # A switch up waits this long after the last switch (see LatencyMonitor).
 COOLDOWN_REQUESTS = 20
 COOLDOWN_S = 0.5
+# The load has eased once the ratio of the subnet switched down to is below EASED times its
+# ratio when it was switched to (see LatencyMonitor).
+EASED = 0.9
 
 OVER_BUDGET = "over-budget"
 HEADROOM = "headroom"
@@ -95,36 +98,26 @@ class LatencyMonitor:
     prevents). Switching down is never held back: the budget comes first. ``clock`` (seconds)
     stamps the events; tests inject a :class:`~.loads.ManualClock`.
 
-    A load need not slow every subnet alike: a real CPU load slowed a small subnet 1.0-1.15x
-    and larger ones 2-2.5x, so ``r`` read on the small one cannot tell whether the load has
-    gone (every switch up made on it under the load was undone). So after a switch down the
-    monitor switches up only on evidence from the subnet it would switch to: once the
-    cooldown is over it sets :attr:`probe`, the runner serves the next request on that subnet
-    and reports it (``observe(latency, arch=probe.arch)``); a probe within the budget and its
-    tolerance (a latency that would not switch down) counts, and ``probe_passes`` of them in a
-    row, ``window`` requests apart, switch up (reason ``headroom``): under a real load one
-    short request can still run at full speed. A probe over it restarts the count and holds
-    the next probe back ``backoff_s``, doubling with each failure (at most
-    ``max_backoff_s``, and at least ``window`` requests). A probe costs one request; a switch
-    up undone costs a window of requests over budget and two switches. :attr:`probes` keeps
-    the latest probes and their verdicts.
+    A load need not slow every subnet alike: a real CPU load slowed a small subnet 1.15x and
+    larger ones 2-2.5x, so ``r`` read on the small one promises headroom the larger ones do
+    not have, and every switch up under the load was undone. So after a switch down, the
+    subnet switched to is gauged while the cooldown runs: its loaded ratio ``r0`` is the
+    median of its first ``max(window, cooldown_requests)`` requests, and a switch up waits
+    until its own ratio shows the load eased (``r <= max(1, EASED * r0)``), or for a probe
+    ``max_backoff_s`` after the switch down (a load that barely touches the small subnet
+    cannot be seen easing from it).
     """
 
     def __init__(self, pool: SubnetPool, *, budget_s: float | None = None, window: int = 5,
                  tolerance: float = 0.1, headroom: float = 0.1,
                  cooldown_requests: int = COOLDOWN_REQUESTS, cooldown_s: float = COOLDOWN_S,
-                 backoff_s: float = 0.5, max_backoff_s: float = 8.0, probe_passes: int = 3,
+                 backoff_s: float = 0.5, max_backoff_s: float = 8.0,
                  start: Sequence[str] | None = None, clock: Clock = time.perf_counter) -> None:
         self.pool = pool
         self.budget_s, _ = check_budget(pool.budget_s if budget_s is None else budget_s, None)
         _check_monitor(window, tolerance, headroom, cooldown_requests,
                        {"cooldown_s": cooldown_s, "backoff_s": backoff_s,
                         "max_backoff_s": max_backoff_s})
-        if not isinstance(probe_passes, int) or isinstance(probe_passes, bool) \
-                or probe_passes < 1:
-            raise ConfigError(f"{option('probe_passes', probe_passes)} must be a whole number "
-                              ">= 1 (probes in a row within budget before a switch up)")
-        self.probe_passes = probe_passes
         self.window, self.tolerance, self.headroom = window, tolerance, headroom
         self.cooldown_requests, self.cooldown_s = cooldown_requests, cooldown_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
@@ -136,24 +129,13 @@ class LatencyMonitor:
         self._trial_until: float | None = None  # a switch up undone before this failed
         self._failures = 0  # consecutive failed switches up
         self._ceiling: tuple[float, float] | None = None  # (latency, until): no switch up to it
-        self._probing = False  # since the last switch down, until one up: probe first
-        self._probe: PoolEntry | None = None
-        self._next_probe: tuple[int, float] = (0, 0.0)  # (observed, time) it may come at
-        self._probe_failures = 0  # consecutive
-        self._passed: tuple[SubnetArch | None, int] = (None, 0)  # probes in a row of that subnet
-        # the latest probes: (time, subnet, its latency ratio, whether it met the budget)
-        self.probes: deque[tuple[float, SubnetArch, float, bool]] = deque(maxlen=1000)
+        self._loaded: _Loaded | None = None  # since the last switch down, until one up
         self.needs_search = False
 
     @property
     def current(self) -> PoolEntry:
         """The subnet the monitor believes is running."""
         return self._current
-
-    @property
-    def probe(self) -> PoolEntry | None:
-        """The subnet the next request should run on as a probe (None: the current one)."""
-        return self._probe
 
     @property
     def ratio(self) -> float | None:
@@ -168,47 +150,38 @@ class LatencyMonitor:
             self._current = self.pool.entry(arch)
         self._ratios.clear()
         self._trial_until = None
-        self._probing, self._probe = False, None
+        self._loaded = None
 
     def observe(self, latency_s: float, *, arch: Sequence[str] | None = None
                 ) -> SwitchEvent | None:
         """Record one request's measured latency; the switch to make before the next request,
         if any (the monitor then already counts the new subnet as running). A measurement of
-        another subnet than the current one (``arch``) is stale and ignored, unless it is the
-        :attr:`probe`'s: then it decides the probe."""
-        if not (math.isfinite(latency_s) and latency_s >= 0):
-            raise ConfigError(f"a measured latency must be finite and >= 0, got {latency_s!r}")
-        probe = self._probe
-        if probe is not None and arch is not None and tuple(arch) == probe.arch:
-            return self._probed(probe, latency_s)
+        another subnet than the current one (``arch``) is stale and ignored."""
         if arch is not None and tuple(arch) != self._current.arch:
             return None
+        if not (math.isfinite(latency_s) and latency_s >= 0):
+            raise ConfigError(f"a measured latency must be finite and >= 0, got {latency_s!r}")
         self.observed += 1
         self._ratios.append(latency_s / self._current.latency_s)
+        if self._loaded is not None:
+            self._loaded.add(self._ratios[-1])
         r = self.ratio
         if r is None:
             return None
         now = self.clock()
         target, reason = self._decide(r, now)
-        if target is not None and reason == HEADROOM and self._cooling(now):
-            return None
-        if target is not None and reason == HEADROOM and self._probing:
-            self._probe = target if self._probe_due(now) else None
+        if target is not None and reason == HEADROOM and (self._cooling(now)
+                                                          or not self._eased(r, now)):
             return None
         self._judge_trial(reason if target is not None else None, now)
         if target is None:
             return None
-        return self._switch(target, r, reason, now)
-
-    def _switch(self, target: PoolEntry, r: float, reason: str, now: float) -> SwitchEvent:
         event = SwitchEvent(now, self._current.arch, target.arch, r, reason, self.observed)
         if reason == HEADROOM:
             self._trial_until = now + self._hold(self._failures)
-            self._probing, self._probe_failures, self._passed = False, 0, (None, 0)
+            self._loaded = None
         else:
-            self._probing = True
-            self._next_probe = (self.observed, now)  # after the cooldown
-        self._probe = None
+            self._loaded = _Loaded(now, max(self.window, self.cooldown_requests))
         self._current = target
         self._ratios.clear()  # the next subnet's ratio needs its own evidence
         self._switched_at = (self.observed, now)
@@ -220,32 +193,13 @@ class LatencyMonitor:
         count, at = self._switched_at
         return self.observed - count < self.cooldown_requests or now - at < self.cooldown_s
 
-    def _probe_due(self, now: float) -> bool:
-        count, at = self._next_probe
-        return self.observed >= count and now >= at
-
-    def _probed(self, probe: PoolEntry, latency_s: float) -> SwitchEvent | None:
-        """A probe's request on ``probe``: within the budget and its tolerance it counts
-        towards ``probe_passes`` in a row (the next probe ``window`` requests later), and the
-        last of them switches up; over it the count restarts and the next probe is held back
-        (doubling with each failure)."""
-        self._probe = None
-        now, r = self.clock(), latency_s / probe.latency_s
-        passed = latency_s <= self.budget_s * (1 + self.tolerance)  # would not switch down
-        self.probes.append((now, probe.arch, r, passed))
-        if passed:
-            arch, count = self._passed
-            count = count + 1 if arch == probe.arch else 1
-            if count >= self.probe_passes:
-                return self._switch(probe, r, HEADROOM, now)
-            self._passed = (probe.arch, count)
-            self._next_probe = (self.observed + self.window, now)
-            return None
-        self._passed = (None, 0)
-        self._next_probe = (self.observed + self.window,
-                            now + self._hold(self._probe_failures))
-        self._probe_failures += 1
-        return None
+    def _eased(self, r: float, now: float) -> bool:
+        """May the monitor switch up, as far as the load it last switched down for goes?"""
+        loaded = self._loaded
+        if loaded is None or now - loaded.since_s >= self.max_backoff_s:
+            return True  # no switch down since the last up, or time for a probe
+        r0 = loaded.ratio
+        return r0 is not None and r <= max(1.0, EASED * r0)
 
     def _hold(self, failures: int) -> float:
         return min(self.backoff_s * 2 ** failures, self.max_backoff_s)
@@ -288,6 +242,21 @@ class LatencyMonitor:
         if better is None or better.accuracy <= current.accuracy:
             return None, HEADROOM
         return better, HEADROOM
+
+
+class _Loaded:
+    """The subnet a switch down went to, gauged: its ratio over its first requests."""
+
+    def __init__(self, since_s: float, requests: int) -> None:
+        self.since_s, self.requests = since_s, requests
+        self._ratios: list[float] = []
+        self.ratio: float | None = None  # r0, once `requests` ratios are in
+
+    def add(self, ratio: float) -> None:
+        if self.ratio is None:
+            self._ratios.append(ratio)
+            if len(self._ratios) == self.requests:
+                self.ratio = statistics.median(self._ratios)
 
 
 def count_flaps(events: Sequence[SwitchEvent], latency_s: Callable[[SubnetArch], float],

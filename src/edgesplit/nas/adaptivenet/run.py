@@ -420,8 +420,7 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
     compute: deterministic). A switch up waits ``cooldown_requests`` requests and
     ``cooldown_s`` seconds after the last switch (:class:`~.monitor.LatencyMonitor`).
     Returns the switch events, reaction and recovery times, the flapping count
-    (:func:`~.monitor.count_flaps`), the monitor's probes (each a request on the subnet it
-    would switch up to) and every request (time, latency, subnet) for plots;
+    (:func:`~.monitor.count_flaps`) and every request (time, latency, subnet) for plots;
     ``budget_ms`` is the budget served, the search's (``searched_budget_ms``) scaled as
     ``calibration`` says (:func:`budget_note`)."""
     if load not in ("cpu", "slowdown"):
@@ -438,9 +437,6 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
     searched_budget_ms, calibration = pool.budget_s * 1000, None
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    # The load's processes are started (paused) before the calibration, so the pool is
-    # calibrated on the machine as the run finds it outside the load.
-    cpu = CpuLoad(processes).prepare() if load == "cpu" else None
     try:
         if calibrate:
             measured = _serving_latencies(supernet, pool, inputs, calibrate)
@@ -453,10 +449,8 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
         monitor = LatencyMonitor(pool, cooldown_requests=cooldown_requests,
                                  cooldown_s=cooldown_s)
         served = _serve(supernet, monitor, inputs, requests, (load_from, load_until), load,
-                        cpu, factor, progress)
+                        processes, factor, progress)
     finally:
-        if cpu is not None:
-            cpu.stop()
         torch.set_num_threads(previous)
     # the budget served is the search's scaled to the serving path: say by what
     return {**served, "searched_budget_ms": searched_budget_ms, "calibration": calibration}
@@ -481,51 +475,54 @@ def _switch_load(on: bool, slowdown: Slowdown | None, cpu: CpuLoad | None, facto
 
 
 def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
-             count: int = 50) -> None:
-    """Requests on a fresh worker thread (its first calls are slow), then back to the optimal
-    subnet with the monitor's window emptied, so the run starts where the search left it and
-    the monitor judges the run's requests only."""
+             count: int = 10) -> None:
+    """A few requests on a fresh worker thread (its first calls are slow), then back to the
+    optimal subnet, so the run starts where the search left it."""
     for i in range(count):
         runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
     runner.switch_to(pool.optimal.arch)
     runner(*(x[:1] for x in inputs))
-    runner.monitor.reset()  # no request is in flight: the worker waits for the next
 
 
 def _serve(supernet: ElasticSupernet, monitor: LatencyMonitor,
            inputs: tuple[torch.Tensor, ...], requests: int, window: tuple[float, float],
-           load: str, cpu: CpuLoad | None, factor: float, progress: Progress | None
+           load: str, processes: int, factor: float, progress: Progress | None
            ) -> dict[str, Any]:
     first, last = int(window[0] * requests), int(window[1] * requests)
     if first >= last:  # before the load's processes start
         raise ConfigError(f"the load window {window[0]}-{window[1]} of {requests} requests "
                           f"holds no request; widen it or serve more {option('requests')}")
     slowdown = Slowdown(1.0) if load == "slowdown" else None
+    cpu = CpuLoad(processes).prepare() if load == "cpu" else None
     pool = monitor.pool
     marks: dict[str, float] = {}
-    with AdaptiveRunner(supernet, monitor, hook=slowdown) as runner:
-        _warm_up(runner, inputs, pool)
-        marks["start"] = monitor.clock()
-        for i in range(requests):
-            if i in (first, last):
-                _switch_load(i == first, slowdown, cpu, factor, marks, monitor.clock())
-            n = len(inputs[0])
-            runner(*(x[i % n:i % n + 1] for x in inputs))
-            if progress is not None and (i + 1) % 20 == 0:
-                progress("requests", i + 1, requests)
-        if "load_off" not in marks:  # the load ran to the end of the run
-            _switch_load(False, slowdown, cpu, factor, marks, monitor.clock())
-        records = [r for r in runner.records if r.start_s >= marks["start"]]
-        events = [e for e in runner.events if e.time_s >= marks["start"]]
-        reaction = runner.reaction_time(marks["load_on"])
-        recovery = runner.recovery_time(marks["load_on"])
-        back = runner.reaction_time(marks["load_off"])
-        flaps = count_flaps(events, lambda arch: pool.entry(arch).latency_s,
-                            [(marks["start"], None), (marks["load_on"], "down"),
-                             (marks["load_off"], "up")])
+    try:
+        with AdaptiveRunner(supernet, monitor, hook=slowdown) as runner:
+            _warm_up(runner, inputs, pool)
+            marks["start"] = monitor.clock()
+            for i in range(requests):
+                if i in (first, last):
+                    _switch_load(i == first, slowdown, cpu, factor, marks, monitor.clock())
+                n = len(inputs[0])
+                runner(*(x[i % n:i % n + 1] for x in inputs))
+                if progress is not None and (i + 1) % 20 == 0:
+                    progress("requests", i + 1, requests)
+            if "load_off" not in marks:  # the load ran to the end of the run
+                _switch_load(False, slowdown, cpu, factor, marks, monitor.clock())
+            records = [r for r in runner.records if r.start_s >= marks["start"]]
+            events = [e for e in runner.events if e.time_s >= marks["start"]]
+            reaction = runner.reaction_time(marks["load_on"])
+            recovery = runner.recovery_time(marks["load_on"])
+            back = runner.reaction_time(marks["load_off"])
+            flaps = count_flaps(events, lambda arch: pool.entry(arch).latency_s,
+                                [(marks["start"], None), (marks["load_on"], "down"),
+                                 (marks["load_off"], "up")])
+    finally:
+        if cpu is not None:
+            cpu.stop()
     start = marks["start"]
     return {
-        "load": load, "processes": cpu.processes if cpu is not None else 0,
+        "load": load, "processes": processes if load == "cpu" else 0,
         "factor": factor if load == "slowdown" else None, "requests": requests,
         "budget_ms": pool.budget_s * 1000,
         "pool": [e.to_dict() for e in pool],
@@ -537,6 +534,4 @@ def _serve(supernet: ElasticSupernet, monitor: LatencyMonitor,
         "records": [{"start_s": r.start_s - start, "latency_ms": r.latency_s * 1000,
                      "arch": list(r.arch)} for r in records],
         "over_budget": sum(r.latency_s > pool.budget_s for r in records),
-        "probes": [{"time_s": t - start, "arch": list(arch), "r": r, "passed": passed}
-                   for t, arch, r, passed in monitor.probes if t >= start],
     }

@@ -78,8 +78,7 @@ class AdaptiveRunner:
     subnets, and each :class:`Reply` names its subnet. ``hook(arch, compute_s)`` runs after each
     request's compute and counts in its latency (:class:`~.loads.Slowdown`,
     :class:`~.loads.SimulatedLatency`); ``adapt=False`` serves the starting subnet throughout
-    (the static baseline). A request the monitor asks to probe with (:attr:`~.monitor.
-    LatencyMonitor.probe`) runs on that subnet, and its reply names it.
+    (the static baseline).
     :attr:`events` and :attr:`records` (the last ``max_records``) are for plots.
     """
 
@@ -199,9 +198,6 @@ class AdaptiveRunner:
 
     def _run(self, request: _Request) -> Reply:
         arch = self._take_pending()
-        probe = self.monitor.probe if self.adapt else None
-        if probe is not None:  # this request tries the subnet the monitor would switch up to
-            arch = probe.arch
         start = self.clock()
         output = self.supernet(*request.inputs, arch=arch)
         if self.hook is not None:
