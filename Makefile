@@ -103,6 +103,8 @@ bench: $(STAMP) data
 	$(PY) benchmarks/bench_hostile.py
 	$(PY) benchmarks/bench_nas_jmsnas.py
 	$(PY) benchmarks/bench_nas_splitnets.py
+	$(PY) benchmarks/bench_nas_splitnets.py --paper-convention --seeds 1 \
+		--out benchmarks/results/nas_splitnets_paper
 	$(PY) benchmarks/bench_nas_adaptivenet.py
 	$(PY) benchmarks/bench_llm.py
 	$(PY) benchmarks/bench_ray.py
