@@ -13,11 +13,8 @@ from typer.testing import CliRunner
 from edgesplit.cli import app
 from edgesplit.cli._app import connection_limits
 from edgesplit.errors import ConfigError
-from edgesplit.hardware import chain, get_topology
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.transport.limits import ConnectionLimits
+from test_llm_runtime_cli import plan_file  # noqa: F401  (llama_tiny, phone and laptop)
 
 runner = CliRunner()
 FLAGS = ["--hello-timeout-s", "0.3", "--idle-timeout-s", "40", "--frame-timeout-s", "7",
@@ -28,19 +25,6 @@ def test_no_flag_keeps_the_servers_defaults_and_given_ones_override_only_themsel
     assert connection_limits(None, None, None, None) is None
     limits = connection_limits(None, 7.0, None, "64MiB")
     assert limits == ConnectionLimits(frame_s=7.0, pending_bytes=64 << 20)
-
-
-@pytest.fixture(scope="module")
-def llm_plan(tmp_path_factory):
-    """llama_tiny over home-wifi's phone and laptop, split after block.1."""
-    full = get_topology("home-wifi")
-    topology = chain("two", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("llama_tiny", topology, LLMWorkload(prompt_tokens=6, new_tokens=8,
-                                                         max_context=24)).costs
-    plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="manual")
-    path = tmp_path_factory.mktemp("llm") / "plan.json"
-    plan.save(path)
-    return path
 
 
 def _silent_caller_is_cut_off(seen: dict):
@@ -58,7 +42,7 @@ def _silent_caller_is_cut_off(seen: dict):
 
 
 @pytest.mark.parametrize("command", ["serve", "llm serve"])
-def test_a_server_started_from_the_cli_applies_the_flags(command, digits_chain, llm_plan,
+def test_a_server_started_from_the_cli_applies_the_flags(command, digits_chain, plan_file,  # noqa: F811
                                                          tmp_path, monkeypatch):
     import edgesplit.runtime.transport
     import edgesplit.transport
@@ -72,7 +56,7 @@ def test_a_server_started_from_the_cli_applies_the_flags(command, digits_chain, 
         argv = ["serve", str(plan), "--device", "cloud"]
     else:
         monkeypatch.setattr(edgesplit.transport, "serve_forever", _silent_caller_is_cut_off(seen))
-        argv = ["llm", "serve", str(llm_plan), "--device", "laptop"]
+        argv = ["llm", "serve", str(plan_file), "--device", "laptop"]
     result = runner.invoke(app, [*argv, "--port", "0", "--threads", "1", *FLAGS])
     assert result.exit_code == 0, result.output
     assert seen["limits"] == ConnectionLimits(idle_s=40, frame_s=7, hello_s=0.3,
