@@ -195,9 +195,6 @@ def connection_limits(idle_timeout_s: float | None, frame_timeout_s: float | Non
     from edgesplit.transport.limits import ConnectionLimits
     from edgesplit.units import parse_bytes
 
-    given = (idle_timeout_s, frame_timeout_s, hello_timeout_s, pending_bytes)
-    if all(value is None for value in given):
-        return None
     require_positive(idle_timeout_s=idle_timeout_s, frame_timeout_s=frame_timeout_s,
                      hello_timeout_s=hello_timeout_s)
     budget = parse_bytes(pending_bytes, "--pending-bytes")
@@ -205,12 +202,10 @@ def connection_limits(idle_timeout_s: float | None, frame_timeout_s: float | Non
         from edgesplit.errors import ConfigError
 
         raise ConfigError(f"--pending-bytes must be positive, got {pending_bytes}")
-    defaults = ConnectionLimits()
-    return ConnectionLimits(
-        idle_s=defaults.idle_s if idle_timeout_s is None else idle_timeout_s,
-        frame_s=defaults.frame_s if frame_timeout_s is None else frame_timeout_s,
-        hello_s=defaults.hello_s if hello_timeout_s is None else hello_timeout_s,
-        pending_bytes=budget)
+    flags: dict[str, Any] = {"idle_s": idle_timeout_s, "frame_s": frame_timeout_s,
+                             "hello_s": hello_timeout_s, "pending_bytes": budget}
+    given = {name: value for name, value in flags.items() if value is not None}
+    return ConnectionLimits(**given) if given else None  # a flag left out keeps its default
 
 
 def rehearsal(shape: bool, emulate: bool) -> str:
