@@ -149,8 +149,10 @@ def _switching(folder: Path, runs: int, requests: int) -> dict[str, Any]:
                 doc = serve_pool(folder, requests=requests, load=load, **settings)
                 done.append({k: doc[k] for k in
                              ("budget_ms", "reaction_s", "recovery_s", "switch_back_s",
-                              "flaps", "over_budget", "cooldown", "load_on_s", "load_off_s")}
-                            | {"switches": len(doc["events"]), "events": doc["events"]})
+                              "flaps", "over_budget", "cooldown", "confirm", "tolerance",
+                              "load_on_s", "load_off_s")}
+                            | {"switches": len(doc["events"]), "events": doc["events"],
+                               "ratios": _ratios(doc)})
             out[name] = {"runs": done, "median": _medians(done)}
     return out
 
@@ -188,6 +190,13 @@ def switching_section(seed: int, *, workdir: Path, train_limit: int, search_size
     search_device(folder, budget=BUDGETS[1], population=population, iterations=iterations,
                   seed=seed, out=search)
     return _switching(search, runs, requests)
+
+
+def _ratios(doc: dict[str, Any]) -> list[float]:
+    """Every request's latency over its subnet's calibrated estimate, in order: what the
+    monitor saw, kept so that a flap can be read against the noise around it."""
+    estimate = {tuple(e["arch"]): e["latency_s"] * 1e3 for e in doc["pool"]}
+    return [round(r["latency_ms"] / estimate[tuple(r["arch"])], 3) for r in doc["records"]]
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:

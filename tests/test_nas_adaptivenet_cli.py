@@ -184,8 +184,9 @@ def test_serve_plot_and_search_plot_are_pngs(local_search, tmp_path):
 def test_a_load_to_the_end_of_the_run_ends_after_it_starts(local_search):
     out, _, _ = local_search
     doc = _invoke("serve", str(out), "--load", "slowdown", "--requests", "20", "--load-from",
-                  "0.5", "--load-until", "1", "--json")
+                  "0.5", "--load-until", "1", "--confirm", "3", "--tolerance", "0.1", "--json")
     assert doc["load_on_s"] < doc["load_off_s"]
+    assert (doc["confirm"], doc["tolerance"]) == (3, 0.1)  # the flags reach the monitor
 
 
 def test_serve_says_why_its_budget_is_not_the_searchs(local_search):

@@ -22,6 +22,7 @@ from edgesplit.graph import capture
 from edgesplit.nas.adaptivenet.elastify import elastify
 from edgesplit.nas.adaptivenet.loads import CpuLoad, ManualClock, SimulatedLatency, Slowdown
 from edgesplit.nas.adaptivenet.monitor import (
+    CONFIRM,
     COOLDOWN_REQUESTS,
     COOLDOWN_S,
     LatencyMonitor,
@@ -181,7 +182,9 @@ def test_monitor_switches_down_under_load_and_back_up_after() -> None:
     assert [e.reason for e in down] == ["over-budget"]
     assert down[0].from_arch == pool.optimal.arch and down[0].r == pytest.approx(2.0)
     assert down[0].to_arch == pool.pick(10 * MS / 2.0).arch
-    assert down[0].request == 33  # the third request under load is the window's median
+    # the third request under load is the window's median, and the verdict must hold on
+    # CONFIRM requests in a row: the fifth
+    assert down[0].request == 30 + 3 + CONFIRM - 1
     up = drive(monitor, clock, 1.0, 200)
     assert [(e.reason, e.to_arch) for e in up] == [("headroom", pool.optimal.arch)]
     assert not monitor.needs_search
@@ -203,10 +206,11 @@ def test_monitor_ignores_one_slow_request_and_stale_measurements() -> None:
 def test_monitor_dead_band_and_cooldown_prevent_flapping() -> None:
     pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
     clock = ManualClock()
-    monitor = LatencyMonitor(pool, window=3, tolerance=0.2, clock=clock)
+    # confirm=1: the dead band and the cooldown alone, each verdict acted on at once
+    monitor = LatencyMonitor(pool, window=3, tolerance=0.2, confirm=1, clock=clock)
     # Within the tolerance: over budget by less than 20 % is left alone.
     assert drive(monitor, clock, 10 * MS * 1.15 / pool.optimal.latency_s, 20) == []
-    cooled = LatencyMonitor(pool, window=3, cooldown_s=1.0, clock=clock)
+    cooled = LatencyMonitor(pool, window=3, cooldown_s=1.0, confirm=1, clock=clock)
     assert len(drive(cooled, clock, 2.0, 3)) == 1
     still = ManualClock(clock())  # time stands still: no switch up within the cooldown
     cooled.clock = still
@@ -217,6 +221,26 @@ def test_monitor_dead_band_and_cooldown_prevent_flapping() -> None:
     assert [e.reason for e in drive(cooled, still, 1.5, 3)] == ["over-budget"]
 
 
+def test_a_burst_shorter_than_confirm_switches_nothing() -> None:
+    """A burst of slow requests (1.5x the budget, as the benchmark machine's host gave with
+    no load) is left alone while it is shorter than ``confirm`` requests; the same burst with
+    every verdict acted on (confirm=1) switches down, and one as long as ``confirm`` does."""
+
+    def burst(confirm: int, length: int) -> list[SwitchEvent]:
+        pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
+        clock = ManualClock()
+        monitor = LatencyMonitor(pool, window=5, confirm=confirm, clock=clock)
+        slow = 1.5 * pool.budget_s / pool.optimal.latency_s
+        return (drive(monitor, clock, 1.0, 30) + drive(monitor, clock, slow, length)
+                + drive(monitor, clock, 1.0, 100))
+
+    assert burst(CONFIRM, CONFIRM - 1) == []
+    assert [e.reason for e in burst(1, CONFIRM - 1)][:1] == ["over-budget"]
+    assert [e.reason for e in burst(CONFIRM, CONFIRM)][:1] == ["over-budget"]
+    with pytest.raises(ConfigError, match="confirm"):
+        LatencyMonitor(SubnetPool.build(synthetic(), 10 * MS, 6 * MS), confirm=0)
+
+
 def test_monitor_falls_back_to_the_fastest_when_nothing_fits() -> None:
     pool = SubnetPool.build(synthetic(), 10 * MS, 6 * MS)
     clock = ManualClock()
@@ -224,7 +248,8 @@ def test_monitor_falls_back_to_the_fastest_when_nothing_fits() -> None:
     events = drive(monitor, clock, 50.0, 20)
     assert [(e.reason, e.to_arch) for e in events] == [("infeasible", pool.fastest.arch)]
     assert monitor.needs_search
-    assert [e.reason for e in drive(monitor, clock, 1.0, 10)] == ["headroom"]
+    # the window fills, then the verdict holds on CONFIRM requests
+    assert [e.reason for e in drive(monitor, clock, 1.0, 2 + CONFIRM)] == ["headroom"]
     assert not monitor.needs_search
 
 
@@ -275,7 +300,9 @@ def test_a_steady_injected_load_is_met_once_and_not_flapped() -> None:
     assert count_flaps(events, latency, [(0.0, None), (load_on, "down"), (load_off, "up")]) == 0
     assert [e.reason for e in events] == ["over-budget", "headroom"]
     # the switch came after the third loaded request (a window of 5: its median is loaded)
-    assert events[0].time_s - load_on == pytest.approx(3 * 2.0 * pool.optimal.latency_s)
+    # and CONFIRM - 1 more (the verdict held)
+    assert events[0].time_s - load_on == pytest.approx((3 + CONFIRM - 1) * 2.0
+                                                       * pool.optimal.latency_s)
     assert events[1].time_s > load_off and events[1].to_arch == pool.optimal.arch
 
 
@@ -348,7 +375,8 @@ def simulated_runner(supernet: ElasticSupernet, pool: SubnetPool
                      ) -> tuple[AdaptiveRunner, SimulatedLatency]:
     clock = ManualClock()
     load = SimulatedLatency(lambda arch: pool.entry(arch).latency_s, clock)
-    monitor = LatencyMonitor(pool, window=3, clock=clock, **NO_COOLDOWN)
+    # confirm=1: the runner's mechanics, each verdict acted on at once
+    monitor = LatencyMonitor(pool, window=3, confirm=1, clock=clock, **NO_COOLDOWN)
     return AdaptiveRunner(supernet, monitor, hook=load), load
 
 

@@ -225,6 +225,14 @@ def serve(
         None, "--cooldown-s", min=0.0,
         help="Seconds after a switch before switching up (default 0.5; switching down is "
              "never held back)."),
+    confirm: int | None = typer.Option(
+        None, "--confirm", min=1,
+        help="Requests in a row a switch's verdict must hold before it is made (default 10: "
+             "a shorter slowdown or dip switches nothing)."),
+    tolerance: float | None = typer.Option(
+        None, "--tolerance", min=0.0,
+        help="How far over the budget the window's latency may run before switching down "
+             "(default 0.2: set it above the machine's own noise)."),
     plot: Path | None = typer.Option(None, "--plot",
                                      help="Write the latency timeline with the switches."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -233,13 +241,15 @@ def serve(
     measured latency drifts (the paper's dynamic model update)."""
     from edgesplit.nas.adaptivenet.run import budget_note, serve_pool
 
-    # the monitor's own defaults (monitor.COOLDOWN_*) unless the user gives one
-    cooldown: dict[str, Any] = {k: v for k, v in (("cooldown_requests", cooldown_requests),
-                                                  ("cooldown_s", cooldown_s)) if v is not None}
+    # the monitor's own defaults (monitor.COOLDOWN_*, CONFIRM, TOLERANCE) unless given
+    settings: dict[str, Any] = {k: v for k, v in (("cooldown_requests", cooldown_requests),
+                                                  ("cooldown_s", cooldown_s),
+                                                  ("confirm", confirm),
+                                                  ("tolerance", tolerance)) if v is not None}
     with progress_bar(f"AdaptiveNet serving {folder}") as progress:
         doc = serve_pool(folder, requests=requests, load_from=load_from, load_until=load_until,
                          load=load, processes=processes, factor=factor, threads=threads,
-                         progress=progress, **cooldown)
+                         progress=progress, **settings)
     doc = {"version": 1, **doc}
     note = budget_note(doc)
     if note is not None:  # the table's budget is not the one search printed: say why

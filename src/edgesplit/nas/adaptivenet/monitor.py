@@ -23,6 +23,7 @@ from edgesplit.nas.adaptivenet.pool import PoolEntry, SubnetPool
 from edgesplit.nas.adaptivenet.space import SubnetArch
 
 __all__ = [
+    "CONFIRM",
     "COOLDOWN_REQUESTS",
     "COOLDOWN_S",
     "EASED",
@@ -30,6 +31,7 @@ __all__ = [
     "INFEASIBLE",
     "MANUAL",
     "OVER_BUDGET",
+    "TOLERANCE",
     "LatencyMonitor",
     "SwitchEvent",
     "count_flaps",
@@ -40,6 +42,10 @@ Clock = Callable[[], float]
 # A switch up waits this long after the last switch (see LatencyMonitor).
 COOLDOWN_REQUESTS = 20
 COOLDOWN_S = 0.5
+# A switch is made once its verdict held on this many requests in a row (see LatencyMonitor).
+CONFIRM = 10
+# How far over budget the window's latency may run before a switch down (see LatencyMonitor).
+TOLERANCE = 0.2
 # The load has eased once the ratio of the subnet switched down to is below EASED times its
 # ratio when it was switched to (see LatencyMonitor).
 EASED = 0.9
@@ -84,6 +90,18 @@ class LatencyMonitor:
     must fall by ``1 - headroom`` to switch up and then rise by ``(1 + tolerance) /
     (1 - headroom)`` to switch down again: a dead band against flapping.
 
+    A verdict must hold: a switch is made once the same verdict (down, or up) came on
+    ``confirm`` requests in a row, so a slowdown (or a dip) shorter than ``confirm`` requests
+    switches nothing. With a window of 5, a burst of slow requests gives as many over-budget
+    verdicts as it has requests, so ``confirm`` is the shortest burst acted on. On the 2-core
+    virtual machine the benchmarks ran on, the serving path with nothing else running had
+    bursts of 1.1-1.8x its calibrated latency (the host's other guests), and every such burst
+    switched down and back up: two flaps with no load (the switches before the load in
+    ``vision_real.json``'s runs came at r 1.11-1.77, half of them at most 1.2). So the
+    defaults are a ``tolerance`` of 0.2 and ``confirm`` 10: a load is met about 10 requests
+    later than by the window alone, and a dip under a steady load must last as long to
+    switch up.
+
     That holds while the estimates are right up to one factor and ``r`` is steady. Where they
     are not (a subnet slower than its estimate says, or noise around the threshold), a switch
     up is soon undone: one undone within ``backoff_s`` failed, and for ``backoff_s`` no switch
@@ -109,17 +127,19 @@ class LatencyMonitor:
     """
 
     def __init__(self, pool: SubnetPool, *, budget_s: float | None = None, window: int = 5,
-                 tolerance: float = 0.1, headroom: float = 0.1,
+                 tolerance: float = TOLERANCE, headroom: float = 0.1, confirm: int = CONFIRM,
                  cooldown_requests: int = COOLDOWN_REQUESTS, cooldown_s: float = COOLDOWN_S,
                  backoff_s: float = 0.5, max_backoff_s: float = 8.0,
                  start: Sequence[str] | None = None, clock: Clock = time.perf_counter) -> None:
         self.pool = pool
         self.budget_s, _ = check_budget(pool.budget_s if budget_s is None else budget_s, None)
-        _check_monitor(window, tolerance, headroom, cooldown_requests,
+        _check_monitor(window, tolerance, headroom, {"cooldown_requests": cooldown_requests,
+                                                     "confirm": confirm},
                        {"cooldown_s": cooldown_s, "backoff_s": backoff_s,
                         "max_backoff_s": max_backoff_s})
         self.window, self.tolerance, self.headroom = window, tolerance, headroom
         self.cooldown_requests, self.cooldown_s = cooldown_requests, cooldown_s
+        self.confirm = confirm
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.clock = clock
         self._current = pool.optimal if start is None else pool.entry(start)
@@ -130,6 +150,7 @@ class LatencyMonitor:
         self._failures = 0  # consecutive failed switches up
         self._ceiling: tuple[float, float] | None = None  # (latency, until): no switch up to it
         self._loaded: _Loaded | None = None  # since the last switch down, until one up
+        self._streak: tuple[bool, int] | None = None  # (down?, requests) of the verdict held
         self.needs_search = False
 
     @property
@@ -151,6 +172,7 @@ class LatencyMonitor:
         self._ratios.clear()
         self._trial_until = None
         self._loaded = None
+        self._streak = None
 
     def observe(self, latency_s: float, *, arch: Sequence[str] | None = None
                 ) -> SwitchEvent | None:
@@ -172,10 +194,14 @@ class LatencyMonitor:
         target, reason = self._decide(r, now)
         if target is not None and reason == HEADROOM and (self._cooling(now)
                                                           or not self._eased(r, now)):
+            self._streak = None
             return None
-        self._judge_trial(reason if target is not None else None, now)
         if target is None:
+            self._streak = None
+        if target is None or not self._held(reason != HEADROOM):
+            self._judge_trial(None, now)  # a verdict not yet held switches nothing
             return None
+        self._judge_trial(reason, now)
         event = SwitchEvent(now, self._current.arch, target.arch, r, reason, self.observed)
         if reason == HEADROOM:
             self._trial_until = now + self._hold(self._failures)
@@ -184,8 +210,17 @@ class LatencyMonitor:
             self._loaded = _Loaded(now, max(self.window, self.cooldown_requests))
         self._current = target
         self._ratios.clear()  # the next subnet's ratio needs its own evidence
+        self._streak = None
         self._switched_at = (self.observed, now)
         return event
+
+    def _held(self, down: bool) -> bool:
+        """Count this request's verdict (a switch ``down`` or up); has it held on ``confirm``
+        requests in a row?"""
+        same = self._streak is not None and self._streak[0] == down
+        count = self._streak[1] + 1 if same and self._streak is not None else 1
+        self._streak = (down, count)
+        return count >= self.confirm
 
     def _cooling(self, now: float) -> bool:
         if self._switched_at is None:
@@ -284,7 +319,7 @@ def count_flaps(events: Sequence[SwitchEvent], latency_s: Callable[[SubnetArch],
     return flaps
 
 
-def _check_monitor(window: Any, tolerance: Any, headroom: Any, cooldown_requests: Any,
+def _check_monitor(window: Any, tolerance: Any, headroom: Any, counts: Mapping[str, Any],
                    seconds: Mapping[str, Any]) -> None:
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ConfigError(f"{option('window', window)} must be a whole number of requests >= 1")
@@ -294,9 +329,11 @@ def _check_monitor(window: Any, tolerance: Any, headroom: Any, cooldown_requests
     if not (isinstance(headroom, int | float) and 0 <= headroom < 1):
         raise ConfigError(f"{option('headroom', headroom)} must be a fraction in [0, 1) (the "
                           "margin a faster load must leave before switching up)")
-    if not isinstance(cooldown_requests, int) or cooldown_requests < 0:
-        raise ConfigError(f"{option('cooldown_requests', cooldown_requests)} must be a whole "
-                          "number >= 0")
+    for name, value in counts.items():
+        least = 1 if name == "confirm" else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ConfigError(f"{option(name, value)} must be a whole number of requests >= "
+                              f"{least}")
     for name, value in seconds.items():
         if not (isinstance(value, int | float) and 0 <= value < math.inf):
             raise ConfigError(f"{option(name, value)} must be seconds >= 0")

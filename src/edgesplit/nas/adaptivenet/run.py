@@ -29,8 +29,10 @@ from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, far_from_estimate
 from edgesplit.nas.adaptivenet.loads import CpuLoad, Slowdown
 from edgesplit.nas.adaptivenet.monitor import (
+    CONFIRM,
     COOLDOWN_REQUESTS,
     COOLDOWN_S,
+    TOLERANCE,
     LatencyMonitor,
     count_flaps,
 )
@@ -231,6 +233,8 @@ def _plan_setting(setting: EdgeCloudSetting | None) -> EdgeCloudSetting:
 
 
 SERVED_INPUTS = 1000  # the test inputs serving cycles through
+WARM_UP = 10  # requests on a fresh serving thread before anything is timed
+CALIBRATION_ROUNDS = 3  # turns each pool subnet takes when serving calibrates the pool
 POOL_LEVELS = (0.7, 0.5, 0.35)  # extra budgets (fractions of the budget) the pool covers
 
 
@@ -366,17 +370,27 @@ def _save_search(out: Path, folder: str | Path, supernet: ElasticSupernet,
 # ---- on the device: serve and switch --------------------------------------------------------
 
 def _serving_latencies(supernet: ElasticSupernet, pool: SubnetPool,
-                       inputs: tuple[torch.Tensor, ...], repeats: int) -> dict[SubnetArch, float]:
+                       inputs: tuple[torch.Tensor, ...], repeats: int,
+                       rounds: int = CALIBRATION_ROUNDS) -> dict[SubnetArch, float]:
     """Each pool subnet's median latency through a static runner: the serving path (thread
-    hand-off included), so the monitor's ``r`` is 1 when nothing else runs."""
-    measured = {}
-    for entry in pool:
-        with AdaptiveRunner(supernet, LatencyMonitor(pool, start=entry.arch),
-                            adapt=False) as runner:
-            for i in range(repeats):
-                runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
-            measured[entry.arch] = statistics.median(r.latency_s for r in runner.records)
-    return measured
+    hand-off included), so the monitor's ``r`` is 1 when nothing else runs. The subnets take
+    turns, ``rounds`` blocks of ``repeats // rounds`` requests each (the first of a block,
+    just switched to, dropped): a slow spell of the machine then weighs on every subnet
+    alike, where timed one after another it set whichever subnet ran then (the optimal
+    subnet's, which scales the budget, included) 5-10 % off for the whole run."""
+    block = max(2, -(-repeats // rounds))
+    samples: dict[SubnetArch, list[float]] = {e.arch: [] for e in pool}
+    with AdaptiveRunner(supernet, LatencyMonitor(pool), adapt=False) as runner:
+        for i in range(WARM_UP):  # a fresh worker thread's first calls are slow
+            runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
+        for _ in range(rounds):
+            for entry in pool:
+                runner.switch_to(entry.arch)
+                for i in range(block):
+                    reply = runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
+                    if i:
+                        samples[entry.arch].append(reply.latency_s)
+    return {arch: statistics.median(times) for arch, times in samples.items()}
 
 
 def _calibrated(pool: SubnetPool, measured: dict[SubnetArch, float]) -> SubnetPool:
@@ -404,25 +418,30 @@ def budget_note(doc: dict[str, Any]) -> str | None:
         return None
     return (f"budget {doc['budget_ms']:.4g} ms, not the search's {searched:.4g} ms: scaled "
             f"x{c['scale']:.3g}, the optimal subnet's serving-path latency here "
-            f"({c['optimal_measured_ms']:.4g} ms, median of {c['requests']} requests) over "
+            f"({c['optimal_measured_ms']:.4g} ms, median of {c['requests']} requests in turns "
+            "with the other subnets) over "
             f"the search's {c['optimal_predicted_ms']:.4g} ms for it; the pool's subnets are "
             "timed the same way")
 
 
 def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.3,
                load_until: float = 0.7, load: str = "cpu", processes: int = 2,
-               factor: float = 3.0, threads: int = 1, calibrate: int = 20,
+               factor: float = 3.0, threads: int = 1, calibrate: int = 45,
                cooldown_requests: int = COOLDOWN_REQUESTS, cooldown_s: float = COOLDOWN_S,
+               confirm: int = CONFIRM, tolerance: float = TOLERANCE,
                progress: Progress | None = None) -> dict[str, Any]:
     """Serve ``requests`` single-sample requests with the pool of a search folder, under a
     load from request ``load_from * requests`` to ``load_until * requests``: ``cpu`` (real
     background processes) or ``slowdown`` (each request sleeps to ``factor`` times its
     compute: deterministic). A switch up waits ``cooldown_requests`` requests and
-    ``cooldown_s`` seconds after the last switch (:class:`~.monitor.LatencyMonitor`).
+    ``cooldown_s`` seconds after the last switch, and every switch waits for its verdict to
+    hold on ``confirm`` requests and for the latency to exceed the budget by ``tolerance``
+    (:class:`~.monitor.LatencyMonitor`).
     Returns the switch events, reaction and recovery times, the flapping count
     (:func:`~.monitor.count_flaps`) and every request (time, latency, subnet) for plots;
     ``budget_ms`` is the budget served, the search's (``searched_budget_ms``) scaled as
-    ``calibration`` says (:func:`budget_note`)."""
+    ``calibration`` says (:func:`budget_note`): the pool's latencies are timed on the serving
+    path first, ``calibrate`` requests per subnet in turns (:func:`_serving_latencies`)."""
     if load not in ("cpu", "slowdown"):
         raise ConfigError(f"{option('load', load)} must be cpu or slowdown")
     if not 0 <= load_from < load_until <= 1:
@@ -447,7 +466,7 @@ def serve_pool(folder: str | Path, *, requests: int = 600, load_from: float = 0.
                            "requests": calibrate}
             pool = _calibrated(pool, measured)
         monitor = LatencyMonitor(pool, cooldown_requests=cooldown_requests,
-                                 cooldown_s=cooldown_s)
+                                 cooldown_s=cooldown_s, confirm=confirm, tolerance=tolerance)
         served = _serve(supernet, monitor, inputs, requests, (load_from, load_until), load,
                         processes, factor, progress)
     finally:
@@ -475,7 +494,7 @@ def _switch_load(on: bool, slowdown: Slowdown | None, cpu: CpuLoad | None, facto
 
 
 def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
-             count: int = 10) -> None:
+             count: int = WARM_UP) -> None:
     """A few requests on a fresh worker thread (its first calls are slow), then back to the
     optimal subnet, so the run starts where the search left it."""
     for i in range(count):
@@ -530,6 +549,7 @@ def _serve(supernet: ElasticSupernet, monitor: LatencyMonitor,
         "reaction_s": reaction, "recovery_s": recovery, "switch_back_s": back,
         "flaps": flaps, "cooldown": {"requests": monitor.cooldown_requests,
                                      "seconds": monitor.cooldown_s},
+        "confirm": monitor.confirm, "tolerance": monitor.tolerance,
         "events": [{**e.to_dict(), "time_s": e.time_s - start} for e in events],
         "records": [{"start_s": r.start_s - start, "latency_ms": r.latency_s * 1000,
                      "arch": list(r.arch)} for r in records],
