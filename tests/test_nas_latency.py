@@ -265,3 +265,15 @@ def test_cli_user_errors_are_one_line_with_exit_2(tiny_file, args, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_the_captured_work_kept_per_process_is_bounded(derived):
+    """Tables for more spaces (here batch sizes) than the cache keeps: the oldest are dropped,
+    and a table built again after that equals the first one built."""
+    from edgesplit.nas.jmsnas import latency
+
+    for batch in range(2, 3 + latency._WORKS_SPACES):
+        build_latency_table(TINY, PRESET, batch=batch)
+    assert len(latency._WORKS) == latency._WORKS_SPACES
+    again = build_latency_table(TINY, PRESET)  # batch 1 was dropped: captured anew
+    assert again.layers == derived.layers and again.stem_ms == derived.stem_ms

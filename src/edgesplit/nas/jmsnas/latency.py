@@ -37,6 +37,7 @@ import os
 import platform
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -498,19 +499,26 @@ def _rows(pieces: _Pieces, cost: Callable[[int, int, _Key], float]
                  for i, row in enumerate(pieces.positions))
 
 
-# What an estimator prices, per (space fingerprint, batch, piece): a piece's layers' work
-# depends on its shapes only, so the tables of several devices (JMSNAS derives one per device
-# of a topology) capture each piece once per process instead of once per device.
-_WORKS: dict[tuple[str, int, str | _Key], tuple[LayerWork, ...]] = {}
+# What an estimator prices, per (space fingerprint, batch), then per piece: a piece's layers'
+# work depends on its shapes only, so the tables of several devices (JMSNAS derives one per
+# device of a topology) capture each piece once per process instead of once per device. Only
+# the last _WORKS_SPACES spaces are kept, so a process that builds tables for many spaces
+# (a sweep, a long-lived notebook) does not keep every one's captured work.
+_WORKS_SPACES = 4
+_WORKS: OrderedDict[tuple[str, int], dict[str | _Key, tuple[LayerWork, ...]]] = OrderedDict()
 
 
 def _works(space: SearchSpace, batch: int, key: str | _Key, module: nn.Module,
            example: torch.Tensor) -> tuple[LayerWork, ...]:
-    memo = (space_fingerprint(space), batch, key)
-    if memo not in _WORKS:
+    space_key = (space_fingerprint(space), batch)
+    pieces = _WORKS.setdefault(space_key, {})
+    _WORKS.move_to_end(space_key)
+    while len(_WORKS) > _WORKS_SPACES:
+        _WORKS.popitem(last=False)
+    if key not in pieces:
         graph = _captured(module, example)
-        _WORKS[memo] = tuple(LayerWork.of(graph, layer) for layer in graph.layers)
-    return _WORKS[memo]
+        pieces[key] = tuple(LayerWork.of(graph, layer) for layer in graph.layers)
+    return pieces[key]
 
 
 def _estimate(space: SearchSpace, batch: int, pieces: _Pieces, device: Device,
