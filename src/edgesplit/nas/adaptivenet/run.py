@@ -496,11 +496,13 @@ def _switch_load(on: bool, slowdown: Slowdown | None, cpu: CpuLoad | None, facto
 def _warm_up(runner: AdaptiveRunner, inputs: tuple[torch.Tensor, ...], pool: SubnetPool,
              count: int = WARM_UP) -> None:
     """A few requests on a fresh worker thread (its first calls are slow), then back to the
-    optimal subnet, so the run starts where the search left it."""
+    optimal subnet with the monitor's window emptied, so the run starts where the search left
+    it and the warm-up's slow first calls count towards no verdict."""
     for i in range(count):
         runner(*(x[i % len(x):i % len(x) + 1] for x in inputs))
     runner.switch_to(pool.optimal.arch)
     runner(*(x[:1] for x in inputs))
+    runner.monitor.reset()  # the worker is idle: each call above returned after its observe
 
 
 def _serve(supernet: ElasticSupernet, monitor: LatencyMonitor,
