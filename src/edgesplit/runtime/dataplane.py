@@ -28,22 +28,18 @@ from edgesplit.errors import ConfigError, option
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import BadRequest, LoopbackChannel, LoopbackError, TlsFiles, open_channel
-from edgesplit.transport.auth import AuthThrottle
 from edgesplit.transport.frames import (
     CALL,
     Buffer,
     Frame,
     FrameClient,
-    FrameServer,
-    Handler,
     MetaCache,
     Pieces,
     Unserved,
 )
-from edgesplit.transport.limits import ConnectionLimits
 
 __all__ = ["DATA_PLANES", "DataPlane", "Hangup", "Hop", "Message", "Part", "as_part",
-           "open_data_plane", "reply_of", "split_address"]
+           "reply_of", "split_address"]
 
 DataPlane = Literal["auto", "grpc", "tcp"]
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -152,24 +148,6 @@ def _check(meta: dict[str, Any], n_parts: int) -> None:
 
 def _malformed(what: str) -> BadRequest:
     return BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"malformed data-plane frame: {what}")
-
-
-def open_data_plane(handler: Handler, limit: int, tls: TlsFiles | None, host: str, port: int,
-                    on_failure: Callable[[], None], *, token: str | None = None,
-                    limits: ConnectionLimits | None = None,
-                    throttle: AuthThrottle | None = None
-                    ) -> tuple[FrameServer, int]:
-    """A started frame server beside a server's gRPC port, and its port. When the port cannot
-    be opened, ``on_failure`` runs (the caller stops its gRPC server) and a ConfigError says
-    what to change. ``token``, ``limits`` and ``throttle`` as :class:`FrameServer`'s."""
-    frames = FrameServer(handler, limit, tls, token=token, limits=limits, throttle=throttle)
-    try:
-        return frames, frames.start(host, port)
-    except OSError as exc:
-        on_failure()
-        raise ConfigError(f"cannot open the data plane on {host}:{port} "
-                          f"({exc.strerror or exc}): pick another {option('data_port')} or "
-                          "turn it off") from None
 
 
 def split_address(address: str) -> tuple[str, int] | None:

@@ -37,7 +37,7 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, SessionError, option
 from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message, open_data_plane
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.llm_emulation import (
     StagePacer,
     phase_of,
@@ -63,19 +63,16 @@ from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.shell import Servicer, check_request_plan
+from edgesplit.runtime.shell import Servicer, ServingShell, check_request_plan
 from edgesplit.transport import (
     BadRequest,
-    GrpcServer,
     LoopbackChannel,
     TlsFiles,
-    answer,
     check_alive,
     remaining_timeout,
 )
-from edgesplit.transport.frames import REPLY, Frame, FrameContext, FrameServer, failure
+from edgesplit.transport.frames import REPLY, Frame
 from edgesplit.transport.limits import ConnectionLimits
-from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
 
@@ -123,7 +120,7 @@ def head_stage(llm: LLMPlan) -> int:
                 and (s.start < s.end or len(llm.blocks) == 0))
 
 
-class LLMStageServer(GrpcServer):
+class LLMStageServer(ServingShell):
     """Serves stage ``device`` of the LLM ``plan``; a stage before the head forwards to
     ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
     what its memory was planned for), the least recently used evicted first. ``model``: the
@@ -179,27 +176,13 @@ class LLMStageServer(GrpcServer):
         before, after = stage_links(plan, index, dilation)
         self.upstream = LinkShaper(before, shape)  # replies, towards the caller
         self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
-        self._want_data_port = data_port
-        self._frames: FrameServer | None = None
-        self.data_port: int | None = None
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             Servicer(self, self), server), self.limit, max_workers)
-
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen for gRPC on host:port (0: any free port) and for the data plane on
-        ``data_port``; returns the gRPC port."""
-        bound = super().start(host, port)
-        if self._want_data_port is not None:
-            self._frames, self.data_port = open_data_plane(
-                self._frame_call, self.limit, self.tls, host, self._want_data_port,
-                lambda: GrpcServer.stop(self, 0),  # the gRPC server just started
-                token=self.token, limits=self.limits, throttle=self.throttle)
-        return bound
+        self._init_data_plane(self, data_port, self.limits)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        if self._frames is not None:
-            self._frames.stop(grace_s)
-        super().stop(grace_s)
+        """Finish the steps in flight (up to ``grace_s``), refuse new ones."""
+        super().stop(grace_s)  # the data plane, then gRPC
         if self._next is not None:
             self._next.close()
 
@@ -220,17 +203,9 @@ class LLMStageServer(GrpcServer):
         log.exception("device %s failed on a step", self.device)
         return f"device {self.device!r} failed on this step: {type(exc).__name__}: {exc}"
 
-    def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
-        """A data-plane call: the same checks, errors and work as over gRPC."""
-        call = cast(grpc.ServicerContext, context)
-        try:
-            self.check_token(call)
-            reply = answer(call, lambda: self.handle(Message.from_frame(frame), call),
-                           self.failure)
-        except Aborted:
-            return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
-                           context.details)
-        return reply.to_frame(REPLY)
+    def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
+        """One data-plane step's answer (:meth:`handle`); the shell checked its token."""
+        return self.handle(Message.from_frame(frame), context).to_frame(REPLY)
 
     # ---- a step ------------------------------------------------------------------------------
     def handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None = None

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import torch
@@ -26,13 +26,7 @@ from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import encode_tensor
-from edgesplit.runtime.dataplane import (
-    DataPlane,
-    Hop,
-    Message,
-    Part,
-    open_data_plane,
-)
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message, Part
 from edgesplit.runtime.fastpath import FastPath
 from edgesplit.runtime.planned import (
     JOIN_KEY,
@@ -47,27 +41,17 @@ from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.roles import LastHop, Relay, Role, Sink
-from edgesplit.runtime.shell import Servicer, check_request_plan
+from edgesplit.runtime.shell import Servicer, ServingShell, check_request_plan
 from edgesplit.transport import (
     BadRequest,
-    GrpcServer,
     LoopbackChannel,
     TlsFiles,
-    answer,
     check_alive,
     deadline_of,
     remaining_timeout,
 )
-from edgesplit.transport.frames import (
-    REPLY,
-    Frame,
-    FrameContext,
-    FrameServer,
-    MetaCache,
-    failure,
-)
+from edgesplit.transport.frames import REPLY, Frame, MetaCache
 from edgesplit.transport.limits import ConnectionLimits
-from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
 
@@ -124,7 +108,7 @@ def _batcher(program: PlanProgram, device: str, max_batch: int | None, max_wait_
 
 
 
-class PartitionServer(GrpcServer):
+class PartitionServer(ServingShell):
     """Serves one device's partition; a middle hop forwards to ``next_address``.
 
     In a star plan (and a mesh's branches: :mod:`edgesplit.runtime.mesh`; its root gets one
@@ -136,10 +120,11 @@ class PartitionServer(GrpcServer):
     source's either), and batches complete joins that wait together (``max_batch``, as any
     device).
 
-    Besides gRPC, :meth:`start` opens the data plane (length-prefixed frames over TCP,
-    :mod:`edgesplit.transport.frames`) on ``data_port`` (0: any free port; None: none) and
-    names it in ``Describe``; calls go there unless the caller says ``grpc`` (a star's and a
-    mesh's joins too). ``data_plane`` says how this server calls the next hop.
+    Besides gRPC, :meth:`start` opens the shell's data plane (length-prefixed frames over
+    TCP, :class:`~edgesplit.runtime.shell.ServingShell`) on ``data_port`` (0: any free port;
+    None: none) and names it in ``Describe``; calls go there unless the caller says ``grpc``
+    (a star's and a mesh's joins too). ``data_plane`` says how this server calls the next
+    hop.
 
     With ``engine`` (a :class:`~edgesplit.runtime.ray_engine.RayEngine`) this server is an
     ingress: it checks and decodes each request as always, and the engine's deployment computes
@@ -179,7 +164,6 @@ class PartitionServer(GrpcServer):
                               f"{option('next_address', 'HOST:PORT', flag='--next')}")
         self.token, self.tls = token, tls
         # idle and slow callers' timeouts, the data plane's memory budget (None: defaults)
-        self._limits = limits
         if limits is not None:
             self.limits = limits
         self.batcher: Batcher | None = None
@@ -223,11 +207,7 @@ class PartitionServer(GrpcServer):
             self._next = Fanout(program, next_address, self.limit, tls, data_plane, shape)
         elif next_address is not None:
             self._next = Hop(next_address, self.limit, tls, data_plane)
-        self._frames: FrameServer | None = None
-        self._want_data_port = data_port
-        self.data_port: int | None = None
         self._slots = Slots(max_workers)  # the data plane's workers
-        self._token_checked: object = None  # the call metadata last found to hold the token
         self._reply_metas = MetaCache()
         self._fast = FastPath(self)
         # its role, chosen once: a device that sends relays, the last one answers (the short
@@ -241,6 +221,7 @@ class PartitionServer(GrpcServer):
         self._compute_step = self._engine_compute if engine is not None else self._compute
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             Servicer(self, self, self.idle_limited), server), self.limit, max_workers)
+        self._init_data_plane(self, data_port, limits)
 
     # ---- the shell's handler -------------------------------------------------------------
     @property
@@ -258,7 +239,8 @@ class PartitionServer(GrpcServer):
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen for gRPC on host:port (0 = any free port), and for the data plane on
-        ``data_port`` of the same host; returns the gRPC port."""
+        ``data_port`` of the same host; returns the gRPC port. With an engine, health then
+        follows its deployment's."""
         bound = super().start(host, port)
         if self.engine is not None:
             from grpc_health.v1 import health_pb2
@@ -266,11 +248,6 @@ class PartitionServer(GrpcServer):
             status = health_pb2.HealthCheckResponse
             self.engine.watch(lambda ok: self.health.set(
                 "", status.SERVING if ok else status.NOT_SERVING))
-        if self._want_data_port is not None:
-            self._frames, self.data_port = open_data_plane(
-                self._frame_call, self.limit, self.tls, host, self._want_data_port,
-                lambda: GrpcServer.stop(self, 0),  # the gRPC server just started
-                token=self.token, limits=self._limits, throttle=self.throttle)
         return bound
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -285,9 +262,7 @@ class PartitionServer(GrpcServer):
             self.join.close()
         if self.engine is not None:  # its health watch must not say SERVING again
             self.engine.stop_watching()
-        if self._frames is not None:
-            self._frames.stop(grace_s)
-        super().stop(grace_s)
+        super().stop(grace_s)  # the data plane, then gRPC
         if self.batcher is not None:
             self.batcher.close()
         if self._next is not None:
@@ -356,19 +331,10 @@ class PartitionServer(GrpcServer):
         self.upstream.send(reply.ByteSize(), "down")
         return reply
 
-    def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
-        """Answer one data-plane call: the same checks, errors and work as over gRPC."""
-        call = cast(grpc.ServicerContext, context)  # the part of it our servicers use
-        try:
-            metadata = context.invocation_metadata()
-            if metadata is not self._token_checked:  # a connection's repeated metadata
-                self.check_token(call)                # is one object, checked once
-                self._token_checked = metadata
-            run = self._role.route(frame)
-            out = answer(call, lambda: run(frame, call), self.failure)
-        except Aborted:
-            return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
-                           context.details)
+    def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
+        """Answer one data-plane call (the shell checked its token) the way this device's
+        role takes it, the reply's time on the link included."""
+        out = self._role.route(frame)(frame, context)
         if self.upstream.enabled:
             self.upstream.send(out.nbytes(), "down")
         return out

@@ -1,29 +1,34 @@
-"""The serving shell's gRPC face, shared by every runtime server.
+"""The serving shell shared by every runtime server: its gRPC face and its data plane.
 
 A server (:class:`~edgesplit.runtime.server.PartitionServer`,
 :class:`~edgesplit.runtime.llm_server.LLMStageServer`) is a shell around one handler: the
 shell authenticates each call, answers ``Run`` through :func:`~edgesplit.transport.answer`
 (a failure becomes its status, an unexpected one INTERNAL with a logged sentence), answers a
 stream's requests one by one (one that fails ends only itself, as an error in its reply),
-and refuses a request made for another plan in one set of words. What a request does (relay,
-compute, join, a generation step) is the handler's: :class:`Handler` is all the shell asks
-of it.
+and refuses a request made for another plan in one set of words. Its data plane
+(:class:`ServingShell`) opens beside the gRPC port with the same token, TLS, throttle and
+connection limits, and answers a frame with the same checks and errors. What a request does
+(relay, compute, join, a generation step) is the handler's: :class:`Handler` and
+:class:`FrameHandler` are all the shell asks of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 
-from edgesplit.errors import RemoteError
+from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.transport import BadRequest, answer
+from edgesplit.transport import BadRequest, GrpcServer, answer
+from edgesplit.transport.frames import Frame, FrameContext, FrameServer, failure
+from edgesplit.transport.limits import ConnectionLimits
+from edgesplit.transport.loopback import Aborted
 
-__all__ = ["Handler", "Servicer", "check_request_plan"]
+__all__ = ["FrameHandler", "Handler", "Servicer", "ServingShell", "check_request_plan"]
 
 
 class Handler(Protocol):
@@ -36,6 +41,16 @@ class Handler(Protocol):
     def describe(self) -> pb.Description: ...
 
     def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle: ...
+
+    def failure(self, exc: BaseException) -> str: ...
+
+
+class FrameHandler(Protocol):
+    """What a serving shell's data plane calls: the answer to one data-plane call (its
+    failures become statuses as :func:`~edgesplit.transport.answer` makes them), and the
+    sentence (logged) for an unexpected failure."""
+
+    def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame: ...
 
     def failure(self, exc: BaseException) -> str: ...
 
@@ -80,6 +95,67 @@ class Servicer(pb_grpc.PartitionServiceServicer):
                  ) -> pb.Description:
         self.shell.check_token(context)
         return self.handler.describe()
+
+
+class ServingShell(GrpcServer):
+    """A :class:`~edgesplit.transport.GrpcServer` with the data plane beside it: length-prefixed
+    frames over TCP (:class:`~edgesplit.transport.frames.FrameServer`) carrying the same
+    calls, under the server's token, TLS, auth throttle and connection limits, and bounded by
+    its message limit. A server calls :meth:`_init_data_plane` after ``_init_grpc``;
+    :meth:`start` then opens the data plane on the port it asked for (None: none) and names it
+    in ``data_port``, and :meth:`stop` closes it before gRPC."""
+
+    _frames: FrameServer | None = None
+    data_port: int | None = None  # the data plane's port once started (None: none)
+
+    def _init_data_plane(self, handler: FrameHandler, port: int | None,
+                         limits: ConnectionLimits | None) -> None:
+        """Answer data-plane calls with ``handler`` on ``port`` (0: any free port; None: no
+        data plane); ``limits``: the frame server's (None: its defaults)."""
+        self._frame_handler, self._want_data_port = handler, port
+        self._frame_limits = limits
+        self._token_checked: object = None  # the call metadata last found to hold the token
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen for gRPC on host:port (0: any free port) and for the data plane on the port
+        asked for, of the same host; returns the gRPC port."""
+        bound = super().start(host, port)
+        if self._want_data_port is not None:
+            self._frames, self.data_port = self._open_data_plane(host, self._want_data_port)
+        return bound
+
+    def _open_data_plane(self, host: str, port: int) -> tuple[FrameServer, int]:
+        """A started frame server and its port. When the port cannot be opened, the gRPC
+        server (just started) stops and a ConfigError says what to change."""
+        frames = FrameServer(self._frame_call, self._limit, self.tls, token=self.token,
+                             limits=self._frame_limits, throttle=self.throttle)
+        try:
+            return frames, frames.start(host, port)
+        except OSError as exc:
+            GrpcServer.stop(self, 0)
+            raise ConfigError(f"cannot open the data plane on {host}:{port} "
+                              f"({exc.strerror or exc}): pick another {option('data_port')} "
+                              "or turn it off") from None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Finish the calls in flight on both planes (up to ``grace_s``), refuse new ones."""
+        if self._frames is not None:
+            self._frames.stop(grace_s)
+        super().stop(grace_s)
+
+    def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
+        """Answer one data-plane call: the same token check, errors and work as over gRPC."""
+        call = cast(grpc.ServicerContext, context)  # the part of it our handlers use
+        handler = self._frame_handler
+        try:
+            metadata = context.invocation_metadata()
+            if metadata is not self._token_checked:  # a connection's repeated metadata
+                self.check_token(call)                # is one object, checked once
+                self._token_checked = metadata
+            return answer(call, lambda: handler.answer_frame(frame, call), handler.failure)
+        except Aborted:
+            return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
+                           context.details)
 
 
 def check_request_plan(request: Any, plan_id: str) -> None:
