@@ -66,3 +66,29 @@ def test_runs_plan_compares_the_plan_and_its_version():
     assert calls.runs_plan(SimpleNamespace(plan_id="p", plan_version=PLAN_VERSION), "p")
     assert not calls.runs_plan(SimpleNamespace(plan_id="q", plan_version=PLAN_VERSION), "p")
     assert not calls.runs_plan(SimpleNamespace(plan_id="p", plan_version=PLAN_VERSION + 1), "p")
+
+
+def test_no_wait_runs_past_the_deadline_and_the_predicate_is_asked_only_before_a_retry(
+        monkeypatch):
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    monkeypatch.setattr(calls.time, "sleep", sleep)
+    monkeypatch.setattr(calls.time, "perf_counter", lambda: now[0])
+    asked: list[int] = []
+
+    def down(n: int) -> None:
+        raise _Rpc(grpc.StatusCode.UNAVAILABLE)
+
+    def retryable(exc: Exception) -> bool:  # the Ray engine and the training client log here
+        asked.append(1)
+        return True
+
+    with pytest.raises(_Rpc):
+        calls.with_retries(down, retries=3, base_s=0.1, retryable=retryable, until=100.25)
+    assert slept == pytest.approx([0.1, 0.15, 0.0])  # 0.1, then what was left, then nothing
+    assert len(asked) == 3  # not after the last attempt

@@ -1,10 +1,11 @@
 """What every runtime client shares: retrying a call with backoff, and checking that a
 server runs the client's plan.
 
-The chain's, the star's and the LLM's clients (and the training client's remote calls) each
-decide which failures are worth another attempt and how a final failure reads; the loop that
-tries, backs off (doubling up to ``MAX_BACKOFF_S``) and tries again is written once, here, as
-is the plan comparison a ``Describe`` answer is checked by.
+The chain's, the star's and the LLM's clients, the training client's state-changing calls and
+the Ray engine's calls to its deployment each decide which failures are worth another attempt
+and how a final failure reads; the loop that tries, backs off (doubling up to
+``MAX_BACKOFF_S``) and tries again is written once, here, as is the plan comparison a
+``Describe`` answer is checked by.
 """
 
 from __future__ import annotations
@@ -33,16 +34,22 @@ def backoff_s(base_s: float, attempt: int) -> float:
 
 
 def with_retries(attempt: Callable[[int], T], *, retries: int, base_s: float,
-                 retryable: Callable[[Exception], bool]) -> T:
+                 retryable: Callable[[Exception], bool], until: float | None = None) -> T:
     """``attempt(n)`` for n = 0, 1, ...: its first result; an exception it raises is retried
     (after :func:`backoff_s`) while ``retryable`` says so and attempts are left (``retries``
-    more after the first), else raised as it is for the caller to explain."""
+    more after the first), else raised as it is for the caller to explain. ``retryable`` is
+    asked only when another attempt would follow (it may count or log the retry). ``until``
+    (a ``time.perf_counter()`` instant; None: none): no wait runs past it, and the attempt
+    after says what a passed deadline means."""
     for n in range(retries + 1):
         try:
             return attempt(n)
         except Exception as exc:
             if n < retries and retryable(exc):
-                time.sleep(backoff_s(base_s, n))
+                wait = backoff_s(base_s, n)
+                if until is not None:
+                    wait = min(wait, max(0.0, until - time.perf_counter()))
+                time.sleep(wait)
                 continue
             raise
     raise AssertionError("unreachable")

@@ -42,6 +42,7 @@ import grpc
 import torch
 
 from edgesplit.errors import ConfigError, option
+from edgesplit.runtime.calls import with_retries
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.transport import BadRequest
 
@@ -316,39 +317,48 @@ class RayEngine:
         return {**values, **from_arrays(reply.outputs)}, timings
 
     def _call(self, arrays: dict, deadline: float) -> Any:
-        """One request to the deployment, sent again while its replica died under it."""
-        exc_types = _replica_lost(self.ray)
+        """One request to the deployment (``deadline`` a ``time.perf_counter()`` instant),
+        sent again while its replica died under it, the waits between never past the
+        deadline."""
+        lost = _replica_lost(self.ray)
         from ray.serve.exceptions import BackPressureError
 
-        for attempt in range(self.options.retries + 1):
+        def attempt(n: int) -> Any:
             left = deadline - time.perf_counter()
             if left <= 0:
-                break
+                raise self._too_late()
             response = self.handle.remote(arrays)
             try:
                 return response.result(timeout_s=left)
             except TimeoutError:
                 response.cancel()
-                break
+                raise self._too_late() from None
             except BackPressureError:
                 raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  f"device {self.device!r}: every Ray replica is busy") from None
-            except exc_types as exc:
-                if attempt == self.options.retries:
-                    raise BadRequest(grpc.StatusCode.UNAVAILABLE,
-                                     f"device {self.device!r}: its Ray replica died and "
-                                     f"{self.options.retries} retries failed: "
-                                     f"{_first_line(exc)}") from None
-                with self._stats_lock:
-                    self.retried += 1
-                log.warning("device %s: a replica died under a request; sending it again",
-                            self.device)
-                # the router may not know yet: give it a moment before the next attempt
-                time.sleep(min(RETRY_BACKOFF_S * 2 ** attempt, max(0.0, deadline
-                                                                  - time.perf_counter())))
-        raise BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"device {self.device!r}: the Ray deployment did not answer within "
-                         "the caller's deadline")
+
+        def died(exc: Exception) -> bool:  # asked only when it will be sent again
+            if not isinstance(exc, lost):
+                return False
+            with self._stats_lock:
+                self.retried += 1
+            log.warning("device %s: a replica died under a request; sending it again",
+                        self.device)
+            return True
+
+        try:  # the router may not know yet: the backoff gives it a moment
+            return with_retries(attempt, retries=self.options.retries,
+                                base_s=RETRY_BACKOFF_S, retryable=died, until=deadline)
+        except lost as exc:
+            raise BadRequest(grpc.StatusCode.UNAVAILABLE,
+                             f"device {self.device!r}: its Ray replica died and "
+                             f"{self.options.retries} retries failed: "
+                             f"{_first_line(exc)}") from None
+
+    def _too_late(self) -> BadRequest:
+        return BadRequest(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"device {self.device!r}: the Ray deployment did not answer within "
+                          "the caller's deadline")
 
     # ---- health and shutdown ---------------------------------------------------------------
     def healthy(self) -> bool:

@@ -65,7 +65,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import grpc
 import torch
@@ -75,6 +75,7 @@ from torch import nn
 from edgesplit.errors import ConfigError, EdgesplitError, RemoteError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
+from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, with_retries
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.split import as_chain, seeded_forward, tensor_bytes
@@ -106,8 +107,6 @@ DEFAULT_MAX_BATCH = 256
 SESSION_TIMEOUT_S = 600.0
 _HELLO_LIMIT = 1 << 20  # Hello and Close are tiny; the real limit comes with the HelloReply
 _ENDED_KEPT = 32  # ended sessions remembered, to tell their devices why
-# a request that may or may not have reached the server: re-sent with the same sequence number
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 Tensors = dict[str, torch.Tensor]
 Update = tuple[Tensors, bool]  # (params or deltas by name, absolute)
 
@@ -882,8 +881,9 @@ class RemoteSplitTrainer:
     Every request that changes the server's state (Step, Sync, Undo) carries the session's
     next sequence number; one that failed on the way (UNAVAILABLE, DEADLINE_EXCEEDED: it may
     have been applied, its reply lost) is sent again, the same request with the same number,
-    up to ``retries`` times with a backoff doubling from ``retry_backoff_s``; the server
-    answers a repeat from its first reply, so nothing is applied twice.
+    up to ``retries`` times with a backoff doubling from ``retry_backoff_s`` (up to
+    ``MAX_BACKOFF_S``, as every client's: :func:`~edgesplit.runtime.calls.with_retries`); the
+    server answers a repeat from its first reply, so nothing is applied twice.
     """
 
     def __init__(self, model: nn.Module,
@@ -956,19 +956,23 @@ class RemoteSplitTrainer:
         the same number, while it fails on the way (see the class docstring). The number
         advances only once the server accepted it."""
         request.seq = self._seq + 1
-        for attempt in range(self.retries + 1):
-            try:
-                reply = method(request, timeout=self.timeout_s, metadata=self.metadata)
-            except grpc.RpcError as exc:
-                if exc.code() in RETRYABLE and attempt < self.retries:
-                    log.info("request %d failed on the way (%s); sending it again",
-                             request.seq, exc.code().name)
-                    time.sleep(self.backoff_s * 2 ** attempt)
-                    continue
-                raise RemoteError(_explain(exc.code(), exc.details(), self.address)) from None
-            self._seq = request.seq
-            return reply
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        on_the_way = rpc_failed_with(RETRYABLE)
+
+        def again(exc: Exception) -> bool:  # asked only when it will be sent again
+            if not on_the_way(exc):
+                return False
+            log.info("request %d failed on the way (%s); sending it again", request.seq,
+                     cast(grpc.RpcError, exc).code().name)
+            return True
+
+        try:
+            reply = with_retries(lambda _: method(request, timeout=self.timeout_s,
+                                                  metadata=self.metadata),
+                                 retries=self.retries, base_s=self.backoff_s, retryable=again)
+        except grpc.RpcError as exc:
+            raise RemoteError(_explain(exc.code(), exc.details(), self.address)) from None
+        self._seq = request.seq
+        return reply
 
     def _hello(self, take_over: bool) -> pb.HelloReply:
         fp = model_fingerprint(self.replica.chain)
