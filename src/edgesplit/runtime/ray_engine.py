@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 RAY_INSTALL = "pip install 'edgesplit[ray]'"
 RETRY_BACKOFF_S = 0.05  # before sending a request again after its replica died (doubling)
+RACE_BACKOFF_S = 0.05  # before building a deployment again after a lost pickle race (doubling)
 
 
 def import_ray() -> tuple[Any, Any]:
@@ -488,11 +489,6 @@ def _past_pickle_race(make: Callable[[], Any], attempts: int = 5) -> Any:
     same moment (a live handle's router, say) can unregister it first and the second
     unregister raises ValueError ("... is not registered for pickle by value"). Nothing was
     deployed yet, so building the deployment again is safe."""
-    for attempt in range(attempts):
-        try:
-            return make()
-        except ValueError as exc:
-            if "registered for pickle by value" not in str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return with_retries(lambda _: make(), retries=attempts - 1, base_s=RACE_BACKOFF_S,
+                        retryable=lambda exc: isinstance(exc, ValueError)
+                        and "registered for pickle by value" in str(exc))
