@@ -63,7 +63,7 @@ from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.shell import Servicer, ServingShell, check_request_plan
+from edgesplit.runtime.shell import NextHop, Servicer, ServingShell, check_request_plan
 from edgesplit.transport import (
     BadRequest,
     LoopbackChannel,
@@ -176,6 +176,10 @@ class LLMStageServer(ServingShell):
         before, after = stage_links(plan, index, dilation)
         self.upstream = LinkShaper(before, shape)  # replies, towards the caller
         self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
+        # the token, the session and its secret travel on: every stage keeps the session
+        self._forwarding = None if self._next is None else NextHop(
+            self._next, self.device, timeout_s=next_timeout_s, shaper=self.downstream,
+            passes=("authorization", SESSION_KEY, OWNER_KEY), own=_passed_back)
         self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
             Servicer(self, self), server), self.limit, max_workers)
         self._init_data_plane(self, data_port, self.limits)
@@ -274,10 +278,10 @@ class LLMStageServer(ServingShell):
             self.sessions.end(session, owner)
         except SessionError as exc:
             raise session_status(exc) from None
-        if self._next is not None:
+        if self._forwarding is not None:  # not shaped: the plan's links price steps, not ends
             end = message(self.plan_id, PLAN_VERSION, request.request_id,
                           {END_SESSION: torch.zeros(1, dtype=torch.int64)})
-            self._call_next(end, context)
+            self._forwarding.call(end, context)
         return Message(self.plan_id, PLAN_VERSION, request.request_id, [], {})
 
     def _forward(self, request: pb.Bundle | Message, session: str, out: torch.Tensor,
@@ -287,10 +291,8 @@ class LLMStageServer(ServingShell):
         step = message(self.plan_id, PLAN_VERSION, request.request_id,
                        step_tensors(self.stage.io.sends, out, position, sampling))
         serialize_ms = (time.perf_counter() - t0) * 1e3
-        if self.downstream.enabled:
-            assert self._next is not None
-            self.downstream.send(self._next.wire_size(step), "up")
-        reply = self._call_next(step, context)
+        assert self._forwarding is not None
+        reply = self._forwarding.send(step, context)
         names = [t.name for t in reply.tensors]
         if names != [TOKEN]:
             raise RemoteError(f"the stage after {self.device!r} answered with {names}, "
@@ -301,24 +303,17 @@ class LLMStageServer(ServingShell):
         timings[key] = timings.get(key, 0.0) + serialize_ms
         return token, timings
 
-    def _call_next(self, out: Message, context: grpc.ServicerContext | None) -> Message:
-        """Forward within what is left of the caller's deadline, with its token and session;
-        the next stage's session errors come back as this request's."""
-        metadata = context.invocation_metadata() if context is not None else ()
-        passed = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY, OWNER_KEY)]
-        check_alive(context, self.device)
-        assert self._next is not None
-        try:
-            return self._next.run(out, remaining_timeout(context, self.next_timeout_s),
-                                   passed, context)
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details()
-            if code in SESSION_CODES or code in (grpc.StatusCode.DEADLINE_EXCEEDED,
-                                                 grpc.StatusCode.CANCELLED,
-                                                 grpc.StatusCode.INVALID_ARGUMENT):
-                raise BadRequest(code, details or code.name) from None
-            raise RemoteError(f"next hop after {self.device!r} failed: {code.name}: "
-                              f"{details}") from None
+
+def _passed_back(exc: grpc.RpcError) -> BadRequest | None:
+    """The next stage's failure this step fails with as it is: a session's status (the
+    client acts on it), the caller's deadline or cancellation, a step the next stage refused
+    as malformed (anything else: the next hop failed)."""
+    code = exc.code()
+    if code in SESSION_CODES or code in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                         grpc.StatusCode.CANCELLED,
+                                         grpc.StatusCode.INVALID_ARGUMENT):
+        return BadRequest(code, exc.details() or code.name)
+    return None
 
 
 def _owner(context: grpc.ServicerContext | None) -> str:

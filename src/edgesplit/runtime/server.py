@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import torch
 
-from edgesplit.errors import ConfigError, RemoteError, WireError, option
+from edgesplit.errors import ConfigError, WireError, option
 from edgesplit.hardware import Link
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.quant.wire import encode_tensor
@@ -41,7 +41,7 @@ from edgesplit.runtime.program import DeviceStep, PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.roles import LastHop, Relay, Role, Sink
-from edgesplit.runtime.shell import Servicer, ServingShell, check_request_plan
+from edgesplit.runtime.shell import NextHop, Servicer, ServingShell, check_request_plan
 from edgesplit.transport import (
     BadRequest,
     LoopbackChannel,
@@ -207,6 +207,11 @@ class PartitionServer(ServingShell):
             self._next = Fanout(program, next_address, self.limit, tls, data_plane, shape)
         elif next_address is not None:
             self._next = Hop(next_address, self.limit, tls, data_plane)
+        # the token and the session travel on: every hop keeps the session's backend state;
+        # so does a star's join key, which the sink joins its sources' requests by
+        self._forwarding = None if self._next is None else NextHop(
+            self._next, device, timeout_s=next_timeout_s, shaper=self.downstream,
+            passes=("authorization", SESSION_KEY, JOIN_KEY), own=self._next_failed)
         self._slots = Slots(max_workers)  # the data plane's workers
         self._reply_metas = MetaCache()
         self._fast = FastPath(self)
@@ -437,34 +442,17 @@ class PartitionServer(ServingShell):
                       [Part(name, data) for name, data in encoded.items()])
         key = f"{self.step.name}.serialize_ms"
         timings[key] = timings.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
-        if self.downstream.enabled:
-            assert self._next is not None
-            self.downstream.send(self._next.wire_size(out), "up")
-        return self._call_next(out, context)
-
-    def _call_next(self, out: Message, context: grpc.ServicerContext | None
-                   ) -> tuple[dict[str, Any], dict[str, float]]:
-        """Forward within what is left of the caller's deadline, and cancel the downstream
-        call when the caller gives up, so abandoned requests free every hop's workers."""
-        metadata = context.invocation_metadata() if context is not None else ()
-        # the token and the session travel on: every hop keeps the session's backend state;
-        # so does a star's join key, which the sink joins its sources' requests by
-        auth = [(k, v) for k, v in metadata if k in ("authorization", SESSION_KEY, JOIN_KEY)]
-        check_alive(context, self.step.name)
-        timeout = remaining_timeout(context, self.next_timeout_s)
-        assert self._next is not None  # a step that sends was given a next address
-        try:
-            reply = self._next.run(out, timeout, auth, context)
-        except grpc.FutureCancelledError:
-            raise BadRequest(grpc.StatusCode.CANCELLED, "the caller cancelled the request"
-                              ) from None
-        except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-                raise BadRequest(exc.code(), f"next hop after {self.step.name!r}: "
-                                  f"{exc.code().name}: {exc.details()}") from None
-            raise RemoteError(f"next hop after {self.step.name!r} failed: "
-                              f"{exc.code().name}: {exc.details()}") from None
+        assert self._forwarding is not None  # a step that sends was given a next address
+        reply = self._forwarding.send(out, context)
         return {t.name: t.data for t in reply.tensors}, dict(reply.timings_ms)
+
+    def _next_failed(self, exc: grpc.RpcError) -> BadRequest | None:
+        """The next hop's failure this request fails with as it is: the caller's deadline
+        passed, or it cancelled (anything else: the next hop failed)."""
+        if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+            return BadRequest(exc.code(), f"next hop after {self.step.name!r}: "
+                              f"{exc.code().name}: {exc.details()}")
+        return None
 
 
 def _planned(program: PlanProgram, name: str) -> str:

@@ -7,28 +7,39 @@ shell authenticates each call, answers ``Run`` through :func:`~edgesplit.transpo
 stream's requests one by one (one that fails ends only itself, as an error in its reply),
 and refuses a request made for another plan in one set of words. Its data plane
 (:class:`ServingShell`) opens beside the gRPC port with the same token, TLS, throttle and
-connection limits, and answers a frame with the same checks and errors. What a request does
+connection limits, and answers a frame with the same checks and errors. A server that sends
+on calls the next device through :class:`NextHop`, which carries the caller's token, session
+and deadline there and turns the call's failure into this request's. What a request does
 (relay, compute, join, a generation step) is the handler's: :class:`Handler` and
 :class:`FrameHandler` are all the shell asks of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol, cast
 
 import grpc
 
 from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.plan.model import PLAN_VERSION
+from edgesplit.runtime.dataplane import Message, Metadata
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.transport import BadRequest, GrpcServer, answer
+from edgesplit.transport import (
+    BadRequest,
+    GrpcServer,
+    LinkShaper,
+    answer,
+    check_alive,
+    remaining_timeout,
+)
 from edgesplit.transport.frames import Frame, FrameContext, FrameServer, failure
 from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import Aborted
 
-__all__ = ["FrameHandler", "Handler", "Servicer", "ServingShell", "check_request_plan"]
+__all__ = ["FrameHandler", "Handler", "NextHop", "Servicer", "ServingShell",
+           "check_request_plan"]
 
 
 class Handler(Protocol):
@@ -156,6 +167,53 @@ class ServingShell(GrpcServer):
         except Aborted:
             return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
                            context.details)
+
+
+class _Hop(Protocol):  # a Hop, or a mesh root's Fanout
+    def wire_size(self, message: Message) -> int: ...
+
+    def run(self, message: Message, timeout: float | None, metadata: Metadata,
+            context: Any = None) -> Any: ...
+
+
+class NextHop:
+    """How a server calls the device after it through ``hop`` (a
+    :class:`~edgesplit.runtime.dataplane.Hop`: the data plane where offered, else gRPC; a mesh
+    root's :class:`~edgesplit.runtime.mesh.Fanout`). The caller's metadata named in
+    ``passes`` (its token, its session, ...) travels on, and the call gets what is left of
+    the caller's deadline (``timeout_s`` without one); a caller that gave up is not called
+    for, and one that cancels cancels the call downstream, so abandoned requests free every
+    hop's workers. A failed call fails this request as ``own`` says where the failure is the
+    caller's own to see (a passed deadline, a session's status), else as a failed next hop
+    (RemoteError: UNAVAILABLE). ``device`` names this server in its errors."""
+
+    def __init__(self, hop: _Hop, device: str, *, timeout_s: float, shaper: LinkShaper,
+                 passes: Collection[str],
+                 own: Callable[[grpc.RpcError], BadRequest | None]) -> None:
+        self.hop, self.device, self.timeout_s, self.shaper = hop, device, timeout_s, shaper
+        self.passes, self.own = frozenset(passes), own
+
+    def send(self, out: Message, context: grpc.ServicerContext | None) -> Message:
+        """:meth:`call`, the message first taking its time on ``shaper``'s link."""
+        if self.shaper.enabled:
+            self.shaper.send(self.hop.wire_size(out), "up")
+        return self.call(out, context)
+
+    def call(self, out: Message, context: grpc.ServicerContext | None) -> Message:
+        """The next device's reply to ``out``, sent on behalf of ``context``'s caller."""
+        metadata = context.invocation_metadata() if context is not None else ()
+        passed = [(k, v) for k, v in metadata if k in self.passes]
+        check_alive(context, self.device)
+        try:
+            return cast(Message, self.hop.run(
+                out, remaining_timeout(context, self.timeout_s), passed, context))
+        except grpc.FutureCancelledError:
+            raise BadRequest(grpc.StatusCode.CANCELLED, "the caller cancelled the request"
+                             ) from None
+        except grpc.RpcError as exc:
+            raise self.own(exc) or RemoteError(
+                f"next hop after {self.device!r} failed: {exc.code().name}: "
+                f"{exc.details()}") from None
 
 
 def check_request_plan(request: Any, plan_id: str) -> None:
