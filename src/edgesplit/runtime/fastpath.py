@@ -45,6 +45,9 @@ class FastPath:
 
     def __init__(self, server: PartitionServer) -> None:
         self.server, step = server, server.step
+        # whether the server only computes and answers, decided once: no call fits otherwise
+        self.serves = (server.engine is None and server.join is None and not step.sends
+                       and step.emulate_ms is None)
         self.receives, self.returns = list(step.receives), list(step.returns)
         # a large answer goes out from the output tensor's own memory (no copy into a message)
         self.encoders = [(name, server.program.codec(name).encode_pieces)
@@ -61,15 +64,10 @@ class FastPath:
         self.reply_json = encode_meta(self.reply_meta)
         self._fit: dict[int, dict[str, Any]] = {}  # id -> meta, held so that no id is reused
 
-    def _serves(self) -> bool:
-        s = self.server
-        return (s.engine is None and s.join is None and not s.step.sends
-                and s.step.emulate_ms is None)
-
     def _fits(self, meta: dict[str, Any]) -> bool:
         """Whether calls with this meta are the plan's plain ones: its plan, its tensor names
         in order, no timings and no session (a session's state is the general path's)."""
-        return (self._serves() and meta.get("plan_id") == self.server.program.plan_id
+        return (self.serves and meta.get("plan_id") == self.server.program.plan_id
                 and meta.get("plan_version") == PLAN_VERSION
                 and meta.get("names") == self.receives
                 and "timings" not in meta and "timings_ms" not in meta

@@ -70,7 +70,7 @@ class LastHop:
     """A device that sends nothing on: it answers from what it computed."""
 
     def __init__(self, server: PartitionServer, fast: FastPath) -> None:
-        self.fast = fast
+        self.fast = fast if fast.serves else None  # decided once, for every call
         self.slotted = _slotted(server)
 
     def downstream(self, request: pb.Bundle | Message, values: Mapping[str, torch.Tensor],
@@ -82,7 +82,8 @@ class LastHop:
     def route(self, frame: Frame) -> FrameRun:
         """How a data-plane call is answered: the short way where it fits, else the general
         way."""
-        return self.fast.reply if self.fast.fits(frame) else self.slotted
+        fast = self.fast
+        return fast.reply if fast is not None and fast.fits(frame) else self.slotted
 
 
 class Sink:
