@@ -601,6 +601,53 @@ def kernels_module():
     return _kernels
 
 
+def _with_crc(message: bytearray) -> bytes:
+    """``message`` with its CRC field rewritten to match its other bytes (where the rank and
+    parameter count it states put that field)."""
+    count_at = 16 + 4 * message[10]
+    crc_at = count_at + 4 + 8 * struct.unpack_from("<I", message, count_at)[0] + 16
+    message[crc_at: crc_at + 4] = struct.pack(
+        "<I", zlib.crc32(bytes(message[:crc_at]) + bytes(message[crc_at + 4:])))
+    return bytes(message)
+
+
+def _outcome(data, **expect) -> list[int] | str:
+    try:
+        return decode_tensor(data, **expect).float().view(torch.int32).reshape(-1).tolist()
+    except WireError as exc:
+        return str(exc)
+
+
+@pytest.mark.skipif(not kernels_load(), reason="numba does not import here")
+@pytest.mark.parametrize("axis", [None, 1])
+def test_quantized_messages_are_refused_alike_with_and_without_the_shortcut(axis, monkeypatch):
+    """Every truncation and corruption of a quantized message (with its CRC broken, and with
+    it rewritten so that the damage reaches the field checks), and every expectation it
+    misses, gives the parser's own error (or value) whether the quantized shortcut reads it
+    first or not: the shortcut only ever accepts what the parser accepts."""
+    message = encode_tensor(torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(5)), 4,
+                            per_channel_axis=axis)
+    assert wire._decode_quantized(memoryview(message), None, None, None) is not None
+    variants: list[bytes | bytearray | memoryview] = [message[:n] for n in range(len(message))]
+    variants += [message + b"\0", bytearray(message), memoryview(b"xyz" + message)[3:]]
+    for i in range(len(message)):
+        for flip in (0x01, 0x80, 0xFF):
+            corrupt = bytearray(message)
+            corrupt[i] ^= flip
+            variants.append(bytes(corrupt))
+            if i < 16 + 4 * 3 + 4 + 8 * (3 if axis else 1) + 16 and i != 10:  # not the rank
+                variants.append(_with_crc(corrupt))
+    expectations = [{}, {"expect_shape": (2, 3, 4)}, {"expect_shape": (2, 3, 5)},
+                    {"expect_dtype": torch.float16}, {"max_raw_bytes": 95},
+                    {"max_raw_bytes": 96}]
+    for data in variants:
+        for expect in expectations:
+            shortcut = _outcome(data, **expect)
+            with monkeypatch.context() as m:
+                m.setattr(wire, "_decode_quantized", lambda *args: None)
+                assert _outcome(data, **expect) == shortcut, (bytes(data), expect)
+
+
 def test_zero_point_sign_does_not_depend_on_which_zero_is_the_minimum():
     a = encode_tensor(torch.tensor([0.0, -0.0, 1.0]), 4)
     b = encode_tensor(torch.tensor([-0.0, 0.0, 1.0]), 4)
