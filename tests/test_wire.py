@@ -648,6 +648,22 @@ def test_quantized_messages_are_refused_alike_with_and_without_the_shortcut(axis
                 assert _outcome(data, **expect) == shortcut, (bytes(data), expect)
 
 
+@pytest.mark.parametrize("shape,axis", [((2, 3), 2), ((2, 3), -3), ((), 0), ((1,) * 9, 0),
+                                        ((1,) * 9, 12), ((2, 3), -2)])
+def test_shape_and_axis_errors_come_in_the_same_order_on_every_path(shape, axis):
+    """The kernels' encoder checks the shape and then the axis from its remembered layout;
+    the reference path checks them one by one: the same outcome, the same message."""
+    outcomes = []
+    for path in (contextlib.nullcontext, reference_path):
+        with path():
+            try:
+                outcomes.append(encode_tensor(torch.zeros(shape), 4, per_channel_axis=axis))
+            except WireError as exc:
+                outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    assert isinstance(outcomes[0], bytes) == (shape == (2, 3) and axis == -2), outcomes[0]
+
+
 def test_zero_point_sign_does_not_depend_on_which_zero_is_the_minimum():
     a = encode_tensor(torch.tensor([0.0, -0.0, 1.0]), 4)
     b = encode_tensor(torch.tensor([-0.0, 0.0, 1.0]), 4)

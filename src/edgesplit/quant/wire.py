@@ -571,13 +571,18 @@ def _body(t: torch.Tensor, bits: int, per_channel_axis: int | None) -> _Body:
 
 def _channel_axis(t: torch.Tensor, per_channel_axis: int | None) -> int | None:
     """The per-channel axis as a non-negative index (None: per tensor), or the error."""
+    return _axis_index(t.dim(), per_channel_axis)
+
+
+def _axis_index(ndim: int, per_channel_axis: int | None) -> int | None:
+    """:func:`_channel_axis` for a tensor of rank ``ndim``."""
     if per_channel_axis is None:
         return None
-    if not -t.dim() <= per_channel_axis < t.dim():
-        allowed = f" or {-t.dim()}..{t.dim() - 1}" if t.dim() else ""
+    if not -ndim <= per_channel_axis < ndim:
+        allowed = f" or {-ndim}..{ndim - 1}" if ndim else ""
         raise WireError(f"per_channel_axis {per_channel_axis} is not an axis of a "
-                        f"{t.dim()}-d tensor: use None (per tensor){allowed}")
-    return per_channel_axis % t.dim()
+                        f"{ndim}-d tensor: use None (per tensor){allowed}")
+    return per_channel_axis % ndim
 
 
 @functools.lru_cache(maxsize=MAX_NDIM + 1)
@@ -596,6 +601,8 @@ class _QuantizedLayout:
     prefix: bytes  # the fixed header, the shape and the parameter count
     lengths: bytes  # raw_len and payload_len, equal: the payload is not compressed
     shape: tuple[int, ...]
+    dtype: torch.dtype
+    bits: int
     channels: int
     inner: int  # the run length of one channel (0 for an empty tensor)
     count: int
@@ -610,12 +617,14 @@ class _QuantizedLayout:
 
 
 @functools.lru_cache(maxsize=256)
-def _quantized_layout(shape: tuple[int, ...], dtype: torch.dtype, bits: int, axis: int | None
-                      ) -> _QuantizedLayout:
+def _quantized_layout(shape: tuple[int, ...], dtype: torch.dtype, bits: int,
+                      per_channel_axis: int | None) -> _QuantizedLayout:
     """The layout of the message of a ``dtype`` tensor of ``shape`` at ``bits`` (1-8),
-    quantized per tensor (``axis`` None) or along ``axis``; raises what :func:`_check_shape`
-    raises (and is then not remembered)."""
+    quantized per tensor (``per_channel_axis`` None) or along that axis (negative counts
+    from the end); raises what :func:`_check_shape` and then :func:`_axis_index` raise, in
+    encode_tensor's order (an error is not remembered)."""
     _check_shape(shape)
+    axis = _axis_index(len(shape), per_channel_axis)
     _, channels, inner = _rows(shape, axis)
     count = math.prod(shape)
     raw_len = packed_size(count, bits)
@@ -624,21 +633,33 @@ def _quantized_layout(shape: tuple[int, ...], dtype: torch.dtype, bits: int, axi
         len(shape), 0, *shape, channels)
     crc_at = len(prefix) + 8 * channels + _LENGTHS.size
     body_at = crc_at + _CRC.size
-    return _QuantizedLayout(prefix, _LENGTHS.pack(raw_len, raw_len), shape, channels,
-                            inner if count else 0, count, len(prefix), crc_at, body_at,
-                            body_at + raw_len)
+    return _QuantizedLayout(prefix, _LENGTHS.pack(raw_len, raw_len), shape, dtype, bits,
+                            channels, inner if count else 0, count, len(prefix), crc_at,
+                            body_at, body_at + raw_len)
 
 
-def _encode_quantized(kernels: ModuleType, t: torch.Tensor, bits: int, axis: int | None
-                      ) -> bytes:
+@functools.lru_cache(maxsize=256)
+def _known_quantized(prefix: bytes) -> _QuantizedLayout | None:
+    """The layout that a message's prefix (:func:`_known_prefix`'s bytes) implies, when it
+    is that of an uncompressed quantized message, else None; raises what the parser raises
+    for the prefix. One remembered lookup per decoded message."""
+    _, dtype, bits, layout, axis, compression, dims, _ = _known_prefix(prefix)
+    if compression is not None or not (dtype.is_floating_point and bits <= 8):
+        return None
+    return _quantized_layout(dims, dtype, bits, axis if layout else None)
+
+
+def _encode_quantized(kernels: ModuleType, t: torch.Tensor, bits: int,
+                      per_channel_axis: int | None) -> bytes:
     """:func:`encode_tensor`'s uncompressed quantized message through the kernels, written in
     place: the header's bytes known in advance (:func:`_quantized_layout`) copied in, the
     parameters and the payload written by one kernel call straight into the message (the
     same bytes as :func:`_body` and :func:`_assemble`, with a dozen Python and numpy calls
-    fewer). A tensor large enough for several threads goes through :func:`_fast_params`."""
+    fewer). A tensor large enough for several threads goes through :func:`_fast_params`.
+    Raises :func:`_quantized_layout`'s errors (the shape's, then the axis')."""
+    layout = _quantized_layout(tuple(t.shape), t.dtype, bits, per_channel_axis)
     x = t if t.dtype == torch.float32 else t.float()
     flat = x.numpy().reshape(-1)
-    layout = _quantized_layout(tuple(x.shape), t.dtype, bits, axis)
     message, view = _new_message(layout.size)
     out = np.frombuffer(view, np.uint8)
     if kernels.workers_for(flat.size) < 2:
@@ -712,11 +733,11 @@ def encode_tensor(t: torch.Tensor, bits: int, compress: Compress = None, *,
         plain = _plain_head(tuple(t.shape), t.dtype)
         if plain is not None:
             return _encode_plain(t, *plain)
-    _check_shape(t.shape)
     if compress is None and bits <= 8 and t.is_floating_point():
         kernels = _kernels()
-        if kernels is not None:
-            return _encode_quantized(kernels, t, bits, _channel_axis(t, per_channel_axis))
+        if kernels is not None:  # checks the shape and then the axis, as below
+            return _encode_quantized(kernels, t, bits, per_channel_axis)
+    _check_shape(t.shape)
     body = _body(t, bits, per_channel_axis)
     if compress is None:
         return _assemble(_head(t, body, 0), body.raw_len, body.raw_len, body.fill, body.source)
@@ -1145,10 +1166,10 @@ def _decode_quantized(view: memoryview, shape: Sequence[int] | None,
     kernels = _kernels()
     if not size or kernels is None:
         return None
-    _, dt, bits, layout, axis, compression, dims, _ = _known_prefix(bytes(view[:size]))
-    if compression is not None or not (dt.is_floating_point and bits <= 8):
+    fields = _known_quantized(bytes(view[:size]))
+    if fields is None:
         return None
-    fields = _quantized_layout(dims, dt, bits, axis if layout else None)
+    dims, dt = fields.shape, fields.dtype
     if (view.nbytes != fields.size or kernels.workers_for(fields.count) > 1
             or view[fields.lengths_at: fields.crc_at] != fields.lengths
             or (shape is not None and tuple(shape) != dims) or (dtype is not None and dtype != dt)
@@ -1162,7 +1183,7 @@ def _decode_quantized(view: memoryview, shape: Sequence[int] | None,
     # and the kernel wrote into it faster (38 against 43 us for a Table 6 tensor)
     out = np.empty(dims, np.float32)
     if kernels.decode_message(np.frombuffer(view, np.uint8), fields.pairs_at, fields.channels,
-                              fields.body_at, fields.inner, bits, out.reshape(-1)
+                              fields.body_at, fields.inner, fields.bits, out.reshape(-1)
                               ) != kernels.PARAMS_OK:
         return None
     x = torch.from_numpy(out)
