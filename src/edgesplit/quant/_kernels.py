@@ -43,6 +43,7 @@ __all__ = ["PARALLEL_MIN", "PARAMS_NOT_FINITE", "PARAMS_NOT_POSITIVE", "PARAMS_O
 _F0 = np.float32(0.0)
 _U = np.uint32
 _U64_FF = np.uint64(0xFF)
+_BLOCK6 = 3072  # packed bytes of 6-bit codes per step (4096 values: their bytes stay in L1)
 
 
 @intrinsic
@@ -92,6 +93,25 @@ def _qpack_tail(x, start, stop, s, z, bits, top, out):
 
 
 @njit(inline="always")
+def _qpack6(v, s, z, top, o):
+    """6 bits: four values in three bytes, a block at a time: the codes as bytes first (a loop
+    over contiguous values, which vectorises as the 8-bit one does), then the bytes packed;
+    one loop over groups of four values vectorised worse (a Table 6 tensor's pack 100 ->
+    92 us)."""
+    codes = np.empty(_BLOCK6 // 3 * 4, np.uint8)
+    for start in range(0, o.size, _BLOCK6):
+        ob = o[start: min(start + _BLOCK6, o.size)]
+        vb = v[start // 3 * 4: (start + ob.size) // 3 * 4]
+        for i in range(vb.size):
+            codes[i] = np.uint8(_q(vb[i], s, z, top))
+        for g in range(ob.size // 3):
+            a, b, c, d = codes[4 * g], codes[4 * g + 1], codes[4 * g + 2], codes[4 * g + 3]
+            ob[3 * g] = a | (b << np.uint8(6))
+            ob[3 * g + 1] = (b >> np.uint8(2)) | (c << np.uint8(4))
+            ob[3 * g + 2] = (c >> np.uint8(4)) | (d << np.uint8(2))
+
+
+@njit(inline="always")
 def _qpack_words(v, s, z, bits, o):
     """Groups of eight values in ``bits`` bytes through a 64-bit word; inlined with ``bits`` a
     constant, so that the loops over a group unroll (3 bits: 3.5x faster than a variable
@@ -134,13 +154,7 @@ def _qpack_run(x, start, stop, s, z, bits, out):
                 b |= _q(v[j + k], s, z, top) << k
             o[i] = np.uint8(b)
     elif bits == 6:  # four values in three bytes
-        for g in range(o.size // 3):
-            j = 4 * g
-            a, b = _q(v[j], s, z, top), _q(v[j + 1], s, z, top)
-            c, d = _q(v[j + 2], s, z, top), _q(v[j + 3], s, z, top)
-            o[3 * g] = np.uint8((a | (b << 6)) & 0xFF)
-            o[3 * g + 1] = np.uint8(((b >> 2) | (c << 4)) & 0xFF)
-            o[3 * g + 2] = np.uint8(((c >> 4) | (d << 2)) & 0xFF)
+        _qpack6(v, s, z, top, o)
     elif bits == 3:  # 3, 5, 7: a 64-bit word per group of eight, its low `bits` bytes kept
         _qpack_words(v, s, z, 3, o)
     elif bits == 5:
@@ -383,6 +397,25 @@ def _code(raw, i, bits, mask):
 
 
 @njit(inline="always")
+def _dq6(r, s, z, v):
+    """6 bits, a block at a time: the codes unpacked to bytes first, then the bytes to floats
+    in a loop over contiguous values, which vectorises as the 8-bit one does; one loop over
+    groups of three bytes did not (a Table 6 tensor's unpack 117 -> 60 us)."""
+    codes = np.empty(_BLOCK6 // 3 * 4, np.uint8)
+    for start in range(0, r.size, _BLOCK6):
+        rb = r[start: min(start + _BLOCK6, r.size)]
+        for g in range(rb.size // 3):
+            b0, b1, b2 = rb[3 * g], rb[3 * g + 1], rb[3 * g + 2]
+            codes[4 * g] = b0 & np.uint8(63)
+            codes[4 * g + 1] = (b0 >> np.uint8(6)) | ((b1 & np.uint8(15)) << np.uint8(2))
+            codes[4 * g + 2] = (b1 >> np.uint8(4)) | ((b2 & np.uint8(3)) << np.uint8(4))
+            codes[4 * g + 3] = b2 >> np.uint8(2)
+        vb = v[start // 3 * 4: (start + rb.size) // 3 * 4]
+        for j in range(vb.size):
+            vb[j] = _dq(np.uint32(codes[j]), s, z)
+
+
+@njit(inline="always")
 def _dq_words(r, s, z, bits, v):
     """3, 5 and 7 bits: eight values from ``bits`` bytes through a 64-bit word, inlined with
     ``bits`` a constant (15-20x faster than reading each value's bytes at a variable width)."""
@@ -424,12 +457,7 @@ def _dq_run(raw, start, stop, s, z, bits, out):
             for k in range(8):
                 v[8 * i + k] = _dq((b >> k) & 1, s, z)
     elif bits == 6:
-        for g in range(r.size // 3):
-            b0, b1, b2 = np.uint32(r[3 * g]), np.uint32(r[3 * g + 1]), np.uint32(r[3 * g + 2])
-            v[4 * g] = _dq(b0 & 63, s, z)
-            v[4 * g + 1] = _dq((b0 >> 6) | ((b1 & 15) << 2), s, z)
-            v[4 * g + 2] = _dq((b1 >> 4) | ((b2 & 3) << 4), s, z)
-            v[4 * g + 3] = _dq(b2 >> 2, s, z)
+        _dq6(r, s, z, v)
     elif bits == 3:
         _dq_words(r, s, z, 3, v)
     elif bits == 5:
