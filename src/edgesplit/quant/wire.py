@@ -958,7 +958,12 @@ def _parse(data: Message, shape: Sequence[int] | None = None, dtype: torch.dtype
            max_raw_bytes: int | None = None) -> tuple[_Header, memoryview, _Checksum]:
     """The checked header, the (still compressed) payload, and what its CRC must be; nothing
     payload-sized allocated."""
-    view = _as_view(data)
+    return _parse_view(_as_view(data), shape, dtype, max_raw_bytes)
+
+
+def _parse_view(view: memoryview, shape: Sequence[int] | None, dtype: torch.dtype | None,
+                max_raw_bytes: int | None) -> tuple[_Header, memoryview, _Checksum]:
+    """:func:`_parse` of a message's :func:`_as_view`."""
     reader = _Reader(view)
     size = _prefix_size(view)
     if size:  # the fields up to the parameters, each checked once per distinct prefix
@@ -1162,6 +1167,8 @@ def _decode_quantized(view: memoryview, shape: Sequence[int] | None,
     length), the CRC verified, and the parameters checked by the kernel before it decodes:
     what the parser's two dozen steps establish, in a few. For a tensor small enough for one
     thread (larger ones are not spending their time here)."""
+    if len(view) < _FIXED.size or view[6] > 8 or view[9]:  # 16/32 bits or compressed:
+        return None  # left to the parser at once (a plain message's decode stays as fast)
     size = _prefix_size(view)
     kernels = _kernels()
     if not size or kernels is None:
@@ -1206,10 +1213,11 @@ def decode_tensor(data: Message, *,
         fast = _decode_expected(data, tuple(expect_shape), expect_dtype, max_raw_bytes)
         if fast is not None:
             return fast
-    quantized = _decode_quantized(_as_view(data), expect_shape, expect_dtype, max_raw_bytes)
+    view = _as_view(data)
+    quantized = _decode_quantized(view, expect_shape, expect_dtype, max_raw_bytes)
     if quantized is not None:
         return quantized
-    header, body, checksum = _parse(data, expect_shape, expect_dtype, max_raw_bytes)
+    header, body, checksum = _parse_view(view, expect_shape, expect_dtype, max_raw_bytes)
     if _is_copy(header):
         return _copied(body, header, checksum)
     checksum.verify(int(_crc32(body, checksum.head)))
