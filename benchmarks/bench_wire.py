@@ -3,7 +3,8 @@
 1. The goal table (issue 19): ``encode_tensor(x, bits)`` then ``decode_tensor(msg)`` on the
    AUTO-SPLIT Table 6 activation (1x256x36x64 float32), per tensor and per channel, at 2/4/6/8
    bits and at 32, in GB/s of float32 input (4 bytes per value over encode + decode time).
-   Pass/fail columns: 4-bit at >= 4 GB/s, and 6-bit at least half the 4-bit speed.
+   Pass/fail columns: 4-bit at >= 4 GB/s and within 3.75x a copy (4 GB/s wherever a copy
+   reaches 15 GB/s, issue 39), and 6-bit at least half the 4-bit speed.
 2. Plain floats for a data plane: 32- and 16-bit encode and decode of 100 KB, 1 MB and 4 MB
    float32 tensors, each as a multiple of one copy of the tensor (decoding a memoryview slice of
    a larger receive buffer, as a data plane does).
@@ -40,6 +41,8 @@ SIZES = {"AUTO-SPLIT Table 6 (288 KB of 8-bit values)": 288 * 1024,
          "ResNet-50 stage-1 output (256x56x56)": 802_816}
 PLAIN_BYTES = {"100 KB": 100_000, "1 MB": 1 << 20, "4 MB": 4 << 20}
 GOAL_GBS = 4.0
+# issue 39: 4 GB/s wherever a copy reaches 15 GB/s, i.e. encode + decode within 3.75 copies
+GOAL_X_COPY = 15.0 / GOAL_GBS
 _NOTE = ("The codec runs no torch arithmetic or reduction on a float32 quantized tensor, and at "
          "most one thread per 2^19 values (the Table 6 tensor: the caller's thread alone), so "
          "its speed follows the memory, not the core count or the load (the instruction set only"
@@ -112,11 +115,17 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
     return _judged(rows)
 
 
+def _x_copy(row: dict) -> float:
+    """Encode + decode time in copies: the median of the runs' ratios where it was taken."""
+    return row.get("x_copy", (row["encode_ms"] + row["decode_ms"]) / row["copy_ms"])
+
+
 def _judged(rows: list[dict]) -> list[dict]:
     for layout in ("per tensor", "per channel"):
         by_bits = {r["bits"]: r for r in rows if r["layout"] == layout}
         for r in by_bits.values():
             r["goal_4gbs"] = r["gb_per_s"] >= GOAL_GBS if r["bits"] == 4 else None
+            r["goal_x_copy"] = _x_copy(r) <= GOAL_X_COPY if r["bits"] == 4 else None
             r["goal_half_of_4bit"] = (r["gb_per_s"] >= by_bits[4]["gb_per_s"] / 2
                                       if r["bits"] == 6 else None)
     return rows
@@ -179,21 +188,25 @@ def report(goal: list[dict], runs: list[list[dict]], plain: list[dict], packer: 
              _NOTE, "",
              "## Encode + decode of the AUTO-SPLIT Table 6 tensor (1x256x36x64 float32)", "",
              "GB/s of float32 input: 4 bytes a value over (encode + decode) time. Goals: 4-bit "
-             f">= {GOAL_GBS:g} GB/s; 6-bit at least half the 4-bit speed.", "",
+             f">= {GOAL_GBS:g} GB/s and within {GOAL_X_COPY:g}x a copy ({GOAL_GBS:g} GB/s wherever"
+             " a copy reaches 15 GB/s); 6-bit at least half the 4-bit speed.", "",
              "| layout | bits | encode ms | decode ms | GB/s | copy GB/s | x copy | >= 4 GB/s | "
-             "6-bit >= half 4-bit |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             f"<= {GOAL_X_COPY:g}x copy | 6-bit >= half 4-bit |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in goal:
         lines.append(f"| {r['layout']} | {r['bits']} | {r['encode_ms']:.3f} | "
                      f"{r['decode_ms']:.3f} | {r['gb_per_s']:.2f} | {r['copy_gb_per_s']:.1f} | "
                      f"{r['x_copy']:.1f} | "
-                     f"{_mark(r['goal_4gbs'])} | {_mark(r['goal_half_of_4bit'])} |")
+                     f"{_mark(r['goal_4gbs'])} | {_mark(r['goal_x_copy'])} | "
+                     f"{_mark(r['goal_half_of_4bit'])} |")
     lines += ["", f"Each figure is the median of {len(runs)} runs (each itself the median of its "
               "repeats). Every run's 4-bit GB/s (x copy):"]
     for layout in ("per tensor", "per channel"):
         each = [next(r for r in run if r["layout"] == layout and r["bits"] == 4) for run in runs]
         lines.append(f"- {layout}: " + ", ".join(
-            f"{r['gb_per_s']:.2f} ({(r['encode_ms'] + r['decode_ms']) / r['copy_ms']:.1f})"
-            for r in each))
+            f"{r['gb_per_s']:.2f} ({_x_copy(r):.2f})" for r in each)
+            + f"; every run within {GOAL_X_COPY:g}x a copy: "
+            + ("yes" if all(r["goal_x_copy"] for r in each) else "no"))
     lines += ["", "## Plain floats (a data plane's 32/16-bit tensors)", "",
               "Decoding reads a memoryview slice of a larger receive buffer; the tensor owns its "
               "memory.", "",
@@ -233,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     load_after = " ".join(f"{v:.2f}" for v in os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "wire.json").write_text(json.dumps(
-        {"version": 4, "load_average": load, "load_average_after": load_after,
+        {"version": 5, "load_average": load, "load_average_after": load_after,
          "settings": setup, "quick": args.quick, "goal": goal, "goal_runs": runs,
          "plain": plain, "packer": packer}, indent=2) + "\n")
     text = report(goal, runs, plain, packer, f"{load} (after: {load_after})", setup)
