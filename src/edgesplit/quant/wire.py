@@ -24,10 +24,14 @@ their header alone.
 Speed: quantized payloads go through the fused numba kernels of quant/_kernels.py where numba
 imports (one pass each way, byte-identical to the numpy/torch reference path kept here and in
 pack.py); a message is built once, in place; the CRC is python-isal's (zlib's CRC-32, faster).
-An uncompressed quantized message is written by :func:`_encode_quantized`: its fields in one
-pack, and range, parameters and payload from one kernel call (two above the size where the
-pack runs on several threads), since per-call Python and numpy steps were a third of a Table 6
-tensor's encode and most of a small one's.
+An uncompressed quantized message is written by :func:`_encode_quantized`: its header bytes
+known in advance from its shape, width and layout (:func:`_quantized_layout`, remembered), and
+range, parameters and payload from one kernel call (two above the size where the pack runs on
+several threads), since per-call Python and numpy steps were a third of a Table 6 tensor's
+encode and most of a small one's. :func:`_decode_quantized` reads one back the same way: the
+layout its prefix implies, compared with the rest of the header, the CRC, then one kernel call
+that checks the parameters and decodes; any message it does not accept whole goes to the
+parser, which gives the error.
 A plain tensor (sent as its own words) has a header that depends on its shape and dtype alone:
 it is built once and cached, and a decoder told what to expect compares those bytes instead of
 parsing them (same checks, same errors: any other message goes through the parser).
