@@ -2,7 +2,8 @@
 
 1. The goal table (issue 19): ``encode_tensor(x, bits)`` then ``decode_tensor(msg)`` on the
    AUTO-SPLIT Table 6 activation (1x256x36x64 float32), per tensor and per channel, at 2/4/6/8
-   bits and at 32, in GB/s of float32 input (4 bytes per value over encode + decode time).
+   bits and at 32, in GB/s of float32 input (4 bytes per value over encode + decode time); the
+   copy, the encode and the decode are timed in turn within each repeat.
    Pass/fail columns: 4-bit at >= 4 GB/s and within 3.75x a copy (4 GB/s wherever a copy
    reaches 15 GB/s, issue 39), and 6-bit at least half the 4-bit speed.
 2. Plain floats for a data plane: 32- and 16-bit encode and decode of 100 KB, 1 MB and 4 MB
@@ -26,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +78,23 @@ def _ms(fn, repeats: int) -> float:
     return time_call(fn, warmup=2, repeats=repeats)["median"]
 
 
+def _ms_in_turn(fns: list, repeats: int, warmup: int = 2) -> list[float]:
+    """Median ms of each of ``fns``, timed in turn within every repeat (copy, encode, decode,
+    copy, ...): a burst of other work then lands on one repeat of each, which the medians drop,
+    where timed one after another it could inflate all of one function's repeats and none of
+    the copy's."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            spent.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(spent) for spent in times]
+
+
 def _gbs(nbytes: int, ms: float) -> float:
     return nbytes / 1e6 / ms
 
@@ -91,9 +110,10 @@ def goal_rows(repeats: int) -> list[dict]:
                 continue
             message = encode_tensor(x, bits, per_channel_axis=axis)
             decode_tensor(message)  # compiles the kernels (or loads them from numba's cache)
-            copy_ms = _ms(lambda: source.copy(), repeats)
-            encode_ms = _ms(lambda: encode_tensor(x, bits, per_channel_axis=axis), repeats)
-            decode_ms = _ms(lambda: decode_tensor(message), repeats)
+            copy_ms, encode_ms, decode_ms = _ms_in_turn(
+                [lambda: source.copy(),
+                 lambda: encode_tensor(x, bits, per_channel_axis=axis),
+                 lambda: decode_tensor(message)], repeats)
             rows.append({"layout": layout, "bits": bits, "encode_ms": encode_ms,
                          "decode_ms": decode_ms, "copy_ms": copy_ms,
                          "gb_per_s": _gbs(nbytes, encode_ms + decode_ms),
@@ -196,11 +216,12 @@ def report(goal: list[dict], runs: list[list[dict]], plain: list[dict], packer: 
     for r in goal:
         lines.append(f"| {r['layout']} | {r['bits']} | {r['encode_ms']:.3f} | "
                      f"{r['decode_ms']:.3f} | {r['gb_per_s']:.2f} | {r['copy_gb_per_s']:.1f} | "
-                     f"{r['x_copy']:.1f} | "
+                     f"{r['x_copy']:.2f} | "
                      f"{_mark(r['goal_4gbs'])} | {_mark(r['goal_x_copy'])} | "
                      f"{_mark(r['goal_half_of_4bit'])} |")
     lines += ["", f"Each figure is the median of {len(runs)} runs (each itself the median of its "
-              "repeats). Every run's 4-bit GB/s (x copy):"]
+              "repeats, the copy, the encode and the decode timed in turn within each "
+              "repeat). Every run's 4-bit GB/s (x copy):"]
     for layout in ("per tensor", "per channel"):
         each = [next(r for r in run if r["layout"] == layout and r["bits"] == 4) for run in runs]
         lines.append(f"- {layout}: " + ", ".join(
