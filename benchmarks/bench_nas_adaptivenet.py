@@ -303,14 +303,32 @@ def main() -> None:
     parser.add_argument("--render-only", "--replot", action="store_true",
                         help=f"rewrite {NAME}.md and the figures from {NAME}.json without "
                              "measuring")
+    parser.add_argument("--monitor", default="the monitor of this checkout",
+                        help="what the switching runs' monitor is (a commit, a rule): kept "
+                             "with them, and named when a later run lists them as earlier")
     args = parser.parse_args()
     if args.render_only:
         write_report(json.loads((args.out / f"{NAME}.json").read_text()), args.out)
         return
-    measure(args.out)
+    measure(args.out, args.monitor)
 
 
-def measure(out: Path) -> None:
+def _earlier_switching(out: Path) -> list[dict]:
+    """The switching runs of the results already in ``out`` and the ones listed before them:
+    every run made is reported, the latest first replaced."""
+    path = out / f"{NAME}.json"
+    if QUICK or not path.exists():
+        return []
+    previous = json.loads(path.read_text())
+    if "switching" not in previous:
+        return list(previous.get("switching_earlier", []))
+    last = {"runs": previous["switching"]["runs"],
+            "monitor": previous.get("monitor", "the monitor of that run"),
+            "load_before": previous.get("load_before")}
+    return [*previous.get("switching_earlier", []), last]
+
+
+def measure(out: Path, monitor: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     load_before = [round(x, 2) for x in os.getloadavg()]
@@ -345,7 +363,8 @@ def measure(out: Path) -> None:
            "reuse": reuse, "shrunk": shrunk, "switching": switch, "joint": joint_doc,
            "seconds": time.perf_counter() - start, "load_before": load_before,
            "load_after": [round(x, 2) for x in os.getloadavg()], "quick": QUICK,
-           "threads": torch.get_num_threads()}
+           "threads": torch.get_num_threads(), "monitor": monitor,
+           "switching_earlier": _earlier_switching(out)}
     results = Path(tempfile.mkdtemp()) if QUICK else out
     (results / f"{NAME}.json").write_text(json.dumps(doc, indent=2) + "\n")
     write_report(doc, results)
