@@ -10,6 +10,7 @@ all inside (or a short while passed), so steps that may overlap do; no timing is
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -200,3 +201,34 @@ def test_grpc_message_limits_are_not_read_as_a_busy_stage():
     for text in ("Received message larger than max (4194405 vs. 4194304)",
                  "Sent message larger than max (9 vs. 8)"):
         assert session_error(grpc.StatusCode.RESOURCE_EXHAUSTED, text) is None
+
+
+def test_a_stopping_stage_answers_a_waiting_step_unavailable(plan, model):
+    """A step waiting for a worker while its stage stops is told UNAVAILABLE at once (retry
+    elsewhere): the stage's slots are the serving shell's, as a partition server's are; before,
+    it waited out its deadline and was then told RESOURCE_EXHAUSTED (a busy stage)."""
+    from edgesplit.transport import BadRequest
+    from edgesplit.transport.loopback import LoopbackContext
+
+    server = LLMStageServer(plan, "laptop", model=model, max_workers=1)
+    server.take_slot(None)  # the one worker busy
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            server.take_slot(LoopbackContext(timeout=30))
+        except BaseException as exc:  # the assertion below reads it
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    for _ in range(1000):  # at most 10 s for the thread to start waiting
+        if server._slots._waiting:
+            break
+        time.sleep(0.01)
+    server.stop(0)
+    waiter.join(10)
+    assert not waiter.is_alive(), "the waiting step was not answered when the stage stopped"
+    exc, = outcome
+    assert isinstance(exc, BadRequest) and exc.code == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in str(exc)

@@ -74,7 +74,6 @@ from edgesplit.transport import (
 from edgesplit.transport.frames import REPLY, Frame
 from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.shaping import LinkShaper
-from edgesplit.transport.slots import Slots
 
 __all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
 
@@ -163,7 +162,8 @@ class LLMStageServer(ServingShell):
                                     max_sessions=max_sessions or llm.sessions,
                                     max_context=llm.max_context)
         # one bound for gRPC's calls and the data plane's (which has a thread per connection)
-        self._slots = Slots(max_workers)
+        self._init_slots(max_workers, self.device, f"{option('max_workers')} steps: try "
+                         "again, or serve with more workers")
         self.token, self.tls = token, tls
         if limits is not None:  # idle and slow callers' timeouts, the frames' memory budget
             self.limits = limits
@@ -216,15 +216,11 @@ class LLMStageServer(ServingShell):
                ) -> Message:
         """Answer one step (or an end of session) of the caller's session, in one of the
         ``max_workers`` slots that gRPC's calls and the data plane's share."""
-        if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
-            check_alive(context, self.device)
-            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"device {self.device!r} is busy with {option('max_workers')} "
-                             "steps: try again, or serve with more workers")
+        self.take_slot(context)
         try:
             return self._handle(request, context)
         finally:
-            self._slots.give()
+            self.give_slot()
 
     def _handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None
                 ) -> Message:

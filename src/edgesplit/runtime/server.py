@@ -192,7 +192,6 @@ class PartitionServer(ServingShell):
         if device in program.sources:
             self._computing = Slots(max_workers)
             max_workers += max_joins
-        self._stopping = False
         self.limit = max_message_bytes(program)
         upstream, downstream = _links(program, self.step)
         self.upstream = LinkShaper(upstream, shape)  # replies
@@ -212,7 +211,7 @@ class PartitionServer(ServingShell):
         self._forwarding = None if self._next is None else NextHop(
             self._next, device, timeout_s=next_timeout_s, shaper=self.downstream,
             passes=("authorization", SESSION_KEY, JOIN_KEY), own=self._next_failed)
-        self._slots = Slots(max_workers)  # the data plane's workers
+        self._init_slots(max_workers, self.step.name, f"{option('max_workers')} requests")
         self._reply_metas = MetaCache()
         self._fast = FastPath(self)
         # its role, chosen once: a device that sends relays, the last one answers (the short
@@ -259,10 +258,9 @@ class PartitionServer(ServingShell):
         """Finish requests in flight (up to ``grace_s``), refuse new ones; then shut the
         engine's deployment down. Calls waiting for a worker, and a star sink's parked
         joins, are answered UNAVAILABLE: their clients may retry on another server."""
-        self._stopping = True
-        for slots in (self._slots, self._computing):
-            if slots is not None:
-                slots.close()
+        self._refuse_new()  # first: a woken wait for a compute worker reads it
+        if self._computing is not None:
+            self._computing.close()
         if self.join is not None:
             self.join.close()
         if self.engine is not None:  # its health watch must not say SERVING again
@@ -347,27 +345,6 @@ class PartitionServer(ServingShell):
     def reply_frame(self, reply: Message) -> Frame:
         """``reply`` as the data plane's answer (its meta encoded once while it repeats)."""
         return self._reply_metas.fill(reply.to_frame(REPLY))
-
-    def take_slot(self, context: grpc.ServicerContext) -> None:
-        """One of the data plane's ``max_workers`` slots (give it back with
-        :meth:`give_slot`), or BadRequest once the request's deadline passed waiting."""
-        if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
-            self._check_running()
-            check_alive(context, self.step.name)
-            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"device {self.step.name!r} is busy with {option('max_workers')} "
-                             "requests")
-
-    def give_slot(self) -> None:
-        """Give back the slot :meth:`take_slot` took."""
-        self._slots.give()
-
-    def _check_running(self) -> None:
-        """BadRequest UNAVAILABLE once :meth:`stop` began (not RESOURCE_EXHAUSTED: the
-        client should retry elsewhere, not back off from a busy server)."""
-        if self._stopping:
-            raise BadRequest(grpc.StatusCode.UNAVAILABLE,
-                             f"device {self.step.name!r} is shutting down")
 
     def handle(self, request: pb.Bundle | Message,
                context: grpc.ServicerContext | None = None) -> Message:

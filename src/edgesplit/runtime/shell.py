@@ -7,7 +7,9 @@ shell authenticates each call, answers ``Run`` through :func:`~edgesplit.transpo
 stream's requests one by one (one that fails ends only itself, as an error in its reply),
 and refuses a request made for another plan in one set of words. Its data plane
 (:class:`ServingShell`) opens beside the gRPC port with the same token, TLS, throttle and
-connection limits, and answers a frame with the same checks and errors. A server that sends
+connection limits, and answers a frame with the same checks and errors; the worker slots both
+planes' calls share are the shell's too (:meth:`ServingShell.take_slot`), and so is the
+refusal once it stops (UNAVAILABLE, not a busy server's RESOURCE_EXHAUSTED). A server that sends
 on calls the next device through :class:`NextHop`, which carries the caller's token, session
 and deadline there and turns the call's failure into this request's. What a request does
 (relay, compute, join, a generation step) is the handler's: :class:`Handler` and
@@ -37,6 +39,7 @@ from edgesplit.transport import (
 from edgesplit.transport.frames import Frame, FrameContext, FrameServer, failure
 from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import Aborted
+from edgesplit.transport.slots import Slots
 
 __all__ = ["FrameHandler", "Handler", "NextHop", "Servicer", "ServingShell",
            "check_request_plan"]
@@ -118,6 +121,41 @@ class ServingShell(GrpcServer):
 
     _frames: FrameServer | None = None
     data_port: int | None = None  # the data plane's port once started (None: none)
+    next_timeout_s: float  # the longest a call waits for a slot or the next device
+    _stopping = False
+
+    def _init_slots(self, workers: int, device: str, busy: str) -> None:
+        """``workers`` slots that the calls of both planes share (:meth:`take_slot`); a call
+        that finds none free in time is refused as ``device`` busy with ``busy``."""
+        self._slots = Slots(workers)
+        self._slot_words = (device, busy)
+
+    def take_slot(self, context: grpc.ServicerContext | None) -> None:
+        """One of the server's worker slots (give it back with :meth:`give_slot`), or
+        BadRequest once the call's deadline passed waiting (UNAVAILABLE once :meth:`stop`
+        began: the client should retry elsewhere, not back off from a busy server)."""
+        if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
+            device, busy = self._slot_words
+            self._check_running()
+            check_alive(context, device)
+            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"device {device!r} is busy with {busy}")
+
+    def give_slot(self) -> None:
+        """Give back the slot :meth:`take_slot` took."""
+        self._slots.give()
+
+    def _check_running(self) -> None:
+        """BadRequest UNAVAILABLE once :meth:`stop` began."""
+        if self._stopping:
+            raise BadRequest(grpc.StatusCode.UNAVAILABLE,
+                             f"device {self._slot_words[0]!r} is shutting down")
+
+    def _refuse_new(self) -> None:
+        """Take no new work: every call waiting for a slot is answered at once (again: a
+        no-op)."""
+        self._stopping = True
+        self._slots.close()
 
     def _init_data_plane(self, handler: FrameHandler, port: int | None,
                          limits: ConnectionLimits | None) -> None:
@@ -149,7 +187,9 @@ class ServingShell(GrpcServer):
                               "or turn it off") from None
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Finish the calls in flight on both planes (up to ``grace_s``), refuse new ones."""
+        """Finish the calls in flight on both planes (up to ``grace_s``), refuse new ones (and
+        the calls waiting for a slot)."""
+        self._refuse_new()
         if self._frames is not None:
             self._frames.stop(grace_s)
         super().stop(grace_s)
