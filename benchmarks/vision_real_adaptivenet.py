@@ -206,7 +206,8 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {k: median(k) for k in ("reaction_s", "recovery_s", "switch_back_s", "flaps",
                                    "switches", "over_budget")} | {
-        "no_reaction": sum(r["reaction_s"] is None for r in runs)}
+        "no_reaction": sum(r["reaction_s"] is None for r in runs),
+        "no_switch_back": sum(r["switch_back_s"] is None for r in runs)}
 
 
 def _reuse(folder: Path, count: int = 20, images: int = 200) -> dict[str, Any]:
@@ -305,8 +306,9 @@ def _render_switching(sw: dict[str, Any]) -> list[str]:
              + (f" Monitor: {sw['monitor']}; load {sw['load_before']} before, "
                 f"{sw['load_after']} after." if sw.get("monitor") else ""), "",
              "| load | monitor | reaction s | back within budget s | switch back s | "
-             "switches | flaps | requests over budget | runs without a reaction |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "switches | flaps | requests over budget | runs without a reaction | "
+             "runs without a switch back |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in sw.items():
         if not isinstance(r, dict):
             continue
@@ -315,7 +317,8 @@ def _render_switching(sw: dict[str, Any]) -> list[str]:
         lines.append(f"| {load} | {monitor} | {_fmt(m['reaction_s'])} | "
                      f"{_fmt(m['recovery_s'])} | {_fmt(m['switch_back_s'])} | "
                      f"{_fmt(m['switches'], '.0f')} | {_fmt(m['flaps'], '.0f')} | "
-                     f"{_fmt(m['over_budget'], '.0f')} | {m['no_reaction']} |")
+                     f"{_fmt(m['over_budget'], '.0f')} | {m['no_reaction']} | "
+                     f"{m.get('no_switch_back', '-')} |")
     lines += ["", "Every run's flaps: " + "; ".join(
         f"{name}: {[x['flaps'] for x in r['runs']]}" for name, r in sw.items()
         if isinstance(r, dict)), ""]
