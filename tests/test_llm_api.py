@@ -28,6 +28,7 @@ from edgesplit.errors import (  # noqa: E402
     RemoteError,
     SessionError,
 )
+from edgesplit.runtime.http_guard import HttpLimits  # noqa: E402
 from edgesplit.runtime.llm_api import create_app, serve_api  # noqa: E402
 from edgesplit.runtime.llm_engine import Delta  # noqa: E402
 from edgesplit.runtime.llm_sampling import Sampling  # noqa: E402
@@ -61,6 +62,7 @@ class EchoEngine:
 
     model_id: str = "echo-llm"
     max_context: int = 32
+    max_prompt_chars: int = 10_000
     delay_s: float = 0.0  # per token, for the tests of clients that leave
     fail: BaseException | None = None  # raised by stream() before any work
     fail_at: int | None = None  # raise a RemoteError at this step
@@ -92,7 +94,8 @@ class EchoEngine:
         return self._ids(prompt)
 
     def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling,
-               stop: Sequence[str] = ()) -> Iterator[Delta]:
+               stop: Sequence[str] = (), cancel: threading.Event | None = None
+               ) -> Iterator[Delta]:
         if self.fail is not None:
             raise self.fail
         if len(prompt_ids) + max_new_tokens > self.max_context:
@@ -566,14 +569,15 @@ def test_cli_api_command(monkeypatch, tmp_path):
     import edgesplit.runtime.llm_engine
     from edgesplit.cli import app
 
-    opened, served = {}, {}
+    opened, served, settings_seen = {}, {}, {}
 
     def open_engine(plan, server, **kwargs):
         opened.update(plan=plan, server=server, **kwargs)
         return EchoEngine()
 
-    def fake_serve(engine, host, port, api_key=None, *, ready=None):
+    def fake_serve(engine, host, port, api_key=None, *, ready=None, **settings):
         served.update(host=host, port=port, api_key=api_key)
+        settings_seen.update(settings)
         ready(43210)
 
     monkeypatch.setattr(edgesplit.plan, "load_plan", lambda path: f"plan:{path}")
@@ -594,6 +598,15 @@ def test_cli_api_command(monkeypatch, tmp_path):
                       "timeout_s": 5.0, "retries": 2, "data_plane": "grpc",
                       "shape": False, "torch_device": None}  # links real unless --shape
     assert served == {"host": "127.0.0.1", "port": 0, "api_key": "sesame"}
+    assert settings_seen == {"limits": HttpLimits(), "max_prompt_chars": None}  # the defaults
+
+    result = CliRunner().invoke(app, ["llm", "api", "p.json", "--max-body-bytes", "64KiB",
+                                      "--max-connections", "100", "--max-prompt-chars", "900",
+                                      "--header-timeout-s", "2"])
+    assert result.exit_code == 0, result.output
+    assert settings_seen == {"limits": HttpLimits(max_body_bytes=65536, max_connections=100,
+                                                  header_timeout_s=2.0),
+                             "max_prompt_chars": 900}
 
     result = CliRunner().invoke(app, ["llm", "api", "p.json", "--api-key", "a",
                                       "--api-key-file", str(key_file)])

@@ -66,7 +66,6 @@ Decisions, where a choice was made or the server departs from OpenAI:
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import secrets
@@ -78,7 +77,6 @@ import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterator,
     Mapping,
@@ -89,7 +87,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -106,8 +104,10 @@ from edgesplit.errors import (
     WireError,
     option,
 )
+from edgesplit.runtime.http_guard import Gate, HttpLimits, check_open_files, guarded_protocol
 from edgesplit.runtime.llm_engine import Delta, TextEngine
 from edgesplit.runtime.llm_sampling import Sampling
+from edgesplit.transport.auth import AuthThrottle
 
 __all__ = ["create_app", "serve_api"]
 
@@ -377,6 +377,20 @@ def _prompt(prompt: str | list[str]) -> str:
     return prompt[0]
 
 
+def _check_chars(texts: Sequence[str], limit: int, param: str) -> None:
+    """400 ``context_length_exceeded`` for a prompt longer than ``limit`` characters, in all
+    or in one of its ``texts`` (messages), before any of it is tokenized: tokenizing is
+    linear in the text, and ten megabytes of it took half a minute and gigabytes."""
+    total = 0
+    for i, text in enumerate(texts):
+        total += len(text)
+        if total > limit:
+            where = f"{param}[{i}]" if len(texts) > 1 else param
+            raise _ApiError(400, f"the prompt is longer than {limit} characters, more than "
+                                 "this model's maximum context length can hold: send a "
+                                 "shorter one", param=where, code="context_length_exceeded")
+
+
 def _max_new_tokens(max_context: int, prompt: int, asked: int | None) -> int:
     """``asked``, or all the room the prompt leaves; ContextLimitError in OpenAI's words when
     that is nothing or less than asked."""
@@ -430,18 +444,24 @@ class _Generation:
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
 
-def _open(engine: TextEngine, tokenize: Callable[[], list[int]],
-          job: _Job) -> tuple[_Generation, Delta | None]:
+def _open(engine: TextEngine, tokenize: Callable[[], list[int]], job: _Job,
+          cancel: threading.Event) -> tuple[_Generation, Delta | None] | None:
     """Tokenize, start the generation and decode its first piece (in a worker thread): the
     errors that come before any text (context, busy stages) are raised here, while the
-    response can still carry their status."""
+    response can still carry their status. None when ``cancel`` (the client left) was set
+    before the first piece: a request that waited for a session then never runs its
+    prefill."""
     prompt_ids = tokenize()
     if not prompt_ids:
         raise ConfigError("the prompt is empty: send some text")
     max_new = _max_new_tokens(engine.max_context, len(prompt_ids), job.max_tokens)
     gen = _Generation(engine.stream(prompt_ids, max_new_tokens=max_new, sampling=job.sampling,
-                                    stop=job.stop), len(prompt_ids))
-    return gen, gen.next()
+                                    stop=job.stop, cancel=cancel), len(prompt_ids))
+    first = gen.next()
+    if cancel.is_set():
+        gen.close()
+        return None
+    return gen, first
 
 
 @dataclass(frozen=True)
@@ -473,13 +493,34 @@ async def _deltas(gen: _Generation, first: Delta | None,
             await anyio.to_thread.run_sync(gen.close, limiter=lane)
 
 
+async def _opened(engine: TextEngine, tokenize: Callable[[], list[int]], job: _Job,
+                  request: Request, lane: anyio.CapacityLimiter
+                  ) -> tuple[_Generation, Delta | None] | None:
+    """:func:`_open` in a worker thread while the client is watched: None when it left
+    first (queued behind busy sessions, it is dropped before its prefill)."""
+    cancel = threading.Event()
+    failed: BaseException | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_on_disconnect, request, cancel.set)
+        try:
+            opened = await anyio.to_thread.run_sync(_open, engine, tokenize, job, cancel,
+                                                    limiter=lane)
+        except Exception as exc:  # raised below, outside the group (which would wrap it)
+            failed, opened = exc, None
+        tg.cancel_scope.cancel()
+    if failed is not None:
+        with _engine_errors():
+            raise failed
+    return opened
+
+
 async def _collect(gen: _Generation, first: Delta | None, request: Request,
                    lane: anyio.CapacityLimiter) -> tuple[str, str] | None:
     """The whole text and finish reason, or None when the client left first (a non-streamed
     generation may run long: it is stopped rather than finished for no one)."""
     result = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_disconnect, request, tg.cancel_scope)
+        tg.start_soon(_on_disconnect, request, tg.cancel_scope.cancel)
         parts, finish = [], None
         async with aclosing(_deltas(gen, first, lane)) as deltas:
             async for delta in deltas:
@@ -490,11 +531,11 @@ async def _collect(gen: _Generation, first: Delta | None, request: Request,
     return result
 
 
-async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+async def _on_disconnect(request: Request, then: Callable[[], object]) -> None:
     # the body has been read: what the server has left to receive is the disconnect
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    scope.cancel()
+    then()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,31 +615,18 @@ async def _events(gen: _Generation, first: Delta | None, shape: _Shape,
 # The app
 
 
-def _key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    expected = None if api_key is None else api_key.encode()
-
-    async def check(request: Request) -> None:
-        if expected is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise _ApiError(401, "missing API key: send the header 'Authorization: Bearer "
-                                 "KEY'", code="invalid_api_key",
-                            headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(given.strip().encode(), expected):
-            raise _ApiError(401, "incorrect API key", code="invalid_api_key",
-                            headers={"WWW-Authenticate": "Bearer"})
-
-    return check
+_LEFT = 499  # no one reads it: nginx's "client closed request"
 
 
 async def _generate(engine: TextEngine, lanes: _Lanes, request: Request, body: _Body,
                     tokenize: Callable[[], list[int]], *, chat: bool) -> Response:
     job = _job(body)
     shape = _Shape.new(chat, engine.model_id, job.include_usage)
-    with _engine_errors():
-        gen, first = await anyio.to_thread.run_sync(_open, engine, tokenize, job,
-                                                     limiter=lanes.opening)
+    opened = await _opened(engine, tokenize, job, request, lanes.opening)
+    if opened is None:
+        logger.info("client left before its generation started; dropped before its prefill")
+        return Response(status_code=_LEFT)
+    gen, first = opened
     if job.stream:
         # the background close is a second guard: _deltas closes it on every way out too
         return EventSourceResponse(_events(gen, first, shape, lanes.steps), sep="\n",
@@ -607,7 +635,7 @@ async def _generate(engine: TextEngine, lanes: _Lanes, request: Request, body: _
         got = await _collect(gen, first, request, lanes.steps)
     if got is None:
         logger.info("client left before its completion was done; generation stopped")
-        return Response(status_code=499)  # no one reads it: nginx's "client closed request"
+        return Response(status_code=_LEFT)
     text, finish = got
     return JSONResponse(shape.whole(text, finish, gen.usage()))
 
@@ -617,16 +645,27 @@ def _model_card(engine: TextEngine, created: int) -> dict[str, Any]:
             "owned_by": "edgesplit"}
 
 
-def create_app(engine: TextEngine, *, api_key: str | None = None) -> FastAPI:
+def create_app(engine: TextEngine, *, api_key: str | None = None,
+               limits: HttpLimits | None = None, max_prompt_chars: int | None = None,
+               throttle: AuthThrottle | None = None) -> FastAPI:
     """The OpenAI-compatible API over ``engine`` as an ASGI app (see the module docstring).
-    With ``api_key`` every ``/v1`` route needs ``Authorization: Bearer <api_key>``."""
+    With ``api_key`` every ``/v1`` route needs ``Authorization: Bearer <api_key>``, checked
+    (and wrong keys throttled by ``throttle``) before a body is read; bodies are read within
+    ``limits`` (:class:`~edgesplit.runtime.http_guard.HttpLimits`); a prompt over
+    ``max_prompt_chars`` characters (default: the engine's, which no prompt that fits its
+    context exceeds) is refused before it is tokenized."""
     if api_key is not None and not api_key.strip():
         raise ConfigError(f"{option('api_key')} is empty: give a key or none")
+    chars = engine.max_prompt_chars if max_prompt_chars is None else max_prompt_chars
+    if chars < 1:
+        raise ConfigError(f"{option('max_prompt_chars')} must be at least 1, got {chars}")
     app = FastAPI(title="edgesplit OpenAI-compatible API", docs_url=None, redoc_url=None)
     _install_error_handlers(app)
+    app.add_middleware(Gate, api_key=api_key, limits=limits or HttpLimits(),
+                       throttle=throttle)
     created = int(time.time())
     lanes = _Lanes.new()
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_key_check(api_key))])
+    v1 = APIRouter(prefix="/v1")
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -646,6 +685,7 @@ def create_app(engine: TextEngine, *, api_key: str | None = None) -> FastAPI:
     async def chat_completions(body: _ChatBody, request: Request) -> Response:
         _check(engine, body)
         messages = _chat_messages(body.messages)
+        _check_chars([m["content"] for m in messages], chars, "messages")
         return await _generate(engine, lanes, request, body,
                                lambda: engine.chat_ids(messages), chat=True)
 
@@ -653,6 +693,7 @@ def create_app(engine: TextEngine, *, api_key: str | None = None) -> FastAPI:
     async def completions(body: _CompletionBody, request: Request) -> Response:
         _check(engine, body)
         prompt = _prompt(body.prompt)
+        _check_chars([prompt], chars, "prompt")
         return await _generate(engine, lanes, request, body,
                                lambda: engine.text_ids(prompt), chat=False)
 
@@ -665,16 +706,25 @@ def create_app(engine: TextEngine, *, api_key: str | None = None) -> FastAPI:
 
 
 def serve_api(engine: TextEngine, host: str = "127.0.0.1", port: int = 8000,
-              api_key: str | None = None, *,
+              api_key: str | None = None, *, limits: HttpLimits | None = None,
+              max_prompt_chars: int | None = None,
               ready: Callable[[int], None] | None = None) -> None:
     """Serve :func:`create_app` with uvicorn (log level warning) until SIGINT or SIGTERM,
     then return once the requests in flight are done or cancelled, so the caller can close
-    its engine. ``ready`` is called with the bound port (``port`` 0: any free one) once
-    connections are accepted. A port that cannot be bound is a ConfigError."""
+    its engine. ``limits`` bound connections (in all and per host), the time to a request's
+    head and body, its bytes and the keep-alive (:class:`~edgesplit.runtime.http_guard.
+    HttpLimits`: the defaults are safe). ``ready`` is called with the bound port (``port``
+    0: any free one) once connections are accepted. A port that cannot be bound, or a
+    connection cap the open-file limit cannot hold, is a ConfigError."""
     import uvicorn
 
-    app = create_app(engine, api_key=api_key)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    limits = limits or HttpLimits()
+    check_open_files(limits)
+    app = create_app(engine, api_key=api_key, limits=limits, max_prompt_chars=max_prompt_chars)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                           http=guarded_protocol(limits),
+                                           # typed int, only ever given to call_later
+                                           timeout_keep_alive=limits.keep_alive_s))  # type: ignore[arg-type]
     try:
         with _listen(host, port) as sock, _signals_stop(server):
             if ready is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
@@ -40,6 +41,7 @@ __all__ = ["Delta", "LLMEngine", "TextEngine", "open_engine", "plan_tokenizer"]
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
+_CANCEL_POLL_S = 0.05  # how often a generation queued for a session looks at its cancel
 _ROLES = ("system", "user", "assistant")
 
 
@@ -70,12 +72,17 @@ class TextEngine(Protocol):
         """A plain prompt's token ids (no chat template)."""
         ...
 
+    max_prompt_chars: int  # a prompt longer than this cannot fit max_context (exact bound)
+
     def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling,
-               stop: Sequence[str] = ()) -> Iterator[Delta]:
+               stop: Sequence[str] = (), cancel: threading.Event | None = None
+               ) -> Iterator[Delta]:
         """Deltas as tokens decode, ending at EOS or a stop string ("stop") or after
         ``max_new_tokens`` ("length"). ContextLimitError before any work when the prompt and
         ``max_new_tokens`` exceed ``max_context``. Closing the iterator early (a client that
-        left) ends the generation and frees its KV caches on every stage."""
+        left) ends the generation and frees its KV caches on every stage. A generation whose
+        ``cancel`` is set while it waits for a session ends without a delta: its prefill
+        never runs."""
         ...
 
 
@@ -127,6 +134,7 @@ class LLMEngine:
         self._lock = threading.Lock()
         # idle sessions, least recently used first; each id names caches on every stage
         self._idle: OrderedDict[str, None] = OrderedDict.fromkeys(ids)
+        self.max_prompt_chars = self.max_context * _longest_token(tokenizer)
 
     # ---- text -> ids ----------------------------------------------------------------------
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -151,15 +159,18 @@ class LLMEngine:
 
     # ---- generation -----------------------------------------------------------------------
     def stream(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling,
-               stop: Sequence[str] = ()) -> Iterator[Delta]:
+               stop: Sequence[str] = (), cancel: threading.Event | None = None
+               ) -> Iterator[Delta]:
         ids = list(prompt_ids)
         self.client.check_prompt(ids, max_new_tokens)  # before waiting for a session
         stopper = StopMatcher(stop)
-        return self._stream(ids, max_new_tokens, sampling, stopper)
+        return self._stream(ids, max_new_tokens, sampling, stopper, cancel)
 
     def _stream(self, ids: list[int], max_new_tokens: int, sampling: Sampling,
-                stopper: StopMatcher) -> Iterator[Delta]:
-        session = self._take(ids)
+                stopper: StopMatcher, cancel: threading.Event | None) -> Iterator[Delta]:
+        session = self._take(ids, cancel)
+        if session is None:
+            return  # cancelled while queued: no prefill for a client that has gone
         detokenizer = IncrementalDetokenizer(self.tokenizer)
         tokens = cast(Generator[Any, None, None], self.client.generate(
             ids, max_new_tokens, sampling=sampling, session=session))
@@ -186,16 +197,37 @@ class LLMEngine:
             tokens.close()  # no more steps: an abandoned generation costs nothing more
             self._give_back(session, abandoned=not finished)
 
-    def _take(self, ids: list[int]) -> str:
-        """A free session, the one whose cached tokens share most of ``ids``."""
-        if not self._free.acquire(timeout=self.queue_s):
+    def _take(self, ids: list[int], cancel: threading.Event | None = None) -> str | None:
+        """A free session, the one whose cached tokens share most of ``ids``; None once
+        ``cancel`` is set (checked while waiting, and once more on getting one)."""
+        got = self._wait_free(cancel)
+        if got is None:
+            return None
+        if not got:
             raise SessionError(f"all {self.sessions} session(s) of this server are busy "
                                f"generating (waited {self.queue_s:g} s): retry later, or plan "
                                "with more --sessions")
+        if cancel is not None and cancel.is_set():
+            self._free.release()
+            return None
         with self._lock:
             best = max(self._idle, key=lambda s: common_prefix(self.client.held(s), ids))
             del self._idle[best]
         return best
+
+    def _wait_free(self, cancel: threading.Event | None) -> bool | None:
+        """Whether a session came free (and was taken) within ``queue_s``; None once
+        ``cancel`` is set first. A waiter looks at ``cancel`` every ``_CANCEL_POLL_S``."""
+        if cancel is None:
+            return self._free.acquire(timeout=self.queue_s)
+        deadline = time.monotonic() + self.queue_s
+        while not cancel.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._free.acquire(timeout=min(left, _CANCEL_POLL_S)):
+                return True
+        return None
 
     def _give_back(self, session: str, *, abandoned: bool) -> None:
         """``session`` is free again; an abandoned one (its client left, or a step failed)
@@ -218,6 +250,15 @@ class LLMEngine:
             if self.client.held(session):
                 self.client.end_session(session)
         self.client.close()
+
+
+def _longest_token(tokenizer: Any) -> int:
+    """The most characters one token stands for, bounded from above by the longest entry of
+    the vocabulary (a byte-level BPE writes each byte as one character, so its entries are at
+    least as long as the text they decode to): ``max_context`` of them is the longest prompt
+    that can fit."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return max((len(t) for t in vocab), default=64)
 
 
 def _last(stopper: StopMatcher, text: str) -> str:
