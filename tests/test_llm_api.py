@@ -612,3 +612,32 @@ def test_cli_api_command(monkeypatch, tmp_path):
                                       "--api-key-file", str(key_file)])
     assert result.exit_code == 2
     assert "give the API key once" in result.output
+
+
+class _Stage:
+    """A chain's first-stage client whose stage answers from its ``up_at``-th check on."""
+
+    remote = True
+
+    def __init__(self, up_at: int) -> None:
+        self.up_at, self.checks = up_at, 0
+
+    def check_plan(self) -> None:
+        self.checks += 1
+        if self.checks < self.up_at:
+            raise RemoteError("cannot reach h:1 (UNAVAILABLE)")
+
+
+def test_cli_api_checks_its_stage_at_start():
+    """`llm api` asks its stage which plan it runs before taking requests: a stage that is
+    down is one error at start (not a 502 on the first request), or is waited for."""
+    from edgesplit.cli.llm_api import _check_stage
+
+    stage = _Stage(up_at=10**6)
+    with pytest.raises(RemoteError, match="checked at start: cannot reach h:1.*--wait-for-stage"):
+        _check_stage(type("E", (), {"client": stage})(), "h:1", 0.0)
+    assert stage.checks == 1
+    stage = _Stage(up_at=3)
+    _check_stage(type("E", (), {"client": stage})(), "h:1", WAIT_S)  # answers on the third
+    assert stage.checks == 3
+    _check_stage(type("E", (), {"client": _Stage(up_at=2)})(), None, 0.0)  # no --server
