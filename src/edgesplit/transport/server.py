@@ -17,13 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.transport.auth import (
-    WRONG_TOKEN,
-    AuthThrottle,
-    peer_host,
-    throttled,
-    token_matches,
-)
+from edgesplit.transport.auth import AuthThrottle, peer_host, sent_bearer
 from edgesplit.transport.channel import server_options
 from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import LoopbackChannel, LoopbackServer
@@ -43,8 +37,9 @@ class GrpcServer:
 
     Health checks and every service's unary ``Describe`` run on ``LIGHT_WORKERS`` threads of
     their own: they answer while ``max_workers`` requests (or idle streams) hold every
-    worker. Failed token checks are throttled per peer host (:class:`AuthThrottle`), and a
-    stream silent for ``limits.idle_s`` between requests is cancelled (:meth:`idle_limited`)."""
+    worker. Failed token checks are throttled per peer host and token bucket
+    (:class:`AuthThrottle`), and a stream silent for ``limits.idle_s`` between requests is
+    cancelled (:meth:`idle_limited`)."""
 
     token: str | None = None
     tls: TlsFiles | None = None
@@ -110,17 +105,16 @@ class GrpcServer:
         self._server.wait_for_termination()
 
     def check_token(self, context: grpc.ServicerContext) -> None:
-        """Abort the call UNAUTHENTICATED unless it carries the token; a host that failed
-        too often lately is refused without its token being compared (:class:`AuthThrottle`)."""
+        """Abort the call UNAUTHENTICATED unless it carries the token; one whose host sent
+        tokens like it wrong too often lately is refused without its token being compared
+        (:class:`AuthThrottle`)."""
         if self.token is None:
             return
-        host = peer_host(context.peer())
-        wait = self.throttle.wait_s(host)
-        if wait > 0:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, throttled(host, wait))
-        if not token_matches(context.invocation_metadata(), self.token):
-            self.throttle.failed(host)
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
+        why = self.throttle.check(peer_host(context.peer()),
+                                  sent_bearer(context.invocation_metadata()),
+                                  f"Bearer {self.token}")
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
     def idle_limited(self, requests: Iterable[T], context: grpc.ServicerContext
                      ) -> Iterator[T]:
