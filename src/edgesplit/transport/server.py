@@ -63,12 +63,13 @@ class GrpcServer:
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.port: int | None = None
 
-    def loopback_channel(self) -> LoopbackChannel:
+    def loopback_channel(self, peer: str = "loopback") -> LoopbackChannel:
         """A channel that calls this server's servicer in-process (no socket, no
-        :meth:`start` needed): what tests and single-process runs use."""
+        :meth:`start` needed): what tests and single-process runs use. Its calls come from
+        ``peer`` (a test may name another host: ``ipv4:10.0.0.2:5000``)."""
         collector = LoopbackServer()
         self._add_servicer(collector)  # type: ignore[arg-type]  # it takes what the stub adds
-        return LoopbackChannel(collector.handlers, self._limit)
+        return LoopbackChannel(collector.handlers, self._limit, peer)
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on host:port (0 = any free port); returns the port."""
