@@ -131,3 +131,48 @@ def fake_fashion_mnist(root, train: int, test: int, seed: int = 0):
         write_idx(root / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
         write_idx(root / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
     return root
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 that reaches ``port`` *from* ``source`` (another loopback
+    address, 127.0.0.2 and up): a gRPC or data-plane client dialling ``address`` is seen by
+    the server as a caller on another host, which a client cannot choose itself."""
+
+    def __init__(self, port: int, source: str) -> None:
+        import socket
+        import threading
+
+        self._port, self._source = port, source
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                inner, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            outer = socket.create_connection(("127.0.0.1", self._port),
+                                             source_address=(self._source, 0))
+            for a, b in ((inner, outer), (outer, inner)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        import contextlib
+        import socket
+
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        for sock in (src, dst):  # either side gone: the relayed connection ends
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        src.close()  # the other pump closes dst
+
+    def close(self) -> None:
+        self._listener.close()

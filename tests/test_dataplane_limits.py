@@ -274,7 +274,9 @@ def test_the_throttle_lets_a_host_fail_a_burst_then_once_an_interval():
 
 
 def test_a_host_that_guesses_is_refused_unchecked_and_others_are_not():
-    throttle = AuthThrottle(burst=2, interval_s=3600)
+    # keyed by host alone (spread=1), as every throttle was before issue 55; the default's
+    # buckets per token are tests/test_fair_sharing.py's
+    throttle = AuthThrottle(burst=2, interval_s=3600, spread=1)
     with _server(token=TOKEN, throttle=throttle) as server:
         for _ in range(2):
             with _connect(server) as sock:
@@ -292,7 +294,7 @@ def test_a_host_that_guesses_is_refused_unchecked_and_others_are_not():
 
 def test_grpc_token_failures_are_throttled_per_host(digits_chain):
     server = PartitionServer(digits_chain, "cloud", shape=False, token=TOKEN)
-    server.throttle = AuthThrottle(burst=2, interval_s=3600)
+    server.throttle = AuthThrottle(burst=2, interval_s=3600, spread=1)  # by host alone
     address = f"127.0.0.1:{server.start()}"
     try:
         with grpc.insecure_channel(address) as channel:

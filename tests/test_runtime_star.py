@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from conftest import Relay
 from edgesplit.cli import app
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.graph import INPUT, LayerGraph, capture, export_model
@@ -375,9 +376,10 @@ def test_unknown_tensors_a_missing_key_and_a_foreign_plan_are_refused(program, s
 
 
 def test_parts_beyond_the_table_bounds_are_refused_and_the_parked_joins_complete(program):
-    """Issue 39: the table is bounded in joins, in joins one source opens (half the table)
-    and in parked bytes; a part past a bound is refused at once (it used to evict the oldest
-    join, which let a flood end legitimate ones), and what is parked completes."""
+    """Issue 39: the table is bounded in joins, in joins one host opens (alone, half the
+    table; issue 55: a host's share, not a connection's or a source's) and in parked bytes; a
+    part past a bound is refused at once (it used to evict the oldest join, which let a flood
+    end legitimate ones), and what is parked completes."""
     star = Star(program, max_joins=4, join_timeout_s=10)
     join = star.sink.join
     sent = _sent(program, _views(5))
@@ -387,8 +389,9 @@ def test_parts_beyond_the_table_bounds_are_refused_and_the_parked_joins_complete
     exc = _outcome(_call, star.sink_channel, sent["sensor0"], "c")  # sensor0's half is full
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "source sensor0 from loopback has 2 requests waiting" in exc.details()
-    waits.update({key: [_in_background(_call, star.sink_channel, sent["sensor1"], key)]
-                  for key in "cd"})
+    # sensor1 opens c and d from two other hosts (one host's share of four is two, then one)
+    waits.update({key: [_in_background(_call, star.sink.loopback_channel(f"ipv4:10.0.0.{i}:1"),
+                                       sent["sensor1"], key)] for i, key in ((2, "c"), (3, "d"))})
     _until(lambda: join.pending == 4)
     exc = _outcome(_call, star.sink_channel, sent["sensor2"], "e")  # the table is full
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -421,13 +424,16 @@ def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_thr
     """The sink serves real gRPC with one worker: parts of many requests from one source park
     in the table (each used to hold one of the sink's three threads until its join timed
     out, so the complete join below queued behind them and failed); past half the table that
-    connection's new joins are refused, and another connection's sensor0 still opens one."""
+    host's new joins are refused (issue 55: a host's, whatever connections it uses; this
+    test's legitimate caller was another connection on the same host), and sensor0 on another
+    host still opens one."""
     sink = PartitionServer(program, "aggregator", shape=False, max_workers=1, max_joins=16,
                            join_timeout_s=60)
     address = f"127.0.0.1:{sink.start()}"
     channel = grpc.insecure_channel(address)
-    # its own connection, as a sensor's server has (channels share one by default)
-    own = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+    # a sensor's server on another host (a relay from 127.0.0.2)
+    relay = Relay(sink.port, "127.0.0.2")
+    own = grpc.insecure_channel(relay.address)
     try:
         xs = _views(10)
         sent = _sent(program, xs)
@@ -448,6 +454,7 @@ def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_thr
         sink.stop(5)  # the parked flood is told the sink is going away (issue 39, 2)
         channel.close()
         own.close()
+        relay.close()
     codes = [wait().code() for wait in flood]
     assert sorted(c.name for c in codes) == ["RESOURCE_EXHAUSTED"] * 2 + ["UNAVAILABLE"] * 8
 

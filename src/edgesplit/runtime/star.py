@@ -13,10 +13,11 @@ Bounds against broken or hostile callers: a join takes each of the sink's tensor
 unknown or repeated tensor fails its call with INVALID_ARGUMENT); it waits at most
 ``join_timeout_s`` or its caller's deadline, after which its calls fail with DEADLINE_EXCEEDED
 naming the missing tensors and sources and it is dropped; at most ``max_joins`` wait at once,
-holding at most as many joins' worth of parked bytes, and one source over one connection opens
-at most half of them (a part past a bound is refused RESOURCE_EXHAUSTED before anything is
-parked: a flood cannot evict the joins that are waiting); a finished or dropped key is
-remembered (a bounded number of them) so that it is never computed again.
+holding at most as many joins' worth of parked bytes, and the table is shared fairly among the
+hosts that open joins (:meth:`Join.share`; a part past a bound is refused RESOURCE_EXHAUSTED
+before anything is parked: a flood cannot evict the joins that are waiting); a finished or
+dropped key is remembered (a bounded number of them) so that it is never computed again. A
+call that carries every source's tensors is a complete join: computed at once, never parked.
 
 A mesh plan's aggregator (:mod:`edgesplit.runtime.mesh`) is such a sink, its branches the
 sources; when devices follow it, the completing part's call forwards the result to them before
@@ -67,6 +68,7 @@ from edgesplit.transport import (
     TlsFiles,
     invalid,
 )
+from edgesplit.transport.auth import peer_host
 from edgesplit.transport.frames import Frame
 from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
@@ -125,7 +127,7 @@ class _Entry:
 
     ident: tuple[str, int]  # (join key, request id)
     created: float  # time.monotonic()
-    opener: tuple[str, str]  # the (source, peer) whose part opened it: charged for it
+    opener: str  # the host whose part opened it: charged for it
     values: dict[str, torch.Tensor] = field(default_factory=dict)
     nbytes: int = 0  # bytes of the parked tensors
     done: threading.Event = field(default_factory=threading.Event)
@@ -135,16 +137,12 @@ class _Entry:
     error: tuple[grpc.StatusCode, str] | None = None
 
 
-def _peer(context: grpc.ServicerContext | None) -> str:
-    """Who the caller is, for its quota: its gRPC connection (``ipv4:10.0.0.2:5123``), over
-    which a source's server calls the sink, so a flood from another caller, even on the
-    source's host, has a quota of its own; over the data plane its host (``tcp:10.0.0.2``),
-    as a source's calls come over as many connections as it has calls in flight."""
-    if context is None:
-        return "local"
-    if getattr(context, "connection", None) is None:
-        return context.peer()
-    return context.peer().rpartition(":")[0]
+def _host(context: grpc.ServicerContext | None) -> str:
+    """Who the caller is, for its share of the table: its host (``10.0.0.2``), alike over
+    gRPC and the data plane. Not its connection: a caller opens as many of those as it likes
+    (a quota per connection let a few channels fill the table); and nothing finer is
+    authenticated (the sources share one token, and TLS does not identify clients)."""
+    return "local" if context is None else peer_host(context.peer())
 
 
 class Join:
@@ -152,11 +150,22 @@ class Join:
 
     Invariant: a part waiting for the others is *parked* (its call blocks on the join's event)
     and holds none of the ``workers`` compute workers; the call bringing a join's last part
-    takes one worker, computes once and wakes the others. The table holds at most
-    ``max_joins`` joins and ``max_bytes`` parked bytes, and the joins one source opens over one
-    connection at most ``per_source`` of them; a part that would go past a bound is refused
-    (RESOURCE_EXHAUSTED) before anything is parked. ``computed`` counts the joins computed,
-    ``parked`` the calls waiting for other parts, ``busy`` the workers computing."""
+    takes one worker, computes once and wakes the others (a call carrying every tensor
+    computes at once). The table holds at most ``max_joins`` joins and ``max_bytes`` parked
+    bytes, and the joins a host opens at most its :meth:`share`; a part that would go past a
+    bound is refused (RESOURCE_EXHAUSTED) before anything is parked. Only opening a join is
+    charged: a part that adds to a join, or completes it, is never refused for a share.
+    ``computed`` counts the joins computed, ``parked`` the calls waiting for other parts,
+    ``busy`` the workers computing.
+
+    What the shares guarantee: a host never opens more than half the table, however many
+    connections it uses, and a host that starts to send always has room made for it (see
+    :meth:`share`), so callers on other hosts, flooding or not, cannot take the sources'
+    share; H hosts flooding at once leave each source's host ``max_joins // (H + S + 1)``, S
+    the sources' hosts. A caller on the same host as a source shares that host's share: a
+    flood from there can fill it, and then the requests whose *first* part comes from that
+    source are refused (RESOURCE_EXHAUSTED) while the requests another source opens still
+    complete. Keep a source's host (and the token) to the source alone where that matters."""
 
     def __init__(self, server: PartitionServer, timeout_s: float, max_joins: int,
                  shape: bool = False, workers: int = 1) -> None:
@@ -169,14 +178,12 @@ class Join:
         self.sink = server.step.name
         self.source_of = {t: s for s in program.sources for t in program.step(s).sends}
         self.shapers = {s: LinkShaper(star_link(program, s), shape) for s in program.sources}
-        # one source over one connection opens at most half the table: a flood leaves room
-        self.per_source = max(1, max_joins // 2)
         full = sum(program.graph.tensors[t].elements * 4 for t in self.source_of)
         self.max_bytes = max_joins * full  # every join parked with all but nothing missing
         self.computed = self.parked = self.busy = 0
         self.parked_bytes = 0
         self._workers = Slots(workers)
-        self._opened: dict[tuple[str, str], int] = {}  # joins pending per opener
+        self._opened: dict[str, int] = {}  # joins pending per opening host
         self._pending: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
         # what became of finished or dropped keys: a late or repeated call is told at once
         self._finished: OrderedDict[tuple[str, int], tuple[grpc.StatusCode, str]] = OrderedDict()
@@ -225,7 +232,7 @@ class Join:
         decode_ms = (time.perf_counter() - t0) * 1e3
         arrived = time.perf_counter()
         source = self.source_of[names[0]]
-        entry, complete = self._add((key, request.request_id), (source, _peer(context)),
+        entry, complete = self._add((key, request.request_id), (source, _host(context)),
                                     names, values)
         if complete:
             self._compute(entry, request, context)
@@ -273,49 +280,75 @@ class Join:
     # ---- the table -----------------------------------------------------------------------
     def _add(self, ident: tuple[str, int], opener: tuple[str, str], names: Sequence[str],
              values: dict[str, torch.Tensor]) -> tuple[_Entry, bool]:
-        """Put ``values`` into the join ``ident``; True when that completes it (the caller
-        then computes it, outside the lock). Every refusal comes before anything changes."""
+        """Put ``values`` into the join ``ident``, opened (if it is new) by ``opener``, a
+        (source, host); True when that completes it (the caller then computes it, outside the
+        lock). Every refusal comes before anything changes."""
         nbytes = sum(v.element_size() * v.nelement() for v in values.values())
         with self._lock:
-            if self._closed:
-                raise BadRequest(grpc.StatusCode.UNAVAILABLE, self._stopping())
-            if ident in self._finished:
-                code, why = self._finished[ident]
-                raise BadRequest(code, f"tensor(s) {list(names)} arrived for join key "
-                                       f"{ident[0]!r} (request {ident[1]}), which is over: {why}")
-            entry = self._pending.get(ident)
-            if entry is not None:
-                again = [n for n in names if n in entry.values]
-                if again:
-                    raise invalid(f"tensor(s) {again} arrived twice for join key "
-                                  f"{ident[0]!r} (request {ident[1]}); each source sends its "
-                                  "tensors once per request")
-            complete = entry is not None and \
-                len(entry.values) + len(values) == len(self.source_of)
-            if not complete:
-                self._admit(entry, opener, nbytes)
+            entry = self._joinable(ident, names)
+            held = entry.values if entry is not None else {}
+            if len(held) + len(values) == len(self.source_of):  # no tensor twice: all there
+                return self._completed(entry, ident, opener[1], values), True
+            self._admit(entry, opener, nbytes)
             if entry is None:
-                entry = self._pending[ident] = _Entry(ident, time.monotonic(), opener)
-                self._opened[opener] = self._opened.get(opener, 0) + 1
+                entry = self._pending[ident] = _Entry(ident, time.monotonic(), opener[1])
+                self._opened[opener[1]] = self._opened.get(opener[1], 0) + 1
             entry.values.update(values)
             entry.nbytes += nbytes
             self.parked_bytes += nbytes
-            if not complete:
-                return entry, False
+            return entry, False
+
+    def _joinable(self, ident: tuple[str, int], names: Sequence[str]) -> _Entry | None:
+        """The pending join ``ident`` (None: a new one), or BadRequest when this part cannot
+        join it: the sink stops, the key is over, or a tensor came twice (the lock held)."""
+        if self._closed:
+            raise BadRequest(grpc.StatusCode.UNAVAILABLE, self._stopping())
+        if ident in self._finished:
+            code, why = self._finished[ident]
+            raise BadRequest(code, f"tensor(s) {list(names)} arrived for join key "
+                                   f"{ident[0]!r} (request {ident[1]}), which is over: {why}")
+        entry = self._pending.get(ident)
+        again = [n for n in names if entry is not None and n in entry.values]
+        if again:
+            raise invalid(f"tensor(s) {again} arrived twice for join key {ident[0]!r} "
+                          f"(request {ident[1]}); each source sends its tensors once per "
+                          "request")
+        return entry
+
+    def _completed(self, entry: _Entry | None, ident: tuple[str, int], host: str,
+                   values: dict[str, torch.Tensor]) -> _Entry:
+        """The join ``ident`` completed by ``values``, out of the table (the lock held). A
+        call that brings every tensor itself never enters it: nothing to wait for."""
+        if entry is None:
+            entry = _Entry(ident, time.monotonic(), host)
+        else:
             self._drop(entry)
-            entry.completed_at = time.perf_counter()
-            self._remember(ident, (grpc.StatusCode.INVALID_ARGUMENT,
-                                   "it was complete and has been answered"))
-            return entry, True
+        entry.values.update(values)
+        entry.completed_at = time.perf_counter()
+        self._remember(ident, (grpc.StatusCode.INVALID_ARGUMENT,
+                               "it was complete and has been answered"))
+        return entry
+
+    def share(self, host: str) -> int:
+        """How many joins ``host`` may hold open: ``max_joins // (H + 1)``, H the hosts that
+        hold joins, ``host`` counted. Alone, a host may fill half the table; each host that
+        joins in lowers the others' share, so the room it needs is left free or, at the
+        latest, freed as the others' joins beyond their new share end (``join_timeout_s``)
+        (the lock held)."""
+        hosts = len(self._opened) + (host not in self._opened)
+        return max(1, self.max_joins // (hosts + 1))
 
     def _admit(self, entry: _Entry | None, opener: tuple[str, str], nbytes: int) -> None:
         """Refuse (RESOURCE_EXHAUSTED) a part the table has no room to park (the lock held)."""
-        source, peer = opener
+        source, host = opener
+        held, share = self._opened.get(host, 0), self.share(host)
         if entry is None and len(self._pending) >= self.max_joins:
             why = f"{self.max_joins} requests are waiting for their sources already"
-        elif entry is None and self._opened.get(opener, 0) >= self.per_source:
-            why = (f"source {source} from {peer} has {self.per_source} requests waiting for "
-                   "the other sources already (at most half the table)")
+        elif entry is None and held >= share:
+            why = (f"source {source} from {host} has {held} requests waiting for the other "
+                   f"sources already, counted with every caller on {host} (a host may hold "
+                   f"{share} of the {self.max_joins} while {len(self._opened)} host(s) hold "
+                   "some)")
         elif self.parked_bytes + nbytes > self.max_bytes:
             why = f"{self.max_bytes} bytes are parked waiting for their sources already"
         else:

@@ -44,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from edgesplit.transport.auth import WRONG_TOKEN, AuthThrottle, throttled, token_matches
+from edgesplit.transport.auth import AuthThrottle, sent_bearer
 from edgesplit.transport.limits import ConnectionLimits, PendingBudget
 from edgesplit.transport.loopback import LoopbackContext, LoopbackError
 from edgesplit.transport.tls import TlsFiles
@@ -499,8 +499,8 @@ _MALFORMED_CALL = "malformed call frame (kind, metadata or timeout)"
 
 class _Gate:
     """What one server connection checks of a frame between its meta and its parts: a call,
-    well-formed metadata carrying the token (failures throttled per peer host), and how long
-    its parts may take. The memory its frames hold in growing is taken from ``budget``."""
+    well-formed metadata carrying the token (failures throttled: :class:`AuthThrottle`), and
+    how long its parts may take. The memory its frames hold in growing is taken from ``budget``."""
 
     def __init__(self, server: FrameServer, host: str) -> None:
         self.token, self.throttle, self.host = server.token, server.throttle, host
@@ -541,12 +541,10 @@ class _Gate:
             raise FrameRefused(grpc.StatusCode.INVALID_ARGUMENT, _MALFORMED_CALL)
         if self.token is None:
             return
-        wait = self.throttle.wait_s(self.host)
-        if wait > 0:
-            raise FrameRefused(grpc.StatusCode.UNAUTHENTICATED, throttled(self.host, wait))
-        if not token_matches([(k, v) for k, v in metadata], self.token):
-            self.throttle.failed(self.host)
-            raise FrameRefused(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
+        why = self.throttle.check(self.host, sent_bearer([(k, v) for k, v in metadata]),
+                                  f"Bearer {self.token}")
+        if why is not None:
+            raise FrameRefused(grpc.StatusCode.UNAUTHENTICATED, why)
 
 
 class FrameServer:
@@ -555,9 +553,9 @@ class FrameServer:
     ``max_connections`` connections at once; more are answered RESOURCE_EXHAUSTED.
 
     With ``token``, a frame's meta must carry it (``authorization: Bearer ...``) before a byte
-    of its parts is read; failed checks are throttled per peer host (``throttle``, shared
-    with the gRPC server's). ``limits`` bound how long a connection may be silent or slow
-    and the memory frames still arriving hold together (``budget``)."""
+    of its parts is read; failed checks are throttled per peer host and token bucket
+    (``throttle``, shared with the gRPC server's). ``limits`` bound how long a connection may
+    be silent or slow and the memory frames still arriving hold together (``budget``)."""
 
     def __init__(self, handler: Handler, limit: int, tls: TlsFiles | None = None,
                  max_connections: int = 256, *, token: str | None = None,

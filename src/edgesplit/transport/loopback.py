@@ -42,8 +42,9 @@ class Aborted(Exception):
 class LoopbackContext:
     """The part of ``grpc.ServicerContext`` edgesplit's servicers use."""
 
-    def __init__(self, metadata: Metadata = (), timeout: float | None = None) -> None:
-        self._metadata = tuple(metadata)
+    def __init__(self, metadata: Metadata = (), timeout: float | None = None,
+                 peer: str = "loopback") -> None:
+        self._metadata, self._peer = tuple(metadata), peer
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._callbacks: list[Callable[[], Any]] = []
         self.cancelled = False
@@ -54,7 +55,7 @@ class LoopbackContext:
         return self._metadata
 
     def peer(self) -> str:
-        return "loopback"
+        return self._peer
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else self._deadline - time.monotonic()
@@ -162,7 +163,7 @@ class _UnaryUnary(_Method):
                  metadata: Metadata | None = None, **_: Any) -> Any:
         handler = self._handler()
         request = self._carry(request, self.serialize, handler.request_deserializer, "Sent")
-        context = LoopbackContext(metadata or (), timeout)
+        context = LoopbackContext(metadata or (), timeout, self.channel.peer)
         try:
             reply = self._run(handler.unary_unary, request, context)
         finally:
@@ -180,7 +181,7 @@ class _StreamStream(_Method):
     def __call__(self, requests: Iterator[Any], timeout: float | None = None,
                  metadata: Metadata | None = None, **_: Any) -> Iterator[Any]:
         handler = self._handler()
-        context = LoopbackContext(metadata or (), timeout)
+        context = LoopbackContext(metadata or (), timeout, self.channel.peer)
         parsed = (self._carry(r, self.serialize, handler.request_deserializer, "Sent")
                   for r in requests)
         try:
@@ -195,10 +196,13 @@ class _StreamStream(_Method):
 
 
 class LoopbackChannel:
-    """A channel to a server in this process; pass it to a generated stub."""
+    """A channel to a server in this process; pass it to a generated stub. The server sees
+    its calls come from ``peer`` (as gRPC names one: ``ipv4:10.0.0.2:5000``), so that tests
+    can call as several hosts."""
 
-    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler], limit: int) -> None:
-        self.handlers, self.limit = handlers, limit
+    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler], limit: int,
+                 peer: str = "loopback") -> None:
+        self.handlers, self.limit, self.peer = handlers, limit, peer
 
     def unary_unary(self, path: str, request_serializer: Callable = bytes,
                     response_deserializer: Callable = bytes, **_: Any) -> _UnaryUnary:

@@ -17,13 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.transport.auth import (
-    WRONG_TOKEN,
-    AuthThrottle,
-    peer_host,
-    throttled,
-    token_matches,
-)
+from edgesplit.transport.auth import AuthThrottle, peer_host, sent_bearer
 from edgesplit.transport.channel import server_options
 from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import LoopbackChannel, LoopbackServer
@@ -43,8 +37,9 @@ class GrpcServer:
 
     Health checks and every service's unary ``Describe`` run on ``LIGHT_WORKERS`` threads of
     their own: they answer while ``max_workers`` requests (or idle streams) hold every
-    worker. Failed token checks are throttled per peer host (:class:`AuthThrottle`), and a
-    stream silent for ``limits.idle_s`` between requests is cancelled (:meth:`idle_limited`)."""
+    worker. Failed token checks are throttled per peer host and token bucket
+    (:class:`AuthThrottle`), and a stream silent for ``limits.idle_s`` between requests is
+    cancelled (:meth:`idle_limited`)."""
 
     token: str | None = None
     tls: TlsFiles | None = None
@@ -68,12 +63,13 @@ class GrpcServer:
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.port: int | None = None
 
-    def loopback_channel(self) -> LoopbackChannel:
+    def loopback_channel(self, peer: str = "loopback") -> LoopbackChannel:
         """A channel that calls this server's servicer in-process (no socket, no
-        :meth:`start` needed): what tests and single-process runs use."""
+        :meth:`start` needed): what tests and single-process runs use. Its calls come from
+        ``peer`` (a test may name another host: ``ipv4:10.0.0.2:5000``)."""
         collector = LoopbackServer()
         self._add_servicer(collector)  # type: ignore[arg-type]  # it takes what the stub adds
-        return LoopbackChannel(collector.handlers, self._limit)
+        return LoopbackChannel(collector.handlers, self._limit, peer)
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on host:port (0 = any free port); returns the port."""
@@ -110,17 +106,16 @@ class GrpcServer:
         self._server.wait_for_termination()
 
     def check_token(self, context: grpc.ServicerContext) -> None:
-        """Abort the call UNAUTHENTICATED unless it carries the token; a host that failed
-        too often lately is refused without its token being compared (:class:`AuthThrottle`)."""
+        """Abort the call UNAUTHENTICATED unless it carries the token; one whose host sent
+        tokens like it wrong too often lately is refused without its token being compared
+        (:class:`AuthThrottle`)."""
         if self.token is None:
             return
-        host = peer_host(context.peer())
-        wait = self.throttle.wait_s(host)
-        if wait > 0:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, throttled(host, wait))
-        if not token_matches(context.invocation_metadata(), self.token):
-            self.throttle.failed(host)
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, WRONG_TOKEN)
+        why = self.throttle.check(peer_host(context.peer()),
+                                  sent_bearer(context.invocation_metadata()),
+                                  f"Bearer {self.token}")
+        if why is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
     def idle_limited(self, requests: Iterable[T], context: grpc.ServicerContext
                      ) -> Iterator[T]:
