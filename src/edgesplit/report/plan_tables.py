@@ -167,6 +167,9 @@ def outputs_table(doc: dict[str, Any], file: str | None = None, shown: int = 10)
     more = f"{hidden}every {unit} in {file}" if file else f"{hidden}--out FILE.npz writes them"
     agree = (f"; top-1 agrees with the unsplit model on {doc['top1_agree']}/{doc['answered']}"
              if doc["classifier"] else "")
+    acc = doc.get("accuracy")
+    if acc and acc["split"] is not None:  # the inputs file had labels
+        agree += f"; accuracy {acc['split']:.3f} (unsplit {acc['unsplit']:.3f})"
     table = Table(title=f"outputs: {doc['answered']}/{count} {unit}s answered{agree}",
                   caption=more, min_width=72)
     table.add_column(unit)
