@@ -231,6 +231,28 @@ def test_star_client_equals_the_unsplit_model(program, served):
     assert served.sink.join.pending == 0
 
 
+def test_a_star_gives_every_rows_outputs_back_in_order(program, served):
+    """Rows of every view through the star (issue 55, 3): StarClient.infer, and run_requests
+    collecting outputs from two clients, equal the unsplit model row by row."""
+    from edgesplit.runtime.outputs import OutputCollector, split_rows
+    from edgesplit.runtime.session import run_requests
+
+    rows = [torch.cat(views) for views in zip(*(_views(seed) for seed in range(4)),
+                                              strict=True)]  # 4 rows of each of the views
+    want = torch.cat([program.unsplit(_views(seed))[0] for seed in range(4)])
+    with StarClient(program, served.channels, timeout_s=30) as client:
+        (got,) = client.infer(rows)
+    assert torch.allclose(got, want, atol=TOL)
+    batches = split_rows(program, rows)
+    collector = OutputCollector(program, batches)
+    report = run_requests(program, served.channels, requests=4, concurrency=2, inputs=batches,
+                          client_options={"timeout_s": 30}, on_result=collector.add)
+    outputs = collector.result(program.unsplit)
+    assert report["ok"] == 4 and bool(outputs.answered.all())
+    assert torch.allclose(outputs.values[0], want, atol=TOL)
+    assert float(outputs.max_abs_diff.max()) <= TOL
+
+
 def test_concurrent_requests_come_back_matched_and_exact(program, served):
     before = served.sink.join.computed
     with StarClient(program, served.channels, timeout_s=30) as client:

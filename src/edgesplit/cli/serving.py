@@ -4,6 +4,9 @@ addresses with `--source NAME=HOST:PORT`)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -272,9 +275,14 @@ def run(
     sources: list[str] = typer.Option([], "--source", help="NAME=HOST:PORT of a star plan's "
                                                            "source device; once per source."),
     input_path: Path | None = typer.Option(None, "--input", help=".pt/.npz of inputs "
-                                                                 "(default: the example)."),
-    requests: int = typer.Option(1, "--requests", "-n", help="Requests in all (reported; "
-                                 "-n 20 -c 4: 20 requests, 5 per client)."),
+                                           "(default: the example): every row is sent, in "
+                                           "requests of the plan's batch size."),
+    out_path: Path | None = typer.Option(None, "--out", help="Write every row's outputs, "
+                                         "top-1 class and difference from the unsplit model "
+                                         "to this .npz (with --input)."),
+    requests: int | None = typer.Option(None, "--requests", "-n", help="Requests in all "
+                                        "(default: one per batch of --input, else 1; "
+                                        "reported; -n 20 -c 4: 20 requests, 5 per client)."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", help="Concurrent clients, "
                                     "sharing --requests (never more clients than requests)."),
     token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
@@ -297,13 +305,17 @@ def run(
 ) -> None:
     """Run the first device's part of PLAN here and the rest on the served chain (a star
     plan: send every source its own inputs, --source per source); report measured against
-    predicted latency and the difference from the unsplit model."""
-    from edgesplit.runtime.session import load_inputs, run_requests
+    predicted latency and the difference from the unsplit model. With --input, every row's
+    outputs come back (--json, --out)."""
+    from edgesplit.runtime.outputs import OutputCollector, check_out_path, load_rows
+    from edgesplit.runtime.session import run_requests
     from edgesplit.runtime.transport import read_token
 
     set_threads(threads)
     check_torch_device(torch_device)
     token = read_token(token, token_file)
+    if out_path is not None:
+        check_out_path(out_path, needs_input=input_path is None)
     program = load_program(plan_path, backend, trust_model_file, torch_device)
     address = _addresses(program, server, sources)
     if emulate_device:
@@ -313,26 +325,68 @@ def run(
             raise ConfigError("in a star plan `run` computes nothing: give --emulate-device to "
                               "each `edgesplit serve` instead")
         _emulate(program, program.steps[0].name)
-    batches = load_inputs(input_path, program) if input_path else None
+    rows = load_rows(input_path, program) if input_path else None
+    requests = _request_count(requests, len(rows.batches) if rows else None, input_path)
+    collector = OutputCollector(program, rows.batches, rows.labels) if rows else None
     options = {"token": token, "tls": tls_files(None, None, tls_ca, tls_server_name),
                "shape": shape, "retries": retries, "timeout_s": timeout_s,
                "data_plane": _data_plane(data_plane)}
     where = server if isinstance(address, str) else ", ".join(address.values())
     clients = min(requests, concurrency)  # no client is started with nothing to send
-    with err.status(f"{requests} request(s) from {clients} client(s) to {where} ...",
-                    spinner="dots"):
+    with _progress(f"{requests} request(s) from {clients} client(s) to {where}",
+                   requests) as on_done:
         report = run_requests(program, address, requests=requests, concurrency=concurrency,
-                              inputs=batches, client_options=options, warmup=warmup)
+                              inputs=rows.batches if rows else None, client_options=options,
+                              warmup=warmup, on_done=on_done,
+                              on_result=collector.add if collector else None)
     report["rehearsal"] = {"links_shaped": shape, "compute_emulated": emulate_device}
+    outputs = collector.result(program.unsplit) if collector else None
+    if outputs is not None:
+        if out_path is not None:
+            from edgesplit.runtime.outputs import write_outputs
+
+            write_outputs(out_path, outputs)
+        report["outputs"] = outputs.document(out_path)
     if as_json:
         emit_json(report)
     else:
-        from edgesplit.report.plan_tables import run_table
+        from edgesplit.report.plan_tables import outputs_table, run_table
 
         out.print(run_table(report))
+        if outputs is not None:
+            out.print(outputs_table(outputs.document(), str(out_path) if out_path else None))
         err.print(rehearsal(shape, emulate_device), highlight=False)
     if report["errors"]:
         raise typer.Exit(1)
+
+
+def _request_count(requests: int | None, batches: int | None, input_path: Path | None) -> int:
+    """``--requests``, by default one per batch of the inputs file (each row once) or 1; a
+    count that leaves rows unsent says so in one line (their outputs stay empty)."""
+    if requests is None:
+        return batches or 1
+    if batches and requests < batches:
+        err.print(f"warning: -n {requests} sends {requests} of the {batches} requests "
+                  f"{input_path} makes: the rest of its rows get no output (leave out -n to "
+                  "send every row once)", highlight=False, soft_wrap=True)
+    return requests
+
+
+@contextmanager
+def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """``run_requests``'s ``on_done``, fed to a progress bar (plain lines in a log): a long
+    inputs file shows how far it got."""
+    from edgesplit.cli.nas import progress_bar
+
+    done = [0]
+    lock = threading.Lock()
+    with progress_bar(description) as progress:
+        def on_done(n: int) -> None:
+            with lock:  # the clients' threads call this
+                done[0] += n
+                progress("requests", done[0], total)
+
+        yield on_done
 
 
 def _warn_if_idle(program: PlanProgram, device: str) -> None:

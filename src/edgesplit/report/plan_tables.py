@@ -9,7 +9,7 @@ from rich.table import Table
 from edgesplit.plan import Plan, PlanningProblem
 from edgesplit.report.format import human_bytes
 
-__all__ = ["plans_table", "sweep_table", "topology_table"]
+__all__ = ["outputs_table", "plans_table", "run_table", "sweep_table", "topology_table"]
 
 
 def _split(plan: Plan, total_layers: int) -> str:
@@ -156,4 +156,29 @@ def run_table(report: dict[str, Any]) -> Table:
         table.add_row(f"  {device} emulated (slept)", _ms(ms), "")
     for message in report.get("error_messages", []):
         table.add_row("error", message, "")
+    return table
+
+
+def outputs_table(doc: dict[str, Any], file: str | None = None, shown: int = 10) -> Table:
+    """The first ``shown`` rows of a run's outputs (``RunOutputs.document()`` with its values
+    inline): a classifier's top-1 class split and unsplit, and |output - unsplit| per row."""
+    unit, count = doc["unit"], doc["count"]
+    hidden = f"{count - shown} more {unit}s; " if count > shown else ""
+    more = f"{hidden}every {unit} in {file}" if file else f"{hidden}--out FILE.npz writes them"
+    agree = (f"; top-1 agrees with the unsplit model on {doc['top1_agree']}/{doc['answered']}"
+             if doc["classifier"] else "")
+    acc = doc.get("accuracy")
+    if acc and acc["split"] is not None:  # the inputs file had labels
+        agree += f"; accuracy {acc['split']:.3f} (unsplit {acc['unsplit']:.3f})"
+    table = Table(title=f"outputs: {doc['answered']}/{count} {unit}s answered{agree}",
+                  caption=more, min_width=72)
+    table.add_column(unit)
+    if doc["classifier"]:
+        table.add_column("top-1", justify="right")
+        table.add_column("unsplit top-1", justify="right")
+    table.add_column("max |output - unsplit|", justify="right")
+    for i, diff in enumerate(doc["max_abs_diff"][:shown]):
+        labels = ([str(doc["top1_labels"][i]), str(doc["unsplit_top1_labels"][i])]
+                  if doc["classifier"] else [])
+        table.add_row(str(i), *labels, "-" if diff is None else format(diff, ".3g"))
     return table

@@ -30,6 +30,7 @@ from edgesplit.runtime.dataplane import (
     as_part,
     reply_of,
 )
+from edgesplit.runtime.outputs import infer_rows
 from edgesplit.runtime.planned import SESSION_KEY, decode_planned, link_before, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
@@ -245,6 +246,12 @@ class ChainClient(RuntimeClient):
             "transfer": max(0.0, total - edge_ms - serialize_ms - remote_ms), "total": total},
             hops)
 
+    def infer(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Every row of ``inputs`` (one tensor per model input, rows along dimension 0: a
+        multiple of the plan's batch size) through the split, one request per batch in order;
+        the model's outputs, rows in order (:meth:`request` sends one batch and says how long
+        each part took)."""
+        return infer_rows(self.request, self.program, inputs)
 
     def _encode(self, values: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The sent tensors' messages; over the data plane a large plain one goes out from

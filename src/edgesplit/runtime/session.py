@@ -16,6 +16,7 @@ import torch
 from edgesplit.errors import ConfigError, EdgesplitError, option
 from edgesplit.hardware.threads import release_thread_pool
 from edgesplit.runtime.client import ChainClient, RequestResult
+from edgesplit.runtime.outputs import Batch, load_rows
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.star import StarClient, check_addresses
 from edgesplit.transport import LoopbackChannel
@@ -28,23 +29,9 @@ BREAKDOWN_KEYS = ("edge", "serialize", "transfer", "remote", "total")
 
 def load_inputs(path: str | Path, program: PlanProgram) -> list[tuple[torch.Tensor, ...]]:
     """Request inputs from a .pt/.npz file (``inputs`` as in evaluation data files): samples
-    along dimension 0, cut into the plan's batch size; each request takes the next batch."""
-    from edgesplit.data import load_eval_data
-
-    data = load_eval_data(str(path))
-    refs = program.graph.example_inputs
-    if len(data.inputs) != len(refs):
-        raise ConfigError(f"{path}: the model takes {len(refs)} input(s), the file has "
-                          f"{len(data.inputs)}")
-    batch = int(refs[0].shape[0])
-    for x, ref in zip(data.inputs, refs, strict=True):
-        if tuple(x.shape[1:]) != tuple(ref.shape[1:]):
-            raise ConfigError(f"{path}: samples of shape {tuple(x.shape[1:])}, the plan's model "
-                              f"takes {tuple(ref.shape[1:])}")
-    if len(data) % batch:
-        raise ConfigError(f"{path}: {len(data)} samples do not divide into batches of {batch}")
-    return [tuple(x[i:i + batch].to(ref.dtype) for x, ref in zip(data.inputs, refs, strict=True))
-            for i in range(0, len(data), batch)]
+    along dimension 0, cut into the plan's batch size; each request takes the next batch
+    (:func:`edgesplit.runtime.outputs.load_rows` keeps the file's labels too)."""
+    return load_rows(path, program).batches
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -80,12 +67,17 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                  requests: int = 1, concurrency: int = 1,
                  inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
                  client_options: dict[str, Any] | None = None, warmup: int = 0,
-                 on_done: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 on_done: Callable[[int], None] | None = None,
+                 on_result: Callable[[int, RequestResult, Batch], None] | None = None
+                 ) -> dict[str, Any]:
     """Send ``requests`` requests in all, shared by ``concurrency`` concurrent clients (each
     sends its share, ``requests // concurrency`` or one more; never more clients than
     requests), after ``warmup`` unreported requests per client; check every output against the
     unsplit model on the same input and that every reply matches its request. The inputs are
     taken in order, request ``i`` of the run getting ``inputs[i % len(inputs)]``.
+    ``on_result(i, result, reference)``: each answered request's index into ``inputs``, its
+    result (the outputs too) and the unsplit model's outputs on the same input (an
+    :class:`~edgesplit.runtime.outputs.OutputCollector`'s ``add`` gathers them).
     ``address``: the second device's, or for a star plan every source's, by name."""
     if requests < 1 or concurrency < 1:
         raise ConfigError(f"{option('requests')} and {option('concurrency')} must be at least 1")
@@ -128,6 +120,8 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
                        **_row(r, references[which], program.steps[0].emulation_timings())}
                 with lock:
                     results.append(row)
+                if on_result:
+                    on_result(which, r, references[which])
                 if on_done:
                     on_done(1)
 

@@ -59,6 +59,7 @@ from edgesplit.runtime.client import (
 )
 from edgesplit.runtime.dataplane import DataPlane, Message, Part
 from edgesplit.runtime.mesh import BranchFailed, Fanout
+from edgesplit.runtime.outputs import infer_rows
 from edgesplit.runtime.planned import JOIN_KEY, decode_planned, max_message_bytes
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
@@ -554,6 +555,11 @@ class StarClient(RuntimeClient):
                                  lambda exc: isinstance(exc, _Failed) and exc.code in RETRYABLE)
         except _Failed as failed:
             raise RemoteError(failed.message) from None
+
+    def infer(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Every row of ``inputs`` through the star, one request per batch in order; the
+        model's outputs, rows in order (as :meth:`ChainClient.infer`)."""
+        return infer_rows(self.request, self.program, inputs)
 
     def _request(self, values: Mapping[str, torch.Tensor], request_id: int) -> RequestResult:
         start = time.perf_counter()
