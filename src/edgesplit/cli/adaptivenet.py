@@ -193,7 +193,7 @@ def search(
                           title=f"AdaptiveNet search of {doc['model']}, budget "
                                 f"{doc['budget_ms']:.3g} ms", searched_on="search data",
                           xlabel="predicted latency (ms, log)",
-                          ylabel=f"accuracy ({doc['metric']})")
+                          ylabel=doc.get("score", f"accuracy ({doc['metric']})"))
     if as_json:
         emit_json(doc)
         return
