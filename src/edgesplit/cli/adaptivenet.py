@@ -46,11 +46,13 @@ def _fractions(text: str) -> tuple[float, ...]:
 @adaptivenet_app.command("elastify")
 @user_errors
 def elastify(
-    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file."),
+    model: str = typer.Argument(..., help="Built-in model name, your own model as "
+                                          "my_net.py:MyNet (with --input-shape), or a .pt2 "
+                                          "file."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Folder for the supernet."),
     input_shape: str | None = typer.Option(None, "--input-shape",
-                                           help="Input shape of a built-in model, e.g. "
-                                                "1,3,32,32."),
+                                           help="Input shape of a built-in model or "
+                                                "your own, e.g. 1,3,32,32."),
     data: str | None = typer.Option(None, "--data",
                                     help="digits (or any labelled set `load_labelled` reads), "
                                          "sentences, or fashion-mnist:size=96,channels=3,"
@@ -191,7 +193,7 @@ def search(
                           title=f"AdaptiveNet search of {doc['model']}, budget "
                                 f"{doc['budget_ms']:.3g} ms", searched_on="search data",
                           xlabel="predicted latency (ms, log)",
-                          ylabel=f"accuracy ({doc['metric']})")
+                          ylabel=doc.get("score", f"accuracy ({doc['metric']})"))
     if as_json:
         emit_json(doc)
         return

@@ -35,10 +35,13 @@ def models_table_for(specs):  # small indirection keeps rich imports out of `--j
 @app.command()
 @user_errors
 def inspect(
-    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file "
+    model: str = typer.Argument(..., help="Built-in model name, your own model as "
+                                          "my_net.py:MyNet or package.module:make_model "
+                                          "(with --input-shape), or a .pt2 file "
                                           "(torch.export.save)."),
     input_shape: str | None = typer.Option(None, "--input-shape", "-s",
-                                           help="Input shape for built-ins, e.g. 1,3,224,224."),
+                                           help="Input shape for built-ins and your own "
+                                                "models, e.g. 1,3,224,224."),
     raw: bool = typer.Option(False, "--raw", help="Keep one layer per operator (no BN folding or "
                                                    "activation fusion), the graph DADS plans on."),
     split_after: str | None = typer.Option(

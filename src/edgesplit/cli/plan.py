@@ -27,13 +27,17 @@ PLANNER_FLAGS = {"--split-after": "split_after", "--eval-data": "eval_data",
 @app.command()
 @user_errors
 def plan(
-    model: str = typer.Argument(..., help="Built-in model name or a .pt2 file."),
+    model: str = typer.Argument(..., help="Built-in model name, your own model as "
+                                          "my_net.py:MyNet (with --input-shape), or a .pt2 "
+                                          "file."),
     method: str = typer.Option("all", "--method", "-m",
                                help="Planning methods, comma-separated, or all. Edge-cloud: "
                                     "neurosurgeon, dads, qdmp, cloud_only, edge_only, qdmp_e, "
                                     "qdmp_e_u4, u8, cloud16, autosplit, manual; topology: "
                                     "multisplit, linear, best_chain, source_only, sink_only."),
-    input_shape: str | None = typer.Option(None, "--input-shape", "-s"),
+    input_shape: str | None = typer.Option(None, "--input-shape", "-s",
+                                           help="Input shape for built-ins and your own "
+                                                "models, e.g. 1,3,224,224."),
     edge: str = typer.Option("jetson-nano", "--edge", help="Edge device: preset or file.",
                              rich_help_panel=_SETTING),
     cloud: str = typer.Option("v100-server", "--cloud", help="Cloud device: preset or file.",

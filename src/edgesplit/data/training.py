@@ -170,12 +170,34 @@ def load_fashion_mnist(size: int = 28, *, train_samples: int | None = None,
                         part("test", test_samples), tuple(classes))
 
 
+def _file_classes(spec: str, labels: torch.Tensor, num_classes: int | None
+                  ) -> tuple[str, ...]:
+    """The class names (ids) of a file's ``labels``: ``0..num_classes-1`` when the model says
+    how many there are, else the labels' own, which must then leave no id out."""
+    present = tuple(str(c) for c in torch.unique(labels).tolist())
+    if num_classes is not None:
+        if labels.min() < 0 or int(labels.max()) >= num_classes:
+            raise ConfigError(f"{spec}: labels must be class ids 0..{num_classes - 1} (the "
+                              f"model has {num_classes} outputs, one per class); got "
+                              f"{', '.join(present)}: relabel the data to the model's classes")
+        return tuple(str(c) for c in range(num_classes))
+    if labels.min() < 0 or int(labels.max()) >= len(present):
+        raise ConfigError(f"{spec}: labels must be the class ids 0..{len(present) - 1} "
+                          f"with every class present (the class count is read from them); "
+                          f"got {present}")
+    return present
+
+
 def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
-                  image_size: int | tuple[int, int] = 32, grayscale: bool | None = False
-                  ) -> LabelledData:
+                  image_size: int | tuple[int, int] = 32, grayscale: bool | None = False,
+                  num_classes: int | None = None) -> LabelledData:
     """``digits``, ``multiview-shapes[:options]``, a folder of class sub-folders of images, or
     an ``.npz``/``.pt`` file with ``inputs`` and ``labels``, as a train part and a held-out
-    part. ``grayscale`` applies to image folders (None: as the images are)."""
+    part. ``grayscale`` applies to image folders (None: as the images are).
+
+    ``num_classes``: the class count of the model the data is for (its output width), which
+    a file's labels must stay below and need not all use; None reads the count from the
+    labels, which must then be 0..C-1 with every class present."""
     from edgesplit.data.multiview import SPEC as MULTIVIEW
 
     if spec == "digits":
@@ -189,10 +211,7 @@ def load_labelled(spec: str, *, holdout: float = 0.25, seed: int = 0,
         data = load_eval_data(spec)
         if data.labels is None:
             raise ConfigError(f"{spec}: training data needs 'labels' next to 'inputs'")
-        classes = tuple(str(c) for c in torch.unique(data.labels).tolist())
-        if data.labels.min() < 0 or int(data.labels.max()) >= len(classes):
-            raise ConfigError(f"{spec}: labels must be the class ids 0..{len(classes) - 1} "
-                              f"with every class present; got {classes}")
+        classes = _file_classes(spec, data.labels, num_classes)
     else:
         raise ConfigError(f"unknown training data {spec!r}: pass 'digits', "
                           f"'{MULTIVIEW}[:views=N,...]', a folder with one sub-folder of images "

@@ -18,6 +18,7 @@ from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, Ten
 from edgesplit.graph.markers import split_point
 from edgesplit.graph.memory import MemoryReport, peak_memory, prefix_peak_memory
 from edgesplit.graph.model_file import ModelFileLimits, TrustedModelFile, unsafe_payloads
+from edgesplit.graph.user_model import is_code_ref, resolve_code_ref
 
 __all__ = [
     "INPUT",
@@ -39,12 +40,14 @@ __all__ = [
     "describe_causal_lm",
     "export_for_capture",
     "export_model",
+    "is_code_ref",
     "is_model_file",
     "load_program",
     "optimize_program",
     "parse_shape",
     "peak_memory",
     "prefix_peak_memory",
+    "resolve_code_ref",
     "saved_input_shape",
     "split_point",
     "topological_cuts",

@@ -1,7 +1,9 @@
 """Capture a model into a LayerGraph with ``torch.export``.
 
 Accepted models: an ``nn.Module`` with example inputs, an ``ExportedProgram``, a path to a
-program saved with ``torch.export.save`` (``.pt2``), or the name of a built-in model.
+program saved with ``torch.export.save`` (``.pt2``), the name of a built-in model, or a model
+in the user's code (``my_net.py:MyNet``, ``package.module:make_model``; see
+:mod:`edgesplit.graph.user_model`).
 
 Pipeline: export -> functionalise (``run_decompositions({})`` keeps high-level ops such as
 ``conv2d``/``linear`` but turns in-place ops functional) -> unlift parameters -> strip run-time
@@ -36,6 +38,7 @@ from edgesplit.graph.model_file import (
 )
 from edgesplit.graph.passes import fold_batchnorm, fold_constants, strip_checks
 from edgesplit.graph.saved_shape import fits_input_shape, is_dynamic, shape_option
+from edgesplit.graph.user_model import is_code_ref, load_user_model
 
 __all__ = [
     "Exported",
@@ -274,6 +277,10 @@ def export_for_capture(
             # specialised at its example's shape: size reads of a dynamic dimension would be
             # layers of their own, which the same program at another batch does not have
             ep, example = _at_shape(ep, example, tuple(example[0].shape), str(model))
+    elif is_code_ref(model):
+        module, example = load_user_model(model, input_shape)
+        name = name or model.rpartition(":")[2]
+        ep = export_model(module, example, name=name)
     elif isinstance(model, str):
         from edgesplit.models import create_model
 
@@ -310,7 +317,9 @@ def capture(
     """Capture ``model`` into a :class:`LayerGraph`.
 
     ``model`` is an nn.Module with ``example_inputs``, an ExportedProgram, a ``.pt2`` path, a
-    built-in model name, or an :class:`Exported` (to capture one export several ways).
+    built-in model name, a model in the user's code (``my_net.py:MyNet``: a class built with no
+    arguments or a factory, run on a float input of ``input_shape``, which it needs), or an
+    :class:`Exported` (to capture one export several ways).
     ``optimize=True`` gives the graph an inference engine runs (batch-norm folded, element-wise
     operators fused: what QDMP and AUTO-SPLIT plan on); ``optimize=False`` keeps one layer per
     operator (the raw graph DADS plans on). ``input_shape`` applies to built-in models, and to a
@@ -368,5 +377,7 @@ def is_model_file(model: str | Path) -> bool:
     """Whether ``model`` names a file (to load as a saved program) rather than a built-in
     model: a Path, a name with a model file's suffix or a folder, or an existing file."""
     text = str(model)
+    if is_code_ref(model):  # my_net.py:MyNet names code, even in a folder (nets/my_net.py)
+        return False
     return isinstance(model, Path) or text.lower().endswith(_MODEL_FILE_SUFFIXES) \
         or "/" in text or Path(text).is_file()

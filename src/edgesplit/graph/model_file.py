@@ -51,9 +51,9 @@ MAX_MODEL_FILE_ENV = "EDGESPLIT_MAX_MODEL_FILE"
 _MiB = 1 << 20
 # how torch.export.save tells its archives apart from torch.save's and TorchScript's
 _PT2_FORMAT_ENTRY = "archive_format"
-_EXPORT_HOWTO = ("edgesplit reads a built-in model name (`edgesplit models` lists them) or a "
-                 ".pt2 file: save one with torch.export.save(torch.export.export(model, "
-                 "(example_input,)), 'model.pt2')")
+_EXPORT_HOWTO = ("edgesplit reads a built-in model name (`edgesplit models` lists them), a "
+                 "model in your own code (my_net.py:MyNet) or a .pt2 file: save one with "
+                 "torch.export.save(torch.export.export(model, (example_input,)), 'model.pt2')")
 
 # Packages whose output types (transformers' ModelOutput classes) edgesplit imports on its own
 # to rebuild a saved program's output structure; other packages only for a trusted file.

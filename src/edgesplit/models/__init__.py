@@ -77,7 +77,8 @@ class BuiltinModel:
 
 _REGISTRY: Registry[ModelSpec] = Registry(
     "model", label="Built-in models",
-    hint="(or pass a .pt2 file saved with torch.export.save).", loader=lambda: _ensure_loaded())
+    hint="(or your own code as my_net.py:MyNet with --input-shape, or a .pt2 file saved "
+         "with torch.export.save).", loader=lambda: _ensure_loaded())
 
 
 def register_model(

@@ -12,6 +12,15 @@ from edgesplit.report.format import human_count
 
 __all__ = ["elastify_table", "indicator_table", "search_table", "switching_table"]
 
+# A task's score as a column names it: a cosine similarity shown as "acc" would read as a
+# classifier's accuracy (kept here so rendering a saved document never imports torch)
+_SHORT = {"labels": "acc", "agreement": "acc", "cosine": "cos"}
+_LONG = {"labels": "accuracy", "agreement": "agreement", "cosine": "cosine similarity"}
+
+
+def _short(task: str) -> str:
+    return _SHORT.get(task, task)
+
 
 def elastify_table(doc: Mapping[str, Any]) -> Table:
     """What elastification made (blocks, branches, subnets) and the training per epoch."""
@@ -36,7 +45,8 @@ def indicator_table(before: list[Mapping[str, Any]], after: list[Mapping[str, An
                     metric: str) -> Table:
     """The latency-range accuracy (mean over random subnets per range of relative cost),
     before and after training."""
-    table = Table(title=f"Latency-range accuracy ({metric} on the search data)")
+    table = Table(title=f"Latency-range {_LONG.get(metric, metric)} ({metric} on the search "
+                        "data)")
     for name in ("relative MACs", "subnets", "before", "after"):
         table.add_column(name, justify="right")
     earlier = {(round(r["low"], 6), round(r["high"], 6)): r for r in before}
@@ -59,7 +69,9 @@ def search_table(doc: Mapping[str, Any]) -> Table:
     table = Table(title=f"AdaptiveNet search of {doc['model']}: budget {doc['budget_ms']:.4g} "
                         f"ms +- {doc['delta_ms']:.3g} ({model}), {doc['evaluated']} subnets "
                         f"evaluated in {doc['search_seconds']:.1f} s")
-    for name in ("", "latency ms", "search acc", "held-out acc", "rel. MACs", "subnet"):
+    score = _short(doc.get("metric", "labels"))
+    for name in ("", "latency ms", f"search {score}", f"held-out {score}", "rel. MACs",
+                 "subnet"):
         table.add_column(name, justify="left" if name in ("", "subnet") else "right")
     best = doc["best"]
     for entry in doc["pool"]:

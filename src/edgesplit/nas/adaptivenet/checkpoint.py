@@ -3,7 +3,8 @@ model came from, the elastification options, the space, the blocks, how it was t
 ``supernet.safetensors`` (the added branches' weights only).
 
 The pretrained blocks are not stored twice: loading captures the model again from its source
-(a built-in name and input shape, or a ``.pt2`` file checked by its SHA-256), elastifies it
+(a built-in name or the user's code and an input shape, or a ``.pt2`` file checked by its
+SHA-256), elastifies it
 with the saved options, checks that this gives the saved space, then loads the added weights.
 """
 
@@ -33,10 +34,12 @@ SUPERNET_WEIGHTS = "supernet.safetensors"
 
 
 def model_source(model: str, input_shape: Sequence[int] | None = None) -> dict[str, Any]:
-    """How to capture ``model`` again: a built-in name (and input shape) or a file with its
-    SHA-256."""
-    from edgesplit.graph import is_model_file
+    """How to capture ``model`` again: a built-in name or the user's code (``my_net.py:MyNet``,
+    its file made absolute) and the input shape, or a ``.pt2`` file with its SHA-256."""
+    from edgesplit.graph import is_code_ref, is_model_file, resolve_code_ref
 
+    if is_code_ref(model):
+        model = resolve_code_ref(model)
     path = Path(model)
     if is_model_file(model):
         if not path.is_file():
@@ -70,7 +73,8 @@ def _sha256(path: Path) -> str:
 
 def build_supernet(model: str, *, input_shape: Sequence[int] | None = None,
                    config: ElasticConfig | None = None) -> ElasticSupernet:
-    """Capture ``model`` (built-in name or ``.pt2`` file) and elastify it."""
+    """Capture ``model`` (built-in name, ``my_net.py:MyNet`` or ``.pt2`` file) and elastify
+    it."""
     source = model_source(model, input_shape)
     return elastify(_capture(source), config, source=source)
 

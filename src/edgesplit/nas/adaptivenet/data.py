@@ -35,7 +35,7 @@ from edgesplit.data.images import (
 )
 from edgesplit.errors import ConfigError, option
 
-__all__ = ["DEFAULT_SEARCH_SIZE", "HOLDOUT", "METRICS", "TASKS", "ElasticData", "Part",
+__all__ = ["DEFAULT_SEARCH_SIZE", "HOLDOUT", "METRICS", "SCORES", "TASKS", "ElasticData", "Part",
            "StreamedPart", "TensorPart", "batches", "cosine", "fit_images", "load_elastic_data",
            "top1"]
 
@@ -59,6 +59,9 @@ def cosine(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "labels": top1, "agreement": top1, "cosine": cosine}
+# what each task's score is, for tables and JSON: cosine similarity is no accuracy
+SCORES = {"labels": "top-1 accuracy", "agreement": "top-1 agreement with the pretrained model",
+          "cosine": "cosine similarity to the pretrained outputs"}
 
 
 class Part(Protocol):
@@ -186,25 +189,20 @@ def load_elastic_data(spec: str, *, input_shape: Sequence[int],
     :data:`HOLDOUT` images, search on the first ``search_size`` (default
     :data:`DEFAULT_SEARCH_SIZE`) of those, report on its whole test split. ``train_limit``
     keeps the first images of the train part, ``search_size`` of the search part.
-    ``task`` defaults to ``labels`` when the data has labels and the model has one output per
-    class, else ``cosine`` (fidelity to the pretrained outputs; ``agreement`` is degenerate
-    for a random-weight classifier, which gives most inputs the same class).
+    ``task`` defaults to ``labels`` when the data has labels and the model is a classifier
+    (one output per class: its output width is the class count, so the data may lack some
+    classes, and a label at or past it is refused), else ``cosine`` (fidelity to the
+    pretrained outputs; ``agreement`` is degenerate for a random-weight classifier, which
+    gives most inputs the same class).
     """
     for name, value in (("train_limit", train_limit), ("search_size", search_size)):
         if value is not None and value < 1:
             raise ConfigError(f"{option(name, value)} must be a positive number of samples")
     if is_image_set_spec(spec):
         return _streamed(spec, input_shape, teacher, task, train_limit, search_size)
-    inputs, labels, train_count = _inputs(spec, input_shape)
-    with torch.no_grad():
-        width = teacher(*(x[:1] for x in inputs)).shape[-1]
-    if task is None:
-        classes = int(labels.max()) + 1 if labels is not None else -1
-        task = "labels" if classes == width else "cosine"
-    if task == "labels" and (labels is None or int(labels.max()) >= width):
-        raise ConfigError(f"{option('task', task)} needs labelled data with at most {width} "
-                          f"classes (the model's outputs); {spec} has "
-                          f"{'none' if labels is None else int(labels.max()) + 1}")
+    classes = _class_count(teacher, input_shape) if task in (None, "labels") else None
+    inputs, labels, train_count = _inputs(spec, input_shape, classes)
+    task = _task(spec, task, labels, teacher, inputs)
     targets = labels if task == "labels" and labels is not None \
         else _teacher_targets(teacher, inputs, task)
     count = int(targets.shape[0])
@@ -219,6 +217,40 @@ def load_elastic_data(spec: str, *, input_shape: Sequence[int],
 
     return ElasticData(spec, task, part(np.arange(train_count)[:train_limit]),
                        part(order[:half][:search_size]), part(order[half:]))
+
+
+def _class_count(teacher: Callable[..., torch.Tensor], input_shape: Sequence[int]
+                 ) -> int | None:
+    """A classifier's class count: its output width where it gives one row per sample (probed
+    on a zero image: labelled data are images); None for other models and inputs."""
+    if len(input_shape) != 4:
+        return None
+    try:
+        with torch.no_grad():
+            out = teacher(torch.zeros((1, *(int(s) for s in input_shape[1:]))))
+    except Exception:  # not an image model: the data's own check says so
+        return None
+    return int(out.shape[-1]) if out.dim() == 2 else None
+
+
+def _task(spec: str, task: str | None, labels: torch.Tensor | None,
+          teacher: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> str:
+    """``task``, or the default for this model and data; labels the model cannot output are
+    refused (the class count is the model's)."""
+    with torch.no_grad():
+        out = teacher(*(x[:1] for x in inputs))
+    width = int(out.shape[-1])
+    if task is None:
+        task = "labels" if labels is not None and out.dim() == 2 else "cosine"
+    if task == "labels" and labels is None:
+        raise ConfigError(f"{option('task', task)} needs labelled data; {spec} has no labels "
+                          f"(use {option('task', 'cosine')})")
+    if task == "labels" and labels is not None and int(labels.max()) >= width:
+        raise ConfigError(f"{spec} has labels up to {int(labels.max())}, but the model has "
+                          f"{width} outputs, one per class: give data labelled with the "
+                          f"model's classes (0..{width - 1}), or {option('task', 'cosine')} "
+                          "to train towards the model's own outputs")
+    return task
 
 
 def _streamed(spec: str, input_shape: Sequence[int], teacher: Callable[..., torch.Tensor],
@@ -251,10 +283,11 @@ def _streamed(spec: str, input_shape: Sequence[int], teacher: Callable[..., torc
                        StreamedPart(test))
 
 
-def _inputs(spec: str, input_shape: Sequence[int]
+def _inputs(spec: str, input_shape: Sequence[int], classes: int | None
             ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None, int | None]:
     """All inputs, their labels (or None) and how many leading samples are the train part
-    (None: no split of its own)."""
+    (None: no split of its own). ``classes``: the model's class count, which a labelled
+    file's labels must stay below (None: read from the labels)."""
     if spec == "sentences":
         from edgesplit.data.sentences import load_sentences
 
@@ -267,7 +300,7 @@ def _inputs(spec: str, input_shape: Sequence[int]
         return tuple(x[order] for x in data.inputs), None, None
     from edgesplit.data.training import load_labelled
 
-    labelled = load_labelled(spec)
+    labelled = load_labelled(spec, num_classes=classes)
     train, held = labelled.train, labelled.test
     assert train.labels is not None and held.labels is not None  # LabelledData checks this
     images = torch.cat([train.inputs[0], held.inputs[0]])

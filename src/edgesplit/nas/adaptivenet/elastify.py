@@ -11,7 +11,8 @@ are added, seeded from the pretrained weights so distillation starts close:
   (:mod:`.prune`), so its input and output shapes are unchanged.
 
 Every path through the branches is then a valid network, and the all-original path is the
-pretrained model.
+pretrained model. A model with neither kind of branch (a chain of single layers, each changing
+the shape) is refused here, before any training.
 """
 
 from __future__ import annotations
@@ -116,6 +117,30 @@ def _shrunk(originals: Sequence[BlockModule], shrink: Sequence[float]
     return found
 
 
+def _check_added(model: str, split: BlockSplit, branches: Sequence[Branch],
+                 config: ElasticConfig) -> None:
+    """Refuse a model AdaptiveNet can add no branch to, before any data is read or trained:
+    its search space would hold the pretrained model alone."""
+    if any(b.level != 0 for b in branches):
+        return
+    if not config.merge and not config.shrink:
+        raise ConfigError(f"{option('merge', 0)} and no {option('shrink')} fractions add no "
+                          "branch to train: allow merged or shrunk branches")
+    shapes = ", ".join(f"{_dims(b.in_shape)}->{_dims(b.out_shape)}" for b in split.blocks[:6])
+    more = ", ..." if len(split.blocks) > 6 else ""
+    raise ConfigError(
+        f"AdaptiveNet finds nothing to elastify in {model}: cut into {len(split.blocks)} blocks "
+        f"({shapes}{more}), none keeps the shape it is given, so no merged branch can skip one, "
+        "and none holds two layers in a row whose inner channels a shrunk branch could prune. "
+        "It needs a model built of repeated blocks such as residual or inverted-residual ones "
+        "(ResNet, MobileNetV2, a transformer encoder), or blocks of several convolutions; "
+        "a chain of single layers that each change the shape has no block to skip or shrink")
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape[1:])  # without the batch
+
+
 def _check_batch(supernet: ElasticSupernet, graph: LayerGraph) -> None:
     """The blocks must give the captured model's output, and a batch of different samples the
     outputs of each sample alone (the freed batch dimension mixes no samples)."""
@@ -188,6 +213,7 @@ def elastify(graph: LayerGraph, config: ElasticConfig | None = None, *,
     pairs = [(Branch(branch_name(i, 0), i, i + 1, 0, i), m) for i, m in enumerate(originals)]
     pairs += _merged(split, originals, config.merge)
     pairs += _shrunk(originals, config.shrink)
+    _check_added(graph.model, split, [b for b, _ in pairs], config)
     pairs.sort(key=lambda p: (p[0].start, -p[0].level))
     space = ElasticSpace(len(split.blocks), tuple(b for b, _ in pairs))
     meta = {"model": graph.model, "source": source, "config": config.to_dict(),

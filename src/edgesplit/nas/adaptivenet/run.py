@@ -23,7 +23,7 @@ import torch
 
 from edgesplit.errors import ConfigError, EdgesplitError, InfeasibleError, option
 from edgesplit.nas.adaptivenet.checkpoint import build_supernet, load_supernet, save_supernet
-from edgesplit.nas.adaptivenet.data import ElasticData, batches, load_elastic_data
+from edgesplit.nas.adaptivenet.data import SCORES, ElasticData, batches, load_elastic_data
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig
 from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, far_from_estimate
@@ -127,7 +127,8 @@ def elastify_model(model: str, *, input_shape: Sequence[int] | None = None,
     trainer.fit(supernet, loaded)
     after = latency_range_accuracy(supernet, loaded, seed=seed)
     training = {
-        "data": spec, "task": loaded.task, "seed": seed, "sizes": loaded.sizes(),
+        "data": spec, "task": loaded.task, "score": SCORES[loaded.task], "seed": seed,
+        "sizes": loaded.sizes(),
         "train_limit": train_limit, "search_size": search_size,
         "distill_epochs": trainer.distill_epochs, "tune_epochs": trainer.tune_epochs,
         "batch_size": trainer.batch_size, "lr": trainer.lr, "tune_lr": trainer.tune_lr,
@@ -324,6 +325,7 @@ def _search_summary(supernet: ElasticSupernet, data: ElasticData, search: Adapti
     original = supernet.space.original
     summary: dict[str, Any] = {
         "model": supernet.meta["model"], "task": data.task, "metric": data.task,
+        "score": SCORES[data.task],  # what "accuracy" below holds
         "latency_model": "joint" if joint is not None else "table",
         "budget_ms": budget_s * 1000, "delta_ms": search.delta_ * 1000,
         "evaluated": len(search.history_), "search_seconds": seconds,

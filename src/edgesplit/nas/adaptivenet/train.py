@@ -57,8 +57,9 @@ def sample_added(supernet: ElasticSupernet, rng: np.random.Generator, tries: int
         arch = supernet.space.random_arch(rng)
         if arch != original:
             return arch
-    raise ConfigError("this supernet has no added branches to train (elastify it with merge "
-                      "or shrink options that apply to the model)")
+    raise ConfigError("this supernet has no added branches to train: its model has no block "
+                      "to skip (one that keeps its shape, as a residual block does) or to "
+                      "shrink (two layers in a row); elastify a model built of such blocks")
 
 
 def _teacher_features(supernet: ElasticSupernet, x: torch.Tensor,
@@ -153,7 +154,9 @@ class ElasticTrainer:
         self.history_: list[TrainRecord] = []
         params = list(supernet.added_parameters())
         if not params:
-            raise ConfigError("this supernet has no added branches to train")
+            raise ConfigError("this supernet has no added branches to train: elastify "
+                              "with merged or shrunk branches a model of residual or "
+                              "multi-layer blocks (elastify refuses one without)")
         supernet.to(device).train()
         try:
             opt = torch.optim.Adam(params, lr=self.lr)
