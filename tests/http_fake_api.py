@@ -2,8 +2,8 @@
 its memory can be read from /proc: :func:`serve_api` over the real :class:`LLMEngine` (its
 session queue, its cancellation) with a fake chain behind it. The tokenizer gives one token a
 character; the fake chain takes ``--prefill-s`` per prefill and ``--token-s`` per further
-token, and appends a line to ``--log`` at every prefill, so a test can count the prefills that
-ran (and one at every prompt tokenized). The port is printed as ``port N`` once connections are accepted.
+token, and appends a line to ``--log`` at every prefill (and at every prompt tokenized), so a
+test can count them. The port is printed as ``port N`` once connections are accepted.
 
     python tests/http_fake_api.py --log FILE [--api-key K] [--limits JSON] [--sessions N]
 """

@@ -634,10 +634,39 @@ def test_cli_api_checks_its_stage_at_start():
     from edgesplit.cli.llm_api import _check_stage
 
     stage = _Stage(up_at=10**6)
-    with pytest.raises(RemoteError, match="checked at start: cannot reach h:1.*--wait-for-stage"):
+    with pytest.raises(RemoteError, match=r"checked at start: cannot reach h:1.*--wait-for-stage"):
         _check_stage(type("E", (), {"client": stage})(), "h:1", 0.0)
     assert stage.checks == 1
     stage = _Stage(up_at=3)
     _check_stage(type("E", (), {"client": stage})(), "h:1", WAIT_S)  # answers on the third
     assert stage.checks == 3
     _check_stage(type("E", (), {"client": _Stage(up_at=2)})(), None, 0.0)  # no --server
+
+
+def test_wrong_keys_are_throttled_and_a_right_key_still_goes_through():
+    """Was: no wrong-key throttle (2,194 guesses/s). Now wrong keys are counted per host and
+    per bucket of the key sent: a burst of guesses is mostly refused uncompared (429), while a
+    right key from the same address, beside ~3 wrong keys a second, is never refused."""
+    from starlette.testclient import TestClient
+
+    from edgesplit.transport.auth import AuthThrottle
+
+    now = [0.0]
+    throttle = AuthThrottle(clock=lambda: now[0])
+    app = create_app(EchoEngine(), api_key="sesame", throttle=throttle)
+    with TestClient(app) as http:  # every call from one host: "testclient"
+        def models(key: str) -> int:
+            return http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+        for second in range(60):  # the issue's case: 3 wrong keys a second, a right one each
+            now[0] = float(second)
+            assert [models(f"guess-{second}-{i}") for i in range(3)] == [401] * 3
+            assert models("sesame") == 200, f"right key refused at {second} s"
+        now[0] = 1000.0
+        codes = [models(f"burst-{i}") for i in range(400)]  # at one instant
+        assert codes.count(401) <= throttle.spread * throttle.burst  # compared at most
+        assert codes.count(429) >= 400 - throttle.spread * throttle.burst
+        refused = http.get("/v1/models", headers={"Authorization": "Bearer x"})
+        if refused.status_code == 429:
+            assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+            assert int(refused.headers["retry-after"]) >= 1

@@ -143,8 +143,10 @@ def test_plan_a_model_from_a_file_and_run_the_plan(nets):
     from edgesplit.plan import load_plan
     from edgesplit.runtime import PlanProgram
 
-    program = PlanProgram.load(load_plan(nets / "plan.json"))  # captured again from the file
-    assert program is not None
+    with pytest.raises(ConfigError, match="the plan's model is Python code"):
+        PlanProgram.load(load_plan(nets / "plan.json"))  # serving a plan never runs code unasked
+    program = PlanProgram.load(load_plan(nets / "plan.json"), trust_model_file=True)
+    assert program is not None  # captured again from the file
 
 
 @pytest.mark.parametrize("args, says", [

@@ -14,7 +14,9 @@ Two parts, each at the depth where its check is cheapest:
 - :class:`Gate`, an ASGI middleware in front of the app for the protected paths: the key is
   compared before the body is read (401, with the connection closed: what the caller sent
   after its headers is never buffered), wrong keys are throttled per peer host (429 with
-  ``Retry-After``), a declared ``Content-Length`` over the limit is refused before reading
+  ``Retry-After``; keyed by host and by a keyed hash of the key sent, so that a right key from
+  an address a guesser shares still goes through: :class:`~edgesplit.transport.auth.
+  AuthThrottle`), a declared ``Content-Length`` over the limit is refused before reading
   (413), and the body is read here within its byte limit (413) and its deadline (408), then
   handed to the app whole. Everything else, and the disconnect, passes through.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import resource
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -289,20 +292,20 @@ class Gate:
 
     def _check_key(self, scope: Scope) -> None:
         assert self._expected is not None
-        host = (scope.get("client") or ("?",))[0]
-        wait = self.throttle.wait_s(host)
+        host = (scope.get("client") or ("?",))[0]  # the address, never the port
+        sent = _header(scope, b"authorization") or ""  # the bucket: the value as sent
+        wait = self.throttle.wait_s(host, sent)
         if wait > 0:
             raise _Refused(429, f"too many wrong API keys from {host}: wait {wait:.1f} s, then "
                                 "send the right key", "rate_limit_exceeded",
-                           {"retry-after": str(max(1, round(wait)))})
-        sent = _header(scope, b"authorization") or ""
+                           {"retry-after": str(max(1, math.ceil(wait)))})
         scheme, _, given = sent.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            self.throttle.failed(host)
+            self.throttle.failed(host, sent)
             raise _Refused(401, "missing API key: send the header 'Authorization: Bearer KEY'",
                            "invalid_api_key", {"www-authenticate": "Bearer"})
         if not hmac.compare_digest(f"Bearer {given.strip()}".encode(), self._expected):
-            self.throttle.failed(host)
+            self.throttle.failed(host, sent)
             raise _Refused(401, "incorrect API key", "invalid_api_key",
                            {"www-authenticate": "Bearer"})
 

@@ -44,9 +44,10 @@ from typing import Any, Literal
 
 import torch
 
-from edgesplit.errors import ConfigError, GraphError
+from edgesplit.errors import ConfigError, GraphError, option
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.partition import Partition, extract_partition
+from edgesplit.graph.user_model import is_code_ref
 from edgesplit.hardware import accelerator
 from edgesplit.plan.model import (
     MESH_SHAPE,
@@ -185,6 +186,12 @@ def _capture_for(plan: Plan, trust_model_file: bool = False) -> LayerGraph:
         # the shape planned at: the file's own, or one its dynamic dimensions allow
         return capture(source, input_shape=shapes[0] if len(shapes) == 1 else None,
                        optimize=optimize, trust_model_file=trust_model_file)
+    if is_code_ref(source) and not trust_model_file:
+        # the user who typed `plan my_net.py:MyNet` ran their own code; whoever serves the
+        # plan file may not have written it, and importing the module runs it
+        raise ConfigError(f"the plan's model is Python code ({source}): loading it imports and "
+                          f"runs that file; pass {option('trust_model_file', True)} if you "
+                          "trust the plan and the code it names")
     shape = shapes[0] if shapes else None
     return capture(source, input_shape=shape, optimize=optimize)
 
