@@ -123,3 +123,12 @@ def test_a_vision_plan_of_a_pt2_runs_from_another_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(other)
     program = PlanProgram.load(load_plan(made / "plan.json"), trust_model_file=True)
     assert program.plan.model.source == "./model.pt2"
+
+
+def test_a_plan_read_from_a_file_equals_the_plan_written(made_in):
+    """Where the file lies is kept beside the plan, not in it: equality is the content's."""
+    from edgesplit.plan.model import Plan
+
+    path = made_in / "plans" / "plan.json"
+    assert load_plan(path) == Plan.model_validate_json(path.read_text())
+    assert hash(load_plan(path).model) == hash(Plan.model_validate_json(path.read_text()).model)

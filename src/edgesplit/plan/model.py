@@ -72,6 +72,16 @@ class ModelRef(BaseModel):
     # each device may keep its copy somewhere else
     _plan_dir: Path | None = PrivateAttr(None)
 
+    def __eq__(self, other: object) -> bool:
+        # the same plan wherever its file lies, as for plan_id (pydantic would compare
+        # _plan_dir too)
+        if not isinstance(other, ModelRef):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
     @property
     def local_source(self) -> str:
         """``source`` as this process opens it: a path relative to the plan file resolved
