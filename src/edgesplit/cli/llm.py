@@ -254,7 +254,9 @@ def generate(
         raise ConfigError("--chat, --system and --stop take text: give --prompt TEXT")
     if text and (prompt_ids is not None or prompt_tokens is not None):
         raise ConfigError("give --prompt, --prompt-ids or --prompt-tokens, not several")
-    tokenizer = _tokenizer(plan) if text else None  # refused before connecting
+    # refused before connecting; token ids of a real checkpoint read as text in --json too
+    real = plan.llm is not None and plan.llm.fingerprint is not None
+    tokenizer = _tokenizer(plan) if text or (as_json and real) else None
     count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)
     client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
                        tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
@@ -263,20 +265,23 @@ def generate(
                        shape=shape, torch_device=torch_device)
     if client.pacer is not None:
         _say_emulating(plan, client.device, client.pacer)
+    said: str | None
     with client:
-        if tokenizer is not None:
+        if text:
             from edgesplit.runtime.llm_engine import LLMEngine
 
             engine = LLMEngine(client, tokenizer, session_ids=[client.session])
             assert prompt_text is not None
             messages = _messages(prompt_text, system) if chat else None
             prompt = engine.chat_ids(messages) if messages else engine.text_ids(prompt_text)
-            got = _stream_text(engine, prompt, count, sampling, stop, as_json)
+            got, said = _stream_text(engine, prompt, count, sampling, stop, as_json)
         else:
             prompt = _prompt(plan, prompt_ids, prompt_tokens, seed)
             got = _stream_ids(client, prompt, count, sampling, as_json)
+            said = tokenizer.decode([t.token for t in got]) if tokenizer is not None else None
         client.end_session()
-    _report(plan, prompt, got, client, as_json, text)
+    prompt_said = tokenizer.decode(prompt) if tokenizer is not None else None
+    _report(plan, prompt, got, client, as_json, text, (said, prompt_said))
 
 
 @llm_app.command("chat")
@@ -412,26 +417,30 @@ def _stream_ids(client, prompt: list[int], count: int, sampling, as_json: bool) 
 
 
 def _stream_text(engine, prompt: list[int], count: int, sampling, stop: list[str],
-                 as_json: bool) -> list:
+                 as_json: bool) -> tuple[list, str]:
+    """The tokens and the text as printed (an end-of-sequence token or a stop string left
+    out)."""
     import sys
 
-    got = []
+    got, text = [], []
     for delta in engine.stream(prompt, max_new_tokens=count, sampling=sampling, stop=stop):
         if delta.step is not None:
             got.append(delta.step)
+        text.append(delta.text)
         if not as_json:
             sys.stdout.write(delta.text)
             sys.stdout.flush()
     if not as_json:
         sys.stdout.write("\n")
-    return got
+    return got, "".join(text)
 
 
-def _report(plan, prompt: list[int], got: list, client, as_json: bool, text: bool) -> None:
+def _report(plan, prompt: list[int], got: list, client, as_json: bool, text: bool,
+            texts: tuple[str | None, str | None]) -> None:
     from edgesplit.runtime.llm_report import generation_report
 
     doc = generation_report(plan, prompt, got, session=client.session,
-                            data_plane=client.data_plane)
+                            data_plane=client.data_plane, text=texts[0], prompt_text=texts[1])
     if as_json:
         emit_json(doc)
         return

@@ -39,12 +39,27 @@ def read_config(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError,
             yaml.YAMLError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"cannot parse {str(path)!r}: {first}") from None
+        raise ConfigError(f"cannot parse {str(path)!r}: {_parse_error(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{str(path)!r} must contain a mapping of fields, not "
                           f"{type(data).__name__}")
     return data
+
+
+def _parse_error(exc: Exception) -> str:
+    """One line saying where the file is malformed. JSON's and TOML's messages name the line
+    and column on their first line; PyYAML's spread them over several lines, the first often
+    only its context ("while parsing a block mapping"), so they are rebuilt from its marks."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark  # 0-based
+        where = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+        start = exc.context_mark
+        if exc.context and start is not None and start.line != mark.line:
+            return f"{where} ({exc.context} from line {start.line + 1}, column " \
+                   f"{start.column + 1})"
+        return f"{where} ({exc.context})" if exc.context else where
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _device_data(data: dict[str, Any], base: Path) -> dict[str, Any]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from edgesplit.errors import ConfigError
 from edgesplit.graph import INPUT, OUTPUT
@@ -61,9 +62,63 @@ class ModelRef(BaseModel):
 
     model_config = _STRICT
     name: str
-    source: str  # built-in name or path to a .pt2 file
+    # a built-in name, or a path (.pt2, checkpoint folder, .gguf): a saved plan holds a path
+    # given relative as relative to the plan file (``./`` or ``../``), so plan and weights
+    # move together and run from any folder (:attr:`local_source` opens it)
+    source: str
     input_shapes: list[list[int]]
     graph: Literal["optimized", "raw", "blocks"] = "optimized"
+    # the folder of the plan file this was read from; not part of the plan (nor its id), as
+    # each device may keep its copy somewhere else
+    _plan_dir: Path | None = PrivateAttr(None)
+
+    def __eq__(self, other: object) -> bool:
+        # the same plan wherever its file lies, as for plan_id (pydantic would compare
+        # _plan_dir too)
+        if not isinstance(other, ModelRef):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+    @property
+    def local_source(self) -> str:
+        """``source`` as this process opens it: a path relative to the plan file resolved
+        against the folder :func:`load_plan` read it from; a name or an absolute path as is."""
+        return _resolve_source(self.source, self._plan_dir)
+
+
+def _plan_relative(source: str) -> bool:
+    return source.startswith(("./", "../", ".\\", "..\\"))
+
+
+def _resolve_source(source: str, plan_dir: Path | None) -> str:
+    path = Path(source)
+    if plan_dir is None or path.is_absolute():
+        return source
+    beside = str(plan_dir / path)
+    if _plan_relative(source):
+        # a plan written before paths were relative to it may hold a ./ the user typed
+        return source if path.exists() and not Path(beside).exists() else beside
+    # a name, or a path relative to the folder an older plan was made in (tried first, as
+    # it always was), else beside the plan
+    return beside if not path.exists() and Path(beside).exists() else source
+
+
+def _source_for(model: ModelRef, folder: Path) -> str:
+    """``model``'s source as a plan file in ``folder`` stores it: a local path given relative
+    becomes relative to that folder; a name or an absolute path is kept."""
+    if Path(model.source).is_absolute():
+        return model.source
+    local = Path(model.local_source)
+    if not local.exists():  # a built-in name (or a file that is not here: left as given)
+        return model.source
+    try:
+        rel = Path(os.path.relpath(local.resolve(), folder.resolve())).as_posix()
+    except ValueError:  # another drive (Windows): no relative path exists
+        return str(local.resolve())
+    return rel if rel.startswith("../") else f"./{rel}"
 
 
 class PlanDevice(BaseModel):
@@ -356,7 +411,11 @@ class Plan(BaseModel):
         return self.model_dump_json(indent=2)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        """Write the plan to ``path``, its model's path relative to that file (see
+        :class:`ModelRef`)."""
+        path = Path(path)
+        model = self.model.model_copy(update={"source": _source_for(self.model, path.parent)})
+        path.write_text(self.model_copy(update={"model": model}).to_json() + "\n")
 
 
 def recompute_total(plan: Plan) -> float:
@@ -515,7 +574,9 @@ def _mesh(plan: Plan) -> tuple[MeshLayout | None, str]:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read a plan file; malformed files and unknown versions raise ConfigError."""
+    """Read a plan file; malformed files and unknown versions raise ConfigError. A model path
+    in it is opened relative to the file (``plan.model.local_source``), or, for plans written
+    before that, relative to the working folder when it is there."""
     try:
         data: Any = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -523,4 +584,6 @@ def load_plan(path: str | Path) -> Plan:
     if isinstance(data, dict) and data.get("version") not in (None, PLAN_VERSION):
         raise ConfigError(f"plan {str(path)!r} has version {data.get('version')!r}; this "
                           f"edgesplit reads version {PLAN_VERSION}")
-    return build(Plan, data, f"plan file {str(path)!r}")
+    plan = build(Plan, data, f"plan file {str(path)!r}")
+    plan.model._plan_dir = Path(path).resolve().parent
+    return plan

@@ -57,7 +57,7 @@ def batched_step(program: PlanProgram, device: str, max_batch: int) -> DeviceSte
     if str(plan.model.source).endswith(".pt2"):
         raise ConfigError("dynamic batching re-captures the model at the batch size; a saved "
                           ".pt2 program has a fixed batch size")
-    graph = capture(plan.model.source, input_shape=(max_batch, *shapes[0][1:]),
+    graph = capture(plan.model.local_source, input_shape=(max_batch, *shapes[0][1:]),
                     optimize=plan.model.graph == "optimized")
     return PlanProgram.load(plan, graph).step(device)
 

@@ -80,7 +80,7 @@ def predicted_reference(plan: Plan, index: int, device: Device | None = None
     llm = llm_section(plan)
     stage = llm.stages[index]
     here = device if device is not None else get_device("this-machine")
-    lm = describe_causal_lm(plan.model.source, dtype=llm.dtype)
+    lm = describe_causal_lm(plan.model.local_source, dtype=llm.dtype)
     phases: dict[Phase, Work] = {"prefill": Work.prefill(llm.prompt_tokens),
                                  "decode": Work.decode(llm.decode_cached_tokens)}
     return {name: sum(block_ms(lm, here, work)[stage.start:stage.end])

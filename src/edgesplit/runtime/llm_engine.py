@@ -174,7 +174,7 @@ class LLMEngine:
         detokenizer = IncrementalDetokenizer(self.tokenizer)
         tokens = cast(Generator[Any, None, None], self.client.generate(
             ids, max_new_tokens, sampling=sampling, session=session))
-        finished = False
+        finished = failed = False
         try:
             for t in tokens:
                 if t.token in self.eos_ids:
@@ -193,9 +193,12 @@ class LLMEngine:
                     return
                 yield Delta(text, (t.token,), None, t)
             finished = True
+        except EdgesplitError:
+            failed = True
+            raise
         finally:
             tokens.close()  # no more steps: an abandoned generation costs nothing more
-            self._give_back(session, abandoned=not finished)
+            self._give_back(session, abandoned=not finished, failed=failed)
 
     def _take(self, ids: list[int], cancel: threading.Event | None = None) -> str | None:
         """A free session, the one whose cached tokens share most of ``ids``; None once
@@ -229,14 +232,17 @@ class LLMEngine:
                 return True
         return None
 
-    def _give_back(self, session: str, *, abandoned: bool) -> None:
+    def _give_back(self, session: str, *, abandoned: bool, failed: bool = False) -> None:
         """``session`` is free again; an abandoned one (its client left, or a step failed)
         first has its caches freed on every stage (the next generation there starts anew)."""
         try:
             if abandoned:
                 self.client.end_session(session)
         except EdgesplitError as exc:  # a stage that is down frees its caches on restart
-            log.warning("could not end session %s on every stage: %s", session[:8], exc)
+            # after a failed step the caller is told why; the end failing too (a stage down:
+            # the same cause) would be a second line of the same news
+            (log.debug if failed else log.warning)(
+                "could not end session %s on every stage: %s", session[:8], exc)
         finally:
             with self._lock:
                 self._idle[session] = None

@@ -29,8 +29,11 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def generation_report(plan: Plan, prompt: Sequence[int], tokens: Sequence[GeneratedToken],
-                      *, session: str, data_plane: str) -> dict[str, Any]:
-    """The generation of ``tokens`` after ``prompt`` on ``plan``, measured and predicted."""
+                      *, session: str, data_plane: str, text: str | None = None,
+                      prompt_text: str | None = None) -> dict[str, Any]:
+    """The generation of ``tokens`` after ``prompt`` on ``plan``, measured and predicted;
+    ``text`` and ``prompt_text`` as the tokenizer reads them (None: a plan of random weights,
+    which has no tokenizer)."""
     llm = llm_section(plan)
     if not tokens:
         raise ValueError("a generation report needs at least one token")
@@ -65,6 +68,8 @@ def generation_report(plan: Plan, prompt: Sequence[int], tokens: Sequence[Genera
         "prompt_tokens": len(prompt),
         "new_tokens": len(tokens),
         "tokens": [t.token for t in tokens],
+        "prompt_text": prompt_text,
+        "text": text,
         "ttft_ms": ttft,
         "total_ms": total,
         "tokens_per_s": rate,

@@ -102,12 +102,13 @@ def open_plan_checkpoint(plan: Plan) -> Any:
     llm = llm_section(plan)
     if llm.fingerprint is None:
         return None
-    checkpoint = open_checkpoint(plan.model.source)
+    source = plan.model.local_source  # a path in a plan file is relative to that file
+    checkpoint = open_checkpoint(source)
     if checkpoint is None:
         raise ConfigError(f"the plan was made for the checkpoint {plan.model.source!r}, which "
-                          "is not here: put the same checkpoint at that path on this device")
+                          f"is not at {source!r}: put the same checkpoint there on this device")
     if checkpoint.fingerprint != llm.fingerprint:
-        raise ConfigError(f"the checkpoint at {plan.model.source!r} is not the one the plan was "
+        raise ConfigError(f"the checkpoint at {source!r} is not the one the plan was "
                           f"made for (fingerprint {checkpoint.fingerprint[:12]}, the plan's "
                           f"{llm.fingerprint[:12]}): copy the planned checkpoint here, or plan "
                           "again for this one")

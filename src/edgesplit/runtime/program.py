@@ -176,13 +176,14 @@ class DeviceStep:
 
 
 def _capture_for(plan: Plan, trust_model_file: bool = False) -> LayerGraph:
-    source = plan.model.source
+    source = plan.model.local_source
     optimize = plan.model.graph == "optimized"
     shapes = plan.model.input_shapes
     if str(source).endswith(".pt2"):
         if not Path(source).is_file():
-            raise ConfigError(f"the plan's model file {source!r} is not here; run from the "
-                              "folder the plan was made in, or copy the .pt2 next to it")
+            raise ConfigError(f"the plan's model file {source!r} is not here: copy the .pt2 "
+                              f"there ({plan.model.source!r} in the plan, a path relative to "
+                              "the plan file)")
         # the shape planned at: the file's own, or one its dynamic dimensions allow
         return capture(source, input_shape=shapes[0] if len(shapes) == 1 else None,
                        optimize=optimize, trust_model_file=trust_model_file)

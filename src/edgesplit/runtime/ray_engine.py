@@ -468,9 +468,9 @@ def _replica_lost(ray: Any) -> tuple[type[BaseException], ...]:
 
 def _portable(program: PlanProgram):
     """The plan with a relative ``.pt2`` source made absolute (replicas may run elsewhere
-    than this process's folder)."""
+    than this process's folder, and are sent the plan, not its file)."""
     plan = program.plan
-    source = str(plan.model.source)
+    source = plan.model.local_source
     if source.endswith(".pt2") and not Path(source).is_absolute() and Path(source).exists():
         model = plan.model.model_copy(update={"source": str(Path(source).resolve())})
         return plan.model_copy(update={"model": model})

@@ -3,6 +3,7 @@ and report measured against predicted latency: the document behind ``edgesplit r
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -133,7 +134,10 @@ def run_requests(program: PlanProgram, address: Address | Mapping[str, Address],
         # this thread only waits now: its OpenMP team must not throttle the clients'
         release_thread_pool()
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            for f in [pool.submit(client_loop, i) for i in range(concurrency)]:
+            # each client in a copy of this context: errors then name options as the caller
+            # writes them (``--retries`` under the CLI, errors.option), not as Python does
+            for f in [pool.submit(contextvars.copy_context().run, client_loop, i)
+                      for i in range(concurrency)]:
                 f.result()
     wall_s = time.perf_counter() - started[0]
     return _report(program, results, errors, requests, concurrency, wall_s)
