@@ -134,12 +134,12 @@ def test_the_capture_is_the_models_own_output(nets):
     assert torch.allclose(graph.program(x), reference(x), atol=1e-5)
 
 
-def test_plan_a_model_from_a_file_and_run_the_plan(nets):
+def test_plan_a_model_from_a_file_and_run_the_plan(nets, monkeypatch):
     doc = _ok("plan", "my_nets.py:Residual", "--input-shape", SHAPE, "--method",
               "neurosurgeon", "--out", "plan.json")
     assert doc["chosen"] == "neurosurgeon"
     saved = json.loads((nets / "plan.json").read_text())
-    assert saved["model"]["source"] == "my_nets.py:Residual"
+    assert saved["model"]["source"] == "./my_nets.py:Residual"  # beside the plan file
     from edgesplit.plan import load_plan
     from edgesplit.runtime import PlanProgram
 
@@ -147,6 +147,10 @@ def test_plan_a_model_from_a_file_and_run_the_plan(nets):
         PlanProgram.load(load_plan(nets / "plan.json"))  # serving a plan never runs code unasked
     program = PlanProgram.load(load_plan(nets / "plan.json"), trust_model_file=True)
     assert program is not None  # captured again from the file
+    elsewhere = nets / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the code is found beside the plan, from any folder
+    assert PlanProgram.load(load_plan(nets / "plan.json"), trust_model_file=True) is not None
 
 
 @pytest.mark.parametrize("args, says", [

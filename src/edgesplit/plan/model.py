@@ -93,7 +93,19 @@ def _plan_relative(source: str) -> bool:
     return source.startswith(("./", "../", ".\\", "..\\"))
 
 
+def _code_file(source: str) -> tuple[str, str]:
+    """A code reference's file and its ``:Name`` (``my_net.py:MyNet``: the file is a path like
+    any other); anything else whole, with an empty name."""
+    file, sep, name = source.rpartition(":")
+    return (file, sep + name) if sep and file.endswith(".py") else (source, "")
+
+
 def _resolve_source(source: str, plan_dir: Path | None) -> str:
+    file, name = _code_file(source)
+    return _resolve_path(file, plan_dir) + name
+
+
+def _resolve_path(source: str, plan_dir: Path | None) -> str:
     path = Path(source)
     if plan_dir is None or path.is_absolute():
         return source
@@ -108,17 +120,19 @@ def _resolve_source(source: str, plan_dir: Path | None) -> str:
 
 def _source_for(model: ModelRef, folder: Path) -> str:
     """``model``'s source as a plan file in ``folder`` stores it: a local path given relative
-    becomes relative to that folder; a name or an absolute path is kept."""
-    if Path(model.source).is_absolute():
+    becomes relative to that folder (a code reference's file too); a name or an absolute
+    path is kept."""
+    source, name = _code_file(model.source)
+    if Path(source).is_absolute():
         return model.source
-    local = Path(model.local_source)
+    local = Path(_code_file(model.local_source)[0])
     if not local.exists():  # a built-in name (or a file that is not here: left as given)
         return model.source
     try:
         rel = Path(os.path.relpath(local.resolve(), folder.resolve())).as_posix()
     except ValueError:  # another drive (Windows): no relative path exists
-        return str(local.resolve())
-    return rel if rel.startswith("../") else f"./{rel}"
+        return str(local.resolve()) + name
+    return (rel if rel.startswith("../") else f"./{rel}") + name
 
 
 class PlanDevice(BaseModel):
