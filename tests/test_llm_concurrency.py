@@ -203,6 +203,41 @@ def test_grpc_message_limits_are_not_read_as_a_busy_stage():
         assert session_error(grpc.StatusCode.RESOURCE_EXHAUSTED, text) is None
 
 
+def test_a_stopping_stage_serves_a_waiting_step_within_its_grace(plan, model):
+    """Issue 55: a request sent just before a SIGTERM was refused "shutting down" when it
+    waited for a worker. A stop now lets the calls waiting for a slot have one for its grace
+    (a stop with grace 0 refuses them at once: the test below)."""
+    from edgesplit.transport.loopback import LoopbackContext
+
+    server = LLMStageServer(plan, "laptop", model=model, max_workers=1)
+    server.take_slot(None)  # the one worker busy
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            server.take_slot(LoopbackContext(timeout=30))
+            outcome.append("served")
+            server.give_slot()
+        except BaseException as exc:  # the assertion below reads it
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    for _ in range(1000):  # at most 10 s for the thread to start waiting
+        if server._slots._waiting:
+            break
+        time.sleep(0.01)
+    stopping = threading.Thread(target=server.stop, args=(30,))
+    stopping.start()
+    time.sleep(0.2)
+    assert outcome == [], "the waiting step was answered before a worker came free"
+    server.give_slot()  # the step in flight ends
+    waiter.join(10)
+    stopping.join(10)
+    assert outcome == ["served"]
+    assert not stopping.is_alive()
+
+
 def test_a_stopping_stage_answers_a_waiting_step_unavailable(plan, model):
     """A step waiting for a worker while its stage stops is told UNAVAILABLE at once (retry
     elsewhere): the stage's slots are the serving shell's, as a partition server's are; before,

@@ -254,18 +254,23 @@ class PartitionServer(ServingShell):
                 "", status.SERVING if ok else status.NOT_SERVING))
         return bound
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        """Finish requests in flight (up to ``grace_s``), refuse new ones; then shut the
-        engine's deployment down. Calls waiting for a worker, and a star sink's parked
-        joins, are answered UNAVAILABLE: their clients may retry on another server."""
-        self._refuse_new()  # first: a woken wait for a compute worker reads it
+    def _refuse_new(self) -> None:
+        """The shell's slots, then the compute workers and the star sink's parked joins: every
+        call still waiting for one is answered UNAVAILABLE."""
+        super()._refuse_new()  # first: a woken wait for a compute worker reads it
         if self._computing is not None:
             self._computing.close()
         if self.join is not None:
             self.join.close()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Refuse new requests, finish those in flight (those waiting for a worker, and a
+        star sink's parked joins, included) for up to ``grace_s``; then shut the engine's
+        deployment down. What still waits after the grace is answered UNAVAILABLE: its
+        client may retry on another server."""
         if self.engine is not None:  # its health watch must not say SERVING again
             self.engine.stop_watching()
-        super().stop(grace_s)  # the data plane, then gRPC
+        super().stop(grace_s)  # the data plane, then gRPC; _refuse_new at the grace's end
         if self.batcher is not None:
             self.batcher.close()
         if self._next is not None:

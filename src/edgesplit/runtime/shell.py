@@ -18,6 +18,7 @@ and deadline there and turns the call's failure into this request's. What a requ
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol, cast
 
@@ -152,8 +153,8 @@ class ServingShell(GrpcServer):
                              f"device {self._slot_words[0]!r} is shutting down")
 
     def _refuse_new(self) -> None:
-        """Take no new work: every call waiting for a slot is answered at once (again: a
-        no-op)."""
+        """Take no more work: every call waiting for a slot is answered at once (again: a
+        no-op). A server with more to close at the end of a stop's grace extends it."""
         self._stopping = True
         self._slots.close()
 
@@ -187,12 +188,21 @@ class ServingShell(GrpcServer):
                               "or turn it off") from None
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Finish the calls in flight on both planes (up to ``grace_s``), refuse new ones (and
-        the calls waiting for a slot)."""
-        self._refuse_new()
-        if self._frames is not None:
-            self._frames.stop(grace_s)
-        super().stop(grace_s)
+        """Refuse new calls and finish the ones in flight on both planes, those still waiting
+        for a slot included, for up to ``grace_s``; what still waits then is answered
+        UNAVAILABLE (:meth:`_refuse_new`; at once with ``grace_s`` 0). A request that came in
+        just before a SIGTERM is served, not refused: it was sent to this server."""
+        self._stopping = True
+        refuse = threading.Timer(grace_s, self._refuse_new)  # the grace of the whole stop
+        refuse.daemon = True
+        refuse.start()
+        try:
+            if self._frames is not None:
+                self._frames.stop(grace_s)
+            super().stop(grace_s)
+        finally:
+            refuse.cancel()
+            self._refuse_new()
 
     def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
         """Answer one data-plane call: the same token check, errors and work as over gRPC."""
