@@ -263,6 +263,12 @@ class PartitionServer(ServingShell):
         if self.join is not None:
             self.join.close()
 
+    def _drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        super()._drain(timeout)
+        if self._computing is not None:
+            self._computing.drain(max(0.0, deadline - time.monotonic()))
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new requests, finish those in flight (those waiting for a worker, and a
         star sink's parked joins, included) for up to ``grace_s``; then shut the engine's

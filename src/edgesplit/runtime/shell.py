@@ -18,7 +18,7 @@ and deadline there and turns the call's failure into this request's. What a requ
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol, cast
 
@@ -193,16 +193,23 @@ class ServingShell(GrpcServer):
         UNAVAILABLE (:meth:`_refuse_new`; at once with ``grace_s`` 0). A request that came in
         just before a SIGTERM is served, not refused: it was sent to this server."""
         self._stopping = True
-        refuse = threading.Timer(grace_s, self._refuse_new)  # the grace of the whole stop
-        refuse.daemon = True
-        refuse.start()
+        deadline = time.monotonic() + grace_s  # the grace of the whole stop, not each part's
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         try:
             if self._frames is not None:
-                self._frames.stop(grace_s)
-            super().stop(grace_s)
+                self._frames.stop(left())
+            super().stop(left())
+            self._drain(left())  # in-process (loopback) callers, which no plane counts
         finally:
-            refuse.cancel()
             self._refuse_new()
+
+    def _drain(self, timeout: float) -> None:
+        """Wait at most ``timeout`` for the calls waiting for a slot to have one. A server
+        with more waits (workers) extends it."""
+        self._slots.drain(timeout)
 
     def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
         """Answer one data-plane call: the same token check, errors and work as over gRPC."""

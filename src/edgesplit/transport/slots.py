@@ -24,6 +24,7 @@ class Slots:
         self._closed = False
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
+        self._unwaited = threading.Condition(self._lock)  # no take() waiting any more
 
     def take(self, timeout: float | None = None) -> bool:
         """Take a slot, waiting at most ``timeout`` seconds (None: as long as it takes); False
@@ -46,6 +47,8 @@ class Slots:
                 return True
             finally:
                 self._waiting -= 1
+                if not self._waiting:
+                    self._unwaited.notify_all()
 
     def give(self) -> None:
         """Give a slot back (one taken before)."""
@@ -53,6 +56,18 @@ class Slots:
             self._free += 1
             if self._waiting:
                 self._freed.notify()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until no :meth:`take` is waiting (a stopping
+        server serves the calls that came before it stopped); whether none is."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._unwaited.wait(left)
+            return True
 
     def close(self) -> None:
         """The server is stopping: every :meth:`take` that has to wait returns False at once
