@@ -13,10 +13,20 @@
 5. Soak: clients sending good and bad requests (bad ones alternating gRPC and the data plane)
    for ``--soak-s`` seconds; RSS sampled along the way (flat memory: no leak per request).
 
+Those five are the ``wire`` section. ``http``: a real ``edgesplit llm api --api-key`` over a
+real ``edgesplit llm serve`` (SmolLM2-135M-Instruct in two stages, ``--sessions 1``) under
+issue 55's attacks on the API: a 10 MB message, 100 MB bodies with a wrong key, a Content-Length
+with no body, idle and slow-header connections, descriptor exhaustion under ``prlimit
+--nofile=1024``, clients that leave while queued, key guessing. ``serving``: the star sink's
+join table flooded from one host (tests/test_runtime_star's star, its aggregator an ``edgesplit
+serve`` subprocess), a whole join in one call, and the per-host token throttle. Each of their
+rows shows the issue's number before the fix (``BEFORE``) beside this run's.
+
 Loopback only; every loop is bounded in count and time and the server is killed at the end.
 Writes benchmarks/results/hostile.md and hostile.json.
 
-    python benchmarks/bench_hostile.py [--soak-s 120] [--out DIR]
+    python benchmarks/bench_hostile.py [--sections wire,http,serving] [--soak-s 120] [--out DIR]
+    python benchmarks/bench_hostile.py --small --out /tmp/hostile-smoke   # a smoke run
 """
 
 from __future__ import annotations
@@ -1005,7 +1015,9 @@ def render(doc: dict[str, Any]) -> str:
              f"Sections run: {', '.join(doc['sections'])}. Every server is a subprocess on "
              "loopback, its memory read from /proc. Load average (1 min) before "
              f"{doc['load_before']:.2f}, after {doc['load_after']:.2f} (the benchmark's own "
-             "clients and servers share this machine's cores)."]
+             "clients and servers share this machine's cores)."
+             + (" Smoke-run sizes (--small): not the issue's." if doc["sizes"].get("small")
+                else "")]
     if "bombs" in doc:
         lines += _render_wire(doc)
     if "http" in doc:
@@ -1071,7 +1083,7 @@ def _render_http(h: dict[str, Any]) -> list[str]:
     if b := h.get("big_message"):
         lines.append(_row(
             f"one {b['mib']:g} MB chat message, right key", BEFORE["big_message"],
-            f"{b['status']} in {b['seconds']:.2f} s after {b['sent_mib']:.1f} MiB sent; RSS "
+            f"{b['status']} in {b['seconds']:.3f} s after {b['sent_mib']:.1f} MiB sent; RSS "
             f"peak +{b['peak_delta_mib']:.0f} MiB, after {b['after_delta_mib']:+.0f} MiB"))
     if w := h.get("wrong_key_bodies"):
         sent = ", ".join(f"{s:.1f}" for s in w["sent_mib"])
@@ -1105,7 +1117,8 @@ def _render_http(h: dict[str, Any]) -> list[str]:
             f"{f['sockets']} idle sockets from 127.0.0.2, then legitimate requests",
             BEFORE["fd_exhaustion"],
             f"GET /v1/models {models}; a chat completion: {chat}; the flood: "
-            f"{f['flood_still_open']} still open, server fds {f['server_fds']}"))
+            f"{f['flood_still_open']} still open (the per-host cap, default 64: each new one "
+            f"evicts the idle-longest), server fds {f['server_fds']}"))
     if lv := h.get("leavers"):
         for r in lv["rows"]:
             before = BEFORE.get(f"leavers_{r['leavers']}", "-")
@@ -1146,7 +1159,7 @@ def _render_serving(s: dict[str, Any]) -> list[str]:
         lines.append(_row(
             f"127.0.0.1 floods one-source parts under fresh join keys over "
             f"{f['flood_connections']} connections ({f['flood_first']} at once, then more "
-            f"while the legitimate requests run: {f['flood_parts']} in all) ",
+            f"while the legitimate requests run: {f['flood_parts']} in all)",
             BEFORE["star_flood"],
             f"{f['served']} of {f['requests']} legitimate requests served in "
             f"{f['legit_s']:.1f} s, all equal to the unsplit model"
