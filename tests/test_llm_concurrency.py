@@ -203,10 +203,9 @@ def test_grpc_message_limits_are_not_read_as_a_busy_stage():
         assert session_error(grpc.StatusCode.RESOURCE_EXHAUSTED, text) is None
 
 
-def test_a_stopping_stage_serves_a_waiting_step_within_its_grace(plan, model):
-    """Issue 55: a request sent just before a SIGTERM was refused "shutting down" when it
-    waited for a worker. A stop now lets the calls waiting for a slot have one for its grace
-    (a stop with grace 0 refuses them at once: the test below)."""
+def _step_waiting_for_the_worker(plan, model):
+    """A stage with one worker, busy, and a step (a thread) waiting for it: the stage, the
+    thread, and what became of the step ("served" once it had the worker, or its error)."""
     from edgesplit.transport.loopback import LoopbackContext
 
     server = LLMStageServer(plan, "laptop", model=model, max_workers=1)
@@ -218,7 +217,7 @@ def test_a_stopping_stage_serves_a_waiting_step_within_its_grace(plan, model):
             server.take_slot(LoopbackContext(timeout=30))
             outcome.append("served")
             server.give_slot()
-        except BaseException as exc:  # the assertion below reads it
+        except BaseException as exc:  # the assertions read it
             outcome.append(exc)
 
     waiter = threading.Thread(target=wait)
@@ -227,6 +226,14 @@ def test_a_stopping_stage_serves_a_waiting_step_within_its_grace(plan, model):
         if server._slots._waiting:
             break
         time.sleep(0.01)
+    return server, waiter, outcome
+
+
+def test_a_stopping_stage_serves_a_waiting_step_within_its_grace(plan, model):
+    """Issue 55: a request sent just before a SIGTERM was refused "shutting down" when it
+    waited for a worker. A stop now lets the calls waiting for a slot have one for its grace
+    (a stop with grace 0 refuses them at once: the test below)."""
+    server, waiter, outcome = _step_waiting_for_the_worker(plan, model)
     stopping = threading.Thread(target=server.stop, args=(30,))
     stopping.start()
     time.sleep(0.2)
@@ -243,24 +250,8 @@ def test_a_stopping_stage_answers_a_waiting_step_unavailable(plan, model):
     elsewhere): the stage's slots are the serving shell's, as a partition server's are; before,
     it waited out its deadline and was then told RESOURCE_EXHAUSTED (a busy stage)."""
     from edgesplit.transport import BadRequest
-    from edgesplit.transport.loopback import LoopbackContext
 
-    server = LLMStageServer(plan, "laptop", model=model, max_workers=1)
-    server.take_slot(None)  # the one worker busy
-    outcome: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            server.take_slot(LoopbackContext(timeout=30))
-        except BaseException as exc:  # the assertion below reads it
-            outcome.append(exc)
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    for _ in range(1000):  # at most 10 s for the thread to start waiting
-        if server._slots._waiting:
-            break
-        time.sleep(0.01)
+    server, waiter, outcome = _step_waiting_for_the_worker(plan, model)
     server.stop(0)
     waiter.join(10)
     assert not waiter.is_alive(), "the waiting step was not answered when the stage stopped"
