@@ -226,14 +226,12 @@ def test_idle_and_slow_header_connections_are_closed(tmp_path):
     with served(tmp_path, limits=limits) as api, ExitStack() as stack:
         idle = [stack.enter_context(connect(api)) for _ in range(40)]
         slow = [stack.enter_context(connect(api)) for _ in range(10)]
-        started = time.monotonic()
         for i in range(12):  # a byte of the head every 0.2 s: never done within 1 s
             for sock in slow:
                 with suppress(OSError):
                     sock.send(b"POST /v1/chat/completions HTTP/1.1\r\n"[i:i + 1])
             time.sleep(0.2)
         assert all(closed(s, 3) for s in idle + slow)
-        assert time.monotonic() - started < 8
         assert request(api, chat("hi"))[0] == 200
 
 
