@@ -1,69 +1,24 @@
-"""Real two-process split training over gRPC, as in L2S (paper 002, Sec. III-A and IV-C).
-
-The end device (:class:`RemoteSplitTrainer`) holds chain elements ``[0..cut]`` of the model, the
-edge server (:class:`TrainServer`) the rest; cut ``len(chain) - 1`` is pure on-device training
-(no RPC). Each round the device runs the front forward, sends the activation and the labels
-(``Step``), the server runs the back forward, backward and update and returns the gradient at
-the cut (computed before its update), and the device finishes the backward pass and updates.
-
-Both sides keep a full copy of the chain, built from the same factory and seed (``Hello``
-checks a SHA-256 fingerprint), and a ``base`` snapshot of the parameters taken at the last
-sync. A sync over chain elements S sends, per element, ``params - base`` from each side that
-trained it since the last sync; both sides then set ``params = base + delta_device +
-delta_server`` (no update is lost; both compute it in the same order, so the copies stay
-bit-identical; a side that alone trained an element sends its parameters themselves, i.e.
-base + delta without float32 rounding, at the same size) and the element's owner under the
-last round's cut sends its buffers (batch-norm statistics) and its SGD momentum, which only
-the owner keeps current (a side taking over an element with a momentum from long ago would
-push it with stale gradients). Two policies:
-
-* ``fws`` (L2S-FWS): when the cut changes, the elements that change sides are synced before
-  the round. No element is then trained on both sides between syncs, so this is exactly
-  unsplit training (SGD with or without momentum).
-* ``periodic`` (L2S): cut changes send nothing, each side trains its possibly stale copy;
-  every ``sync_every`` rounds and on :meth:`RemoteSplitTrainer.sync_now`, the elements trained
-  on both sides since the last sync are merged.
+"""The end device of split training (:class:`RemoteSplitTrainer`), as in L2S (paper 002, Sec.
+III-A and IV-C): it holds chain elements ``[0..cut]`` of the model, the edge server
+(:class:`~edgesplit.train.remote.server.TrainServer`) the rest; cut ``len(chain) - 1`` is pure
+on-device training (no RPC). Each round the device runs the front forward, sends the
+activation and the labels (``Step``), the server runs the back forward, backward and update and
+returns the gradient at the cut (computed before its update), and the device finishes the
+backward pass and updates. Syncs follow the policy of
+:mod:`~edgesplit.train.remote.protocol`.
 
 The device emulates the link for both directions (:class:`LinkShaper`); the bandwidth may
-change at any round (:meth:`RemoteSplitTrainer.set_bandwidth_mbps`).
-
-**Sessions.** The server trains one model for one device at a time. ``Hello`` starts a session
-from the initial model and returns its id, which every later request carries; a request with
-another id fails with FAILED_PRECONDITION (the message says why: closed, taken over, or
-unknown). While a session is open, another ``Hello`` is refused, unless it sets ``take_over``
-(the same device restarting after a crash: its half of the model is lost, so it starts over)
-or the open session has been idle for ``session_timeout_s``. A device that only lost the
-connection keeps its session and goes on. :meth:`RemoteSplitTrainer.close` ends the session.
-
-**Requests are checked before anything changes.** The server knows what crosses each cut
-(shape and dtype per sample, from a forward pass at start-up), the number of classes, a batch
-limit and, from those, its gRPC message limit. A Step whose activation, labels or batch do not
-fit, or whose tensors are not finite, is refused with INVALID_ARGUMENT and leaves the server's
-parameters, buffers and momentum bit-identical; so does a Sync whose states do not fit (it is
-merged into copies and applied only when every element merged), and a Step whose training
-gave a non-finite loss or gradient (the batch-norm statistics its forward pass moved are put
-back).
-
-**Nothing is applied twice, nothing half.** Step, Sync and Undo carry the session's next
-sequence number. The server keeps its last reply: the device re-sends a request whose reply
-was lost with the same number and gets that reply, with nothing trained or merged again; a
-number out of step is refused with FAILED_PRECONDITION (after the request's content is
-checked). A round the device cannot finish after the server stepped (a non-finite gradient
-at the cut or in the device's part) is taken back with Undo, which restores the server's
-parameters, buffers, momentum and trained set from a copy made just before its update.
+change at any round (:meth:`RemoteSplitTrainer.set_bandwidth_mbps`). A round the device cannot
+finish after the server stepped (a non-finite gradient at the cut or in the device's part) is
+taken back with Undo.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
-import math
-import secrets
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Self, cast
 
@@ -74,752 +29,38 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, EdgesplitError, RemoteError, WireError, option
 from edgesplit.hardware import Link
-from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
+from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, with_retries
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
-from edgesplit.train.split import as_chain, seeded_forward, tensor_bytes
-from edgesplit.train.trainable import TrainModelSpec
+from edgesplit.train.remote.protocol import (
+    PROTOCOL_VERSION,
+    SYNC_POLICIES,
+    Tensors,
+    Update,
+    decode_as,
+    layer_msg,
+    model_fingerprint,
+    read_layer,
+)
+from edgesplit.train.remote.replica import Replica
+from edgesplit.train.split import as_chain, tensor_bytes
 from edgesplit.transport import (
-    BadRequest,
-    GrpcServer,
     LoopbackChannel,
     TlsFiles,
-    answer,
     bearer_metadata,
     explain,
-    invalid,
     open_channel,
 )
 from edgesplit.transport.shaping import LinkShaper
 
-__all__ = ["DEFAULT_MAX_BATCH", "PROTOCOL_VERSION", "SESSION_TIMEOUT_S", "SYNC_POLICIES",
-           "ChainShapes", "RemoteSplitTrainer", "RoundStats", "SyncResult", "TrainServer",
-           "chain_shapes", "model_fingerprint", "serve_training", "train_message_bytes",
-           "untrained_model"]
+__all__ = ["RemoteSplitTrainer", "RoundStats", "SyncResult"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3  # 2: sessions, limits in HelloReply, Close; 3: sequence numbers, Undo
-SYNC_POLICIES = ("periodic", "fws")
-OPTIM_PREFIX = "optim:"  # buffer entries that carry an element's SGD momentum
-DEFAULT_MAX_BATCH = 256
-SESSION_TIMEOUT_S = 600.0
 _HELLO_LIMIT = 1 << 20  # Hello and Close are tiny; the real limit comes with the HelloReply
-_ENDED_KEPT = 32  # ended sessions remembered, to tell their devices why
-Tensors = dict[str, torch.Tensor]
-Update = tuple[Tensors, bool]  # (params or deltas by name, absolute)
 
 
-# ---- shared pieces -------------------------------------------------------------------------
-def model_fingerprint(chain: Sequence[nn.Module]) -> str:
-    """SHA-256 of every parameter and buffer of ``chain`` (names, dtypes, shapes, values)."""
-    h = hashlib.sha256()
-    for i, module in enumerate(chain):
-        for name, t in module.state_dict().items():
-            t = t.detach().cpu().contiguous()
-            h.update(f"{i}.{name}:{t.dtype}:{tuple(t.shape)};".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class ChainShapes:
-    """What crosses each cut of a chain, per sample: ``cuts[c + 1]`` is the (shape, dtype)
-    element ``c`` outputs (``cuts[0]``: the model input), and the number of classes."""
-
-    cuts: tuple[tuple[tuple[int, ...], torch.dtype], ...]
-    classes: int
-
-
-def chain_shapes(chain: Sequence[nn.Module], sample_shape: Sequence[int],
-                 dtype: torch.dtype = torch.float32) -> ChainShapes:
-    """Run one zero sample through a copy of ``chain`` (eval mode: batch-norm needs no batch
-    and keeps its statistics) and record every cut's shape and dtype."""
-    layers = copy.deepcopy(list(chain))
-    x = torch.zeros(1, *sample_shape, dtype=dtype)
-    cuts = [(tuple(int(d) for d in sample_shape), dtype)]
-    with torch.no_grad():
-        for i, layer in enumerate(layers):
-            try:
-                x = layer.eval()(x)
-            except (RuntimeError, ValueError, IndexError) as exc:
-                raise ConfigError(f"a sample of shape {list(sample_shape)} does not fit the "
-                                  f"model (chain element {i}: {str(exc).splitlines()[0]}); "
-                                  "give the shape of one input sample, without the batch "
-                                  "dimension") from None
-            cuts.append((tuple(x.shape[1:]), x.dtype))
-    if x.dim() != 2 or x.shape[1] < 1:
-        raise ConfigError(f"the model outputs {list(x.shape[1:])} per sample; split training "
-                          "needs class logits [classes] for the cross-entropy loss")
-    return ChainShapes(tuple(cuts), int(x.shape[1]))
-
-
-def train_message_bytes(chain: Sequence[nn.Module], shapes: ChainShapes, max_batch: int) -> int:
-    """The largest message split training of ``chain`` can need, like the inference server's
-    ``max_message_bytes``: a Step of ``max_batch`` samples at the widest cut (activation at
-    float32 and int64 labels; the gradient comes back at the activation's size), or a Sync or
-    Fetch of every element's parameters (or deltas), buffers and momentum. gRPC refuses
-    anything larger (RESOURCE_EXHAUSTED) before it reaches a handler."""
-    widest = max(math.prod(shape) * 4 for shape, _ in shapes.cuts[:-1])
-    step = max_batch * (widest + 8) + 2 * 256
-    state = 0
-    for module in chain:
-        for p in module.parameters():
-            state += 2 * (p.numel() * max(p.element_size(), 4) + 256)  # params + momentum
-        for b in module.buffers():
-            state += b.numel() * max(b.element_size(), 4) + 256
-        state += 64
-    return max(64 * 1024, int(max(step, state) * 1.25) + 16 * 1024)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_finite(t: torch.Tensor, what: str) -> None:
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        raise WireError(f"{what} has NaN or infinite values (training diverged or the data is "
-                        "corrupt; lower the learning rate or clean the data)")
-
-
-def _decode_as(data: bytes, what: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """Decode a tensor that must have ``shape`` and ``dtype`` and be finite; the decoder checks
-    the header first, so a message claiming another shape is refused before anything of its
-    size is allocated."""
-    try:
-        t = decode_tensor(data, expect_shape=tuple(shape), expect_dtype=dtype)
-    except WireError as exc:
-        raise WireError(f"{what} must be {_dtype_name(dtype)} of shape {list(shape)}: {exc}"
-                        ) from None
-    _check_finite(t, what)
-    return t
-
-
-def _batch_size(data: bytes, what: str, sample: Sequence[int], dtype: torch.dtype,
-                max_batch: int, hint: str) -> int:
-    """The batch size of an activation message whose header must read [batch, *sample]."""
-    try:
-        info = message_info(data)
-    except WireError as exc:
-        raise WireError(f"{what}: {exc}") from None
-    shape = info["shape"]
-    if info["dtype"] != _dtype_name(dtype) or len(shape) != len(sample) + 1 \
-            or shape[1:] != list(sample):
-        raise WireError(f"{what} must be {_dtype_name(dtype)} of shape [batch, "
-                        f"{', '.join(map(str, sample))}] ({hint}), got {info['dtype']} of shape "
-                        f"{shape}; cut the same model at the same place on both sides")
-    if shape[0] == 0:
-        raise WireError(f"{what} is an empty batch: a round trains on at least one sample")
-    if shape[0] > max_batch:
-        raise WireError(f"{what} has a batch of {shape[0]} samples; this server trains on 1 to "
-                        f"{max_batch} per round (send smaller batches, or restart "
-                        f"serve-training with a larger {option('max_batch')})")
-    return shape[0]
-
-
-def _read_layer(msg: pb.LayerState, module: nn.Module) -> tuple[Update, Tensors]:
-    """The (update, buffers) a LayerState carries for ``module``, every tensor checked for
-    name, shape, dtype and finiteness; raises WireError naming the first problem."""
-    i, params_own = msg.index, dict(module.named_parameters())
-    buffers_own = dict(module.named_buffers())
-    params: Tensors = {}
-    for t in msg.params:
-        own = params_own.get(t.name)
-        if own is None or t.name in params:
-            raise WireError(f"element {i} has no parameter {t.name!r} (or it was sent twice); "
-                            f"its parameters are {sorted(params_own)}")
-        params[t.name] = _decode_as(t.data, f"element {i} parameter {t.name!r}", own.shape,
-                                    own.dtype)
-    if params and set(params) != set(params_own):
-        raise WireError(f"element {i} has parameters {sorted(params_own)}, got {sorted(params)}: "
-                        "send all of them or none")
-    buffers: Tensors = {}
-    for t in msg.buffers:
-        name = t.name.removeprefix(OPTIM_PREFIX)
-        like = params_own.get(name) if t.name.startswith(OPTIM_PREFIX) else buffers_own.get(name)
-        if like is None or t.name in buffers:
-            raise WireError(f"element {i} has no buffer {t.name!r} (or it was sent twice); its "
-                            f"buffers are {sorted(buffers_own)}, with optimizer state "
-                            f"{OPTIM_PREFIX}<parameter>")
-        buffers[t.name] = _decode_as(t.data, f"element {i} buffer {t.name!r}", like.shape,
-                                     like.dtype)
-    plain = {k for k in buffers if not k.startswith(OPTIM_PREFIX)}
-    if plain and plain != set(buffers_own):
-        raise WireError(f"element {i} has buffers {sorted(buffers_own)}, got {sorted(plain)}: "
-                        "send all of them or none")
-    return (params, msg.absolute), buffers
-
-
-@dataclass
-class _Snapshot:
-    """What an update changes on one side, copied just before it (see :meth:`_Replica.restore`):
-    the updated elements' parameters, momentum (None: none yet) and buffers (as
-    :meth:`_Replica.save_buffers` saved them before the forward pass moved them), and the set
-    of elements trained since the last sync."""
-
-    params: list[tuple[torch.Tensor, torch.Tensor]]
-    momentum: list[tuple[torch.Tensor, torch.Tensor | None]]
-    buffers: list[tuple[torch.Tensor, torch.Tensor]]
-    trained: set[int]
-
-
-@dataclass
-class _Merged:
-    """An element's state after a merge, computed into new tensors before anything changes."""
-
-    params: Tensors
-    buffers: Tensors | None  # None: keep this side's (it owns the element)
-
-
-class _Replica:
-    """One side's copy of the chain: its optimizer, the base snapshot of the last sync and the
-    elements it trained since then."""
-
-    def __init__(self, model: nn.Module, lr: float, momentum: float, seed: int) -> None:
-        self.model, self.chain, self.seed = model, as_chain(model), seed
-        unique = {id(p): p for p in model.parameters() if p.requires_grad}
-        self.params = list(unique.values())
-        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum) if unique else None
-        self.base = {i: {n: p.detach().clone() for n, p in m.named_parameters()}
-                     for i, m in enumerate(self.chain)}
-        self.trained: set[int] = set()
-
-    def part(self, lo: int, hi: int) -> nn.Sequential:
-        """chain[lo:hi] as one module, in train mode (draws unseeded: for inspection)."""
-        return nn.Sequential(*self.chain[lo:hi]).train()
-
-    def forward(self, lo: int, hi: int, x: torch.Tensor, round_: int) -> torch.Tensor:
-        """chain[lo:hi] in train mode on ``x``; the random draws of round ``round_`` (dropout,
-        drop-connect) come from per-element seeds, as in unsplit training
-        (:func:`~edgesplit.train.split.seeded_forward`), wherever the cut is."""
-        for module in self.chain[lo:hi]:
-            module.train()
-        return seeded_forward(self.chain, lo, hi, x, self.seed, round_)
-
-    # -- one round, refusable until the update --------------------------------------------------
-    def save_buffers(self, elements: Iterable[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Copies of the buffers a forward pass in train mode moves (batch-norm statistics)."""
-        return [(b, b.detach().clone()) for i in elements for b in self.chain[i].buffers()]
-
-    def undo(self, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Put back the buffers of :meth:`save_buffers` and drop the gradients: a refused
-        round leaves no trace."""
-        with torch.no_grad():
-            for b, value in saved:
-                b.copy_(value)
-        if self.opt is not None:
-            self.opt.zero_grad(set_to_none=True)
-
-    def snapshot(self, elements: Iterable[int],
-                 buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> _Snapshot:
-        """Copies of what :meth:`update` of ``elements`` changes, so that it can be taken back;
-        ``buffers`` from :meth:`save_buffers` before the forward pass."""
-        params = [p for i in elements for p in self.chain[i].parameters()]
-        state = self.opt.state if self.opt is not None else {}
-        momentum = [(p, state.get(p, {}).get("momentum_buffer")) for p in params]
-        return _Snapshot([(p, p.detach().clone()) for p in params],
-                         [(p, None if b is None else b.clone()) for p, b in momentum],
-                         buffers, set(self.trained))
-
-    def restore(self, snapshot: _Snapshot) -> None:
-        """Take an update back: afterwards parameters, momentum, buffers and the trained set
-        are bit-identical to the :meth:`snapshot`."""
-        with torch.no_grad():
-            for p, value in snapshot.params:
-                p.copy_(value)
-        if self.opt is not None:
-            for p, buf in snapshot.momentum:
-                if buf is None:
-                    self.opt.state.pop(p, None)
-                else:
-                    self.opt.state[p]["momentum_buffer"] = buf
-        self.undo(snapshot.buffers)
-        self.trained = set(snapshot.trained)
-
-    def backward(self, start: torch.Tensor, grad: torch.Tensor | None) -> str | None:
-        """Back-propagate from ``start`` (with ``grad``, or a scalar loss); why the gradients
-        cannot be applied (not finite), or None."""
-        if self.opt is not None:
-            self.opt.zero_grad(set_to_none=True)
-        if start.requires_grad:
-            start.backward(grad)
-        if any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
-               for p in self.params):
-            return "gradient"
-        return None
-
-    def update(self, elements: range) -> None:
-        """Update only the parameters that got a gradient (SGD skips the others, momentum
-        included)."""
-        if self.opt is not None:
-            self.opt.step()
-        self.trained.update(elements)
-
-    # -- syncing ---------------------------------------------------------------------------------
-    def updates(self, indices: Iterable[int], other_trained: set[int]) -> dict[int, Update]:
-        """What this side sends for each element of ``indices`` it trained: params - base if
-        the other side trained it too, else the params themselves (= base + delta, exactly)."""
-        result = {}
-        for i in indices:
-            if i in self.trained:
-                both = i in other_trained
-                result[i] = ({n: p.detach() - self.base[i][n] if both else p.detach().clone()
-                              for n, p in self.chain[i].named_parameters()}, not both)
-        return result
-
-    def buffers(self, i: int) -> Tensors:
-        """Element ``i``'s buffers and its optimizer momentum (``optim:<param>``): the state
-        that only its owner keeps current, sent with it so training continues exactly."""
-        state = {n: b.detach() for n, b in self.chain[i].named_buffers()}
-        for name, p in self.chain[i].named_parameters():
-            buf = self.opt.state.get(p, {}).get("momentum_buffer") if self.opt else None
-            if buf is not None:
-                state[OPTIM_PREFIX + name] = buf.detach()
-        return state
-
-    def merged(self, i: int, updates: Sequence[Update | None], buffers: Tensors | None
-               ) -> _Merged:
-        """params = base + delta_device + delta_server (in that order on both sides, so the
-        copies stay identical; one side's absolute params are taken as they are), computed
-        into new tensors; raises WireError if the result is not finite."""
-        sent = [u for u in updates if u is not None and u[0]]
-        params = {}
-        for name in dict(self.chain[i].named_parameters()):
-            base = self.base[i][name]
-            if len(sent) == 1 and sent[0][1]:
-                new = sent[0][0][name].clone()
-            else:
-                new = base.clone()
-                for values, absolute in sent:
-                    new += values[name] - base if absolute else values[name]
-            _check_finite(new, f"element {i} parameter {name!r} after the merge")
-            params[name] = new
-        return _Merged(params, buffers)
-
-    def apply(self, i: int, merged: _Merged) -> None:
-        """Take a merge's result: parameters and base, and the owner's buffers and momentum
-        when sent (no momentum sent: the owner has none)."""
-        with torch.no_grad():
-            for name, p in self.chain[i].named_parameters():
-                p.copy_(merged.params[name])
-                self.base[i][name] = merged.params[name]
-            if merged.buffers is not None:
-                for name, b in self.chain[i].named_buffers():
-                    if name in merged.buffers:
-                        b.copy_(merged.buffers[name])
-        if merged.buffers is not None and self.opt is not None:
-            for name, p in self.chain[i].named_parameters():
-                buf = merged.buffers.get(OPTIM_PREFIX + name)
-                if buf is None:
-                    self.opt.state.pop(p, None)
-                else:
-                    self.opt.state[p]["momentum_buffer"] = buf.clone()
-        self.trained.discard(i)
-
-
-def _layer_msg(index: int, update: Update | None, buffers: Tensors | None) -> pb.LayerState:
-    params, absolute = update or ({}, False)
-    msg = pb.LayerState(index=index, absolute=absolute)
-    for name, t in params.items():
-        msg.params.add(name=name, data=encode_tensor(t, 32))
-    for name, t in (buffers or {}).items():
-        msg.buffers.add(name=name, data=encode_tensor(t, 32))
-    return msg
-
-
-def _payload(states: Iterable[Tensors | None]) -> int:
-    return sum(tensor_bytes(t) for s in states if s for t in s.values())
-
-
-def _assign(module: nn.Module, params: Tensors, buffers: Tensors) -> None:
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.copy_(params[name])
-        for name, b in module.named_buffers():
-            b.copy_(buffers[name])  # optimizer state (OPTIM_PREFIX) is not part of a model
-
-
-# ---- server --------------------------------------------------------------------------------
-def _failure(exc: Exception) -> str:
-    log.exception("training server failed on a request")
-    return f"training server failed: {type(exc).__name__}: {exc}"
-
-
-def _digest(method: str, request: Any) -> bytes:
-    """What tells a re-sent request from another one with the same sequence number."""
-    return hashlib.sha256(method.encode() + b"\0" +
-                          request.SerializeToString(deterministic=True)).digest()
-
-
-@dataclass
-class _Session:
-    """An open session and its last accepted state-changing request: its number, its
-    digest and the reply (sent again to a repeat), and, after a Step, what takes it back."""
-
-    id: str
-    peer: str
-    last_seen: float  # time.monotonic() of its last request
-    seq: int = 0
-    digest: bytes = b""
-    reply: Any = None
-    undo: _Snapshot | None = None
-
-    def repeat(self, method: str, seq: int, digest: bytes) -> Any:
-        """The first reply if this is the last accepted request sent again, else None; a
-        reused number with other content is refused (the device lost track)."""
-        if seq == 0 or seq != self.seq:
-            return None
-        if digest != self.digest:
-            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"{method} numbered {seq} reuses the number of an earlier, "
-                             "different request that the server already applied (its reply "
-                             "was lost and the device went on without it): device and server "
-                             "are out of step; start a new session "
-                             f"({option('take_over', True)}; the session's training is lost)")
-        log.info("training session %s: %s %d sent again, answered from the first reply",
-                 self.id[:8], method, seq)
-        return self.reply
-
-    def check_next(self, method: str, seq: int) -> None:
-        """Refuse a number other than the next one: requests were lost or reordered."""
-        if seq != self.seq + 1:
-            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"{method} numbered {seq}, but the server's last accepted request "
-                             f"was {self.seq}, so it expects {self.seq + 1} (or {self.seq} sent "
-                             "again): device and server are out of step; start a new session "
-                             f"({option('take_over', True)}; the session's training is lost)")
-
-    def accept(self, seq: int, digest: bytes, reply: Any, undo: _Snapshot | None = None
-               ) -> None:
-        self.seq, self.digest, self.reply, self.undo = seq, digest, reply, undo
-
-
-class _Servicer(pb_grpc.SplitTrainServiceServicer):
-    def __init__(self, server: TrainServer) -> None:
-        self.s = server
-
-    def _handle(self, handler, request, context):
-        self.s.check_token(context)
-        return answer(context, lambda: handler(request), _failure)
-
-    def Hello(self, request, context):
-        return self._handle(lambda req: self.s.hello(req, context.peer()), request, context)
-
-    def Step(self, request, context):
-        return self._handle(self.s.step, request, context)
-
-    def Sync(self, request, context):
-        return self._handle(self.s.sync, request, context)
-
-    def Fetch(self, request, context):
-        return self._handle(self.s.fetch, request, context)
-
-    def Close(self, request, context):
-        return self._handle(self.s.close_session, request, context)
-
-    def Undo(self, request, context):
-        return self._handle(self.s.undo, request, context)
-
-
-class TrainServer(GrpcServer):
-    """The edge server of split training: trains the chain elements after the device's cut.
-
-    ``chain_factory`` is called after ``torch.manual_seed(seed)`` (a module is deep-copied
-    instead), exactly as the device builds its model, so both start from identical weights.
-    ``sample_shape`` is one input sample's shape (no batch dimension): with it the server
-    knows what every cut sends, and sizes its message limit for ``max_batch`` samples.
-    """
-
-    def __init__(self, chain_factory: Callable[[], nn.Module] | nn.Module, *, lr: float,
-                 momentum: float = 0.0, seed: int, sample_shape: Sequence[int],
-                 max_batch: int = DEFAULT_MAX_BATCH,
-                 session_timeout_s: float = SESSION_TIMEOUT_S, token: str | None = None,
-                 tls: TlsFiles | None = None, max_workers: int = 4) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ConfigError(f"max_batch must be a whole number of samples >= 1, got "
-                              f"{max_batch!r}")
-        if not session_timeout_s > 0:
-            raise ConfigError(f"session_timeout_s must be > 0 seconds, got {session_timeout_s}")
-        torch.manual_seed(seed)
-        model = copy.deepcopy(chain_factory) if isinstance(chain_factory, nn.Module) \
-            else chain_factory()
-        self.lr, self.momentum, self.seed = lr, momentum, seed
-        self.max_batch, self.session_timeout_s = max_batch, float(session_timeout_s)
-        self.token, self.tls = token, tls
-        self._init_state = copy.deepcopy(model.state_dict())
-        self.replica = _Replica(model, lr, momentum, seed)
-        self.fingerprint = model_fingerprint(self.replica.chain)
-        self.shapes = chain_shapes(self.replica.chain, sample_shape)
-        self.limit = train_message_bytes(self.replica.chain, self.shapes, max_batch)
-        self.lock = threading.Lock()
-        self._session: _Session | None = None
-        self._ended: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended
-        self._init_grpc(lambda server: pb_grpc.add_SplitTrainServiceServicer_to_server(
-            _Servicer(self), server), self.limit, max_workers)
-
-    # ---- sessions ------------------------------------------------------------------------------
-    def hello(self, req: pb.HelloRequest, peer: str = "?") -> pb.HelloReply:
-        """Check that the device starts from the same model, then start a fresh session (see
-        the module docstring for when an open session is taken over)."""
-        n = len(self.replica.chain)
-        if req.version != PROTOCOL_VERSION:
-            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"protocol version mismatch: server {PROTOCOL_VERSION}, device "
-                              f"{req.version}; run the same edgesplit version on both sides")
-        if req.model_fingerprint != self.fingerprint or req.chain_length != n:
-            raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"model mismatch: the server's initial model has fingerprint "
-                              f"{self.fingerprint[:12]} ({n} chain elements, seed {self.seed}), "
-                              f"the device's {req.model_fingerprint[:12]} ({req.chain_length} "
-                              f"elements, seed {req.seed}); build both sides from the same "
-                              "model and seed")
-        with self.lock:
-            now, current = time.monotonic(), self._session
-            if current is not None:
-                idle = now - current.last_seen
-                if not req.take_over and idle < self.session_timeout_s:
-                    raise BadRequest(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"the server is training another session (device {current.peer}, last "
-                        f"request {idle:.0f} s ago; sessions expire after "
-                        f"{self.session_timeout_s:g} s idle): wait for it to finish, or, if it "
-                        "is yours and that device restarted, take it over "
-                        f"({option('take_over', True)}; the session's training is lost)")
-                self._end(current, f"taken over by device {peer}" if req.take_over else
-                          f"expired after {idle:.0f} s idle and was taken by device {peer}")
-            self.replica.model.load_state_dict(self._init_state)
-            self.replica = _Replica(self.replica.model, self.lr, self.momentum, self.seed)
-            self._session = _Session(secrets.token_hex(16), peer, now)
-            log.info("training session %s started for %s (%d chain elements)",
-                     self._session.id[:8], peer, n)
-            return pb.HelloReply(model_fingerprint=self.fingerprint, chain_length=n,
-                                 version=PROTOCOL_VERSION, seed=self.seed,
-                                 session_id=self._session.id, max_message_bytes=self.limit,
-                                 max_batch=self.max_batch, classes=self.shapes.classes,
-                                 session_timeout_s=self.session_timeout_s)
-
-    def _end(self, session: _Session, why: str) -> None:
-        self._ended[session.id] = why
-        while len(self._ended) > _ENDED_KEPT:
-            self._ended.popitem(last=False)
-        if self._session is session:
-            self._session = None
-        log.info("training session %s ended: %s", session.id[:8], why)
-
-    def _require_session(self, session_id: str) -> _Session:
-        """Called under the lock: the request belongs to the open session, or is refused."""
-        current = self._session
-        if current is not None and session_id == current.id:
-            current.last_seen = time.monotonic()
-            return current
-        if not session_id:
-            why = "the request names no training session: the device must call Hello first"
-        elif session_id in self._ended:
-            why = (f"training session {session_id[:8]} has ended ({self._ended[session_id]}); "
-                   "start a new session (its training is lost)")
-        else:
-            why = (f"unknown training session {session_id[:8]} (did the server restart?); "
-                   "start a new session")
-        raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION, why)
-
-    def close_session(self, req: pb.CloseRequest) -> pb.CloseReply:
-        """End the session ``req`` names, if it is the open one (closing twice is fine)."""
-        with self.lock:
-            current = self._session
-            if current is None or req.session_id != current.id:
-                return pb.CloseReply(closed=False)
-            self._end(current, "closed by its device")
-            return pb.CloseReply(closed=True)
-
-    # ---- training --------------------------------------------------------------------------
-    def step(self, req: pb.StepRequest) -> pb.StepReply:
-        """Train chain[cut+1:] on the received activation; return the gradient at the cut.
-        A repeat of the last Step gets its first reply and trains nothing; otherwise the
-        request's content, then its number, is checked before the model is updated."""
-        t0, digest = time.perf_counter(), _digest("Step", req)
-        n, cut = len(self.replica.chain), req.cut
-        if not -1 <= cut <= n - 2:
-            raise invalid(f"cut {cut} is out of range: the server trains the elements after "
-                           f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
-                           "on-device training and sends nothing)")
-        with self.lock:  # a device whose session ended hears that first, not about its data
-            first = self._require_session(req.session_id).repeat("Step", req.seq, digest)
-        if first is not None:
-            return first
-        act, y = self._read_batch(req, cut)  # outside the lock: decoding takes time
-        act.requires_grad_(cut >= 0)
-        with self.lock:
-            session = self._require_session(req.session_id)
-            first = session.repeat("Step", req.seq, digest)  # a repeat sent meanwhile
-            if first is not None:
-                return first
-            loss, undo = self._train(cut, act, y, req.round, session, req.seq)
-            grad = encode_tensor(act.grad, 32) if act.grad is not None else b""  # see _train
-            reply = pb.StepReply(round=req.round, gradient=grad, loss=loss,
-                                 server_ms=(time.perf_counter() - t0) * 1e3)
-            session.accept(req.seq, digest, reply, undo)
-        return reply
-
-    def _read_batch(self, req: pb.StepRequest, cut: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sample, dtype = self.shapes.cuts[cut + 1]
-        what = "the model input" if cut < 0 else f"what chain element {cut} outputs"
-        batch = _batch_size(req.activation, "activation", sample, dtype, self.max_batch, what)
-        act = _decode_as(req.activation, "activation", (batch, *sample), dtype)
-        y = _decode_as(req.labels, f"labels (one per sample of the batch of {batch})", (batch,),
-                       torch.int64)
-        classes = self.shapes.classes
-        bad = (y < 0) | (y >= classes)
-        if bool(bad.any()):
-            raise invalid(f"labels must be class indices 0 to {classes - 1}, got "
-                           f"{int(y[bad][0])} (ignore-index labels such as -100 are not "
-                           "supported: leave those samples out)")
-        return act, y
-
-    def _train(self, cut: int, act: torch.Tensor, y: torch.Tensor, round_: int,
-               session: _Session, seq: int) -> tuple[float, _Snapshot]:
-        """One round on the server's part; refused (and undone) if it is not finite or not
-        the session's next request. Returns the loss and what takes the update back."""
-        replica, n = self.replica, len(self.replica.chain)
-        saved = replica.save_buffers(range(cut + 1, n))
-        try:
-            loss = F.cross_entropy(replica.forward(cut + 1, n, act, round_), y)
-            problem = "loss" if not bool(torch.isfinite(loss)) else \
-                replica.backward(loss, None)
-            if problem is None and act.grad is not None \
-                    and not bool(torch.isfinite(act.grad).all()):
-                problem = "gradient at the cut"
-            if problem is None and act.requires_grad and act.grad is None:
-                raise invalid(f"the chain elements after cut {cut} do not depend on the "
-                              "activation: there is no gradient to send back at this cut")
-            if problem is not None:
-                raise invalid(f"training on this batch gave a non-finite {problem} (values "
-                               "too large for float32); nothing was updated: lower the "
-                               "learning rate or scale the inputs")
-            session.check_next("Step", seq)  # after the content: a bad batch hears about it
-        except BaseException:
-            replica.undo(saved)
-            raise
-        undo = replica.snapshot(range(cut + 1, n), saved)
-        replica.update(range(cut + 1, n))
-        return float(loss.detach()), undo
-
-    def _indices(self, indices: Iterable[int]) -> list[int]:
-        n, result = len(self.replica.chain), list(indices)
-        bad = [i for i in result if i >= n]
-        if bad or len(set(result)) != len(result):
-            raise invalid(f"chain indices must be distinct and 0 to {n - 1}, got {result}")
-        return result
-
-    def sync(self, req: pb.SyncRequest) -> pb.SyncReply:
-        """Merge S = req.indices: reply with this side's deltas (and buffers it owns). Every
-        element is merged into new tensors first and applied only when all merged. A repeat
-        of the last Sync gets its first reply and merges nothing (merging twice would add
-        the deltas twice)."""
-        n, digest = len(self.replica.chain), _digest("Sync", req)
-        indices = self._indices(req.indices)
-        if not -1 <= req.cut <= n - 1:
-            raise invalid(f"sync cut {req.cut} is out of range -1 to {n - 1}")
-        device: dict[int, tuple[Update, Tensors]] = {}
-        for layer in req.layers:
-            if layer.index not in indices or layer.index in device:
-                raise invalid(f"sync sends element {layer.index} "
-                               f"{'twice' if layer.index in device else 'not in ' + str(indices)}")
-            if layer.buffers and layer.index > req.cut:
-                raise invalid(f"sync sends buffers of element {layer.index}, which the server "
-                               f"owns under cut {req.cut}")
-            device[layer.index] = _read_layer(layer, self.replica.chain[layer.index])
-        missing = sorted(set(indices) - set(device))
-        if missing:  # an element left out would lose its owner's buffers and momentum
-            raise invalid(f"sync of {indices} sends no state for elements {missing}: send a "
-                           "LayerState (possibly empty) for every element it merges")
-        with self.lock:
-            session = self._require_session(req.session_id)
-            first = session.repeat("Sync", req.seq, digest)
-            if first is not None:
-                return first
-            session.check_next("Sync", req.seq)
-            device_trained = {i for i, (update, _) in device.items() if update[0]}
-            own = self.replica.updates(indices, device_trained)
-            reply = pb.SyncReply(round=req.round)
-            for i in indices:
-                reply.layers.append(_layer_msg(i, own.get(i), self.replica.buffers(i)
-                                               if i > req.cut else None))
-            merged = {}
-            for i in indices:
-                update, buffers = device[i]
-                merged[i] = self.replica.merged(i, (update, own.get(i)),
-                                                None if i > req.cut else buffers)
-            for i, state in merged.items():
-                self.replica.apply(i, state)
-            session.accept(req.seq, digest, reply)
-        return reply
-
-    def undo(self, req: pb.UndoRequest) -> pb.UndoReply:
-        """Take back the last accepted request, a Step whose gradient the device could not
-        use: parameters, momentum, buffers and the trained set return to before it."""
-        digest = _digest("Undo", req)
-        with self.lock:
-            session = self._require_session(req.session_id)
-            first = session.repeat("Undo", req.seq, digest)
-            if first is not None:
-                return first
-            session.check_next("Undo", req.seq)
-            if session.undo is None or req.step_seq != session.seq:
-                raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"Undo takes back only the last accepted request, and only a "
-                                 f"Step: {req.step_seq} is not (the last is {session.seq})")
-            self.replica.restore(session.undo)
-            log.info("training session %s: Step %d undone", session.id[:8], req.step_seq)
-            reply = pb.UndoReply()
-            session.accept(req.seq, digest, reply)
-        return reply
-
-    def fetch(self, req: pb.FetchRequest) -> pb.FetchReply:
-        """The current parameters and buffers of the requested chain elements."""
-        indices = self._indices(req.indices)
-        reply = pb.FetchReply()
-        with self.lock:
-            self._require_session(req.session_id)
-            for i in indices:
-                module = self.replica.chain[i]
-                params = {n: p.detach() for n, p in module.named_parameters()}
-                reply.layers.append(_layer_msg(i, (params, True), self.replica.buffers(i)))
-        return reply
-
-
-def untrained_model(name: str | TrainModelSpec, seed: int) -> nn.Module:
-    """A freshly initialised model to train (never cached trained weights), built after
-    ``torch.manual_seed(seed)`` so that device and server get identical weights; ``name`` is a
-    model spec (``digits_cnn``, ``mobilenet_v2:pretrained,classes=10,input=3x32x32``, see
-    :class:`TrainModelSpec`), whose pretrained weights come from their package."""
-    spec = name if isinstance(name, TrainModelSpec) else TrainModelSpec.parse(name)
-    return spec.build(seed)
-
-
-def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 0,
-                   host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                   tls: TlsFiles | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                   session_timeout_s: float = SESSION_TIMEOUT_S,
-                   on_ready: Callable[[int], None] | None = None) -> None:
-    """Serve split training of the model spec ``model`` (untrained, or pretrained with a fresh
-    classifier, built with ``seed``) until SIGINT/SIGTERM; ``on_ready`` gets the port once
-    listening."""
-    from edgesplit.transport import serve_forever
-
-    spec = TrainModelSpec.parse(model)
-    untrained_model(spec, seed)  # fail fast on an unknown name or option
-    server = TrainServer(lambda: untrained_model(spec, seed), lr=lr, momentum=momentum,
-                         seed=seed, sample_shape=spec.sample_shape, max_batch=max_batch,
-                         session_timeout_s=session_timeout_s, token=token, tls=tls)
-    bound = server.start(host, port)
-    log.info("split-training server for %s listening on %s:%d", model, host, bound)
-    if on_ready is not None:
-        on_ready(bound)
-    serve_forever(server)
-
-
-# ---- device (client) -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class SyncResult:
     """One sync: the elements merged and what it cost on the emulated link."""
@@ -911,7 +152,7 @@ class RemoteSplitTrainer:
         self.retries, self.backoff_s = retries, float(retry_backoff_s)
         self._seq = 0  # the last sequence number the server accepted
         self.model = copy.deepcopy(model)
-        self.replica = _Replica(self.model, lr, momentum, seed)
+        self.replica = Replica(self.model, lr, momentum, seed)
         self.n = len(self.replica.chain)
         self.address = address if isinstance(address, str) else "in-process"
         self.seed, self.policy, self.sync_every = seed, sync, sync_every
@@ -1122,7 +363,7 @@ class RemoteSplitTrainer:
     def _gradient(self, data: bytes, act: torch.Tensor) -> torch.Tensor:
         """The server's gradient at the cut, which must fit ``act`` and be finite."""
         try:
-            return _decode_as(data, "the gradient at the cut", act.shape, torch.float32)
+            return decode_as(data, "the gradient at the cut", act.shape, torch.float32)
         except WireError as exc:
             raise RemoteError(f"training server {self.address} sent an unusable gradient: "
                               f"{exc}") from None
@@ -1164,7 +405,7 @@ class RemoteSplitTrainer:
                                  indices=indices)
         mine = {i: self.replica.buffers(i) for i in indices if i <= cut}
         for i in indices:
-            request.layers.append(_layer_msg(i, own.get(i), mine.get(i)))
+            request.layers.append(layer_msg(i, own.get(i), mine.get(i)))
         up = request.ByteSize()
         self._shaper.send(up, "up")
         reply = self._send(self._stub.Sync, request)
@@ -1196,7 +437,7 @@ class RemoteSplitTrainer:
                 raise RemoteError(f"training server {self.address} answered with element "
                                   f"{layer.index}, which was not asked for (or twice)")
             try:
-                (params, absolute), buffers = _read_layer(layer, self.replica.chain[layer.index])
+                (params, absolute), buffers = read_layer(layer, self.replica.chain[layer.index])
             except WireError as exc:
                 raise RemoteError(f"training server {self.address} sent a state that does not "
                                   f"fit this model: {exc}") from None
@@ -1226,3 +467,15 @@ class RemoteSplitTrainer:
                                                          complete=True).items():
                 _assign(chain[i], update[0], buffers)
         return model.eval()
+
+
+def _payload(states: Iterable[Tensors | None]) -> int:
+    return sum(tensor_bytes(t) for s in states if s for t in s.values())
+
+
+def _assign(module: nn.Module, params: Tensors, buffers: Tensors) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(params[name])
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])  # optimizer state (OPTIM_PREFIX) is not part of a model
