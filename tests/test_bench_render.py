@@ -1,5 +1,5 @@
-"""The NAS benchmarks' ``--render-only``: the markdown and figures redrawn from the saved JSON
-without measuring, the markdown as the run wrote it."""
+"""The benchmarks' ``--render-only`` (the NAS ones, runtime and hostile): the markdown and
+figures redrawn from the saved JSON without measuring, the markdown as the run wrote it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BENCHES = {"nas_jmsnas": ("nas_jmsnas_fig5.png", "nas_jmsnas_fig6.png"),
            "nas_adaptivenet": ("nas_adaptivenet_search.png", "nas_adaptivenet_switching.png"),
-           "nas_splitnets": ("nas_splitnets_single.png", "nas_splitnets_multi.png")}
+           "nas_splitnets": ("nas_splitnets_single.png", "nas_splitnets_multi.png"),
+           "runtime": ("runtime_mesh.png",), "hostile": ()}
 
 
 def _torchless(text: str) -> str:

@@ -34,10 +34,10 @@ from edgesplit.transport.frames import (
     REPLY,
     Frame,
     FrameServer,
-    _Inbox,
     encode_meta,
     read_frame,
 )
+from edgesplit.transport.frames.codec import _Inbox
 from edgesplit.transport.limits import ConnectionLimits
 
 pytestmark = pytest.mark.xdist_group("runtime")

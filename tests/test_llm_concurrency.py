@@ -175,7 +175,7 @@ def test_the_data_plane_checks_the_token_before_it_allocates_a_step(plan, model)
     import struct
 
     from edgesplit.transport import bearer_metadata
-    from edgesplit.transport.frames import CALL, FAILED, _Inbox, encode_meta, read_frame
+    from edgesplit.transport.frames.codec import CALL, FAILED, _Inbox, encode_meta, read_frame
 
     server = LLMStageServer(plan, "laptop", model=model, token="s3cret")
     server.start()

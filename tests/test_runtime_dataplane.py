@@ -137,7 +137,7 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
     queued (the connection reads the second while the first waits: each must own its
     tensors), computed in one batch and answered from the worker, each with its own id and
     its own input's outputs."""
-    from edgesplit.transport.frames import _Inbox, write_frame
+    from edgesplit.transport.frames.codec import _Inbox, write_frame
 
     server, _ = served
     before = server.batcher.batches_run
@@ -163,7 +163,7 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
 def test_a_queued_call_whose_deadline_passes_is_answered_without_computing(program, served):
     """A call waiting for a batch past its caller's deadline is answered DEADLINE_EXCEEDED by
     the worker, uncomputed; the server goes on."""
-    from edgesplit.transport.frames import _Inbox, write_frame
+    from edgesplit.transport.frames.codec import _Inbox, write_frame
 
     server, address = served
     batcher = server.batcher
@@ -227,7 +227,8 @@ def test_a_deferred_answer_never_waits_on_a_caller_that_does_not_read():
     """The batch worker writes a deferred answer only as far as the kernel takes it at once:
     a caller that does not read (its buffers full) gets the rest from a thread of its own,
     the worker returns at once, and the call ends once the rest is sent."""
-    from edgesplit.transport.frames import FrameContext, FrameServer, _Inbox
+    from edgesplit.transport.frames import FrameContext, FrameServer
+    from edgesplit.transport.frames.codec import _Inbox
 
     server = FrameServer(lambda frame, context: frame, 1 << 30)
     a, b = socket.socketpair()
@@ -399,7 +400,7 @@ def _failure(data: bytes) -> dict:
             self.data = self.data[n:]
             return n
 
-    from edgesplit.transport.frames import _Inbox
+    from edgesplit.transport.frames.codec import _Inbox
 
     frame = read_frame(_Sock(), _Inbox(), 1 << 20)  # type: ignore[arg-type]
     assert frame.kind == FAILED
@@ -514,9 +515,9 @@ def test_cli_refuses_bad_data_plane_options_in_one_line(program, tmp_path, args,
 
 
 def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
-    import edgesplit.transport.frames as frames
+    import edgesplit.transport.frames.server as frame_server
 
-    monkeypatch.setattr(frames, "IDLE_S", 0.3)
+    monkeypatch.setattr(frame_server, "IDLE_S", 0.3)
     server = PartitionServer(program, "cloud", shape=False)
     server.start()
     try:
@@ -559,7 +560,7 @@ def test_the_flexible_step_shares_the_partitions_weights(program):
 
 
 def test_a_repeated_meta_is_parsed_once_and_a_changed_one_anew():
-    from edgesplit.transport.frames import _Inbox, write_frame
+    from edgesplit.transport.frames.codec import _Inbox, write_frame
 
     a, b = socket.socketpair()
     inbox = _Inbox()
@@ -579,7 +580,7 @@ def test_metas_are_padded_so_that_parts_arrive_8_aligned():
     """A frame's parts follow its lengths and meta; the meta's JSON is padded with spaces to a
     multiple of 8 bytes, so the parts start aligned in the receive buffer (where a server
     reads a float payload in place) and the meta still parses to itself."""
-    from edgesplit.transport.frames import _Inbox, encode_meta, write_frame
+    from edgesplit.transport.frames.codec import _Inbox, encode_meta, write_frame
 
     a, b = socket.socketpair()
     inbox = _Inbox()
@@ -600,7 +601,7 @@ def test_pieces_go_out_joined_without_a_copy(tls):
     """A part given as Pieces (a message's header and a tensor's memory) arrives as the joined
     bytes, over a plain socket's scatter-gather write and over TLS alike; its frame's size
     counts every piece."""
-    from edgesplit.transport.frames import Pieces, _Inbox, write_frame
+    from edgesplit.transport.frames.codec import Pieces, _Inbox, write_frame
 
     body = memoryview(bytearray(range(256)) * 300)
     pieces = Pieces((b"head", body))
@@ -653,7 +654,7 @@ def test_the_server_reads_requests_in_place_and_answers_as_from_a_copy(program, 
 def test_a_frame_the_kernel_takes_in_pieces_arrives_whole():
     """sendmsg may take part of a frame (a send timeout, a full buffer): the rest follows,
     from the right byte of the right part, memoryviews of other formats included."""
-    from edgesplit.transport.frames import _Inbox, write_frame
+    from edgesplit.transport.frames.codec import _Inbox, write_frame
 
     class Trickle:  # a socket whose kernel takes at most 7 bytes a call
         def __init__(self) -> None:

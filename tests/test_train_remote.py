@@ -28,11 +28,11 @@ from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.remote import (
     RemoteSplitTrainer,
     TrainServer,
-    _layer_msg,
-    _sleep_slowdown,
     train_message_bytes,
     untrained_model,
 )
+from edgesplit.train.remote.client import _sleep_slowdown
+from edgesplit.train.remote.protocol import layer_msg
 from edgesplit.train.session import (
     FixedCutPolicy,
     TrainSplitConfig,
@@ -331,7 +331,7 @@ def test_a_refused_sync_changes_nothing_on_the_server(digits, serve):
         def layer(i: int, change=None, buffers: bool = True) -> pb.LayerState:
             deltas = {n: p.detach() - replica.base[i][n]
                       for n, p in replica.chain[i].named_parameters()}
-            msg = _layer_msg(i, (deltas, False), replica.buffers(i) if buffers else None)
+            msg = layer_msg(i, (deltas, False), replica.buffers(i) if buffers else None)
             if change is not None:
                 change(msg)
             return msg
@@ -538,7 +538,7 @@ def test_train_split_reaches_a_tls_server(serve, certificate, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
     assert doc["rounds"]["rounds"] == 38 and set(doc["rounds"]["partitions"]) == {5}
-    assert serve.last._session is None  # closed, so the next device needs no take-over
+    assert serve.last.sessions.current is None  # closed, so the next device needs no take-over
     local = subprocess.run([sys.executable, "-m", "edgesplit.cli", "train-split", "--tls-ca",
                             str(cert), "--epochs", "1"], capture_output=True, text=True,
                            timeout=120)
