@@ -10,7 +10,8 @@ Objectives (:class:`~edgesplit.plan.llm_costs.LLMWorkload`):
 
 - ``latency``: one request, TTFT + (N-1) x TPOT. Stages and links add up, so
   ``F_m[b] = min_a F_{m-1}[a] + link_{m-1}(a) + stage_m(a, b)`` over the ranges that fit
-  device m's memory is exact; O(M n^2), vectorised over (a, b).
+  device m's memory is exact: the chain DP (:func:`edgesplit.plan.chain_dp.solve_chain`), in
+  O(M n), since a stage's request time adds up over blocks and its memory grows with them.
 - ``throughput``: the slowest stage of a decode step (a device's compute, or a link's wire and
   codec time in either direction), the bound on tokens/s of a stream with enough sessions in
   flight; ties go to the lower request latency. The optimum period is one of the stage or link
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesplit.errors import InfeasibleError, option
+from edgesplit.plan.chain_dp import solve_chain
 from edgesplit.plan.llm_costs import LLMChainCosts, Objective
 
 __all__ = [
@@ -154,23 +156,16 @@ def evaluate_placement(costs: LLMChainCosts, boundaries: Sequence[int], *,
 
 def _dp(costs: LLMChainCosts, t: _Tables, bound: float = math.inf) -> tuple[int, ...] | None:
     """Boundaries of the lowest-latency placement whose every stage and link is at most
-    ``bound`` per decode step; None if no placement fits."""
-    allowed = t.fits & (t.stage_decode <= bound)
-    stage = np.where(allowed, t.stage_request, np.inf)
-    link = np.where(t.link_period <= bound, t.link_request, np.inf)
-    best = stage[0, 0].copy()  # device 0 runs [0, b)
-    args = []
-    for m in range(1, costs.m):
-        total = (best + link[m - 1])[:, None] + stage[m]  # [a, b]
-        arg = np.argmin(total, axis=0)
-        best = total[arg, np.arange(costs.n + 1)]
-        args.append(arg)
-    if not np.isfinite(best[costs.n]):
-        return None
-    bounds = [costs.n]
-    for arg in reversed(args):
-        bounds.append(int(arg[bounds[-1]]))
-    return (0, *reversed(bounds))
+    ``bound`` per decode step; None if no placement fits. Ties go to the earlier boundary."""
+    request_prefix = t.pre + costs.workload.decode_steps * t.dec
+
+    def transfer(hop: int, cut: int) -> float:
+        return float(t.link_request[hop, cut]) if t.link_period[hop, cut] <= bound else math.inf
+
+    def fits(m: int, a: int, b: int) -> bool:
+        return bool(t.fits[m, a, b]) and t.stage_decode[m, a, b] <= bound
+
+    return solve_chain(request_prefix, transfer, fits, ties="first").boundaries()
 
 
 def solve_placement(costs: LLMChainCosts, objective: Objective | None = None) -> StagePlacement:

@@ -12,17 +12,16 @@ Latency  = sum of device compute + sum of link transfers.
 Period   = the slowest stage (a device's compute or a link's transfer) when frames stream
            through the pipeline; throughput = 1000 / period per second.
 
-The DP is O(devices x layers): F_m[b] = P_m[b] + min_{a in window_m(b)} (F_{m-1}[a] + link(a) -
-P_m[a]) with P_m the prefix sums of device m's layer latencies; a device's memory (and, for the
-throughput objective, its compute bound) only rules out ranges that are too long, so the
-feasible a form a sliding window and a monotone deque gives the minimum.
+The search is the chain DP (:func:`edgesplit.plan.chain_dp.solve_chain`, O(devices x layers)):
+a device's memory (and, for the throughput objective, its stage bound) only rules out ranges
+that are too long, as that DP needs; ties go to the assignment whose later devices run fewer
+layers.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +39,7 @@ from edgesplit.hardware import (
     serialize_ms,
 )
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
+from edgesplit.plan.chain_dp import solve_chain
 
 if TYPE_CHECKING:
     from edgesplit.plan.model import Plan
@@ -145,45 +145,27 @@ def _solve(costs: ChainCosts, period_bound: float = math.inf, *, return_table: b
     """Minimum-latency assignment whose every stage is at most ``period_bound``; None if none.
     With ``return_table`` also the best latency of finishing exactly at every position and a
     function rebuilding the assignment that does (used by the mesh planner)."""
-    M, n = costs.layer_ms.shape
+    M = costs.layer_ms.shape[0]
     prefix = np.concatenate([np.zeros((M, 1)), np.cumsum(costs.layer_ms, axis=1)], axis=1)
-    inf = math.inf
-    best = [[inf] * (n + 1) for _ in range(M)]
-    arg = [[-1] * (n + 1) for _ in range(M)]
-    for b in range(n + 1):  # device 0 runs [0, b)
-        if prefix[0, b] <= period_bound and _feasible_memory(costs, 0, 0, b):
-            best[0][b] = float(prefix[0, b])
-            arg[0][b] = 0
-    for m in range(1, M):
-        link = costs.link_ms[m - 1]
-        window: deque[int] = deque()  # candidate a's, increasing G
-        lo = 0
-        for b in range(n + 1):
-            if best[m - 1][b] < inf and link[b] <= period_bound:
-                g = best[m - 1][b] + link[b] - prefix[m, b]
-                while window and (best[m - 1][window[-1]] + link[window[-1]]
-                                  - prefix[m, window[-1]]) >= g:
-                    window.pop()
-                window.append(b)
-            # the range [a, b) must fit: memory and stage bound grow as a moves left
-            while lo <= b and not (_feasible_memory(costs, m, lo, b)
-                                   and prefix[m, b] - prefix[m, lo] <= period_bound):
-                lo += 1
-            while window and window[0] < lo:
-                window.popleft()
-            if window:
-                a = window[0]
-                best[m][b] = best[m - 1][a] + link[a] + prefix[m, b] - prefix[m, a]
-                arg[m][b] = a
-    def rebuild(end: int) -> ChainAssignment:
-        bounds = [end]
-        for m in range(M - 1, 0, -1):
-            bounds.append(arg[m][bounds[-1]])
-        bounds.append(0)
-        return evaluate_boundaries(costs, bounds[::-1])
 
-    result = None if best[M - 1][n] == inf else rebuild(n)
-    return (result, best[M - 1], rebuild) if return_table else result
+    def transfer(hop: int, cut: int) -> float:
+        ms = costs.link_ms[hop, cut]
+        return ms if ms <= period_bound else math.inf
+
+    def fits(m: int, a: int, b: int) -> bool:
+        # memory and the stage bound both grow with the range, as solve_chain needs
+        return (_feasible_memory(costs, m, a, b)
+                and prefix[m, b] - prefix[m, a] <= period_bound)
+
+    table = solve_chain(prefix, transfer, fits, ties="last")
+
+    def rebuild(end: int) -> ChainAssignment:
+        bounds = table.boundaries(end)
+        assert bounds is not None, "rebuild only ends the table reaches"
+        return evaluate_boundaries(costs, bounds)
+
+    result = None if table.cost == math.inf else rebuild(costs.n)
+    return (result, table.finish, rebuild) if return_table else result
 
 
 def solve_chain_latency(costs: ChainCosts) -> ChainAssignment:

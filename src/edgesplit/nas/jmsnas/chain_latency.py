@@ -18,6 +18,7 @@ result is needed on its last, as in the chain planners.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import Link, Topology
 from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 from edgesplit.nas.jmsnas.supernet import Supernet
+from edgesplit.plan.chain_dp import solve_chain
 
 if TYPE_CHECKING:
     from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
@@ -183,7 +185,7 @@ class ChainLatency:
                        tables: Mapping[str, LayerLatencies], *, fastest: bool = False
                        ) -> ChainLatency:
         """The placement minimising E[T] with every op equally likely (the search's starting
-        point), or with every layer at its fastest op (``fastest=True``); exact DP."""
+        point), or with every layer at its fastest op (``fastest=True``); exact (the chain DP)."""
         devices = chain_devices(topology)
         _check_tables(topology, devices, tables)
         cost = np.array([[_unit_ms(tables[d], u, space, fastest) for d in devices]
@@ -269,23 +271,14 @@ def _transfers(topology: Topology, devices: Sequence[str], units: Sequence[int],
 
 def _place(topology: Topology, devices: Sequence[str], cost: np.ndarray,
            out_bytes: Sequence[int], input_bytes: int) -> tuple[int, ...]:
-    """Exact DP: best[u][m] = least time with units 0..u done and unit u on device m."""
-    n_units, n_dev = cost.shape
-    relay = [[[_relay_ms(topology, devices, a, b, nb) if b >= a else math.inf
-               for b in range(n_dev)] for a in range(n_dev)] for nb in (input_bytes, *out_bytes)]
-    best = np.full((n_units, n_dev), math.inf)
-    prev = np.zeros((n_units, n_dev), dtype=int)
-    for m in range(n_dev):
-        best[0, m] = relay[0][0][m] + cost[0, m]
-    for u in range(1, n_units):
-        for m in range(n_dev):
-            options = [best[u - 1, a] + relay[u][a][m] for a in range(m + 1)]
-            prev[u, m] = int(np.argmin(options))
-            best[u, m] = options[prev[u, m]] + cost[u, m]
-    last = [best[-1, m] + relay[n_units][m][n_dev - 1] for m in range(n_dev)]
-    m = int(np.argmin(last))
-    units = [m]
-    for u in range(n_units - 1, 0, -1):
-        m = int(prev[u, m])
-        units.append(m)
-    return tuple(reversed(units))
+    """The device of every unit (``cost``: [unit, device] ms) that minimises compute plus
+    relays: the chain DP over unit ranges, where cut c (the input, then unit c-1's output) is
+    what a hop carries. Ties go to the later boundary: the last unit on the lowest device it
+    can be, then the unit before, and so on."""
+    sizes = [input_bytes, *out_bytes]
+    hops = [[_hop_ms(topology.link(a, b), nbytes) for nbytes in sizes]
+            for a, b in itertools.pairwise(devices)]
+    prefix = np.concatenate([np.zeros((1, cost.shape[1])), np.cumsum(cost, axis=0)]).T
+    bounds = solve_chain(prefix, lambda hop, cut: hops[hop][cut], ties="last").boundaries()
+    assert bounds is not None, "no range is ruled out, so some placement fits"
+    return tuple(m for m, (a, b) in enumerate(itertools.pairwise(bounds)) for _ in range(a, b))
