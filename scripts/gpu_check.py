@@ -87,10 +87,10 @@ def _llm(tmp: Path, out: Path, where: str = "cuda") -> dict[str, Any]:
     import torch
 
     from edgesplit.hardware import chain, get_topology
+    from edgesplit.llm import LLMWorkload, plan_llm
+    from edgesplit.llm.planning.assemble import assemble_llm_plan
+    from edgesplit.llm.planning.placement import evaluate_placement
     from edgesplit.models.causal_lm import create_causal_lm
-    from edgesplit.plan import LLMWorkload, plan_llm
-    from edgesplit.plan.llm_assemble import assemble_llm_plan
-    from edgesplit.plan.llm_placement import evaluate_placement
 
     full = get_topology("home-wifi")
     topology = chain("gpu-check", full.devices[:2], [full.links[0].link])

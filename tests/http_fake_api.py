@@ -19,9 +19,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from edgesplit.runtime.http_guard import HttpLimits
-from edgesplit.runtime.llm_api import serve_api
-from edgesplit.runtime.llm_engine import LLMEngine
+from edgesplit.llm.api.app import serve_api
+from edgesplit.llm.api.http_guard import HttpLimits
+from edgesplit.llm.generate.engine import LLMEngine
 
 EOS = 1
 

@@ -155,9 +155,9 @@ def test_a_profile_on_the_gpu_times_every_layer():
 
 # ---- an LLM stage -----------------------------------------------------------------------------
 def _llm_plan():
-    from edgesplit.plan import LLMWorkload, plan_llm
-    from edgesplit.plan.llm_assemble import assemble_llm_plan
-    from edgesplit.plan.llm_placement import evaluate_placement
+    from edgesplit.llm import LLMWorkload, plan_llm
+    from edgesplit.llm.planning.assemble import assemble_llm_plan
+    from edgesplit.llm.planning.placement import evaluate_placement
 
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
@@ -175,8 +175,8 @@ def _perturbed_llama():
 def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     """Greedy tokens of a 2-stage split whose second stage computes on ``device``, and
     single-process generate's on the CPU."""
-    from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_server import LLMStageServer
+    from edgesplit.llm.generate.client import LLMClient
+    from edgesplit.llm.stage.server import LLMStageServer
 
     plan, model = _llm_plan(), _perturbed_llama()
     prompt = torch.randint(0, model.config.vocab_size, (1, 8),

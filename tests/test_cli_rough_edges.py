@@ -19,10 +19,10 @@ from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
 from edgesplit.hardware.files import load_device, load_link, load_topology
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.models.causal_lm import causal_lm_config
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 
 runner = CliRunner()
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "split the model over devices"]
@@ -104,8 +104,8 @@ def talking(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def laptop(talking):
     """The plan's second stage served in this process, with a token."""
+    from edgesplit.llm.stage.server import LLMStageServer
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.llm_server import LLMStageServer
 
     server = LLMStageServer(load_plan(talking), "laptop", token="sesame", data_port=None)
     port = server.start("127.0.0.1", 0)

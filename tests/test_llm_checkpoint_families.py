@@ -17,14 +17,14 @@ import torch
 from conftest import perturbed
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.generate.client import LLMClient
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm.stage.compute import LLMStageModel
+from edgesplit.llm.stage.server import LLMStageServer, head_stage
 from edgesplit.models.causal_lm import causal_lm_config, create_causal_lm
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_server import LLMStageServer, head_stage
-from edgesplit.runtime.llm_stage import LLMStageModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,7 +33,7 @@ NEW = 10
 SUPPORTED = "llama, mistral, qwen2, qwen3, gemma, phi3, gpt2"
 # Phi-3 with half of each head rotated and LongRoPE (Phi-3-mini-128k's and Phi-4-mini's
 # rotary), its short factors up to PROMPT + NEW positions: a split runs that far only
-# (graph.causal_lm._phi3_positions)
+# (llm.model.description._phi3_positions)
 PHI3_LONGROPE = {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                      "partial_rotary_factor": 0.5,
                                      "short_factor": [1.0, 1.5, 2.0, 2.5],
@@ -142,7 +142,7 @@ def test_other_families_are_refused_in_one_line(tmp_path):
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from edgesplit.models.llm_checkpoint import open_checkpoint
+    from edgesplit.llm.model.checkpoint import open_checkpoint
 
     for model_type in ("gpt_neox", "bert"):
         where = tmp_path / model_type
@@ -162,7 +162,7 @@ def test_gguf_families_are_those_transformers_reads(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     from gguf import GGUFWriter
 
-    from edgesplit.models.llm_checkpoint import open_checkpoint
+    from edgesplit.llm.model.checkpoint import open_checkpoint
 
     monkeypatch.setenv("EDGESPLIT_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "gemma.gguf"

@@ -19,15 +19,15 @@ import torch
 
 from edgesplit.errors import SessionError, SessionOwnerError, SessionsBusyError
 from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.generate.client import LLMClient
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm.stage.kv_sessions import LLMSessions
+from edgesplit.llm.stage.server import LLMStageServer
+from edgesplit.llm.stage.wire import session_error, session_status
 from edgesplit.models.causal_lm import create_causal_lm
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_server import LLMStageServer
-from edgesplit.runtime.llm_sessions import LLMSessions
-from edgesplit.runtime.llm_wire import session_error, session_status
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

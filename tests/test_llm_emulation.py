@@ -14,13 +14,12 @@ import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain
-from edgesplit.models.causal_lm import create_causal_lm
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
-from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_emulation import (
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.generate.client import LLMClient
+from edgesplit.llm.generate.report import generation_report
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm.stage.emulation import (
     IDLE_CAP_S,
     StagePacer,
     dilated,
@@ -31,8 +30,9 @@ from edgesplit.runtime.llm_emulation import (
     slowdown_factors,
     stage_links,
 )
-from edgesplit.runtime.llm_report import generation_report
-from edgesplit.runtime.llm_server import LLMStageServer
+from edgesplit.llm.stage.server import LLMStageServer
+from edgesplit.models.causal_lm import create_causal_lm
+from edgesplit.plan.model import Plan
 
 PROMPT = [5, 0, 17, 42, 99, 3]
 NEW = 4
@@ -113,7 +113,7 @@ def test_factors_price_the_same_blocks_on_both_devices(plan):
 def test_the_reference_is_the_stages_own_blocks_timed_here(plan, model):
     """Measured, the reference is positive for both phases of a stage with blocks, and a
     factor is the plan's time over it; a relay measures nothing and keeps factor 1."""
-    from edgesplit.runtime.llm_stage import LLMStageModel
+    from edgesplit.llm.stage.compute import LLMStageModel
 
     stage = LLMStageModel(plan, 1, model)
     reference = measured_reference(stage, plan, repeats=1)
@@ -143,8 +143,8 @@ def test_the_reference_times_each_step_after_the_idle(plan, model, monkeypatch):
     """Each timed step of the reference follows a sleep of the phase's idle: the run's
     conditions, not a back-to-back loop's (whose warm caches made small stages look twice as
     fast as they run)."""
+    from edgesplit.llm.stage.compute import LLMStageModel
     from edgesplit.runtime import llm_emulation
-    from edgesplit.runtime.llm_stage import LLMStageModel
 
     slept: list[float] = []
     monkeypatch.setattr(llm_emulation.time, "sleep", slept.append)
@@ -229,7 +229,7 @@ def test_shaped_links_cost_the_round_trip(model):
 
 def test_a_device_faster_than_this_machine_warns_once_and_runs_as_is(caplog):
     pacer = StagePacer("fast-device", {"prefill": 0.5, "decode": 0.25})
-    with caplog.at_level(logging.WARNING, logger="edgesplit.runtime.llm_emulation"):
+    with caplog.at_level(logging.WARNING, logger="edgesplit.llm.stage.emulation"):
         assert pacer.pace(0.0, "prefill") == 0.0
         assert pacer.pace(0.0, "decode") == 0.0
     warnings = [r for r in caplog.records if "emulation cannot speed" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""The causal-LM block description (graph/causal_lm.py) held to real transformers models:
+"""The causal-LM block description (llm/model/description.py) held to real transformers models:
 parameter bytes per block against the modules, KV-cache bytes against a DynamicCache after a
 forward pass, MACs per block and phase against torch's FLOP counter."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from edgesplit.errors import ConfigError, UnknownNameError
-from edgesplit.graph import Phase, describe_causal_lm
-from edgesplit.graph.causal_lm import TOKEN_BYTES
-from edgesplit.graph.causal_lm_measure import (
+from edgesplit.llm import Phase, describe_causal_lm
+from edgesplit.llm.model.description import TOKEN_BYTES
+from edgesplit.llm.model.measure import (
     measured_block_flops,
     measured_kv_bytes,
     measured_param_bytes,

@@ -1,4 +1,4 @@
-"""LLM stage placement (plan/llm_*.py): the DP against brute force on small chains with random
+"""LLM stage placement (llm/planning/): the DP against brute force on small chains with random
 costs, the optimum against its baselines, memory and KV accounting in the plan, clear errors,
 and the Plan contract (validated, re-checkable, saved and loaded)."""
 
@@ -12,11 +12,10 @@ import pytest
 from transformers import LlamaConfig
 
 from edgesplit.errors import ConfigError, InfeasibleError
-from edgesplit.graph import describe_causal_lm
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain, get_topology
-from edgesplit.plan import LLMChainCosts, LLMWorkload, load_plan, plan_llm, recompute_total
-from edgesplit.plan.llm_costs import SendCost
-from edgesplit.plan.llm_placement import (
+from edgesplit.llm import LLMChainCosts, LLMWorkload, describe_causal_lm, plan_llm
+from edgesplit.llm.planning.costs import SendCost
+from edgesplit.llm.planning.placement import (
     best_single_device,
     brute_force_placement,
     equal_split,
@@ -24,6 +23,7 @@ from edgesplit.plan.llm_placement import (
     memory_proportional,
     solve_placement,
 )
+from edgesplit.plan import load_plan, recompute_total
 from edgesplit.plan.model import Plan
 
 

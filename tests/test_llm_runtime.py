@@ -20,16 +20,16 @@ import torch
 from conftest import perturbed
 from edgesplit.errors import ConfigError, ContextLimitError, SessionError
 from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.generate.client import LLMClient
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm.stage.kv_sessions import OWNER_KEY
+from edgesplit.llm.stage.server import LLMStageServer
+from edgesplit.llm.stage.wire import END_SESSION, POSITION, message
 from edgesplit.models.causal_lm import create_causal_lm
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import Hop
-from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_server import LLMStageServer
-from edgesplit.runtime.llm_sessions import OWNER_KEY
-from edgesplit.runtime.llm_wire import END_SESSION, POSITION, message
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import SESSION_KEY
 
@@ -82,7 +82,7 @@ class Chain:
     client's address is the second device's loopback channel."""
 
     def __init__(self, plan: Plan, model: torch.nn.Module, **options) -> None:
-        from edgesplit.runtime.llm_server import head_stage
+        from edgesplit.llm.stage.server import head_stage
 
         assert plan.llm is not None
         head = head_stage(plan.llm)
@@ -556,8 +556,8 @@ def test_a_max_context_past_the_models_positions_is_refused(models, tmp_path):
     """An edited plan's max_context past the model's positions failed with a traceback (or
     gRPC's message limit) only when served: refused on loading, on serving (against the
     model itself) and when its largest step passes what a message carries."""
+    from edgesplit.llm.stage.server import llm_message_bytes
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.llm_server import llm_message_bytes
 
     model = models["llama_tiny"]
     plan = _plan("llama_tiny", (0, 3, 6))

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.models.causal_lm import create_causal_lm
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 
 runner = CliRunner()
 START_TIMEOUT_S = 120.0

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgesplit.errors import ConfigError, cli_options
-from edgesplit.runtime.llm_sampling import Sampling, filtered_probs, mix_seed, sample
+from edgesplit.llm.stage.sampling import Sampling, filtered_probs, mix_seed, sample
 
 
 def _logits(v: int = 64, seed: int = 0) -> torch.Tensor:

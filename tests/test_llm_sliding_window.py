@@ -16,17 +16,17 @@ import torch
 
 from conftest import perturbed
 from edgesplit.errors import ConfigError, cli_options
-from edgesplit.graph.causal_lm import describe_causal_lm
 from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm.generate.client import LLMClient
+from edgesplit.llm.model.checkpoint import open_checkpoint
+from edgesplit.llm.model.description import describe_causal_lm
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm.stage.compute import LLMStageModel
+from edgesplit.llm.stage.server import LLMStageServer, head_stage
 from edgesplit.models.causal_lm import causal_lm_config
-from edgesplit.models.llm_checkpoint import open_checkpoint
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_server import LLMStageServer, head_stage
-from edgesplit.runtime.llm_stage import LLMStageModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

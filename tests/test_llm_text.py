@@ -9,7 +9,7 @@ import random
 import pytest
 
 from edgesplit.errors import ConfigError
-from edgesplit.runtime.llm_text import IncrementalDetokenizer, StopMatcher
+from edgesplit.llm.generate.text import IncrementalDetokenizer, StopMatcher
 
 CORPUS = [
     "Hello world, this is a test of streaming text.",

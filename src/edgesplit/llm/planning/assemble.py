@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Literal
 
 from edgesplit.graph import INPUT, OUTPUT
-from edgesplit.graph.causal_lm import TOKEN_BYTES
-from edgesplit.plan.llm_costs import LLMChainCosts, SendCost
-from edgesplit.plan.llm_placement import StagePlacement
+from edgesplit.llm.model.description import TOKEN_BYTES
+from edgesplit.llm.planning.costs import LLMChainCosts, SendCost
+from edgesplit.llm.planning.placement import StagePlacement
 from edgesplit.plan.model import (
     LLMBlock,
     LLMHop,

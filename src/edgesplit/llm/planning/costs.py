@@ -32,7 +32,6 @@ from typing import Literal
 import numpy as np
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.graph.causal_lm import TOKEN_BYTES, CausalLM, Phase
 from edgesplit.hardware import (
     Device,
     LatencyEstimator,
@@ -42,6 +41,7 @@ from edgesplit.hardware import (
     estimator_for,
     serialize_ms,
 )
+from edgesplit.llm.model.description import TOKEN_BYTES, CausalLM, Phase
 from edgesplit.plan.assemble import one_way_latency_ms
 
 __all__ = ["LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]

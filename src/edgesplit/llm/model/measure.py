@@ -1,4 +1,4 @@
-"""Measure what :mod:`edgesplit.graph.causal_lm` counts, on a real transformers model: each
+"""Measure what :mod:`edgesplit.llm.model.description` counts, on a real transformers model: each
 block's parameter bytes, the KV cache a forward pass leaves, and each block's FLOPs in a
 phase. The tests hold the analytic description to these; the LLM runtime can use the cache
 measure for its session accounting."""
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgesplit.graph.causal_lm import CausalLM
+from edgesplit.llm.model.description import CausalLM
 
 __all__ = ["measured_block_flops", "measured_kv_bytes", "measured_param_bytes"]
 

@@ -29,9 +29,9 @@ from torch import nn
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware.accelerator import torch_device as torch_device_of
+from edgesplit.llm.stage.sampling import Sampling, sample
 from edgesplit.models.causal_lm import full_attention_config
 from edgesplit.plan.model import LLMPlan, Plan
-from edgesplit.runtime.llm_sampling import Sampling, sample
 
 __all__ = ["LLMStageModel", "StageIO", "llm_section", "open_plan_checkpoint", "stage_io"]
 
@@ -97,7 +97,7 @@ def _build_model(plan: Plan) -> nn.Module:
 def open_plan_checkpoint(plan: Plan) -> Any:
     """The checkpoint the plan was made for (None: random weights); ConfigError when the
     checkpoint at its source is missing or holds other weights (another fingerprint)."""
-    from edgesplit.models.llm_checkpoint import open_checkpoint
+    from edgesplit.llm.model.checkpoint import open_checkpoint
 
     llm = llm_section(plan)
     if llm.fingerprint is None:
@@ -159,7 +159,7 @@ class LLMStageModel:
         reference), the checkpoint's (only these read), or a seeded random model's."""
         checkpoint = open_plan_checkpoint(plan) if model is None else None
         if checkpoint is not None:
-            from edgesplit.models.llm_checkpoint import load_modules
+            from edgesplit.llm.model.checkpoint import load_modules
 
             _check_context(checkpoint.config(), self.llm)
             return load_modules(checkpoint, paths, self.dtype)
@@ -259,7 +259,7 @@ def _check_context(config: Any, llm: LLMPlan) -> None:
     positions a model has no embedding for a token (an index error mid-session, or garbage),
     and the stage runs a window as full attention, exact only within it; either would
     otherwise fail or answer wrongly only once a session grew that long."""
-    from edgesplit.graph.causal_lm import CausalLMShape
+    from edgesplit.llm.model.description import CausalLMShape
 
     shape = CausalLMShape.from_config(config)
     if llm.max_context > shape.max_positions:

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edgesplit.graph.causal_lm import CausalLM, describe_causal_lm
 from edgesplit.hardware import LatencyEstimator, Topology
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_costs import LLMChainCosts, LLMWorkload
-from edgesplit.plan.llm_placement import (
+from edgesplit.llm.model.description import CausalLM, describe_causal_lm
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.costs import LLMChainCosts, LLMWorkload
+from edgesplit.llm.planning.placement import (
     StagePlacement,
     best_single_device,
     equal_split,

@@ -439,7 +439,7 @@ def load_tokenizer(checkpoint: Checkpoint) -> Any:
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m edgesplit.models.llm_checkpoint NAME...``: prepare built-in checkpoints
+    """``python -m edgesplit.llm.model.checkpoint NAME...``: prepare built-in checkpoints
     (setup runs it, so the first chat does not wait for the conversion)."""
     for name in argv or builtin_names():
         checkpoint = require_builtin(name)

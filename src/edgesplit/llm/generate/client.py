@@ -5,7 +5,7 @@ chain one step at a time, yielding each token as soon as its step returns.
 The prefill sends the prompt, each decode step the previous token; every stage adds the
 step's positions to its own KV cache for the session. Greedy (the default), the tokens are
 exactly those of single-process ``model.generate(do_sample=False)`` on the same weights; with
-:class:`~edgesplit.runtime.llm_sampling.Sampling` the stage holding the head samples, and the
+:class:`~edgesplit.llm.stage.sampling.Sampling` the stage holding the head samples, and the
 tokens are those of the same logits through the same seeded draw in one process.
 
 *Sessions continue.* The client remembers, per session, the tokens every stage's cache holds.
@@ -18,7 +18,7 @@ first step; a session lost in the middle of a generation fails it with SessionEr
 failed generation forgets the session's tokens, so the next one starts from position 0.
 
 ``emulate=True`` slows the first stage's real compute to its device's speed and ``shape`` (on
-by default) makes its sends take the plan's first link (:mod:`edgesplit.runtime.llm_emulation`).
+by default) makes its sends take the plan's first link (:mod:`edgesplit.llm.stage.emulation`).
 """
 
 from __future__ import annotations
@@ -42,20 +42,17 @@ from edgesplit.errors import (
     SessionsBusyError,
     option,
 )
-from edgesplit.plan.model import PLAN_VERSION, Plan
-from edgesplit.runtime.client import RuntimeClient
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message
-from edgesplit.runtime.llm_emulation import (
+from edgesplit.llm.stage.compute import LLMStageModel, llm_section
+from edgesplit.llm.stage.emulation import (
     Phase,
     StagePacer,
     phase_of,
     stage_links,
 )
-from edgesplit.runtime.llm_sampling import Sampling
-from edgesplit.runtime.llm_server import head_stage, llm_message_bytes
-from edgesplit.runtime.llm_sessions import OWNER_KEY, LLMSessions
-from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
-from edgesplit.runtime.llm_wire import (
+from edgesplit.llm.stage.kv_sessions import OWNER_KEY, LLMSessions
+from edgesplit.llm.stage.sampling import Sampling
+from edgesplit.llm.stage.server import head_stage, llm_message_bytes
+from edgesplit.llm.stage.wire import (
     END_SESSION,
     TOKEN,
     decode_int,
@@ -63,6 +60,9 @@ from edgesplit.runtime.llm_wire import (
     session_error,
     step_tensors,
 )
+from edgesplit.plan.model import PLAN_VERSION, Plan
+from edgesplit.runtime.client import RuntimeClient
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesplit.errors import InfeasibleError, option
-from edgesplit.plan.llm_costs import LLMChainCosts, Objective
+from edgesplit.llm.planning.costs import LLMChainCosts, Objective
 
 __all__ = [
     "StagePlacement",

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from edgesplit.llm.generate.client import GeneratedToken
+from edgesplit.llm.stage.compute import llm_section
+from edgesplit.llm.stage.server import head_stage
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import GeneratedToken
-from edgesplit.runtime.llm_server import head_stage
-from edgesplit.runtime.llm_stage import llm_section
 
 __all__ = ["GENERATE_VERSION", "generation_report"]
 

@@ -36,17 +36,15 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, SessionError, option
-from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message
-from edgesplit.runtime.llm_emulation import (
+from edgesplit.llm.stage.compute import LLMStageModel, llm_section
+from edgesplit.llm.stage.emulation import (
     StagePacer,
     phase_of,
     stage_links,
 )
-from edgesplit.runtime.llm_sampling import Sampling
-from edgesplit.runtime.llm_sessions import OWNER_KEY, LLMSessions, owner_digest
-from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
-from edgesplit.runtime.llm_wire import (
+from edgesplit.llm.stage.kv_sessions import OWNER_KEY, LLMSessions, owner_digest
+from edgesplit.llm.stage.sampling import Sampling
+from edgesplit.llm.stage.wire import (
     END_SESSION,
     POSITION,
     SAMPLING,
@@ -59,6 +57,8 @@ from edgesplit.runtime.llm_wire import (
     session_status,
     step_tensors,
 )
+from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb

@@ -6,7 +6,7 @@ A step's request to a stage holds the tensor crossing into it (``input_ids`` ``[
 when it starts at the embedding, else the hidden state ``<block>.out`` ``[1, T, H]``) and
 ``position`` (``[1]`` int64: the tokens the session's caches hold before this step; 0 starts
 the session afresh; a position below what the cache holds rewinds it there first) and,
-optionally, ``sampling`` (``[4]`` int64: :meth:`~edgesplit.runtime.llm_sampling.Sampling.to_tensor`;
+optionally, ``sampling`` (``[4]`` int64: :meth:`~edgesplit.llm.stage.sampling.Sampling.to_tensor`;
 absent: greedy), which every stage forwards to the one holding the head. The reply holds
 ``token`` (``[1, 1]`` int64: the next token). A request holding only ``end_session`` ends the
 caller's session on every stage. The session is
@@ -30,9 +30,9 @@ from edgesplit.errors import (
     WireError,
     option,
 )
+from edgesplit.llm.stage.sampling import Sampling
 from edgesplit.quant.wire import decode_tensor, encode_tensor, message_info
 from edgesplit.runtime.dataplane import Message, Part
-from edgesplit.runtime.llm_sampling import Sampling
 from edgesplit.transport import BadRequest
 
 __all__ = [

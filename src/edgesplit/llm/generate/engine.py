@@ -1,9 +1,9 @@
 """Text generation over a split causal LM: the engine that ``llm generate --prompt``,
-``llm chat`` and the OpenAI-compatible API (:mod:`edgesplit.runtime.llm_api`) drive.
+``llm chat`` and the OpenAI-compatible API (:mod:`edgesplit.llm.api.app`) drive.
 
-:class:`LLMEngine` wraps an :class:`~edgesplit.runtime.llm_client.LLMClient` (the first
+:class:`LLMEngine` wraps an :class:`~edgesplit.llm.generate.client.LLMClient` (the first
 stage, here, and the chain behind it) with the checkpoint's tokenizer: text in through the
-chat template or plainly, text out as it decodes (:class:`~edgesplit.runtime.llm_text.
+chat template or plainly, text out as it decodes (:class:`~edgesplit.llm.generate.text.
 IncrementalDetokenizer`: never half a character), ending at an end-of-sequence token (not
 shown), at a stop string (not shown; text that may begin one is held back until it cannot),
 or after ``max_new_tokens``.
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from edgesplit.errors import ConfigError, EdgesplitError, SessionError, option
+from edgesplit.llm.generate.client import LLMClient, common_prefix
+from edgesplit.llm.generate.text import IncrementalDetokenizer, StopMatcher
+from edgesplit.llm.stage.compute import llm_section, open_plan_checkpoint
+from edgesplit.llm.stage.sampling import Sampling
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_client import LLMClient, common_prefix
-from edgesplit.runtime.llm_sampling import Sampling
-from edgesplit.runtime.llm_stage import llm_section, open_plan_checkpoint
-from edgesplit.runtime.llm_text import IncrementalDetokenizer, StopMatcher
 
 __all__ = ["Delta", "LLMEngine", "TextEngine", "open_engine", "plan_tokenizer"]
 
@@ -89,7 +89,7 @@ class TextEngine(Protocol):
 def plan_tokenizer(plan: Plan) -> Any:
     """The tokenizer of the checkpoint ``plan`` runs (ConfigError for a random-weights plan,
     which has none)."""
-    from edgesplit.models.llm_checkpoint import load_tokenizer
+    from edgesplit.llm.model.checkpoint import load_tokenizer
 
     checkpoint = open_plan_checkpoint(plan)
     if checkpoint is None:

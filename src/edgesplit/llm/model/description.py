@@ -17,7 +17,7 @@ cache against a ``DynamicCache`` after a forward pass.
 
 Supported: transformers ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``phi3`` and
 ``gpt2`` configs, from a registered name, a config, or a real checkpoint
-(:mod:`edgesplit.models.llm_checkpoint`: its fingerprint is recorded). All but GPT-2 share
+(:mod:`edgesplit.llm.model.checkpoint`: its fingerprint is recorded). All but GPT-2 share
 Llama's layout; what each does differently is data (:class:`_Family`): Qwen3's per-head q/k
 norms, Gemma's scaled embedding and GeGLU, Phi-3's fused projections, Qwen2's q/k/v bias,
 which layers of Mistral, Phi-3 and Qwen2/3 attend over a sliding window. A window is recorded
@@ -272,7 +272,7 @@ class CausalLM:
     # modules every stage with decoder blocks builds for itself (rotary embeddings: buffers
     # computed from the config, no weights)
     shared_modules: tuple[str, ...] = ()
-    # a real checkpoint's content fingerprint (models.llm_checkpoint); None: random weights
+    # a real checkpoint's content fingerprint (llm.model.checkpoint); None: random weights
     fingerprint: str | None = None
 
     @property
@@ -501,7 +501,7 @@ def _checkpoint_of(model: Any) -> Any:
     """The real checkpoint ``model`` names (a built-in, a weights folder, a .gguf), if any."""
     if not isinstance(model, (str, Path)):
         return None
-    from edgesplit.models.llm_checkpoint import open_checkpoint
+    from edgesplit.llm.model.checkpoint import open_checkpoint
 
     return open_checkpoint(model)
 

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from edgesplit.errors import ConfigError
+from edgesplit.llm.stage.compute import LLMStageModel, llm_section
 from edgesplit.plan.model import Plan
-from edgesplit.runtime.llm_stage import LLMStageModel, llm_section
 
 if TYPE_CHECKING:
     from edgesplit.hardware import Device, Link
@@ -72,10 +72,10 @@ def predicted_reference(plan: Plan, index: int, device: Device | None = None
                         ) -> dict[Phase, float]:
     """Per phase, stage ``index``'s blocks priced by the cost model on ``device`` (default:
     ``this-machine``, its peaks measured once per process) at the plan's workload."""
-    from edgesplit.graph import Phase as Work
-    from edgesplit.graph import describe_causal_lm
     from edgesplit.hardware import get_device
-    from edgesplit.plan.llm_costs import block_ms
+    from edgesplit.llm.model.description import Phase as Work
+    from edgesplit.llm.model.description import describe_causal_lm
+    from edgesplit.llm.planning.costs import block_ms
 
     llm = llm_section(plan)
     stage = llm.stages[index]

@@ -1,5 +1,5 @@
 """An OpenAI-compatible HTTP API over a split causal LM (a
-:class:`~edgesplit.runtime.llm_engine.TextEngine`): what the ``openai`` client, LangChain,
+:class:`~edgesplit.llm.generate.engine.TextEngine`): what the ``openai`` client, LangChain,
 curl and chat front-ends already speak.
 
 Endpoints: ``GET /v1/models`` (and ``/v1/models/{id}``) lists the one model the engine serves;
@@ -30,7 +30,7 @@ Decisions, where a choice was made or the server departs from OpenAI:
   several prompts per request are refused.
 - Sampling: ``temperature`` defaults to OpenAI's 1.0 (0: greedy); ``top_p`` 1.0 (off);
   ``top_k`` (an extension, as vLLM) 0 or -1 for off; the range checks are
-  :class:`~edgesplit.runtime.llm_sampling.Sampling`'s (no upper bound of 2 on temperature).
+  :class:`~edgesplit.llm.stage.sampling.Sampling`'s (no upper bound of 2 on temperature).
   ``seed`` defaults to a fresh random one per request, so equal requests differ as they do at
   OpenAI; a given seed makes a request repeatable.
 - ``max_completion_tokens`` wins over ``max_tokens`` (its deprecated name); both default to
@@ -104,9 +104,9 @@ from edgesplit.errors import (
     WireError,
     option,
 )
-from edgesplit.runtime.http_guard import Gate, HttpLimits, check_open_files, guarded_protocol
-from edgesplit.runtime.llm_engine import Delta, TextEngine
-from edgesplit.runtime.llm_sampling import Sampling
+from edgesplit.llm.api.http_guard import Gate, HttpLimits, check_open_files, guarded_protocol
+from edgesplit.llm.generate.engine import Delta, TextEngine
+from edgesplit.llm.stage.sampling import Sampling
 from edgesplit.transport.auth import AuthThrottle
 
 __all__ = ["create_app", "serve_api"]
@@ -651,7 +651,7 @@ def create_app(engine: TextEngine, *, api_key: str | None = None,
     """The OpenAI-compatible API over ``engine`` as an ASGI app (see the module docstring).
     With ``api_key`` every ``/v1`` route needs ``Authorization: Bearer <api_key>``, checked
     (and wrong keys throttled by ``throttle``) before a body is read; bodies are read within
-    ``limits`` (:class:`~edgesplit.runtime.http_guard.HttpLimits`); a prompt over
+    ``limits`` (:class:`~edgesplit.llm.api.http_guard.HttpLimits`); a prompt over
     ``max_prompt_chars`` characters (default: the engine's, which no prompt that fits its
     context exceeds) is refused before it is tokenized."""
     if api_key is not None and not api_key.strip():
@@ -712,7 +712,7 @@ def serve_api(engine: TextEngine, host: str = "127.0.0.1", port: int = 8000,
     """Serve :func:`create_app` with uvicorn (log level warning) until SIGINT or SIGTERM,
     then return once the requests in flight are done or cancelled, so the caller can close
     its engine. ``limits`` bound connections (in all and per host), the time to a request's
-    head and body, its bytes and the keep-alive (:class:`~edgesplit.runtime.http_guard.
+    head and body, its bytes and the keep-alive (:class:`~edgesplit.llm.api.http_guard.
     HttpLimits`: the defaults are safe). ``ready`` is called with the bound port (``port``
     0: any free one) once connections are accepted. A port that cannot be bound, or a
     connection cap the open-file limit cannot hold, is a ConfigError."""

@@ -1,0 +1,50 @@
+"""The split causal LM: one package, organised by job, from a model's config to an
+OpenAI-compatible API.
+
+- ``model/``: what a causal LM is before any device (``CausalLM``, ``describe_causal_lm``),
+  and real checkpoints;
+- ``planning/``: its blocks placed on a chain of devices (``plan_llm``: the exact DP and its
+  baselines), each placement a ``Plan`` with an ``llm`` section;
+- ``stage/``: one stage's compute, KV sessions, messages and server (``LLMStageServer``);
+- ``generate/``: the client that drives the chain (``LLMClient``) and the engine that puts
+  text in and out (``LLMEngine``);
+- ``api/``: the OpenAI-compatible HTTP API (imported on its own: ``edgesplit.llm.api.app``).
+
+Each sub-package imports only those listed before it. The registry of causal LMs by name
+(``llama_tiny``, ``llama3_8b``) stays in :mod:`edgesplit.models.causal_lm`: a built-in causal
+LM is also a model of the zoo (``create_model``), and the zoo sits below every package here.
+"""
+
+from edgesplit.llm.generate.client import GeneratedToken, LLMClient
+from edgesplit.llm.generate.engine import LLMEngine, open_engine, plan_tokenizer
+from edgesplit.llm.generate.report import generation_report
+from edgesplit.llm.model.description import CausalLM, Phase, describe_causal_lm
+from edgesplit.llm.planning.assemble import assemble_llm_plan
+from edgesplit.llm.planning.costs import LLMChainCosts, LLMWorkload
+from edgesplit.llm.planning.placement import StagePlacement, evaluate_placement
+from edgesplit.llm.planning.plan import LLM_METHODS, LLMPlanning, llm_plan_document, plan_llm
+from edgesplit.llm.stage.sampling import Sampling
+from edgesplit.llm.stage.server import LLMStageServer
+
+__all__ = [
+    "LLM_METHODS",
+    "CausalLM",
+    "GeneratedToken",
+    "LLMChainCosts",
+    "LLMClient",
+    "LLMEngine",
+    "LLMPlanning",
+    "LLMStageServer",
+    "LLMWorkload",
+    "Phase",
+    "Sampling",
+    "StagePlacement",
+    "assemble_llm_plan",
+    "describe_causal_lm",
+    "evaluate_placement",
+    "generation_report",
+    "llm_plan_document",
+    "open_engine",
+    "plan_llm",
+    "plan_tokenizer",
+]
