@@ -203,7 +203,7 @@ def test_a_stage_holds_only_its_blocks(monkeypatch, checkpoint, boundaries):
     on each stage holding the embedding or the head, once where one stage holds both, as
     CausalLM.stage_param_bytes says); the meta skeleton it was cut from was never given
     memory outside the stage and is gone once the stage is built."""
-    from edgesplit.models import llm_checkpoint
+    from edgesplit.llm.model import checkpoint as llm_checkpoint
 
     skeletons: list[nn.Module] = []
     real_skeleton = llm_checkpoint._skeleton

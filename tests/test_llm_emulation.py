@@ -144,7 +144,7 @@ def test_the_reference_times_each_step_after_the_idle(plan, model, monkeypatch):
     conditions, not a back-to-back loop's (whose warm caches made small stages look twice as
     fast as they run)."""
     from edgesplit.llm.stage.compute import LLMStageModel
-    from edgesplit.runtime import llm_emulation
+    from edgesplit.llm.stage import emulation as llm_emulation
 
     slept: list[float] = []
     monkeypatch.setattr(llm_emulation.time, "sleep", slept.append)

@@ -481,7 +481,7 @@ def test_a_client_on_another_clients_session_gets_a_session_owner_error(models):
 
 
 def test_owner_digests_are_compared_in_constant_time(monkeypatch):
-    from edgesplit.runtime import llm_sessions
+    from edgesplit.llm.stage import kv_sessions as llm_sessions
 
     calls = []
 
