@@ -472,7 +472,7 @@ def test_a_client_on_another_clients_session_gets_a_session_owner_error(models):
     try:
         with line.client(session="x") as owner, line.client(session="x") as other:
             _tokens(owner, torch.tensor([prompt]), 2)
-            other._held["x"] = prompt[:4]  # as if it had made the session: it continues
+            other._conversations["x"] = prompt[:4]  # as if it had made the session: it continues
             with pytest.raises(SessionOwnerError):
                 _tokens(other, torch.tensor([prompt]), 2)
             assert line.servers[0].sessions.length("x") == PROMPT + 1

@@ -270,7 +270,7 @@ def generate(
         if text:
             from edgesplit.llm.generate.engine import LLMEngine
 
-            engine = LLMEngine(client, tokenizer, session_ids=[client.session])
+            engine = LLMEngine(client, tokenizer, slot_ids=[client.session])
             assert prompt_text is not None
             messages = _messages(prompt_text, system) if chat else None
             prompt = engine.chat_ids(messages) if messages else engine.text_ids(prompt_text)
@@ -332,7 +332,7 @@ def chat_command(
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)
     with client:
-        engine = LLMEngine(client, tokenizer, session_ids=[client.session])
+        engine = LLMEngine(client, tokenizer, slot_ids=[client.session])
         interactive = sys.stdin.isatty()
         while True:
             line = _read_turn(interactive)

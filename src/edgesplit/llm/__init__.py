@@ -13,6 +13,20 @@ OpenAI-compatible API.
 Each sub-package imports only those listed before it. The registry of causal LMs by name
 (``llama_tiny``, ``llama3_8b``) stays in :mod:`edgesplit.models.causal_lm`: a built-in causal
 LM is also a model of the zoo (``create_model``), and the zoo sits below every package here.
+
+Four words for the state of a conversation, each one thing:
+
+- a **session** is a conversation's name on the chain: an id (call metadata
+  ``edgesplit-session``) with its owner's secret, under which every stage keeps its state;
+- a **KV session** (:class:`~edgesplit.llm.stage.kv_sessions.KVSession`, a stage's table of
+  them :class:`~edgesplit.llm.stage.kv_sessions.LLMSessions`) is one session's KV cache on one
+  stage and the tokens it holds: bounded LRU, limited to the plan's max context, answering
+  only its owner, rolled back when a step fails;
+- a **conversation** is what :class:`LLMClient` remembers of a session: the tokens every
+  stage's KV session holds (``LLMClient.held``), so that the next turn sends only what is new;
+- a **slot** is one of the generations :class:`LLMEngine` runs at once (the plan's
+  ``sessions``): each keeps one session id across generations, and a generation takes the
+  free slot whose conversation shares most of its prompt, or waits for one.
 """
 
 from edgesplit.llm.generate.client import GeneratedToken, LLMClient

@@ -50,16 +50,16 @@ Decisions, where a choice was made or the server departs from OpenAI:
 - Errors are OpenAI's JSON, ``{"error": {"message", "type", "param", "code"}}``: malformed
   bodies (invalid JSON, missing fields, wrong types) are 400, never FastAPI's 422; a wrong or
   missing key 401 ``invalid_api_key``; unknown routes 404; engine errors by kind:
-  ContextLimitError 400, other ConfigError 400, SessionError (stages out of sessions, or this
+  ContextLimitError 400, other ConfigError 400, SessionError (every engine slot busy, or this
   generation's caches evicted) 503 with ``Retry-After``, RemoteError and WireError (a stage
   failed or cannot be reached) 502; anything else 500 with a generic message, the traceback
   going to this module's log only.
 - ``api_key``: every ``/v1`` route needs ``Authorization: Bearer KEY``, compared in constant
   time; ``/health`` does not.
 - The engine blocks: tokenizing and every step of a generation run in worker threads, so
-  requests proceed concurrently (up to the engine's sessions; the engine queues the rest).
-  Requests waiting for a session and steps of running generations use separate thread
-  limits, so waiters never starve the generations that would free a session. A client
+  requests proceed concurrently (up to the engine's slots; the engine queues the rest).
+  Requests waiting for a slot and steps of running generations use separate thread
+  limits, so waiters never starve the generations that would free a slot. A client
   that leaves, streaming or not, has its generation's iterator closed after the step in
   progress, which frees its caches on every stage.
 """
@@ -228,7 +228,7 @@ def _api_error(exc: BaseException) -> _ApiError:
     if isinstance(exc, ContextLimitError):
         return _ApiError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, SessionError):
-        # the engine's message says why (all sessions busy, caches evicted); the status and
+        # the engine's message says why (all slots busy, caches evicted); the status and
         # Retry-After say what a client does about it
         return _ApiError(503, str(exc), type="server_error", code="server_busy",
                          headers={"Retry-After": _RETRY_AFTER_S})
@@ -449,7 +449,7 @@ def _open(engine: TextEngine, tokenize: Callable[[], list[int]], job: _Job,
     """Tokenize, start the generation and decode its first piece (in a worker thread): the
     errors that come before any text (context, busy stages) are raised here, while the
     response can still carry their status. None when ``cancel`` (the client left) was set
-    before the first piece: a request that waited for a session then never runs its
+    before the first piece: a request that waited for a slot then never runs its
     prefill."""
     prompt_ids = tokenize()
     if not prompt_ids:
@@ -466,9 +466,9 @@ def _open(engine: TextEngine, tokenize: Callable[[], list[int]], job: _Job,
 
 @dataclass(frozen=True)
 class _Lanes:
-    """Worker-thread limits. Opening a generation may wait for a free session (the engine
+    """Worker-thread limits. Opening a generation may wait for a free slot (the engine
     queues it); the steps of running generations, and their closing, must never wait behind
-    those, or the sessions that would free them could not advance: two lanes."""
+    those, or the generations that would free a slot could not advance: two lanes."""
 
     opening: anyio.CapacityLimiter
     steps: anyio.CapacityLimiter
@@ -497,7 +497,7 @@ async def _opened(engine: TextEngine, tokenize: Callable[[], list[int]], job: _J
                   request: Request, lane: anyio.CapacityLimiter
                   ) -> tuple[_Generation, Delta | None] | None:
     """:func:`_open` in a worker thread while the client is watched: None when it left
-    first (queued behind busy sessions, it is dropped before its prefill)."""
+    first (queued behind busy slots, it is dropped before its prefill)."""
     cancel = threading.Event()
     failed: BaseException | None = None
     async with anyio.create_task_group() as tg:

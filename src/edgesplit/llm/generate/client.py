@@ -8,14 +8,14 @@ exactly those of single-process ``model.generate(do_sample=False)`` on the same 
 :class:`~edgesplit.llm.stage.sampling.Sampling` the stage holding the head samples, and the
 tokens are those of the same logits through the same seeded draw in one process.
 
-*Sessions continue.* The client remembers, per session, the tokens every stage's cache holds.
-A generation whose prompt extends them (the next turn of a conversation: the whole
-conversation so far, re-sent) sends only what is new, from the position where the prompt
-leaves what is cached (stages rewind their caches to it where they hold more). When the
+*Conversations continue.* The client remembers each session's *conversation*: the tokens
+every stage's KV session holds for it. A generation whose prompt extends them (the next turn:
+the whole conversation so far, re-sent) sends only what is new, from the position where the
+prompt leaves what is cached (stages rewind their caches to it where they hold more). When the
 session is gone from a stage (evicted to make room, a restarted server), the client
 re-prefills the whole prompt from its own copy, transparently, once, at the generation's
 first step; a session lost in the middle of a generation fails it with SessionError. Any
-failed generation forgets the session's tokens, so the next one starts from position 0.
+failed generation forgets the session's conversation, so the next one starts from position 0.
 
 ``emulate=True`` slows the first stage's real compute to its device's speed and ``shape`` (on
 by default) makes its sends take the plan's first link (:mod:`edgesplit.llm.stage.emulation`).
@@ -129,7 +129,8 @@ class LLMClient(RuntimeClient):
         self.sessions = LLMSessions(self.device, self.stage.new_cache,
                                     max_sessions=self.llm.sessions,
                                     max_context=self.llm.max_context)
-        self._held: dict[str, list[int]] = {}  # per session: the tokens the caches hold
+        # per session id, its conversation: the tokens every stage's KV session holds
+        self._conversations: dict[str, list[int]] = {}
         self.remote = head_stage(self.llm) > 0
         if self.remote and address is None:
             raise ConfigError(f"the chain continues at {plan.devices[1].name!r}: give its "
@@ -156,8 +157,9 @@ class LLMClient(RuntimeClient):
         return [*self._bearer, (SESSION_KEY, session), (OWNER_KEY, self._secret)]
 
     def held(self, session: str | None = None) -> list[int]:
-        """The tokens the session's caches hold, as this client knows them."""
-        return list(self._held.get(session or self.session, []))
+        """The session's conversation: the tokens its caches hold, as this client knows
+        them."""
+        return list(self._conversations.get(session or self.session, []))
 
     def generate(self, prompt: Sequence[int] | torch.Tensor, new_tokens: int, *,
                  sampling: Sampling | None = None, session: str | None = None
@@ -171,7 +173,7 @@ class LLMClient(RuntimeClient):
         ids = self.check_prompt(prompt, new_tokens)
         if self._hop is not None:
             self._ensure_plan()
-        held = self._held.pop(session, [])  # set again after each step that succeeds
+        held = self._conversations.pop(session, [])  # set again after each step that succeeds
         seq = ids[0].tolist()
         position = _reusable(held, seq)
         reused = position
@@ -190,7 +192,7 @@ class LLMClient(RuntimeClient):
             now = time.perf_counter()
             position = len(seq)
             # every cache holds ``seq`` now; the new token is not fed back yet
-            self._held[session] = list(seq)
+            self._conversations[session] = list(seq)
             seq.append(token)
             yield GeneratedToken(index, token, "prefill" if index == 0 else "decode",
                                  (now - start) * 1e3, (now - t0) * 1e3, compute, codec, slept,
@@ -219,7 +221,7 @@ class LLMClient(RuntimeClient):
     def end_session(self, session: str | None = None) -> None:
         """Free the session's KV caches on every stage (a later generation starts anew)."""
         session = session or self.session
-        self._held.pop(session, None)
+        self._conversations.pop(session, None)
         self.sessions.end(session)
         if self._hop is not None:
             end = message(self.plan_id, PLAN_VERSION, self.next_request_id(),
@@ -252,7 +254,7 @@ class LLMClient(RuntimeClient):
             try:
                 reply = self._call(lambda timeout, _: self._hop.run(step, timeout, md))
             except BaseException:
-                self._held.pop(session, None)  # what the stages hold is unknown now
+                self._conversations.pop(session, None)  # what the stages hold is unknown now
                 raise
             token = self._token(reply, request_id)
         for key, ms in reply.timings_ms.items():

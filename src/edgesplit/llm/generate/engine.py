@@ -8,14 +8,15 @@ IncrementalDetokenizer`: never half a character), ending at an end-of-sequence t
 shown), at a stop string (not shown; text that may begin one is held back until it cannot),
 or after ``max_new_tokens``.
 
-It keeps at most the plan's ``sessions`` KV caches on every stage (what their memory was
-planned for) and serves that many generations at once; one more waits up to ``queue_s`` for
-a free session, then fails with SessionError (the API answers 503). A generation takes the
-idle session whose cached tokens share the longest prefix with its prompt: the next turn of a
+It runs at most the plan's ``sessions`` generations at once, one per *slot*: a session id
+kept across generations, so each slot holds one KV cache on every stage (what their memory
+was planned for). One more generation waits up to ``queue_s`` for a free slot, then fails
+with SessionError (the API answers 503). A generation takes the free slot whose conversation
+(the tokens its caches hold) shares the longest prefix with its prompt: the next turn of a
 conversation, re-sent whole as OpenAI's API does, runs only its new tokens (the client rewinds
 what differs). A generation that is abandoned (its iterator closed: a client that left) stops
-at once and its caches are freed on every stage; a finished one keeps its session's caches for
-the next turn.
+at once and its slot's caches are freed on every stage; a finished one keeps them for the next
+turn.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ __all__ = ["Delta", "LLMEngine", "TextEngine", "open_engine", "plan_tokenizer"]
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
-_CANCEL_POLL_S = 0.05  # how often a generation queued for a session looks at its cancel
+_CANCEL_POLL_S = 0.05  # how often a generation queued for a slot looks at its cancel
 _ROLES = ("system", "user", "assistant")
 
 
@@ -58,7 +59,7 @@ class Delta:
 
 
 class TextEngine(Protocol):
-    """What serves text: thread-safe, many generations at once (up to its sessions)."""
+    """What serves text: thread-safe, many generations at once (up to its slots)."""
 
     model_id: str  # the name /v1/models lists and requests must name
     max_context: int  # prompt + generated tokens a session holds at most
@@ -81,7 +82,7 @@ class TextEngine(Protocol):
         ``max_new_tokens`` ("length"). ContextLimitError before any work when the prompt and
         ``max_new_tokens`` exceed ``max_context``. Closing the iterator early (a client that
         left) ends the generation and frees its KV caches on every stage. A generation whose
-        ``cancel`` is set while it waits for a session ends without a delta: its prefill
+        ``cancel`` is set while it waits for a slot ends without a delta: its prefill
         never runs."""
         ...
 
@@ -114,25 +115,26 @@ def _eos_ids(tokenizer: Any, plan: Plan) -> frozenset[int]:
 
 
 class LLMEngine:
-    """Text generation with ``client``'s chain and ``tokenizer``; at most ``sessions``
-    generations at once (default: the plan's), a further one waiting up to ``queue_s``.
-    ``session_ids``: the sessions' names (default: random ones, ``sessions`` of them)."""
+    """Text generation with ``client``'s chain and ``tokenizer``; at most ``slots``
+    generations at once (default: the plan's ``sessions``), a further one waiting up to
+    ``queue_s``. ``slot_ids``: the session id each slot keeps (default: random ones, ``slots``
+    of them)."""
 
     def __init__(self, client: LLMClient, tokenizer: Any, *, model_id: str | None = None,
-                 sessions: int | None = None, queue_s: float = 30.0,
+                 slots: int | None = None, queue_s: float = 30.0,
                  eos_ids: Sequence[int] | None = None,
-                 session_ids: Sequence[str] | None = None) -> None:
+                 slot_ids: Sequence[str] | None = None) -> None:
         self.client, self.tokenizer = client, tokenizer
         self.model_id = model_id or client.plan.model.name
         self.max_context = client.llm.max_context
         self.eos_ids = frozenset(eos_ids) if eos_ids is not None else \
             _eos_ids(tokenizer, client.plan)
-        ids = list(session_ids) if session_ids else \
-            [uuid.uuid4().hex for _ in range(sessions or client.llm.sessions)]
-        self.queue_s, self.sessions = queue_s, len(ids)
+        ids = list(slot_ids) if slot_ids else \
+            [uuid.uuid4().hex for _ in range(slots or client.llm.sessions)]
+        self.queue_s, self.slots = queue_s, len(ids)
         self._free = threading.Semaphore(len(ids))
         self._lock = threading.Lock()
-        # idle sessions, least recently used first; each id names caches on every stage
+        # free slots, least recently used first; each one's id names caches on every stage
         self._idle: OrderedDict[str, None] = OrderedDict.fromkeys(ids)
         self.max_prompt_chars = self.max_context * _longest_token(tokenizer)
 
@@ -162,18 +164,18 @@ class LLMEngine:
                stop: Sequence[str] = (), cancel: threading.Event | None = None
                ) -> Iterator[Delta]:
         ids = list(prompt_ids)
-        self.client.check_prompt(ids, max_new_tokens)  # before waiting for a session
+        self.client.check_prompt(ids, max_new_tokens)  # before waiting for a slot
         stopper = StopMatcher(stop)
         return self._stream(ids, max_new_tokens, sampling, stopper, cancel)
 
     def _stream(self, ids: list[int], max_new_tokens: int, sampling: Sampling,
                 stopper: StopMatcher, cancel: threading.Event | None) -> Iterator[Delta]:
-        session = self._take(ids, cancel)
-        if session is None:
+        slot = self._take(ids, cancel)
+        if slot is None:
             return  # cancelled while queued: no prefill for a client that has gone
         detokenizer = IncrementalDetokenizer(self.tokenizer)
         tokens = cast(Generator[Any, None, None], self.client.generate(
-            ids, max_new_tokens, sampling=sampling, session=session))
+            ids, max_new_tokens, sampling=sampling, session=slot))
         finished = failed = False
         try:
             for t in tokens:
@@ -198,16 +200,16 @@ class LLMEngine:
             raise
         finally:
             tokens.close()  # no more steps: an abandoned generation costs nothing more
-            self._give_back(session, abandoned=not finished, failed=failed)
+            self._give_back(slot, abandoned=not finished, failed=failed)
 
     def _take(self, ids: list[int], cancel: threading.Event | None = None) -> str | None:
-        """A free session, the one whose cached tokens share most of ``ids``; None once
+        """A free slot, the one whose conversation shares most of ``ids``; None once
         ``cancel`` is set (checked while waiting, and once more on getting one)."""
         got = self._wait_free(cancel)
         if got is None:
             return None
         if not got:
-            raise SessionError(f"all {self.sessions} session(s) of this server are busy "
+            raise SessionError(f"all {self.slots} session(s) of this server are busy "
                                f"generating (waited {self.queue_s:g} s): retry later, or plan "
                                "with more --sessions")
         if cancel is not None and cancel.is_set():
@@ -219,7 +221,7 @@ class LLMEngine:
         return best
 
     def _wait_free(self, cancel: threading.Event | None) -> bool | None:
-        """Whether a session came free (and was taken) within ``queue_s``; None once
+        """Whether a slot came free (and was taken) within ``queue_s``; None once
         ``cancel`` is set first. A waiter looks at ``cancel`` every ``_CANCEL_POLL_S``."""
         if cancel is None:
             return self._free.acquire(timeout=self.queue_s)
@@ -232,29 +234,29 @@ class LLMEngine:
                 return True
         return None
 
-    def _give_back(self, session: str, *, abandoned: bool, failed: bool = False) -> None:
-        """``session`` is free again; an abandoned one (its client left, or a step failed)
+    def _give_back(self, slot: str, *, abandoned: bool, failed: bool = False) -> None:
+        """``slot`` is free again; an abandoned one (its client left, or a step failed)
         first has its caches freed on every stage (the next generation there starts anew)."""
         try:
             if abandoned:
-                self.client.end_session(session)
+                self.client.end_session(slot)
         except EdgesplitError as exc:  # a stage that is down frees its caches on restart
             # after a failed step the caller is told why; the end failing too (a stage down:
             # the same cause) would be a second line of the same news
             (log.debug if failed else log.warning)(
-                "could not end session %s on every stage: %s", session[:8], exc)
+                "could not end session %s on every stage: %s", slot[:8], exc)
         finally:
             with self._lock:
-                self._idle[session] = None
+                self._idle[slot] = None
             self._free.release()
 
     def close(self) -> None:
-        """End every idle session on every stage, and the client's connections."""
+        """End every free slot's session on every stage, and the client's connections."""
         with self._lock:
-            sessions = list(self._idle)
-        for session in sessions:
-            if self.client.held(session):
-                self.client.end_session(session)
+            slots = list(self._idle)
+        for slot in slots:
+            if self.client.held(slot):
+                self.client.end_session(slot)
         self.client.close()
 
 

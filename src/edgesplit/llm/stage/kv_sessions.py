@@ -1,4 +1,5 @@
-"""A stage's KV caches, one per client session: bounded (the least recently used session goes
+"""A stage's *KV sessions*: one per client session, the session's KV cache on this stage and
+the tokens it holds (:class:`KVSession`); bounded (the least recently used session goes
 first), each limited to the plan's max context, checked before anything is computed.
 
 A step names its session, the position it continues from (the tokens the session's cache
@@ -42,7 +43,7 @@ from edgesplit.errors import (
     option,
 )
 
-__all__ = ["OWNER_KEY", "LLMSessions", "SessionState", "owner_digest"]
+__all__ = ["OWNER_KEY", "KVSession", "LLMSessions", "owner_digest"]
 
 OWNER_KEY = "edgesplit-session-key"  # call metadata: the client's secret for its sessions
 
@@ -61,8 +62,8 @@ def _same_owner(held: str | None, owner: str | None) -> bool:
 
 
 @dataclass
-class SessionState:
-    """One session's cache on one stage and the tokens it holds. ``users``: the steps holding
+class KVSession:
+    """One session's KV cache on one stage and the tokens it holds. ``users``: the steps holding
     it now; ``listed``: False once evicted, ended or replaced (its cache lives while used)."""
 
     cache: Any
@@ -77,8 +78,8 @@ class SessionState:
 
 
 class LLMSessions:
-    """At most ``max_sessions`` sessions (KV caches alive) of at most ``max_context`` tokens
-    each on ``device``; ``new_cache`` makes an empty KV cache."""
+    """A stage's KV sessions: at most ``max_sessions`` (KV caches alive) of at most
+    ``max_context`` tokens each on ``device``; ``new_cache`` makes an empty KV cache."""
 
     def __init__(self, device: str, new_cache: Callable[[], Any], *, max_sessions: int,
                  max_context: int) -> None:
@@ -87,7 +88,7 @@ class LLMSessions:
                                f"at least 1, got {max_sessions} and {max_context}")
         self.device, self.new_cache = device, new_cache
         self.max_sessions, self.max_context = max_sessions, max_context
-        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._sessions: OrderedDict[str, KVSession] = OrderedDict()
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)  # a cache became idle or was dropped
         self._unlisted = 0  # caches of dropped sessions that a step still uses
@@ -146,7 +147,7 @@ class LLMSessions:
 
     @contextmanager
     def step(self, session: str, position: int, tokens: int, owner: str | None = None, *,
-             wait_s: float | None = 60.0) -> Iterator[SessionState]:
+             wait_s: float | None = 60.0) -> Iterator[KVSession]:
         """The session's state for one step of ``tokens`` at ``position`` (checked first);
         the tokens count once the block exits normally, an exception rolls the cache back.
         ``owner``: the caller's digest (:meth:`check_owner`); a new session takes it.
@@ -172,7 +173,7 @@ class LLMSessions:
             self._release(state)
 
     def _take(self, session: str, *, fresh: bool, owner: str | None,
-              wait_s: float | None) -> SessionState:
+              wait_s: float | None) -> KVSession:
         """The session's state, held by one more step; a fresh one takes an idle session's
         room, waiting while every cache alive is in a step."""
         with self._lock:
@@ -189,7 +190,7 @@ class LLMSessions:
                     f"all {self.max_sessions} KV caches of device {self.device!r} are in "
                     f"steps of other sessions: try again, or serve with more "
                     f"{option('max_sessions')}")
-            state = SessionState(self.new_cache(), owner=owner, users=1)
+            state = KVSession(self.new_cache(), owner=owner, users=1)
             self._sessions[session] = state
             return state
 
@@ -213,7 +214,7 @@ class LLMSessions:
         else:
             self._freed.notify_all()
 
-    def _release(self, state: SessionState) -> None:
+    def _release(self, state: KVSession) -> None:
         with self._lock:
             state.users -= 1
             if state.users == 0:
