@@ -60,14 +60,12 @@ import torch
 
 from edgesplit.hardware import Topology, get_device, get_topology
 from edgesplit.hardware.profile import machine_info
-from edgesplit.llm import LLMPlanning, LLMWorkload, describe_causal_lm, plan_llm
+from edgesplit.llm import LLMPlanning, LLMWorkload, describe_causal_lm, plan_llm, plan_llm_at
 from edgesplit.llm import Phase as Work
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.generate.engine import plan_tokenizer
 from edgesplit.llm.generate.report import generation_report
-from edgesplit.llm.planning.assemble import assemble_llm_plan
 from edgesplit.llm.planning.costs import block_ms
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.compute import LLMStageModel
 from edgesplit.llm.stage.emulation import (
     IDLE_CAP_S,
@@ -101,11 +99,10 @@ def _edgesplit() -> str:
 # ---- A: stage processes on this machine --------------------------------------------------------
 def split_plan(stages: int, new_tokens: int, prompt_tokens: int) -> Plan:
     """SmolLM2 over home-wifi's three devices, cut at SPLITS[stages]."""
-    costs = plan_llm(MODEL, get_topology("home-wifi"),
-                     LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                                 max_context=prompt_tokens + new_tokens)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, SPLITS[stages]),
-                             method=f"{stages}-stage")
+    return plan_llm_at(MODEL, get_topology("home-wifi"), SPLITS[stages],
+                       LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                                   max_context=prompt_tokens + new_tokens),
+                       method=f"{stages}-stage")
 
 
 @contextlib.contextmanager

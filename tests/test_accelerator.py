@@ -155,15 +155,13 @@ def test_a_profile_on_the_gpu_times_every_layer():
 
 # ---- an LLM stage -----------------------------------------------------------------------------
 def _llm_plan():
-    from edgesplit.llm import LLMWorkload, plan_llm
-    from edgesplit.llm.planning.assemble import assemble_llm_plan
-    from edgesplit.llm.planning.placement import evaluate_placement
+    from edgesplit.llm import LLMWorkload, plan_llm_at
 
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("llama_tiny", topology,
-                     LLMWorkload(prompt_tokens=8, new_tokens=10, max_context=32)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="test")
+    return plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=8, new_tokens=10, max_context=32),
+                       method="test")
 
 
 def _perturbed_llama():

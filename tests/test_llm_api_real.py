@@ -23,12 +23,10 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from edgesplit.hardware import chain, get_topology  # noqa: E402
-from edgesplit.llm import LLMWorkload, plan_llm  # noqa: E402
+from edgesplit.llm import LLMWorkload, plan_llm_at  # noqa: E402
 from edgesplit.llm.api.app import create_app  # noqa: E402
 from edgesplit.llm.generate.client import LLMClient  # noqa: E402
 from edgesplit.llm.generate.engine import LLMEngine, plan_tokenizer  # noqa: E402
-from edgesplit.llm.planning.assemble import assemble_llm_plan  # noqa: E402
-from edgesplit.llm.planning.placement import evaluate_placement  # noqa: E402
 from edgesplit.llm.stage.sampling import Sampling  # noqa: E402
 from edgesplit.llm.stage.server import LLMStageServer  # noqa: E402
 
@@ -41,10 +39,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def served() -> Iterator[tuple[LLMEngine, str, LLMStageServer]]:
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("smollm2-135m-instruct", topology,
-                     LLMWorkload(prompt_tokens=32, new_tokens=16, max_context=256,
-                                 sessions=2)).costs
-    plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 16, 32)), method="test")
+    plan = plan_llm_at("smollm2-135m-instruct", topology, (0, 16, 32),
+                       LLMWorkload(prompt_tokens=32, new_tokens=16, max_context=256,
+                                   sessions=2), method="test")
     stage = LLMStageServer(plan, plan.devices[1].name, data_port=None, shape=False)
     client = LLMClient(plan, stage.loopback_channel(), shape=False)
     engine = LLMEngine(client, plan_tokenizer(plan))

@@ -27,11 +27,9 @@ from torch import nn
 
 from edgesplit.errors import ConfigError, ContextLimitError, EdgesplitError
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.llm.generate.client import GeneratedToken, LLMClient
 from edgesplit.llm.generate.engine import Delta, LLMEngine, plan_tokenizer
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.compute import LLMStageModel
 from edgesplit.llm.stage.sampling import Sampling, sample
 from edgesplit.llm.stage.server import LLMStageServer, head_stage
@@ -104,10 +102,9 @@ def _plan(boundaries: tuple[int, ...], *, model: str = NAME, dtype: str = "float
     full = get_topology("home-wifi")
     m = len(boundaries) - 1
     topology = chain("test", full.devices[:m], [tl.link for tl in full.links[:m - 1]])
-    costs = plan_llm(model, topology, LLMWorkload(prompt_tokens=40, new_tokens=NEW,
-                                                  max_context=max_context, sessions=sessions),
-                     dtype=dtype).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, boundaries), method="test")
+    return plan_llm_at(model, topology, boundaries,
+                       LLMWorkload(prompt_tokens=40, new_tokens=NEW, max_context=max_context,
+                                   sessions=sessions), dtype=dtype, method="test")
 
 
 def _greedy(model: nn.Module, prompt: list[int], new: int = NEW) -> list[int]:

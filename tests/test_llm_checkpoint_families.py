@@ -17,10 +17,8 @@ import torch
 from conftest import perturbed
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm import LLMWorkload, plan_llm, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.compute import LLMStageModel
 from edgesplit.llm.stage.server import LLMStageServer, head_stage
 from edgesplit.models.causal_lm import causal_lm_config, create_causal_lm
@@ -70,9 +68,9 @@ def _plan(folder: Path, boundaries: tuple[int, ...], max_context: int = PROMPT +
     full = get_topology("home-wifi")
     m = len(boundaries) - 1
     topology = chain("test", full.devices[:m], [tl.link for tl in full.links[:m - 1]])
-    costs = plan_llm(str(folder), topology, LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW,
-                                                        max_context=max_context)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, boundaries), method="test")
+    return plan_llm_at(str(folder), topology, boundaries,
+                       LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW, max_context=max_context),
+                       method="test")
 
 
 @pytest.mark.parametrize("boundaries", [(0, 3, 6), (0, 2, 4, 6)], ids=["2-stage", "3-stage"])

@@ -19,10 +19,8 @@ import torch
 
 from edgesplit.errors import SessionError, SessionOwnerError, SessionsBusyError
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.kv_sessions import LLMSessions
 from edgesplit.llm.stage.server import LLMStageServer
 from edgesplit.llm.stage.wire import session_error, session_status
@@ -44,9 +42,9 @@ def plan() -> Plan:
     """llama_tiny over home-wifi's phone (the client) and laptop (the served head)."""
     full = get_topology("home-wifi")
     topology = chain("two", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("llama_tiny", topology, LLMWorkload(prompt_tokens=4, new_tokens=2,
-                                                         max_context=16)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="test")
+    return plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=4, new_tokens=2, max_context=16),
+                       method="test")
 
 
 class Gate:

@@ -14,11 +14,9 @@ import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain
-from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.generate.report import generation_report
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.emulation import (
     IDLE_CAP_S,
     StagePacer,
@@ -50,9 +48,8 @@ def _slow(name: str, gops: float) -> Device:
 
 def _plan(link: Link) -> Plan:
     topology = chain("slow", [_slow("slow-a", 0.2), _slow("slow-b", 0.4)], [link])
-    costs = plan_llm("llama_tiny", topology, LLMWorkload(prompt_tokens=len(PROMPT),
-                                                         new_tokens=NEW, max_context=16)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="manual")
+    return plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=len(PROMPT), new_tokens=NEW, max_context=16))
 
 
 LAN = Link(name="lan", bandwidth_mbps=200.0, rtt_ms=4.0, medium="wired")
@@ -143,8 +140,8 @@ def test_the_reference_times_each_step_after_the_idle(plan, model, monkeypatch):
     """Each timed step of the reference follows a sleep of the phase's idle: the run's
     conditions, not a back-to-back loop's (whose warm caches made small stages look twice as
     fast as they run)."""
-    from edgesplit.llm.stage.compute import LLMStageModel
     from edgesplit.llm.stage import emulation as llm_emulation
+    from edgesplit.llm.stage.compute import LLMStageModel
 
     slept: list[float] = []
     monkeypatch.setattr(llm_emulation.time, "sleep", slept.append)
@@ -245,9 +242,8 @@ def test_generate_emulate_device_on_the_command_line(tmp_path):
     from edgesplit.cli import app
 
     topology = chain("slow", [_slow("slow-a", 0.2), _slow("slow-b", 0.4)], [LAN])
-    costs = plan_llm("llama_tiny", topology, LLMWorkload(prompt_tokens=len(PROMPT),
-                                                         new_tokens=3, max_context=16)).costs
-    alone = assemble_llm_plan(costs, evaluate_placement(costs, (0, 6, 6)), method="manual")
+    alone = plan_llm_at("llama_tiny", topology, (0, 6, 6),
+                        LLMWorkload(prompt_tokens=len(PROMPT), new_tokens=3, max_context=16))
     path = tmp_path / "plan.json"
     alone.save(path)
     result = CliRunner().invoke(app, ["llm", "generate", str(path), "--prompt-ids",

@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain, get_topology
-from edgesplit.llm import LLMChainCosts, LLMWorkload, describe_causal_lm, plan_llm
+from edgesplit.llm import LLMChainCosts, LLMWorkload, describe_causal_lm, plan_llm, plan_llm_at
 from edgesplit.llm.planning.costs import SendCost
 from edgesplit.llm.planning.placement import (
     best_single_device,
@@ -221,6 +221,17 @@ def test_plan_contract_and_round_trip(tmp_path):
     data["llm"]["stages"][0]["start"] = 1
     with pytest.raises(ValueError, match="stage"):
         Plan.model_validate(data)
+
+
+def test_a_plan_at_given_boundaries_is_the_plan_of_that_placement():
+    """plan_llm_at prices and assembles as plan_llm does: at each method's boundaries it
+    gives that method's Plan (all but the reason a baseline carries)."""
+    topology, workload = get_topology("jmsnas-chain"), LLMWorkload(prompt_tokens=12, new_tokens=5)
+    result = plan_llm("gpt2_tiny", topology, workload)
+    for method, placement in result.placements.items():
+        plan = plan_llm_at("gpt2_tiny", topology, placement.boundaries, workload, method=method)
+        assert plan.model_dump(exclude={"reason"}) == \
+            result.plans[method].model_dump(exclude={"reason"})
 
 
 def test_evaluate_rejects_malformed_boundaries():

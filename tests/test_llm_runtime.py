@@ -20,10 +20,8 @@ import torch
 from conftest import perturbed
 from edgesplit.errors import ConfigError, ContextLimitError, SessionError
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.kv_sessions import OWNER_KEY
 from edgesplit.llm.stage.server import LLMStageServer
 from edgesplit.llm.stage.wire import END_SESSION, POSITION, message
@@ -58,10 +56,9 @@ def _plan(model: str, boundaries: tuple[int, ...], *, sessions: int = 1,
     full = get_topology("home-wifi")
     m = len(boundaries) - 1
     topology = chain("test", full.devices[:m], [tl.link for tl in full.links[:m - 1]])
-    costs = plan_llm(model, topology, LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW,
-                                                  max_context=max_context,
-                                                  sessions=sessions)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, boundaries), method="test")
+    return plan_llm_at(model, topology, boundaries,
+                       LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW, max_context=max_context,
+                                   sessions=sessions), method="test")
 
 
 def _reference(model: torch.nn.Module, prompt: torch.Tensor, new: int = NEW) -> list[int]:

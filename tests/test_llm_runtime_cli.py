@@ -14,9 +14,7 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import create_causal_lm
 
 runner = CliRunner()
@@ -28,9 +26,8 @@ def plan_file(tmp_path_factory):
     """llama_tiny split after block.1 over home-wifi's phone and laptop."""
     full = get_topology("home-wifi")
     topology = chain("two", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("llama_tiny", topology, LLMWorkload(prompt_tokens=6, new_tokens=8,
-                                                         max_context=24)).costs
-    plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="manual")
+    plan = plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=6, new_tokens=8, max_context=24))
     path = tmp_path_factory.mktemp("llm") / "plan.json"
     plan.save(path)
     return path

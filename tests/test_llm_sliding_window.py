@@ -17,12 +17,10 @@ import torch
 from conftest import perturbed
 from edgesplit.errors import ConfigError, cli_options
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
+from edgesplit.llm import LLMWorkload, plan_llm, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.model.checkpoint import open_checkpoint
 from edgesplit.llm.model.description import describe_causal_lm
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
 from edgesplit.llm.stage.compute import LLMStageModel
 from edgesplit.llm.stage.server import LLMStageServer, head_stage
 from edgesplit.models.causal_lm import causal_lm_config
@@ -81,9 +79,9 @@ def reference(folder):
 def _plan(folder: Path, max_context: int = LIMIT) -> Plan:
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
-    costs = plan_llm(str(folder), topology, LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW,
-                                                        max_context=max_context)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="test")
+    return plan_llm_at(str(folder), topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW, max_context=max_context),
+                       method="test")
 
 
 def _generate(model, prompt: list[int], new: int) -> list[int]:

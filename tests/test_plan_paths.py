@@ -15,9 +15,7 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm
-from edgesplit.llm.planning.assemble import assemble_llm_plan
-from edgesplit.llm.planning.placement import evaluate_placement
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan import load_plan
 from edgesplit.runtime import plan_id
@@ -36,9 +34,8 @@ def made_in(tmp_path_factory) -> Path:
     topology = chain("two", full.devices[:2], [full.links[0].link])
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        costs = plan_llm("ckpt", topology, LLMWorkload(prompt_tokens=4, new_tokens=4,
-                                                       max_context=16)).costs
-        plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="manual")
+        plan = plan_llm_at("ckpt", topology, (0, 3, 6),
+                           LLMWorkload(prompt_tokens=4, new_tokens=4, max_context=16))
         (root / "plans").mkdir()
         plan.save("plans/plan.json")
     return root

@@ -4,7 +4,8 @@ OpenAI-compatible API.
 - ``model/``: what a causal LM is before any device (``CausalLM``, ``describe_causal_lm``),
   and real checkpoints;
 - ``planning/``: its blocks placed on a chain of devices (``plan_llm``: the exact DP and its
-  baselines), each placement a ``Plan`` with an ``llm`` section;
+  baselines; ``plan_llm_at``: at given boundaries), each placement a ``Plan`` with an ``llm``
+  section;
 - ``stage/``: one stage's compute, KV sessions, messages and server (``LLMStageServer``);
 - ``generate/``: the client that drives the chain (``LLMClient``) and the engine that puts
   text in and out (``LLMEngine``);
@@ -36,7 +37,13 @@ from edgesplit.llm.model.description import CausalLM, Phase, describe_causal_lm
 from edgesplit.llm.planning.assemble import assemble_llm_plan
 from edgesplit.llm.planning.costs import LLMChainCosts, LLMWorkload
 from edgesplit.llm.planning.placement import StagePlacement, evaluate_placement
-from edgesplit.llm.planning.plan import LLM_METHODS, LLMPlanning, llm_plan_document, plan_llm
+from edgesplit.llm.planning.plan import (
+    LLM_METHODS,
+    LLMPlanning,
+    llm_plan_document,
+    plan_llm,
+    plan_llm_at,
+)
 from edgesplit.llm.stage.sampling import Sampling
 from edgesplit.llm.stage.server import LLMStageServer
 
@@ -60,5 +67,6 @@ __all__ = [
     "llm_plan_document",
     "open_engine",
     "plan_llm",
+    "plan_llm_at",
     "plan_tokenizer",
 ]

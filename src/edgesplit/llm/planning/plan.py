@@ -1,5 +1,6 @@
 """Plan a causal LM over a chain of devices: the exact stage placement and its baselines, as
-Plans, and the ``edgesplit llm plan --json`` document.
+Plans (:func:`plan_llm`), a placement given by its boundaries (:func:`plan_llm_at`), and the
+``edgesplit llm plan --json`` document.
 
 LLM placement is not a planner of the registry (``get_planner``): those plan a captured
 LayerGraph for one forward pass, while this plans a causal LM's blocks for two phases (prefill
@@ -8,7 +9,7 @@ and decode) with KV caches, from its config alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,13 @@ from edgesplit.llm.planning.placement import (
     StagePlacement,
     best_single_device,
     equal_split,
+    evaluate_placement,
     memory_proportional,
     solve_placement,
 )
 from edgesplit.plan.model import PLAN_VERSION, Plan
 
-__all__ = ["LLM_METHODS", "LLMPlanning", "llm_plan_document", "plan_llm"]
+__all__ = ["LLM_METHODS", "LLMPlanning", "llm_plan_document", "plan_llm", "plan_llm_at"]
 
 # In table order: the optimum first, then the baselines it is compared with.
 LLM_METHODS: dict[str, Callable[[LLMChainCosts], StagePlacement]] = {
@@ -65,12 +67,30 @@ def plan_llm(model: Any, topology: Topology, workload: LLMWorkload | None = None
     :class:`CausalLM`, whose own dtype then applies) on the chain ``topology``.
     InfeasibleError if no placement fits the devices' memory; the baselines are returned even
     when they do not fit (``feasible=False``, the reason naming the device)."""
-    lm = model if isinstance(model, CausalLM) else describe_causal_lm(model, dtype=dtype)
-    costs = LLMChainCosts.build(lm, topology, workload or LLMWorkload(), estimators=estimators)
+    costs = _costs(model, topology, workload, dtype, estimators)
     placements = {name: method(costs) for name, method in LLM_METHODS.items()}
     plans = {name: assemble_llm_plan(costs, p, method=name, reason=_REASONS.get(name))
              for name, p in placements.items()}
     return LLMPlanning(costs, placements, plans)
+
+
+def plan_llm_at(model: Any, topology: Topology, boundaries: Sequence[int],
+                workload: LLMWorkload | None = None, *, dtype: str = "float32",
+                method: str = "manual",
+                estimators: Mapping[str, LatencyEstimator] | None = None) -> Plan:
+    """``model`` split at ``boundaries`` on the chain ``topology``, priced and assembled as
+    :func:`plan_llm` prices its placements, without searching: device m runs blocks
+    ``boundaries[m]:boundaries[m + 1]`` (0 first and the model's block count last, one more
+    than devices; an empty range holds nothing). ``method`` names the placement in the Plan.
+    A placement that does not fit the devices' memory is returned with ``feasible=False``."""
+    costs = _costs(model, topology, workload, dtype, estimators)
+    return assemble_llm_plan(costs, evaluate_placement(costs, boundaries), method=method)
+
+
+def _costs(model: Any, topology: Topology, workload: LLMWorkload | None, dtype: str,
+           estimators: Mapping[str, LatencyEstimator] | None) -> LLMChainCosts:
+    lm = model if isinstance(model, CausalLM) else describe_causal_lm(model, dtype=dtype)
+    return LLMChainCosts.build(lm, topology, workload or LLMWorkload(), estimators=estimators)
 
 
 def llm_plan_document(result: LLMPlanning) -> dict[str, Any]:
