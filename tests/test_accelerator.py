@@ -15,7 +15,6 @@ import sys
 import pytest
 import torch
 
-from conftest import perturbed
 from edgesplit.errors import EdgesplitError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
@@ -24,6 +23,7 @@ from edgesplit.hardware.profile import profile_graph
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import get_backend
+from helpers import perturbed
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")

@@ -11,7 +11,7 @@ runs one token against a cache of L tokens. Each block's work in a phase is a li
 analytically from the config, with the conventions of :mod:`edgesplit.graph.ops`: a matmul is
 ``tokens x in x out`` MACs and 2 FLOPs per MAC (+1 per output for a bias), attention
 ``heads x tokens x context x 2 x head_dim`` MACs (QK^T and AV over the whole context, what
-the math and most CPU kernels compute). ``tests/test_llm_model.py`` checks the MACs against
+the math and most CPU kernels compute). ``tests/llm/test_llm_model.py`` checks the MACs against
 ``torch.utils.flop_counter`` on real models, the parameters against the modules and the KV
 cache against a ``DynamicCache`` after a forward pass.
 

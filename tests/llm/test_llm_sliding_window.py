@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import perturbed
 from edgesplit.errors import ConfigError, cli_options
 from edgesplit.hardware import chain, get_topology
 from edgesplit.llm import LLMWorkload, plan_llm, plan_llm_at
@@ -25,6 +24,7 @@ from edgesplit.llm.stage.compute import LLMStageModel
 from edgesplit.llm.stage.server import LLMStageServer, head_stage
 from edgesplit.models.causal_lm import causal_lm_config
 from edgesplit.plan.model import Plan
+from helpers import perturbed
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

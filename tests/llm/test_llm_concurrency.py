@@ -18,8 +18,6 @@ import pytest
 import torch
 
 from edgesplit.errors import SessionError, SessionOwnerError, SessionsBusyError
-from edgesplit.hardware import chain, get_topology
-from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.stage.kv_sessions import LLMSessions
 from edgesplit.llm.stage.server import LLMStageServer
@@ -38,13 +36,10 @@ def model() -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def plan() -> Plan:
-    """llama_tiny over home-wifi's phone (the client) and laptop (the served head)."""
-    full = get_topology("home-wifi")
-    topology = chain("two", full.devices[:2], [full.links[0].link])
-    return plan_llm_at("llama_tiny", topology, (0, 3, 6),
-                       LLMWorkload(prompt_tokens=4, new_tokens=2, max_context=16),
-                       method="test")
+def plan(two_stage_plan: Plan) -> Plan:
+    """The shared llama_tiny over home-wifi's phone (the client) and laptop (the served
+    head): conftest.py's two_stage_plan."""
+    return two_stage_plan
 
 
 class Gate:

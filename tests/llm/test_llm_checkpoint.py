@@ -467,9 +467,9 @@ def test_a_prompt_past_the_max_context_is_refused_before_anything_runs(france, r
         assert len(client.sessions) == 0 and client.held() == []
 
 
-def test_a_random_weights_plan_has_no_tokenizer():
+def test_a_random_weights_plan_has_no_tokenizer(two_stage_plan):
     with pytest.raises(ConfigError, match="random weights") as info:
-        plan_tokenizer(_plan((0, 3, 6), model="llama_tiny"))
+        plan_tokenizer(two_stage_plan)
     _one_line(info)
 
 

@@ -17,7 +17,6 @@ import grpc
 import pytest
 import torch
 
-from conftest import perturbed
 from edgesplit.errors import ConfigError, ContextLimitError, SessionError
 from edgesplit.hardware import chain, get_topology
 from edgesplit.llm import LLMWorkload, plan_llm_at
@@ -30,10 +29,11 @@ from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import Hop
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import SESSION_KEY
+from helpers import perturbed
 
 PROMPT = 8
 NEW = 10
-MAX_CONTEXT = 32
+MAX_CONTEXT = 32  # PROMPT, NEW and MAX_CONTEXT are two_stage_plan's too (conftest.py)
 # one tiny model per supported family (llama_tiny and gpt2_tiny also run the session tests)
 FAMILIES = ("llama_tiny", "gpt2_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny", "gemma_tiny",
             "phi3_tiny")
@@ -171,9 +171,9 @@ def test_over_sockets_and_the_data_plane(models):
 
 
 # ---- sessions -------------------------------------------------------------------------------
-def test_context_limit_is_checked_before_anything_runs(models):
+def test_context_limit_is_checked_before_anything_runs(models, two_stage_plan):
     model = models["llama_tiny"]
-    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    line = Chain(two_stage_plan, model)
     try:
         with line.client() as client:
             prompt = _prompt(model, 1, n=30)
@@ -198,9 +198,9 @@ def _raw(server: LLMStageServer, tensors: dict[str, torch.Tensor], session: str 
     return hop.run(message(plan_id or server.plan_id, PLAN_VERSION, 1, tensors), 10.0, md)
 
 
-def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models):
+def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models, two_stage_plan):
     model = models["llama_tiny"]
-    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    line = Chain(two_stage_plan, model)
     server = line.servers[0]
     try:
         with line.client(session="s1") as client:
@@ -311,11 +311,11 @@ def test_wrong_hidden_shape(models):
         line.stop()
 
 
-def test_a_non_finite_hidden_state_is_refused_before_the_cache(models):
+def test_a_non_finite_hidden_state_is_refused_before_the_cache(models, two_stage_plan):
     """A NaN stored in a stage's KV cache made every later token of the session 0 without an
     error (issue 39): it is refused, nothing cached, and the session goes on."""
     model = models["llama_tiny"]
-    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    line = Chain(two_stage_plan, model)
     server, hidden = line.servers[0], model.config.hidden_size
     try:
         good = torch.randn(1, 2, hidden)
@@ -431,12 +431,12 @@ def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails
 
 
 # ---- issue 39: sessions bound to their creator, finite caches, context limits ----------------
-def test_a_session_is_refused_to_any_other_secret_and_to_none(models):
+def test_a_session_is_refused_to_any_other_secret_and_to_none(models, two_stage_plan):
     """Every step and end carries the session's secret: without one INVALID_ARGUMENT before
     anything is allocated; with another PERMISSION_DENIED, whether it continues, opens the id
     afresh (never joined) or ends it; the owner's cache stays as it was."""
     model = models["llama_tiny"]
-    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    line = Chain(two_stage_plan, model)
     server, hidden = line.servers[0], model.config.hidden_size
     step = {"block.1.out": torch.randn(1, 3, hidden), POSITION: torch.tensor([0])}
     try:
@@ -459,12 +459,12 @@ def test_a_session_is_refused_to_any_other_secret_and_to_none(models):
         line.stop()
 
 
-def test_a_client_on_another_clients_session_gets_a_session_owner_error(models):
+def test_a_client_on_another_clients_session_gets_a_session_owner_error(models, two_stage_plan):
     """The client's error is SessionOwnerError, at once: no re-prefill from position 0."""
     from edgesplit.errors import SessionOwnerError
 
     model = models["llama_tiny"]
-    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    line = Chain(two_stage_plan, model)
     prompt = _prompt(model, 2)[0].tolist()
     try:
         with line.client(session="x") as owner, line.client(session="x") as other:
@@ -500,13 +500,13 @@ def test_owner_digests_are_compared_in_constant_time(monkeypatch):
     assert sessions.end("s", mine)
 
 
-def test_a_stage_whose_blocks_overflow_caches_nothing(models):
+def test_a_stage_whose_blocks_overflow_caches_nothing(models, two_stage_plan):
     """A finite hidden state that the stage's own blocks turn into NaN/inf (a half-precision
     overflow, broken weights) used to be cached: refused, and the cache keeps its length."""
     import copy
 
     model = copy.deepcopy(models["llama_tiny"])  # the shared weights stay unbroken
-    line = Chain(_plan("llama_tiny", (0, 3, 6)), model)
+    line = Chain(two_stage_plan, model)
     server, hidden = line.servers[0], model.config.hidden_size
     try:
         _raw(server, {"block.1.out": torch.randn(1, 2, hidden), POSITION: torch.tensor([0])},
@@ -525,13 +525,13 @@ def test_a_stage_whose_blocks_overflow_caches_nothing(models):
         line.stop()
 
 
-def test_a_step_over_the_context_is_out_of_range_as_documented(models):
+def test_a_step_over_the_context_is_out_of_range_as_documented(models, two_stage_plan):
     """README: past the plan's max context a step fails OUT_OF_RANGE; a step carrying more
     tokens than the context got INVALID_ARGUMENT (token ids: over the wire bound; a float32
     hidden state: the shape check)."""
     model = models["llama_tiny"]
     line = Chain(_plan("llama_tiny", (0, 0, 3, 6)), model)  # the laptop takes input_ids
-    mid = Chain(_plan("llama_tiny", (0, 3, 6)), model)  # the laptop takes a hidden state
+    mid = Chain(two_stage_plan, model)  # the laptop takes a hidden state
     too_long = MAX_CONTEXT + 1
     try:
         for server, tensors in [
@@ -549,7 +549,7 @@ def test_a_step_over_the_context_is_out_of_range_as_documented(models):
         mid.stop()
 
 
-def test_a_max_context_past_the_models_positions_is_refused(models, tmp_path):
+def test_a_max_context_past_the_models_positions_is_refused(models, tmp_path, two_stage_plan):
     """An edited plan's max_context past the model's positions failed with a traceback (or
     gRPC's message limit) only when served: refused on loading, on serving (against the
     model itself) and when its largest step passes what a message carries."""
@@ -557,7 +557,7 @@ def test_a_max_context_past_the_models_positions_is_refused(models, tmp_path):
     from edgesplit.plan import load_plan
 
     model = models["llama_tiny"]
-    plan = _plan("llama_tiny", (0, 3, 6))
+    plan = two_stage_plan
     assert plan.llm is not None
     positions = model.config.max_position_embeddings
     doc = plan.model_dump(mode="json")

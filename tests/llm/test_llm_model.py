@@ -169,7 +169,7 @@ def test_other_families_are_refused_in_one_line_naming_the_supported(name):
 ])
 def test_sliding_windows_are_recorded_as_the_model_reads_them(name, fields, window):
     """A window is planned as full attention (only contexts it leaves full attention are:
-    tests/test_llm_sliding_window.py), so the blocks are those without it."""
+    tests/llm/test_llm_sliding_window.py), so the blocks are those without it."""
     from transformers import AutoConfig
 
     fields = {**causal_lm_config(name).to_dict(), **fields}
