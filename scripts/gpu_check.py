@@ -87,16 +87,13 @@ def _llm(tmp: Path, out: Path, where: str = "cuda") -> dict[str, Any]:
     import torch
 
     from edgesplit.hardware import chain, get_topology
+    from edgesplit.llm import LLMWorkload, plan_llm_at
     from edgesplit.models.causal_lm import create_causal_lm
-    from edgesplit.plan import LLMWorkload, plan_llm
-    from edgesplit.plan.llm_assemble import assemble_llm_plan
-    from edgesplit.plan.llm_placement import evaluate_placement
 
     full = get_topology("home-wifi")
     topology = chain("gpu-check", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("llama_tiny", topology,
-                     LLMWorkload(prompt_tokens=8, new_tokens=16, max_context=64)).costs
-    plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="manual")
+    plan = plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=8, new_tokens=16, max_context=64))
     path = tmp / "llm.json"
     path.write_text(plan.model_dump_json())
     model = create_causal_lm("llama_tiny")  # seed 0: the weights every stage builds

@@ -15,7 +15,6 @@ import sys
 import pytest
 import torch
 
-from conftest import perturbed
 from edgesplit.errors import EdgesplitError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
@@ -24,6 +23,7 @@ from edgesplit.hardware.profile import profile_graph
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import get_backend
+from helpers import perturbed
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -155,15 +155,13 @@ def test_a_profile_on_the_gpu_times_every_layer():
 
 # ---- an LLM stage -----------------------------------------------------------------------------
 def _llm_plan():
-    from edgesplit.plan import LLMWorkload, plan_llm
-    from edgesplit.plan.llm_assemble import assemble_llm_plan
-    from edgesplit.plan.llm_placement import evaluate_placement
+    from edgesplit.llm import LLMWorkload, plan_llm_at
 
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
-    costs = plan_llm("llama_tiny", topology,
-                     LLMWorkload(prompt_tokens=8, new_tokens=10, max_context=32)).costs
-    return assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="test")
+    return plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                       LLMWorkload(prompt_tokens=8, new_tokens=10, max_context=32),
+                       method="test")
 
 
 def _perturbed_llama():
@@ -175,8 +173,8 @@ def _perturbed_llama():
 def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     """Greedy tokens of a 2-stage split whose second stage computes on ``device``, and
     single-process generate's on the CPU."""
-    from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_server import LLMStageServer
+    from edgesplit.llm.generate.client import LLMClient
+    from edgesplit.llm.stage.server import LLMStageServer
 
     plan, model = _llm_plan(), _perturbed_llama()
     prompt = torch.randint(0, model.config.vocab_size, (1, 8),

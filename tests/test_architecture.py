@@ -58,19 +58,22 @@ ALLOWED: dict[str, set[str]] = {
     "validation": {"errors"},
     "data": {"errors", "registry"},
     "models": {"errors", "registry", "data"},  # data: the cache folder, the tokenizer
-    "graph": {"errors", "units", "models"},  # models: a causal LM's config and checkpoint by name
+    "graph": {"errors", "units", "models"},  # models: a built-in model captured by name
     "hardware": {"errors", "registry", "units", "validation", "data", "graph"},  # data: cache
     "quant": {"errors", "data", "graph"},  # data: the evaluation sets the quality meter reads
     "plan": {"errors", "registry", "validation", "data", "graph", "hardware", "quant"},
     "transport": {"errors", "hardware"},  # hardware: a Link to shape, the thread pool to free
-    "runtime": {"errors", "registry", "data", "models", "graph", "hardware", "quant", "plan",
-                "transport"},
+    "runtime": {"errors", "registry", "data", "graph", "hardware", "quant", "plan", "transport"},
+    # the split LLM over all of them: models for causal LMs by name, data for the checkpoint
+    # cache, runtime and transport for the stage server and the client
+    "llm": {"errors", "data", "models", "graph", "hardware", "quant", "plan", "transport",
+            "runtime"},
     "train": {"errors", "data", "models", "graph", "hardware", "quant", "plan", "transport",
               "runtime"},
     "nas": {"errors", "registry", "units", "data", "graph", "hardware", "plan"},
-    "report": {"errors", "models", "graph", "hardware", "plan", "nas"},
+    "report": {"errors", "models", "graph", "hardware", "plan", "llm", "nas"},
     "cli": {"errors", "units", "data", "models", "graph", "hardware", "plan", "transport",
-            "runtime", "train", "nas", "report"},
+            "runtime", "llm", "train", "nas", "report"},
     "edgesplit": {"graph"},  # the facade's lazy split_point
 }
 
@@ -162,6 +165,30 @@ def test_nas_systems_share_only_the_core():
                 and _nas_part(i.target) not in (None, "core", _nas_part(i.source))]
     assert not problems, ("\n".join(problems) + "\n(move what two systems need into the core "
                           "at nas/'s root)")
+
+
+LLM_PARTS = ("model", "planning", "stage", "generate", "api")  # lowest first
+
+
+def _llm_part(module: str) -> int | None:
+    """The rank of an ``llm`` module's sub-package in LLM_PARTS; -1 for ``edgesplit.llm``
+    itself (its ``__init__``, which re-exports the parts), None outside ``llm``."""
+    parts = module.split(".")
+    if parts[:2] != ["edgesplit", "llm"]:
+        return None
+    return LLM_PARTS.index(parts[2]) if len(parts) > 2 else -1
+
+
+def test_llm_parts_import_only_those_before_them():
+    """docs/architecture.md's llm package: a sub-package per job, each importing only the
+    parts before it in LLM_PARTS (and itself), never the package's re-exports."""
+    tree = _tree()
+    problems = [f"{where(tree, i.source, i.line)}: {i.source} imports {i.target}"
+                for i in tree.imports
+                if (src := _llm_part(i.source)) is not None and src >= 0
+                and (dst := _llm_part(i.target)) is not None and not 0 <= dst <= src]
+    assert not problems, ("\n".join(problems) + "\n(a part imports only the parts before it; "
+                          "move what two parts need into the lower one)")
 
 
 # --- the checker on small synthetic trees ------------------------------------------------------

@@ -12,13 +12,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import captured
 from edgesplit.cli import app
 from edgesplit.hardware import AnalyticalCompute, Device, LayerWork, RooflineEstimator
 from edgesplit.hardware.calibrate import calibrate_roofline, fit_roofline
 from edgesplit.hardware.device import MemoryTier
 from edgesplit.plan.codec import measure_wire_codec
 from edgesplit.report.hardware_tables import calibration_table
+from helpers import captured
 
 TRUE = AnalyticalCompute(peak_gops={32: 50.0}, memory_bandwidth_gb_per_s=4.0,
                          efficiency={"conv": 0.4, "matmul": 0.6, "dwconv": 0.05,

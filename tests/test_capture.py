@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import captured
 from edgesplit.errors import CaptureError, ConfigError, UnknownNameError
 from edgesplit.graph import capture, load_program, parse_shape
 from edgesplit.models import create_model
+from helpers import captured
 
 
 class ConvBNReLU(nn.Module):

@@ -30,8 +30,8 @@ from edgesplit.hardware import AnalyticalCompute, Device, Link, chain
 from edgesplit.nas.jmsnas import chain_latency
 from edgesplit.nas.jmsnas.chain_latency import _relay_ms
 from edgesplit.plan import multisplit
-from edgesplit.plan.llm_costs import LLMChainCosts, LLMWorkload, SendCost
-from edgesplit.plan.llm_placement import _Tables, evaluate_placement, solve_placement
+from edgesplit.llm.planning.costs import LLMChainCosts, LLMWorkload, SendCost
+from edgesplit.llm.planning.placement import _Tables, evaluate_placement, solve_placement
 from edgesplit.plan.multisplit import ChainAssignment, ChainCosts, evaluate_boundaries
 
 SETTINGS = settings(max_examples=150, deadline=None,

@@ -13,12 +13,25 @@ from typer.testing import CliRunner
 from edgesplit.cli import app
 from edgesplit.cli._app import connection_limits
 from edgesplit.errors import ConfigError
+from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.transport.limits import ConnectionLimits
-from test_llm_runtime_cli import plan_file  # noqa: F401  (llama_tiny, phone and laptop)
 
 runner = CliRunner()
 FLAGS = ["--hello-timeout-s", "0.3", "--idle-timeout-s", "40", "--frame-timeout-s", "7",
          "--pending-bytes", "64MiB"]
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    """llama_tiny split after block.1 over home-wifi's phone and laptop, saved (the plan
+    tests/llm/test_llm_runtime_cli.py serves)."""
+    full = get_topology("home-wifi")
+    topology = chain("two", full.devices[:2], [full.links[0].link])
+    path = tmp_path_factory.mktemp("llm") / "plan.json"
+    plan_llm_at("llama_tiny", topology, (0, 3, 6),
+                LLMWorkload(prompt_tokens=6, new_tokens=8, max_context=24)).save(path)
+    return path
 
 
 def test_no_flag_keeps_the_servers_defaults_and_given_ones_override_only_themselves():
@@ -42,7 +55,7 @@ def _silent_caller_is_cut_off(seen: dict):
 
 
 @pytest.mark.parametrize("command", ["serve", "llm serve"])
-def test_a_server_started_from_the_cli_applies_the_flags(command, digits_chain, plan_file,  # noqa: F811
+def test_a_server_started_from_the_cli_applies_the_flags(command, digits_chain, plan_file,
                                                          tmp_path, monkeypatch):
     import edgesplit.runtime.transport
     import edgesplit.transport

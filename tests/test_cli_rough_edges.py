@@ -19,10 +19,8 @@ from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
 from edgesplit.hardware.files import load_device, load_link, load_topology
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import causal_lm_config
-from edgesplit.plan import LLMWorkload, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
 
 runner = CliRunner()
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "split the model over devices"]
@@ -94,18 +92,17 @@ def talking(tmp_path_factory) -> Path:
                                                              safe_serialization=True)
     tokenizer.save_pretrained(root / "ckpt")
     full = get_topology("home-wifi")
-    costs = plan_llm(str(root / "ckpt"), chain("two", full.devices[:2], [full.links[0].link]),
-                     LLMWorkload(prompt_tokens=4, new_tokens=4, max_context=32)).costs
-    assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)),
-                      method="manual").save(root / "plan.json")
+    plan_llm_at(str(root / "ckpt"), chain("two", full.devices[:2], [full.links[0].link]),
+                (0, 3, 6), LLMWorkload(prompt_tokens=4, new_tokens=4, max_context=32)
+                ).save(root / "plan.json")
     return root / "plan.json"
 
 
 @pytest.fixture(scope="module")
 def laptop(talking):
     """The plan's second stage served in this process, with a token."""
+    from edgesplit.llm.stage.server import LLMStageServer
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.llm_server import LLMStageServer
 
     server = LLMStageServer(load_plan(talking), "laptop", token="sesame", data_port=None)
     port = server.start("127.0.0.1", 0)
@@ -166,10 +163,9 @@ def test_generate_json_has_the_text_and_the_prompt_text(talking, laptop):
 def test_generate_json_of_random_weights_has_no_text(tmp_path):
     """A plan of a model by name has no tokenizer: its text fields are null."""
     full = get_topology("home-wifi")
-    costs = plan_llm("llama_tiny", chain("one", full.devices[:1], []),
-                     LLMWorkload(prompt_tokens=4, new_tokens=2, max_context=16)).costs
-    assemble_llm_plan(costs, evaluate_placement(costs, (0, 6)),
-                      method="manual").save(tmp_path / "plan.json")
+    plan_llm_at("llama_tiny", chain("one", full.devices[:1], []), (0, 6),
+                LLMWorkload(prompt_tokens=4, new_tokens=2, max_context=16)
+                ).save(tmp_path / "plan.json")
     result = runner.invoke(app, ["llm", "generate", str(tmp_path / "plan.json"),
                                  "--prompt-ids", "5,6,7", "-n", "2", "--json"])
     assert result.exit_code == 0, result.output

@@ -219,7 +219,7 @@ def test_raw_input_read_late_crosses_with_the_cut():
 
 
 def test_prefix_memory_sweep_on_real_models():
-    from conftest import captured
+    from helpers import captured
 
     for name in ("resnet18", "bert_mini"):
         graph = captured(name)

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import fake_fashion_mnist, rgb_folder, write_idx
 from edgesplit.data import list_datasets, load_dataset
 from edgesplit.data.images import (
     FolderImages,
@@ -28,6 +27,7 @@ from edgesplit.data.images import (
     read_idx,
 )
 from edgesplit.errors import ConfigError
+from helpers import fake_fashion_mnist, rgb_folder, write_idx
 
 
 @pytest.fixture

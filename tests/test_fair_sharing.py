@@ -9,7 +9,7 @@
    of the token sent, so a right token is refused only under a guesser fast enough to get the
    throttle's whole guess rate.
 
-Other hosts are reached through a relay bound to 127.0.0.2 and up (conftest.Relay), or a
+Other hosts are reached through a relay bound to 127.0.0.2 and up (helpers.Relay), or a
 loopback channel that names another peer. The throttle runs on an injected clock: nothing
 here asserts a time.
 """
@@ -24,7 +24,6 @@ import grpc
 import pytest
 import torch
 
-from conftest import Relay
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
@@ -32,6 +31,7 @@ from edgesplit.runtime.star import JOIN_KEY
 from edgesplit.runtime.transport import PartitionServer
 from edgesplit.transport.auth import AuthThrottle, bearer_metadata
 from edgesplit.transport.frames import REPLY
+from helpers import Relay
 from test_dataplane_limits import _answer, _connect, _head, _meta, _server
 from test_runtime_star import (  # noqa: F401 - fixtures
     SENSORS,

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import captured
 from edgesplit.graph import capture
 from edgesplit.quant.fakequant import (
     calibrate,
@@ -17,6 +16,7 @@ from edgesplit.quant.fakequant import (
     fake_quantize,
     quantize_weight,
 )
+from helpers import captured
 
 
 @pytest.mark.parametrize("bits", [2, 4, 6, 8])

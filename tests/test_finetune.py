@@ -12,7 +12,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import fake_fashion_mnist
 from edgesplit.cli import app
 from edgesplit.data.images import load_images
 from edgesplit.errors import ConfigError
@@ -24,6 +23,7 @@ from edgesplit.train.finetune import (
     finetune,
     predictions,
 )
+from helpers import fake_fashion_mnist
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def test_an_evaluation_oracle_cuts_in_the_middle(bench):
 
 
 def test_oracle_cut_kinds_follow_the_bandwidth():
-    from conftest import captured
+    from helpers import captured
 
     graph = captured("alexnet")
     pi, server = get_device("raspberry-pi-4"), get_device("gtx1080ti-server")

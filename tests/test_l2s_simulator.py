@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import captured
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import get_device
 from edgesplit.train.simulator import (
@@ -16,6 +15,7 @@ from edgesplit.train.simulator import (
     simulate,
     training_costs,
 )
+from helpers import captured
 
 
 @pytest.fixture(scope="module")

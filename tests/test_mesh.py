@@ -154,7 +154,7 @@ def test_fast_parallel_devices_run_the_branches_side_by_side(two_heads):
 
 
 def test_jmsnas_mesh_runs_for_googlenet():
-    from conftest import captured
+    from helpers import captured
 
     graph = captured("googlenet")
     assert len(parallel_regions(graph)) == 9  # the nine inception blocks

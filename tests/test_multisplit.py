@@ -103,7 +103,7 @@ def test_throughput_bound_below_fastest_is_named():
 
 @pytest.mark.parametrize("model", ["mobilenet_v2", "resnet50"])
 def test_jmsnas_chain_setting(model):
-    from conftest import captured
+    from helpers import captured
 
     graph = captured(model)
     topo = get_topology("jmsnas-chain")

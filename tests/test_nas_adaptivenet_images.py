@@ -11,12 +11,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import fake_fashion_mnist
 from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.nas.adaptivenet.checkpoint import build_supernet, load_supernet
 from edgesplit.nas.adaptivenet.data import HOLDOUT, StreamedPart, load_elastic_data
 from edgesplit.nas.adaptivenet.run import trained_data
+from helpers import fake_fashion_mnist
 
 SPEC = "fashion-mnist:size=32,channels=1"
 TRAIN, TEST = HOLDOUT + 200, 300

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import rgb_folder
 from edgesplit.cli import app
 from edgesplit.data.training import load_labelled
 from edgesplit.nas.jmsnas import HeadSpec, SearchSpace, StemSpec
 from edgesplit.plan import load_plan
 from edgesplit.runtime.program import PlanProgram
+from helpers import rgb_folder
 
 TINY = SearchSpace.from_stages("tiny-jmsnas", (1, 32, 32), 10, stem=StemSpec(8, stride=2),
                                stages=[(8, 1, 2), (16, 1, 2)], head=HeadSpec(0))

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import rgb_folder
 from edgesplit.cli import app
 from edgesplit.data.training import load_labelled
 from edgesplit.nas.splitnets import PhaseSpec, SplitSpace
 from edgesplit.plan import load_plan
+from helpers import rgb_folder
 
 TINY = SplitSpace("tiny-split-cli", 1, 10, (8, 16), (4,),
                   (PhaseSpec((6, 8), (1, 3), (1,), (0, 1), (2, 3)),

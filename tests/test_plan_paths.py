@@ -15,10 +15,9 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.hardware import chain, get_topology
+from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import create_causal_lm
-from edgesplit.plan import LLMWorkload, load_plan, plan_llm
-from edgesplit.plan.llm_assemble import assemble_llm_plan
-from edgesplit.plan.llm_placement import evaluate_placement
+from edgesplit.plan import load_plan
 from edgesplit.runtime import plan_id
 
 runner = CliRunner()
@@ -35,9 +34,8 @@ def made_in(tmp_path_factory) -> Path:
     topology = chain("two", full.devices[:2], [full.links[0].link])
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        costs = plan_llm("ckpt", topology, LLMWorkload(prompt_tokens=4, new_tokens=4,
-                                                       max_context=16)).costs
-        plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 3, 6)), method="manual")
+        plan = plan_llm_at("ckpt", topology, (0, 3, 6),
+                           LLMWorkload(prompt_tokens=4, new_tokens=4, max_context=16))
         (root / "plans").mkdir()
         plan.save("plans/plan.json")
     return root
@@ -50,8 +48,8 @@ def test_a_path_given_relative_is_stored_relative_to_the_plan_file(made_in):
 
 def test_the_readme_llm_client_snippet_runs_from_another_folder(made_in, tmp_path,
                                                                 monkeypatch):
-    from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_server import LLMStageServer
+    from edgesplit.llm.generate.client import LLMClient
+    from edgesplit.llm.stage.server import LLMStageServer
 
     monkeypatch.chdir(tmp_path)  # no ckpt here: it is found beside the plan
     path = made_in / "plans" / "plan.json"

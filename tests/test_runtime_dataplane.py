@@ -19,7 +19,6 @@ import grpc
 import pytest
 import torch
 
-from conftest import self_signed
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link
@@ -37,6 +36,7 @@ from edgesplit.runtime.transport import (
 )
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
+from helpers import self_signed
 from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
 
 pytestmark = pytest.mark.xdist_group("runtime")

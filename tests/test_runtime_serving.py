@@ -104,8 +104,8 @@ def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_uncomputed(prog
 
 def test_tls_with_a_token_end_to_end(program, tmp_path):
     """A self-signed certificate (made with the openssl command line) secures the hop."""
-    from conftest import self_signed
     from edgesplit.errors import RemoteError
+    from helpers import self_signed
 
     tls, ca = self_signed(tmp_path)
     server = PartitionServer(program, "cloud", shape=False, tls=tls, token="s3cret")

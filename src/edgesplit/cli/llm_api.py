@@ -99,10 +99,10 @@ def api(
     runs here, the rest on the `llm serve` chain at --server. Point any OpenAI client at the
     printed URL."""
     from edgesplit.cli.serving import _data_plane
+    from edgesplit.llm.api.app import serve_api
+    from edgesplit.llm.api.http_guard import HttpLimits
+    from edgesplit.llm.generate.engine import open_engine
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.http_guard import HttpLimits
-    from edgesplit.runtime.llm_api import serve_api
-    from edgesplit.runtime.llm_engine import open_engine
     from edgesplit.transport import read_token
     from edgesplit.units import parse_bytes
 

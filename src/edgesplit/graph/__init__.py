@@ -12,7 +12,6 @@ from edgesplit.graph.capture import (
     parse_shape,
     saved_input_shape,
 )
-from edgesplit.graph.causal_lm import CausalLM, Phase, describe_causal_lm
 from edgesplit.graph.cuts import Cut, crossing_tensors, topological_cuts
 from edgesplit.graph.ir import INPUT, OUTPUT, Layer, LayerGraph, OutputLeaf, TensorInfo
 from edgesplit.graph.markers import split_point
@@ -23,7 +22,6 @@ from edgesplit.graph.user_model import is_code_ref, resolve_code_ref
 __all__ = [
     "INPUT",
     "OUTPUT",
-    "CausalLM",
     "Cut",
     "Exported",
     "Layer",
@@ -31,13 +29,11 @@ __all__ = [
     "MemoryReport",
     "ModelFileLimits",
     "OutputLeaf",
-    "Phase",
     "TensorInfo",
     "TrustedModelFile",
     "capture",
     "check_input_shape",
     "crossing_tensors",
-    "describe_causal_lm",
     "export_for_capture",
     "export_model",
     "is_code_ref",

@@ -55,7 +55,7 @@ register_causal_lm(
                 "Qwen2ForCausalLM")
 register_causal_lm(
     "mistral_tiny",
-    # no sliding window, as Mistral-7B-v0.2 and later (tests/test_llm_sliding_window.py
+    # no sliding window, as Mistral-7B-v0.2 and later (tests/llm/test_llm_sliding_window.py
     # sets one)
     lambda: _config("mistral", **_TINY, sliding_window=None),
     description="tiny Mistral (4 blocks, hidden 64, GQA 4/2 heads, no sliding window), "

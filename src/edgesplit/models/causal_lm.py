@@ -126,8 +126,9 @@ def full_attention_config(config: PretrainedConfig) -> PretrainedConfig:
     """``config`` with every sliding window switched off: a copy, or ``config`` itself when
     it has none. What the runtime builds and caches with: a plan admits a window only for
     contexts it leaves full attention (``CausalLMShape.window_context`` in
-    :mod:`edgesplit.graph.causal_lm`, which reads each family's window), and without it the KV
-    caches are plain ``DynamicCache`` layers, which crop and rewind (sessions) as any other.
+    :mod:`edgesplit.llm.model.description`, which reads each family's window), and without it
+    the KV caches are plain ``DynamicCache`` layers, which crop and rewind (sessions) as any
+    other.
     The file, and so a checkpoint's fingerprint, is untouched."""
     changes = {key: off for key, off in _NO_WINDOW.items()
                if getattr(config, key, off) != off}

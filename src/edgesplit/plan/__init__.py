@@ -3,15 +3,13 @@
 Every planner is called the same way: ``get_planner(name, **options).plan(problem)``, with a
 :class:`PlanningProblem` on an edge-cloud setting or a topology; every Plan is built by
 :func:`assemble_plan` under one cost convention (docs/cost-model.md). A causal LM's stages
-over a chain are placed by :func:`plan_llm` (two phases, KV caches) under the same convention.
+are placed by :mod:`edgesplit.llm` under the same convention.
 """
 
 from edgesplit.plan.assemble import Network, assemble_plan, one_way_latency_ms
 from edgesplit.plan.chain_planners import MESH_METHODS, TOPOLOGY_METHODS
 from edgesplit.plan.cost import Breakdown, CostTable, EdgeCloudSetting
 from edgesplit.plan.document import best_method, plan_document
-from edgesplit.plan.llm import LLM_METHODS, LLMPlanning, llm_plan_document, plan_llm
-from edgesplit.plan.llm_costs import LLMChainCosts, LLMWorkload
 from edgesplit.plan.model import (
     PLAN_VERSION,
     MeshLayout,
@@ -52,7 +50,6 @@ ALL_METHODS = (*BASELINE_METHODS, "qdmp_e", "qdmp_e_u4", "u8", "cloud16", "autos
 __all__ = [
     "ALL_METHODS",
     "BASELINE_METHODS",
-    "LLM_METHODS",
     "MESH_METHODS",
     "PLANNERS",
     "PLAN_VERSION",
@@ -61,9 +58,6 @@ __all__ = [
     "CostTable",
     "EdgeCloudSetting",
     "EdgeSetPlanner",
-    "LLMChainCosts",
-    "LLMPlanning",
-    "LLMWorkload",
     "MeshLayout",
     "Network",
     "Plan",
@@ -80,14 +74,12 @@ __all__ = [
     "get_planner",
     "is_lossless",
     "list_planners",
-    "llm_plan_document",
     "load_plan",
     "make_plan",
     "mesh_layout",
     "one_way_latency_ms",
     "passed_over",
     "plan_document",
-    "plan_llm",
     "planners_for",
     "recompute_total",
     "register_planner",

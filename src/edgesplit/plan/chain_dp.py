@@ -1,7 +1,7 @@
 """One dynamic program for every placement of an ordered list of items (layers, decoder blocks,
 network units) in contiguous ranges on a chain of devices, at the least total cost. Multisplit
 (:mod:`edgesplit.plan.multisplit`), the LLM stage placement
-(:mod:`edgesplit.plan.llm_placement`) and JMSNAS's unit placement
+(:mod:`edgesplit.llm.planning.placement`) and JMSNAS's unit placement
 (:mod:`edgesplit.nas.jmsnas.chain_latency`) call it, each with its own costs.
 
 A placement is boundaries ``0 = b_0 <= b_1 <= ... <= b_M = n``: device m runs items

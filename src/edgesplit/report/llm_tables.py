@@ -6,7 +6,8 @@ from typing import Any
 
 from rich.table import Table
 
-from edgesplit.plan import LLMPlanning, Plan
+from edgesplit.llm import LLMPlanning
+from edgesplit.plan import Plan
 from edgesplit.report.format import human_bytes
 
 __all__ = ["llm_generation_table", "llm_methods_table", "llm_stages_table"]

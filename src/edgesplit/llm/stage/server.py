@@ -1,0 +1,334 @@
+"""Serving one stage of a causal LM plan: ``LLMStageServer``.
+
+It speaks the layer runtime's service (``PartitionService``: ``Run``, ``RunStream``,
+``Describe``) and data plane, with its bearer token, TLS, deadlines and request errors, so a
+stage is reached, secured and timed out like any partition server; only what a request means
+differs (:mod:`edgesplit.runtime.llm_wire`). Each stage keeps one KV cache per session
+(:class:`~edgesplit.runtime.llm_sessions.LLMSessions`), runs its blocks, and forwards the
+hidden state to the next stage with the caller's token and session; the stage holding the head
+answers the greedy token, which travels back along the chain to the client.
+
+A session's error is its request's status: past the max context OUT_OF_RANGE, unknown (evicted,
+never started) or a step past what the cache holds ABORTED, another client's (another secret)
+PERMISSION_DENIED, no cache free before the deadline RESOURCE_EXHAUSTED; a malformed request
+(no session secret included) INVALID_ARGUMENT; another plan FAILED_PRECONDITION. A step at a
+position below what the cache holds rewinds it there first (a conversation's next turn). A
+failed step leaves every session as it was (a rewinding one, at the position it rewound to).
+At most ``max_workers`` steps run at once, whether they came over gRPC or the data plane.
+
+With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
+model's ratio of its time to this machine's), and links are shaped to the plan's unless
+``shape=False`` (:mod:`edgesplit.runtime.llm_emulation`).
+
+Not the layer ``PartitionServer`` itself: that one checks each tensor against a captured
+LayerGraph's fixed shapes and batches across requests, while a stage's tensors grow with the
+prompt and its state is a per-session cache that must not be silently recreated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, cast
+
+import grpc
+import torch
+from torch import nn
+
+from edgesplit.errors import ConfigError, RemoteError, SessionError, option
+from edgesplit.llm.stage.compute import LLMStageModel, llm_section
+from edgesplit.llm.stage.emulation import (
+    StagePacer,
+    phase_of,
+    stage_links,
+)
+from edgesplit.llm.stage.kv_sessions import OWNER_KEY, LLMSessions, owner_digest
+from edgesplit.llm.stage.sampling import Sampling
+from edgesplit.llm.stage.wire import (
+    END_SESSION,
+    POSITION,
+    SAMPLING,
+    SESSION_CODES,
+    TOKEN,
+    decode_int,
+    decode_sampling,
+    decode_step,
+    message,
+    session_status,
+    step_tensors,
+)
+from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
+from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.planned import SESSION_KEY
+from edgesplit.runtime.program import plan_id
+from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
+from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.shell import NextHop, Servicer, ServingShell, check_request_plan
+from edgesplit.transport import (
+    BadRequest,
+    LoopbackChannel,
+    TlsFiles,
+    check_alive,
+    remaining_timeout,
+)
+from edgesplit.transport.frames import REPLY, Frame
+from edgesplit.transport.limits import ConnectionLimits
+from edgesplit.transport.shaping import LinkShaper
+
+__all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
+
+log = logging.getLogger(__name__)
+
+
+_HEADERS = 64 * 1024
+_GRPC_MAX_MESSAGE = 2**31 - 1  # gRPC's message limits are C ints
+
+
+def llm_message_bytes(llm: LLMPlan) -> int:
+    """The largest step message: a prompt's hidden state at max context, 8 bytes a value
+    at most, plus headers; ConfigError when that passes what a gRPC message can carry (a
+    context that long is refused up front rather than by gRPC's options or mid-session)."""
+    need = llm.max_context * llm.hidden_size * 8 + _HEADERS
+    if need > _GRPC_MAX_MESSAGE:
+        most = (_GRPC_MAX_MESSAGE - _HEADERS) // (llm.hidden_size * 8)
+        raise ConfigError(f"the plan's max context of {llm.max_context} tokens makes a step of "
+                          f"up to {need} bytes (hidden size {llm.hidden_size}), more than the "
+                          f"2 GiB a message carries: plan it again with --max-context {most} "
+                          "or less")
+    return max(_HEADERS, need)
+
+
+def stage_index(plan: Plan, device: str) -> int:
+    """The stage of ``device``: a plan device's name, or the preset it was planned with when
+    exactly one plan device uses it."""
+    names = [d.name for d in plan.devices]
+    if device in names:
+        return names.index(device)
+    matches = [i for i, d in enumerate(plan.devices) if d.device.name == device]
+    if len(matches) == 1:
+        return matches[0]
+    presets = ", ".join(f"{d.name} ({d.device.name})" for d in plan.devices)
+    if matches:
+        raise ConfigError(f"{len(matches)} plan devices use {device!r}: name one of {presets}")
+    raise ConfigError(f"device {device!r} is not in the plan; its devices are {presets}")
+
+
+def head_stage(llm: LLMPlan) -> int:
+    """The stage holding the head: the chain ends there (later devices hold no blocks)."""
+    return next(i for i, s in enumerate(llm.stages) if s.end == len(llm.blocks)
+                and (s.start < s.end or len(llm.blocks) == 0))
+
+
+class LLMStageServer(ServingShell):
+    """Serves stage ``device`` of the LLM ``plan``; a stage before the head forwards to
+    ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
+    what its memory was planned for), the least recently used evicted first. ``model``: the
+    transformers model to take the stage's blocks from (default: the plan's checkpoint, only
+    this stage's tensors, or built from its source). The data plane opens on ``data_port``
+    (None: none). ``emulate``: each step's real compute is slowed to the plan device's speed;
+    ``shape``: its sends and replies take the plan's link time; ``dilation``: both
+    ``dilation`` times slower (:mod:`edgesplit.runtime.llm_emulation`). ``torch_device``:
+    where the stage computes (``cpu``, ``cuda[:N]``, ``mps``). ``limits``: how long idle or
+    slow callers may hold a connection and the memory frames still arriving may hold
+    (:class:`~edgesplit.transport.limits.ConnectionLimits`; None: its defaults)."""
+
+    def __init__(self, plan: Plan, device: str, *,
+                 next_address: str | LoopbackChannel | None = None, token: str | None = None,
+                 tls: TlsFiles | None = None, max_sessions: int | None = None,
+                 max_workers: int = 8, next_timeout_s: float = 60.0,
+                 data_port: int | None = 0, data_plane: DataPlane = "auto",
+                 model: nn.Module | None = None, emulate: bool = False,
+                 shape: bool = False, dilation: float = 1.0,
+                 torch_device: str | torch.device | None = None,
+                 limits: ConnectionLimits | None = None) -> None:
+        llm = llm_section(plan)
+        index = stage_index(plan, device)
+        self.device = plan.devices[index].name
+        head = head_stage(llm)
+        if index == 0:
+            raise ConfigError(f"device {self.device!r} is the first of the chain: it runs in "
+                              "the client (`edgesplit llm generate`), not as a server")
+        if index > head:
+            raise ConfigError(f"device {self.device!r} holds no blocks and the chain ends "
+                              f"before it (at {plan.devices[head].name!r}, with the head): "
+                              "nothing to serve there")
+        if index < head and next_address is None:
+            raise ConfigError(f"device {self.device!r} sends to "
+                              f"{plan.devices[index + 1].name!r}: give its address with "
+                              f"{option('next_address', 'HOST:PORT', flag='--next')}")
+        self.plan, self.llm, self.plan_id = plan, llm, plan_id(plan)
+        self.stage = LLMStageModel(plan, index, model, torch_device)
+        self.sessions = LLMSessions(self.device, self.stage.new_cache,
+                                    max_sessions=max_sessions or llm.sessions,
+                                    max_context=llm.max_context)
+        # one bound for gRPC's calls and the data plane's (which has a thread per connection)
+        self._init_slots(max_workers, self.device, f"{option('max_workers')} steps: try "
+                         "again, or serve with more workers")
+        self.token, self.tls = token, tls
+        if limits is not None:  # idle and slow callers' timeouts, the frames' memory budget
+            self.limits = limits
+        self.limit = llm_message_bytes(llm)
+        self.next_timeout_s = next_timeout_s
+        self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
+                                                      data_plane)
+        self.pacer = StagePacer.measured(self.stage, plan, dilation=dilation) \
+            if emulate else None
+        before, after = stage_links(plan, index, dilation)
+        self.upstream = LinkShaper(before, shape)  # replies, towards the caller
+        self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
+        # the token, the session and its secret travel on: every stage keeps the session
+        self._forwarding = None if self._next is None else NextHop(
+            self._next, self.device, timeout_s=next_timeout_s, shaper=self.downstream,
+            passes=("authorization", SESSION_KEY, OWNER_KEY), own=_passed_back)
+        self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
+            Servicer(self, self), server), self.limit, max_workers)
+        self._init_data_plane(self, data_port, self.limits)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Finish the steps in flight (up to ``grace_s``), refuse new ones."""
+        super().stop(grace_s)  # the data plane, then gRPC
+        if self._next is not None:
+            self._next.close()
+
+    # ---- the shell's handler -------------------------------------------------------------
+    def describe(self) -> pb.Description:
+        """What this stage serves (gRPC's ``Describe``)."""
+        io = self.stage.io
+        return pb.Description(plan_id=self.plan_id, plan_version=PLAN_VERSION,
+                              device=self.device, inputs=[io.receives, POSITION, SAMPLING],
+                              outputs=[TOKEN], max_message_bytes=self.limit,
+                              data_port=self.data_port or 0)
+
+    def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
+        """One gRPC step's answer (:meth:`handle`)."""
+        return self.handle(request, context).to_pb()
+
+    def failure(self, exc: BaseException) -> str:
+        log.exception("device %s failed on a step", self.device)
+        return f"device {self.device!r} failed on this step: {type(exc).__name__}: {exc}"
+
+    def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
+        """One data-plane step's answer (:meth:`handle`); the shell checked its token."""
+        return self.handle(Message.from_frame(frame), context).to_frame(REPLY)
+
+    # ---- a step ------------------------------------------------------------------------------
+    def handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None = None
+               ) -> Message:
+        """Answer one step (or an end of session) of the caller's session, in one of the
+        ``max_workers`` slots that gRPC's calls and the data plane's share."""
+        self.take_slot(context)
+        try:
+            return self._handle(request, context)
+        finally:
+            self.give_slot()
+
+    def _handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None
+                ) -> Message:
+        t_in = time.perf_counter()
+        check_request_plan(request, self.plan_id)
+        session, owner = _session(context), _owner(context)
+        parts = {t.name: t.data for t in request.tensors}
+        if list(parts) == [END_SESSION]:
+            return self._end(request, session, owner, context)
+        io = self.stage.io
+        if not {io.receives, POSITION} <= set(parts) <= {io.receives, POSITION, SAMPLING} or \
+                len(request.tensors) != len(parts):
+            raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"device {self.device!r} expects tensors {io.receives!r} and "
+                             f"{POSITION!r}, optionally {SAMPLING!r} (or only "
+                             f"{END_SESSION!r}), got {[t.name for t in request.tensors]}")
+        position = int(decode_int(parts[POSITION], POSITION, [1])[0])
+        sampling = decode_sampling(parts[SAMPLING]) if SAMPLING in parts else None
+        x = decode_step(parts[io.receives], io.receives,
+                        hidden_size=self.llm.hidden_size if io.hidden_in else None,
+                        vocab_size=self.llm.vocab_size, max_tokens=self.llm.max_context)
+        timings = {f"{self.device}.serialize_ms": (time.perf_counter() - t_in) * 1e3}
+        check_alive(context, self.device)
+        try:
+            with self.sessions.step(session, position, int(x.shape[1]), owner,
+                                    wait_s=remaining_timeout(context, self.next_timeout_s)
+                                    ) as state:
+                t0 = time.perf_counter()
+                out = self.stage.step(x, position, state.cache, sampling)
+                if self.pacer is not None:  # the time slept is part of the compute
+                    timings[f"{self.device}.emulated_ms"] = self.pacer.pace(
+                        t0, phase_of(position))
+                timings[f"{self.device}.compute_ms"] = (time.perf_counter() - t0) * 1e3
+                if self._next is None:
+                    token = out
+                else:  # the rest of the chain; its failure rolls this stage back too
+                    token, more = self._forward(request, session, out, position, sampling,
+                                                context)
+                    timings.update(more)
+        except SessionError as exc:
+            raise session_status(exc) from None
+        reply = message(self.plan_id, PLAN_VERSION, request.request_id, {TOKEN: token},
+                        timings)
+        if self.upstream.enabled:  # the token's way back to the caller
+            self.upstream.send(reply.to_frame(REPLY).nbytes(), "down")
+        return reply
+
+    def _end(self, request: pb.Bundle | Message, session: str, owner: str,
+             context: grpc.ServicerContext | None) -> Message:
+        try:
+            self.sessions.end(session, owner)
+        except SessionError as exc:
+            raise session_status(exc) from None
+        if self._forwarding is not None:  # not shaped: the plan's links price steps, not ends
+            end = message(self.plan_id, PLAN_VERSION, request.request_id,
+                          {END_SESSION: torch.zeros(1, dtype=torch.int64)})
+            self._forwarding.call(end, context)
+        return Message(self.plan_id, PLAN_VERSION, request.request_id, [], {})
+
+    def _forward(self, request: pb.Bundle | Message, session: str, out: torch.Tensor,
+                 position: int, sampling: Sampling | None,
+                 context: grpc.ServicerContext | None) -> tuple[torch.Tensor, dict[str, float]]:
+        t0 = time.perf_counter()
+        step = message(self.plan_id, PLAN_VERSION, request.request_id,
+                       step_tensors(self.stage.io.sends, out, position, sampling))
+        serialize_ms = (time.perf_counter() - t0) * 1e3
+        assert self._forwarding is not None
+        reply = self._forwarding.send(step, context)
+        names = [t.name for t in reply.tensors]
+        if names != [TOKEN]:
+            raise RemoteError(f"the stage after {self.device!r} answered with {names}, "
+                              f"not {TOKEN!r}")
+        token = decode_int(reply.tensors[0].data, TOKEN, [1, 1])
+        timings = dict(reply.timings_ms)
+        key = f"{self.device}.serialize_ms"
+        timings[key] = timings.get(key, 0.0) + serialize_ms
+        return token, timings
+
+
+def _passed_back(exc: grpc.RpcError) -> BadRequest | None:
+    """The next stage's failure this step fails with as it is: a session's status (the
+    client acts on it), the caller's deadline or cancellation, a step the next stage refused
+    as malformed (anything else: the next hop failed)."""
+    code = exc.code()
+    if code in SESSION_CODES or code in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                         grpc.StatusCode.CANCELLED,
+                                         grpc.StatusCode.INVALID_ARGUMENT):
+        return BadRequest(code, exc.details() or code.name)
+    return None
+
+
+def _owner(context: grpc.ServicerContext | None) -> str:
+    """The digest of the caller's session secret (metadata OWNER_KEY), which every step and
+    end must carry: a session is bound to the client that made it."""
+    secret = dict(context.invocation_metadata()).get(OWNER_KEY) if context else None
+    digest = owner_digest(secret if isinstance(secret, str) else None)
+    if digest is None:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"an LLM session answers only the client that made it: send a secret "
+                         f"of your own with every step and end, call metadata {OWNER_KEY!r} "
+                         "(LLMClient does)")
+    return digest
+
+
+def _session(context: grpc.ServicerContext | None) -> str:
+    session = dict(context.invocation_metadata()).get(SESSION_KEY) if context else None
+    if not isinstance(session, str) or not session:
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"an LLM stage keeps a KV cache per session: name yours with call "
+                         f"metadata {SESSION_KEY!r} (LLMClient does)")
+    return session

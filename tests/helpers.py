@@ -1,0 +1,128 @@
+"""Helpers the tests share, imported by name (``from helpers import perturbed``): tests/ is on
+the import path (pyproject's ``pythonpath``), so a test in any sub-folder imports them. They
+are not in conftest.py because a sub-folder's conftest.py (tests/llm/conftest.py) takes the
+module name ``conftest`` while its tests are collected, so ``from conftest import ...`` would
+find that one; conftest.py files hold fixtures only."""
+
+from __future__ import annotations
+
+import functools
+
+from edgesplit.graph import LayerGraph, capture
+
+
+@functools.cache
+def perturbed(model, scale: float = 0.3, seed: int = 1):
+    """``model`` with seeded noise added to every parameter, in place (returned): a tiny LM's
+    random initialisation makes greedy decoding repeat one token, which would make token
+    equality trivial."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def rgb_folder(root, classes=("cat", "dog", "fox"), per_class: int = 8, size: int = 12):
+    """An image folder as a user brings one: a sub-folder of RGB PNGs per class, each class a
+    little brighter than the last (seeded); returns ``root``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.random((size, size, 3)) * 80 + 60 * c).astype(np.uint8)
+            Image.fromarray(pixels, "RGB").save(root / name / f"{i}.png")
+    return root
+
+
+def captured(name: str, optimize: bool = True) -> LayerGraph:
+    return capture(name, optimize=optimize)
+
+
+def self_signed(folder):
+    """A self-signed certificate for localhost and 127.0.0.1 (the openssl command line):
+    (server TlsFiles, client TlsFiles trusting it)."""
+    import subprocess
+
+    from edgesplit.runtime.transport import TlsFiles
+
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return (TlsFiles(cert=cert.read_bytes(), key=key.read_bytes()),
+            TlsFiles(ca=cert.read_bytes()))
+
+
+def write_idx(path, array) -> None:
+    """``array`` as a gzipped IDX file of unsigned bytes (the MNIST format)."""
+    import gzip
+
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(header + array.astype("uint8").tobytes())
+
+
+def fake_fashion_mnist(root, train: int, test: int, seed: int = 0):
+    """A folder in Fashion-MNIST's format (random 28x28 images, labels cycling 0..9), to point
+    EDGESPLIT_FASHION_MNIST at; returns ``root``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train), ("t10k", test)):
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    return root
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 that reaches ``port`` *from* ``source`` (another loopback
+    address, 127.0.0.2 and up): a gRPC or data-plane client dialling ``address`` is seen by
+    the server as a caller on another host, which a client cannot choose itself."""
+
+    def __init__(self, port: int, source: str) -> None:
+        import socket
+        import threading
+
+        self._port, self._source = port, source
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                inner, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            outer = socket.create_connection(("127.0.0.1", self._port),
+                                             source_address=(self._source, 0))
+            for a, b in ((inner, outer), (outer, inner)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        import contextlib
+        import socket
+
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        for sock in (src, dst):  # either side gone: the relayed connection ends
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        src.close()  # the other pump closes dst
+
+    def close(self) -> None:
+        self._listener.close()
