@@ -25,13 +25,13 @@ from hypothesis.extra.numpy import arrays
 from transformers import LlamaConfig
 
 from edgesplit.errors import InfeasibleError
-from edgesplit.graph import describe_causal_lm
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain
+from edgesplit.llm import describe_causal_lm
+from edgesplit.llm.planning.costs import LLMChainCosts, LLMWorkload, SendCost
+from edgesplit.llm.planning.placement import _Tables, evaluate_placement, solve_placement
 from edgesplit.nas.jmsnas import chain_latency
 from edgesplit.nas.jmsnas.chain_latency import _relay_ms
 from edgesplit.plan import multisplit
-from edgesplit.llm.planning.costs import LLMChainCosts, LLMWorkload, SendCost
-from edgesplit.llm.planning.placement import _Tables, evaluate_placement, solve_placement
 from edgesplit.plan.multisplit import ChainAssignment, ChainCosts, evaluate_boundaries
 
 SETTINGS = settings(max_examples=150, deadline=None,
