@@ -23,7 +23,7 @@ from edgesplit.errors import ConfigError
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig, elastify
 from edgesplit.nas.adaptivenet.space import ElasticSpace
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.files import read_document, write_json
+from edgesplit.nas.core.files import read_document, write_json
 
 __all__ = ["SUPERNET_FILE", "SUPERNET_WEIGHTS", "build_supernet", "load_supernet",
            "model_source", "save_supernet"]

@@ -49,7 +49,7 @@ from edgesplit.hardware.timing import (
 )
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.files import read_json, write_json
+from edgesplit.nas.core.files import read_json, write_json
 
 __all__ = ["BLOCK_TABLE_VERSION", "FAR_FACTOR", "FAR_SLACK_S", "BlockLatencyTable",
            "far_from_estimate", "measure_subnet", "space_fingerprint", "table_error"]

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from edgesplit.errors import ConfigError, EdgesplitError
-from edgesplit.nas.files import read_document, read_json, write_json
+from edgesplit.nas.core.files import read_document, read_json, write_json
 from edgesplit.nas.jmsnas.network import ArchNet
 from edgesplit.nas.jmsnas.space import Arch, SearchSpace
 

@@ -68,11 +68,11 @@ from edgesplit.hardware.timing import (
     time_block,
     timing_conditions,
 )
-from edgesplit.nas.files import read_json, write_json
+from edgesplit.nas.core.files import read_json, write_json
+from edgesplit.nas.core.ops import OpSpec
 from edgesplit.nas.jmsnas.network import ArchNet, ChainFrame, init_weights
 from edgesplit.nas.jmsnas.sampler import random_arch
 from edgesplit.nas.jmsnas.space import Arch, SearchSpace
-from edgesplit.nas.ops import OpSpec
 
 __all__ = [
     "LATENCY_TABLE_VERSION",

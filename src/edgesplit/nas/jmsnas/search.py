@@ -47,7 +47,7 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, stratified_split
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware.accelerator import device_of, torch_device
-from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.checks import is_count, is_fraction, is_number, refuse
 from edgesplit.nas.jmsnas.binary_gates import binary_gates, sample_pair, sample_path
 from edgesplit.nas.jmsnas.chain_latency import ChainLatency
 from edgesplit.nas.jmsnas.mesh_latency import MeshLatency

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.files import read_document, write_json
+from edgesplit.nas.core.files import read_document, write_json
 from edgesplit.nas.splitnets.space import SplitSpace
 from edgesplit.nas.splitnets.supernet import SplitSupernet
 

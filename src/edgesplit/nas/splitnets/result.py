@@ -29,7 +29,7 @@ from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.memory import peak_memory
 from edgesplit.hardware import Topology, estimator_for
 from edgesplit.hardware.work import LayerWork
-from edgesplit.nas.files import write_json
+from edgesplit.nas.core.files import write_json
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.space import SplitArch
 from edgesplit.nas.splitnets.supernet import SplitNet, SplitSupernet, recalibrate

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from edgesplit.data import EvalData
 from edgesplit.hardware.accelerator import device_of, torch_device
-from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.checks import is_count, is_fraction, is_number, refuse
 from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
