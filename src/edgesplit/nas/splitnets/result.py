@@ -29,6 +29,7 @@ from edgesplit.graph.memory import peak_memory
 from edgesplit.hardware import Topology, estimator_for
 from edgesplit.hardware.work import LayerWork
 from edgesplit.nas.core.checkpoint import CheckpointFormat
+from edgesplit.nas.core.evaluate import top1_accuracy
 from edgesplit.nas.core.files import write_json
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.space import SplitArch
@@ -68,15 +69,11 @@ def view_inputs(x: torch.Tensor, views: int, resolution: int) -> tuple[torch.Ten
                                align_corners=False, antialias=True) for v in per_view)
 
 
-@torch.no_grad()
 def net_accuracy(net: SplitNet, data: EvalData, resolution: int, batch_size: int = 512
                  ) -> float:
     assert data.labels is not None
-    correct = 0
-    for i in range(0, len(data), batch_size):
-        xs = view_inputs(data.inputs[0][i:i + batch_size], net.views, resolution)
-        correct += int((net(*xs).argmax(1) == data.labels[i:i + batch_size]).sum())
-    return 100.0 * correct / len(data)
+    return top1_accuracy(lambda x: net(*view_inputs(x, net.views, resolution)), data.inputs[0],
+                         data.labels, batch_size)
 
 
 def _placement(graph: LayerGraph, hardware: SplitHardware, views: int) -> dict[str, list[str]]:
