@@ -26,7 +26,7 @@ from edgesplit.nas.adaptivenet.evaluate import PrefixTree, PrefixTreeEvaluator, 
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, measure_subnet, table_error
 from edgesplit.nas.adaptivenet.pool import SubnetPool
 from edgesplit.nas.adaptivenet.search import AdaptiveSearch, AnnealingSearch, EvolutionBaseline
-from edgesplit.nas.evolution import Breeder
+from edgesplit.nas.core.evolution import Breeder
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from edgesplit.errors import ConfigError, cli_options
 from edgesplit.nas.adaptivenet.search import AdaptiveSearch
 from edgesplit.nas.adaptivenet.train import ElasticTrainer
-from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.checks import is_count, is_fraction, is_number, refuse
 from edgesplit.nas.jmsnas.search import JMSNAS
 from edgesplit.nas.splitnets.search import SplitNetsSearch
 from edgesplit.nas.splitnets.train import SupernetTrainer

@@ -19,11 +19,11 @@ import torch
 from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData
 from edgesplit.hardware import get_topology
+from edgesplit.nas.core.ops import OpSpec
 from edgesplit.nas.jmsnas import ArchNet, HeadSpec, SearchSpace, StemSpec, load_network
 from edgesplit.nas.jmsnas.chain_latency import ChainPlacement
 from edgesplit.nas.jmsnas.result import OWN_PLAN_FILE, save_search_result
 from edgesplit.nas.jmsnas.run import run_jmsnas
-from edgesplit.nas.ops import OpSpec
 from edgesplit.plan import load_plan
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.transport import ChainClient

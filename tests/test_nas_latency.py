@@ -160,7 +160,7 @@ def test_validation_refuses_an_estimated_table(derived):
 
 def test_save_and_load_round_trip(derived, measured, tmp_path):
     path = derived.save(tmp_path / "derived.json")
-    assert json.loads(path.read_text())["version"] == 1
+    assert json.loads(path.read_text())["version"] == 2
     assert LatencyTable.load(path, space=TINY, device=PRESET) == derived
     assert LatencyTable.load(path) == derived
     path = measured.save(tmp_path / "measured.json")
@@ -212,7 +212,7 @@ def test_a_renamed_preset_is_named_by_a_device_file_the_hint_says_how_to_write(d
     ("{not json", "cannot read latency table"),
     ('{"kind": "edgesplit-profile", "version": 1}', "is not an edgesplit latency table"),
     ('{"kind": "edgesplit-latency-table", "version": 99}', "has version 99; this edgesplit "
-                                                           "reads version 1"),
+                                                           "reads version 2"),
     ('{"kind": "edgesplit-latency-table", "version": 1}', "is malformed"),
 ])
 def test_corrupt_or_foreign_files_are_refused(tmp_path, text, message):
@@ -220,6 +220,34 @@ def test_corrupt_or_foreign_files_are_refused(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         LatencyTable.load(path)
+
+
+def test_a_version_1_table_in_milliseconds_is_read_as_seconds(derived, measured, tmp_path):
+    """Version 1 wrote milliseconds and no unit; such a file loads as the same table."""
+    for table in (derived, measured):
+        doc = table.to_dict()
+        old = {k: v for k, v in doc.items() if not k.endswith("_seconds") and k != "unit"}
+        old.update(version=1, stem_ms=table.stem_ms, head_ms=table.head_ms,
+                   overhead_ms=table.overhead_ms, layers=[dict(row) for row in table.layers])
+        if table.measurement is not None:
+            calibration = dict(table.measurement["calibration"])
+            calibration["measured_ms"] = [None if s is None else s * 1e3
+                                          for s in calibration.pop("measured_seconds")]
+            calibration["sum_of_parts_ms"] = [s * 1e3
+                                              for s in calibration.pop("sum_of_parts_seconds")]
+            old["measurement"] = {**table.measurement, "calibration": calibration}
+        path = tmp_path / "v1.json"
+        path.write_text(json.dumps(old))
+        loaded = LatencyTable.load(path, space=TINY)
+        assert loaded.to_dict()["version"] == 2 and loaded.to_dict()["unit"] == "seconds"
+        assert loaded.stem_seconds == pytest.approx(table.stem_seconds, rel=1e-12)
+        assert loaded.overhead_ms == pytest.approx(table.overhead_ms, rel=1e-12, abs=1e-15)
+        for i in range(len(TINY.layers)):
+            assert loaded.layer_vector(i) == pytest.approx(table.layer_vector(i), rel=1e-12)
+        if table.measurement is not None:
+            ours = table.measurement["calibration"]["sum_of_parts_seconds"]
+            assert loaded.measurement["calibration"]["sum_of_parts_seconds"] == pytest.approx(
+                ours, rel=1e-12)
 
 
 def test_bad_entries_are_refused(derived):

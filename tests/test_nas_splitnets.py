@@ -19,7 +19,7 @@ from edgesplit.graph import capture
 from edgesplit.graph.memory import peak_memory
 from edgesplit.hardware import get_topology
 from edgesplit.hardware.work import LayerWork
-from edgesplit.nas.evolution import Breeder, EvolutionSearch
+from edgesplit.nas.core.evolution import Breeder, EvolutionSearch
 from edgesplit.nas.splitnets import (
     PhaseSpec,
     SplitArch,

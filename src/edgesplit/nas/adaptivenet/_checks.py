@@ -1,5 +1,5 @@
 """The budget check shared by modules of this package, and how their messages name a subnet
-(the predicates are :mod:`edgesplit.nas.checks`', as every NAS system's)."""
+(the predicates are :mod:`edgesplit.nas.core.checks`', as every NAS system's)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.nas.checks import is_number
+from edgesplit.nas.core.checks import is_number
 
 __all__ = ["arch_text", "check_budget"]
 

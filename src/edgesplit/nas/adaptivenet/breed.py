@@ -5,7 +5,7 @@ random subnets whose predicted latency (a :class:`~.latency.BlockLatencyTable`) 
 ``[budget - delta, budget + delta]``, and NearbyMutate replaces one branch and, if that leaves
 the band, picks among the alternative branches the one that brings the latency closest back.
 Pure graph operations: no subnet is run to breed one. :class:`UniformBreeder` breeds without a
-band (the evolution baseline's). Both implement :class:`~edgesplit.nas.evolution.Breeder`.
+band (the evolution baseline's). Both implement :class:`~edgesplit.nas.core.evolution.Breeder`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from edgesplit.errors import ConfigError, option
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
-from edgesplit.nas.checks import is_number
+from edgesplit.nas.core.checks import is_number
 
 __all__ = ["NearbyBreeder", "UniformBreeder"]
 
@@ -128,7 +128,7 @@ def _mutation_count(length: int, rng: np.random.Generator, prob: float) -> int:
 class UniformBreeder:
     """Plain breeding over an :class:`ElasticSpace` (the evolution baseline): uniform random
     subnets, mutation replacing one random branch, crossover splicing two paths at a common
-    block position. Implements :class:`~edgesplit.nas.evolution.Breeder`."""
+    block position. Implements :class:`~edgesplit.nas.core.evolution.Breeder`."""
 
     def __init__(self, space: ElasticSpace) -> None:
         self.space = space

@@ -1,6 +1,7 @@
 """An elastified supernet in a folder, without pickle: ``supernet.json`` (format, where the
 model came from, the elastification options, the space, the blocks, how it was trained) and
-``supernet.safetensors`` (the added branches' weights only).
+``supernet.safetensors`` (the added branches' weights only), in the checkpoint layout every NAS
+system shares (:mod:`edgesplit.nas.core.checkpoint`).
 
 The pretrained blocks are not stored twice: loading captures the model again from its source
 (a built-in name or the user's code and an input shape, or a ``.pt2`` file checked by its
@@ -16,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from edgesplit.errors import ConfigError
 from edgesplit.nas.adaptivenet.elastify import ElasticConfig, elastify
 from edgesplit.nas.adaptivenet.space import ElasticSpace
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.files import read_document, write_json
+from edgesplit.nas.core.checkpoint import CheckpointFormat
 
 __all__ = ["SUPERNET_FILE", "SUPERNET_WEIGHTS", "build_supernet", "load_supernet",
            "model_source", "save_supernet"]
@@ -31,6 +30,10 @@ __all__ = ["SUPERNET_FILE", "SUPERNET_WEIGHTS", "build_supernet", "load_supernet
 FORMAT = "edgesplit.nas.adaptivenet.supernet/1"
 SUPERNET_FILE = "supernet.json"
 SUPERNET_WEIGHTS = "supernet.safetensors"
+SUPERNET = CheckpointFormat(
+    FORMAT, SUPERNET_FILE, SUPERNET_WEIGHTS, "elastified supernet",
+    "make one with `edgesplit nas adaptivenet elastify MODEL --out DIR`",
+    "save them together with save_supernet")
 
 
 def model_source(model: str, input_shape: Sequence[int] | None = None) -> dict[str, Any]:
@@ -85,13 +88,9 @@ def save_supernet(folder: str | Path, supernet: ElasticSupernet,
     if not supernet.meta.get("source"):
         raise ConfigError("this supernet does not know its model's source; build it with "
                           "build_supernet (or elastify(..., source=model_source(...)))")
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(added_state(supernet), str(out / SUPERNET_WEIGHTS))
-    doc = {"format": FORMAT, "space": supernet.space.to_dict(), "training": training or {},
+    doc = {"space": supernet.space.to_dict(), "training": training or {},
            **{k: v for k, v in supernet.meta.items() if k != "space"}}
-    write_json(out / SUPERNET_FILE, doc)
-    return out
+    return SUPERNET.save(folder, doc, added_state(supernet))
 
 
 def added_state(supernet: ElasticSupernet) -> dict[str, torch.Tensor]:
@@ -100,9 +99,7 @@ def added_state(supernet: ElasticSupernet) -> dict[str, torch.Tensor]:
 
 
 def read_supernet_doc(folder: str | Path) -> dict[str, Any]:
-    return read_document(folder, SUPERNET_FILE, what="elastified supernet",
-                         expected_format=FORMAT,
-                         fix="make one with `edgesplit nas adaptivenet elastify MODEL --out DIR`")
+    return SUPERNET.read(folder)
 
 
 def load_supernet(folder: str | Path) -> tuple[ElasticSupernet, dict[str, Any]]:
@@ -119,23 +116,7 @@ def load_supernet(folder: str | Path) -> tuple[ElasticSupernet, dict[str, Any]]:
     if supernet.space != saved:
         raise ConfigError(f"elastifying {source} again gives another space than the one in "
                           f"{SUPERNET_FILE} (a different edgesplit or model?); elastify again")
-    _load_weights(supernet, Path(folder) / SUPERNET_WEIGHTS)
+    state = SUPERNET.load_state(folder, added_state(supernet), fits="supernet")
+    supernet.load_state_dict(state, strict=False)
     supernet.meta["training"] = doc.get("training", {})
     return supernet.eval(), doc
-
-
-def _load_weights(supernet: ElasticSupernet, weights: Path) -> None:
-    if not weights.is_file():
-        raise ConfigError(f"{weights} is missing; the folder is incomplete")
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError) as exc:
-        raise ConfigError(f"{weights} is not a readable safetensors file ({exc})") from None
-    expected = added_state(supernet)
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    if missing or unexpected or wrong:
-        raise ConfigError(f"{weights} does not fit the supernet in {SUPERNET_FILE}: missing "
-                          f"{missing[:3]}, unexpected {unexpected[:3]}, other shapes "
-                          f"{wrong[:3]}; save them together with save_supernet")
-    supernet.load_state_dict(state, strict=False)

@@ -34,6 +34,7 @@ from edgesplit.data.images import (
     load_images,
 )
 from edgesplit.errors import ConfigError, option
+from edgesplit.nas.core.evaluate import top1
 
 __all__ = ["DEFAULT_SEARCH_SIZE", "HOLDOUT", "METRICS", "SCORES", "TASKS", "ElasticData", "Part",
            "StreamedPart", "TensorPart", "batches", "cosine", "fit_images", "load_elastic_data",
@@ -45,11 +46,6 @@ Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 # recipe keeps them out), so the search part comes from them; the paper's D_edge is small.
 HOLDOUT = 5000
 DEFAULT_SEARCH_SIZE = 1000
-
-
-def top1(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-sample 1.0 / 0.0: does the arg-max class equal the target class."""
-    return (outputs.argmax(-1) == targets).to(torch.float32)
 
 
 def cosine(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -7,25 +7,26 @@ once on this machine -- a few seconds even for a ResNet, since there are far few
 than subnets -- and :meth:`~BlockLatencyTable.predict` then prices any subnet without running
 it, which is what lets the search stay near the budget without measuring candidates.
 
-Branches are timed *in context*, at the batch size of the example inputs, with the process's
-thread setting and no autograd: every round runs random subnets that together pass through
-every branch (each one a subnet through a branch not yet covered), and times each branch call
-(and the side inputs) where it sits in its chain. Each chain runs three times back to back and
-the first pass is not kept, so weights are as warm as in a network serving one request after
-another. Timing each branch alone on the feature reaching it along the pretrained path was
-tried first: on digits_cnn at batch 100 (2 cores) its sums missed whole subnets by 14-56 %
-(mean absolute error; the first, memory-bound block read twice as slow as inside a network),
-in context by 2-5 %. :func:`table_error` reports how well the sums predict whole subnets.
+Branches are timed *in context* (:class:`~edgesplit.nas.core.timing.InContextTimer`), at the
+batch size of the example inputs, with the process's thread setting and no autograd: every
+round runs random subnets that together pass through every branch (each one a subnet through
+a branch not yet covered), and times each branch call (and the side inputs) where it sits in
+its chain. Each chain runs three times back to back and the first pass is not kept, so weights
+are as warm as in a network serving one request after another. Timing each branch alone on
+the feature reaching it along the pretrained path was tried first: on digits_cnn at batch 100
+(2 cores) its sums missed whole subnets by 14-56 % (mean absolute error; the first,
+memory-bound block read twice as slow as inside a network), in context by 2-5 %.
+:func:`table_error` reports how well the sums predict whole subnets.
 
-A table is a versioned JSON document that embeds the space it was measured for, with a
-fingerprint, so :meth:`~BlockLatencyTable.load` refuses a table of another supernet.
+A table is a :class:`~edgesplit.nas.core.table.SecondsTable` (seconds, a versioned JSON
+document) that embeds the space it was measured for, with a fingerprint, so
+:meth:`~BlockLatencyTable.load` refuses a table of another supernet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import statistics
 import time
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,17 +50,16 @@ from edgesplit.hardware.timing import (
 )
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.files import read_json, write_json
+from edgesplit.nas.core.sampling import draw_distinct
+from edgesplit.nas.core.table import SecondsTable
+from edgesplit.nas.core.timing import InContextTimer
 
 __all__ = ["BLOCK_TABLE_VERSION", "FAR_FACTOR", "FAR_SLACK_S", "BlockLatencyTable",
            "far_from_estimate", "measure_subnet", "space_fingerprint", "table_error"]
 
-BLOCK_TABLE_VERSION = 1
-_KIND = "edgesplit-adaptivenet-latency-table"
 _SIDE = "side inputs"
 
-TableProgress = Callable[[str, int, int], None]  # (stage, done, total), as nas.latency
-_Call = Callable[[], object]
+TableProgress = Callable[[str, int, int], None]  # (stage, done, total), as JMSNAS tables
 
 _REPROFILE = "profile the supernet again (BlockLatencyTable.profile(supernet, example_inputs))"
 
@@ -70,21 +70,19 @@ def space_fingerprint(space: ElasticSpace) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _seconds(what: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"block latency table {what}={value!r} must be a finite number of "
-                          f"seconds >= 0; {_REPROFILE}")
-    return float(value)
-
-
 @dataclass(frozen=True)
-class BlockLatencyTable:
+class BlockLatencyTable(SecondsTable):
     """Seconds of every branch of ``space`` and of the side inputs, at batch size ``batch``.
 
     ``measurement`` records how it was taken (repeats, warmup, threads, torch, machine).
     Validates itself on construction: every branch of the space has a time, no other name.
     """
+
+    KIND: ClassVar[str] = "edgesplit-adaptivenet-latency-table"
+    VERSION: ClassVar[int] = 1
+    WHAT: ClassVar[str] = "block latency table"
+    TITLE: ClassVar[str] = "an AdaptiveNet block latency table"
+    REBUILD: ClassVar[str] = _REPROFILE
 
     space: ElasticSpace
     branch_seconds: Mapping[str, float]
@@ -92,32 +90,31 @@ class BlockLatencyTable:
     batch: int
     model: str = ""
     measurement: Mapping[str, Any] = field(default_factory=dict)
-    version: int = BLOCK_TABLE_VERSION
 
     def __post_init__(self) -> None:
-        if self.version != BLOCK_TABLE_VERSION:
-            raise ConfigError(f"block latency table version {self.version!r} is unknown; this "
-                              f"edgesplit reads version {BLOCK_TABLE_VERSION}: {_REPROFILE}")
-        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
-            raise ConfigError(f"block latency table batch={self.batch!r} must be a positive "
-                              f"integer; {_REPROFILE}")
+        self.check_batch(self.batch)
         names = set(self.space.by_name)
         missing, extra = names - set(self.branch_seconds), set(self.branch_seconds) - names
         if missing or extra:
-            raise ConfigError(
-                f"block latency table does not fit its space: missing branches "
-                f"{sorted(missing) or 'none'}, unknown branches {sorted(extra) or 'none'}; "
-                f"{_REPROFILE}")
-        seconds = {name: _seconds(f"branch_seconds[{name!r}]", self.branch_seconds[name])
+            self.refuse(f"does not fit its space: missing branches {sorted(missing) or 'none'}"
+                        f", unknown branches {sorted(extra) or 'none'}")
+        seconds = {name: self.seconds(f"branch_seconds[{name!r}]", self.branch_seconds[name])
                    for name in self.space.by_name}  # in the space's order
         object.__setattr__(self, "branch_seconds", seconds)
-        object.__setattr__(self, "side_seconds", _seconds("side_seconds", self.side_seconds))
+        object.__setattr__(self, "side_seconds", self.seconds("side_seconds", self.side_seconds))
+
+    @property
+    def fixed_seconds(self) -> float:
+        return self.side_seconds
+
+    def entry_seconds(self, key: str) -> float:
+        return self.branch_seconds[key]
 
     # -- prediction --------------------------------------------------------------------------
 
     def predict(self, arch: Sequence[str]) -> float:
         """Predicted seconds of subnet ``arch``: side inputs + the sum of its branches."""
-        return self.side_seconds + self.segment(self.space.check(arch))
+        return self.total_seconds(self.space.check(arch))
 
     def segment(self, path: Sequence[str]) -> float:
         """Seconds of some consecutive branches (a prefix, a span): no side inputs, no check."""
@@ -177,7 +174,7 @@ class BlockLatencyTable:
         inputs = tuple(example_inputs)
         started = time.perf_counter()
         threads = torch.get_num_threads()
-        samples: dict[str, list[int]] = {name: [] for name in (*supernet.space.by_name, _SIDE)}
+        timer = InContextTimer(inputs[0].device)
         rng = np.random.default_rng(seed)
         rounds = warmup + repeats
         was_training = supernet.training
@@ -186,21 +183,20 @@ class BlockLatencyTable:
             with timing_conditions(threads):
                 for r in range(rounds):
                     for path in _covering_paths(supernet.space, rng):
-                        for keep in (False, *[r >= warmup] * (_BURST - 1)):
-                            _chain(supernet, inputs, path, samples if keep else None)
+                        timer.burst(partial(_chain, supernet, inputs, path, timer), r >= warmup)
                     if progress:
                         progress("timing branches in context", r + 1, rounds)
         finally:
             supernet.train(was_training)
-        median = {name: statistics.median(ns) / 1e9 for name, ns in samples.items()}
-        side = median.pop(_SIDE)
+        branches = {name: timer.seconds(name) for name in supernet.space.by_name}
+        side = timer.seconds(_SIDE)
         measurement = {"method": "in context", "repeats": repeats, "warmup": warmup,
                        "threads": threads, "torch": torch.__version__,
                        "machine": machine_identity(),
                        "device": str(inputs[0].device),
                        "created": datetime.now(UTC).isoformat(timespec="seconds"),
                        "seconds": time.perf_counter() - started}
-        return cls(supernet.space, median, side, int(inputs[0].shape[0]),
+        return cls(supernet.space, branches, side, int(inputs[0].shape[0]),
                    str(supernet.meta.get("model", "")), measurement)
 
     # -- compatibility and files -------------------------------------------------------------
@@ -218,58 +214,34 @@ class BlockLatencyTable:
                               f"{len(space.branches)} over {space.num_blocks}): {_REPROFILE}")
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document (``kind``, ``version`` first; times in seconds)."""
-        return {"kind": _KIND, "version": self.version, "model": self.model,
-                "unit": "seconds", "batch": self.batch,
+    def payload(self) -> dict[str, Any]:
+        return {"model": self.model, "batch": self.batch,
                 "space_fingerprint": space_fingerprint(self.space),
                 "side_seconds": self.side_seconds,
                 "branch_seconds": dict(self.branch_seconds),
                 "space": self.space.to_dict(), "measurement": dict(self.measurement)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "") -> BlockLatencyTable:
-        """Inverse of :meth:`to_dict`; anything else is a ConfigError that says what to do."""
-        what = repr(source) if source else "this document"
-        if not isinstance(data, Mapping) or data.get("kind") != _KIND:
-            raise ConfigError(f"{what} is not an AdaptiveNet block latency table; {_REPROFILE} "
-                              "and save it with BlockLatencyTable.save")
-        if data.get("version") != BLOCK_TABLE_VERSION:
-            raise ConfigError(f"block latency table {what} has version {data.get('version')!r};"
-                              f" this edgesplit reads version {BLOCK_TABLE_VERSION}: "
-                              f"{_REPROFILE}")
-        try:
-            space = ElasticSpace.from_dict(data["space"])
-            if data.get("unit", "seconds") != "seconds":
-                raise ConfigError(f"unit {data['unit']!r} is not 'seconds'")
-            if data.get("space_fingerprint") != space_fingerprint(space):
-                raise ConfigError("its space_fingerprint does not match its space (edited or "
-                                  "truncated)")
-            measurement = data.get("measurement") or {}
-            if not isinstance(measurement, Mapping):
-                raise ConfigError("measurement must be an object")
-            return cls(space, dict(data["branch_seconds"]), data["side_seconds"],
-                       data["batch"], str(data.get("model", "")), dict(measurement),
-                       data["version"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            detail = str(exc) if isinstance(exc, ConfigError) \
-                else f"{type(exc).__name__}: {exc}"
-            raise ConfigError(f"block latency table {what} is malformed ({detail}); "
-                              f"{_REPROFILE}") from None
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        write_json(path, self.to_dict())
-        return path
+    def from_payload(cls, data: Mapping[str, Any]) -> BlockLatencyTable:
+        space = ElasticSpace.from_dict(data["space"])
+        if data.get("space_fingerprint") != space_fingerprint(space):
+            raise ConfigError("its space_fingerprint does not match its space (edited or "
+                              "truncated)")
+        measurement = data.get("measurement") or {}
+        if not isinstance(measurement, Mapping):
+            raise ConfigError("measurement must be an object")
+        return cls(space, dict(data["branch_seconds"]), data["side_seconds"], data["batch"],
+                   str(data.get("model", "")), dict(measurement))
 
     @classmethod
     def load(cls, path: str | Path, *, supernet: ElasticSupernet | ElasticSpace | None = None
              ) -> BlockLatencyTable:
         """Read a table; with ``supernet`` also check it was measured for it."""
-        path = Path(path)
-        data = read_json(path, what="block latency table", fix=_REPROFILE)
-        table = cls.from_dict(data, source=str(path))
+        table = cls.read(path)
         return table if supernet is None else table.check(supernet, source=str(path))
+
+
+BLOCK_TABLE_VERSION = BlockLatencyTable.VERSION
 
 
 # -- sanity check against an estimate --------------------------------------------------------
@@ -308,9 +280,6 @@ def far_from_estimate(table: BlockLatencyTable, estimate_s: Mapping[str, float],
 # -- timing helpers --------------------------------------------------------------------------
 
 
-_BURST = 3  # passes of a chain back to back; the first is not kept
-
-
 def _covering_paths(space: ElasticSpace, rng: np.random.Generator) -> list[SubnetArch]:
     """Random subnets that together run every branch: for each branch (in random order) not
     yet on one, a subnet through it (random branches before and after)."""
@@ -339,26 +308,13 @@ def _random_path(space: ElasticSpace, start: int, end: int, rng: np.random.Gener
 
 
 def _chain(supernet: ElasticSupernet, inputs: tuple[torch.Tensor, ...], path: SubnetArch,
-           samples: dict[str, list[int]] | None) -> None:
+           timer: InContextTimer) -> None:
     """Run subnet ``path`` as a deployment does (side inputs, then each branch on the last
-    one's output), adding each call's nanoseconds to ``samples`` when given."""
-    cuda = inputs[0].is_cuda
-    clock = time.perf_counter_ns
-
-    def timed(name: str, fn: Callable[[], Any]) -> Any:
-        t0 = clock()
-        out = fn()
-        if cuda:  # an asynchronous launch would otherwise time only the launch
-            torch.cuda.synchronize(inputs[0].device)
-        if samples is not None:
-            samples[name].append(clock() - t0)
-        return out
-
-    side = timed(_SIDE, lambda: supernet.side_tensors(*inputs))
+    one's output), each call timed by ``timer``."""
+    side = timer.call(_SIDE, supernet.side_tensors, *inputs)
     x = inputs[0]
     for name in path:
-        module = supernet.branch(name)
-        x = timed(name, partial(module, x, side))
+        x = timer.call(name, supernet.branch(name), x, side)
 
 
 def measure_subnet(supernet: ElasticSupernet, arch: Sequence[str],
@@ -410,13 +366,7 @@ def table_error(table: BlockLatencyTable, supernet: ElasticSupernet,
 def _distinct_archs(space: ElasticSpace, count: int, rng: np.random.Generator
                     ) -> list[SubnetArch]:
     """The pretrained path and random others, at most ``count`` (fewer in a small space)."""
-    archs = [space.original]
-    seen = set(archs)
-    for _ in range(count * 20):
-        if len(archs) >= min(count, space.count()):
-            break
-        arch = space.random_arch(rng)
-        if arch not in seen:
-            seen.add(arch)
-            archs.append(arch)
-    return archs[:count]
+    first = space.original
+    others = draw_distinct(lambda: space.random_arch(rng), min(count, space.count()) - 1,
+                           proposals=count * 20, seen={first})
+    return [first, *others][:count]

@@ -20,7 +20,7 @@ from typing import Any
 from edgesplit.errors import ConfigError, InfeasibleError, option
 from edgesplit.nas.adaptivenet._checks import arch_text, check_budget
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
-from edgesplit.nas.files import read_json, write_json
+from edgesplit.nas.core.files import read_json, write_json
 
 __all__ = ["POOL_VERSION", "PoolEntry", "PoolFileError", "SubnetPool"]
 

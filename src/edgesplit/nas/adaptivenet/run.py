@@ -48,7 +48,7 @@ from edgesplit.nas.adaptivenet.train import (
     relative_macs,
     subnet_accuracy,
 )
-from edgesplit.nas.files import read_document, write_json
+from edgesplit.nas.core.files import read_document, write_json
 from edgesplit.plan.cost import EdgeCloudSetting
 from edgesplit.units import at_least
 

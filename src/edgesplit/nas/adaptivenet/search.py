@@ -9,13 +9,13 @@ one-branch moves). :class:`SearchStep` is one point of their curves.
 
 All three follow the scikit-learn contract: parameters in ``__init__``, ``fit(evaluator,
 table)`` returns ``self``, learned state with a trailing underscore (``best_``, ``history_``,
-``curve_``, ``pareto_``...). :class:`~edgesplit.nas.evolution.EvolutionSearch` is not reused
+``curve_``, ``pareto_``...). :class:`~edgesplit.nas.core.evolution.EvolutionSearch` is not reused
 as a whole: it scores one architecture per evaluator call, and the prefix tree needs the
-whole generation at once. Its loop is: :class:`~edgesplit.nas.evolution.Breeding` (new
-subnets only, mutants and crossovers) and :func:`~edgesplit.nas.evolution.evolve` (the
+whole generation at once. Its loop is: :class:`~edgesplit.nas.core.evolution.Breeding` (new
+subnets only, mutants and crossovers) and :func:`~edgesplit.nas.core.evolution.evolve` (the
 generations), with AdaptiveNet's own survivors (the best of parents and children, within the
-budget first); so are its :class:`~edgesplit.nas.evolution.Candidate` records and
-:func:`~edgesplit.nas.evolution.pareto_front`.
+budget first); so are its :class:`~edgesplit.nas.core.evolution.Candidate` records and
+:func:`~edgesplit.nas.core.evolution.pareto_front`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from edgesplit.nas.adaptivenet.breed import NearbyBreeder, UniformBreeder
 from edgesplit.nas.adaptivenet.evaluate import PrefixTreeEvaluator
 from edgesplit.nas.adaptivenet.latency import BlockLatencyTable
 from edgesplit.nas.adaptivenet.space import ElasticSpace, SubnetArch
-from edgesplit.nas.checks import Rule, is_count, is_fraction, is_number, refuse
-from edgesplit.nas.evolution import Breeding, Candidate, evolve, pareto_front
+from edgesplit.nas.core.checks import Rule, is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.evolution import Breeding, Candidate, evolve, pareto_front
 from edgesplit.units import at_least
 
 __all__ = ["AdaptiveSearch", "AnnealingSearch", "EvolutionBaseline", "SearchStep"]
@@ -251,7 +251,7 @@ class AdaptiveSearch(_Evolution):
     ``pareto_`` holds the best accuracy at each latency). ``mutation_prob``: the chance of
     each further branch being replaced in a mutant (one always is).
 
-    Learned: ``best_`` (a :class:`~edgesplit.nas.evolution.Candidate` with metrics
+    Learned: ``best_`` (a :class:`~edgesplit.nas.core.evolution.Candidate` with metrics
     ``accuracy`` and ``latency``), ``best_arch_``, ``best_accuracy_``, ``best_latency_``,
     ``history_`` (every evaluated subnet, in order), ``curve_`` (a :class:`SearchStep` per
     iteration), ``population_``, ``pareto_``, ``rejected_`` (bred subnets discarded unseen),

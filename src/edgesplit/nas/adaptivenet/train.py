@@ -30,7 +30,7 @@ from edgesplit.hardware.accelerator import device_of, torch_device
 from edgesplit.nas.adaptivenet.data import Batch, ElasticData, Part, batches
 from edgesplit.nas.adaptivenet.space import SubnetArch
 from edgesplit.nas.adaptivenet.supernet import ElasticSupernet
-from edgesplit.nas.checks import is_count, is_number, refuse
+from edgesplit.nas.core.checks import is_count, is_number, refuse
 
 __all__ = ["ElasticTrainer", "TrainRecord", "latency_range_accuracy", "relative_macs",
            "sample_added", "subnet_accuracy"]

@@ -6,7 +6,7 @@ search and its result folder.
 - :mod:`~edgesplit.nas.jmsnas.supernet`: the weight-sharing supernet and its mixed ops;
 - :mod:`~edgesplit.nas.jmsnas.network`: the plain network of one architecture (what gets captured);
 - :mod:`~edgesplit.nas.jmsnas.sampler`: random, mutated and crossed architectures (what
-  :class:`~edgesplit.nas.evolution.EvolutionSearch` breeds a SearchSpace with);
+  :class:`~edgesplit.nas.core.evolution.EvolutionSearch` breeds a SearchSpace with);
 - :mod:`~edgesplit.nas.jmsnas.checkpoint`: a network to and from ``arch.json`` + safetensors;
 - :mod:`~edgesplit.nas.jmsnas.latency`: per-op latency tables of a space on a device (measured on
   this machine, estimated for presets), their files and their error on whole networks;

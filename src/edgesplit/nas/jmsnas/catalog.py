@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgesplit.nas.files import resolve_spec
+from edgesplit.nas.core.files import resolve_spec
 from edgesplit.nas.jmsnas.space import SearchSpace
 from edgesplit.registry import Registry
 

@@ -9,30 +9,32 @@ Two ways to fill one (:func:`build_latency_table`):
 
 - **measured**, for the device ``this-machine``: each distinct (op, channels, stride, input
   size) is captured, BN folded and fused, and cut into the whole-graph partition that
-  edgesplit's torch runtime deploys, then timed *in context*: every round runs chains
-  stem -> one op per layer -> head, the op at each layer drawn from a fresh permutation, and
-  times each call where it sits in the chain. Timing an op alone in a loop keeps its weights
-  and activations hot; on a 2-core Xeon that predicted whole networks about 18 % too fast, in
-  context the parts summed to within about 2 % of the whole. Eager ``ArchNet`` modules are not
+  edgesplit's torch runtime deploys, then timed *in context*
+  (:class:`~edgesplit.nas.core.timing.InContextTimer`): every round runs chains stem -> one op
+  per layer -> head, the op at each layer drawn from a fresh permutation, and times each call
+  where it sits in the chain. Timing an op alone in a loop keeps its weights and activations
+  hot; on a 2-core Xeon that predicted whole networks about 18 % too fast, in context the
+  parts summed to within about 2 % of the whole. Eager ``ArchNet`` modules are not
   timed: they run batch-norm as separate kernels, about 10-15 % slower than the folded program
   a deployment runs. What the parts still miss (separate partition calls against one
   whole-network program) is measured on a few calibration networks, interleaved with the op
-  timings so that both see the same machine, and stored as ``overhead_ms``: explicit, never
-  folded into the ops.
+  timings so that both see the same machine, and stored as ``overhead_seconds``: explicit,
+  never folded into the ops.
 - **estimated**, for any other device: each op captured at its input shape and priced layer by
   layer with the device's default estimator (:func:`~edgesplit.hardware.estimator_for`).
 
-A table is a versioned JSON file naming the space and device it was built for, each with a
-fingerprint; :meth:`LatencyTable.load` refuses a table of another space or device, so a shipped
-table is never silently applied to the wrong network or hardware. :func:`validate_latency_table`
-reports a measured table's error on whole random networks.
+A table is a :class:`~edgesplit.nas.core.table.SecondsTable`: entries in seconds (JMSNAS's
+budgets are in ms, so the methods above convert), a versioned JSON file (version 2; version 1,
+in milliseconds, is read by converting it) naming the space and device it was built for, each
+with a fingerprint; :meth:`LatencyTable.load` refuses a table of another space or device, so a
+shipped table is never silently applied to the wrong network or hardware.
+:func:`validate_latency_table` reports a measured table's error on whole random networks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import platform
 import statistics
@@ -42,9 +44,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -68,11 +70,13 @@ from edgesplit.hardware.timing import (
     time_block,
     timing_conditions,
 )
-from edgesplit.nas.files import read_json, write_json
+from edgesplit.nas.core.ops import OpSpec
+from edgesplit.nas.core.sampling import draw_distinct
+from edgesplit.nas.core.table import UNIT, SecondsTable
+from edgesplit.nas.core.timing import BURST, InContextTimer
 from edgesplit.nas.jmsnas.network import ArchNet, ChainFrame, init_weights
 from edgesplit.nas.jmsnas.sampler import random_arch
 from edgesplit.nas.jmsnas.space import Arch, SearchSpace
-from edgesplit.nas.ops import OpSpec
 
 __all__ = [
     "LATENCY_TABLE_VERSION",
@@ -84,9 +88,7 @@ __all__ = [
     "validate_latency_table",
 ]
 
-LATENCY_TABLE_VERSION = 1
 THIS_MACHINE = "this-machine"
-_KIND = "edgesplit-latency-table"
 _MEASURED = "measured"
 _ESTIMATED = "estimated: "
 
@@ -137,14 +139,6 @@ def _device_name(device: Device | str) -> str:
 # -- the table -----------------------------------------------------------------------------
 
 
-def _finite(what: str, value: Any, *, minimum: float | None = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"latency table {what}={value!r} must be a finite number of ms")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"latency table {what}={value!r} must be >= {minimum}")
-    return float(value)
-
-
 def _rebuild_hint(space: str, device: Device | str) -> str:
     typed, note = _typed(device)
     return (f"rebuild it with `edgesplit nas latency-table {space} --device {typed} -o FILE` "
@@ -167,16 +161,56 @@ def _typed(device: Device | str) -> tuple[str, str]:
             "(its fields, or `preset: NAME` and the overrides) ")
 
 
-@dataclass(frozen=True)
-class LatencyTable:
-    """Milliseconds of every candidate op at every searchable layer of one space on one device.
+def _from_milliseconds(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 document (milliseconds, no unit) as version 2 (seconds): a table built
+    before the latency tables shared one unit is read, not rebuilt."""
+    measurement = data.get("measurement")
+    if isinstance(measurement, Mapping) and isinstance(measurement.get("calibration"), Mapping):
+        calibration = dict(measurement["calibration"])
+        for old, new in (("measured_ms", "measured_seconds"),
+                         ("sum_of_parts_ms", "sum_of_parts_seconds")):
+            if old in calibration:
+                calibration[new] = [_ms_to_s(v) for v in calibration.pop(old)]
+        measurement = {**measurement, "calibration": calibration}
+    fixed = {f"{name}_seconds": _ms_to_s(data[f"{name}_ms"])
+             for name in ("stem", "head", "overhead") if f"{name}_ms" in data}
+    layers = data.get("layers")
+    if isinstance(layers, list):
+        layers = [{op: _ms_to_s(ms) for op, ms in row.items()} if isinstance(row, Mapping)
+                  else row for row in layers]
+    rest = {k: v for k, v in data.items() if k not in ("stem_ms", "head_ms", "overhead_ms")}
+    return {**rest, **fixed, "layers": layers, "measurement": measurement,
+            "version": LatencyTable.VERSION, "unit": UNIT}
 
-    ``layers[i]`` maps op name to ms in the order of ``space.layers[i].ops``; identity costs 0
-    (a deployed network drops it). ``overhead_ms`` is the part of a whole network that its parts
-    do not account for (measured tables; 0 for estimated ones). ``measurement`` holds how a
-    measured table was taken (warmup, repeats, threads, torch, machine, load averages,
-    calibration); None for estimated tables. Validates itself on construction.
+
+def _ms_to_s(value: Any) -> Any:
+    """Milliseconds as seconds; anything not a number is left for the table's checks."""
+    return value / 1e3 if isinstance(value, int | float) and not isinstance(value, bool) \
+        else value
+
+
+@dataclass(frozen=True)
+class LatencyTable(SecondsTable):
+    """Seconds of every candidate op at every searchable layer of one space on one device.
+
+    ``layer_seconds[i]`` maps op name to seconds in the order of ``space.layers[i].ops``;
+    identity costs 0 (a deployed network drops it). ``overhead_seconds`` is the part of a whole
+    network that its parts do not account for (measured tables; 0 for estimated ones).
+    ``measurement`` holds how a measured table was taken (warmup, repeats, threads, torch,
+    machine, load averages, calibration); None for estimated tables. Validates itself on
+    construction. JMSNAS prices in milliseconds: :meth:`op_ms`, :meth:`layer_vector`,
+    :meth:`arch_ms`, :attr:`layers`, :attr:`stem_ms`, :attr:`head_ms`, :attr:`overhead_ms` and
+    :attr:`fixed_ms` convert at this edge.
     """
+
+    KIND: ClassVar[str] = "edgesplit-latency-table"
+    VERSION: ClassVar[int] = 2
+    WHAT: ClassVar[str] = "latency table"
+    TITLE: ClassVar[str] = "an edgesplit latency table"
+    REBUILD: ClassVar[str] = ("rebuild it with `edgesplit nas latency-table SPACE --device "
+                              "DEVICE -o FILE`")
+    READS: ClassVar[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+        1: _from_milliseconds}
 
     space: str
     space_fingerprint: str
@@ -184,37 +218,35 @@ class LatencyTable:
     device_fingerprint: str
     method: str
     batch: int
-    stem_ms: float
-    head_ms: float
-    layers: tuple[Mapping[str, float], ...]
-    overhead_ms: float = 0.0
+    stem_seconds: float
+    head_seconds: float
+    layer_seconds: tuple[Mapping[str, float], ...]
+    overhead_seconds: float = 0.0
     measurement: Mapping[str, Any] | None = None
     created: str = ""
     build_seconds: float = 0.0
-    version: int = LATENCY_TABLE_VERSION
 
     def __post_init__(self) -> None:
-        if self.version != LATENCY_TABLE_VERSION:
-            raise ConfigError(f"latency table version {self.version!r} is unknown; this edgesplit "
-                              f"reads version {LATENCY_TABLE_VERSION}: "
-                              + _rebuild_hint(self.space, self.device))
         if self.method != _MEASURED and not str(self.method).startswith(_ESTIMATED):
-            raise ConfigError(f"latency table method={self.method!r} must be 'measured' or "
-                              "'estimated: <estimator>'")
-        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
-            raise ConfigError(f"latency table batch={self.batch!r} must be a positive integer")
-        for what in ("stem_ms", "head_ms"):
-            object.__setattr__(self, what, _finite(what, getattr(self, what)))
-        object.__setattr__(self, "overhead_ms",
-                           _finite("overhead_ms", self.overhead_ms, minimum=None))
-        if not self.layers:
-            raise ConfigError("latency table has no layers")
+            self.refuse(f"method={self.method!r} must be 'measured' or 'estimated: "
+                        "<estimator>'")
+        self.check_batch(self.batch)
+        for what in ("stem_seconds", "head_seconds"):
+            object.__setattr__(self, what, self.seconds(what, getattr(self, what)))
+        object.__setattr__(self, "overhead_seconds",
+                           self.seconds("overhead_seconds", self.overhead_seconds, least=None))
+        if not self.layer_seconds:
+            self.refuse("has no layers")
         rows = []
-        for i, row in enumerate(self.layers):
+        for i, row in enumerate(self.layer_seconds):
             if not isinstance(row, Mapping) or not row:
-                raise ConfigError(f"latency table layer {i} must map op names to ms")
-            rows.append({str(op): _finite(f"layers[{i}][{op!r}]", ms) for op, ms in row.items()})
-        object.__setattr__(self, "layers", tuple(rows))
+                self.refuse(f"layer {i} must map op names to seconds")
+            rows.append({str(op): self.seconds(f"layers[{i}][{op!r}]", s)
+                         for op, s in row.items()})
+        object.__setattr__(self, "layer_seconds", tuple(rows))
+
+    def rebuild(self) -> str:
+        return _rebuild_hint(self.space, self.device)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -223,12 +255,13 @@ class LatencyTable:
         return self.method == _MEASURED
 
     @property
-    def fixed_ms(self) -> float:
+    def fixed_seconds(self) -> float:
         """What every architecture pays: overhead + stem + head."""
-        return self.overhead_ms + self.stem_ms + self.head_ms
+        return self.overhead_seconds + self.stem_seconds + self.head_seconds
 
-    def op_ms(self, layer: int, op: OpSpec | str) -> float:
-        """Milliseconds of ``op`` at searchable layer ``layer``."""
+    def entry_seconds(self, key: tuple[int, OpSpec | str]) -> float:
+        """Seconds of op ``key[1]`` at searchable layer ``key[0]``."""
+        layer, op = key
         row = self._row(layer)
         name = op.name if isinstance(op, OpSpec) else str(op)
         if name not in row:
@@ -236,23 +269,51 @@ class LatencyTable:
                               f"layer {layer}; it has {', '.join(row)}")
         return row[name]
 
+    @cached_property
+    def layers(self) -> tuple[Mapping[str, float], ...]:
+        """Per searchable layer, op name -> milliseconds, in the space's order."""
+        return tuple({op: s * 1e3 for op, s in row.items()} for row in self.layer_seconds)
+
+    @property
+    def stem_ms(self) -> float:
+        return self.stem_seconds * 1e3
+
+    @property
+    def head_ms(self) -> float:
+        return self.head_seconds * 1e3
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.overhead_seconds * 1e3
+
+    @property
+    def fixed_ms(self) -> float:
+        """What every architecture pays, in ms: overhead + stem + head."""
+        return self.overhead_ms + self.stem_ms + self.head_ms
+
+    def op_ms(self, layer: int, op: OpSpec | str) -> float:
+        """Milliseconds of ``op`` at searchable layer ``layer``."""
+        self.entry_seconds((layer, op))  # an unknown layer or op is refused in its words
+        return self.layers[layer][op.name if isinstance(op, OpSpec) else str(op)]
+
     def layer_vector(self, layer: int) -> list[float]:
         """Layer ``layer``'s ms in the order of ``space.layers[layer].ops`` (the order of the
         supernet's paths, so it multiplies with their probabilities)."""
-        return list(self._row(layer).values())
+        self._row(layer)
+        return list(self.layers[layer].values())
 
     def arch_ms(self, arch: Arch) -> float:
         """Predicted whole-network ms of ``arch``: overhead + stem + chosen ops + head."""
-        if len(arch.ops) != len(self.layers):
+        if len(arch.ops) != len(self.layer_seconds):
             raise ConfigError(f"architecture has {len(arch.ops)} ops but the latency table of "
-                              f"space {self.space!r} has {len(self.layers)} layers")
-        return self.fixed_ms + sum(self.op_ms(i, op) for i, op in enumerate(arch.ops))
+                              f"space {self.space!r} has {len(self.layer_seconds)} layers")
+        return self.total_seconds(enumerate(arch.ops)) * 1e3
 
     def _row(self, layer: int) -> Mapping[str, float]:
-        if not 0 <= layer < len(self.layers):
+        if not 0 <= layer < len(self.layer_seconds):
             raise ConfigError(f"layer {layer} is out of range: the latency table of space "
-                              f"{self.space!r} has layers 0..{len(self.layers) - 1}")
-        return self.layers[layer]
+                              f"{self.space!r} has layers 0..{len(self.layer_seconds) - 1}")
+        return self.layer_seconds[layer]
 
     # -- compatibility -----------------------------------------------------------------------
 
@@ -293,60 +354,32 @@ class LatencyTable:
 
     # -- files -------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document (``kind``, ``version`` first)."""
+    def payload(self) -> dict[str, Any]:
         return {
-            "kind": _KIND,
-            "version": self.version,
             "space": {"name": self.space, "fingerprint": self.space_fingerprint},
             "device": {"name": self.device, "fingerprint": self.device_fingerprint},
             "method": self.method,
             "batch": self.batch,
             "created": self.created,
             "build_seconds": self.build_seconds,
-            "stem_ms": self.stem_ms,
-            "head_ms": self.head_ms,
-            "overhead_ms": self.overhead_ms,
-            "layers": [dict(row) for row in self.layers],
+            "stem_seconds": self.stem_seconds,
+            "head_seconds": self.head_seconds,
+            "overhead_seconds": self.overhead_seconds,
+            "layers": [dict(row) for row in self.layer_seconds],
             "measurement": dict(self.measurement) if self.measurement is not None else None,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "") -> LatencyTable:
-        """Inverse of :meth:`to_dict`; another kind, another version or missing fields are a
-        ConfigError that says how to get a good table."""
-        what = f"{source!r}" if source else "this document"
-        if not isinstance(data, Mapping) or data.get("kind") != _KIND:
-            raise ConfigError(f"{what} is not an edgesplit latency table (write one with "
-                              "`edgesplit nas latency-table SPACE --device DEVICE -o FILE`)")
-        version = data.get("version")
-        if version != LATENCY_TABLE_VERSION:
-            raise ConfigError(f"latency table {what} has version {version!r}; this edgesplit "
-                              f"reads version {LATENCY_TABLE_VERSION}: rebuild it with "
-                              "`edgesplit nas latency-table SPACE --device DEVICE -o FILE`")
-        try:
-            return cls(
-                space=str(data["space"]["name"]),
-                space_fingerprint=str(data["space"]["fingerprint"]),
-                device=str(data["device"]["name"]),
-                device_fingerprint=str(data["device"]["fingerprint"]),
-                method=data["method"], batch=data["batch"], stem_ms=data["stem_ms"],
-                head_ms=data["head_ms"], layers=tuple(data["layers"]),
-                overhead_ms=data.get("overhead_ms", 0.0), measurement=data.get("measurement"),
-                created=str(data.get("created", "")),
-                build_seconds=float(data.get("build_seconds", 0.0)), version=version)
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, ConfigError):
-                raise ConfigError(f"latency table {what} is malformed: {exc}") from None
-            raise ConfigError(f"latency table {what} is malformed ({type(exc).__name__}: "
-                              f"{exc}); rebuild it with `edgesplit nas latency-table SPACE "
-                              "--device DEVICE -o FILE`") from None
-
-    def save(self, path: str | Path) -> Path:
-        """Write the table as JSON (a file a user can ship with a searched model)."""
-        path = Path(path)
-        write_json(path, self.to_dict())
-        return path
+    def from_payload(cls, data: Mapping[str, Any]) -> LatencyTable:
+        return cls(
+            space=str(data["space"]["name"]), space_fingerprint=str(data["space"]["fingerprint"]),
+            device=str(data["device"]["name"]),
+            device_fingerprint=str(data["device"]["fingerprint"]),
+            method=data["method"], batch=data["batch"], stem_seconds=data["stem_seconds"],
+            head_seconds=data["head_seconds"], layer_seconds=tuple(data["layers"]),
+            overhead_seconds=data.get("overhead_seconds", 0.0),
+            measurement=data.get("measurement"), created=str(data.get("created", "")),
+            build_seconds=float(data.get("build_seconds", 0.0)))
 
     @classmethod
     def load(cls, path: str | Path, *, space: SearchSpace | str | None = None,
@@ -355,11 +388,10 @@ class LatencyTable:
 
         An unreadable or corrupt file, an unknown version, or a table of another space or
         device is a ConfigError naming the file, both sides and the command that rebuilds it."""
-        path = Path(path)
-        data = read_json(path, what="latency table", fix="rebuild it with `edgesplit nas "
-                         "latency-table SPACE --device DEVICE -o FILE`")
-        table = cls.from_dict(data, source=str(path))
-        return table.check(space=space, device=device, source=str(path))
+        return cls.read(path).check(space=space, device=device, source=str(path))
+
+
+LATENCY_TABLE_VERSION = LatencyTable.VERSION
 
 
 def _describe(identity: Mapping[str, Any]) -> str:
@@ -461,7 +493,7 @@ def build_latency_table(space: SearchSpace | str, device: Device | str, *, batch
     ``2 * repeats`` samples per op; medians kept); ``threads`` torch threads (default: the
     current setting, what a deployment in this process would use); ``calibration`` random
     networks, drawn from a stream of ``seed`` apart from validation's, timed whole in the same
-    rounds for ``overhead_ms`` (0: no overhead term). Other devices are estimated and ignore
+    rounds for ``overhead_seconds`` (0: no overhead term). Other devices are estimated and ignore
     the timing arguments. Ops sharing a shape are built and captured once.
     ``progress(stage, done, total)`` is called as the work advances.
     """
@@ -529,27 +561,20 @@ def _estimate(space: SearchSpace, batch: int, pieces: _Pieces, device: Device,
     items = pieces.items()
     for done, (key, (module, example)) in enumerate(items, start=1):
         cost[key] = sum(estimator.layer_ms(work, device)
-                        for work in _works(space, batch, key, module, example))
+                        for work in _works(space, batch, key, module, example)) / 1e3
         if progress:
             progress("estimating ops", done, len(items))
-    return {"method": f"{_ESTIMATED}{type(estimator).__name__}", "stem_ms": cost["stem"],
-            "head_ms": cost["head"], "layers": _rows(pieces, lambda i, j, key: cost[key])}
+    return {"method": f"{_ESTIMATED}{type(estimator).__name__}", "stem_seconds": cost["stem"],
+            "head_seconds": cost["head"],
+            "layer_seconds": _rows(pieces, lambda i, j, key: cost[key])}
 
 
 def _distinct_archs(space: SearchSpace, rng: np.random.Generator, count: int,
                     exclude: Collection[tuple[str, ...]] = ()) -> list[Arch]:
     """Up to ``count`` distinct random architectures not in ``exclude`` (a small space may have
     fewer: the draws stop after 50 tries per wanted architecture)."""
-    seen = set(exclude)
-    archs: list[Arch] = []
-    for _ in range(50 * count):
-        if len(archs) == count:
-            break
-        arch = random_arch(space, rng)
-        if arch.names not in seen:
-            seen.add(arch.names)
-            archs.append(arch)
-    return archs
+    return draw_distinct(lambda: random_arch(space, rng), count, proposals=50 * count,
+                         seen=set(exclude), key=lambda arch: arch.names)
 
 
 def _measure(space: SearchSpace, pieces: _Pieces, *, warmup: int, repeats: int, threads: int,
@@ -570,79 +595,64 @@ def _measure(space: SearchSpace, pieces: _Pieces, *, warmup: int, repeats: int, 
         if progress:
             progress("capturing calibration networks", done, total)
     before = _load()
+    timer = InContextTimer()
     with timing_conditions(threads):
-        stem_ns, head_ns, op_ns, whole_ns = _in_context(
-            pieces, calls, whole, x, warmup=warmup, repeats=repeats,
-            rng=np.random.default_rng([seed, 2]), progress=progress)
+        whole_ns = _in_context(pieces, calls, whole, x, timer, warmup=warmup, repeats=repeats,
+                               rng=np.random.default_rng([seed, 2]), progress=progress)
     after = _load()
-    stem_ms, head_ms = median_ms(stem_ns), median_ms(head_ns)
-    rows = _rows(pieces, lambda i, j, key: median_ms(op_ns[i][j]))
-    parts = [stem_ms + head_ms + sum(rows[i][op.name] for i, op in enumerate(arch.ops))
+    stem, head = timer.seconds("stem"), timer.seconds("head")
+    rows = _rows(pieces, lambda i, j, key: timer.seconds((i, j)))
+    parts = [stem + head + sum(rows[i][op.name] for i, op in enumerate(arch.ops))
              for arch in archs]
     # A network with no timed block (more calibration networks than rounds) is left out.
-    measured = [median_ms(s) if s else None for s in whole_ns]
+    measured = [statistics.median(s) / 1e9 if s else None for s in whole_ns]
     residuals = [m - p for m, p in zip(measured, parts, strict=True) if m is not None]
+    ops = [timer.count((i, j)) for i, row in enumerate(pieces.positions)
+           for j, (_, key) in enumerate(row) if key is not None]
     return {
-        "method": _MEASURED, "stem_ms": stem_ms, "head_ms": head_ms, "layers": rows,
-        "overhead_ms": statistics.median(residuals) if residuals else 0.0,
+        "method": _MEASURED, "stem_seconds": stem, "head_seconds": head, "layer_seconds": rows,
+        "overhead_seconds": statistics.median(residuals) if residuals else 0.0,
         "measurement": {
             "timing": "in context: chains stem -> one op per layer -> head, ops drawn from a "
                       "fresh permutation per layer each round, each chain run in a burst of "
-                      f"{_BURST} (first untimed), one calibration network per round in a block "
+                      f"{BURST} (first untimed), one calibration network per round in a block "
                       f"of {_BLOCK}; captured, BN-folded partitions as the torch runtime runs "
                       "them; medians",
             "warmup": warmup, "repeats": repeats, "threads": threads,
-            "min_samples_per_op": min((len(s) for row in op_ns for s in row if s),
-                                      default=0),
+            "min_samples_per_op": min((n for n in ops if n), default=0),
             "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "machine": machine_identity(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "load_average": {"before": before, "after": after},
-            "calibration": {"archs": [list(a.names) for a in archs], "measured_ms": measured,
-                            "sum_of_parts_ms": parts},
+            "calibration": {"archs": [list(a.names) for a in archs],
+                            "measured_seconds": measured, "sum_of_parts_seconds": parts},
         },
     }
 
 
 def _in_context(pieces: _Pieces, calls: Mapping[str | _Key, _Call], whole: Sequence[_Call],
-                x: torch.Tensor, *, warmup: int, repeats: int, rng: np.random.Generator,
-                progress: TableProgress | None
-                ) -> tuple[list[int], list[int], list[list[list[int]]], list[list[int]]]:
-    """Nanosecond samples of the stem, the head, each (layer, op) and each whole network.
+                x: torch.Tensor, timer: InContextTimer, *, warmup: int, repeats: int,
+                rng: np.random.Generator, progress: TableProgress | None) -> list[list[int]]:
+    """The stem (key ``"stem"``), the head (``"head"``) and each (layer, op) (``(i, j)``)
+    timed by ``timer`` in chains; returns the nanosecond samples of each whole network.
 
     A round runs as many chains as the widest layer has ops; layer i's op in chain k is
     ``perm_i[k mod n_i]`` for a fresh permutation ``perm_i``, so every op runs at least once
-    per round and meets varying neighbours. Each chain runs in a burst (:func:`_burst`): the
-    steady state of a network serving inference back to back, which is what a deployment
-    sees. The whole (calibration) networks run in the same rounds, one per round in a block of
-    back-to-back calls, so parts and wholes share the machine's conditions."""
-    stem, head = calls["stem"], calls["head"]
+    per round and meets varying neighbours. Each chain runs in a burst
+    (:meth:`InContextTimer.burst`): the steady state of a network serving inference back to
+    back, which is what a deployment sees. The whole (calibration) networks run in the same
+    rounds, one per round in a block of back-to-back calls, so parts and wholes share the
+    machine's conditions."""
     layers = [[calls[key] if key is not None else None for _, key in row]
               for row in pieces.positions]
     widest = max(len(row) for row in layers)
-    stem_ns: list[int] = []
-    head_ns: list[int] = []
-    op_ns: list[list[list[int]]] = [[[] for _ in row] for row in layers]
     whole_ns: list[list[int]] = [[] for _ in whole]
-    clock = time.perf_counter_ns
 
-    def chain(ops: list[tuple[_Call, list[int]]], keep: bool) -> None:
-        t0 = clock()
-        y = stem(x)[0]
-        t1 = clock()
-        if keep:
-            stem_ns.append(t1 - t0)
-        for fn, samples in ops:
-            t0 = clock()
-            y = fn(y)[0]
-            t1 = clock()
-            if keep:
-                samples.append(t1 - t0)
-        t0 = clock()
-        head(y)
-        t1 = clock()
-        if keep:
-            head_ns.append(t1 - t0)
+    def chain(ops: list[tuple[tuple[int, int], _Call]]) -> None:
+        y = timer.call("stem", calls["stem"], x)[0]
+        for key, fn in ops:
+            y = timer.call(key, fn, y)[0]
+        timer.call("head", calls["head"], y)
 
     rounds = warmup + repeats
     for r in range(rounds):
@@ -653,26 +663,17 @@ def _in_context(pieces: _Pieces, calls: Mapping[str | _Key, _Call], whole: Seque
                 j = int(perm[k % len(perm)])
                 fn = layers[i][j]
                 if fn is not None:
-                    ops.append((fn, op_ns[i][j]))
-            for keep in _burst(r >= warmup):
-                chain(ops, keep)
+                    ops.append(((i, j), fn))
+            timer.burst(partial(chain, ops), r >= warmup)
         if whole:  # one calibration network per round, in a block (see time_block)
             n = r % len(whole)
             time_block(partial(whole[n], x), 1, _BLOCK if r >= warmup else 0, whole_ns[n])
         if progress:
             progress("timing ops in context", r + 1, rounds)
-    return stem_ns, head_ns, op_ns, whole_ns
+    return whole_ns
 
 
-_BURST = 3  # passes of a chain per burst; the first is untimed
 _BLOCK = 5  # timed calls of a whole network per block in a build round
-
-
-def _burst(timed: bool) -> list[bool]:
-    """Which passes of a chain's burst are timed: the chain runs ``_BURST`` times back to back
-    and all passes but the first are kept, so its weights are as warm as a deployed network's
-    serving one request after another."""
-    return [False] + [timed] * (_BURST - 1)
 
 
 # -- validation ----------------------------------------------------------------------------
@@ -715,9 +716,9 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
                           "calibration networks to validate on")
     threads = int(info.get("threads") or torch.get_num_threads())
     calibration = info.get("calibration", {})
-    references = [(Arch.from_names(a), ms) for a, ms in
-                  zip(calibration.get("archs", []), calibration.get("measured_ms", []),
-                      strict=False) if ms]
+    references = [(Arch.from_names(a), seconds) for a, seconds in
+                  zip(calibration.get("archs", []), calibration.get("measured_seconds", []),
+                      strict=False) if seconds]
     calls = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -737,7 +738,7 @@ def validate_latency_table(table: LatencyTable, space: SearchSpace | str, *, sam
                 if progress:
                     progress("timing networks", p * len(calls) + n + 1, _PASSES * len(calls))
     after = _load()
-    drift = [100.0 * (median_ms(ns) - then) / then
+    drift = [100.0 * (statistics.median(ns) / 1e9 - then) / then
              for (_, then), ns in zip(references, samples_ns[len(archs):], strict=True)]
     rows: list[dict[str, Any]] = []
     errors: list[float] = []

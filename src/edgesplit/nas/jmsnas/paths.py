@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.ops import OpSpec
+from edgesplit.nas.core.ops import OpSpec
 
 __all__ = ["PathChoice"]
 

@@ -32,7 +32,7 @@ import torch
 
 from edgesplit.graph.ir import LayerGraph
 from edgesplit.hardware import Topology
-from edgesplit.nas.files import write_json
+from edgesplit.nas.core.files import write_json
 from edgesplit.nas.jmsnas.chain_latency import ChainPlacement
 from edgesplit.nas.jmsnas.checkpoint import save_network
 from edgesplit.nas.jmsnas.network import ArchNet

@@ -49,7 +49,7 @@ def crossover(space: SearchSpace, first: Arch, second: Arch, rng: np.random.Gene
 
 class SpaceBreeder:
     """A SearchSpace bred by this module's functions: the
-    :class:`~edgesplit.nas.evolution.Breeder` ``EvolutionSearch`` uses for it."""
+    :class:`~edgesplit.nas.core.evolution.Breeder` ``EvolutionSearch`` uses for it."""
 
     def __init__(self, space: SearchSpace) -> None:
         self.space, self.name = space, space.name

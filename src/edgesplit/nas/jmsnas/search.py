@@ -34,6 +34,7 @@ Defaults differ from the paper's ImageNet recipe (20 warm-up + 60 epochs, batch 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, stratified_split
 from edgesplit.errors import ConfigError, InfeasibleError
 from edgesplit.hardware.accelerator import device_of, torch_device
-from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.evaluate import recalibrate_bn as core_recalibrate
+from edgesplit.nas.core.evaluate import top1_accuracy
 from edgesplit.nas.jmsnas.binary_gates import binary_gates, sample_pair, sample_path
 from edgesplit.nas.jmsnas.chain_latency import ChainLatency
 from edgesplit.nas.jmsnas.mesh_latency import MeshLatency
@@ -97,13 +100,9 @@ def accuracy(model: nn.Module, data: EvalData, batch_size: int = 256) -> float:
     """Top-1 accuracy in % of ``model`` (put in eval mode) on labelled ``data``."""
     model.eval()
     assert data.labels is not None
-    correct, device = 0, device_of(model)
-    with torch.inference_mode():
-        for start in range(0, len(data), batch_size):
-            logits = model(data.inputs[0][start:start + batch_size].to(device))
-            labels = data.labels[start:start + batch_size].to(device)
-            correct += int((logits.argmax(1) == labels).sum())
-    return 100.0 * correct / len(data)
+    device = device_of(model)
+    return top1_accuracy(lambda x: model(x.to(device)), data.inputs[0], data.labels,
+                         batch_size)
 
 
 def train_network(model: nn.Module, data: EvalData, *, epochs: int, lr: float,
@@ -134,24 +133,12 @@ def train_network(model: nn.Module, data: EvalData, *, epochs: int, lr: float,
 
 def recalibrate_bn(net: nn.Module, data: EvalData, batch_size: int,
                    batches: int | None = 8) -> nn.Module:
-    """``net`` with batch-norm statistics re-estimated on ``batches`` batches of ``data``.
-
-    A supernet's running statistics mix every path that ran through a layer, so a sub-network
-    evaluated with them scores near chance; once-for-all re-estimates them for each
-    sub-network before measuring it, and so do we (a cumulative average, no weight changes).
-    ``batches=None`` uses all of ``data``."""
-    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    for bn in norms:
-        bn.reset_running_stats()
-        bn.momentum = None  # cumulative moving average over the batches below
-    net.train()
+    """``net`` with batch-norm statistics re-estimated on ``batches`` shuffled batches of
+    ``data`` (:func:`edgesplit.nas.core.evaluate.recalibrate_bn`); ``batches=None`` uses all of
+    ``data``."""
     gen, device = torch.Generator().manual_seed(0), device_of(net)
-    with torch.no_grad():
-        for k, (x, _) in enumerate(_batches(data, batch_size, gen, device)):
-            if batches is not None and k == batches:
-                break
-            net(x)
-    return net.eval()
+    inputs = (x for x, _ in _batches(data, batch_size, gen, device))
+    return core_recalibrate(net, itertools.islice(inputs, batches))
 
 
 def derive_within_budget(space: SearchSpace, alpha: list[torch.Tensor], latency: LatencyModel,

@@ -17,7 +17,7 @@ Batch-norms are per (kernel, expansion), since their statistics differ between c
 (switchable batch-norm, as in slimmable networks); a candidate with and without shortcut shares
 everything. Identity runs nothing. The binary gates of JMSNAS apply unchanged: a layer runs one
 or two candidates, whichever weights they slice. :meth:`SharedMixedOp.candidate_state` gives a
-candidate's weights as the state dict of a plain :class:`~edgesplit.nas.ops.MBConv`, which is
+candidate's weights as the state dict of a plain :class:`~edgesplit.nas.core.ops.MBConv`, which is
 how an extracted network gets them.
 """
 
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgesplit.nas.core.ops import OpSpec
 from edgesplit.nas.jmsnas.paths import PathChoice
-from edgesplit.nas.ops import OpSpec
 
 __all__ = ["SharedMixedOp"]
 

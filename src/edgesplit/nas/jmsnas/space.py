@@ -6,7 +6,7 @@ ops it allows; an architecture picks one op per layer. Both are frozen, validate
 and round-trip through plain dicts / JSON so that a searched network can be saved and rebuilt
 without the code that searched it.
 
-Validation follows the op rules of :mod:`edgesplit.nas.ops`: a layer that changes the shape may
+Validation follows the op rules of :mod:`edgesplit.nas.core.ops`: a layer that changes the shape may
 not allow identity or a shortcut op. :meth:`SearchSpace.from_stages` builds a MobileNetV2-style
 space and applies those rules for you.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.ops import JMSNAS_CANDIDATES, OpSpec, keeps_shape, legal_ops
+from edgesplit.nas.core.ops import JMSNAS_CANDIDATES, OpSpec, keeps_shape, legal_ops
 
 if TYPE_CHECKING:
     from edgesplit.nas.jmsnas.sampler import SpaceBreeder

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError
+from edgesplit.nas.core.ops import OpSpec
 from edgesplit.nas.jmsnas.network import ArchNet, ChainFrame, init_weights
 from edgesplit.nas.jmsnas.paths import PathChoice
 from edgesplit.nas.jmsnas.shared import SharedMixedOp
 from edgesplit.nas.jmsnas.space import Arch, SearchSpace
-from edgesplit.nas.ops import OpSpec
 
 __all__ = ["MixedOp", "Supernet"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgesplit.nas.files import resolve_spec
+from edgesplit.nas.core.files import resolve_spec
 from edgesplit.nas.splitnets.space import PhaseSpec, SplitSpace
 from edgesplit.registry import Registry
 

@@ -182,7 +182,7 @@ class _Part:
 
 def _block(part: _Part, name: str, x: str, c_in: int, c_out: int, expand: int, stride: int,
            size_in: int) -> tuple[str, int]:
-    """One MBConv (as :class:`edgesplit.nas.ops.MBConv` captures): (output, its size)."""
+    """One MBConv (as :class:`edgesplit.nas.core.ops.MBConv` captures): (output, its size)."""
     hidden = c_in * expand
     size_out = (size_in + stride - 1) // stride
     y = x

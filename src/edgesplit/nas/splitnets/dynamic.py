@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgesplit.errors import ConfigError
-from edgesplit.nas.ops import MBConv
+from edgesplit.nas.core.ops import MBConv
 
 __all__ = ["INIT_MODES", "DynamicConvBN", "DynamicMBConv", "InitMode", "init_std",
            "init_weight_"]

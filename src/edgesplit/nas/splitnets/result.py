@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from edgesplit.data import EvalData
 from edgesplit.graph import LayerGraph, capture
 from edgesplit.graph.memory import peak_memory
 from edgesplit.hardware import Topology, estimator_for
 from edgesplit.hardware.work import LayerWork
-from edgesplit.nas.files import write_json
+from edgesplit.nas.core.checkpoint import CheckpointFormat
+from edgesplit.nas.core.evaluate import top1_accuracy
+from edgesplit.nas.core.files import write_json
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.space import SplitArch
 from edgesplit.nas.splitnets.supernet import SplitNet, SplitSupernet, recalibrate
@@ -46,6 +47,9 @@ MODEL_FILE = "model.pt2"
 PLAN_FILE = "plan.json"
 SUMMARY_FILE = "splitnet.json"
 FORMAT = "edgesplit.nas.splitnets.network/1"
+NETWORK = CheckpointFormat(FORMAT, ARCH_FILE, WEIGHTS_FILE, "searched SplitNet",
+                           "search one with `edgesplit nas splitnets search`",
+                           "save it again with save_splitnet")
 
 
 @dataclass(frozen=True)
@@ -65,15 +69,11 @@ def view_inputs(x: torch.Tensor, views: int, resolution: int) -> tuple[torch.Ten
                                align_corners=False, antialias=True) for v in per_view)
 
 
-@torch.no_grad()
 def net_accuracy(net: SplitNet, data: EvalData, resolution: int, batch_size: int = 512
                  ) -> float:
     assert data.labels is not None
-    correct = 0
-    for i in range(0, len(data), batch_size):
-        xs = view_inputs(data.inputs[0][i:i + batch_size], net.views, resolution)
-        correct += int((net(*xs).argmax(1) == data.labels[i:i + batch_size]).sum())
-    return 100.0 * correct / len(data)
+    return top1_accuracy(lambda x: net(*view_inputs(x, net.views, resolution)), data.inputs[0],
+                         data.labels, batch_size)
 
 
 def _placement(graph: LayerGraph, hardware: SplitHardware, views: int) -> dict[str, list[str]]:
@@ -135,10 +135,8 @@ def save_splitnet(folder: str | Path, supernet: SplitSupernet, arch: SplitArch,
     plan, graph = plan_splitnet(model_path, hardware, topology, views,
                                 hardware.check_memory(cost) == 0)
     plan.save(out / PLAN_FILE)
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()},
-              str(out / WEIGHTS_FILE))
-    write_json(out / ARCH_FILE, {"format": FORMAT, "space": space.to_dict(),
-                                 "arch": arch.to_dict()})
+    NETWORK.save(out, {"space": space.to_dict(), "arch": arch.to_dict()},
+                 {k: v.contiguous() for k, v in net.state_dict().items()})
     doc = dict(summary or {})
     doc.update(_checks(graph, plan, cost, hardware))
     doc["arch"], doc["describe"] = arch.to_dict(), arch.describe()

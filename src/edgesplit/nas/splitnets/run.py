@@ -24,7 +24,7 @@ from edgesplit.data import EvalData
 from edgesplit.data.training import LabelledData, load_labelled, stratified_split
 from edgesplit.errors import ConfigError, option
 from edgesplit.hardware import AnalyticalCompute, Topology, resolve_topology
-from edgesplit.nas.files import write_json
+from edgesplit.nas.core.files import write_json
 from edgesplit.nas.splitnets.checkpoint import load_supernet, save_supernet
 from edgesplit.nas.splitnets.cost import FLOAT32, SplitHardware, SplitPricing
 from edgesplit.nas.splitnets.result import SplitNetResult, save_splitnet

@@ -22,8 +22,8 @@ from typing import Any
 
 from edgesplit.data import EvalData
 from edgesplit.errors import InfeasibleError, option
-from edgesplit.nas.checks import is_count, is_number, refuse
-from edgesplit.nas.evolution import Candidate, Evaluation, EvolutionSearch, pareto_front
+from edgesplit.nas.core.checks import is_count, is_number, refuse
+from edgesplit.nas.core.evolution import Candidate, Evaluation, EvolutionSearch, pareto_front
 from edgesplit.nas.splitnets.cost import SplitCost, SplitHardware
 from edgesplit.nas.splitnets.sampling import SplitBreeder
 from edgesplit.nas.splitnets.space import SplitArch

@@ -30,6 +30,7 @@ from torch import nn
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware.accelerator import device_of
+from edgesplit.nas.core.evaluate import recalibrate_bn
 from edgesplit.nas.splitnets.dynamic import INIT_MODES, DynamicConvBN, DynamicMBConv
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 
@@ -251,19 +252,10 @@ def _resize(x: torch.Tensor, resolution: int) -> torch.Tensor:
                          align_corners=False, antialias=True)
 
 
-@torch.no_grad()
 def recalibrate(supernet: SplitSupernet, arch: SplitArch, batches: Iterable[torch.Tensor]
                 ) -> None:
     """Batch-norm statistics of ``arch`` from ``batches`` (cumulative averages, as
     once-for-all does before evaluating a sub-network); leaves the supernet in eval mode."""
-    was = [(bn, bn.momentum) for bn in supernet.batchnorms()]
-    for bn, _ in was:
-        bn.reset_running_stats()
-        bn.momentum = None
-    supernet.train()
     device = device_of(supernet)
-    for x in batches:
-        supernet(x.to(device), arch)
-    for bn, momentum in was:
-        bn.momentum = momentum
-    supernet.eval()
+    recalibrate_bn(supernet, batches, lambda x: supernet(x.to(device), arch),
+                   supernet.batchnorms())

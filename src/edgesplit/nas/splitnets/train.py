@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from edgesplit.data import EvalData
 from edgesplit.hardware.accelerator import device_of, torch_device
-from edgesplit.nas.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.checks import is_count, is_fraction, is_number, refuse
+from edgesplit.nas.core.evaluate import top1_accuracy
 from edgesplit.nas.splitnets.sampling import SAMPLERS, training_subnets
 from edgesplit.nas.splitnets.space import SplitArch, SplitSpace
 from edgesplit.nas.splitnets.supernet import MultiResolution, SplitSupernet, recalibrate
@@ -61,11 +62,8 @@ def subnet_accuracy(supernet: SplitSupernet, arch: SplitArch,
         x, labels = data.inputs[0], data.labels
     else:
         x, labels = data[0].at(r), data[1]
-    correct, device = 0, device_of(supernet)
-    for i in range(0, len(x), batch_size):
-        logits = supernet(x[i:i + batch_size].to(device), arch)
-        correct += int((logits.argmax(1) == labels[i:i + batch_size].to(device)).sum())
-    return 100.0 * correct / len(x)
+    device = device_of(supernet)
+    return top1_accuracy(lambda batch: supernet(batch.to(device), arch), x, labels, batch_size)
 
 
 @dataclass

@@ -1,17 +1,22 @@
 """What the three NAS systems read and write alike: a SPACE argument (a registered name or a
 file) and versioned JSON documents (result folders, latency tables, checkpoints' manifests).
+
+Every file is written whole or not at all (:func:`replacing`): a reader, or a run that resumes
+from a folder a killed run left, never finds half a document.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from edgesplit.errors import ConfigError, EdgesplitError
 
-__all__ = ["read_document", "read_json", "resolve_spec", "write_json"]
+__all__ = ["read_document", "read_json", "replacing", "resolve_spec", "write_json"]
 
 T = TypeVar("T")
 
@@ -30,10 +35,24 @@ def resolve_spec(spec: str | Path | T, kind: type[T], get: Callable[[str], T]) -
     return get(text)
 
 
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write; it replaces ``path`` in one step when the
+    block ends without an error, and is removed when it raises."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json(path: Path, doc: Any) -> Path:
     """``doc`` written to ``path`` as JSON indented by two, with a final newline: the layout of
-    every NAS result file, table and checkpoint manifest."""
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    every NAS result file, table and checkpoint manifest. Written whole or not at all."""
+    text = json.dumps(doc, indent=2) + "\n"
+    with replacing(path) as tmp:
+        tmp.write_text(text)
     return path
 
 

@@ -39,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from edgesplit.errors import ConfigError, InfeasibleError, option
+from edgesplit.nas.core.sampling import draw_distinct
 
 __all__ = ["Breedable", "Breeder", "Breeding", "Candidate", "Constraint", "Evaluation",
            "Evaluator", "EvolutionSearch", "Progress", "evolve", "pareto_front"]
@@ -129,20 +130,8 @@ class Breeding:
     def draw(self, count: int, propose: Callable[[], Any]) -> list[Any]:
         """Up to ``count`` new admitted architectures from ``propose``, in at most
         ``count * max_attempts`` proposals."""
-        found: list[Any] = []
-        stale = 0
-        for _ in range(count * self.max_attempts):
-            if len(found) == count or stale == self.patience:
-                break
-            arch = propose()
-            if arch in self.seen:
-                stale += 1
-                continue
-            stale = 0
-            self.seen.add(arch)
-            if self.admit(arch):
-                found.append(arch)
-        return found
+        return draw_distinct(propose, count, proposals=count * self.max_attempts,
+                             seen=self.seen, admit=self.admit, patience=self.patience)
 
     def initial(self, count: int) -> list[Any]:
         """Up to ``count`` new random architectures: the first generation."""
