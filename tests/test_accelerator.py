@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import perturbed
+from conftest import perturbed, server_for
 from edgesplit.errors import EdgesplitError
 from edgesplit.graph import capture
 from edgesplit.hardware import chain, get_device, get_link, get_topology
@@ -129,11 +129,11 @@ def test_a_split_whose_cloud_part_runs_on_the_gpu_equals_the_cpu(backend):
 
 @needs_cuda
 def test_a_served_gpu_stage_answers_a_cpu_client():
-    from edgesplit.runtime.transport import ChainClient, PartitionServer
+    from edgesplit.runtime.client import ChainClient
 
     plan, _ = _split("resnet18")
     on_cpu = PlanProgram.load(plan)
-    server = PartitionServer(PlanProgram.load(plan, torch_device="cuda"), "b", shape=False)
+    server = server_for(PlanProgram.load(plan, torch_device="cuda"), "b", shape=False)
     try:
         with ChainClient(on_cpu, f"127.0.0.1:{server.start()}", shape=False) as client:
             got = client.request().outputs[0]
@@ -176,7 +176,6 @@ def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     """Greedy tokens of a 2-stage split whose second stage computes on ``device``, and
     single-process generate's on the CPU."""
     from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_server import LLMStageServer
 
     plan, model = _llm_plan(), _perturbed_llama()
     prompt = torch.randint(0, model.config.vocab_size, (1, 8),
@@ -184,8 +183,8 @@ def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
                          min_new_tokens=10, do_sample=False, pad_token_id=0)
     # the server's own copy: it moves its modules to its device, and the client's share some
-    server = LLMStageServer(plan, plan.devices[1].name, model=copy.deepcopy(model),
-                            data_port=None, torch_device=device)
+    server = server_for(plan, plan.devices[1].name, model=copy.deepcopy(model),
+                        data_port=None, torch_device=device)
     try:
         with LLMClient(plan, server.loopback_channel(), model=model) as client:
             got = [t.token for t in client.generate(prompt[0].tolist(), 10)]

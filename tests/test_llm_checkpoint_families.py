@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import perturbed
+from conftest import perturbed, server_for
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import chain, get_topology
 from edgesplit.models.causal_lm import causal_lm_config, create_causal_lm
@@ -23,8 +23,9 @@ from edgesplit.plan.llm_assemble import assemble_llm_plan
 from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
 from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_server import LLMStageServer, head_stage
+from edgesplit.runtime.llm_server import head_stage
 from edgesplit.runtime.llm_stage import LLMStageModel
+from edgesplit.runtime.shell import ServingShell
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -86,12 +87,12 @@ def test_stages_from_the_folder_give_the_tokens_of_generate(folder, reference, b
     plan = _plan(folder, boundaries)
     assert plan.llm is not None and plan.llm.fingerprint is not None
     assert plan.model.source == str(folder)
-    servers: list[LLMStageServer] = []
+    servers: list[ServingShell] = []
     nxt = None
     try:
         for i in range(head_stage(plan.llm), 0, -1):  # no model=: each loads from the folder
-            servers.insert(0, LLMStageServer(plan, plan.devices[i].name, next_address=nxt,
-                                             data_port=None, shape=False))
+            servers.insert(0, server_for(plan, plan.devices[i].name, next_address=nxt,
+                                         data_port=None, shape=False))
             nxt = servers[0].loopback_channel()
         with LLMClient(plan, nxt, shape=False) as client:
             assert [t.token for t in client.generate(prompt[0].tolist(), NEW)] == expected

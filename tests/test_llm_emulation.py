@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from conftest import server_for
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import AnalyticalCompute, Device, Link, chain
 from edgesplit.models.causal_lm import create_causal_lm
@@ -32,7 +33,6 @@ from edgesplit.runtime.llm_emulation import (
     stage_links,
 )
 from edgesplit.runtime.llm_report import generation_report
-from edgesplit.runtime.llm_server import LLMStageServer
 
 PROMPT = [5, 0, 17, 42, 99, 3]
 NEW = 4
@@ -73,13 +73,13 @@ def _generate(plan: Plan, model: torch.nn.Module, *, emulate: bool, shape: bool 
               factors: dict[str, dict[str, float]] | None = None):
     """A generation over a served second stage; ``requests`` collects, per device, the
     seconds each pacer asked to sleep, ``factors`` the factors it slows by."""
-    server = LLMStageServer(plan, "slow-b", model=model, data_port=None, emulate=emulate,
-                            shape=shape)
+    server = server_for(plan, "slow-b", model=model, data_port=None, emulate=emulate,
+                        shape=shape)
     try:
         with LLMClient(plan, server.loopback_channel(), model=model, emulate=emulate,
                        shape=shape) as client:
             if requests is not None:
-                for pacer in (client.pacer, server.pacer):
+                for pacer in (client.pacer, server.handler.pacer):
                     assert pacer is not None
                     if factors is not None:
                         factors[pacer.device] = pacer.factors
@@ -218,9 +218,9 @@ def test_shaped_links_cost_the_round_trip(model):
     tokens, doc = _generate(plan, model, emulate=False)
     assert all(t.step_ms >= slow_link.rtt_ms for t in tokens)
     assert "emulated_decode_ms" not in doc["stages"][0]
-    server = LLMStageServer(plan, "slow-b", model=model, data_port=None, shape=False)
+    server = server_for(plan, "slow-b", model=model, data_port=None, shape=False)
     try:
-        assert not server.upstream.enabled and not server.downstream.enabled
+        assert not server.handler.upstream.enabled and not server.handler.downstream.enabled
         client = LLMClient(plan, server.loopback_channel(), model=model, shape=False)
         assert not client.shaper.enabled
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import perturbed
+from conftest import perturbed, server_for
 from edgesplit.errors import ConfigError, cli_options
 from edgesplit.graph.causal_lm import describe_causal_lm
 from edgesplit.hardware import chain, get_topology
@@ -25,7 +25,7 @@ from edgesplit.plan.llm_assemble import assemble_llm_plan
 from edgesplit.plan.llm_placement import evaluate_placement
 from edgesplit.plan.model import Plan
 from edgesplit.runtime.llm_client import LLMClient
-from edgesplit.runtime.llm_server import LLMStageServer, head_stage
+from edgesplit.runtime.llm_server import head_stage
 from edgesplit.runtime.llm_stage import LLMStageModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -104,8 +104,8 @@ class _Line:
     def __init__(self, plan: Plan, model: torch.nn.Module | None = None) -> None:
         assert plan.llm is not None and head_stage(plan.llm) == 1
         self.plan, self.model = plan, model
-        self.server = LLMStageServer(plan, plan.devices[1].name, data_port=None, shape=False,
-                                     model=model)
+        self.server = server_for(plan, plan.devices[1].name, data_port=None, shape=False,
+                                 model=model)
 
     def client(self, **options) -> LLMClient:
         return LLMClient(self.plan, self.server.loopback_channel(), model=self.model,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from conftest import server_for
 from edgesplit.cli import app
 from edgesplit.hardware import chain, get_topology
 from edgesplit.models.causal_lm import create_causal_lm
@@ -51,11 +52,10 @@ def test_a_path_given_relative_is_stored_relative_to_the_plan_file(made_in):
 def test_the_readme_llm_client_snippet_runs_from_another_folder(made_in, tmp_path,
                                                                 monkeypatch):
     from edgesplit.runtime.llm_client import LLMClient
-    from edgesplit.runtime.llm_server import LLMStageServer
 
     monkeypatch.chdir(tmp_path)  # no ckpt here: it is found beside the plan
     path = made_in / "plans" / "plan.json"
-    server = LLMStageServer(load_plan(path), "laptop", data_port=None)
+    server = server_for(load_plan(path), "laptop", data_port=None)
     port = server.start("127.0.0.1", 0)
     try:
         # the README's snippet, the plan's path and the port aside

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import server_for
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import get_device, get_link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import BACKENDS, Backend, TorchBackend
-from edgesplit.runtime.transport import ChainClient, PartitionServer
+from edgesplit.runtime.client import ChainClient
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_server_keeps_backend_state_per_session(program):
     backend = CountingBackend()
     program.use_backend(backend)
     try:
-        server = PartitionServer(program, "cloud", shape=False)
+        server = server_for(program, "cloud", shape=False)
         channel = server.loopback_channel()
         x = torch.randn(*program.graph.tensors[program.graph.inputs[0]].shape)
         with ChainClient(program, channel, shape=False, session="a") as a, \
