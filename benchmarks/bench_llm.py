@@ -72,9 +72,11 @@ from edgesplit.llm.stage.emulation import (
     measured_reference,
     slowdown_factors,
 )
-from edgesplit.llm.stage.server import LLMStageServer, head_stage
+from edgesplit.llm.stage.server import head_stage, llm_stage_server
 from edgesplit.plan.model import Plan
 from edgesplit.report.plots import plot_llm_methods
+from edgesplit.runtime.options import ServeOptions
+from edgesplit.runtime.shell import ServingShell
 
 RESULTS = Path(__file__).parent / "results"
 QUIET_LOAD = 1.0
@@ -264,12 +266,12 @@ def dilation_for(planning: LLMPlanning) -> float:
 @contextlib.contextmanager
 def emulated_chain(plan: Plan, dilation: float) -> Iterator[str | None]:
     assert plan.llm is not None
-    servers: list[LLMStageServer] = []
+    servers: list[ServingShell] = []
     nxt: str | None = None
     try:
         for i in range(head_stage(plan.llm), 0, -1):
-            server = LLMStageServer(plan, plan.devices[i].name, next_address=nxt,
-                                    emulate=True, shape=True, dilation=dilation)
+            server = llm_stage_server(plan, plan.devices[i].name, ServeOptions(shape=True),
+                                      next_address=nxt, emulate=True, dilation=dilation)
             nxt = f"127.0.0.1:{server.start('127.0.0.1', 0)}"
             servers.append(server)
         yield nxt

@@ -49,7 +49,7 @@ from edgesplit.hardware.profile import profile_graph, save_profile
 from edgesplit.plan import Plan, PlanningProblem, get_planner, mesh_layout
 from edgesplit.plan.codec import measure_wire_codec
 from edgesplit.runtime import PlanProgram
-from edgesplit.runtime.transport import ChainClient
+from edgesplit.runtime.client import ChainClient
 
 RESULTS = Path(__file__).parent / "results"
 LINK = Link(name="shaped-2000mbps-0.2ms", bandwidth_mbps=2000.0, rtt_ms=0.2, medium="wired")

@@ -53,7 +53,7 @@ from edgesplit.hardware.profile import machine_info
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, get_planner, load_plan
 from edgesplit.report.plots import plot_replica_scaling
 from edgesplit.runtime import PlanProgram
-from edgesplit.runtime.transport import ChainClient
+from edgesplit.runtime.client import ChainClient
 
 RESULTS = Path(__file__).parent / "results"
 QUIET_LOAD = 1.0

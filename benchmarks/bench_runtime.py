@@ -74,7 +74,12 @@ from edgesplit.plan import (
 from edgesplit.plan.model import Plan
 from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime import PlanProgram
-from edgesplit.runtime.transport import ChainClient, PartitionServer, decode_planned
+
+try:
+    from edgesplit.runtime.client import ChainClient
+    from edgesplit.runtime.planned import decode_planned
+except ImportError:  # section 6 runs this script on older commits' code too (section 1)
+    from edgesplit.runtime.transport import ChainClient, decode_planned
 
 RESULTS = Path(__file__).parent / "results"
 HOST = "127.0.0.1"
@@ -140,9 +145,18 @@ def _median(xs: list[float]) -> float:
 
 
 @contextlib.contextmanager
-def serving(program: PlanProgram, *, shape: bool) -> Iterator[tuple[str, PartitionServer]]:
-    """The plan's second device served on loopback, in this process; always stopped."""
-    server = PartitionServer(program, program.steps[1].name, shape=shape)
+def serving(program: PlanProgram, *, shape: bool) -> Iterator[tuple[str, Any]]:
+    """The plan's second device served on loopback, in this process; always stopped. Made as
+    the code imported makes one (section 6 runs section 1 on an older commit's code too)."""
+    try:
+        from edgesplit.runtime.options import ServeOptions
+        from edgesplit.runtime.server import partition_server
+    except ImportError:  # before the serving shell took ServeOptions (issue 57)
+        from edgesplit.runtime.transport import PartitionServer
+
+        server = PartitionServer(program, program.steps[1].name, shape=shape)
+    else:
+        server = partition_server(program, program.steps[1].name, ServeOptions(shape=shape))
     try:
         port = server.start(HOST, 0)
         yield f"{HOST}:{port}", server
@@ -550,7 +564,7 @@ def bench_shaping(device: Device, requests: int) -> list[dict[str, Any]]:
             plan, program = _manual(problem, layer)
             up, down = [], []
             with serving(program, shape=True) as (address, server):
-                _record_sizes(server.upstream, down)
+                _record_sizes(getattr(server, "handler", server).upstream, down)
                 with ChainClient(program, address, shape=True) as client:
                     _record_sizes(client.shaper, up)
                     client.request()  # warm-up

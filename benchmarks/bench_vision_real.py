@@ -188,7 +188,7 @@ def served_agreement(plan_path: Path, module: Any, test: Any, limit: int | None
 
     from edgesplit.plan import Plan
     from edgesplit.runtime import PlanProgram
-    from edgesplit.runtime.transport import ChainClient
+    from edgesplit.runtime.client import ChainClient
 
     images = test if limit is None else test.subset(slice(0, limit))
     server = subprocess.Popen([sys.executable, "-m", "edgesplit.cli", "serve", str(plan_path),

@@ -27,7 +27,11 @@ import torch
 import edgesplit
 from edgesplit.plan import load_plan
 from edgesplit.runtime import PlanProgram
-from edgesplit.runtime.transport import ChainClient
+
+try:
+    from edgesplit.runtime.client import ChainClient
+except ImportError:  # bench_runtime's section 6 drives older commits' code with this script too
+    from edgesplit.runtime.transport import ChainClient
 
 
 def main(plan_path: str, address: str, plane: str, threads: int) -> None:

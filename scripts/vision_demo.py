@@ -30,7 +30,7 @@ def classify_through_split(plan: Path, address: str, module: torch.nn.Module) ->
     from edgesplit.data.images import imagenet_input
     from edgesplit.plan import Plan
     from edgesplit.runtime import PlanProgram
-    from edgesplit.runtime.transport import ChainClient
+    from edgesplit.runtime.client import ChainClient
 
     program = PlanProgram.load(Plan.model_validate_json(plan.read_text()))
     with ChainClient(program, address) as client:

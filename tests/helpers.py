@@ -49,7 +49,7 @@ def self_signed(folder):
     (server TlsFiles, client TlsFiles trusting it)."""
     import subprocess
 
-    from edgesplit.runtime.transport import TlsFiles
+    from edgesplit.transport import TlsFiles
 
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
@@ -126,3 +126,26 @@ class Relay:
 
     def close(self) -> None:
         self._listener.close()
+
+
+def server_for(plan, device: str, **options):
+    """A server of ``device`` of ``plan``, not started: a PlanProgram's partition server
+    (``runtime.server.partition_server``), an LLM plan's stage server
+    (``llm.stage.server.llm_stage_server``). The ``ServeOptions`` fields among ``options``
+    (``token``, ``tls``, ``shape``, ``max_workers``, ``data_port``, ...) go to its shell, the
+    rest to the assembly (``next_address``, ``max_batch``, ``engine``, ``model``, ...). Leaving
+    a ``with`` block stops it at once."""
+    from dataclasses import fields
+
+    from edgesplit.runtime import PlanProgram
+    from edgesplit.runtime.options import ServeOptions
+
+    names = {f.name for f in fields(ServeOptions)}
+    shell = ServeOptions(**{k: options.pop(k) for k in list(options) if k in names})
+    if isinstance(plan, PlanProgram):
+        from edgesplit.runtime.server import partition_server
+
+        return partition_server(plan, device, shell, **options)
+    from edgesplit.llm.stage.server import llm_stage_server
+
+    return llm_stage_server(plan, device, shell, **options)

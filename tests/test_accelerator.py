@@ -23,7 +23,7 @@ from edgesplit.hardware.profile import profile_graph
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import get_backend
-from helpers import perturbed
+from helpers import perturbed, server_for
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -129,11 +129,11 @@ def test_a_split_whose_cloud_part_runs_on_the_gpu_equals_the_cpu(backend):
 
 @needs_cuda
 def test_a_served_gpu_stage_answers_a_cpu_client():
-    from edgesplit.runtime.transport import ChainClient, PartitionServer
+    from edgesplit.runtime.client import ChainClient
 
     plan, _ = _split("resnet18")
     on_cpu = PlanProgram.load(plan)
-    server = PartitionServer(PlanProgram.load(plan, torch_device="cuda"), "b", shape=False)
+    server = server_for(PlanProgram.load(plan, torch_device="cuda"), "b", shape=False)
     try:
         with ChainClient(on_cpu, f"127.0.0.1:{server.start()}", shape=False) as client:
             got = client.request().outputs[0]
@@ -174,7 +174,6 @@ def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     """Greedy tokens of a 2-stage split whose second stage computes on ``device``, and
     single-process generate's on the CPU."""
     from edgesplit.llm.generate.client import LLMClient
-    from edgesplit.llm.stage.server import LLMStageServer
 
     plan, model = _llm_plan(), _perturbed_llama()
     prompt = torch.randint(0, model.config.vocab_size, (1, 8),
@@ -182,8 +181,8 @@ def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
                          min_new_tokens=10, do_sample=False, pad_token_id=0)
     # the server's own copy: it moves its modules to its device, and the client's share some
-    server = LLMStageServer(plan, plan.devices[1].name, model=copy.deepcopy(model),
-                            data_port=None, torch_device=device)
+    server = server_for(plan, plan.devices[1].name, model=copy.deepcopy(model),
+                        data_port=None, torch_device=device)
     try:
         with LLMClient(plan, server.loopback_channel(), model=model) as client:
             got = [t.token for t in client.generate(prompt[0].tolist(), 10)]

@@ -57,18 +57,15 @@ def _silent_caller_is_cut_off(seen: dict):
 @pytest.mark.parametrize("command", ["serve", "llm serve"])
 def test_a_server_started_from_the_cli_applies_the_flags(command, digits_chain, plan_file,
                                                          tmp_path, monkeypatch):
-    import edgesplit.runtime.transport
     import edgesplit.transport
 
     seen: dict = {}
+    monkeypatch.setattr(edgesplit.transport, "serve_forever", _silent_caller_is_cut_off(seen))
     if command == "serve":
-        monkeypatch.setattr(edgesplit.runtime.transport, "serve_forever",
-                            _silent_caller_is_cut_off(seen))
         plan = tmp_path / "plan.json"
         digits_chain.plan.save(plan)
         argv = ["serve", str(plan), "--device", "cloud"]
     else:
-        monkeypatch.setattr(edgesplit.transport, "serve_forever", _silent_caller_is_cut_off(seen))
         argv = ["llm", "serve", str(plan_file), "--device", "laptop"]
     result = runner.invoke(app, [*argv, "--port", "0", "--threads", "1", *FLAGS])
     assert result.exit_code == 0, result.output

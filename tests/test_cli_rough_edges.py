@@ -21,6 +21,7 @@ from edgesplit.hardware import chain, get_topology
 from edgesplit.hardware.files import load_device, load_link, load_topology
 from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import causal_lm_config
+from helpers import server_for
 
 runner = CliRunner()
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "split the model over devices"]
@@ -101,10 +102,9 @@ def talking(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def laptop(talking):
     """The plan's second stage served in this process, with a token."""
-    from edgesplit.llm.stage.server import LLMStageServer
     from edgesplit.plan import load_plan
 
-    server = LLMStageServer(load_plan(talking), "laptop", token="sesame", data_port=None)
+    server = server_for(load_plan(talking), "laptop", token="sesame", data_port=None)
     port = server.start("127.0.0.1", 0)
     yield f"127.0.0.1:{port}"
     server.stop(0)

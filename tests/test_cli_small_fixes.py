@@ -22,8 +22,8 @@ from edgesplit.nas.adaptivenet.latency import BlockLatencyTable, far_from_estima
 from edgesplit.nas.adaptivenet.run import budget_note
 from edgesplit.nas.adaptivenet.space import Branch, ElasticSpace
 from edgesplit.runtime.session import client_shares, run_requests
-from edgesplit.runtime.transport import PartitionServer
 from edgesplit.transport.server import GrpcServer
+from helpers import server_for
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "250"}  # rich wraps help at the terminal's width: one line per option here
@@ -108,7 +108,7 @@ def test_client_shares_add_up_to_the_requests(requests, concurrency, shares):
 
 
 def test_run_requests_sends_the_total_across_clients(digits_chain):
-    server = PartitionServer(digits_chain, "cloud", shape=False)
+    server = server_for(digits_chain, "cloud", shape=False)
     try:
         report = run_requests(digits_chain, server.loopback_channel(), requests=10,
                               concurrency=4, client_options={"shape": False})
@@ -123,7 +123,7 @@ def test_run_requests_sends_the_total_across_clients(digits_chain):
 def test_cli_run_n_20_c_4_sends_20_requests(digits_chain, tmp_path):
     plan = tmp_path / "plan.json"
     digits_chain.plan.save(plan)
-    server = PartitionServer(digits_chain, "cloud", shape=False)
+    server = server_for(digits_chain, "cloud", shape=False)
     port = server.start("127.0.0.1", 0)
     try:
         result = runner.invoke(app, ["run", str(plan), "--server", f"127.0.0.1:{port}",

@@ -23,9 +23,9 @@ import grpc
 import pytest
 import torch
 
+from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.transport import ChainClient, PartitionServer
 from edgesplit.transport import bearer_metadata
 from edgesplit.transport.auth import AuthThrottle
 from edgesplit.transport.frames import (
@@ -39,6 +39,7 @@ from edgesplit.transport.frames import (
 )
 from edgesplit.transport.frames.codec import _Inbox
 from edgesplit.transport.limits import ConnectionLimits
+from helpers import server_for
 
 pytestmark = pytest.mark.xdist_group("runtime")
 TOKEN = "s3cret"
@@ -205,8 +206,8 @@ def _request(program, k: int = 1) -> pb.Bundle:
 def test_health_and_describe_answer_while_idle_streams_hold_every_worker(digits_chain):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    server = PartitionServer(digits_chain, "cloud", shape=False, max_workers=2,
-                             limits=ConnectionLimits(idle_s=0.5))
+    server = server_for(digits_chain, "cloud", shape=False, max_workers=2,
+                        limits=ConnectionLimits(idle_s=0.5))
     address = f"127.0.0.1:{server.start()}"
     try:
         with grpc.insecure_channel(address) as channel:
@@ -227,7 +228,7 @@ def test_health_and_describe_answer_while_idle_streams_hold_every_worker(digits_
 
 
 def test_a_client_the_data_plane_refuses_goes_over_grpc(digits_chain):
-    server = PartitionServer(digits_chain, "cloud", shape=False)
+    server = server_for(digits_chain, "cloud", shape=False)
     address = f"127.0.0.1:{server.start()}"
     try:
         with ChainClient(digits_chain, address, shape=False) as client:
@@ -246,8 +247,8 @@ def test_a_client_the_data_plane_refuses_goes_over_grpc(digits_chain):
 
 
 def test_a_kept_connection_the_server_closed_is_replaced(digits_chain):
-    server = PartitionServer(digits_chain, "cloud", shape=False,
-                             limits=ConnectionLimits(idle_s=0.2))
+    server = server_for(digits_chain, "cloud", shape=False,
+                        limits=ConnectionLimits(idle_s=0.2))
     address = f"127.0.0.1:{server.start()}"
     try:
         with ChainClient(digits_chain, address, shape=False, data_plane="tcp") as client:
@@ -293,7 +294,7 @@ def test_a_host_that_guesses_is_refused_unchecked_and_others_are_not():
 
 
 def test_grpc_token_failures_are_throttled_per_host(digits_chain):
-    server = PartitionServer(digits_chain, "cloud", shape=False, token=TOKEN)
+    server = server_for(digits_chain, "cloud", shape=False, token=TOKEN)
     server.throttle = AuthThrottle(burst=2, interval_s=3600, spread=1)  # by host alone
     address = f"127.0.0.1:{server.start()}"
     try:

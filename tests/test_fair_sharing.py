@@ -27,11 +27,11 @@ import torch
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
+from edgesplit.runtime.shell import ServingShell
 from edgesplit.runtime.star import JOIN_KEY
-from edgesplit.runtime.transport import PartitionServer
 from edgesplit.transport.auth import AuthThrottle, bearer_metadata
 from edgesplit.transport.frames import REPLY
-from helpers import Relay
+from helpers import Relay, server_for
 from test_dataplane_limits import _answer, _connect, _head, _meta, _server
 from test_runtime_star import (  # noqa: F401 - fixtures
     SENSORS,
@@ -58,14 +58,14 @@ def program(plan, graph) -> PlanProgram:  # noqa: F811
 
 
 # ---- 1. the join table's quota is a host's ---------------------------------------------------
-def _flood(sink: PartitionServer, channels: list[grpc.Channel], bundle: pb.Bundle, each: int
+def _flood(sink: ServingShell, channels: list[grpc.Channel], bundle: pb.Bundle, each: int
            ) -> list[grpc.Future]:
     """One-source parts under fresh keys, ``each`` over every channel, until each is parked or
     refused."""
     calls = [pb_grpc.PartitionServiceStub(channel).Run.future(
         bundle, timeout=60, metadata=[(JOIN_KEY, f"flood{c}-{i}")])
         for c, channel in enumerate(channels) for i in range(each)]
-    _until(lambda: sum(call.done() for call in calls) + sink.join.parked == len(calls))
+    _until(lambda: sum(call.done() for call in calls) + sink.handler.join.parked == len(calls))
     return calls
 
 
@@ -73,7 +73,7 @@ def test_a_flood_over_many_connections_takes_one_hosts_share_and_requests_go_thr
     """Three connections from 127.0.0.1 flood sensor0's parts; the sensors reach the sink
     from three other hosts. Per connection, the flood held the whole table and not one
     request was served; per host it holds half, and every request is."""
-    sink = PartitionServer(program, "aggregator", shape=False, max_joins=8, join_timeout_s=60)
+    sink = server_for(program, "aggregator", shape=False, max_joins=8, join_timeout_s=60)
     sink.start()
     floods = [grpc.insecure_channel(f"127.0.0.1:{sink.port}",
                                     options=[("grpc.use_local_subchannel_pool", 1)])
@@ -82,7 +82,7 @@ def test_a_flood_over_many_connections_takes_one_hosts_share_and_requests_go_thr
     channels = {s: grpc.insecure_channel(relay.address) for s, relay in relays.items()}
     try:
         flood = _flood(sink, floods, _sent(program, _views(20))["sensor0"], 4)
-        held = sink.join.pending
+        held = sink.handler.join.pending
         served = 0
         for n in range(5):
             xs = _views(30 + n)
@@ -113,24 +113,24 @@ def _output(reply: pb.Bundle) -> torch.Tensor:
     return decode_tensor(reply.tensors[0].data)
 
 
-def _host_channel(sink: PartitionServer, host: str):
+def _host_channel(sink: ServingShell, host: str):
     return sink.loopback_channel(f"ipv4:{host}:5000")
 
 
-def _park_or_refuse(sink: PartitionServer, channel, bundle: pb.Bundle, key: str) -> str:
+def _park_or_refuse(sink: ServingShell, channel, bundle: pb.Bundle, key: str) -> str:
     """Send one part on a thread of its own: "parked" once the sink parks it, else the code
     it was refused with."""
-    before, box = sink.join.parked, []
+    before, box = sink.handler.join.parked, []
     threading.Thread(target=lambda: box.append(_call_outcome(channel, bundle, key)),
                      daemon=True).start()
-    _until(lambda: sink.join.parked > before or box)
+    _until(lambda: sink.handler.join.parked > before or box)
     return "parked" if not box else box[0].code().name
 
 
 def test_hosts_that_flood_one_after_another_leave_a_new_host_room(program):
     """The share a host may hold falls as hosts join in (max_joins // (H + 1)): two hosts
     flooding in turn hold 6 and 4 of 12, and a third host still opens joins."""
-    sink = PartitionServer(program, "aggregator", shape=False, max_joins=12, join_timeout_s=60)
+    sink = server_for(program, "aggregator", shape=False, max_joins=12, join_timeout_s=60)
     sent = _sent(program, _views(21))
     try:
         held = {}
@@ -152,7 +152,7 @@ def test_a_flood_on_a_sources_host_fails_only_the_requests_that_source_opens(pro
     """The hard case, as the docstring of Join says: a caller on sensor0's host fills that
     host's share; a request whose first part comes from sensor0 is refused, one that
     another sensor opens still completes (a part that adds to a join is never charged)."""
-    sink = PartitionServer(program, "aggregator", shape=False, max_joins=8, join_timeout_s=60)
+    sink = server_for(program, "aggregator", shape=False, max_joins=8, join_timeout_s=60)
     hosts = {s: _host_channel(sink, f"10.0.0.{i + 1}") for i, s in enumerate(SENSORS)}
     try:
         flood = _sent(program, _views(22))["sensor0"]
@@ -164,7 +164,7 @@ def test_a_flood_on_a_sources_host_fails_only_the_requests_that_source_opens(pro
         assert _park_or_refuse(sink, hosts["sensor0"], sent["sensor0"], "from-sensor0") == \
             "RESOURCE_EXHAUSTED"
         opened = [_in_background(_call, hosts["sensor1"], sent["sensor1"], "opened", 30)]
-        _until(lambda: sink.join.pending == 5)
+        _until(lambda: sink.handler.join.pending == 5)
         opened += [_in_background(_call, hosts[s], sent[s], "opened", 30)
                    for s in ("sensor0", "sensor2")]
         want = program.unsplit(xs)[0]
@@ -187,7 +187,7 @@ def _call_outcome(channel, bundle: pb.Bundle, key: str):
 def test_a_call_carrying_every_sources_tensors_is_computed_not_parked(program):
     """Such a call used to open a join and wait in it for tensors it had brought, until the
     join timed out (DEADLINE_EXCEEDED)."""
-    sink = PartitionServer(program, "aggregator", shape=False, join_timeout_s=2)
+    sink = server_for(program, "aggregator", shape=False, join_timeout_s=2)
     xs = _views(24)
     whole = pb.Bundle()
     for bundle in _sent(program, xs).values():
@@ -198,7 +198,8 @@ def test_a_call_carrying_every_sources_tensors_is_computed_not_parked(program):
         reply = _call_outcome(sink.loopback_channel(), whole, "whole")
         assert isinstance(reply, pb.Bundle), reply
         assert torch.allclose(_output(reply), program.unsplit(xs)[0], atol=TOL)
-        assert (sink.join.computed, sink.join.pending, sink.join.parked) == (1, 0, 0)
+        join = sink.handler.join
+        assert (join.computed, join.pending, join.parked) == (1, 0, 0)
         again = _call_outcome(sink.loopback_channel(), whole, "whole")  # never computed twice
         assert again.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "has been answered" in again.details()
@@ -264,7 +265,7 @@ def test_over_grpc_a_right_token_from_a_guessing_host_is_served(digits_chain):
     throttle = AuthThrottle(burst=2, interval_s=3600)
     wrong = next(g for g in _guesses(3) if throttle.key("127.0.0.1", f"Bearer {g}")
                  != throttle.key("127.0.0.1", f"Bearer {TOKEN}"))
-    server = PartitionServer(digits_chain, "cloud", shape=False, token=TOKEN)
+    server = server_for(digits_chain, "cloud", shape=False, token=TOKEN)
     server.throttle = throttle
     address = f"127.0.0.1:{server.start()}"
     try:

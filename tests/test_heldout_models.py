@@ -27,8 +27,9 @@ from edgesplit.hardware import get_device, get_link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, load_plan
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
+from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.session import run_requests
-from edgesplit.runtime.transport import ChainClient, PartitionServer
+from helpers import server_for
 
 TOL = 1e-5
 
@@ -173,7 +174,7 @@ def test_heldout_model_plans_serves_and_exports(name, tmp_path):
     assert program.steps[0].sends  # something crosses the link
     _assert_same_tree(program.structured(program.unsplit(x)), expected)
 
-    server = PartitionServer(program, "cloud", shape=False)
+    server = server_for(program, "cloud", shape=False)
     address = f"127.0.0.1:{server.start('127.0.0.1', 0)}"
     try:
         report = run_requests(program, address, client_options={"shape": False})

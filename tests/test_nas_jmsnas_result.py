@@ -25,8 +25,8 @@ from edgesplit.nas.jmsnas.chain_latency import ChainPlacement
 from edgesplit.nas.jmsnas.result import OWN_PLAN_FILE, save_search_result
 from edgesplit.nas.jmsnas.run import run_jmsnas
 from edgesplit.plan import load_plan
+from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.program import PlanProgram
-from edgesplit.runtime.transport import ChainClient
 
 TOPOLOGY = get_topology("jmsnas-chain")
 DEVICES = tuple(TOPOLOGY.chain_order())  # ue, sbs, mbs, cloud

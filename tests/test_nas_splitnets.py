@@ -269,10 +269,10 @@ def test_result_folder_plan_runs_and_predicts_the_searched_latency(tmp_path, vie
     torch.testing.assert_close(outputs[0], result.net(*xs), rtol=1e-5, atol=1e-5)
     if views > 1:  # V sensor servers and the fusing aggregator, over the transport
         from edgesplit.runtime.star import StarClient
-        from edgesplit.runtime.transport import PartitionServer
+        from helpers import server_for
 
-        sink = PartitionServer(program, "aggregator", shape=False).loopback_channel()
-        channels = {s: PartitionServer(program, s, next_address=sink, shape=False)
+        sink = server_for(program, "aggregator", shape=False).loopback_channel()
+        channels = {s: server_for(program, s, next_address=sink, shape=False)
                     .loopback_channel() for s in hardware.sensors[:views]}
         with StarClient(program, channels, timeout_s=30) as client:
             reply = client.request(list(xs))

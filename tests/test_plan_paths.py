@@ -19,6 +19,7 @@ from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan import load_plan
 from edgesplit.runtime import plan_id
+from helpers import server_for
 
 runner = CliRunner()
 
@@ -49,11 +50,10 @@ def test_a_path_given_relative_is_stored_relative_to_the_plan_file(made_in):
 def test_the_readme_llm_client_snippet_runs_from_another_folder(made_in, tmp_path,
                                                                 monkeypatch):
     from edgesplit.llm.generate.client import LLMClient
-    from edgesplit.llm.stage.server import LLMStageServer
 
     monkeypatch.chdir(tmp_path)  # no ckpt here: it is found beside the plan
     path = made_in / "plans" / "plan.json"
-    server = LLMStageServer(load_plan(path), "laptop", data_port=None)
+    server = server_for(load_plan(path), "laptop", data_port=None)
     port = server.start("127.0.0.1", 0)
     try:
         # the README's snippet, the plan's path and the port aside

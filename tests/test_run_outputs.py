@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.errors import ConfigError
+from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.outputs import OutputCollector, split_rows
-from edgesplit.runtime.transport import ChainClient, PartitionServer
+from helpers import server_for
 
 runner = CliRunner()
 ROWS = 8
@@ -40,7 +41,7 @@ def served(digits_chain, tmp_path_factory):
     data = folder / "frames.npz"
     x = _rows()
     np.savez(data, inputs=x.numpy(), labels=np.arange(ROWS) % 10)
-    server = PartitionServer(digits_chain, "cloud", shape=False)
+    server = server_for(digits_chain, "cloud", shape=False)
     port = server.start("127.0.0.1", 0)
     yield SimpleNamespace(plan=plan, data=data, x=x, address=f"127.0.0.1:{port}",
                           want=_unsplit(digits_chain, x))

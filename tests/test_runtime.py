@@ -49,10 +49,12 @@ from edgesplit.graph import capture
 from edgesplit.plan import PLAN_VERSION, load_plan
 from edgesplit.quant import decode_tensor, encode_tensor
 from edgesplit.runtime import PlanProgram, plan_id
+from edgesplit.runtime.client import ChainClient
+from edgesplit.runtime.planned import max_message_bytes
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.session import run_requests
-from edgesplit.runtime.transport import ChainClient, PartitionServer, max_message_bytes
+from helpers import server_for
 
 MODEL = "digits_cnn"
 INPUT_SHAPE = (1, 1, 32, 32)
@@ -224,10 +226,10 @@ SERVERS = {
 def local(programs):
     """In-process servers by key, reached over the loopback transport: the servicer code a
     socket runs (decode, validate, compute, errors with status codes) without a subprocess."""
-    made = {"chain": PartitionServer(programs["chain"], "cloud", token=TOKEN, shape=False),
+    made = {"chain": server_for(programs["chain"], "cloud", token=TOKEN, shape=False),
             # shaped (4g; asked: shaping is a rehearsal, off by default): the shaping check
-            "dag": PartitionServer(programs["dag"], "cloud", shape=True),
-            "quant": PartitionServer(programs["quant"], "cloud", shape=False)}
+            "dag": server_for(programs["dag"], "cloud", shape=True),
+            "quant": server_for(programs["quant"], "cloud", shape=False)}
     return {key: server.loopback_channel() for key, server in made.items()}
 
 

@@ -11,7 +11,8 @@ from edgesplit.plan import EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import BACKENDS, Backend, TorchBackend
-from edgesplit.runtime.transport import ChainClient, PartitionServer
+from edgesplit.runtime.client import ChainClient
+from helpers import server_for
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_server_keeps_backend_state_per_session(program):
     backend = CountingBackend()
     program.use_backend(backend)
     try:
-        server = PartitionServer(program, "cloud", shape=False)
+        server = server_for(program, "cloud", shape=False)
         channel = server.loopback_channel()
         x = torch.randn(*program.graph.tensors[program.graph.inputs[0]].shape)
         with ChainClient(program, channel, shape=False, session="a") as a, \

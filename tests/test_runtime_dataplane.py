@@ -2,7 +2,7 @@
 answers, errors and refusals as the gRPC path, hostile frames refused without harm, and
 batches whose every reply is its own request's.
 
-Servers run in this process on loopback sockets (`PartitionServer.start`); each test stops its
+Servers run in this process on loopback sockets (`ServingShell.start`); each test stops its
 own. The bad-input suite is test_runtime.py's, sent as frames instead of gRPC messages.
 """
 
@@ -27,16 +27,13 @@ from edgesplit.plan.planners import Manual
 from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.batching import flexible_step
+from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.dataplane import Message, Part, split_address
-from edgesplit.runtime.transport import (
-    SESSION_KEY,
-    ChainClient,
-    PartitionServer,
-    max_message_bytes,
-)
+from edgesplit.runtime.planned import SESSION_KEY, max_message_bytes
+from edgesplit.runtime.shell import ServingShell
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
-from helpers import self_signed
+from helpers import self_signed, server_for
 from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
 
 pytestmark = pytest.mark.xdist_group("runtime")
@@ -51,7 +48,7 @@ def program(digits_chain):
 @pytest.fixture(scope="module")
 def served(program):
     """One server with a token, batching as by default; (server, gRPC address)."""
-    server = PartitionServer(program, "cloud", shape=False, token=TOKEN)
+    server = server_for(program, "cloud", shape=False, token=TOKEN)
     port = server.start()
     yield server, f"127.0.0.1:{port}"
     server.stop(0)
@@ -61,8 +58,8 @@ def _x(k: int) -> tuple[torch.Tensor]:
     return (torch.randn(1, 1, 32, 32, generator=torch.Generator().manual_seed(k)),)
 
 
-def _frames(server: PartitionServer) -> FrameClient:
-    return FrameClient("127.0.0.1", server.data_port, max_message_bytes(server.program) * 4)
+def _frames(server: ServingShell) -> FrameClient:
+    return FrameClient("127.0.0.1", server.data_port, max_message_bytes(server.handler.program) * 4)
 
 
 def _call(program: PlanProgram, tensors: list[Part], request_id: int = 7,
@@ -82,7 +79,7 @@ def _good(program: PlanProgram, k: int = 3) -> list[Part]:
 # ---- the same answers --------------------------------------------------------------------------
 def test_requests_go_over_the_data_plane_and_equal_the_unsplit_model(program, served):
     server, address = served
-    assert server.data_port and server.batching == "up to 32"
+    assert server.data_port and server.handler.batching == "up to 32"
     with ChainClient(program, address, token=TOKEN, shape=False) as client:
         for k in range(3):
             out = client.request(_x(k)).outputs[0]
@@ -98,7 +95,7 @@ def test_one_client_shared_by_threads_gets_every_reply_matched(program, served):
     """16 threads share one client (a connection each when they overlap); batching groups
     their requests; every output is its own input's."""
     server, address = served
-    before = server.batcher.batches_run
+    before = server.handler.batcher.batches_run
     with ChainClient(program, address, token=TOKEN, shape=False) as client:
         def one(k: int) -> float:
             out = client.request(_x(k)).outputs[0]
@@ -107,7 +104,7 @@ def test_one_client_shared_by_threads_gets_every_reply_matched(program, served):
         with ThreadPoolExecutor(16) as pool:
             diffs = list(pool.map(one, range(96)))
     assert max(diffs) <= TOL
-    assert server.batcher.batches_run > before  # concurrent requests really were batched
+    assert server.handler.batcher.batches_run > before  # concurrent requests really were batched
 
 
 def _soon(condition, within_s: float = 10.0) -> bool:
@@ -121,14 +118,14 @@ def _soon(condition, within_s: float = 10.0) -> bool:
 
 
 @contextlib.contextmanager
-def _batcher_held(server: PartitionServer):
+def _batcher_held(server: ServingShell):
     """The batcher busy (its compute lock held): calls that arrive meanwhile are queued and
     answered later by its worker, once released."""
-    server.batcher._computing.acquire()
+    server.handler.batcher._computing.acquire()
     try:
         yield
     finally:
-        server.batcher._computing.release()
+        server.handler.batcher._computing.release()
 
 
 def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined(
@@ -140,14 +137,14 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
     from edgesplit.transport.frames.codec import _Inbox, write_frame
 
     server, _ = served
-    before = server.batcher.batches_run
+    before = server.handler.batcher.batches_run
     with socket.create_connection(("127.0.0.1", server.data_port)) as sock:
         with _batcher_held(server):
             for k in (3, 4):
                 write_frame(sock, _call(program, _good(program, k), request_id=100 + k))
             # both read, waiting on the held batcher (one in its worker's hand)
             assert _soon(lambda: server._frames._busy == 2)
-            assert server.batcher._queue.qsize() >= 1
+            assert server.handler.batcher._queue.qsize() >= 1
         answers = {}
         inbox = _Inbox()
         for _ in range(2):
@@ -157,7 +154,7 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
     assert sorted(answers) == [103, 104]
     for k in (3, 4):
         assert torch.allclose(answers[100 + k], program.unsplit(_x(k))[0], atol=TOL)
-    assert server.batcher.batches_run == before + 1
+    assert server.handler.batcher.batches_run == before + 1
 
 
 def test_a_queued_call_whose_deadline_passes_is_answered_without_computing(program, served):
@@ -166,7 +163,7 @@ def test_a_queued_call_whose_deadline_passes_is_answered_without_computing(progr
     from edgesplit.transport.frames.codec import _Inbox, write_frame
 
     server, address = served
-    batcher = server.batcher
+    batcher = server.handler.batcher
     expired = batcher.requests_expired
     call = Message(program.plan_id, PLAN_VERSION, 60, _good(program)).to_frame(
         metadata=[list(p) for p in AUTH], timeout_s=0.3)
@@ -188,7 +185,7 @@ def test_a_queued_call_that_fails_is_answered_as_the_synchronous_path_would(prog
     """A call answered by the batcher's worker whose compute fails gets the FAILED answer a
     call computed on its own thread gets (status and words); the server goes on."""
     server, address = served
-    batcher = server.batcher
+    batcher = server.handler.batcher
 
     class Boom:  # a partition whose compute fails, alone and in a batch
         partition = batcher.single.partition
@@ -259,13 +256,14 @@ def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
     plan = chain_plan(costs, evaluate_boundaries(costs, [0, 2, 5, n]), topology,
                       method="manual", source="a")
     hops = PlanProgram.load(plan, graph)
-    last = PartitionServer(hops, "c", shape=False)
-    mid = PartitionServer(hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
+    last = server_for(hops, "c", shape=False)
+    mid = server_for(hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
     try:
         with ChainClient(hops, f"127.0.0.1:{mid.start()}", shape=False) as client:
             out = client.request().outputs[0]
         assert torch.allclose(out, hops.unsplit()[0], atol=TOL)
-        assert mid._next is not None and mid._next.data_plane.startswith("tcp")
+        hop = mid.handler.next_hop
+        assert hop is not None and hop.data_plane.startswith("tcp")
     finally:
         mid.stop(0)
         last.stop(0)
@@ -273,7 +271,7 @@ def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
 
 def test_tls_covers_the_data_plane(program, tmp_path):
     tls, ca = self_signed(tmp_path)
-    server = PartitionServer(program, "cloud", shape=False, token=TOKEN, tls=tls)
+    server = server_for(program, "cloud", shape=False, token=TOKEN, tls=tls)
     port = server.start()
     try:
         with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
@@ -302,7 +300,7 @@ def test_tls_covers_the_data_plane(program, tmp_path):
 
 
 def test_data_plane_off_and_required(program):
-    server = PartitionServer(program, "cloud", shape=False, data_port=None)
+    server = server_for(program, "cloud", shape=False, data_port=None)
     address = f"127.0.0.1:{server.start()}"
     try:
         assert server.data_port is None
@@ -367,7 +365,7 @@ def test_token_plan_and_deadline_errors_read_as_over_grpc(program, served):
 
 
 def test_a_stopped_server_is_unavailable_promptly(program):
-    server = PartitionServer(program, "cloud", shape=False)
+    server = server_for(program, "cloud", shape=False)
     address = f"127.0.0.1:{server.start()}"
     with ChainClient(program, address, shape=False, timeout_s=5) as client:
         client.request()
@@ -377,7 +375,7 @@ def test_a_stopped_server_is_unavailable_promptly(program):
 
 
 # ---- hostile frames ----------------------------------------------------------------------------
-def _raw(server: PartitionServer, data: bytes) -> bytes:
+def _raw(server: ServingShell, data: bytes) -> bytes:
     """Send raw bytes to the data port; what comes back before the server hangs up."""
     with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as s:
         s.sendall(data)
@@ -476,9 +474,9 @@ def test_a_model_that_mixes_its_batch_is_served_one_by_one():
     mixer = PlanProgram.load(Manual([first]).plan(problem), graph)
     reason = flexible_step(mixer, "cloud")
     assert isinstance(reason, str) and "mix" in reason
-    server = PartitionServer(mixer, "cloud", shape=False)
+    server = server_for(mixer, "cloud", shape=False)
     try:
-        assert server.batcher is None and server.batching.startswith("off")
+        assert server.handler.batcher is None and server.handler.batching.startswith("off")
     finally:
         server.stop(0)
 
@@ -518,7 +516,7 @@ def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
     import edgesplit.transport.frames.server as frame_server
 
     monkeypatch.setattr(frame_server, "IDLE_S", 0.3)
-    server = PartitionServer(program, "cloud", shape=False)
+    server = server_for(program, "cloud", shape=False)
     server.start()
     try:
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as s:
@@ -532,14 +530,14 @@ def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
 
 
 def test_a_retry_finds_a_restarted_servers_new_data_port(program):
-    first = PartitionServer(program, "cloud", shape=False)
+    first = server_for(program, "cloud", shape=False)
     port = first.start()
     address = f"127.0.0.1:{port}"
     with ChainClient(program, address, shape=False, retries=4, retry_backoff_s=0.2) as client:
         client.request(_x(1))
         old = client.data_plane
         first.stop(0)
-        second = PartitionServer(program, "cloud", shape=False)  # same gRPC port, new data port
+        second = server_for(program, "cloud", shape=False)  # same gRPC port, new data port
         second.start(port=port)
         try:
             out = client.request(_x(2)).outputs[0]
@@ -636,8 +634,8 @@ def test_the_server_reads_requests_in_place_and_answers_as_from_a_copy(program, 
     overwritten by each next one."""
     server, address = served
     decoded = []
-    decoders = server._fast.decoders
-    server._fast.decoders = [lambda data, d=d: decoded.append(d(data)) or decoded[-1]
+    decoders = server.handler.fast.decoders
+    server.handler.fast.decoders = [lambda data, d=d: decoded.append(d(data)) or decoded[-1]
                              for d in decoders]
     try:
         with ChainClient(program, address, token=TOKEN, shape=False) as client:
@@ -645,7 +643,7 @@ def test_the_server_reads_requests_in_place_and_answers_as_from_a_copy(program, 
                 out = client.request(_x(k)).outputs[0]
                 assert torch.allclose(out, program.unsplit(_x(k))[0], atol=TOL)
     finally:
-        server._fast.decoders = decoders
+        server.handler.fast.decoders = decoders
     assert len(decoded) == 4
     # no copy: every request's tensor lies at the same place, the connection's buffer
     assert len({t.data_ptr() for t in decoded}) == 1
@@ -727,11 +725,11 @@ def test_a_meta_checked_once_is_checked_again_with_another_part_count():
 def test_a_busy_data_port_is_a_one_line_config_error_and_frees_the_grpc_port(program):
     busy = socket.create_server(("127.0.0.1", 0))
     try:
-        server = PartitionServer(program, "cloud", shape=False,
-                                 data_port=busy.getsockname()[1])
+        server = server_for(program, "cloud", shape=False,
+                            data_port=busy.getsockname()[1])
         with pytest.raises(ConfigError, match=r"cannot open the data plane.*another data.port"):
             server.start("127.0.0.1", 0)
-        again = PartitionServer(program, "cloud", shape=False)  # nothing was left half-open
+        again = server_for(program, "cloud", shape=False)  # nothing was left half-open
         again.start("127.0.0.1", 0)
         again.stop(0)
     finally:
@@ -752,8 +750,8 @@ def test_the_servers_short_way_answers_as_its_general_path(program, served):
     client = _frames(server)
     try:
         short = client.call(_call(program, _good(program)), 30, _reply_parts)
-        assert any(m.get("names") == list(server.step.receives)
-                   for m in server._fast._fit.values())
+        assert any(m.get("names") == list(server.handler.step.receives)
+                   for m in server.handler.fast._fit.values())
         with_session = [*AUTH, (SESSION_KEY, "s1")]
         general = client.call(_call(program, _good(program), metadata=with_session), 30,
                               _reply_parts)

@@ -13,7 +13,7 @@ from edgesplit.hardware import AnalyticalCompute, Device, Link
 from edgesplit.plan import EdgeCloudSetting, PlanningProblem, get_planner
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.session import run_requests
-from edgesplit.runtime.transport import PartitionServer
+from helpers import server_for
 
 SPLIT = "down2.0"
 
@@ -46,7 +46,7 @@ def test_emulate_targets_the_plans_per_device_compute(program):
 
 def test_emulated_run_follows_the_plan_within_ten_percent(program):
     program.emulate()
-    server = PartitionServer(program, "cloud", shape=True)
+    server = server_for(program, "cloud", shape=True)
     try:
         report = run_requests(program, server.loopback_channel(), requests=3, warmup=1,
                               client_options={"shape": True})

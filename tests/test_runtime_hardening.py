@@ -19,13 +19,9 @@ from edgesplit.plan import PLAN_VERSION, EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
-from edgesplit.runtime.transport import (
-    ChainClient,
-    PartitionServer,
-    TlsFiles,
-    check_tls_pair,
-    read_token,
-)
+from edgesplit.runtime.client import ChainClient
+from edgesplit.transport import TlsFiles, check_tls_pair, read_token
+from helpers import server_for
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +54,9 @@ def _key_pair(tmp_path, name: str) -> tuple[bytes, bytes]:
 
 def test_a_second_server_on_the_same_port_is_refused(program):
     """gRPC sets SO_REUSEPORT by default: a second server would silently share the port."""
-    first = PartitionServer(program, "cloud", shape=False)
+    first = server_for(program, "cloud", shape=False)
     port = first.start()
-    second = PartitionServer(program, "cloud", shape=False)
+    second = server_for(program, "cloud", shape=False)
     try:
         with pytest.raises(ConfigError, match="in use"):
             second.start(port=port)
@@ -79,7 +75,7 @@ def test_a_certificate_and_key_that_do_not_match_are_named(program, tmp_path):
         check_tls_pair(TlsFiles(cert=b"junk", key=key_a))
     with pytest.raises(ConfigError, match="both a certificate and its private key"):
         check_tls_pair(TlsFiles(cert=cert_a))
-    server = PartitionServer(program, "cloud", shape=False, tls=TlsFiles(cert=cert_a, key=key_b))
+    server = server_for(program, "cloud", shape=False, tls=TlsFiles(cert=cert_a, key=key_b))
     try:
         with pytest.raises(ConfigError, match="do not belong together"):
             server.start()
@@ -150,9 +146,9 @@ def test_deadlines_travel_down_the_chain_and_abandoned_requests_free_the_hops(th
     times out."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    last = PartitionServer(three_hops, "c", shape=False, max_workers=8)
-    hop = PartitionServer(three_hops, "b", shape=False, max_workers=2,
-                          next_address=f"127.0.0.1:{last.start()}")
+    last = server_for(three_hops, "c", shape=False, max_workers=8)
+    hop = server_for(three_hops, "b", shape=False, max_workers=2,
+                     next_address=f"127.0.0.1:{last.start()}")
     address = f"127.0.0.1:{hop.start()}"
     try:
         with _Held(three_hops, "c"), ChainClient(three_hops, address, shape=False,
@@ -190,9 +186,9 @@ def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(t
     from edgesplit.runtime.dataplane import Message, Part
     from edgesplit.transport.frames import write_frame
 
-    last = PartitionServer(three_hops, "c", shape=False)
-    hop = PartitionServer(three_hops, "b", shape=False, max_workers=1,
-                          next_address=f"127.0.0.1:{last.start()}")
+    last = server_for(three_hops, "c", shape=False)
+    hop = server_for(three_hops, "b", shape=False, max_workers=1,
+                     next_address=f"127.0.0.1:{last.start()}")
     hop.start()
     a = three_hops.steps[0]
     values = a.compute(three_hops.input_values())
@@ -210,17 +206,17 @@ def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(t
         with _Held(three_hops, "c"):
             caller = socket.create_connection(("127.0.0.1", hop.data_port))
             write_frame(caller, message.to_frame(metadata=[], timeout_s=60.0))
-            assert wait_for(lambda: hop._slots._free == 0)  # forwarded, waiting on "c"
+            assert wait_for(lambda: hop.slots._slots._free == 0)  # forwarded, waiting on "c"
             caller.close()  # the caller hangs up with 60 s left
-            assert wait_for(lambda: hop._slots._free == 1), "the hop still waits on 'c'"
+            assert wait_for(lambda: hop.slots._slots._free == 1), "the hop still waits on 'c'"
     finally:
         hop.stop(0)
         last.stop(0)
 
 
 def test_a_chain_serves_again_after_abandoned_requests(three_hops):
-    last = PartitionServer(three_hops, "c", shape=False)
-    hop = PartitionServer(three_hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
+    last = server_for(three_hops, "c", shape=False)
+    hop = server_for(three_hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
     address = f"127.0.0.1:{hop.start()}"
     try:
         with (_Held(three_hops, "c"),
@@ -236,7 +232,7 @@ def test_a_chain_serves_again_after_abandoned_requests(three_hops):
 
 
 def test_serve_accepts_the_preset_a_plan_device_was_planned_with(program):
-    from edgesplit.runtime.transport import plan_device
+    from edgesplit.runtime.planned import plan_device
 
     assert plan_device(program, "cloud") == "cloud"
     assert plan_device(program, "v100-server") == "cloud"  # one plan device uses that preset
@@ -247,8 +243,8 @@ def test_serve_accepts_the_preset_a_plan_device_was_planned_with(program):
         plan_device(same, "jetson-nano")
     with pytest.raises(ConfigError, match=r"cloud \(v100-server\)"):
         plan_device(program, "tpu")
-    server = PartitionServer(program, "v100-server", shape=False)
+    server = server_for(program, "v100-server", shape=False)
     try:
-        assert server.step.name == "cloud"
+        assert server.handler.step.name == "cloud"
     finally:
         server.stop(0)

@@ -25,7 +25,7 @@ from edgesplit.errors import RemoteError
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.star import StarClient
-from edgesplit.runtime.transport import PartitionServer
+from helpers import server_for
 from test_runtime import ServerProc
 from test_runtime_star import (  # noqa: F401 - fixtures
     SENSORS,
@@ -52,10 +52,10 @@ class PortStar:
     def __init__(self, program: PlanProgram, sink: Mapping[str, Any] | None = None,
                  **sources: Any) -> None:
         self.program = program
-        self.sink = PartitionServer(program, "aggregator", shape=False, **(sink or {}))
+        self.sink = server_for(program, "aggregator", shape=False, **(sink or {}))
         at = f"127.0.0.1:{self.sink.start()}"
-        self.sensors = {s: PartitionServer(program, s, next_address=at, shape=False,
-                                           **sources) for s in SENSORS}
+        self.sensors = {s: server_for(program, s, next_address=at, shape=False,
+                                      **sources) for s in SENSORS}
         self.addresses = {s: f"127.0.0.1:{server.start()}" for s, server in self.sensors.items()}
 
     def client(self, **options: Any) -> StarClient:
@@ -121,8 +121,8 @@ def test_a_star_over_the_data_plane_equals_the_unsplit_model(program):
         assert {f"{s}.compute_ms" for s in SENSORS} | {"aggregator.compute_ms"} <= \
             set(result.hops_ms)
         for server in star.sensors.values():  # each sensor reached the sink's data plane
-            assert server._next.data_plane == f"tcp 127.0.0.1:{star.sink.data_port}"
-        join = star.sink.join
+            assert server.handler.next_hop.data_plane == f"tcp 127.0.0.1:{star.sink.data_port}"
+        join = star.sink.handler.join
         assert (join.computed, join.pending, join.parked, join.busy) == (3, 0, 0, 0)
     finally:
         star.stop()
@@ -133,8 +133,8 @@ def test_the_sink_batches_complete_joins_and_each_answer_equals_the_unsplit_mode
     are queued at the sink's batcher: those two run as one batch. Every answer equals the
     unsplit model on its own inputs."""
     star = PortStar(program, {"max_batch": 8}, data_plane="tcp")
-    batcher = star.sink.batcher
-    assert batcher is not None, star.sink.batching
+    batcher = star.sink.handler.batcher
+    assert batcher is not None, star.sink.handler.batching
     hold_the_first_until_two_queue(program, "aggregator", batcher)
     try:
         with star.client(data_plane="tcp") as client:
@@ -147,7 +147,7 @@ def test_the_sink_batches_complete_joins_and_each_answer_equals_the_unsplit_mode
                 diffs = list(pool.map(one, range(20, 23)))
         assert max(diffs) <= TOL
         assert (batcher.batches_run, batcher.requests_batched) == (1, 2)
-        assert (star.sink.join.computed, star.sink.join.pending) == (3, 0)
+        assert (star.sink.handler.join.computed, star.sink.handler.join.pending) == (3, 0)
     finally:
         star.stop()
 
@@ -155,7 +155,7 @@ def test_the_sink_batches_complete_joins_and_each_answer_equals_the_unsplit_mode
 def _fail_sensor2_once_the_others_park(program: PlanProgram, star: PortStar) -> None:
     """sensor2 fails once the other sensors' parts wait at the sink: only a cancellation of
     their calls drops that join before its timeout (a minute here)."""
-    join = star.sink.join
+    join = star.sink.handler.join
 
     def fail(name: str) -> None:
         _until(lambda: join.pending == 1 and join.parked == 2)
@@ -177,7 +177,7 @@ def test_a_failing_source_fails_the_request_and_its_parked_parts_are_dropped(pro
         with star.client(data_plane=client_plane) as client, \
                 pytest.raises(RemoteError, match=r"(?s)source sensor2.*sensor exploded"):
             client.request(_views(3))
-        join = star.sink.join
+        join = star.sink.handler.join
         _until(lambda: join.pending == 0 and join.parked == 0)
         assert (join.computed, join.busy) == (0, 0)
         program.step("sensor2").backend = TorchBackend()
@@ -199,7 +199,7 @@ def test_a_source_slower_than_the_deadline_times_out_and_leaves_no_join(program)
         with star.client(data_plane="tcp", timeout_s=1.0) as client, \
                 pytest.raises(RemoteError, match="did not answer in time"):
             client.request(_views(5))
-        join = star.sink.join
+        join = star.sink.handler.join
         _until(lambda: join.pending == 0 and join.parked == 0)
         sensor2 = star.sensors["sensor2"]._frames
         assert sensor2 is not None and sensor2._busy == 1  # still computing

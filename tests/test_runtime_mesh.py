@@ -4,7 +4,7 @@ devices, whose outputs an aggregator joins (star.py's Join) before the rest of t
 The plan is what the JMSNAS mesh planner (``multisplit`` over a ``mesh`` topology) makes of
 ``TwoHeads`` (a stem, two independent branches, their sum and a head): ``ue`` relays the
 input, ``root`` runs the stem, ``b0`` and ``b1`` one branch each, ``agg`` the sum and the head.
-Every device after the first is a ``PartitionServer`` on its own port; the client is the usual
+Every device after the first is a partition server on its own port; the client is the usual
 ``ChainClient``. Parallelism and failures are shown with an instrumented backend on the
 branches, never with wall-clock times.
 """
@@ -33,7 +33,9 @@ from edgesplit.plan import (
 )
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import TorchBackend
-from edgesplit.runtime.transport import ChainClient, PartitionServer
+from edgesplit.runtime.client import ChainClient
+from edgesplit.runtime.shell import ServingShell
+from helpers import server_for
 from test_mesh import TwoHeads, _device, _mesh
 
 TOL = 1e-5
@@ -87,11 +89,11 @@ class Mesh:
     def __init__(self, program: PlanProgram, agg_options: Mapping[str, Any] | None = None,
                  **root_options: Any) -> None:
         self.program = program
-        self.agg = PartitionServer(program, "agg", **(agg_options or {}))
+        self.agg = server_for(program, "agg", **(agg_options or {}))
         agg = f"127.0.0.1:{self.agg.start()}"
-        self.branches = {b: PartitionServer(program, b, next_address=agg) for b in BRANCHES}
+        self.branches = {b: server_for(program, b, next_address=agg) for b in BRANCHES}
         at = {b: f"127.0.0.1:{s.start()}" for b, s in self.branches.items()}
-        self.root = PartitionServer(program, "root", next_address=at, **root_options)
+        self.root = server_for(program, "root", next_address=at, **root_options)
         self.address = f"127.0.0.1:{self.root.start()}"
 
     def client(self, **options: Any) -> ChainClient:
@@ -146,7 +148,7 @@ def test_served_mesh_equals_the_unsplit_model(program, served):
             assert torch.allclose(result.outputs[0], program.unsplit([_input(seed)])[0],
                                   atol=TOL)
     assert {f"{d}.compute_ms" for d in ("root", *BRANCHES, "agg")} <= set(result.hops_ms)
-    assert served.agg.join.computed == 3 and served.agg.join.pending == 0
+    assert served.agg.handler.join.computed == 3 and served.agg.handler.join.pending == 0
 
 
 def test_the_branches_compute_at_the_same_time(program, served):
@@ -181,12 +183,12 @@ def test_a_failing_branch_fails_the_request_cleanly(program):
         served.stop()
 
 
-def _fail_b1_once_b0_is_parked(agg: PartitionServer) -> Callable[[str], None]:
+def _fail_b1_once_b0_is_parked(agg: ServingShell) -> Callable[[str], None]:
     """A hook failing b1 once b0's part waits at the aggregator: only a cancellation of b0's
     call, which the root makes when b1 fails, drops that part before the join timeout."""
     def fail(name: str) -> None:
         if name == "b1":
-            _until(lambda: agg.join.pending == 1)
+            _until(lambda: agg.handler.join.pending == 1)
             raise RuntimeError("branch exploded")
 
     return fail
@@ -198,8 +200,8 @@ def _fail_one_branch(program: PlanProgram, served: Mesh) -> None:
             pytest.raises(RemoteError, match=r"(?s)'b1' failed.*branch exploded"):
         client.request([_input(1)])
     # b0's part, parked at the aggregator, is dropped when the root cancels its call
-    _until(lambda: served.agg.join.pending == 0)
-    assert (served.agg.join.computed, served.agg.join.busy) == (0, 0)
+    _until(lambda: served.agg.handler.join.pending == 0)
+    assert (served.agg.handler.join.computed, served.agg.handler.join.busy) == (0, 0)
     _hook_branches(program, lambda _: None)  # the mesh serves the next request
     with served.client() as client:
         assert torch.allclose(client.request([_input(2)]).outputs[0],
@@ -217,34 +219,34 @@ def test_a_branch_past_the_deadline_is_deadline_exceeded_and_leaves_no_join(prog
         with served.client() as client, \
                 pytest.raises(RemoteError, match="did not answer in time"):
             client.request([_input(3)])
-        _until(lambda: served.agg.join.pending == 0)
+        _until(lambda: served.agg.handler.join.pending == 0)
         release.set()  # b1 finishes computing for a caller that left: nothing is forwarded
         _until(lambda: "b1" in backend.finished)
-        assert served.agg.join.pending == 0 and served.agg.join.computed == 0
-        assert (served.agg.join.busy, served.agg.join.parked) == (0, 0)
+        assert served.agg.handler.join.pending == 0 and served.agg.handler.join.computed == 0
+        assert (served.agg.handler.join.busy, served.agg.handler.join.parked) == (0, 0)
     finally:
         release.set()
         served.stop()
 
 
 def test_the_root_shapes_each_branch_link_as_the_plan_prices_it(program, plan):
-    root = PartitionServer(program, "root", shape=True,
-                           next_address={b: "127.0.0.1:1" for b in BRANCHES})
+    root = server_for(program, "root", shape=True,
+                      next_address={b: "127.0.0.1:1" for b in BRANCHES})
     links = {(pl.src, pl.dst): pl.link for pl in plan.links}
-    assert {b: s.link for b, s in root._next.shapers.items()} == \
+    assert {b: s.link for b, s in root.handler.next_hop.shapers.items()} == \
         {b: links["root", b] for b in BRANCHES}
-    assert all(s.enabled for s in root._next.shapers.values())
-    assert not root.downstream.enabled  # the fan-out shapes, not the server's one link
+    assert all(s.enabled for s in root.handler.next_hop.shapers.values())
+    assert not root.handler.downstream.enabled  # the fan-out shapes, not the server's one link
     root.stop(0)
 
 
 def test_the_root_needs_every_branch_address(program):
     with pytest.raises(ConfigError, match=r"b0, b1.*missing: \['b1'\]"):
-        PartitionServer(program, "root", next_address={"b0": "127.0.0.1:1"})
+        server_for(program, "root", next_address={"b0": "127.0.0.1:1"})
     with pytest.raises(ConfigError, match="NAME=HOST:PORT"):
-        PartitionServer(program, "root", next_address="127.0.0.1:1")
+        server_for(program, "root", next_address="127.0.0.1:1")
     with pytest.raises(ConfigError, match="sends to one device"):
-        PartitionServer(program, "b0", next_address={"agg": "127.0.0.1:1"})
+        server_for(program, "b0", next_address={"agg": "127.0.0.1:1"})
 
 
 def test_the_ray_engine_does_not_serve_the_aggregator(program):
@@ -296,12 +298,12 @@ def tailed(problem) -> PlanProgram:
 def test_a_root_client_and_a_chain_after_the_aggregator(tailed):
     got, _ = tailed.run_local([_input(4)])
     assert torch.allclose(got[0], tailed.unsplit([_input(4)])[0], atol=TOL)
-    tail = PartitionServer(tailed, "tail")
-    agg = PartitionServer(tailed, "agg", next_address=f"127.0.0.1:{tail.start()}")
+    tail = server_for(tailed, "tail")
+    agg = server_for(tailed, "agg", next_address=f"127.0.0.1:{tail.start()}")
     at = f"127.0.0.1:{agg.start()}"
-    branches = {b: PartitionServer(tailed, b, next_address=at) for b in BRANCHES}
+    branches = {b: server_for(tailed, b, next_address=at) for b in BRANCHES}
     addresses = {b: f"127.0.0.1:{s.start()}" for b, s in branches.items()}
-    agg.join.timeout_s = 60.0  # b0's parked part can only go by the client's cancelling it
+    agg.handler.join.timeout_s = 60.0  # b0's parked part can only go by the client's cancelling it
     try:
         with pytest.raises(ConfigError, match="NAME=HOST:PORT"):
             ChainClient(tailed, addresses["b0"])
@@ -309,7 +311,7 @@ def test_a_root_client_and_a_chain_after_the_aggregator(tailed):
             _hook_branches(tailed, _fail_b1_once_b0_is_parked(agg))
             with pytest.raises(RemoteError, match="branch exploded"):
                 client.request([_input(0)])
-            _until(lambda: agg.join.pending == 0)
+            _until(lambda: agg.handler.join.pending == 0)
         for b in BRANCHES:
             tailed.step(b).backend = TorchBackend()
         with ChainClient(tailed, addresses, timeout_s=20) as client:
@@ -318,7 +320,8 @@ def test_a_root_client_and_a_chain_after_the_aggregator(tailed):
                 assert torch.allclose(result.outputs[0], tailed.unsplit([_input(seed)])[0],
                                       atol=TOL)
         assert {"agg.compute_ms", "tail.compute_ms"} <= set(result.hops_ms)
-        assert (agg.join.computed, agg.join.pending, agg.join.busy) == (2, 0, 0)
+        join = agg.handler.join
+        assert (join.computed, join.pending, join.busy) == (2, 0, 0)
     finally:
         for server in (*branches.values(), agg, tail):
             server.stop(0)

@@ -25,8 +25,8 @@ from test_runtime_mesh import (  # noqa: F401 - fixtures
 
 def _data_planes(served: Mesh) -> list[str]:
     """How the root calls each branch, and each branch the aggregator."""
-    return [served.root._next.data_plane,
-            *(branch._next.data_plane for branch in served.branches.values())]
+    return [served.root.handler.next_hop.data_plane,
+            *(branch.handler.next_hop.data_plane for branch in served.branches.values())]
 
 
 def test_mesh_joins_over_the_data_plane_equal_unsplit_and_a_failing_branch_fails_cleanly(
@@ -50,8 +50,8 @@ def test_the_aggregator_batches_complete_joins_equal_to_the_unsplit_model(progra
     """As the star's sink: the first complete join waits inside its compute until two more
     are queued at the aggregator's batcher, which runs them as one batch."""
     served = Mesh(program, {"max_batch": 8})
-    batcher = served.agg.batcher
-    assert batcher is not None, served.agg.batching
+    batcher = served.agg.handler.batcher
+    assert batcher is not None, served.agg.handler.batching
     hold_the_first_until_two_queue(program, "agg", batcher)
     try:
         with served.client() as client, ThreadPoolExecutor(3) as pool:
@@ -60,6 +60,6 @@ def test_the_aggregator_batches_complete_joins_equal_to_the_unsplit_model(progra
         for seed, out in zip(range(30, 33), outs, strict=True):
             assert torch.allclose(out, program.unsplit([_input(seed)])[0], atol=TOL)
         assert (batcher.batches_run, batcher.requests_batched) == (1, 2)
-        assert (served.agg.join.computed, served.agg.join.pending) == (3, 0)
+        assert (served.agg.handler.join.computed, served.agg.handler.join.pending) == (3, 0)
     finally:
         served.stop()

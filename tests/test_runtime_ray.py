@@ -19,10 +19,12 @@ from edgesplit.cli import app
 from edgesplit.errors import ConfigError
 from edgesplit.plan.model import PLAN_VERSION
 from edgesplit.runtime import PlanProgram
+from edgesplit.runtime.client import ChainClient
+from edgesplit.runtime.planned import max_message_bytes
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.ray_engine import RayEngine, RayOptions, import_ray
-from edgesplit.runtime.transport import ChainClient, PartitionServer, max_message_bytes
+from helpers import server_for
 
 ray = pytest.importorskip("ray", reason="the Ray engine needs edgesplit[ray]")
 from ray import serve  # noqa: E402
@@ -52,7 +54,7 @@ def served(cluster, program):
     """The cloud partition on 2 replicas (batching up to 8) behind an ingress on loopback."""
     engine = RayEngine(program, "cloud", RayOptions(replicas=2, replica_cpus=REPLICA_CPUS,
                                                     max_batch=8, app_name="test-two"))
-    server = PartitionServer(program, "cloud", shape=False, engine=engine)
+    server = server_for(program, "cloud", shape=False, engine=engine)
     port = server.start()
     yield server, f"127.0.0.1:{port}"
     server.stop(0)
@@ -74,8 +76,8 @@ def test_outputs_equal_the_unsplit_model_and_both_replicas_serve(served, program
     with ThreadPoolExecutor(8) as pool:
         diffs = list(pool.map(lambda k: _diff(program, address, k), range(48)))
     assert max(diffs) < TOL
-    assert len(server.engine.served_by) == 2  # requests spread over both replicas
-    assert sum(server.engine.served_by.values()) >= 48
+    assert len(server.handler.compute.engine.served_by) == 2  # requests spread over both replicas
+    assert sum(server.handler.compute.engine.served_by.values()) >= 48
 
 
 def test_replies_report_the_replica_compute_and_the_hop_to_it(served, program):
@@ -129,11 +131,11 @@ def test_a_middle_hop_can_be_a_deployment(cluster):
     """a -> b -> c with b on Ray: its ingress computes through the deployment and forwards to
     c; the token travels on."""
     program = _three_hops("digits_cnn")
-    last = PartitionServer(program, "c", shape=False, token="s3cret")
+    last = server_for(program, "c", shape=False, token="s3cret")
     c_address = f"127.0.0.1:{last.start()}"
     engine = RayEngine(program, "b", RayOptions(replica_cpus=REPLICA_CPUS, app_name="test-mid"))
-    middle = PartitionServer(program, "b", shape=False, token="s3cret", engine=engine,
-                             next_address=c_address)
+    middle = server_for(program, "b", shape=False, token="s3cret", engine=engine,
+                        next_address=c_address)
     try:
         address = f"127.0.0.1:{middle.start()}"
         for k in range(3):
@@ -176,7 +178,7 @@ def test_a_replica_that_cannot_load_the_plan_is_named(cluster):
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster, program):
     engine = RayEngine(program, "cloud", RayOptions(replicas=2, replica_cpus=REPLICA_CPUS,
                                                     max_batch=1, app_name="test-kill"))
-    server = PartitionServer(program, "cloud", shape=False, engine=engine)
+    server = server_for(program, "cloud", shape=False, engine=engine)
     address = f"127.0.0.1:{server.start()}"
     try:
         before = _replica_ids("test-kill")
@@ -248,7 +250,7 @@ def _bad_requests(program: PlanProgram) -> dict[str, pb.Bundle]:
 
 
 def test_bad_requests_get_the_same_errors_as_the_local_server(served, program):
-    local = PartitionServer(program, "cloud", shape=False)
+    local = server_for(program, "cloud", shape=False)
     local_address = f"127.0.0.1:{local.start()}"
     try:
         answers = {}
@@ -278,7 +280,7 @@ def test_autoscaling_emulation_and_health(cluster, program):
     engine = RayEngine(program, "cloud", RayOptions(
         min_replicas=1, max_replicas=2, replica_cpus=REPLICA_CPUS, app_name="test-auto"),
         emulate=True)
-    server = PartitionServer(program, "cloud", shape=False, engine=engine)
+    server = server_for(program, "cloud", shape=False, engine=engine)
     try:
         address = f"127.0.0.1:{server.start()}"
         assert engine.replica_info["batching"] == "off"
@@ -339,7 +341,7 @@ def test_the_engine_refuses_a_relay_and_the_wrong_device(cluster, program):
     engine = RayEngine.__new__(RayEngine)
     engine.device = "edge"
     with pytest.raises(ConfigError, match="engine runs device"):
-        PartitionServer(program, "cloud", shape=False, engine=engine)
+        server_for(program, "cloud", shape=False, engine=engine)
 
 
 @pytest.mark.parametrize("kwargs, text", [

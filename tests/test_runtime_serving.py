@@ -14,8 +14,9 @@ from edgesplit.plan import EdgeCloudSetting, PlanningProblem
 from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.batching import Batcher, batched_step
-from edgesplit.runtime.transport import ChainClient, PartitionServer
+from edgesplit.runtime.client import ChainClient
 from edgesplit.transport import BadRequest
+from helpers import server_for
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def _inputs(k: int) -> tuple[torch.Tensor, ...]:
 
 
 def test_batched_server_answers_each_request_as_alone(program):
-    server = PartitionServer(program, "cloud", shape=False, max_batch=4, max_wait_ms=30)
+    server = server_for(program, "cloud", shape=False, max_batch=4, max_wait_ms=30)
     channel = server.loopback_channel()  # in-process: the servicer code without a socket
     try:
         def one(k: int) -> float:
@@ -39,7 +40,7 @@ def test_batched_server_answers_each_request_as_alone(program):
         with ThreadPoolExecutor(8) as pool:
             diffs = list(pool.map(one, range(16)))
         assert max(diffs) < 1e-4
-        assert server.batcher.batches_run > 0  # concurrent requests really were batched
+        assert server.handler.batcher.batches_run > 0  # concurrent requests really were batched
     finally:
         server.stop(0)
 
@@ -108,7 +109,7 @@ def test_tls_with_a_token_end_to_end(program, tmp_path):
     from helpers import self_signed
 
     tls, ca = self_signed(tmp_path)
-    server = PartitionServer(program, "cloud", shape=False, tls=tls, token="s3cret")
+    server = server_for(program, "cloud", shape=False, tls=tls, token="s3cret")
     port = server.start()
     try:
         with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
@@ -134,7 +135,7 @@ def test_a_foreign_plan_is_named_as_such_even_when_its_messages_are_too_big(prog
     problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
         edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
     foreign = PlanProgram.load(Manual(["stem.0"]).plan(problem))  # 64 KiB cut, over the limit
-    server = PartitionServer(program, "cloud", shape=False)
+    server = server_for(program, "cloud", shape=False)
     channel = server.loopback_channel()  # same message limit as the server's socket
     try:
         with (ChainClient(foreign, channel, shape=False) as client,

@@ -40,8 +40,7 @@ from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.star import JOIN_KEY, StarClient, star_link
-from edgesplit.runtime.transport import PartitionServer
-from helpers import Relay
+from helpers import Relay, server_for
 
 VIEWS, D = 3, 4
 SENSORS = [f"sensor{v}" for v in range(VIEWS)]
@@ -205,10 +204,10 @@ class Star:
     """An aggregator and three sensor servers, reached over the loopback transport."""
 
     def __init__(self, program: PlanProgram, **sink_options) -> None:
-        self.sink = PartitionServer(program, "aggregator", shape=False, **sink_options)
+        self.sink = server_for(program, "aggregator", shape=False, **sink_options)
         self.sink_channel = self.sink.loopback_channel()
-        self.sensors = {s: PartitionServer(program, s, next_address=self.sink_channel,
-                                           shape=False) for s in SENSORS}
+        self.sensors = {s: server_for(program, s, next_address=self.sink_channel,
+                                      shape=False) for s in SENSORS}
         self.channels = {s: server.loopback_channel() for s, server in self.sensors.items()}
 
 
@@ -218,7 +217,7 @@ def served(program) -> Star:
 
 
 def test_star_client_equals_the_unsplit_model(program, served):
-    before = served.sink.join.computed
+    before = served.sink.handler.join.computed
     with StarClient(program, served.channels, timeout_s=30) as client:
         for seed in range(3):
             xs = _views(seed)
@@ -227,8 +226,8 @@ def test_star_client_equals_the_unsplit_model(program, served):
     assert set(result.breakdown_ms) == {"edge", "serialize", "transfer", "remote", "total"}
     assert {f"{s}.compute_ms" for s in SENSORS} | {"aggregator.compute_ms"} <= \
         set(result.hops_ms)
-    assert served.sink.join.computed - before == 3  # one computation per request
-    assert served.sink.join.pending == 0
+    assert served.sink.handler.join.computed - before == 3  # one computation per request
+    assert served.sink.handler.join.pending == 0
 
 
 def test_a_star_gives_every_rows_outputs_back_in_order(program, served):
@@ -254,7 +253,7 @@ def test_a_star_gives_every_rows_outputs_back_in_order(program, served):
 
 
 def test_concurrent_requests_come_back_matched_and_exact(program, served):
-    before = served.sink.join.computed
+    before = served.sink.handler.join.computed
     with StarClient(program, served.channels, timeout_s=30) as client:
         def one(seed: int) -> float:
             xs = _views(seed)
@@ -263,15 +262,15 @@ def test_concurrent_requests_come_back_matched_and_exact(program, served):
         with ThreadPoolExecutor(6) as pool:
             diffs = list(pool.map(one, range(24)))
     assert max(diffs) <= TOL
-    assert served.sink.join.computed - before == 24
-    assert served.sink.join.pending == 0
+    assert served.sink.handler.join.computed - before == 24
+    assert served.sink.handler.join.pending == 0
 
 
 def test_the_token_travels_from_the_sources_to_the_sink(program):
-    sink = PartitionServer(program, "aggregator", shape=False, token="t0ken")
+    sink = server_for(program, "aggregator", shape=False, token="t0ken")
     channel = sink.loopback_channel()
-    channels = {s: PartitionServer(program, s, next_address=channel, shape=False,
-                                   token="t0ken").loopback_channel() for s in SENSORS}
+    channels = {s: server_for(program, s, next_address=channel, shape=False,
+                              token="t0ken").loopback_channel() for s in SENSORS}
     with StarClient(program, channels, token="t0ken", timeout_s=10) as client:
         xs = _views(8)
         assert torch.allclose(client.request(xs).outputs[0], program.unsplit(xs)[0], atol=TOL)
@@ -342,7 +341,7 @@ def test_a_missing_view_times_out_naming_it_and_the_join_is_dropped(program):
         missing = program.step("sensor2").sends[0]
         assert f"['{missing}'] from sensor2 never arrived" in exc.details()
         assert "dropped" in exc.details()
-    assert star.sink.join.pending == 0 and star.sink.join.computed == 0
+    assert star.sink.handler.join.pending == 0 and star.sink.handler.join.computed == 0
     late = _outcome(_call, star.sink_channel, sent["sensor2"], "lost")  # too late: told so
     assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "is over" in late.details()
 
@@ -352,14 +351,14 @@ def test_a_caller_deadline_shorter_than_the_join_timeout_ends_the_wait(program, 
     exc = _outcome(_call, served.sink_channel, sent["sensor0"], "short", 0.3)
     assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "sensor1, sensor2" in \
         exc.details()
-    assert served.sink.join.pending == 0
+    assert served.sink.handler.join.pending == 0
 
 
 def test_a_duplicate_tensor_fails_alone_and_the_join_still_completes(program, served):
     xs = _views(3)
     sent = _sent(program, xs)
     first = _in_background(_call, served.sink_channel, sent["sensor0"], "dup")
-    _until(lambda: served.sink.join.pending == 1)  # the first call is in the table
+    _until(lambda: served.sink.handler.join.pending == 1)  # the first call is in the table
     again = _outcome(_call, served.sink_channel, sent["sensor0"], "dup")
     assert again.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert program.step("sensor0").sends[0] in again.details() and "twice" in again.details()
@@ -394,7 +393,7 @@ def test_unknown_tensors_a_missing_key_and_a_foreign_plan_are_refused(program, s
     exc = _outcome(_call, served.sink_channel, foreign, "foreign")
     assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "plan mismatch" in \
         exc.details()
-    assert served.sink.join.pending == 0
+    assert served.sink.handler.join.pending == 0
 
 
 def test_parts_beyond_the_table_bounds_are_refused_and_the_parked_joins_complete(program):
@@ -403,7 +402,7 @@ def test_parts_beyond_the_table_bounds_are_refused_and_the_parked_joins_complete
     part past a bound is refused at once (it used to evict the oldest join, which let a flood
     end legitimate ones), and what is parked completes."""
     star = Star(program, max_joins=4, join_timeout_s=10)
-    join = star.sink.join
+    join = star.sink.handler.join
     sent = _sent(program, _views(5))
     waits = {key: [_in_background(_call, star.sink_channel, sent["sensor0"], key)]
              for key in "ab"}
@@ -449,8 +448,8 @@ def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_thr
     host's new joins are refused (issue 55: a host's, whatever connections it uses; this
     test's legitimate caller was another connection on the same host), and sensor0 on another
     host still opens one."""
-    sink = PartitionServer(program, "aggregator", shape=False, max_workers=1, max_joins=16,
-                           join_timeout_s=60)
+    sink = server_for(program, "aggregator", shape=False, max_workers=1, max_joins=16,
+                      join_timeout_s=60)
     address = f"127.0.0.1:{sink.start()}"
     channel = grpc.insecure_channel(address)
     # a sensor's server on another host (a relay from 127.0.0.2)
@@ -461,17 +460,18 @@ def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_thr
         sent = _sent(program, xs)
         flood = [_in_background(_call, channel, sent["sensor0"], f"flood{i}", 60)
                  for i in range(10)]
-        _until(lambda: sink.join.pending == 8 and sink.join.parked == 8)
-        assert sink.join.busy == 0  # parked: no worker held
+        _until(lambda: sink.handler.join.pending == 8 and sink.handler.join.parked == 8)
+        assert sink.handler.join.busy == 0  # parked: no worker held
         legit = [_in_background(_call, own, sent["sensor0"], "legit", 30)]
-        _until(lambda: sink.join.pending == 9)
+        _until(lambda: sink.handler.join.pending == 9)
         legit += [_in_background(_call, own, sent[s], "legit", 30) for s in SENSORS[1:]]
         want = program.unsplit(xs)[0]
         for wait in legit:
             reply = wait()
             assert isinstance(reply, pb.Bundle), reply
             assert torch.allclose(decode_tensor(reply.tensors[0].data), want, atol=TOL)
-        assert (sink.join.computed, sink.join.pending, sink.join.busy) == (1, 8, 0)
+        join = sink.handler.join
+        assert (join.computed, join.pending, join.busy) == (1, 8, 0)
     finally:
         sink.stop(5)  # the parked flood is told the sink is going away (issue 39, 2)
         channel.close()
@@ -486,11 +486,11 @@ def test_sources_with_one_worker_each_do_not_wait_on_each_other(program):
     and B's from sensor0 arrive next. A source's call used to hold its only worker while the
     sink waited for the other parts, which queued behind it: a circular wait until the join
     timed out. Now a source holds its worker while it computes only."""
-    sink = PartitionServer(program, "aggregator", shape=False, max_workers=1, max_joins=8,
-                           join_timeout_s=60)
+    sink = server_for(program, "aggregator", shape=False, max_workers=1, max_joins=8,
+                      join_timeout_s=60)
     sink_address = f"127.0.0.1:{sink.start()}"
-    sensors = {s: PartitionServer(program, s, next_address=sink_address, shape=False,
-                                  max_workers=1, max_joins=8) for s in SENSORS}
+    sensors = {s: server_for(program, s, next_address=sink_address, shape=False,
+                             max_workers=1, max_joins=8) for s in SENSORS}
     channels = {s: grpc.insecure_channel(f"127.0.0.1:{server.start()}")
                 for s, server in sensors.items()}
     try:
@@ -500,9 +500,9 @@ def test_sources_with_one_worker_each_do_not_wait_on_each_other(program):
             return _in_background(_call, channels[source], bundle, key, 30)
 
         calls = [send("sensor0", "A")]
-        _until(lambda: sink.join.pending == 1)
+        _until(lambda: sink.handler.join.pending == 1)
         calls.append(send("sensor1", "B"))
-        _until(lambda: sink.join.pending == 2)
+        _until(lambda: sink.handler.join.pending == 2)
         calls += [send("sensor1", "A"), send("sensor0", "B"), send("sensor2", "A"),
                   send("sensor2", "B")]
         replies = [wait() for wait in calls]
@@ -511,7 +511,8 @@ def test_sources_with_one_worker_each_do_not_wait_on_each_other(program):
             key = "A" if reply.request_id == 1 else "B"
             assert torch.allclose(decode_tensor(reply.tensors[0].data),
                                   program.unsplit(views[key])[0], atol=TOL)
-        assert (sink.join.computed, sink.join.pending, sink.join.busy) == (2, 0, 0)
+        join = sink.handler.join
+        assert (join.computed, join.pending, join.busy) == (2, 0, 0)
     finally:
         for server in (*sensors.values(), sink):
             server.stop(0)
@@ -526,14 +527,15 @@ def test_a_stopping_server_answers_unavailable_not_resource_exhausted(program):
     from edgesplit.transport import BadRequest
     from edgesplit.transport.loopback import LoopbackContext
 
-    server = PartitionServer(program, "sensor0", next_address="127.0.0.1:1", shape=False,
-                             max_workers=1)
-    while server._slots.take(0):  # every data-plane slot busy
+    server = server_for(program, "sensor0", next_address="127.0.0.1:1", shape=False,
+                        max_workers=1)
+    compute = server.handler.compute
+    while server.slots._slots.take(0):  # every data-plane slot busy
         pass
-    assert server._computing is not None and server._computing.take(0)  # and the worker
+    assert compute.computing is not None and compute.computing.take(0)  # and the worker
     waiting = [_in_background(_raised, server.take_slot, LoopbackContext(timeout=30)),
-               _in_background(_raised, server._compute, {}, LoopbackContext(timeout=30), {})]
-    _until(lambda: server._slots._waiting == 1 and server._computing._waiting == 1)
+               _in_background(_raised, compute.compute, {}, LoopbackContext(timeout=30), {})]
+    _until(lambda: server.slots._slots._waiting == 1 and compute.computing._waiting == 1)
     server.stop(0)
     for wait in waiting:
         exc = wait()
@@ -554,11 +556,11 @@ def _raised(fn, *args):
 
 def test_a_star_sink_batches_and_a_source_needs_the_sink(program):
     """Issue 39, 2: the sink batches complete joins (it used to refuse --max-batch)."""
-    sink = PartitionServer(program, "aggregator", max_batch=4)
-    assert sink.batcher is not None and sink.batcher.max_batch == 4
+    sink = server_for(program, "aggregator", max_batch=4)
+    assert sink.handler.batcher is not None and sink.handler.batcher.max_batch == 4
     sink.stop(0)
     with pytest.raises(ConfigError, match="sends to 'aggregator': give its address"):
-        PartitionServer(program, "sensor0")
+        server_for(program, "sensor0")
 
 
 def test_a_source_down_fails_the_request_naming_it(program):

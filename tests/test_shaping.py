@@ -8,7 +8,7 @@ import time
 import pytest
 
 from edgesplit.hardware import Link
-from edgesplit.runtime.shaping import LinkShaper, tc_commands
+from edgesplit.transport.shaping import LinkShaper, tc_commands
 
 
 def test_a_send_takes_its_transfer_time_plus_half_the_rtt():

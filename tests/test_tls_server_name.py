@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 
 from edgesplit.cli import app
 from edgesplit.errors import ConfigError, RemoteError
-from edgesplit.runtime.transport import ChainClient, PartitionServer, TlsFiles
+from edgesplit.runtime.client import ChainClient
+from edgesplit.transport import TlsFiles
+from helpers import server_for
 
 HOST_NAME = "edge.test"
 
@@ -35,7 +37,7 @@ def named_certificate(tmp_path_factory) -> tuple[TlsFiles, bytes]:
 
 @pytest.fixture(scope="module")
 def server(digits_chain, named_certificate):
-    server = PartitionServer(digits_chain, "cloud", shape=False, tls=named_certificate[0])
+    server = server_for(digits_chain, "cloud", shape=False, tls=named_certificate[0])
     port = server.start("127.0.0.1", 0)
     assert server.data_port  # the data plane is offered, over the same TLS
     yield port

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.quant.wire import decode_tensor, encode_tensor
-from edgesplit.runtime.transport import TlsFiles, open_channel
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.remote import (
@@ -44,6 +43,7 @@ from edgesplit.train.session import (
     train_unsplit,
 )
 from edgesplit.train.split import as_chain, tensor_bytes
+from edgesplit.transport import TlsFiles, open_channel
 from edgesplit.transport.loopback import LoopbackError
 
 SEED = 0

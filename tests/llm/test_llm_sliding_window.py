@@ -21,10 +21,10 @@ from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.model.checkpoint import open_checkpoint
 from edgesplit.llm.model.description import describe_causal_lm
 from edgesplit.llm.stage.compute import LLMStageModel
-from edgesplit.llm.stage.server import LLMStageServer, head_stage
+from edgesplit.llm.stage.server import head_stage
 from edgesplit.models.causal_lm import causal_lm_config
 from edgesplit.plan.model import Plan
-from helpers import perturbed
+from helpers import perturbed, server_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -102,8 +102,8 @@ class _Line:
     def __init__(self, plan: Plan, model: torch.nn.Module | None = None) -> None:
         assert plan.llm is not None and head_stage(plan.llm) == 1
         self.plan, self.model = plan, model
-        self.server = LLMStageServer(plan, plan.devices[1].name, data_port=None, shape=False,
-                                     model=model)
+        self.server = server_for(plan, plan.devices[1].name, data_port=None, shape=False,
+                                 model=model)
 
     def client(self, **options) -> LLMClient:
         return LLMClient(self.plan, self.server.loopback_channel(), model=self.model,

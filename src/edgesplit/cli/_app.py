@@ -104,7 +104,7 @@ def tls_files(cert: Path | None, key: Path | None, ca: Path | None,
     if cert is None and key is None and ca is None and server_name is None:
         return None
     from edgesplit.errors import ConfigError
-    from edgesplit.runtime.transport import TlsFiles
+    from edgesplit.transport.tls import TlsFiles
 
     def read(path: Path | None) -> bytes | None:
         if path is None:
@@ -167,24 +167,6 @@ def require_positive(**flags: float | None) -> None:
     for name, value in flags.items():
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
-
-
-_LIMITS = "Connection limits"
-IDLE_TIMEOUT_OPTION = typer.Option(
-    None, "--idle-timeout-s", rich_help_panel=_LIMITS,
-    help="Close a connection (data plane or gRPC stream) silent this long between calls "
-         "(default 300).")
-FRAME_TIMEOUT_OPTION = typer.Option(
-    None, "--frame-timeout-s", rich_help_panel=_LIMITS,
-    help="A call's header and meta must arrive within this once it started (default 60).")
-HELLO_TIMEOUT_OPTION = typer.Option(
-    None, "--hello-timeout-s", rich_help_panel=_LIMITS,
-    help="A new connection must send its first call, with the token, within this "
-         "(default 10).")
-PENDING_BYTES_OPTION = typer.Option(
-    None, "--pending-bytes", rich_help_panel=_LIMITS,
-    help="Memory all calls still arriving may hold together, e.g. 512MiB (default: four "
-         "message limits, at least 256MiB); a call that would need more is refused.")
 
 
 def connection_limits(idle_timeout_s: float | None, frame_timeout_s: float | None,

@@ -6,14 +6,11 @@ tokens."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from edgesplit.cli._app import (
-    FRAME_TIMEOUT_OPTION,
-    HELLO_TIMEOUT_OPTION,
-    IDLE_TIMEOUT_OPTION,
-    PENDING_BYTES_OPTION,
     SHAPE_HELP,
     THREADS_HELP,
     TLS_SERVER_NAME_HELP,
@@ -22,7 +19,6 @@ from edgesplit.cli._app import (
     TORCH_DEVICE_HELP,
     app,
     check_torch_device,
-    connection_limits,
     emit_json,
     err,
     out,
@@ -31,7 +27,11 @@ from edgesplit.cli._app import (
     tls_files,
     user_errors,
 )
+from edgesplit.cli.serve_options import serve_options
 from edgesplit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgesplit.runtime.options import ServeOptions
 
 __all__ = ["llm_app"]
 
@@ -120,6 +120,7 @@ def plan(
 
 @llm_app.command("serve")
 @user_errors
+@serve_options(work="steps", workers=8)
 def serve(
     plan_path: Path = typer.Argument(..., help="An LLM plan (`edgesplit llm plan --out`)."),
     device: str = typer.Option(..., "--device", "-d", help="The plan device this server runs "
@@ -134,55 +135,34 @@ def serve(
                                             help="KV caches kept at once, the least recently "
                                                  "used evicted first (default: the plan's "
                                                  "sessions, what its memory was planned for)."),
-    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
-    tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
-    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
-                                               help=TLS_SERVER_NAME_HELP),
-    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
-                                                              "trusting this CA."),
-    workers: int = typer.Option(8, "--workers", help="Concurrent steps served."),
-    data_port: str = typer.Option("0", "--data-port", help="Port of the data plane (TCP "
-                                  "frames beside gRPC; 0: any free port; off: none)."),
-    data_plane: str = typer.Option("auto", "--data-plane", help="How to call --next: auto "
-                                   "(its data plane if it has one), grpc or tcp."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
-    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
-    idle_timeout_s: float | None = IDLE_TIMEOUT_OPTION,
-    frame_timeout_s: float | None = FRAME_TIMEOUT_OPTION,
-    hello_timeout_s: float | None = HELLO_TIMEOUT_OPTION,
-    pending_bytes: str | None = PENDING_BYTES_OPTION,
+    *,
+    options: ServeOptions,
 ) -> None:
     """Serve one device's stage of an LLM plan until interrupted: its blocks of the model the
     plan names, one KV cache per client session (up to the plan's max context)."""
-    from edgesplit.cli.serving import _data_plane, _data_port
-    from edgesplit.llm.stage.server import LLMStageServer
+    from edgesplit.llm.stage.server import llm_stage_server
     from edgesplit.plan import load_plan
-    from edgesplit.transport import read_token, serve_forever
+    from edgesplit.transport import serve_forever
 
     set_threads(threads)
     check_torch_device(torch_device)
-    limits = connection_limits(idle_timeout_s, frame_timeout_s, hello_timeout_s, pending_bytes)
-    token = read_token(token, token_file)
     plan = load_plan(plan_path)
-    server = LLMStageServer(plan, device, next_address=next_hop, token=token,
-                            tls=tls_files(tls_cert, tls_key, tls_ca, tls_server_name),
-                            max_sessions=max_sessions,
-                            max_workers=workers, data_port=_data_port(data_port),
-                            data_plane=_data_plane(data_plane), emulate=emulate_device,
-                            shape=shape, torch_device=torch_device, limits=limits)
-    if server.pacer is not None:
-        _say_emulating(plan, server.device, server.pacer)
+    server = llm_stage_server(plan, device, options, next_address=next_hop,
+                              max_sessions=max_sessions, emulate=emulate_device,
+                              torch_device=torch_device)
+    stage = server.handler
+    if stage.pacer is not None:
+        _say_emulating(plan, stage.device, stage.pacer)
     bound = server.start(host, port)
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
-    print(f"listening on {host}:{bound} device={server.device} plan={server.plan_id} "
-          f"data={data} sessions={server.sessions.max_sessions} "
-          f"torch_device={server.stage.torch_device} {rehearsal(shape, emulate_device)}",
-          flush=True)
+    print(f"listening on {host}:{bound} device={stage.device} plan={stage.plan_id} "
+          f"data={data} sessions={stage.sessions.max_sessions} "
+          f"torch_device={stage.stage.torch_device} "
+          f"{rehearsal(options.shape, emulate_device)}", flush=True)
     serve_forever(server)
 
 

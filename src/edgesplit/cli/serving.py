@@ -14,10 +14,6 @@ import typer
 
 from edgesplit.cli._app import (
     BACKEND_HELP,
-    FRAME_TIMEOUT_OPTION,
-    HELLO_TIMEOUT_OPTION,
-    IDLE_TIMEOUT_OPTION,
-    PENDING_BYTES_OPTION,
     SHAPE_HELP,
     THREADS_HELP,
     TLS_SERVER_NAME_HELP,
@@ -27,7 +23,6 @@ from edgesplit.cli._app import (
     TRUST_HELP,
     app,
     check_torch_device,
-    connection_limits,
     emit_json,
     err,
     load_program,
@@ -37,10 +32,12 @@ from edgesplit.cli._app import (
     tls_files,
     user_errors,
 )
+from edgesplit.cli.serve_options import serve_options
 
 if TYPE_CHECKING:
     from edgesplit.runtime import PlanProgram
     from edgesplit.runtime.dataplane import DataPlane
+    from edgesplit.runtime.options import ServeOptions
 
 EMULATE_HELP = ("Compute emulation: after each compute, sleep until it took what the plan "
                 "predicts for this device, so this machine runs at the speed of the device "
@@ -74,6 +71,7 @@ def export(
 
 @app.command()
 @user_errors
+@serve_options(work="requests")
 def serve(
     plan_path: Path = typer.Argument(..., help="A plan written by `edgesplit plan --out`."),
     device: str = typer.Option(..., "--device", "-d", help="The plan device this server runs "
@@ -84,16 +82,6 @@ def serve(
     next_hop: list[str] = typer.Option([], "--next", help="HOST:PORT of the next device "
                                        "(middle hops of a chain; a star's sources: the sink; "
                                        "a mesh's root: NAME=HOST:PORT once per branch)."),
-    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
-    tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
-    tls_server_name: str | None = typer.Option(None, "--tls-server-name",
-                                               help=TLS_SERVER_NAME_HELP),
-    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Reach --next over TLS, "
-                                                              "trusting this CA."),
-    shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
-    workers: int = typer.Option(32, "--workers", help="Concurrent requests served."),
     backend: str = typer.Option("torch", "--backend", help=BACKEND_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     max_batch: int | None = typer.Option(None, "--max-batch", help="Batch up to this many "
@@ -101,10 +89,6 @@ def serve(
                                          "allows it; 1: no batching)."),
     max_wait_ms: float = typer.Option(0.0, "--max-wait-ms", help="Wait this long for a batch "
                                       "to fill (0: run what is waiting at once)."),
-    data_port: str = typer.Option("0", "--data-port", help="Port of the data plane (TCP "
-                                  "frames beside gRPC; 0: any free port; off: none)."),
-    data_plane: str = typer.Option("auto", "--data-plane", help="How to call --next: auto "
-                                   "(its data plane if it has one), grpc or tcp."),
     join_timeout_s: float = typer.Option(10.0, "--join-timeout-s", help="A star's sink: how "
                                          "long a request waits for every source."),
     trust_model_file: bool = typer.Option(False, "--trust-model-file", help=TRUST_HELP),
@@ -135,21 +119,19 @@ def serve(
     app_name: str | None = typer.Option(None, "--app-name", help="--engine ray: the Ray Serve "
                                         "application's name (default: edgesplit-<plan "
                                         "id>-<device>)."),
-    idle_timeout_s: float | None = IDLE_TIMEOUT_OPTION,
-    frame_timeout_s: float | None = FRAME_TIMEOUT_OPTION,
-    hello_timeout_s: float | None = HELLO_TIMEOUT_OPTION,
-    pending_bytes: str | None = PENDING_BYTES_OPTION,
+    *,
+    options: ServeOptions,
 ) -> None:
     """Serve one device's part of PLAN over gRPC until interrupted (Ctrl-C / SIGTERM stop it
     gracefully). A star plan's sink joins its sources' calls of each request; each source
     forwards to it (--next). With --engine ray the partition runs on Ray Serve replicas
     (batched, optionally autoscaled) and this server is their ingress."""
-    from edgesplit.runtime.transport import PartitionServer, plan_device, read_token, serve_forever
+    from edgesplit.runtime.planned import plan_device
+    from edgesplit.runtime.server import partition_server
+    from edgesplit.transport import serve_forever
 
     set_threads(threads)
     check_torch_device(torch_device)
-    limits = connection_limits(idle_timeout_s, frame_timeout_s, hello_timeout_s, pending_bytes)
-    token = read_token(token, token_file)
     ray_settings = {"replicas": replicas, "min_replicas": min_replicas,
                     "max_replicas": max_replicas, "target_ongoing": target_ongoing,
                     "replica_cpus": replica_cpus, "replica_gpus": replica_gpus,
@@ -179,16 +161,10 @@ def serve(
                                  trust_model_file, emulate_device)
         max_batch = None  # the deployment batches
     try:
-        server = PartitionServer(program, device,
-                                 next_address=_next_address(program, device, next_hop),
-                                 token=token,
-                                 tls=tls_files(tls_cert, tls_key, tls_ca, tls_server_name),
-                                 shape=shape,
-                                 max_workers=workers, max_batch=max_batch,
-                                 max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s,
-                                 data_port=_data_port(data_port),
-                                 data_plane=_data_plane(data_plane), engine=ray_engine,
-                                 limits=limits)
+        server = partition_server(program, device, options,
+                                  next_address=_next_address(program, device, next_hop),
+                                  engine=ray_engine, max_batch=max_batch,
+                                  max_wait_ms=max_wait_ms, join_timeout_s=join_timeout_s)
         bound = server.start(host, port)
     except BaseException:
         if ray_engine is not None:  # the deployment must not outlive a server that never ran
@@ -196,7 +172,8 @@ def serve(
         raise
     data = f"{host}:{server.data_port}" if server.data_port else "off"
     # one machine-readable line on stdout: scripts and tests wait for it (fields by position)
-    batch = server.batcher.max_batch if server.batcher is not None else "off"
+    batcher = server.handler.batcher
+    batch = batcher.max_batch if batcher is not None else "off"
     where = f"engine=local torch_device={program.step(device).backend.device}"
     if ray_engine is not None:
         opts = ray_engine.options
@@ -206,7 +183,7 @@ def serve(
                  f"replicas={opts.min_replicas or 1}..{opts.max_replicas}")
         where = f"engine=ray {scale} app={ray_engine.app_name}"
     print(f"listening on {host}:{bound} device={device} plan={program.plan_id} data={data} "
-          f"batch={batch} {where} {rehearsal(shape, emulate_device)}", flush=True)
+          f"batch={batch} {where} {rehearsal(options.shape, emulate_device)}", flush=True)
     serve_forever(server)
 
 
@@ -309,7 +286,7 @@ def run(
     outputs come back (--json, --out)."""
     from edgesplit.runtime.outputs import OutputCollector, check_out_path, load_rows
     from edgesplit.runtime.session import run_requests
-    from edgesplit.runtime.transport import read_token
+    from edgesplit.transport import read_token
 
     set_threads(threads)
     check_torch_device(torch_device)
@@ -435,7 +412,7 @@ def _next_address(program: PlanProgram, device: str, hops: list[str]
     """``--next``: one HOST:PORT, or NAME=HOST:PORT per branch for a mesh's root."""
     from edgesplit.errors import ConfigError
     from edgesplit.runtime.mesh import check_branches
-    from edgesplit.runtime.transport import plan_device
+    from edgesplit.runtime.planned import plan_device
 
     if plan_device(program, device) == program.root:
         parsed = _named(hops, "--next")

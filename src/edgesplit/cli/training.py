@@ -118,8 +118,8 @@ def serve_training_cmd(
     """Serve the edge-server side of split training (L2S) until interrupted: one device's
     session at a time (another is refused until it closes, idles out, or a device takes it
     over with `train-split --take-over`)."""
-    from edgesplit.runtime.transport import read_token
     from edgesplit.train.remote import serve_training
+    from edgesplit.transport import read_token
 
     serve_training(model, lr=lr, momentum=momentum, seed=seed, host=host, port=port,
                    token=read_token(token, token_file), tls=tls_files(tls_cert, tls_key, None),
@@ -188,7 +188,6 @@ def train_split_cmd(
     from contextlib import nullcontext
 
     from edgesplit.errors import ConfigError
-    from edgesplit.runtime.transport import read_token
     from edgesplit.train.remote import DEFAULT_MAX_BATCH
     from edgesplit.train.session import (
         TrainSplitConfig,
@@ -198,6 +197,7 @@ def train_split_cmd(
         one_core_per_side,
         train_split,
     )
+    from edgesplit.transport import read_token
 
     if server is None and (tls_ca is not None or take_over):
         raise ConfigError("--tls-ca and --take-over are for a server you started (--server "

@@ -6,7 +6,7 @@ OpenAI-compatible API.
 - ``planning/``: its blocks placed on a chain of devices (``plan_llm``: the exact DP and its
   baselines; ``plan_llm_at``: at given boundaries), each placement a ``Plan`` with an ``llm``
   section;
-- ``stage/``: one stage's compute, KV sessions, messages and server (``LLMStageServer``);
+- ``stage/``: one stage's compute, KV sessions, messages and server (``llm_stage_server``);
 - ``generate/``: the client that drives the chain (``LLMClient``) and the engine that puts
   text in and out (``LLMEngine``);
 - ``api/``: the OpenAI-compatible HTTP API (imported on its own: ``edgesplit.llm.api.app``).
@@ -45,7 +45,7 @@ from edgesplit.llm.planning.plan import (
     plan_llm_at,
 )
 from edgesplit.llm.stage.sampling import Sampling
-from edgesplit.llm.stage.server import LLMStageServer
+from edgesplit.llm.stage.server import llm_stage_server
 
 __all__ = [
     "LLM_METHODS",
@@ -55,7 +55,6 @@ __all__ = [
     "LLMClient",
     "LLMEngine",
     "LLMPlanning",
-    "LLMStageServer",
     "LLMWorkload",
     "Phase",
     "Sampling",
@@ -65,6 +64,7 @@ __all__ = [
     "evaluate_placement",
     "generation_report",
     "llm_plan_document",
+    "llm_stage_server",
     "open_engine",
     "plan_llm",
     "plan_llm_at",

@@ -1,5 +1,5 @@
 """The client of split inference: ``ChainClient`` runs device 0 and drives the chain (its
-servers are :class:`~edgesplit.runtime.server.PartitionServer`); ``RuntimeClient``, the base
+servers: :func:`~edgesplit.runtime.server.partition_server`); ``RuntimeClient``, the base
 of every runtime client (the chain's, the star's :class:`~edgesplit.runtime.star.StarClient`,
 the LLM's :class:`~edgesplit.llm.generate.client.LLMClient`); and the helpers they share to
 reach a server and say why a call failed (:func:`connect`, :func:`address_name`,

@@ -1,7 +1,7 @@
 """Mesh plans served: the root's broadcast to the branch devices.
 
 A mesh plan (:func:`edgesplit.plan.mesh_layout`, JMSNAS Fig. 2b) runs with one
-:class:`~edgesplit.runtime.server.PartitionServer` per device after the first, as a chain
+:func:`~edgesplit.runtime.server.partition_server` per device after the first, as a chain
 does, except around its parallel part: the root's next hop is a :class:`Fanout`, which sends
 each branch device the tensors it receives, all at once and under one fresh join key (call
 metadata ``edgesplit-join``); each branch computes and forwards to the aggregator like a star's

@@ -201,7 +201,7 @@ def _chain(plan: Plan) -> list[str]:
     if plan.llm is not None:  # its layers are blocks with KV caches, not a captured graph
         raise ConfigError("this plan splits a causal LM into stages: serve its devices with "
                           "`edgesplit llm serve` and generate with `edgesplit llm generate` "
-                          "(in Python: edgesplit.llm.LLMStageServer, "
+                          "(in Python: edgesplit.llm.llm_stage_server, "
                           "edgesplit.llm.LLMClient)")
     if not plan.runnable:
         why = str(_why_not_mesh(plan))

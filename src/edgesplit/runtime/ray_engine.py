@@ -1,7 +1,7 @@
 """The cloud side of a plan on Ray Serve: one device's partition as a deployment of replicas
 (fixed or autoscaled), behind edgesplit's own service.
 
-Devices keep calling :class:`~edgesplit.runtime.server.PartitionServer` (the same .proto,
+Devices keep calling a :func:`~edgesplit.runtime.server.partition_server` (the same .proto,
 data plane, token, TLS, plan fingerprint and wire format): with ``engine=RayEngine(...)`` that
 server is an *ingress*. It authenticates, checks the plan and decodes every request as the
 local server does (so bad requests get the same errors), then hands the tensors to the
@@ -151,7 +151,8 @@ class RayOptions:
 
 class RayEngine:
     """``device``'s partition of ``program`` deployed on Ray Serve; :meth:`compute` is what a
-    :class:`~edgesplit.runtime.server.PartitionServer` calls instead of computing."""
+    partition server (:class:`~edgesplit.runtime.compute.EngineCompute`) calls instead of
+    computing."""
 
     def __init__(self, program: PlanProgram, device: str, options: RayOptions | None = None, *,
                  trust_model_file: bool = False, emulate: bool = False) -> None:

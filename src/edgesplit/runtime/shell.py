@@ -1,77 +1,107 @@
-"""The serving shell shared by every runtime server: its gRPC face and its data plane.
+"""The serving shell every runtime server is: its gRPC face, its data plane, and what both
+planes' calls share; what a request does is its handler's.
 
-A server (:class:`~edgesplit.runtime.server.PartitionServer`,
-:class:`~edgesplit.runtime.llm_server.LLMStageServer`) is a shell around one handler: the
-shell authenticates each call, answers ``Run`` through :func:`~edgesplit.transport.answer`
-(a failure becomes its status, an unexpected one INTERNAL with a logged sentence), answers a
-stream's requests one by one (one that fails ends only itself, as an error in its reply),
-and refuses a request made for another plan in one set of words. Its data plane
-(:class:`ServingShell`) opens beside the gRPC port with the same token, TLS, throttle and
-connection limits, and answers a frame with the same checks and errors; the worker slots both
-planes' calls share are the shell's too (:meth:`ServingShell.take_slot`), and so is the
-refusal once it stops (UNAVAILABLE, not a busy server's RESOURCE_EXHAUSTED). A server that sends
-on calls the next device through :class:`NextHop`, which carries the caller's token, session
-and deadline there and turns the call's failure into this request's. What a request does
-(relay, compute, join, a generation step) is the handler's: :class:`Handler` and
-:class:`FrameHandler` are all the shell asks of it.
+A server is ``ServingShell(handler, options, limit=..., slots=...)``, never a subclass of it:
+the partition server (:func:`~edgesplit.runtime.server.partition_server`) and an LLM stage
+(:func:`~edgesplit.runtime.llm_server.llm_stage_server`) assemble a handler from parts and put
+it in a shell. The shell authenticates each call, answers ``Run`` through
+:func:`~edgesplit.transport.answer` (a failure becomes its status, an unexpected one INTERNAL
+with a logged sentence), answers a stream's requests one by one (one that fails ends only
+itself, as an error in its reply), says what it serves (``Describe``), and refuses a request
+made for another plan in one set of words. Its data plane opens beside the gRPC port with
+the same token, TLS, throttle and connection limits, and answers a frame with the same checks
+and errors. The worker slots both planes' calls share (:class:`WorkerSlots`) are the shell's
+too, and so is the refusal once it stops (UNAVAILABLE, not a busy server's
+RESOURCE_EXHAUSTED): a stop refuses new calls, serves the ones in flight and those waiting
+for a slot for up to its grace, then the handler's parts close.
+
+A handler that sends on calls the next device through :class:`NextHop`, which carries the
+caller's token, session and deadline there, turns the call's failure into this request's,
+and times what it sends (:meth:`NextHop.forward`). What every server says alike is here once:
+a failure's sentence (:func:`failure_of`), that the first device is not served
+(:func:`check_served`) and that a device that sends needs the next one's address
+(:func:`check_next`).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Callable, Collection, Iterator
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, Generic, Protocol, TypeVar, cast, final
 
 import grpc
 
 from edgesplit.errors import ConfigError, RemoteError, option
 from edgesplit.plan.model import PLAN_VERSION
-from edgesplit.runtime.dataplane import Message, Metadata
+from edgesplit.runtime.dataplane import Hop, Message, Metadata
+from edgesplit.runtime.options import ServeOptions
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.transport import (
     BadRequest,
     GrpcServer,
     LinkShaper,
+    LoopbackChannel,
     answer,
     check_alive,
     remaining_timeout,
 )
 from edgesplit.transport.frames import Frame, FrameContext, FrameServer, failure
-from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.slots import Slots
 
-__all__ = ["FrameHandler", "Handler", "NextHop", "Servicer", "ServingShell",
-           "check_request_plan"]
+__all__ = ["Handler", "NextHop", "Servicer", "ServingShell", "WorkerSlots", "check_next",
+           "check_request_plan", "check_served", "failure_of", "open_hop"]
+
+log = logging.getLogger(__name__)
 
 
 class Handler(Protocol):
-    """What a serving shell calls: the plan it serves, what it says it serves, the answer to
-    one gRPC request, and the sentence (logged) for an unexpected failure."""
+    """What a serving shell asks of its handler: what it serves (the plan, the device, the
+    tensors a request carries and its reply returns, for ``Describe``), the answer to one gRPC
+    request and to one data-plane call (their failures become statuses as
+    :func:`~edgesplit.transport.answer` makes them), the sentence (logged) for an unexpected
+    failure, and its parts' share of a start and a stop: ``started`` once the shell listens
+    (``serving(ok)`` sets its health), ``refuse`` when it takes no more work (every wait of a
+    part is answered at once), ``drain`` while it finishes the calls in flight, ``close``
+    once both planes stopped."""
 
     @property
     def plan_id(self) -> str: ...
 
-    def describe(self) -> pb.Description: ...
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def inputs(self) -> Sequence[str]: ...
+
+    @property
+    def outputs(self) -> Sequence[str]: ...
 
     def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle: ...
-
-    def failure(self, exc: BaseException) -> str: ...
-
-
-class FrameHandler(Protocol):
-    """What a serving shell's data plane calls: the answer to one data-plane call (its
-    failures become statuses as :func:`~edgesplit.transport.answer` makes them), and the
-    sentence (logged) for an unexpected failure."""
 
     def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame: ...
 
     def failure(self, exc: BaseException) -> str: ...
 
+    def started(self, serving: Callable[[bool], None]) -> None: ...
 
-class _Authenticating(Protocol):
+    def refuse(self) -> None: ...
+
+    def drain(self, timeout: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+H = TypeVar("H", bound=Handler)
+
+
+class _Shell(Protocol):
     def check_token(self, context: grpc.ServicerContext) -> None: ...
+
+    def describe(self) -> pb.Description: ...
 
 
 Requests = Callable[[Iterator[pb.Bundle], grpc.ServicerContext], Iterator[pb.Bundle]]
@@ -82,8 +112,8 @@ class Servicer(pb_grpc.PartitionServiceServicer):
     ``handler``. ``requests`` reads a stream's requests (the shell's idle limit, say; by
     default they are read as they come)."""
 
-    def __init__(self, shell: _Authenticating, handler: Handler,
-                 requests: Requests | None = None) -> None:
+    def __init__(self, shell: _Shell, handler: Handler, requests: Requests | None = None
+                 ) -> None:
         self.shell, self.handler = shell, handler
         self.requests: Requests = requests or (lambda iterator, context: iterator)
 
@@ -109,76 +139,121 @@ class Servicer(pb_grpc.PartitionServiceServicer):
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
                  ) -> pb.Description:
         self.shell.check_token(context)
-        return self.handler.describe()
+        return self.shell.describe()
 
 
-class ServingShell(GrpcServer):
-    """A :class:`~edgesplit.transport.GrpcServer` with the data plane beside it: length-prefixed
-    frames over TCP (:class:`~edgesplit.transport.frames.FrameServer`) carrying the same
-    calls, under the server's token, TLS, auth throttle and connection limits, and bounded by
-    its message limit. A server calls :meth:`_init_data_plane` after ``_init_grpc``;
-    :meth:`start` then opens the data plane on the port it asked for (None: none) and names it
-    in ``data_port``, and :meth:`stop` closes it before gRPC."""
+class WorkerSlots:
+    """The ``workers`` slots that a server's calls share, over gRPC and the data plane alike
+    (:meth:`take` one, :meth:`give` it back). A call that finds none free before its
+    deadline (``timeout_s`` without one) is refused as ``device`` busy with ``busy``; once the
+    server stops (:meth:`close`), UNAVAILABLE: its client should retry elsewhere, not back
+    off from a busy server. Made by a server's assembly, handed to its handler's parts and
+    to its shell, which closes and drains it when it stops."""
 
-    _frames: FrameServer | None = None
-    data_port: int | None = None  # the data plane's port once started (None: none)
-    next_timeout_s: float  # the longest a call waits for a slot or the next device
-    _stopping = False
-
-    def _init_slots(self, workers: int, device: str, busy: str) -> None:
-        """``workers`` slots that the calls of both planes share (:meth:`take_slot`); a call
-        that finds none free in time is refused as ``device`` busy with ``busy``."""
+    def __init__(self, workers: int, device: str, busy: str, timeout_s: float) -> None:
+        self.workers, self.device, self.busy, self.timeout_s = workers, device, busy, timeout_s
         self._slots = Slots(workers)
-        self._slot_words = (device, busy)
+        self.give = self._slots.give  # bound once: every call gives one back
+        self.stopping = False
+
+    def take(self, context: grpc.ServicerContext | None) -> None:
+        """One slot (give it back with :meth:`give`), or BadRequest once the call's deadline
+        passed waiting (UNAVAILABLE once the server stops)."""
+        if not self._slots.take(remaining_timeout(context, self.timeout_s)):
+            self.check_running()
+            check_alive(context, self.device)
+            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"device {self.device!r} is busy with {self.busy}")
+
+    def check_running(self) -> None:
+        """BadRequest UNAVAILABLE once the server began to stop."""
+        if self.stopping:
+            raise BadRequest(grpc.StatusCode.UNAVAILABLE,
+                             f"device {self.device!r} is shutting down")
+
+    def drain(self, timeout: float) -> None:
+        """Wait at most ``timeout`` for the calls waiting for a slot to have one."""
+        self._slots.drain(timeout)
+
+    def close(self) -> None:
+        """Take no more work: every call waiting for a slot is answered at once."""
+        self.stopping = True
+        self._slots.close()
+
+
+@final
+class ServingShell(GrpcServer, Generic[H]):
+    """Serves ``handler`` over gRPC and, beside it, the data plane: length-prefixed frames
+    over TCP (:class:`~edgesplit.transport.frames.FrameServer`) carrying the same calls,
+    under ``options``' token, TLS and connection limits and the server's auth throttle, each
+    message at most ``limit`` bytes; ``slots`` bound the calls served at once (and size
+    gRPC's thread pool). :meth:`start` opens the data plane on ``options.data_port`` (None:
+    none) and names it in ``data_port``; :meth:`stop` closes it before gRPC. A context
+    manager: leaving the ``with`` stops it at once."""
+
+    def __init__(self, handler: H, options: ServeOptions, *, limit: int,
+                 slots: WorkerSlots) -> None:
+        self.handler, self.options, self.slots, self.limit = handler, options, slots, limit
+        self.token, self.tls = options.token, options.tls
+        if options.limits is not None:  # idle and slow callers' timeouts, frames' memory
+            self.limits = options.limits
+        self.data_port: int | None = None  # the data plane's port once started (None: none)
+        self._frames: FrameServer | None = None
+        self._token_checked: object = None  # the call metadata last found to hold the token
+        self._stopping = False
+        self._health_lock = threading.Lock()  # a part's health never says SERVING once stopped
+        self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
+            Servicer(self, handler, self.idle_limited), server), limit, slots.workers)
+
+    def __enter__(self) -> ServingShell[H]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(0)
+
+    # ---- what both planes share ----------------------------------------------------------
+    def describe(self) -> pb.Description:
+        """What this server serves (``Describe``): its plan, device, tensors, message limit
+        and data-plane port (0: none)."""
+        handler = self.handler
+        return pb.Description(plan_id=handler.plan_id, plan_version=PLAN_VERSION,
+                              device=handler.device, inputs=list(handler.inputs),
+                              outputs=list(handler.outputs), max_message_bytes=self.limit,
+                              data_port=self.data_port or 0)
 
     def take_slot(self, context: grpc.ServicerContext | None) -> None:
-        """One of the server's worker slots (give it back with :meth:`give_slot`), or
-        BadRequest once the call's deadline passed waiting (UNAVAILABLE once :meth:`stop`
-        began: the client should retry elsewhere, not back off from a busy server)."""
-        if not self._slots.take(remaining_timeout(context, self.next_timeout_s)):
-            device, busy = self._slot_words
-            self._check_running()
-            check_alive(context, device)
-            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"device {device!r} is busy with {busy}")
+        """One of the server's worker slots (:meth:`WorkerSlots.take`)."""
+        self.slots.take(context)
 
     def give_slot(self) -> None:
         """Give back the slot :meth:`take_slot` took."""
-        self._slots.give()
+        self.slots.give()
 
-    def _check_running(self) -> None:
-        """BadRequest UNAVAILABLE once :meth:`stop` began."""
-        if self._stopping:
-            raise BadRequest(grpc.StatusCode.UNAVAILABLE,
-                             f"device {self._slot_words[0]!r} is shutting down")
-
-    def _refuse_new(self) -> None:
-        """Take no more work: every call waiting for a slot is answered at once (again: a
-        no-op). A server with more to close at the end of a stop's grace extends it."""
-        self._stopping = True
-        self._slots.close()
-
-    def _init_data_plane(self, handler: FrameHandler, port: int | None,
-                         limits: ConnectionLimits | None) -> None:
-        """Answer data-plane calls with ``handler`` on ``port`` (0: any free port; None: no
-        data plane); ``limits``: the frame server's (None: its defaults)."""
-        self._frame_handler, self._want_data_port = handler, port
-        self._frame_limits = limits
-        self._token_checked: object = None  # the call metadata last found to hold the token
-
+    # ---- start and stop ------------------------------------------------------------------
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen for gRPC on host:port (0: any free port) and for the data plane on the port
-        asked for, of the same host; returns the gRPC port."""
+        asked for, of the same host; returns the gRPC port. The handler's parts then start
+        (a deployment's health, say, is the server's from here on)."""
         bound = super().start(host, port)
-        if self._want_data_port is not None:
-            self._frames, self.data_port = self._open_data_plane(host, self._want_data_port)
+        if self.options.data_port is not None:
+            self._frames, self.data_port = self._open_data_plane(host, self.options.data_port)
+        self.handler.started(self._serving)
         return bound
+
+    def _serving(self, ok: bool) -> None:
+        """Set the server's health (a part's, as it changes), never SERVING once it stops."""
+        from grpc_health.v1 import health_pb2
+
+        status = health_pb2.HealthCheckResponse
+        with self._health_lock:
+            if not self._stopping:
+                self.health.set("", status.SERVING if ok else status.NOT_SERVING)
 
     def _open_data_plane(self, host: str, port: int) -> tuple[FrameServer, int]:
         """A started frame server and its port. When the port cannot be opened, the gRPC
         server (just started) stops and a ConfigError says what to change."""
         frames = FrameServer(self._frame_call, self._limit, self.tls, token=self.token,
-                             limits=self._frame_limits, throttle=self.throttle)
+                             limits=self.options.limits, throttle=self.throttle)
         try:
             return frames, frames.start(host, port)
         except OSError as exc:
@@ -189,10 +264,14 @@ class ServingShell(GrpcServer):
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new calls and finish the ones in flight on both planes, those still waiting
-        for a slot included, for up to ``grace_s``; what still waits then is answered
-        UNAVAILABLE (:meth:`_refuse_new`; at once with ``grace_s`` 0). A request that came in
-        just before a SIGTERM is served, not refused: it was sent to this server."""
-        self._stopping = True
+        for a slot (or a part's worker, a star sink's parked joins) included, for up to
+        ``grace_s``; what still waits then is answered UNAVAILABLE (at once with ``grace_s``
+        0); then the handler's parts close (a batcher, the next hop, a deployment). A request
+        that came in just before a SIGTERM is served, not refused: it was sent to this
+        server."""
+        with self._health_lock:
+            self._stopping = True
+        self.slots.stopping = True
         deadline = time.monotonic() + grace_s  # the grace of the whole stop, not each part's
 
         def left() -> float:
@@ -202,19 +281,19 @@ class ServingShell(GrpcServer):
             if self._frames is not None:
                 self._frames.stop(left())
             super().stop(left())
-            self._drain(left())  # in-process (loopback) callers, which no plane counts
+            # in-process (loopback) callers, which no plane counts
+            self.slots.drain(left())
+            self.handler.drain(left())
         finally:
-            self._refuse_new()
+            self.slots.close()  # first: a woken wait for a part's worker reads it
+            self.handler.refuse()
+        self.handler.close()
 
-    def _drain(self, timeout: float) -> None:
-        """Wait at most ``timeout`` for the calls waiting for a slot to have one. A server
-        with more waits (workers) extends it."""
-        self._slots.drain(timeout)
-
+    # ---- the data plane ------------------------------------------------------------------
     def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
         """Answer one data-plane call: the same token check, errors and work as over gRPC."""
         call = cast(grpc.ServicerContext, context)  # the part of it our handlers use
-        handler = self._frame_handler
+        handler = self.handler
         try:
             metadata = context.invocation_metadata()
             if metadata is not self._token_checked:  # a connection's repeated metadata
@@ -226,11 +305,19 @@ class ServingShell(GrpcServer):
                            context.details)
 
 
+# ---- the next device ------------------------------------------------------------------------
 class _Hop(Protocol):  # a Hop, or a mesh root's Fanout
     def wire_size(self, message: Message) -> int: ...
 
     def run(self, message: Message, timeout: float | None, metadata: Metadata,
             context: Any = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def open_hop(address: str | LoopbackChannel, limit: int, options: ServeOptions) -> Hop:
+    """The next device at ``address``, reached as ``options`` say (TLS, data plane)."""
+    return Hop(address, limit, options.tls, options.data_plane)
 
 
 class NextHop:
@@ -249,6 +336,16 @@ class NextHop:
                  own: Callable[[grpc.RpcError], BadRequest | None]) -> None:
         self.hop, self.device, self.timeout_s, self.shaper = hop, device, timeout_s, shaper
         self.passes, self.own = frozenset(passes), own
+
+    def forward(self, out: Message, context: grpc.ServicerContext | None,
+                timings: dict[str, float], key: str, t0: float) -> Message:
+        """:meth:`send` ``out``, made since ``t0`` (``time.perf_counter()``): that time is
+        added to ``timings[key]`` (the sender's serialize time), and the reply's timings
+        (the devices after it) to ``timings``."""
+        timings[key] = timings.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
+        reply = self.send(out, context)
+        timings.update(reply.timings_ms)
+        return reply
 
     def send(self, out: Message, context: grpc.ServicerContext | None) -> Message:
         """:meth:`call`, the message first taking its time on ``shaper``'s link."""
@@ -272,7 +369,11 @@ class NextHop:
                 f"next hop after {self.device!r} failed: {exc.code().name}: "
                 f"{exc.details()}") from None
 
+    def close(self) -> None:
+        self.hop.close()
 
+
+# ---- what every server says alike -----------------------------------------------------------
 def check_request_plan(request: Any, plan_id: str) -> None:
     """Refuse (FAILED_PRECONDITION) a request (a Bundle or a Message) made for another plan
     than ``plan_id`` at this plan version."""
@@ -282,3 +383,28 @@ def check_request_plan(request: Any, plan_id: str) -> None:
                          f"{PLAN_VERSION}), the request is for {request.plan_id or '?'} "
                          f"(version {request.plan_version}); start both sides from the "
                          "same plan file")
+
+
+def failure_of(device: str, work: str) -> Callable[[BaseException], str]:
+    """A server's sentence for an unexpected failure of one ``work`` (a request, a step) on
+    ``device``; the failure is logged with its traceback."""
+    def failure_text(exc: BaseException) -> str:
+        log.exception("device %s failed on a %s", device, work)
+        return f"device {device!r} failed on this {work}: {type(exc).__name__}: {exc}"
+
+    return failure_text
+
+
+def check_served(device: str, *, first: bool, client: str) -> None:
+    """Refuse (ConfigError) to serve the chain's first device: it runs in the ``client``
+    command."""
+    if first:
+        raise ConfigError(f"device {device!r} is the first of the chain: it runs in the "
+                          f"client ({client}), not as a server")
+
+
+def check_next(device: str, after: str | None, address: object) -> None:
+    """Refuse (ConfigError) a device that sends to ``after`` without its ``address``."""
+    if after is not None and address is None:
+        raise ConfigError(f"device {device!r} sends to {after!r}: give its address with "
+                          f"{option('next_address', 'HOST:PORT', flag='--next')}")

@@ -1,13 +1,13 @@
 """Star plans served: the sink's join, and the client that drives a star.
 
 A star plan (:func:`edgesplit.plan.star_layout`: SplitNets' V sensors and one aggregator) runs
-with one :class:`~edgesplit.runtime.server.PartitionServer` per device. A source gets its
-own model inputs from the client, runs its layers and forwards what it sends to the sink, like
-a middle hop of a chain. The sink *joins*: the calls of one client request carry one join key
-(call metadata ``edgesplit-join``) and one request id; the sink waits until every tensor it
-receives has arrived for that pair, computes once, and answers every waiting call with the
-model outputs, which each source relays to the client. :class:`StarClient` sends every source
-its inputs concurrently under a fresh key and checks that their replies agree.
+with one partition server (:func:`~edgesplit.runtime.server.partition_server`) per device. A
+source gets its own model inputs from the client, runs its layers and forwards what it sends to
+the sink, like a middle hop of a chain. The sink *joins*: the calls of one client request carry
+one join key (call metadata ``edgesplit-join``) and one request id; the sink waits until every
+tensor it receives has arrived for that pair, computes once, and answers every waiting call
+with the model outputs, which each source relays to the client. :class:`StarClient` sends every
+source its inputs concurrently under a fresh key and checks that their replies agree.
 
 Bounds against broken or hostile callers: a join takes each of the sink's tensors once (an
 unknown or repeated tensor fails its call with INVALID_ARGUMENT); it waits at most
@@ -24,14 +24,14 @@ sources; when devices follow it, the completing part's call forwards the result 
 the join answers.
 
 Workers: a waiting part is parked and holds none of the sink's ``max_workers``; the part that
-completes a join takes one and computes, through the server's batcher: complete joins waiting
-together run as one batch (a parked call still blocks a gRPC thread, or its data-plane
-connection's, as the synchronous server has no other way to answer later, but the sink has a
-thread for every part its table can park beyond its workers, so a parked part never queues
-another). Parts arrive over gRPC (:meth:`Join.reply_pb`) or the data plane
-(:meth:`Join.reply_frame`), checked and joined alike. A source holds
-its worker only while it computes, not while the sink joins: held across the join, the
-sources' workers waited on each other (a circular wait until the join timed out).
+completes a join takes one and computes, through the sink's compute part (its batcher):
+complete joins waiting together run as one batch (a parked call still blocks a gRPC thread, or
+its data-plane connection's, as the synchronous server has no other way to answer later, but
+the sink has a thread for every part its table can park beyond its workers, so a parked part
+never queues another). Parts arrive over gRPC (:meth:`Join.reply_pb`) or the data plane
+(:meth:`Join.answer_frame`), checked and joined alike. A source holds its worker only while it
+computes, not while the sink joins: held across the join, the sources' workers waited on each
+other (a circular wait until the join timed out).
 """
 
 from __future__ import annotations
@@ -75,9 +75,11 @@ from edgesplit.transport.shaping import LinkShaper
 from edgesplit.transport.slots import Slots
 
 if TYPE_CHECKING:
-    from edgesplit.runtime.server import PartitionServer
+    from edgesplit.runtime.compute import Compute
+    from edgesplit.runtime.roles import Relay, StepWire
 
-__all__ = ["JOIN_KEY", "Join", "StarClient", "check_addresses", "star_link"]
+__all__ = ["JOIN_KEY", "Join", "StarClient", "check_addresses", "check_join_limits",
+           "star_link"]
 
 MAX_KEY_CHARS = 128  # a join key longer than this is refused (keys are held in memory)
 POLL_S = 0.05  # how often a waiting call checks that its caller is still there
@@ -122,6 +124,14 @@ def check_addresses(program: PlanProgram, addresses: Mapping[str, Any]) -> None:
 
 
 # ---- the sink's join ------------------------------------------------------------------------
+def check_join_limits(timeout_s: float, max_joins: int) -> None:
+    """Refuse (ConfigError) a join timeout or table size that joins nothing."""
+    if timeout_s <= 0:
+        raise ConfigError(f"{option('join_timeout_s')} must be positive, got {timeout_s}")
+    if max_joins < 1:
+        raise ConfigError(f"{option('max_joins')} must be at least 1, got {max_joins}")
+
+
 @dataclass
 class _Entry:
     """One client request being joined at the sink."""
@@ -147,7 +157,9 @@ def _host(context: grpc.ServicerContext | None) -> str:
 
 
 class Join:
-    """A star sink's join table: see the module docstring.
+    """A star sink's join table and its answers (the sink's handler part): see the module
+    docstring. ``wire`` is the sink's step on the wire, ``compute`` computes a complete join,
+    and ``relay`` (a mesh's aggregator followed by a chain) forwards its result.
 
     Invariant: a part waiting for the others is *parked* (its call blocks on the join's event)
     and holds none of the ``workers`` compute workers; the call bringing a join's last part
@@ -168,15 +180,14 @@ class Join:
     source are refused (RESOURCE_EXHAUSTED) while the requests another source opens still
     complete. Keep a source's host (and the token) to the source alone where that matters."""
 
-    def __init__(self, server: PartitionServer, timeout_s: float, max_joins: int,
-                 shape: bool = False, workers: int = 1) -> None:
-        if timeout_s <= 0:
-            raise ConfigError(f"{option('join_timeout_s')} must be positive, got {timeout_s}")
-        if max_joins < 1:
-            raise ConfigError(f"{option('max_joins')} must be at least 1, got {max_joins}")
-        program = server.program
-        self.server, self.timeout_s, self.max_joins = server, timeout_s, max_joins
-        self.sink = server.step.name
+    def __init__(self, wire: StepWire, compute: Compute, relay: Relay | None, *,
+                 timeout_s: float, max_joins: int, shape: bool = False, workers: int = 1
+                 ) -> None:
+        check_join_limits(timeout_s, max_joins)
+        program = wire.program
+        self.wire, self.compute, self.relay = wire, compute, relay
+        self.timeout_s, self.max_joins = timeout_s, max_joins
+        self.sink = wire.name
         self.source_of = {t: s for s in program.sources for t in program.step(s).sends}
         self.shapers = {s: LinkShaper(star_link(program, s), shape) for s in program.sources}
         full = sum(program.graph.tensors[t].elements * 4 for t in self.source_of)
@@ -214,10 +225,10 @@ class Join:
         self.shapers[source].send(bundle.ByteSize(), "down")
         return bundle
 
-    def reply_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
+    def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
         """A part that came over the data plane: the same checks, join and answer."""
         reply, source = self.handle(Message.from_frame(frame), context)
-        answer = self.server.reply_frame(reply)
+        answer = self.wire.reply_frame(reply)
         self.shapers[source].send(answer.nbytes(), "down")
         return answer
 
@@ -226,10 +237,10 @@ class Join:
         """Add this call's tensors to its join; once the join is complete, its answer and
         the source whose link it goes back over."""
         t0 = time.perf_counter()
-        self.server.check_plan(request)  # a foreign plan is named as such, as for chains
+        self.wire.check_plan(request)  # a foreign plan is named as such, as for chains
         key = self._key(context)
         names = self._names(request)
-        values = self.server.decode_tensors(request)
+        values = self.wire.decode_tensors(request)
         decode_ms = (time.perf_counter() - t0) * 1e3
         arrived = time.perf_counter()
         source = self.source_of[names[0]]
@@ -244,8 +255,8 @@ class Join:
         serialize = f"{self.sink}.serialize_ms"
         timings = {**entry.timings, serialize: entry.timings.get(serialize, 0.0) + decode_ms,
                    f"{self.sink}.join_wait_ms": max(0.0, entry.completed_at - arrived) * 1e3}
-        parts = [Part(name, entry.outputs[name]) for name in self.server.step.returns]
-        return Message(self.server.program.plan_id, PLAN_VERSION, request.request_id, parts,
+        parts = [Part(name, entry.outputs[name]) for name in self.wire.step.returns]
+        return Message(self.wire.plan_id, PLAN_VERSION, request.request_id, parts,
                        timings), source
 
     # ---- checks --------------------------------------------------------------------------
@@ -407,7 +418,7 @@ class Join:
         """Compute a complete join on one of the workers (and, when the sink sends on, as a
         mesh's aggregator followed by a chain does, forward the result within the completing
         call's deadline), then wake its parked callers."""
-        step = self.server.step
+        step = self.wire.step
         try:
             self._take_worker(context)
         except BadRequest as exc:
@@ -417,12 +428,11 @@ class Join:
             return
         try:
             timings: dict[str, float] = {}  # the server's batcher batches complete joins
-            values = self.server.compute_now(dict(entry.values), context, timings)
+            values = self.compute.now(dict(entry.values), context, timings)
             t1 = time.perf_counter()
             later: dict[str, Any] = {}
-            if step.sends:
-                later, more = self.server.forward(request, values, context, timings)
-                timings.update(more)
+            if self.relay is not None:
+                later = self.relay.downstream(request, values, context, timings)
                 t1 = time.perf_counter()
             entry.outputs = {name: bytes(later[name]) if name in later else
                              encode_tensor(values[name], 32) for name in step.returns}
@@ -435,7 +445,7 @@ class Join:
         except BadRequest as exc:  # the chain after it gave up (a deadline, a cancellation)
             entry.error = (exc.code, str(exc))
         except Exception as exc:  # every caller of the join gets the failure
-            entry.error = (grpc.StatusCode.INTERNAL, self.server.failure(exc))
+            entry.error = (grpc.StatusCode.INTERNAL, self.wire.failure(exc))
         finally:
             with self._lock:
                 self.busy -= 1

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, option
-from edgesplit.runtime.transport import TOKEN_ENV, TlsFiles
 from edgesplit.train.remote import DEFAULT_MAX_BATCH, RemoteSplitTrainer, RoundStats, SyncResult
 from edgesplit.train.split import as_chain, seeded_forward
 from edgesplit.train.trainable import DIGITS_MODEL, TrainModelSpec
+from edgesplit.transport import TOKEN_ENV, TlsFiles
 
 if TYPE_CHECKING:
     from types import TracebackType

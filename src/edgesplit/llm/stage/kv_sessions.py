@@ -22,64 +22,40 @@ attempt to open the id afresh: an id that exists is never joined.
 or started afresh) while a step still runs on its cache keeps that cache until the step ends,
 so a new session takes the room of an idle one only, and waits (up to ``wait_s``) while every
 cache is in a step; past that it fails with SessionsBusyError.
+
+The bound, the owners and the eviction are a :class:`~edgesplit.runtime.sessions.SessionTable`'s
+(the table every server keeps its sessions in); what is a KV cache's own is here: positions,
+the context limit, rewinding and rolling back.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from edgesplit.errors import (
-    ContextLimitError,
-    SessionError,
-    SessionOwnerError,
-    SessionsBusyError,
-    option,
-)
+from edgesplit.errors import ContextLimitError, SessionError, option
+from edgesplit.runtime.sessions import OWNER_KEY, SessionTable, owner_digest
 
 __all__ = ["OWNER_KEY", "KVSession", "LLMSessions", "owner_digest"]
-
-OWNER_KEY = "edgesplit-session-key"  # call metadata: the client's secret for its sessions
-
-
-def owner_digest(secret: str | None) -> str | None:
-    """What a stage keeps of a client's secret (None without one)."""
-    return None if not secret else hashlib.sha256(secret.encode()).hexdigest()
-
-
-def _same_owner(held: str | None, owner: str | None) -> bool:
-    """Whether ``owner`` is the digest ``held`` (None: a session made without a secret, which
-    only a caller without one matches), in time independent of where they differ."""
-    if held is None or owner is None:
-        return held is owner
-    return hmac.compare_digest(held.encode(), owner.encode())
 
 
 @dataclass
 class KVSession:
-    """One session's KV cache on one stage and the tokens it holds. ``users``: the steps holding
-    it now; ``listed``: False once evicted, ended or replaced (its cache lives while used)."""
+    """One session's cache on one stage and the tokens it holds (``lock``: one step of the
+    session at a time)."""
 
     cache: Any
     length: int = 0
-    lock: threading.Lock | None = None
-    owner: str | None = None  # a digest of its creator's secret (None: made without one)
-    users: int = 0
-    listed: bool = True
-
-    def __post_init__(self) -> None:
-        self.lock = threading.Lock()
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class LLMSessions:
-    """A stage's KV sessions: at most ``max_sessions`` (KV caches alive) of at most
-    ``max_context`` tokens each on ``device``; ``new_cache`` makes an empty KV cache."""
+    """At most ``max_sessions`` sessions (KV caches alive) of at most ``max_context`` tokens
+    each on ``device``, in a :class:`~edgesplit.runtime.sessions.SessionTable` (its owners,
+    its bound and eviction); ``new_cache`` makes an empty KV cache."""
 
     def __init__(self, device: str, new_cache: Callable[[], Any], *, max_sessions: int,
                  max_context: int) -> None:
@@ -88,26 +64,32 @@ class LLMSessions:
                                f"at least 1, got {max_sessions} and {max_context}")
         self.device, self.new_cache = device, new_cache
         self.max_sessions, self.max_context = max_sessions, max_context
-        self._sessions: OrderedDict[str, KVSession] = OrderedDict()
-        self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)  # a cache became idle or was dropped
-        self._unlisted = 0  # caches of dropped sessions that a step still uses
-        self.evicted = 0  # sessions dropped to make room, since start
+        self.table: SessionTable[KVSession] = SessionTable(max_sessions, device=device,
+                                                              holds="KV caches")
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self.table)
 
     def __contains__(self, session: str) -> bool:
-        return session in self._sessions
+        return session in self.table
 
     @property
     def alive(self) -> int:
         """KV caches alive: the sessions listed, and dropped ones a step still uses."""
-        return len(self._sessions) + self._unlisted
+        return self.table.alive
+
+    @property
+    def evicted(self) -> int:
+        """Sessions dropped to make room, since start."""
+        return self.table.evicted
+
+    def state(self, session: str) -> KVSession | None:
+        """``session``'s state (None: not here), for a look: no owner asked."""
+        return self.table.get(session)
 
     def length(self, session: str) -> int:
         """Tokens ``session``'s cache holds (0: unknown)."""
-        state = self._sessions.get(session)
+        state = self.table.get(session)
         return 0 if state is None else state.length
 
     def check(self, session: str, position: int, tokens: int) -> None:
@@ -123,7 +105,7 @@ class LLMSessions:
                 f"{option('max_context', flag='--max-context')}")
         if position == 0:
             return
-        held = self._sessions.get(session)
+        held = self.table.get(session)
         if held is None:
             raise SessionError(
                 f"session {session!r} is not on device {self.device!r} (evicted to make room "
@@ -139,11 +121,7 @@ class LLMSessions:
         owner it was made with (a digest of its client's secret), so two clients that pick
         one id never decode on each other's cache, and nobody else continues, restarts or
         ends it."""
-        held = self._sessions.get(session)
-        if held is not None and not _same_owner(held.owner, owner):
-            raise SessionOwnerError(f"session {session!r} on device {self.device!r} belongs "
-                                    "to another client (another session secret): use a "
-                                    "session id of your own")
+        self.table.check_owner(session, owner)
 
     @contextmanager
     def step(self, session: str, position: int, tokens: int, owner: str | None = None, *,
@@ -155,82 +133,23 @@ class LLMSessions:
         it takes)."""
         self.check_owner(session, owner)
         self.check(session, position, tokens)
-        state = self._take(session, fresh=position == 0, owner=owner, wait_s=wait_s)
-        try:
-            assert state.lock is not None
-            with state.lock:
-                self.check(session, position, tokens)  # another step of the session came first
-                if state.length > position:  # a rewind: keep the first ``position`` tokens
-                    _crop(state.cache, position)
-                    state.length = position
-                try:
-                    yield state
-                except BaseException:
-                    _crop(state.cache, position)
-                    raise
-                state.length = position + tokens
-        finally:
-            self._release(state)
-
-    def _take(self, session: str, *, fresh: bool, owner: str | None,
-              wait_s: float | None) -> KVSession:
-        """The session's state, held by one more step; a fresh one takes an idle session's
-        room, waiting while every cache alive is in a step."""
-        with self._lock:
-            self.check_owner(session, owner)  # again, under the lock: it may have changed
-            state = self._sessions.get(session)
-            if state is not None and not fresh:
-                self._sessions.move_to_end(session)
-                state.users += 1
-                return state
-            if state is not None:  # started afresh: the old cache goes (once idle)
-                self._drop(session)
-            if not self._freed.wait_for(self._make_room, wait_s):
-                raise SessionsBusyError(
-                    f"all {self.max_sessions} KV caches of device {self.device!r} are in "
-                    f"steps of other sessions: try again, or serve with more "
-                    f"{option('max_sessions')}")
-            state = KVSession(self.new_cache(), owner=owner, users=1)
-            self._sessions[session] = state
-            return state
-
-    def _make_room(self) -> bool:
-        """Evict idle sessions, least recently used first, until one more cache fits; False
-        when every cache alive is in a step (under the lock)."""
-        while self.alive >= self.max_sessions:
-            idle = next((s for s, st in self._sessions.items() if st.users == 0), None)
-            if idle is None:
-                return False
-            self._drop(idle)
-            self.evicted += 1
-        return True
-
-    def _drop(self, session: str) -> None:
-        """Unlist ``session`` (under the lock); a step still using its cache keeps it."""
-        state = self._sessions.pop(session)
-        state.listed = False
-        if state.users:
-            self._unlisted += 1
-        else:
-            self._freed.notify_all()
-
-    def _release(self, state: KVSession) -> None:
-        with self._lock:
-            state.users -= 1
-            if state.users == 0:
-                if not state.listed:
-                    self._unlisted -= 1
-                self._freed.notify_all()
+        with self.table.held(session, owner, lambda: KVSession(self.new_cache()),
+                             fresh=position == 0, wait_s=wait_s) as state, state.lock:
+            self.check(session, position, tokens)  # another step of the session came first
+            if state.length > position:  # a rewind: keep the first ``position`` tokens
+                _crop(state.cache, position)
+                state.length = position
+            try:
+                yield state
+            except BaseException:
+                _crop(state.cache, position)
+                raise
+            state.length = position + tokens
 
     def end(self, session: str, owner: str | None = None) -> bool:
         """Forget ``session`` (its cache's memory is freed, once no step uses it); whether it
         was here. Only its owner may (:meth:`check_owner`)."""
-        with self._lock:
-            self.check_owner(session, owner)
-            if session not in self._sessions:
-                return False
-            self._drop(session)
-            return True
+        return self.table.end(session, owner)
 
 
 def _crop(cache: Any, length: int) -> None:

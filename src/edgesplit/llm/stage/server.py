@@ -1,4 +1,5 @@
-"""Serving one stage of a causal LM plan: ``LLMStageServer``.
+"""Serving one stage of a causal LM plan: :func:`llm_stage_server`, a
+:class:`~edgesplit.runtime.shell.ServingShell` around an :class:`LLMStage` handler.
 
 It speaks the layer runtime's service (``PartitionService``: ``Run``, ``RunStream``,
 ``Describe``) and data plane, with its bearer token, TLS, deadlines and request errors, so a
@@ -17,18 +18,18 @@ failed step leaves every session as it was (a rewinding one, at the position it 
 At most ``max_workers`` steps run at once, whether they came over gRPC or the data plane.
 
 With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
-model's ratio of its time to this machine's), and links are shaped to the plan's unless
-``shape=False`` (:mod:`edgesplit.runtime.llm_emulation`).
+model's ratio of its time to this machine's), and links are shaped to the plan's where the
+options say ``shape`` (:mod:`edgesplit.runtime.llm_emulation`).
 
-Not the layer ``PartitionServer`` itself: that one checks each tensor against a captured
+Not the layer partition server's handler: that one checks each tensor against a captured
 LayerGraph's fixed shapes and batches across requests, while a stage's tensors grow with the
 prompt and its state is a per-session cache that must not be silently recreated.
 """
 
 from __future__ import annotations
 
-import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import grpc
@@ -58,27 +59,34 @@ from edgesplit.llm.stage.wire import (
     step_tensors,
 )
 from edgesplit.plan.model import PLAN_VERSION, LLMPlan, Plan
-from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.dataplane import Message
+from edgesplit.runtime.options import ServeOptions
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
-from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
-from edgesplit.runtime.shell import NextHop, Servicer, ServingShell, check_request_plan
+from edgesplit.runtime.shell import (
+    NextHop,
+    ServingShell,
+    WorkerSlots,
+    check_next,
+    check_request_plan,
+    check_served,
+    failure_of,
+    open_hop,
+)
 from edgesplit.transport import (
     BadRequest,
     LoopbackChannel,
-    TlsFiles,
     check_alive,
     remaining_timeout,
 )
 from edgesplit.transport.frames import REPLY, Frame
-from edgesplit.transport.limits import ConnectionLimits
 from edgesplit.transport.shaping import LinkShaper
 
-__all__ = ["LLMStageServer", "head_stage", "llm_message_bytes", "stage_index"]
+__all__ = ["DEFAULT_WORKERS", "LLMStage", "head_stage", "llm_message_bytes",
+           "llm_stage_server", "stage_index"]
 
-log = logging.getLogger(__name__)
-
+DEFAULT_WORKERS = 8  # steps a stage serves at once unless told otherwise
 
 _HEADERS = 64 * 1024
 _GRPC_MAX_MESSAGE = 2**31 - 1  # gRPC's message limits are C ints
@@ -119,108 +127,105 @@ def head_stage(llm: LLMPlan) -> int:
                 and (s.start < s.end or len(llm.blocks) == 0))
 
 
-class LLMStageServer(ServingShell):
-    """Serves stage ``device`` of the LLM ``plan``; a stage before the head forwards to
-    ``next_address``. ``max_sessions`` KV caches at once (default: the plan's ``sessions``,
-    what its memory was planned for), the least recently used evicted first. ``model``: the
-    transformers model to take the stage's blocks from (default: the plan's checkpoint, only
-    this stage's tensors, or built from its source). The data plane opens on ``data_port``
-    (None: none). ``emulate``: each step's real compute is slowed to the plan device's speed;
-    ``shape``: its sends and replies take the plan's link time; ``dilation``: both
-    ``dilation`` times slower (:mod:`edgesplit.runtime.llm_emulation`). ``torch_device``:
-    where the stage computes (``cpu``, ``cuda[:N]``, ``mps``). ``limits``: how long idle or
-    slow callers may hold a connection and the memory frames still arriving may hold
-    (:class:`~edgesplit.transport.limits.ConnectionLimits`; None: its defaults)."""
+def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = None, *,
+                     next_address: str | LoopbackChannel | None = None,
+                     max_sessions: int | None = None, model: nn.Module | None = None,
+                     emulate: bool = False, dilation: float = 1.0,
+                     torch_device: str | torch.device | None = None
+                     ) -> ServingShell[LLMStage]:
+    """The server of stage ``device`` of the LLM ``plan``, served as ``options`` say (at most
+    ``DEFAULT_WORKERS`` steps at once unless they say otherwise); a stage before the head
+    forwards to ``next_address``. ``max_sessions`` KV caches at once (default: the plan's
+    ``sessions``, what its memory was planned for), the least recently used idle one evicted
+    first. ``model``: the transformers model to take the stage's blocks from (default: the
+    plan's checkpoint, only this stage's tensors, or built from its source). ``emulate``:
+    each step's real compute is slowed to the plan device's speed; ``options.shape``: its
+    sends and replies take the plan's link time; ``dilation``: both ``dilation`` times slower
+    (:mod:`edgesplit.runtime.llm_emulation`). ``torch_device``: where the stage computes
+    (``cpu``, ``cuda[:N]``, ``mps``)."""
+    options = options or ServeOptions()
+    llm = llm_section(plan)
+    index = stage_index(plan, device)
+    name, head = plan.devices[index].name, head_stage(llm)
+    check_served(name, first=index == 0, client="`edgesplit llm generate`")
+    if index > head:
+        raise ConfigError(f"device {name!r} holds no blocks and the chain ends before it (at "
+                          f"{plan.devices[head].name!r}, with the head): nothing to serve "
+                          "there")
+    check_next(name, plan.devices[index + 1].name if index < head else None, next_address)
+    stage = LLMStageModel(plan, index, model, torch_device)
+    sessions = LLMSessions(name, stage.new_cache, max_sessions=max_sessions or llm.sessions,
+                           max_context=llm.max_context)
+    # one bound for gRPC's calls and the data plane's (which has a thread per connection)
+    slots = WorkerSlots(options.workers(DEFAULT_WORKERS), name,
+                        f"{option('max_workers')} steps: try again, or serve with more "
+                        "workers", options.next_timeout_s)
+    limit = llm_message_bytes(llm)
+    before, after = stage_links(plan, index, dilation)
+    downstream = LinkShaper(after if index < head else None, options.shape)  # steps forwarded
+    # the token, the session and its secret travel on: every stage keeps the session
+    forwarding = None if index == head else NextHop(
+        open_hop(cast(Any, next_address), limit, options), name,
+        timeout_s=options.next_timeout_s, shaper=downstream,
+        passes=("authorization", SESSION_KEY, OWNER_KEY), own=_passed_back)
+    pacer = StagePacer.measured(stage, plan, dilation=dilation) if emulate else None
+    handler = LLMStage(plan, stage, sessions, slots, forwarding, pacer=pacer,
+                       upstream=LinkShaper(before, options.shape))  # replies, to the caller
+    return ServingShell(handler, options, limit=limit, slots=slots)
 
-    def __init__(self, plan: Plan, device: str, *,
-                 next_address: str | LoopbackChannel | None = None, token: str | None = None,
-                 tls: TlsFiles | None = None, max_sessions: int | None = None,
-                 max_workers: int = 8, next_timeout_s: float = 60.0,
-                 data_port: int | None = 0, data_plane: DataPlane = "auto",
-                 model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = False, dilation: float = 1.0,
-                 torch_device: str | torch.device | None = None,
-                 limits: ConnectionLimits | None = None) -> None:
-        llm = llm_section(plan)
-        index = stage_index(plan, device)
-        self.device = plan.devices[index].name
-        head = head_stage(llm)
-        if index == 0:
-            raise ConfigError(f"device {self.device!r} is the first of the chain: it runs in "
-                              "the client (`edgesplit llm generate`), not as a server")
-        if index > head:
-            raise ConfigError(f"device {self.device!r} holds no blocks and the chain ends "
-                              f"before it (at {plan.devices[head].name!r}, with the head): "
-                              "nothing to serve there")
-        if index < head and next_address is None:
-            raise ConfigError(f"device {self.device!r} sends to "
-                              f"{plan.devices[index + 1].name!r}: give its address with "
-                              f"{option('next_address', 'HOST:PORT', flag='--next')}")
-        self.plan, self.llm, self.plan_id = plan, llm, plan_id(plan)
-        self.stage = LLMStageModel(plan, index, model, torch_device)
-        self.sessions = LLMSessions(self.device, self.stage.new_cache,
-                                    max_sessions=max_sessions or llm.sessions,
-                                    max_context=llm.max_context)
-        # one bound for gRPC's calls and the data plane's (which has a thread per connection)
-        self._init_slots(max_workers, self.device, f"{option('max_workers')} steps: try "
-                         "again, or serve with more workers")
-        self.token, self.tls = token, tls
-        if limits is not None:  # idle and slow callers' timeouts, the frames' memory budget
-            self.limits = limits
-        self.limit = llm_message_bytes(llm)
-        self.next_timeout_s = next_timeout_s
-        self._next = None if index == head else Hop(cast(Any, next_address), self.limit, tls,
-                                                      data_plane)
-        self.pacer = StagePacer.measured(self.stage, plan, dilation=dilation) \
-            if emulate else None
-        before, after = stage_links(plan, index, dilation)
-        self.upstream = LinkShaper(before, shape)  # replies, towards the caller
-        self.downstream = LinkShaper(after if index < head else None, shape)  # steps forwarded
-        # the token, the session and its secret travel on: every stage keeps the session
-        self._forwarding = None if self._next is None else NextHop(
-            self._next, self.device, timeout_s=next_timeout_s, shaper=self.downstream,
-            passes=("authorization", SESSION_KEY, OWNER_KEY), own=_passed_back)
-        self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
-            Servicer(self, self), server), self.limit, max_workers)
-        self._init_data_plane(self, data_port, self.limits)
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        """Finish the steps in flight (up to ``grace_s``), refuse new ones."""
-        super().stop(grace_s)  # the data plane, then gRPC
-        if self._next is not None:
-            self._next.close()
+class LLMStage:
+    """What an LLM stage server's shell serves: ``stage`` of ``plan`` over ``sessions``' KV
+    caches, each step in one of ``slots``; ``forwarding`` reaches the next stage (None: this
+    one holds the head); ``pacer`` slows compute to the plan device's (None: real), and
+    ``upstream`` shapes the replies."""
+
+    def __init__(self, plan: Plan, stage: LLMStageModel, sessions: LLMSessions,
+                 slots: WorkerSlots, forwarding: NextHop | None, *,
+                 pacer: StagePacer | None, upstream: LinkShaper) -> None:
+        self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
+        self.stage, self.sessions, self.slots = stage, sessions, slots
+        self.forwarding, self.pacer, self.upstream = forwarding, pacer, upstream
+        self.downstream = forwarding.shaper if forwarding is not None \
+            else LinkShaper(None, False)
+        self.device = sessions.device
+        io = stage.io
+        self.inputs, self.outputs = [io.receives, POSITION, SAMPLING], [TOKEN]
+        self.failure = failure_of(self.device, "step")
+        self._ser_key = f"{self.device}.serialize_ms"
 
     # ---- the shell's handler -------------------------------------------------------------
-    def describe(self) -> pb.Description:
-        """What this stage serves (gRPC's ``Describe``)."""
-        io = self.stage.io
-        return pb.Description(plan_id=self.plan_id, plan_version=PLAN_VERSION,
-                              device=self.device, inputs=[io.receives, POSITION, SAMPLING],
-                              outputs=[TOKEN], max_message_bytes=self.limit,
-                              data_port=self.data_port or 0)
-
     def reply_pb(self, request: pb.Bundle, context: grpc.ServicerContext) -> pb.Bundle:
         """One gRPC step's answer (:meth:`handle`)."""
         return self.handle(request, context).to_pb()
 
-    def failure(self, exc: BaseException) -> str:
-        log.exception("device %s failed on a step", self.device)
-        return f"device {self.device!r} failed on this step: {type(exc).__name__}: {exc}"
-
     def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame:
         """One data-plane step's answer (:meth:`handle`); the shell checked its token."""
         return self.handle(Message.from_frame(frame), context).to_frame(REPLY)
+
+    def started(self, serving: Callable[[bool], None]) -> None:
+        """Nothing to start: the server's health is its own."""
+
+    def refuse(self) -> None:
+        """Nothing waits but for the shell's slots (and a cache: its step holds a slot)."""
+
+    def drain(self, timeout: float) -> None:
+        """Nothing waits but for the shell's slots."""
+
+    def close(self) -> None:
+        if self.forwarding is not None:
+            self.forwarding.close()
 
     # ---- a step ------------------------------------------------------------------------------
     def handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None = None
                ) -> Message:
         """Answer one step (or an end of session) of the caller's session, in one of the
         ``max_workers`` slots that gRPC's calls and the data plane's share."""
-        self.take_slot(context)
+        self.slots.take(context)
         try:
             return self._handle(request, context)
         finally:
-            self.give_slot()
+            self.slots.give()
 
     def _handle(self, request: pb.Bundle | Message, context: grpc.ServicerContext | None
                 ) -> Message:
@@ -242,11 +247,11 @@ class LLMStageServer(ServingShell):
         x = decode_step(parts[io.receives], io.receives,
                         hidden_size=self.llm.hidden_size if io.hidden_in else None,
                         vocab_size=self.llm.vocab_size, max_tokens=self.llm.max_context)
-        timings = {f"{self.device}.serialize_ms": (time.perf_counter() - t_in) * 1e3}
+        timings = {self._ser_key: (time.perf_counter() - t_in) * 1e3}
         check_alive(context, self.device)
         try:
             with self.sessions.step(session, position, int(x.shape[1]), owner,
-                                    wait_s=remaining_timeout(context, self.next_timeout_s)
+                                    wait_s=remaining_timeout(context, self.slots.timeout_s)
                                     ) as state:
                 t0 = time.perf_counter()
                 out = self.stage.step(x, position, state.cache, sampling)
@@ -254,12 +259,9 @@ class LLMStageServer(ServingShell):
                     timings[f"{self.device}.emulated_ms"] = self.pacer.pace(
                         t0, phase_of(position))
                 timings[f"{self.device}.compute_ms"] = (time.perf_counter() - t0) * 1e3
-                if self._next is None:
-                    token = out
-                else:  # the rest of the chain; its failure rolls this stage back too
-                    token, more = self._forward(request, session, out, position, sampling,
-                                                context)
-                    timings.update(more)
+                # the rest of the chain; its failure rolls this stage back too
+                token = out if self.forwarding is None else \
+                    self._forward(request, out, position, sampling, context, timings)
         except SessionError as exc:
             raise session_status(exc) from None
         reply = message(self.plan_id, PLAN_VERSION, request.request_id, {TOKEN: token},
@@ -274,30 +276,27 @@ class LLMStageServer(ServingShell):
             self.sessions.end(session, owner)
         except SessionError as exc:
             raise session_status(exc) from None
-        if self._forwarding is not None:  # not shaped: the plan's links price steps, not ends
+        if self.forwarding is not None:  # not shaped: the plan's links price steps, not ends
             end = message(self.plan_id, PLAN_VERSION, request.request_id,
                           {END_SESSION: torch.zeros(1, dtype=torch.int64)})
-            self._forwarding.call(end, context)
+            self.forwarding.call(end, context)
         return Message(self.plan_id, PLAN_VERSION, request.request_id, [], {})
 
-    def _forward(self, request: pb.Bundle | Message, session: str, out: torch.Tensor,
-                 position: int, sampling: Sampling | None,
-                 context: grpc.ServicerContext | None) -> tuple[torch.Tensor, dict[str, float]]:
+    def _forward(self, request: pb.Bundle | Message, out: torch.Tensor, position: int,
+                 sampling: Sampling | None, context: grpc.ServicerContext | None,
+                 timings: dict[str, float]) -> torch.Tensor:
+        """The next stage's token for what this one computed (its serialize time and the
+        next stages' timings added to ``timings``)."""
         t0 = time.perf_counter()
         step = message(self.plan_id, PLAN_VERSION, request.request_id,
                        step_tensors(self.stage.io.sends, out, position, sampling))
-        serialize_ms = (time.perf_counter() - t0) * 1e3
-        assert self._forwarding is not None
-        reply = self._forwarding.send(step, context)
+        assert self.forwarding is not None
+        reply = self.forwarding.forward(step, context, timings, self._ser_key, t0)
         names = [t.name for t in reply.tensors]
         if names != [TOKEN]:
             raise RemoteError(f"the stage after {self.device!r} answered with {names}, "
                               f"not {TOKEN!r}")
-        token = decode_int(reply.tensors[0].data, TOKEN, [1, 1])
-        timings = dict(reply.timings_ms)
-        key = f"{self.device}.serialize_ms"
-        timings[key] = timings.get(key, 0.0) + serialize_ms
-        return token, timings
+        return decode_int(reply.tensors[0].data, TOKEN, [1, 1])
 
 
 def _passed_back(exc: grpc.RpcError) -> BadRequest | None:
