@@ -1,7 +1,7 @@
 """What every runtime server is told the same way: :class:`ServeOptions`.
 
 The partition server (:func:`~edgesplit.runtime.server.partition_server`) and an LLM stage
-(:func:`~edgesplit.runtime.llm_server.llm_stage_server`) take one ``ServeOptions`` and hand
+(:func:`~edgesplit.llm.stage.server.llm_stage_server`) take one ``ServeOptions`` and hand
 it to their :class:`~edgesplit.runtime.shell.ServingShell`: the token and TLS its callers
 need, the connection limits, how many calls it serves at once, how long a call waits for
 the next device, its data plane and how it reaches the next device's, and whether its links

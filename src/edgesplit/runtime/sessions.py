@@ -2,7 +2,7 @@
 
 A client names its session (call metadata ``edgesplit-session``); a server keeps something
 for it between calls: a partition's backend state (:mod:`edgesplit.runtime.compute`), an LLM
-stage's KV cache (:mod:`edgesplit.runtime.llm_sessions`). A session id is only a name, which
+stage's KV cache (:mod:`edgesplit.llm.stage.kv_sessions`). A session id is only a name, which
 two clients may pick alike, so a session belongs to the owner that opened it: the digest of a
 secret its client sends with every call (call metadata :data:`OWNER_KEY`; the table keeps the
 digest, never the secret, and compares digests in constant time). A call with another owner

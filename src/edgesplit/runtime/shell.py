@@ -3,7 +3,7 @@ planes' calls share; what a request does is its handler's.
 
 A server is ``ServingShell(handler, options, limit=..., slots=...)``, never a subclass of it:
 the partition server (:func:`~edgesplit.runtime.server.partition_server`) and an LLM stage
-(:func:`~edgesplit.runtime.llm_server.llm_stage_server`) assemble a handler from parts and put
+(:func:`~edgesplit.llm.stage.server.llm_stage_server`) assemble a handler from parts and put
 it in a shell. The shell authenticates each call, answers ``Run`` through
 :func:`~edgesplit.transport.answer` (a failure becomes its status, an unexpected one INTERNAL
 with a logged sentence), answers a stream's requests one by one (one that fails ends only

@@ -3,7 +3,7 @@ taken from the model the plan names, run over a KV cache of its own.
 
 Where the plan names a real checkpoint (``Plan.llm.fingerprint`` set), the stage builds the
 model's skeleton without memory and reads only its own modules' tensors from the
-checkpoint's safetensors (:func:`~edgesplit.models.llm_checkpoint.load_modules`), after
+checkpoint's safetensors (:func:`~edgesplit.llm.model.checkpoint.load_modules`), after
 checking the checkpoint's fingerprint against the plan's. Otherwise it builds the whole model
 from the plan's source with seeded random weights (:func:`create_causal_lm`: seed 0, so every
 device holds identical weights) and keeps only its blocks' modules and the shared ones
@@ -16,7 +16,7 @@ the whole depth) only ever fills this stage's layers, and the causal mask is siz
 stage's first layer. A model with a sliding window runs without it (mask and cache of full
 attention): its plan's context fits where the window changes nothing. The stage holding the
 head picks the next token from the last position's logits
-(:func:`~edgesplit.runtime.llm_sampling.sample`: greedy unless told otherwise).
+(:func:`~edgesplit.llm.stage.sampling.sample`: greedy unless told otherwise).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 It speaks the layer runtime's service (``PartitionService``: ``Run``, ``RunStream``,
 ``Describe``) and data plane, with its bearer token, TLS, deadlines and request errors, so a
 stage is reached, secured and timed out like any partition server; only what a request means
-differs (:mod:`edgesplit.runtime.llm_wire`). Each stage keeps one KV cache per session
-(:class:`~edgesplit.runtime.llm_sessions.LLMSessions`), runs its blocks, and forwards the
+differs (:mod:`edgesplit.llm.stage.wire`). Each stage keeps one KV cache per session
+(:class:`~edgesplit.llm.stage.kv_sessions.LLMSessions`), runs its blocks, and forwards the
 hidden state to the next stage with the caller's token and session; the stage holding the head
 answers the greedy token, which travels back along the chain to the client.
 
@@ -19,7 +19,7 @@ At most ``max_workers`` steps run at once, whether they came over gRPC or the da
 
 With ``emulate=True`` each step's real compute is slowed to the plan device's speed (the cost
 model's ratio of its time to this machine's), and links are shaped to the plan's where the
-options say ``shape`` (:mod:`edgesplit.runtime.llm_emulation`).
+options say ``shape`` (:mod:`edgesplit.llm.stage.emulation`).
 
 Not the layer partition server's handler: that one checks each tensor against a captured
 LayerGraph's fixed shapes and batches across requests, while a stage's tensors grow with the
@@ -141,7 +141,7 @@ def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = Non
     plan's checkpoint, only this stage's tensors, or built from its source). ``emulate``:
     each step's real compute is slowed to the plan device's speed; ``options.shape``: its
     sends and replies take the plan's link time; ``dilation``: both ``dilation`` times slower
-    (:mod:`edgesplit.runtime.llm_emulation`). ``torch_device``: where the stage computes
+    (:mod:`edgesplit.llm.stage.emulation`). ``torch_device``: where the stage computes
     (``cpu``, ``cuda[:N]``, ``mps``)."""
     options = options or ServeOptions()
     llm = llm_section(plan)
