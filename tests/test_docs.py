@@ -1,41 +1,40 @@
-"""Every console example in README.md runs as printed, so a README that drifts from the code
-fails here.
+"""The documentation builds, and every example in it runs as printed, as a new user would try it.
 
-Each ```` ```console ```` block is one test, run in a fresh folder holding a copy of the repo's
-``examples/`` (the README's commands run from a clone's root). Lines starting ``$ `` are
-commands (a line ending in ``\\`` continues on the next); the other lines are output shown to
-the reader and are not checked, except that the lines starting ``you> `` under a command are
-typed into it (``llm chat``). The commands of a block run in order and share the folder
-(``plan --out plan.json``, then ``serve plan.json``); each must exit 0. A command may start
-with ``NAME=value`` environment assignments; its program must be ``edgesplit`` (the venv's
-console script) or ``python`` (the venv's); a trailing ``#`` comment is the shell's. A
-command ending in ``&`` runs in the background: the block goes on once it prints ``listening
-on`` (every edgesplit server does) and stops it (SIGTERM) when the block ends. The ports of
-``--port N`` and ``127.0.0.1:N`` are replaced by free ones, the same N by the same port within
-a block, so blocks can run side by side. Commands run with one torch thread
-(``OMP_NUM_THREADS=1``): the suite's two workers share two cores.
+- ``mkdocs build --strict`` (a warning is an error: a broken link or anchor, a page left out
+  of the nav, a benchmark result file that is not there) builds the site into a temporary
+  folder.
+- Every page (``README.md`` and ``docs/**/*.md``) runs its examples in order, in a fresh folder
+  holding a copy of the repository's ``examples/`` (the pages' commands run from a clone's
+  root), so a file an earlier step makes is there for a later one and nothing else is:
 
-Markers: HTML comments (invisible on GitHub) on the lines right above a block's fence, one
-directive each::
+  - a ```` ```console ```` block's ``$ `` lines are commands (a line ending in ``\\``
+    continues on the next); the other lines are output shown to the reader and are not
+    checked, except that lines starting ``you> `` under a command are typed into it (``llm
+    chat``), and a first output line starting ``error:`` says that the command must fail with
+    status 2 and print that line (up to a trailing ``...``). A command may start with
+    ``NAME=value`` environment assignments; its program must be ``edgesplit`` (the venv's
+    console script) or ``python`` (the venv's); a trailing ``#`` comment is the shell's. A
+    command ending in ``&`` runs in the background: the page goes on once it prints
+    ``listening on`` (every edgesplit server does) and it is stopped (SIGTERM) when the page
+    ends, so a later block (a Python client) can call it;
+  - a ```` ```python ```` block runs in the page's Python process (one per page, so torch is
+    imported once), each block in a fresh namespace: a block imports what it uses;
+  - a block titled with a file name (```` ```yaml title="my-chain.yaml" ````) is that file: it
+    is written into the folder, not run;
+  - a block titled ``not run: REASON`` is shown only; each one is listed in ``NOT_RUN`` below
+    with why the tests leave it out, so a skip is a decision, not an accident;
+  - other blocks (``text``, ``json``, ``yaml`` without a file name) are shown only.
 
-    <!-- readme-test: skip: REASON -->              the block is not run
-    <!-- readme-test: skip "TEXT": REASON -->       commands containing TEXT are not run
-    <!-- readme-test: add "TEXT" "OPTIONS" -->      OPTIONS appended to commands containing TEXT
-                                                    (an option given twice takes its last value,
-                                                    so this shrinks a printed setting)
-    <!-- readme-test: replace "OLD" "NEW" -->       OLD becomes NEW in every command
-    <!-- readme-test: files NAME... -->             sample inputs the README assumes the reader
-                                                    has, written by SAMPLES below
-    <!-- readme-test: setup "COMMAND" -->           run before the block's commands
-    <!-- readme-test: exit N "TEXT" -->             commands containing TEXT must exit with N
-    <!-- readme-test: needs NAME -->                the block runs where NAME (NEEDS below) is
-                                                    installed, and is skipped, saying so, elsewhere
+  ``--8<-- "FILE"`` lines inside a block are replaced by FILE as the site includes it
+  (pymdownx.snippets, from the ``base_path`` folders of mkdocs.yml). The ports of ``--port N``
+  and ``127.0.0.1:N`` are replaced by free ones, the same N by the same port within a page, in
+  commands and Python alike, so pages can run side by side. Commands run with one torch thread
+  (``OMP_NUM_THREADS=1``): the suite's two workers share two cores. A command that cannot run
+  here (another program, a ``...`` placeholder) fails the page unless its block is not run.
 
-Every TEXT and OLD must match a command of its block, and every marker must sit on a block,
-so markers cannot go stale. A block with a command that cannot run here (another program, a
-``...`` placeholder) or with no command at all fails unless a marker skips it. A command
-skipped for the "time budget" (every command pays seconds of imports, and the suite runs on
-two cores) is one whose options another command here, or the test it names, runs.
+``docs/design/docs-tests.md`` says the same for whoever writes a page. Budget: every page's
+examples together take about two minutes on two cores, so they use small settings (tiny
+models, few epochs); what takes longer is shown in a block that is not run.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import json
 import os
 import random
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -52,23 +52,54 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-# A hang guard only: the commands take seconds to a minute; nothing here is a timing check.
+DOCS = ROOT / "docs"
+# A hang guard only: a page's steps take seconds; nothing here is a timing check.
 HANG_S = 600
 READY = "listening on"
 
-MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(.*?)\s*-->\s*$")
-FENCE = re.compile(r"^(\s*)```console\s*$")
-SKIP = re.compile(r'^skip(?:\s+"([^"]+)")?\s*:\s*(\S.*)$')
+FENCE = re.compile(r"^(\s*)```(\w*)(.*)$")
+TITLE = re.compile(r'title="([^"]*)"')
+FILE_NAME = re.compile(r"^[\w./-]+\.\w+$")
+SNIPPET = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$')
 ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 PORT = re.compile(r"(--port[ =]|127\.0\.0\.1:)(\d+)\b")
+
+# Blocks shown but not run, by (page, title), with why the tests leave each out: what it
+# needs that a test run does not have, and where the same thing is tested instead.
+NOT_RUN: dict[tuple[str, str], str] = {
+    ("README.md", "not run: sets up the environment, minutes"):
+        "make demo and make test: the test run is part of the second",
+    ("README.md", "not run: installs packages and starts a Ray cluster"):
+        "a Ray cluster takes most of this file's time budget; tests/test_runtime_ray.py "
+        "serves with --engine ray on a local cluster",
+    ("docs/getting-started.md", "not run: sets up the environment, minutes"):
+        "make targets: the test run is one of them",
+    ("docs/serving.md", "not run: needs root (network namespaces and netem)"):
+        "needs root; tests/test_shaping.py checks the tc commands, and --shape emulates links "
+        "without root",
+    ("docs/serving.md", "not run: needs a CUDA GPU"):
+        "tests/test_accelerator.py runs it where CUDA is, and checks the refusal elsewhere",
+    ("docs/systems/l2s.md", "not run: trains MobileNetV2 on Fashion-MNIST, minutes per seed"):
+        "tests/test_train_split_any_model.py trains it split on a fixture",
+    ("docs/systems/l2s.md", "not run: two machines, a certificate and a token file"):
+        "tests/test_train_remote.py trains over TLS with a token",
+    ("docs/systems/splitnets.md", "not run: trains a multi-view supernet, minutes"):
+        "time budget; tests/test_nas_splitnets_cli.py searches a star and "
+        "tests/test_runtime_star.py serves one over gRPC",
+    ("docs/systems/ray.md", "not run: installs packages and starts a Ray cluster"):
+        "tests/test_runtime_ray.py serves with --engine ray on a local cluster",
+    ("docs/systems/ray.md", "not run: a Ray cluster across machines"):
+        "needs several machines",
+    ("docs/vision.md", "not run: fine-tunes MobileNetV2 on Fashion-MNIST, about 7 minutes"):
+        "tests/test_finetune.py and tests/test_pretrained_vision.py fine-tune on small slices",
+}
 
 
 @dataclass
@@ -80,93 +111,106 @@ class Command:
 
 @dataclass
 class Block:
+    """One fenced block of a page: its language, title, first body line and body."""
+
     line: int
-    heading: str
-    markers: list[str]
-    commands: list[Command]
+    lang: str
+    title: str
+    body: str
 
     @property
-    def id(self) -> str:
-        words = re.findall(r"[a-z0-9]+", self.heading.lower())[:4]
-        return f"{'-'.join(words)}@{self.line}"
+    def not_run(self) -> bool:
+        return self.title.startswith("not run")
 
+    @property
+    def file(self) -> str | None:
+        """The file this block is, when its title names one."""
+        return self.title if FILE_NAME.match(self.title) else None
 
-def parse(text: str) -> tuple[list[Block], list[str]]:
-    """The console blocks of a Markdown text, and one problem per marker on no block."""
-    blocks: list[Block] = []
-    problems: list[str] = []
-    lines = text.splitlines()
-    heading, pending = "", []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if m := MARKER.match(line):
-            pending.append((i + 1, m.group(1)))
-            i += 1
-            continue
-        fence = FENCE.match(line)
-        if pending and not fence:
-            problems += [f"README line {n}: marker on no console block: {d}" for n, d in pending]
-            pending = []
-        if line.startswith("#"):
-            heading = line.lstrip("#").strip()
-        if not fence:
-            i += 1
-            if line.lstrip().startswith("```"):  # another code block: skip to its end
-                while i < len(lines) and not lines[i].lstrip().startswith("```"):
-                    i += 1
-                i += 1
-            continue
-        indent, start = len(fence.group(1)), i + 1
-        block = Block(start, heading, [d for _, d in pending], [])
-        pending = []
-        i += 1
-        while i < len(lines) and lines[i].strip() != "```":
-            body = lines[i][indent:]
-            if body.startswith("$ "):
-                first = i + 1
-                command = body[2:].rstrip()
+    def commands(self) -> list[Command]:
+        found: list[Command] = []
+        lines = self.body.splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if line.startswith("$ "):
+                first, command = i, line[2:].rstrip()
                 while command.endswith("\\") and i + 1 < len(lines):
                     i += 1
                     command = command[:-1].rstrip() + " " + lines[i].strip()
-                block.commands.append(Command(command, first))
-            elif block.commands:
-                block.commands[-1].shown.append(body)
+                found.append(Command(command, self.line + first))
+            elif found:
+                found[-1].shown.append(line)
             i += 1
-        blocks.append(block)
-        i += 1
-    problems += [f"README line {n}: marker on no console block: {d}" for n, d in pending]
-    return blocks, problems
+        return found
 
+
+def snippet_paths() -> list[Path]:
+    """The folders ``--8<--`` reads from: pymdownx.snippets' base_path in mkdocs.yml."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    for extension in config["markdown_extensions"]:
+        if isinstance(extension, dict) and "pymdownx.snippets" in extension:
+            return [ROOT / p for p in extension["pymdownx.snippets"]["base_path"]]
+    return []
+
+
+def _expand(body: str, bases: list[Path]) -> str:
+    def one(line: str) -> str:
+        m = SNIPPET.match(line)
+        if not m:
+            return line
+        for base in bases:
+            if (base / m[1]).is_file():
+                return (base / m[1]).read_text().rstrip("\n")
+        raise ValueError(f"--8<-- {m[1]!r} is in none of {[str(b) for b in bases]}")
+
+    return "\n".join(one(line) for line in body.splitlines())
+
+
+def parse(text: str, bases: list[Path] | None = None) -> list[Block]:
+    """The fenced blocks of a Markdown text, in order (indented ones inside lists too)."""
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        indent, lang, info = len(fence[1]), fence[2], fence[3]
+        title = TITLE.search(info)
+        start, body = i + 1, []
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][indent:])
+            i += 1
+        blocks.append(Block(start + 1, lang, title[1] if title else "",
+                            _expand("\n".join(body), bases or [])))
+        i += 1
+    return blocks
+
+
+# -- how a page runs ------------------------------------------------------------------------
 
 @dataclass
 class Step:
-    """A command as it runs: program arguments, extra environment, what it is given and must
-    return."""
-    command: Command
-    argv: list[str]
-    env: dict[str, str]
-    background: bool
+    """One thing a page does, in order: a command (program arguments, extra environment, what
+    it is given and must return), a Python block, or a file to write."""
+
+    where: str
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    background: bool = False
     exit: int = 0
+    error: str | None = None      # the error line a failing command must print
     stdin: str | None = None
+    python: str | None = None
+    file: tuple[str, str] | None = None
 
 
-@dataclass
-class Run:
-    skip: str | None = None
-    files: list[str] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-
-
-def _matching(text: str, commands: list[Command], directive: str) -> list[Command]:
-    hits = [c for c in commands if text in c.text]
-    if not hits:
-        raise ValueError(f"marker '{directive}' matches no command of the block")
-    return hits
-
-
-def _step(command: Command, text: str, extra: list[str]) -> Step:
-    words = shlex.split(text, comments=True)
+def _command_step(page: str, command: Command) -> Step:
+    where = f"{page} line {command.line}: $ {command.text}"
+    words = shlex.split(command.text, comments=True)
     background = bool(words) and words[-1] == "&"
     if background:
         words = words[:-1]
@@ -175,161 +219,37 @@ def _step(command: Command, text: str, extra: list[str]) -> Step:
         name, value = words.pop(0).split("=", 1)
         env[name] = value
     if not words or words[0] not in ("edgesplit", "python"):
-        raise ValueError(f"README line {command.line}: cannot run '{command.text}' (only "
-                         "edgesplit and python commands run): skip it with a marker that says why")
+        raise ValueError(f"{where}: only edgesplit and python commands run: show it in a block "
+                         "titled 'not run: REASON' (and list it in NOT_RUN)")
     if any("..." in w for w in words + list(env.values())):
-        raise ValueError(f"README line {command.line}: '{command.text}' holds a '...' "
-                         "placeholder: skip it with a marker that says why")
+        raise ValueError(f"{where}: holds a '...' placeholder: write the real value")
     stdin = "".join(s[len("you> "):] + "\n" for s in command.shown if s.startswith("you> "))
-    return Step(command, words + extra, env, background, stdin=stdin or None)
+    shown = [s.strip() for s in command.shown if s.strip()]
+    error = shown[0].removesuffix("...").strip() if shown and shown[0].startswith(
+        "error:") else None
+    return Step(where, words, env, background, exit=2 if error else 0, error=error,
+                stdin=stdin or None)
 
 
-def plan_block(block: Block) -> Run:
-    """How a block runs, from its markers; ValueError on a marker or command that cannot."""
-    run = Run()
-    commands = list(block.commands)
-    texts = {id(c): c.text for c in commands}
-    extra: dict[int, list[str]] = {id(c): [] for c in commands}
-    exits: dict[int, int] = {}
-    setup: list[Command] = []
-    missing: str | None = None
-    for directive in block.markers:
-        if m := SKIP.match(directive):
-            if m.group(1) is None:
-                run.skip = m.group(2)
-                continue
-            for c in _matching(m.group(1), commands, directive):
-                commands.remove(c)
-            continue
-        words = shlex.split(directive)
-        kind, args = (words[0], words[1:]) if words else ("", [])
-        if kind in ("add", "replace") and len(args) == 2:
-            for c in _matching(args[0], block.commands, directive):
-                if kind == "add":
-                    extra[id(c)] += shlex.split(args[1])
-                else:
-                    texts[id(c)] = texts[id(c)].replace(args[0], args[1])
-        elif kind == "files" and args:
-            unknown = sorted(set(args) - set(SAMPLES))
-            if unknown:
-                raise ValueError(f"marker '{directive}': no sample file {unknown} (SAMPLES "
-                                 f"has {sorted(SAMPLES)})")
-            run.files += args
-        elif kind == "setup" and len(args) == 1:
-            setup.append(Command(args[0], block.line))
-        elif kind == "needs" and len(args) == 1 and args[0] in NEEDS:
-            missing = missing or NEEDS[args[0]]()
-        elif kind == "exit" and len(args) == 2 and args[0].isdigit():
-            for c in _matching(args[1], block.commands, directive):
-                exits[id(c)] = int(args[0])
-        else:
-            raise ValueError(f"unknown readme-test marker '{directive}' (see the docstring of "
-                             "tests/test_readme_examples.py)")
-    run.skip = run.skip or missing
-    if run.skip is not None:
-        return run
-    if not commands:
-        raise ValueError(f"README line {block.line}: a console block with no command to run: "
-                         "skip it with a marker that says why")
-    run.steps = [_step(c, c.text, []) for c in setup]
-    run.steps += [_step(c, texts[id(c)], extra[id(c)]) for c in commands]
-    for step in run.steps:
-        step.exit = exits.get(id(step.command), 0)
-    return run
-
-
-# -- sample inputs the README assumes its reader has ------------------------------------------
-
-def _model_pt2(path: Path) -> None:
-    """A small CNN (1x3x32x32 -> 10 classes) saved with torch.export.save."""
-    import torch
-    from torch import nn
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                              nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
-                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
-        torch.export.save(torch.export.export(model, (torch.randn(1, 3, 32, 32),)), path)
-
-
-def _held_out(path: Path) -> None:
-    """64 random inputs for the model.pt2 sample, with labels."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    np.savez(path, inputs=rng.standard_normal((64, 3, 32, 32), dtype=np.float32),
-             labels=rng.integers(0, 10, 64))
-
-
-def _chain(path: Path) -> None:
-    path.write_text("name: my-chain\n"
-                    "devices: [jetson-nano, rtx3050-laptop, v100-server]\n"
-                    "links:\n"
-                    "  - {src: jetson-nano, dst: rtx3050-laptop, link: wifi}\n"
-                    "  - {src: rtx3050-laptop, dst: v100-server, link: 4g}\n")
-
-
-def _llama_config(path: Path) -> None:
-    """A transformers config.json of a small Llama (planning needs no weights)."""
-    path.write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-        "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": False}))
-
-
-def _search_space(path: Path) -> None:
-    """A two-stage MBConv search space on 1x32x32 inputs."""
-    from edgesplit.nas.jmsnas import HeadSpec, SearchSpace, StemSpec
-
-    space = SearchSpace.from_stages("my-space", (1, 32, 32), 10, stem=StemSpec(8, stride=2),
-                                    stages=[(8, 1, 2), (16, 1, 2)], head=HeadSpec(0))
-    path.write_text(json.dumps(space.to_dict()))
-
-
-def _digits_slice(path: Path) -> None:
-    """The first 240 training digits: the built-in set at a fraction of the work."""
-    import numpy as np
-
-    from edgesplit.data.training import load_labelled
-
-    digits = load_labelled("digits")
-    np.savez(path, inputs=digits.train.inputs[0][:240].numpy(),
-             labels=digits.train.labels[:240].numpy())
-
-
-def _ue_device(path: Path) -> None:
-    """The jmsnas-chain topology's device 'ue' as a device file, for its own latency table."""
-    from edgesplit.hardware import get_topology
-
-    ue = next(d for d in get_topology("jmsnas-chain").devices if d.name == "ue")
-    path.write_text(json.dumps(ue.model_dump(mode="json")))
-
-
-SAMPLES: dict[str, Callable[[Path], None]] = {
-    "model.pt2": _model_pt2,
-    "my_model.pt2": _model_pt2,
-    "held_out.npz": _held_out,
-    "my-chain.yaml": _chain,
-    "path/to/config.json": _llama_config,
-    "my-space.json": _search_space,
-    "digits-240.npz": _digits_slice,
-    "ue-device.json": _ue_device,
-}
-
-
-# -- what some blocks need installed: None where it is, else why the block is skipped --------
-
-def _fashion_mnist() -> str | None:
-    from edgesplit.data.images import FASHION_MNIST_INSTALL, fashion_mnist_dir
-
-    if (fashion_mnist_dir() / "t10k-images-idx3-ubyte.gz").is_file():
-        return None
-    return f"Fashion-MNIST is not installed: {FASHION_MNIST_INSTALL}"
-
-
-NEEDS: dict[str, Callable[[], str | None]] = {"fashion-mnist": _fashion_mnist}
+def plan_page(page: str, blocks: list[Block]) -> tuple[list[Step], list[str]]:
+    """The steps a page runs, and the titles of its blocks that are not run; ValueError on a
+    block that cannot run as printed."""
+    steps: list[Step] = []
+    not_run: list[str] = []
+    for block in blocks:
+        where = f"{page} line {block.line}"
+        if block.not_run:
+            not_run.append(block.title)
+        elif block.file:
+            steps.append(Step(where, file=(block.file, block.body + "\n")))
+        elif block.lang == "python":
+            steps.append(Step(where, python=block.body))
+        elif block.lang == "console":
+            commands = block.commands()
+            if not commands:
+                raise ValueError(f"{where}: a console block with no '$ ' command")
+            steps += [_command_step(page, c) for c in commands]
+    return steps, not_run
 
 
 # -- running -------------------------------------------------------------------------------
@@ -360,16 +280,20 @@ def _free_port() -> int:
     raise RuntimeError(f"no free port in 10000-{low}")
 
 
-def _free_ports(steps: list[Step]) -> None:
-    """Replace the ports a block names by free ones, consistently within the block."""
+def free_ports(steps: list[Step]) -> None:
+    """Replace the ports a page names by free ones, the same N by the same port on the page,
+    in commands and Python blocks alike."""
     ports: dict[str, str] = {}
 
     def free(m: re.Match[str]) -> str:
-        if m.group(2) not in ports:
-            ports[m.group(2)] = str(_free_port())
-        return m.group(1) + ports[m.group(2)]
+        if m[2] not in ports:
+            ports[m[2]] = str(_free_port())
+        return m[1] + ports[m[2]]
 
     for step in steps:
+        if step.python is not None:
+            step.python = PORT.sub(free, step.python)
+            continue
         # "--port N" as two words: join them for the pattern, split them after
         joined = PORT.sub(free, "\x00".join(step.argv).replace("--port\x00", "--port "))
         step.argv = joined.replace("--port ", "--port\x00").split("\x00")
@@ -412,88 +336,187 @@ class Server:
         self.reader.join(5)
 
 
-@contextlib.contextmanager
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
+# The page's Python process: one block per line of stdin (JSON), each run in a fresh namespace
+# with the block's own file name in tracebacks; one JSON line per block on the reply pipe.
+DRIVER = """\
+import json, os, sys, traceback
+reply = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+for line in sys.stdin:
+    block = json.loads(line)
     try:
-        yield started
-    finally:
-        for server in reversed(started):
-            server.stop()
+        exec(compile(block["code"], block["where"], "exec"), {"__name__": "__main__"})
+        reply.write(json.dumps({"ok": True}) + "\\n")
+    except BaseException:
+        reply.write(json.dumps({"ok": False, "error": traceback.format_exc()}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+class PythonSession:
+    """The page's Python process, started at its first Python block."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        read, write = os.pipe()
+        self.log = cwd / ".python-session.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(write)], cwd=cwd,
+                                         env=env, stdin=subprocess.PIPE, stdout=log,
+                                         stderr=subprocess.STDOUT, text=True, pass_fds=(write,),
+                                         start_new_session=True)
+        os.close(write)
+        self.replies = os.fdopen(read)
+
+    def run(self, code: str, where: str) -> str | None:
+        """None when the block ran; else its traceback and what it printed."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"code": code, "where": where}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.replies], [], [], HANG_S)
+        line = self.replies.readline() if ready else ""
+        if not line:
+            return f"no answer (exit status {self.proc.poll()}):\n{_tail(self.log.read_text())}"
+        reply = json.loads(line)
+        return None if reply["ok"] else f"{reply['error']}\nprinted:\n{_tail(self.log.read_text())}"
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.replies.close()
 
 
 def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def run_block(block: Block, folder: Path) -> None:
-    run = plan_block(block)
-    if run.skip is not None:
-        pytest.skip(run.skip)
+def run_page(page: str, steps: list[Step], folder: Path) -> None:
     shutil.copytree(ROOT / "examples", folder / "examples")
-    for name in run.files:
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        SAMPLES[name](folder / name)
-    _free_ports(run.steps)
-    base = dict(os.environ, OMP_NUM_THREADS="1",
-                PATH=os.pathsep.join([str(Path(sys.executable).parent),
-                                      os.environ.get("PATH", "")]))
-    with servers() as started:
-        for step in run.steps:
-            argv = _program(step.argv[0]) + step.argv[1:]
-            env = base | step.env
-            where = f"README line {step.command.line}: $ {step.command.text}"
-            if step.background:
-                server = Server(argv, folder, env)
-                started.append(server)
+    free_ports(steps)
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                     os.environ.get("PATH", "")]))
+    servers: list[Server] = []
+    python: PythonSession | None = None
+    try:
+        for step in steps:
+            if step.file is not None:
+                name, text = step.file
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                (folder / name).write_text(text)
+            elif step.python is not None:
+                python = python or PythonSession(folder, env)
+                failed = python.run(step.python, step.where)
+                if failed is not None:
+                    pytest.fail(f"{step.where} (python):\n{failed}")
+            elif step.background:
+                server = Server(_program(step.argv[0]) + step.argv[1:], folder, env | step.env)
+                servers.append(server)
                 if not server.wait_ready():
-                    pytest.fail(f"{where}\nnever printed '{READY}' (exit status "
+                    pytest.fail(f"{step.where}\nnever printed '{READY}' (exit status "
                                 f"{server.proc.poll()}):\n{_tail(''.join(server.output))}")
-                continue
-            done = subprocess.run(argv, cwd=folder, env=env, input=step.stdin or "",
-                                  capture_output=True, text=True, timeout=HANG_S)
-            if done.returncode != step.exit:
-                pytest.fail(f"{where}\nexit status {done.returncode}, expected {step.exit}:\n"
-                            f"{_tail(done.stdout)}\n{_tail(done.stderr)}")
+            else:
+                _run_command(step, folder, env)
+    finally:
+        if python is not None:
+            python.stop()
+        for server in reversed(servers):
+            server.stop()
 
 
-BLOCKS, ORPHANS = parse(README.read_text())
+def _run_command(step: Step, folder: Path, env: dict[str, str]) -> None:
+    done = subprocess.run(_program(step.argv[0]) + step.argv[1:], cwd=folder,
+                          env=env | step.env, input=step.stdin or "", capture_output=True,
+                          text=True, timeout=HANG_S)
+    if done.returncode != step.exit:
+        pytest.fail(f"{step.where}\nexit status {done.returncode}, expected {step.exit}:\n"
+                    f"{_tail(done.stdout)}\n{_tail(done.stderr)}")
+    if step.error is not None and step.error not in " ".join(done.stderr.split()):
+        pytest.fail(f"{step.where}\nthe page shows '{step.error}', the command printed:\n"
+                    f"{_tail(done.stderr)}")
 
 
-def test_every_marker_sits_on_a_console_block():
-    assert BLOCKS
-    assert not ORPHANS, "\n".join(ORPHANS)
+# -- the tests -------------------------------------------------------------------------------
+
+def pages() -> list[str]:
+    found = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in DOCS.rglob("*.md"))]
+    return [p for p in found if not p.startswith("docs/benchmarks/")]  # results, included
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_readme_console_block_runs(block, tmp_path):
-    run_block(block, tmp_path)
+BASES = snippet_paths()
+PAGES = {page: parse((ROOT / page).read_text(), BASES) for page in pages()}
+RUNNABLE = [page for page, blocks in PAGES.items()
+            if any(b.lang in ("console", "python") and not b.not_run and not b.file
+                   for b in blocks)]
 
 
-def test_the_parser_joins_lines_reads_markers_and_refuses_what_cannot_run():
-    text = ("# Title\n<!-- readme-test: add \"plan\" \"--json\" -->\n"
-            "<!-- readme-test: exit 2 \"chat\" -->\n```console\n"
+def test_the_site_builds_without_a_warning(tmp_path):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=HANG_S)
+    assert done.returncode == 0, _tail(done.stdout + done.stderr, 60)
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    assert "edgesplit plan" in cli and "--eval-data" in cli  # typer's reference, generated
+    results = (tmp_path / "site" / "benchmarks" / "l2s" / "index.html").read_text()
+    assert "Oracle" in results and (tmp_path / "site" / "benchmarks" / "l2s_drift.png").is_file()
+
+
+def test_the_blocks_not_run_are_the_listed_ones():
+    found = {(page, b.title) for page, blocks in PAGES.items() for b in blocks if b.not_run}
+    assert found == NOT_RUN.keys(), (f"not listed in NOT_RUN: {sorted(found - NOT_RUN.keys())}; "
+                                     f"listed but not found: {sorted(NOT_RUN.keys() - found)}")
+
+
+def test_every_page_is_in_the_nav():
+    """mkdocs --strict warns on a page left out of the nav; this says which, without a build."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    missing = [p for p in pages() if p.startswith("docs/")
+               and p.removeprefix("docs/") not in nav]
+    assert not missing
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_page_examples_run(page, tmp_path):
+    steps, _ = plan_page(page, PAGES[page])
+    run_page(page, steps, tmp_path)
+
+
+def test_the_parser_reads_blocks_titles_and_commands_and_refuses_what_cannot_run(tmp_path):
+    (tmp_path / "part.py").write_text("x = 1\n")
+    text = ("# Title\n```console\n"
             "$ edgesplit plan x \\\n      --out p.json   # a comment\nshown output\n"
-            "$ edgesplit llm chat p.json --port 6000 --server 127.0.0.1:6000 &\nyou> hi\n```\n\n"
-            "```python\n# not a heading\n```\n```console\n$ pip install x\n```\n"
-            "<!-- readme-test: skip: stale -->\ntext\n")
-    blocks, orphans = parse(text)
-    assert [(b.line, b.heading) for b in blocks] == [(4, "Title"), (15, "Title")]
-    assert len(orphans) == 1
-    first, pip = blocks
-    assert [c.text for c in first.commands] == [
-        "edgesplit plan x --out p.json   # a comment",
-        "edgesplit llm chat p.json --port 6000 --server 127.0.0.1:6000 &"]
-    steps = plan_block(first).steps
-    assert steps[0].argv == ["edgesplit", "plan", "x", "--out", "p.json", "--json"]
-    assert (steps[0].exit, steps[1].exit) == (0, 2)
-    assert steps[1].background and steps[1].stdin == "hi\n"
-    _free_ports(steps)
-    port = steps[1].argv[5]
-    assert port != "6000" and steps[1].argv[7] == f"127.0.0.1:{port}"
+            "$ edgesplit llm chat p.json --port 6000 --server 127.0.0.1:6000 &\nyou> hi\n"
+            "$ edgesplit inspect nothing\nerror: unknown model 'nothing' ...\n```\n\n"
+            '```python\nimport os\n--8<-- "part.py"\nprint("127.0.0.1:6000")\n```\n'
+            '- a list\n\n  ```yaml title="chain.yaml"\n  name: c\n  ```\n'
+            '```console title="not run: needs root"\n# ip netns add edge\n```\n'
+            "```text\n$ shown only\n```\n```console\n$ pip install x\n```\n")
+    blocks = parse(text, [tmp_path])
+    assert [(b.line, b.lang, b.title) for b in blocks] == [
+        (3, "console", ""), (13, "python", ""), (20, "yaml", "chain.yaml"),
+        (23, "console", "not run: needs root"), (26, "text", ""), (29, "console", "")]
+    assert blocks[1].body == 'import os\nx = 1\nprint("127.0.0.1:6000")'
+    assert blocks[2].body == "name: c" and blocks[2].file == "chain.yaml"
+    steps, not_run = plan_page("p.md", blocks[:5])
+    assert not_run == ["not run: needs root"]
+    plan, chat, failing, python, chain = steps
+    assert plan.argv == ["edgesplit", "plan", "x", "--out", "p.json"]
+    assert chat.background and chat.stdin == "hi\n" and plan.exit == 0
+    assert (failing.exit, failing.error) == (2, "error: unknown model 'nothing'")
+    assert chain.file == ("chain.yaml", "name: c\n")
+    free_ports(steps)
+    port = chat.argv[5]
+    assert port != "6000" and chat.argv[7] == f"127.0.0.1:{port}"
+    assert python.python is not None and f'"127.0.0.1:{port}"' in python.python
     with pytest.raises(ValueError, match="only edgesplit and python"):
-        plan_block(pip)
-    with pytest.raises(ValueError, match="matches no command"):
-        plan_block(Block(1, "", ['replace "nothing" "x"'], first.commands))
-    with pytest.raises(ValueError, match="unknown readme-test marker"):
-        plan_block(Block(1, "", ["skipp: typo"], first.commands))
+        plan_page("p.md", blocks[5:])
+    with pytest.raises(ValueError, match="placeholder"):
+        plan_page("p.md", parse("```console\n$ edgesplit run p.json --server HOST:...\n```\n"))
+    with pytest.raises(ValueError, match="no '\\$ ' command"):
+        plan_page("p.md", parse("```console\nonly output\n```\n"))
