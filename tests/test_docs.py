@@ -23,6 +23,9 @@
     is written into the folder, not run;
   - a block titled ``not run: REASON`` is shown only; each one is listed in ``NOT_RUN`` below
     with why the tests leave it out, so a skip is a decision, not an accident;
+  - a block titled ``runs on PAGE`` (the README's examples of each system) runs there: every
+    command of it (or, for Python, its whole text) must be in a block of that page, which
+    runs it in its own context, so it is tested once, as printed, and never drifts;
   - other blocks (``text``, ``json``, ``yaml`` without a file name) are shown only.
 
   ``--8<-- "FILE"`` lines inside a block are replaced by FILE as the site includes it
@@ -33,8 +36,11 @@
   here (another program, a ``...`` placeholder) fails the page unless its block is not run.
 
 ``docs/design/docs-tests.md`` says the same for whoever writes a page. Budget: every page's
-examples together take about two minutes on two cores, so they use small settings (tiny
-models, few epochs); what takes longer is shown in a block that is not run.
+examples together take about two and a half minutes one after the other on a quiet machine
+(most of it the second or two each command spends importing torch), about half that with the
+suite's two workers, so they use small settings (tiny models, a few epochs on 240 digits) and
+run each command once (the README's are run on their pages); what takes longer is shown in a
+block that is not run.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ READY = "listening on"
 FENCE = re.compile(r"^(\s*)```(\w*)(.*)$")
 TITLE = re.compile(r'title="([^"]*)"')
 FILE_NAME = re.compile(r"^[\w./-]+\.\w+$")
+RUNS_ON = re.compile(r"^runs on (\S+\.md)$")
 SNIPPET = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$')
 ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 PORT = re.compile(r"(--port[ =]|127\.0\.0\.1:)(\d+)\b")
@@ -121,6 +128,12 @@ class Block:
     @property
     def not_run(self) -> bool:
         return self.title.startswith("not run")
+
+    @property
+    def runs_on(self) -> str | None:
+        """The page that runs this block, for a block titled ``runs on PAGE``."""
+        m = RUNS_ON.match(self.title)
+        return m[1] if m else None
 
     @property
     def file(self) -> str | None:
@@ -240,6 +253,8 @@ def plan_page(page: str, blocks: list[Block]) -> tuple[list[Step], list[str]]:
         where = f"{page} line {block.line}"
         if block.not_run:
             not_run.append(block.title)
+        elif block.runs_on:
+            continue  # test_blocks_run_elsewhere_are_on_their_page
         elif block.file:
             steps.append(Step(where, file=(block.file, block.body + "\n")))
         elif block.lang == "python":
@@ -450,7 +465,7 @@ def pages() -> list[str]:
 BASES = snippet_paths()
 PAGES = {page: parse((ROOT / page).read_text(), BASES) for page in pages()}
 RUNNABLE = [page for page, blocks in PAGES.items()
-            if any(b.lang in ("console", "python") and not b.not_run and not b.file
+            if any(b.lang in ("console", "python") and not (b.not_run or b.file or b.runs_on)
                    for b in blocks)]
 
 
@@ -473,12 +488,48 @@ def test_the_blocks_not_run_are_the_listed_ones():
                                      f"listed but not found: {sorted(NOT_RUN.keys() - found)}")
 
 
-def test_every_page_is_in_the_nav():
-    """mkdocs --strict warns on a page left out of the nav; this says which, without a build."""
-    nav = (ROOT / "mkdocs.yml").read_text()
-    missing = [p for p in pages() if p.startswith("docs/")
-               and p.removeprefix("docs/") not in nav]
-    assert not missing
+def _words(command: Command) -> tuple[str, ...]:
+    """A command as the shell reads it: line breaks, spacing and comments aside."""
+    return tuple(shlex.split(command.text, comments=True))
+
+
+def _commands(blocks: list[Block]) -> set[tuple[str, ...]]:
+    return {_words(c) for b in blocks if b.lang == "console" and not (b.not_run or b.runs_on)
+            for c in b.commands()}
+
+
+def test_blocks_run_elsewhere_are_on_their_page():
+    """A block titled ``runs on PAGE`` is tested there: each of its commands (its text, for
+    Python) is in a block that PAGE runs."""
+    problems = []
+    for page, blocks in PAGES.items():
+        for block in (b for b in blocks if b.runs_on):
+            where = f"{page} line {block.line}"
+            there = PAGES.get(block.runs_on)
+            if there is None:
+                problems.append(f"{where}: no page {block.runs_on}")
+            elif block.lang == "console":
+                problems += [f"{where}: '{c.text}' is not on {block.runs_on}"
+                             for c in block.commands() if _words(c) not in _commands(there)]
+            elif not any(b.lang == block.lang and block.body in b.body and not b.runs_on
+                         for b in there):
+                problems.append(f"{where}: this {block.lang} block is not on {block.runs_on}")
+    assert not problems, "\n".join(problems)
+
+
+def _nav_pages(entry: object) -> set[str]:
+    if isinstance(entry, str):
+        return {entry}
+    if isinstance(entry, dict):
+        return set().union(*(_nav_pages(v) for v in entry.values()))
+    return set().union(*(_nav_pages(v) for v in entry)) if isinstance(entry, list) else set()
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    """mkdocs --strict fails on either; this says which, without a build."""
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    files = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert files == nav, f"not in the nav: {files - nav}; not a page: {nav - files}"
 
 
 @pytest.mark.parametrize("page", RUNNABLE)
