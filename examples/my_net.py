@@ -1,5 +1,5 @@
-"""A model in your own code, as `edgesplit inspect examples/my_net.py:MyNet` reads it (the
-README's "Your own model"): three residual blocks that keep their shape, which AdaptiveNet can
+"""A model in your own code, as `edgesplit inspect examples/my_net.py:MyNet` reads it
+(docs/your-own-model.md): three residual blocks that keep their shape, which AdaptiveNet can
 skip and shrink."""
 
 import torch

@@ -1,5 +1,6 @@
-"""The CUDA checks of ``--torch-device``, for a machine with a GPU (the README's "Accelerators"
-section records what it printed). Each check runs the real commands in their own processes:
+"""The CUDA checks of ``--torch-device``, for a machine with a GPU (the "Accelerators"
+section of docs/hardware.md records what it printed). Each check runs the real commands in
+their own processes:
 
 1. ``tests/test_accelerator.py``, ``tests/test_nas_accelerator.py`` (the NAS trainers) and
    ``tests/test_ray_replica_gpus.py`` (a Ray replica on cuda), whose CUDA tests skip elsewhere;

@@ -3,8 +3,8 @@
 It plans the built-in real checkpoint on a phone and a laptop that each hold about half of it
 (examples/llm-phone-laptop.yaml), serves the laptop's stage with `edgesplit llm serve`, and
 chats through `edgesplit llm chat` on the phone's side: two turns, the second continuing the
-session (only its new tokens are prefilled). The commands are the README's; this script only
-starts and stops the server.
+session (only its new tokens are prefilled). The commands are docs/systems/llm.md's; this
+script only starts and stops the server.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> int:
         server.terminate()
         server.wait(timeout=30)
     print("Next: `edgesplit llm api " + plan + " --server HOST:PORT` serves the same chat as "
-          "an OpenAI-compatible endpoint (README, 'Chat with a real checkpoint').")
+          "an OpenAI-compatible endpoint (docs/systems/llm.md).")
     return 0
 
 

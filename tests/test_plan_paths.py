@@ -1,7 +1,7 @@
 """A plan's model path (a checkpoint folder, a .pt2) is stored relative to the plan file, so a
-plan made in one folder runs from any other: the README's ``LLMClient`` snippet from another
-folder, a vision plan's ``.pt2`` captured again, and plans written before (paths relative to
-the folder they were made in) still read."""
+plan made in one folder runs from any other: the ``LLMClient`` snippet of docs/systems/llm.md
+from another folder, a vision plan's ``.pt2`` captured again, and plans written before (paths
+relative to the folder they were made in) still read."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_readme_llm_client_snippet_runs_from_another_folder(made_in, tmp_pat
     server = server_for(load_plan(path), "laptop", data_port=None)
     port = server.start("127.0.0.1", 0)
     try:
-        # the README's snippet, the plan's path and the port aside
+        # the docs' snippet, the plan's path and the port aside
         with LLMClient(load_plan(path), f"127.0.0.1:{port}", session="chat-1") as client:
             tokens = [t.token for t in client.generate([5, 0, 17, 42], 4)]
     finally:

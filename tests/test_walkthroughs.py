@@ -1,4 +1,4 @@
-"""The README's walkthroughs reach their last step: `llm plan --method` writes a baseline's
+"""The docs' walkthroughs reach their last step: `llm plan --method` writes a baseline's
 plan (the DP keeps a tiny model on one device, so `llm serve --device jetson` had nothing to
 serve), and `serve` says so in one line when the device it serves computes nothing."""
 

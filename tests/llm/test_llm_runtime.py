@@ -530,9 +530,9 @@ def test_a_stage_whose_blocks_overflow_caches_nothing(models, two_stage_plan):
 
 
 def test_a_step_over_the_context_is_out_of_range_as_documented(models, two_stage_plan):
-    """README: past the plan's max context a step fails OUT_OF_RANGE; a step carrying more
-    tokens than the context got INVALID_ARGUMENT (token ids: over the wire bound; a float32
-    hidden state: the shape check)."""
+    """docs/systems/llm.md: past the plan's max context a step fails OUT_OF_RANGE; a step
+    carrying more tokens than the context got INVALID_ARGUMENT (token ids: over the wire
+    bound; a float32 hidden state: the shape check)."""
     model = models["llama_tiny"]
     line = Chain(_plan("llama_tiny", (0, 0, 3, 6)), model)  # the laptop takes input_ids
     mid = Chain(two_stage_plan, model)  # the laptop takes a hidden state

@@ -388,7 +388,8 @@ class LayerGraph:
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self, *, with_cuts: bool = True) -> dict[str, Any]:
-        """The JSON document of ``edgesplit inspect --json`` (schema in the README)."""
+        """The JSON document of ``edgesplit inspect --json`` (its schema:
+        docs/reference/formats.md)."""
         doc: dict[str, Any] = {
             "version": SCHEMA_VERSION,
             "model": self.model,

@@ -1,6 +1,6 @@
-"""The JSON document of ``edgesplit plan --json`` for any planning problem (schema in the
-README): the model's layers and tensors, the setting or topology, one entry per method with its
-full plan, and the best method."""
+"""The JSON document of ``edgesplit plan --json`` for any planning problem (schema in
+docs/reference/formats.md): the model's layers and tensors, the setting or topology, one entry
+per method with its full plan, and the best method."""
 
 from __future__ import annotations
 

@@ -287,7 +287,8 @@ class TrainSplitConfig:
     cut: int | None = None  # the fixed policy's cut (chain elements on the device - 1)
     # Weight sync: "fws" at every change (L2S-FWS: exact, and the digits CNN's 0.5 MB of
     # weights cost less than one round's activations) or "periodic" (every sync_every rounds
-    # and at mode changes: for large models, at an accuracy cost on short runs, see README)
+    # and at mode changes: for large models, at an accuracy cost on short runs; see
+    # docs/systems/l2s.md)
     sync: str = "fws"
     privacy_kl: float | None = 1.0  # P^c from the KL analysis (None: every cut allowed)
     # P^c given directly: at least this many chain elements stay on the device (overrides

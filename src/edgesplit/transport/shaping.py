@@ -2,7 +2,7 @@
 says (size / bandwidth, queued behind earlier sends as on a real link, plus half the round
 trip), so a run on loopback shows the latency the plan predicts.
 
-Portable and used by the tests; for kernel-level shaping see the README's ``tc`` recipe.
+Portable and used by the tests; for kernel-level shaping see the ``tc`` recipe in docs/serving.md.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def _sleep_until(deadline: float) -> None:
 
 def tc_commands(link: Link, interface: str = "veth-edge") -> list[str]:
     """Linux ``tc``/netem commands that make ``interface`` behave like ``link`` (for users
-    with root who prefer kernel shaping to the transport's; see the README recipe). netem
-    delays every packet by half the RTT in this direction; the other end's interface takes
-    the other half (and the down rate)."""
+    with root who prefer kernel shaping to the transport's; see the recipe in
+    docs/serving.md). netem delays every packet by half the RTT in this direction; the other
+    end's interface takes the other half (and the down rate)."""
     half_rtt = link.rtt_ms / 2
     up = link.bandwidth_mbps
     down = link.down_bandwidth_mbps or link.bandwidth_mbps

@@ -94,7 +94,7 @@ def _costs(model: Any, topology: Topology, workload: LLMWorkload | None, dtype: 
 
 
 def llm_plan_document(result: LLMPlanning) -> dict[str, Any]:
-    """The ``llm plan --json`` document (schema in the README)."""
+    """The ``llm plan --json`` document (schema in docs/reference/formats.md)."""
     costs, lm, w = result.costs, result.lm, result.costs.workload
     topology = costs.topology
     return {

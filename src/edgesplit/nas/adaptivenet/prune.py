@@ -9,7 +9,8 @@ the smallest L1 weight norm go first (the usual magnitude criterion).
 
 torch-pruning finds such groups on ``nn.Module`` layers (``nn.Conv2d``...); a captured program
 calls ``aten.conv2d`` / ``aten.linear`` on plain tensors, which it does not see, so this works
-on the graph instead (the README notes where we hand-wrote instead of using a library).
+on the graph instead (docs/design/handwritten.md notes where we hand-wrote instead of using
+a library).
 """
 
 from __future__ import annotations
