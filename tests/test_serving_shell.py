@@ -87,6 +87,20 @@ def test_a_session_answers_only_its_owner():
         table.get_or_open("open", mine, lambda: 5)
 
 
+def test_a_table_that_evicts_nothing_keeps_its_session_until_ended():
+    """The training server's table: one session, never evicted to make room (the server ends
+    it and says why); ``use`` finds a session and records its use, opening nothing."""
+    table: SessionTable[str] = SessionTable(1, device="d", evictable=lambda entry: False)
+    table.get_or_open("a", None, lambda: "A")
+    with pytest.raises(SessionsBusyError):
+        table.get_or_open("b", None, lambda: "B")
+    assert table.use("unknown") is None and len(table) == 1  # nothing opened, nothing evicted
+    idle = table.idle_s("a")
+    assert table.use("a") == "A" and table.idle_s("a") <= idle
+    assert table.end("a") and table.get_or_open("b", None, lambda: "B") == "B"
+    assert table.evicted == 0
+
+
 # ---- the partition server's sessions ------------------------------------------------------------
 def test_a_partition_session_refuses_another_secret(program):  # noqa: F811
     """A session's backend state answers the secret it was opened with (call metadata
