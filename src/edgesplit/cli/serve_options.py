@@ -121,6 +121,10 @@ def serve_options(*, work: str, only: Collection[str] | None = None,
     def taken(flag: Flag) -> bool:
         return only is None or flag.name in only
 
+    names = {flag.name for _, flags, _ in SERVE_FLAGS for flag in flags}
+    if only is not None and not set(only) <= names:  # a typo fails on import
+        raise AssertionError(f"serve_options(only=...) names no flag {sorted(set(only) - names)}")
+
     def decorate(command: F) -> F:
         signature = inspect.signature(command)
         own = [p for p in signature.parameters.values() if p.name != "options"]

@@ -9,9 +9,10 @@ the next device, its data plane and how it reaches the next device's, and whethe
 are shaped to the plan's. The command line builds one from the serve commands' shared flags
 (``cli/_app.py:serve_options``), each field from the flags named there once.
 
-A client (the split-training device, :class:`~edgesplit.train.remote.RemoteSplitTrainer`)
-takes one ``CallOptions``: the token and TLS its server wants, each call's deadline, and how
-often a call that failed on the way is sent again.
+A client (the split-training device, :class:`~edgesplit.train.remote.RemoteSplitTrainer`;
+the split LLM's first stage, :class:`~edgesplit.llm.generate.client.LLMClient`) takes one
+``CallOptions``: the token and TLS its server wants, each call's deadline, and how often a
+call that failed on the way is sent again.
 
 This module imports nothing heavy (no gRPC, no torch): the command line reads it while it
 builds its commands.
