@@ -87,6 +87,20 @@ def test_a_session_answers_only_its_owner():
         table.get_or_open("open", mine, lambda: 5)
 
 
+def test_a_table_that_evicts_nothing_keeps_its_session_until_ended():
+    """The training server's table: one session, never evicted to make room (the server ends
+    it and says why); ``use`` finds a session and records its use, opening nothing."""
+    table: SessionTable[str] = SessionTable(1, device="d", evictable=lambda entry: False)
+    table.get_or_open("a", None, lambda: "A")
+    with pytest.raises(SessionsBusyError):
+        table.get_or_open("b", None, lambda: "B")
+    assert table.use("unknown") is None and len(table) == 1  # nothing opened, nothing evicted
+    idle = table.idle_s("a")
+    assert table.use("a") == "A" and table.idle_s("a") <= idle
+    assert table.end("a") and table.get_or_open("b", None, lambda: "B") == "B"
+    assert table.evicted == 0
+
+
 # ---- the partition server's sessions ------------------------------------------------------------
 def test_a_partition_session_refuses_another_secret(program):  # noqa: F811
     """A session's backend state answers the secret it was opened with (call metadata
@@ -140,3 +154,28 @@ def test_both_serve_commands_take_every_shared_flag(path):
             assert set(flag.decl.split("/")) <= declared, (path, flag.decl)
     workers = next(p for p in command.params if "--workers" in p.opts)
     assert workers.default == (8 if path == ("llm", "serve") else 32)
+
+
+def test_serve_training_takes_the_shared_flags_that_mean_the_same_for_it(tmp_path, monkeypatch):
+    """`serve-training` takes the token and TLS certificate flags from the same table (it calls
+    no next device and has no data plane: none of those flags), read into its ServeOptions."""
+    from typer.testing import CliRunner
+
+    import edgesplit.train.remote
+
+    command = typer.main.get_command(app).commands["serve-training"]  # type: ignore[attr-defined]
+    declared = {d for p in command.params for d in (*p.opts, *p.secondary_opts)}
+    assert {"--token", "--token-file", "--tls-cert", "--tls-key"} <= declared
+    assert not {"--tls-ca", "--tls-server-name", "--workers", "--data-port", "--data-plane",
+                "--shape", "--idle-timeout-s"} & declared
+    seen = {}
+    monkeypatch.setattr(edgesplit.train.remote, "serve_training",
+                        lambda model, **kwargs: seen.update(kwargs))
+    monkeypatch.delenv("EDGESPLIT_TOKEN", raising=False)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    result = CliRunner().invoke(app, ["serve-training", "--token-file", str(token),
+                                      "--port", "0"])
+    assert result.exit_code == 0, result.output
+    options = seen["options"]
+    assert (options.token, options.tls, options.max_workers) == ("s3cret", None, None)

@@ -195,7 +195,7 @@ def test_each_chain_cut_is_a_plan_whose_edge_holds_the_front(name: str) -> None:
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_a_traced_model_trains_split_over_grpc_exactly_as_unsplit(momentum: float) -> None:
-    from edgesplit.train import RemoteSplitTrainer, TrainServer
+    from edgesplit.train import RemoteSplitTrainer, TrainOptions, training_server
 
     def build() -> nn.Module:
         torch.manual_seed(3)
@@ -204,11 +204,11 @@ def test_a_traced_model_trains_split_over_grpc_exactly_as_unsplit(momentum: floa
     gen = torch.Generator().manual_seed(5)
     batches = [(torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen))
                for _ in range(6)]
-    server = TrainServer(build, lr=0.05, momentum=momentum, seed=3, sample_shape=(1, 6, 6))
+    server = training_server(build, lr=0.05, momentum=momentum, seed=3, sample_shape=(1, 6, 6))
     address = f"localhost:{server.start()}"
     try:
-        with RemoteSplitTrainer(build(), address, lr=0.05, momentum=momentum, seed=3,
-                                sync="fws") as trainer:
+        training = TrainOptions(lr=0.05, seed=3, momentum=momentum, sync="fws")
+        with RemoteSplitTrainer(build(), address, training) as trainer:
             for (x, y), cut in zip(batches, [2, 5, -1, 3, 6, 0], strict=True):
                 trainer.step(x, y, cut)
             trained = trainer.final_model()

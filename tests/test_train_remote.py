@@ -22,12 +22,16 @@ import torch.nn.functional as F
 from edgesplit.data.digits import TRAIN_SAMPLES, digits_arrays
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.quant.wire import decode_tensor, encode_tensor
+from edgesplit.runtime.options import CallOptions, ServeOptions
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.remote import (
+    Emulation,
     RemoteSplitTrainer,
-    TrainServer,
+    TrainHandler,
+    TrainOptions,
     train_message_bytes,
+    training_server,
     untrained_model,
 )
 from edgesplit.train.remote.client import _sleep_slowdown
@@ -62,26 +66,35 @@ def _batches(digits, size: int, count: int, start: int = 0):
              labels[start + k * size:start + (k + 1) * size]) for k in range(count)]
 
 
+def _training_server(**kwargs):
+    """A training server of the digits CNN, not started: the ``ServeOptions`` fields among
+    ``kwargs`` (``token``, ``tls``, ...) go to its shell, the rest to ``training_server``."""
+    names = {f.name for f in dataclasses.fields(ServeOptions)}
+    options = ServeOptions(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
+    return training_server(lambda: untrained_model("digits_cnn", SEED), seed=SEED,
+                           options=options, **kwargs)
+
+
 class _Servers:
-    """Start TrainServers on free ports (gRPC threads in this process); ``last`` is the most
-    recent one, for tests that look at its state."""
+    """Start training servers on free ports (gRPC threads in this process); ``last`` is the
+    most recent one's handler, for tests that look at its state."""
 
     def __init__(self) -> None:
-        self.servers: list[TrainServer] = []
+        self.servers: list = []
 
     def __call__(self, loopback: bool = False, **kwargs):
         """The server's address, or with ``loopback`` an in-process channel to it."""
         kwargs.setdefault("lr", 0.05)
         kwargs.setdefault("sample_shape", SAMPLE)
-        server = TrainServer(lambda: untrained_model("digits_cnn", SEED), seed=SEED, **kwargs)
+        server = _training_server(**kwargs)
         self.servers.append(server)
         if loopback:
             return server.loopback_channel()
         return f"localhost:{server.start()}"
 
     @property
-    def last(self) -> TrainServer:
-        return self.servers[-1]
+    def last(self) -> TrainHandler:
+        return self.servers[-1].handler
 
 
 @pytest.fixture
@@ -120,7 +133,7 @@ def _fetch(trainer: RemoteSplitTrainer, indices):
     return trainer._read_reply(reply.layers, list(indices))
 
 
-def _server_state(server: TrainServer) -> dict:
+def _server_state(server: TrainHandler) -> dict:
     """Everything a request could change on the server: parameters, buffers, the sync base,
     SGD momentum and which elements it trained since the last sync (copies)."""
     replica, state = server.replica, {}
@@ -162,8 +175,8 @@ def test_fws_equals_unsplit_sgd(digits, serve, momentum):
     batches = _batches(digits, 16, 8)
     cuts = [2, 5, 9, 0, 6, 3, 9, 2]
     server = serve(loopback=True, momentum=momentum)  # in-process: no socket needed here
-    with RemoteSplitTrainer(_model(), server, lr=0.05, momentum=momentum,
-                            seed=SEED, sync="fws") as trainer:
+    training = TrainOptions(lr=0.05, seed=SEED, momentum=momentum, sync="fws")
+    with RemoteSplitTrainer(_model(), server, training) as trainer:
         stats = [trainer.step(x, y, cut) for (x, y), cut in zip(batches, cuts, strict=True)]
         trained = trainer.final_model()
     assert stats[0].synced == ()
@@ -176,7 +189,7 @@ def test_sync_before_a_settled_cut_brings_the_layers_that_will_move(digits, serv
     """When L2S settles on a cut, the elements about to change sides are sent by the side
     that trained them, so the new owner starts from current weights."""
     batches = _batches(digits, 16, 3)
-    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(), TrainOptions(lr=0.05, seed=SEED)) as trainer:
         for x, y in batches:
             trainer.step(x, y, 3)  # the server trains 4..9
         result = trainer.sync_now(next_cut=6)
@@ -195,7 +208,7 @@ def test_periodic_merges_both_sides(digits, serve):
     both sides, and the sync costs the tensors' bytes plus little overhead."""
     (x1, y1), (x2, y2) = _batches(digits, 16, 2)
     init = as_chain(_model())
-    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(), TrainOptions(lr=0.05, seed=SEED)) as trainer:
         first = trainer.step(x1, y1, 3)   # server trains 4..9
         second = trainer.step(x2, y2, 6)  # device trains 0..6 (4..6 from its stale copy)
         assert first.synced == second.synced == () and second.sync_bytes == 0
@@ -226,7 +239,8 @@ def test_periodic_merges_both_sides(digits, serve):
 
 def test_periodic_sync_every(digits, serve):
     batches = _batches(digits, 8, 4)
-    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED, sync_every=2) as trainer:
+    with RemoteSplitTrainer(_model(), serve(),
+                            TrainOptions(lr=0.05, seed=SEED, sync_every=2)) as trainer:
         stats = [trainer.step(x, y, cut) for (x, y), cut in zip(batches, [2, 4, 4, 4], strict=True)]
     assert [s.synced for s in stats] == [(), (3, 4), (), ()]
     assert stats[1].sync_ms > 0 and stats[1].sync_bytes > 0
@@ -240,7 +254,8 @@ def test_a_refused_step_changes_nothing_on_the_server(digits, serve):
     training overflows)."""
     address = serve(momentum=0.9, max_batch=16)
     (x, y), = _batches(digits, 8, 1)
-    with RemoteSplitTrainer(_model(), address, lr=0.05, momentum=0.9, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), address,
+                            TrainOptions(lr=0.05, seed=SEED, momentum=0.9)) as trainer:
         trainer.step(x, y, 5)  # the server now has momentum and moved statistics
         with torch.no_grad():
             act = trainer.replica.part(0, 6).eval()(x)
@@ -298,17 +313,17 @@ def test_a_cut_with_no_gradient_is_refused_and_changes_nothing():
     def make() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(4, 4), _IgnoresItsInput())
 
-    server = TrainServer(make, lr=0.1, seed=SEED, sample_shape=(4,))
+    server = training_server(make, lr=0.1, seed=SEED, sample_shape=(4,))
     try:
         x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
-        torch.manual_seed(SEED)  # the same initial weights as the server's (see TrainServer)
-        with RemoteSplitTrainer(make(), server.loopback_channel(), lr=0.1,
-                                seed=SEED) as trainer:
-            before = _server_state(server)
+        torch.manual_seed(SEED)  # the same initial weights as the server's (training_server)
+        with RemoteSplitTrainer(make(), server.loopback_channel(),
+                                TrainOptions(lr=0.1, seed=SEED)) as trainer:
+            before = _server_state(server.handler)
             with pytest.raises(RemoteError, match=r"INVALID_ARGUMENT: .*cut 0 do not depend on "
                                                   "the activation"):
                 trainer.step(x, y, 0)
-            _assert_bit_identical(before, _server_state(server))
+            _assert_bit_identical(before, _server_state(server.handler))
             trainer.step(x, y, -1)  # the whole chain on the server still trains
     finally:
         server.stop(0)
@@ -320,8 +335,8 @@ def test_a_refused_sync_changes_nothing_on_the_server(digits, serve):
     INVALID_ARGUMENT and merges nothing, not even the valid first element (a bool tensor used
     to fail with INTERNAL after element 1 was merged)."""
     batches = _batches(digits, 8, 3)
-    with RemoteSplitTrainer(_model(), serve(momentum=0.9), lr=0.05, momentum=0.9,
-                            seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(momentum=0.9),
+                            TrainOptions(lr=0.05, seed=SEED, momentum=0.9)) as trainer:
         for x, y in batches[:2]:
             trainer.step(x, y, 0)  # the server trains 1..9
         trainer.step(*batches[2], 5)  # periodic: 1..5 now trained on both sides
@@ -374,7 +389,8 @@ def test_the_device_refuses_bad_batches_and_a_refused_round_changes_nothing(digi
     """The device checks a batch before it changes anything; a round the server refuses
     leaves the device's model as it was too, and the refusal is one line."""
     (x, y), = _batches(digits, 8, 1)
-    with RemoteSplitTrainer(_model(), serve(max_batch=16), lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(max_batch=16),
+                            TrainOptions(lr=0.05, seed=SEED)) as trainer:
         assert (trainer.max_batch, trainer.classes) == (16, 10)
         before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         ignore, nan = y.clone(), x.clone()
@@ -408,14 +424,14 @@ def test_message_limits_come_from_the_model(digits, serve):
     widest = 16 * 32 * 32 * 4  # the stem's output per sample, float32
     assert server.limit == train_message_bytes(server.replica.chain, server.shapes, 16)
     assert 16 * widest < server.limit < 4 * 1024 * 1024
-    bigger = TrainServer(lambda: untrained_model("digits_cnn", SEED), lr=0.05, seed=SEED,
-                         sample_shape=SAMPLE, max_batch=256)
+    bigger = training_server(lambda: untrained_model("digits_cnn", SEED), lr=0.05, seed=SEED,
+                             sample_shape=SAMPLE, max_batch=256).handler
     assert 256 * widest < bigger.limit < 2 * 256 * widest
     huge = pb.StepRequest(round=1, cut=5, activation=encode_tensor(torch.zeros(8192, 16, 8, 8),
                                                                    32),
                           labels=encode_tensor(torch.zeros(8192, dtype=torch.int64), 32))
     assert huge.ByteSize() > 32 * 1024 * 1024
-    with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED)) as trainer:
         assert trainer.limit == server.limit
         _refused(trainer, "Step", huge, "too large")
         channel = open_channel(address, 64 * 1024 * 1024, None)  # the server's own limit
@@ -435,16 +451,16 @@ def test_one_device_at_a_time_and_an_explicit_take_over(digits, serve):
     device's training); take_over ends the open session, whose device is then told so."""
     address = serve()
     batches = _batches(digits, 8, 3)
-    first = RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, sync="fws")
+    first = RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED, sync="fws"))
     try:
         first.step(*batches[0], 5)
         with pytest.raises(RemoteError, match=r"FAILED_PRECONDITION: the server is training "
                                               r"another session .*take_over=True"):
-            RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED)
+            RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED))
         first.step(*batches[1], 3)  # the refused Hello reset nothing
         _assert_same_state(first.final_model(), _unsplit(batches[:2], lr=0.05))
-        with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, take_over=True,
-                                sync="fws") as second:
+        with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED, sync="fws"),
+                                take_over=True) as second:
             assert second.session_id != first.session_id
             with pytest.raises(RemoteError, match=r"FAILED_PRECONDITION: training session "
                                                   r"\w+ has ended \(taken over by device"):
@@ -454,14 +470,14 @@ def test_one_device_at_a_time_and_an_explicit_take_over(digits, serve):
     finally:
         first.close()
     # the second device closed its session: a third one may start without taking over
-    with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED) as third:
+    with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED)) as third:
         third.step(*batches[0], 5)
 
 
 def test_requests_outside_the_session_are_refused_clearly(digits, serve):
     address = serve()
     (x, y), = _batches(digits, 8, 1)
-    with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED)) as trainer:
         step = pb.StepRequest(round=1, cut=5, labels=encode_tensor(y, 32),
                               activation=encode_tensor(torch.zeros(8, 16, 8, 8), 32))
         for session, message in [("", "names no training session: the device must call "
@@ -480,13 +496,13 @@ def test_an_idle_session_expires_for_another_device(digits, serve):
     another device may start; until then a device that only lost its connection goes on."""
     address = serve(session_timeout_s=0.5)
     (x, y), = _batches(digits, 8, 1)
-    first = RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED)
+    first = RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED))
     try:
         first.step(x, y, 5)
         time.sleep(0.6)
         first.step(x, y, 5)  # still its session: nobody else came
         time.sleep(0.6)
-        with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED) as second:
+        with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED)) as second:
             second.step(x, y, 5)
             with pytest.raises(RemoteError, match=r"has ended \(expired after"):
                 first.step(x, y, 5)
@@ -512,10 +528,11 @@ def test_tls_with_a_token_end_to_end(digits, serve, certificate):
     address = serve(tls=TlsFiles(cert=cert.read_bytes(), key=key.read_bytes()), token="s3cret")
     batches = _batches(digits, 8, 2)
     with pytest.raises(RemoteError, match="unavailable"):  # plaintext against a TLS server
-        RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, token="s3cret", timeout_s=5)
+        RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED),
+                           calls=CallOptions(token="s3cret", timeout_s=5))
     ca = TlsFiles(ca=cert.read_bytes())
-    with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, token="s3cret", tls=ca,
-                            sync="fws") as trainer:
+    with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED, sync="fws"),
+                            calls=CallOptions(token="s3cret", tls=ca)) as trainer:
         for (x, y), cut in zip(batches, [5, 2], strict=True):
             trainer.step(x, y, cut)
         model = trainer.final_model()
@@ -538,7 +555,7 @@ def test_train_split_reaches_a_tls_server(serve, certificate, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
     assert doc["rounds"]["rounds"] == 38 and set(doc["rounds"]["partitions"]) == {5}
-    assert serve.last.sessions.current is None  # closed, so the next device needs no take-over
+    assert serve.last.current is None  # closed, so the next device needs no take-over
     local = subprocess.run([sys.executable, "-m", "edgesplit.cli", "train-split", "--tls-ca",
                             str(cert), "--epochs", "1"], capture_output=True, text=True,
                            timeout=120)
@@ -556,8 +573,8 @@ def test_on_device_rounds_send_nothing_real_process(digits):
     try:
         port = int(proc.stdout.readline())
         (x1, y1), (x2, y2) = _batches(digits, 8, 2)
-        with RemoteSplitTrainer(_model(), f"127.0.0.1:{port}", lr=0.05, seed=SEED,
-                                sync="fws") as trainer:
+        with RemoteSplitTrainer(_model(), f"127.0.0.1:{port}",
+                                TrainOptions(lr=0.05, seed=SEED, sync="fws")) as trainer:
             local = trainer.step(x1, y1, N - 1)
             split = trainer.step(x2, y2, 5)  # first syncs 6..9 to the server
             model = trainer.final_model()
@@ -577,7 +594,8 @@ def test_bandwidth_change_shows_in_edge_ms(digits, serve):
     """The emulated link delays each message by its size over the bandwidth set for that
     round: edge_ms is at least that (no upper bound: the rest is this machine's speed)."""
     (x, y), = _batches(digits, 32, 1)
-    with RemoteSplitTrainer(_model(), serve(), lr=0.0, seed=SEED, link_mbps=200) as trainer:
+    with RemoteSplitTrainer(_model(), serve(), TrainOptions(lr=0.0, seed=SEED),
+                            emulation=Emulation(link_mbps=200)) as trainer:
         fast = trainer.step(x, y, 5)
         trainer.set_bandwidth_mbps(4)
         slow = trainer.step(x, y, 5)
@@ -625,8 +643,8 @@ def test_split_training_equals_unsplit_training_on_the_digits(digits, serve):
     images, labels = digits
     batches = epoch_batches(images[:TRAIN_SAMPLES], labels[:TRAIN_SAMPLES], 32, seed=SEED)
     epochs, lr, momentum, cuts = 2, 0.01, 0.9, [5, 0, N - 1, 3]
-    with RemoteSplitTrainer(_model(), serve(lr=lr, momentum=momentum), lr=lr,
-                            momentum=momentum, seed=SEED, sync="fws") as trainer:
+    training = TrainOptions(lr=lr, seed=SEED, momentum=momentum, sync="fws")
+    with RemoteSplitTrainer(_model(), serve(lr=lr, momentum=momentum), training) as trainer:
         log = run_split_training(trainer, batches, _CutCycle([0, 1, 2, 3], 10), cuts,
                                  epochs=epochs)
         split = trainer.final_model()
@@ -685,8 +703,8 @@ def test_l2s_moves_the_cut_when_the_bandwidth_drops_with_injected_delays(digits,
     cuts = list(range(N))
     policy = _make_policy(config, _features(_model(), batches(0)[0][0], cuts),
                           _InjectedDelays.DEVICE_MS)
-    with RemoteSplitTrainer(_model(), serve(lr=0.01, momentum=0.9), lr=0.01, momentum=0.9,
-                            seed=SEED, sync="fws") as trainer:
+    training = TrainOptions(lr=0.01, seed=SEED, momentum=0.9, sync="fws")
+    with RemoteSplitTrainer(_model(), serve(lr=0.01, momentum=0.9), training) as trainer:
         log = run_split_training(_InjectedDelays(trainer), batches, policy, cuts,
                                  bandwidth_schedule=config.trace().at)
         split = trainer.final_model()
@@ -720,7 +738,7 @@ def test_driver_calls_observe_and_syncs_when_due(digits, serve):
             self.sync_due = t == 2
 
     policy = Policy()
-    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(), TrainOptions(lr=0.05, seed=SEED)) as trainer:
         log = run_split_training(trainer, _batches(digits, 8, 3), policy, [3, 6],
                                  bandwidth_schedule=lambda t: 100.0 * t, progress=True)
     assert policy.observed == [1, 2, 3] and [a for a, _ in policy.updates] == [1, 0, 1]
@@ -730,30 +748,59 @@ def test_driver_calls_observe_and_syncs_when_due(digits, serve):
         run_split_training(trainer, iter([]), policy, [3], epochs=2)
 
 
+def test_the_training_server_is_a_handler_on_the_serving_shell():
+    """The shell serves the training service: the token checked (and throttled) there, each
+    call in one of its worker slots (one here: a call that finds it taken for the options'
+    wait is refused as busy), gRPC only (no data plane, whatever the options say)."""
+    server = _training_server(lr=0.05, sample_shape=SAMPLE, token="t", max_workers=1,
+                              next_timeout_s=0.2)
+    try:
+        assert server.options.data_port is None and server.slots.workers == 1
+        stub = pb_grpc.SplitTrainServiceStub(server.loopback_channel())
+        close, token = pb.CloseRequest(session_id="none"), [("authorization", "Bearer t")]
+        with pytest.raises(LoopbackError) as refused:
+            stub.Close(close, metadata=[("authorization", "Bearer wrong")])
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert not stub.Close(close, metadata=token).closed
+        server.slots.take(None)  # the one worker is busy
+        with pytest.raises(LoopbackError, match="busy") as busy:
+            stub.Close(close, metadata=token)
+        assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        server.slots.give()
+        assert not stub.Close(close, metadata=token).closed
+    finally:
+        server.stop(0)
+
+
 def test_errors_are_clear_and_the_server_keeps_serving(digits, serve):
     address = serve(token="s3cret")
     with pytest.raises(RemoteError, match="token"):
-        RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, token="wrong")
+        RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED),
+                           calls=CallOptions(token="wrong"))
     with pytest.raises(RemoteError, match=r"model mismatch.*seed 1"):
-        RemoteSplitTrainer(_model(seed=1), address, lr=0.05, seed=1, token="s3cret")
+        RemoteSplitTrainer(_model(seed=1), address, TrainOptions(lr=0.05, seed=1),
+                           calls=CallOptions(token="s3cret"))
     with pytest.raises(ConfigError, match="sync policy"):
-        RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, sync="sometimes")
+        RemoteSplitTrainer(_model(), address,
+                           TrainOptions(lr=0.05, seed=SEED, sync="sometimes"))
     with pytest.raises(ConfigError, match="does not fit the model"):
-        TrainServer(lambda: untrained_model("digits_cnn", SEED), lr=0.05, seed=SEED,
-                    sample_shape=(3, 32, 32))
+        training_server(lambda: untrained_model("digits_cnn", SEED), lr=0.05, seed=SEED,
+                        sample_shape=(3, 32, 32))
     (x, y), = _batches(digits, 8, 1)
-    with RemoteSplitTrainer(_model(), address, lr=0.05, seed=SEED, token="s3cret") as trainer:
+    with RemoteSplitTrainer(_model(), address, TrainOptions(lr=0.05, seed=SEED),
+                            calls=CallOptions(token="s3cret")) as trainer:
         with pytest.raises(ConfigError, match="cut 42 is not valid"):
             trainer.step(x, y, 42)
         stats = trainer.step(x, y, 5)
         assert stats.loss > 0 and stats.bytes_down > 0
     with pytest.raises(RemoteError, match="unavailable"):
-        RemoteSplitTrainer(_model(), "127.0.0.1:1", lr=0.05, seed=SEED, timeout_s=5)
+        RemoteSplitTrainer(_model(), "127.0.0.1:1", TrainOptions(lr=0.05, seed=SEED),
+                           calls=CallOptions(timeout_s=5))
 
 
 def test_the_fixed_policy_trains_at_its_cut(digits, serve):
     batches = _batches(digits, 8, 3)
-    with RemoteSplitTrainer(_model(), serve(), lr=0.05, seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(), TrainOptions(lr=0.05, seed=SEED)) as trainer:
         log = run_split_training(trainer, batches, FixedCutPolicy(0), [5])
         model = trainer.final_model()
     assert log.partitions == [5, 5, 5] and all(e > 0 for e in log.edge_ms)
@@ -789,8 +836,9 @@ def test_a_lost_step_or_sync_reply_is_sent_again_and_applied_once(digits, serve)
     re-sent Step trained its batch twice)."""
     batches = _batches(digits, 16, 4)
     cuts = [5, 5, 2, 7]  # round 3 syncs 3..5 to the device, round 4 3..7 to the server
-    with RemoteSplitTrainer(_model(), serve(loopback=True, momentum=0.9), lr=0.05,
-                            momentum=0.9, seed=SEED, sync="fws", retry_backoff_s=0) as trainer:
+    with RemoteSplitTrainer(_model(), serve(loopback=True, momentum=0.9),
+                            TrainOptions(lr=0.05, seed=SEED, momentum=0.9, sync="fws"),
+                            calls=CallOptions(retry_backoff_s=0)) as trainer:
         trainer._stub = stub = _LosesReplies(trainer._stub, Step=2, Sync=1)
         for (x, y), cut in zip(batches, cuts, strict=True):
             trainer.step(x, y, cut)
@@ -808,8 +856,9 @@ def test_a_lost_periodic_sync_reply_leaves_both_copies_identical(digits, serve):
     batches = _batches(digits, 16, 2)
     merged = []
     for lose in (0, 1):
-        with RemoteSplitTrainer(_model(), serve(loopback=True), lr=0.05, seed=SEED,
-                                retry_backoff_s=0) as trainer:
+        with RemoteSplitTrainer(_model(), serve(loopback=True),
+                                TrainOptions(lr=0.05, seed=SEED),
+                                calls=CallOptions(retry_backoff_s=0)) as trainer:
             trainer.step(*batches[0], 3)  # the server trains 4..9
             trainer.step(*batches[1], 6)  # the device trains 0..6: 4..6 on both sides
             trainer._stub = _LosesReplies(trainer._stub, Sync=lose)
@@ -830,8 +879,8 @@ def test_sequence_numbers_out_of_step_are_refused_and_change_nothing(digits, ser
     skips ahead, goes back, or repeats the last one with other content is refused with
     FAILED_PRECONDITION; so is an Undo of anything but the last Step."""
     (x, y), (x2, y2) = _batches(digits, 8, 2)
-    with RemoteSplitTrainer(_model(), serve(momentum=0.9), lr=0.05, momentum=0.9,
-                            seed=SEED) as trainer:
+    with RemoteSplitTrainer(_model(), serve(momentum=0.9),
+                            TrainOptions(lr=0.05, seed=SEED, momentum=0.9)) as trainer:
         trainer.step(x, y, 5)  # seq 1
         with torch.no_grad():
             act = trainer.replica.part(0, 6).eval()(x2)
@@ -897,8 +946,8 @@ def test_a_round_the_device_cannot_finish_is_taken_back_on_the_server(digits, se
     taken back, the server's parameters, momentum, buffers and trained set are bit-identical
     to before, and training goes on as unsplit training without that batch."""
     batches = _batches(digits, 16, 3)
-    with RemoteSplitTrainer(_model(), serve(loopback=True, momentum=0.9), lr=0.05,
-                            momentum=0.9, seed=SEED, sync="fws") as trainer:
+    with RemoteSplitTrainer(_model(), serve(loopback=True, momentum=0.9),
+                            TrainOptions(lr=0.05, seed=SEED, momentum=0.9, sync="fws")) as trainer:
         trainer.step(*batches[0], 5)
         before = _server_state(serve.last)
         device = {k: v.clone() for k, v in trainer.model.state_dict().items()}

@@ -13,7 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from edgesplit.errors import ConfigError
-from edgesplit.train.remote import RemoteSplitTrainer, TrainServer, untrained_model
+from edgesplit.train.remote import (
+    RemoteSplitTrainer,
+    TrainOptions,
+    training_server,
+    untrained_model,
+)
 from edgesplit.train.session import (
     TrainSplitConfig,
     load_split_data,
@@ -91,10 +96,10 @@ def test_split_training_of_pretrained_mobilenet_equals_unsplit_step_for_step(fas
     spec = model_for_data(MODEL, data)
     n = len(as_chain(spec.build(SEED)))
     cuts = [3, n - 1, -1, 10]
-    server = TrainServer(lambda: untrained_model(spec, SEED), lr=lr, momentum=momentum,
-                         seed=SEED, sample_shape=spec.sample_shape)
-    with RemoteSplitTrainer(spec.build(SEED), server.loopback_channel(), lr=lr,
-                            momentum=momentum, seed=SEED, sync="fws") as trainer:
+    server = training_server(lambda: untrained_model(spec, SEED), lr=lr, momentum=momentum,
+                             seed=SEED, sample_shape=spec.sample_shape)
+    training = TrainOptions(lr=lr, seed=SEED, momentum=momentum, sync="fws")
+    with RemoteSplitTrainer(spec.build(SEED), server.loopback_channel(), training) as trainer:
         log = run_split_training(trainer, data.batches, _Cycle(len(cuts)), cuts, epochs=1)
         split = trainer.final_model()
     assert log.partitions == [3, n - 1, -1, 10, 3]
@@ -125,8 +130,8 @@ def test_a_whole_run_learns_the_cut_under_the_kl_privacy_limit(fashion):
                               n_th=2)
     data = load_split_data(DATA, 10, SEED)
     spec = model_for_data(MODEL, data)
-    server = TrainServer(lambda: untrained_model(spec, SEED), lr=0.01, momentum=0.9,
-                         seed=SEED, sample_shape=spec.sample_shape)
+    server = training_server(lambda: untrained_model(spec, SEED), lr=0.01, momentum=0.9,
+                             seed=SEED, sample_shape=spec.sample_shape)
     doc = train_split(config, server.loopback_channel())
     privacy = doc["privacy"]
     assert len(privacy["kl_per_cut"]) == len(as_chain(spec.build(SEED)))

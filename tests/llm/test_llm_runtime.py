@@ -26,6 +26,7 @@ from edgesplit.llm.stage.wire import END_SESSION, POSITION, message
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.dataplane import Hop
+from edgesplit.runtime.options import CallOptions
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.shell import ServingShell
@@ -159,10 +160,12 @@ def test_over_sockets_and_the_data_plane(models):
     port = middle.start()
     try:
         prompt = _prompt(model, 5)
-        with LLMClient(plan, f"127.0.0.1:{port}", model=model, token="s3cret") as client:
+        with LLMClient(plan, f"127.0.0.1:{port}", model=model,
+                       calls=CallOptions(token="s3cret")) as client:
             assert _tokens(client, prompt) == _reference(model, prompt)
             assert client._hop is not None and client._hop.data_plane.startswith("tcp ")
-        with LLMClient(plan, f"127.0.0.1:{port}", model=model, token="wrong") as client, \
+        with LLMClient(plan, f"127.0.0.1:{port}", model=model,
+                       calls=CallOptions(token="wrong")) as client, \
                 pytest.raises(Exception, match="UNAUTHENTICATED"):
             _tokens(client, prompt, 2)
     finally:

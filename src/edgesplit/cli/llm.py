@@ -223,6 +223,7 @@ def generate(
     from edgesplit.llm.generate.client import LLMClient
     from edgesplit.llm.stage.sampling import Sampling
     from edgesplit.plan import load_plan
+    from edgesplit.runtime.options import CallOptions
     from edgesplit.transport import read_token
 
     set_threads(threads)
@@ -238,9 +239,9 @@ def generate(
     real = plan.llm is not None and plan.llm.fingerprint is not None
     tokenizer = _tokenizer(plan) if text or (as_json and real) else None
     count = new_tokens or (plan.llm.new_tokens if plan.llm is not None else 1)
-    client = LLMClient(plan, server, session=session, token=read_token(token, token_file),
-                       tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
-                       retries=retries,
+    calls = CallOptions(token=read_token(token, token_file), timeout_s=timeout_s,
+                        tls=tls_files(None, None, tls_ca, tls_server_name), retries=retries)
+    client = LLMClient(plan, server, session=session, calls=calls,
                        data_plane=_data_plane(data_plane), emulate=emulate_device,
                        shape=shape, torch_device=torch_device)
     if client.pacer is not None:
@@ -297,6 +298,7 @@ def chat_command(
     from edgesplit.llm.generate.client import LLMClient
     from edgesplit.llm.generate.engine import LLMEngine
     from edgesplit.llm.stage.sampling import Sampling
+    from edgesplit.runtime.options import CallOptions
     from edgesplit.transport import read_token
 
     set_threads(threads)
@@ -306,9 +308,9 @@ def chat_command(
     plan = load_plan(plan_path)
     sampling = Sampling(temperature, top_k, top_p, seed)
     tokenizer = _tokenizer(plan)
-    client = LLMClient(plan, server, token=read_token(token, token_file),
-                       tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
-                       shape=shape, torch_device=torch_device)
+    calls = CallOptions(token=read_token(token, token_file), timeout_s=timeout_s,
+                        tls=tls_files(None, None, tls_ca, tls_server_name))
+    client = LLMClient(plan, server, calls=calls, shape=shape, torch_device=torch_device)
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)
     with client:

@@ -5,14 +5,16 @@ and hands it one :class:`~edgesplit.runtime.options.ServeOptions` built from the
 ``ServeOptions`` field it makes, its flags (typer parameters the decorator appends to the
 command's own), and how their values make the field (None: the one flag's value as it is).
 ``edgesplit serve`` and ``edgesplit llm serve`` both take every entry; adding a setting to
-both is one entry here (and its field on ``ServeOptions``).
+both is one entry here (and its field on ``ServeOptions``). ``edgesplit serve-training`` takes
+the flags that mean the same for it (``only=``: its token and TLS certificate; it calls no
+next device and has no data plane), the others left at their defaults.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,15 +110,26 @@ SERVE_FLAGS: tuple[tuple[str, tuple[Flag, ...], Callable[..., Any] | None], ...]
 )
 
 
-def serve_options(*, work: str, **defaults: Any) -> Callable[[F], F]:
-    """Give a command every flag of :data:`SERVE_FLAGS` (after its own; ``defaults`` by
-    parameter name where the command's differ, ``work``: what it serves, for the help) and
-    call it with them as ``options``, a ``ServeOptions``. The flags are read in the table's
-    order, before the command runs: a bad one is refused naming itself."""
+def serve_options(*, work: str, only: Collection[str] | None = None,
+                  **defaults: Any) -> Callable[[F], F]:
+    """Give a command every flag of :data:`SERVE_FLAGS` (after its own; ``only``: just the
+    flags of these parameter names, a field none of whose flags it takes left at its
+    ``ServeOptions`` default; ``defaults`` by parameter name where the command's differ;
+    ``work``: what it serves, for the help) and call it with them as ``options``, a
+    ``ServeOptions``. The flags are read in the table's order, before the command runs: a
+    bad one is refused naming itself."""
+    def taken(flag: Flag) -> bool:
+        return only is None or flag.name in only
+
+    names = {flag.name for _, flags, _ in SERVE_FLAGS for flag in flags}
+    if only is not None and not set(only) <= names:  # a typo fails on import
+        raise AssertionError(f"serve_options(only=...) names no flag {sorted(set(only) - names)}")
+
     def decorate(command: F) -> F:
         signature = inspect.signature(command)
         own = [p for p in signature.parameters.values() if p.name != "options"]
-        added = [flag.parameter(defaults, work) for _, flags, _ in SERVE_FLAGS for flag in flags]
+        added = [flag.parameter(defaults, work) for _, flags, _ in SERVE_FLAGS
+                 for flag in flags if taken(flag)]
 
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -124,7 +137,10 @@ def serve_options(*, work: str, **defaults: Any) -> Callable[[F], F]:
 
             made = {}
             for field, flags, read in SERVE_FLAGS:
-                values = [kwargs.pop(flag.name) for flag in flags]
+                if not any(taken(flag) for flag in flags):
+                    continue
+                values = [kwargs.pop(flag.name) if taken(flag) else
+                          defaults.get(flag.name, flag.default) for flag in flags]
                 made[field] = read(*values) if read is not None else values[0]
             return command(*args, **kwargs, options=ServeOptions(**made))
 

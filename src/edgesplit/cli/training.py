@@ -4,6 +4,7 @@ real."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -19,6 +20,10 @@ from edgesplit.cli._app import (
     tls_files,
     user_errors,
 )
+from edgesplit.cli.serve_options import serve_options
+
+if TYPE_CHECKING:
+    from edgesplit.runtime.options import ServeOptions
 
 
 @app.command("simulate-l2s")
@@ -95,6 +100,7 @@ def simulate_l2s(
 
 @app.command("serve-training")
 @user_errors
+@serve_options(work="training requests", only=("token", "token_file", "tls_cert", "tls_key"))
 def serve_training_cmd(
     model: str = typer.Option(
         "digits_cnn", "--model", help="Model spec to train, as the device names it: "
@@ -105,25 +111,21 @@ def serve_training_cmd(
     seed: int = typer.Option(0, "--seed", help="Initial weights (the device must match)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(50052, "--port", "-p", help="Port (0: any free port)."),
-    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
-    token_file: Path | None = typer.Option(None, "--token-file", help=TOKEN_FILE_HELP),
-    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve TLS: certificate."),
-    tls_key: Path | None = typer.Option(None, "--tls-key", help="Serve TLS: private key."),
     max_batch: int = typer.Option(256, "--max-batch", help="Most samples per training round "
                                                            "(sizes the message limit)."),
     session_timeout_s: float = typer.Option(
         600.0, "--session-timeout-s", help="Idle time after which another device may start "
                                            "a session."),
+    *,
+    options: ServeOptions,
 ) -> None:
     """Serve the edge-server side of split training (L2S) until interrupted: one device's
     session at a time (another is refused until it closes, idles out, or a device takes it
     over with `train-split --take-over`)."""
     from edgesplit.train.remote import serve_training
-    from edgesplit.transport import read_token
 
     serve_training(model, lr=lr, momentum=momentum, seed=seed, host=host, port=port,
-                   token=read_token(token, token_file), tls=tls_files(tls_cert, tls_key, None),
-                   max_batch=max_batch, session_timeout_s=session_timeout_s,
+                   options=options, max_batch=max_batch, session_timeout_s=session_timeout_s,
                    on_ready=lambda bound: print(f"listening on {host}:{bound} model={model}",
                                                 flush=True))
 
@@ -188,6 +190,7 @@ def train_split_cmd(
     from contextlib import nullcontext
 
     from edgesplit.errors import ConfigError
+    from edgesplit.runtime.options import CallOptions
     from edgesplit.train.remote import DEFAULT_MAX_BATCH
     from edgesplit.train.session import (
         TrainSplitConfig,
@@ -225,8 +228,8 @@ def train_split_cmd(
                                   max_batch=max(batch_size, DEFAULT_MAX_BATCH)) \
         if server is None else nullcontext(server)
     with spawn as address:
-        doc = train_split(config, address, token=token, tls=tls, take_over=take_over,
-                          progress=not as_json)
+        doc = train_split(config, address, calls=CallOptions(token=token, tls=tls),
+                          take_over=take_over, progress=not as_json)
     if plot is not None:
         from edgesplit.report.plots import plot_train_split
 

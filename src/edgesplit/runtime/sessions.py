@@ -21,9 +21,12 @@ This is the LLM stages' rule, kept because a KV cache is large and a step holds 
 it under a running step would let memory exceed what the plan priced. The partition server's
 rule was plain least-recently-used eviction of any session; its calls read a session's state
 without holding it (:meth:`SessionTable.get_or_open`), so no session of its is ever in use
-and the shared rule evicts exactly as its own did. A training server's one session at a time,
-taken over once idle past a timeout, is ``capacity=1`` with ``evictable`` saying when the
-open one may go (``Entry.used_at``).
+and the shared rule evicts exactly as its own did. The training server
+(:class:`~edgesplit.train.remote.server.TrainHandler`) keeps its one session at a time in a
+table of ``capacity=1`` whose ``evictable`` says never: its session goes only when the
+server ends it, taking it over or finding it idle past a timeout (:meth:`SessionTable.idle_s`,
+from ``Entry.used_at``), and says why to its device; its requests find it with
+:meth:`SessionTable.use`, which opens nothing.
 """
 
 from __future__ import annotations
@@ -107,6 +110,22 @@ class SessionTable(Generic[V]):
         entry = self._entries.get(session)
         return None if entry is None else entry.value
 
+    def use(self, session: str, owner: str | None = None) -> V | None:
+        """``session``'s value, its use recorded (None: not here; nothing is opened, nothing
+        evicted)."""
+        with self._lock:
+            entry = self._entries.get(session)
+            if entry is None:
+                return None
+            if entry.owner is not owner:
+                self.check_owner(session, owner)
+            self._touch(session, entry)
+            return entry.value
+
+    def idle_s(self, session: str) -> float:
+        """Seconds since a call last used ``session`` (KeyError: not here)."""
+        return time.monotonic() - self._entries[session].used_at
+
     def values(self) -> list[V]:
         """Every listed session's value, least recently used first."""
         return [entry.value for entry in list(self._entries.values())]
@@ -132,7 +151,7 @@ class SessionTable(Generic[V]):
                 self._entries.move_to_end(session)
                 entry.used_at = time.monotonic()
                 return entry.value
-            if not self._make_room():  # pragma: no cover - nothing is held without held()
+            if not self._make_room():  # only where no session may be evicted (training)
                 raise self._busy()
             value = make(*args)
             if value is not None:

@@ -4,7 +4,12 @@ planes' calls share; what a request does is its handler's.
 A server is ``ServingShell(handler, options, limit=..., slots=...)``, never a subclass of it:
 the partition server (:func:`~edgesplit.runtime.server.partition_server`) and an LLM stage
 (:func:`~edgesplit.llm.stage.server.llm_stage_server`) assemble a handler from parts and put
-it in a shell. The shell authenticates each call, answers ``Run`` through
+it in a shell. Those two serve the PartitionService (:func:`plan_service`, the default); a
+handler with a gRPC service of its own (the training server,
+:func:`~edgesplit.train.remote.server.training_server`) names it with ``service=`` and answers
+each call through :meth:`ServingShell.serve_call` (token, worker slot, status), without the
+data plane, which carries the PartitionService's calls only. The shell authenticates each
+call, answers ``Run`` through
 :func:`~edgesplit.transport.answer` (a failure becomes its status, an unexpected one INTERNAL
 with a logged sentence), answers a stream's requests one by one (one that fails ends only
 itself, as an error in its reply), says what it serves (``Describe``), and refuses a request
@@ -52,21 +57,36 @@ from edgesplit.transport.frames import Frame, FrameContext, FrameServer, failure
 from edgesplit.transport.loopback import Aborted
 from edgesplit.transport.slots import Slots
 
-__all__ = ["Handler", "NextHop", "Servicer", "ServingShell", "WorkerSlots", "check_next",
-           "check_request_plan", "check_served", "failure_of", "open_hop"]
+__all__ = ["AddServicer", "Handler", "NextHop", "PlanHandler", "Servicer", "ServingShell",
+           "WorkerSlots", "check_next", "check_request_plan", "check_served", "failure_of",
+           "open_hop", "plan_service"]
 
 log = logging.getLogger(__name__)
 
 
 class Handler(Protocol):
-    """What a serving shell asks of its handler: what it serves (the plan, the device, the
-    tensors a request carries and its reply returns, for ``Describe``), the answer to one gRPC
-    request and to one data-plane call (their failures become statuses as
-    :func:`~edgesplit.transport.answer` makes them), the sentence (logged) for an unexpected
-    failure, and its parts' share of a start and a stop: ``started`` once the shell listens
-    (``serving(ok)`` sets its health), ``refuse`` when it takes no more work (every wait of a
-    part is answered at once), ``drain`` while it finishes the calls in flight, ``close``
-    once both planes stopped."""
+    """What a serving shell asks of every handler: the sentence (logged) for an unexpected
+    failure of a call, and its parts' share of a start and a stop: ``started`` once the shell
+    listens (``serving(ok)`` sets its health), ``refuse`` when it takes no more work (every
+    wait of a part is answered at once), ``drain`` while it finishes the calls in flight,
+    ``close`` once both planes stopped."""
+
+    def failure(self, exc: BaseException) -> str: ...
+
+    def started(self, serving: Callable[[bool], None]) -> None: ...
+
+    def refuse(self) -> None: ...
+
+    def drain(self, timeout: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PlanHandler(Handler, Protocol):
+    """A handler of the PartitionService (:func:`plan_service`): what it serves (the plan,
+    the device, the tensors a request carries and its reply returns, for ``Describe``), and
+    the answer to one gRPC request and to one data-plane call (their failures become
+    statuses as :func:`~edgesplit.transport.answer` makes them)."""
 
     @property
     def plan_id(self) -> str: ...
@@ -84,18 +104,10 @@ class Handler(Protocol):
 
     def answer_frame(self, frame: Frame, context: grpc.ServicerContext) -> Frame: ...
 
-    def failure(self, exc: BaseException) -> str: ...
-
-    def started(self, serving: Callable[[bool], None]) -> None: ...
-
-    def refuse(self) -> None: ...
-
-    def drain(self, timeout: float) -> None: ...
-
-    def close(self) -> None: ...
-
 
 H = TypeVar("H", bound=Handler)
+T = TypeVar("T")
+AddServicer = Callable[[grpc.Server], None]  # registers a service's servicer on a server
 
 
 class _Shell(Protocol):
@@ -112,7 +124,7 @@ class Servicer(pb_grpc.PartitionServiceServicer):
     ``handler``. ``requests`` reads a stream's requests (the shell's idle limit, say; by
     default they are read as they come)."""
 
-    def __init__(self, shell: _Shell, handler: Handler, requests: Requests | None = None
+    def __init__(self, shell: _Shell, handler: PlanHandler, requests: Requests | None = None
                  ) -> None:
         self.shell, self.handler = shell, handler
         self.requests: Requests = requests or (lambda iterator, context: iterator)
@@ -189,11 +201,22 @@ class ServingShell(GrpcServer, Generic[H]):
     message at most ``limit`` bytes; ``slots`` bound the calls served at once (and size
     gRPC's thread pool). :meth:`start` opens the data plane on ``options.data_port`` (None:
     none) and names it in ``data_port``; :meth:`stop` closes it before gRPC. A context
-    manager: leaving the ``with`` stops it at once."""
+    manager: leaving the ``with`` stops it at once.
+
+    ``service``: the gRPC service the handler answers, as a function of the shell that
+    returns what registers its servicer (None: the PartitionService, :func:`plan_service`,
+    for a :class:`PlanHandler`). Another service has no data plane: its ``options`` must
+    say ``data_port=None``. Either way the choice is made here once; no call pays for it."""
 
     def __init__(self, handler: H, options: ServeOptions, *, limit: int,
-                 slots: WorkerSlots) -> None:
+                 slots: WorkerSlots,
+                 service: Callable[[ServingShell[H]], AddServicer] | None = None) -> None:
+        if service is not None and options.data_port is not None:
+            raise ValueError("the data plane carries the PartitionService's calls only: "
+                             "serve another service with data_port=None")
         self.handler, self.options, self.slots, self.limit = handler, options, slots, limit
+        # the PartitionService's handler, for Describe and the data plane (bound once)
+        self._plan = cast(PlanHandler, handler)
         self.token, self.tls = options.token, options.tls
         if options.limits is not None:  # idle and slow callers' timeouts, frames' memory
             self.limits = options.limits
@@ -202,8 +225,7 @@ class ServingShell(GrpcServer, Generic[H]):
         self._token_checked: object = None  # the call metadata last found to hold the token
         self._stopping = False
         self._health_lock = threading.Lock()  # a part's health never says SERVING once stopped
-        self._init_grpc(lambda server: pb_grpc.add_PartitionServiceServicer_to_server(
-            Servicer(self, handler, self.idle_limited), server), limit, slots.workers)
+        self._init_grpc((service or plan_service)(self), limit, slots.workers)
 
     def __enter__(self) -> ServingShell[H]:
         return self
@@ -215,7 +237,7 @@ class ServingShell(GrpcServer, Generic[H]):
     def describe(self) -> pb.Description:
         """What this server serves (``Describe``): its plan, device, tensors, message limit
         and data-plane port (0: none)."""
-        handler = self.handler
+        handler = self._plan
         return pb.Description(plan_id=handler.plan_id, plan_version=PLAN_VERSION,
                               device=handler.device, inputs=list(handler.inputs),
                               outputs=list(handler.outputs), max_message_bytes=self.limit,
@@ -228,6 +250,21 @@ class ServingShell(GrpcServer, Generic[H]):
     def give_slot(self) -> None:
         """Give back the slot :meth:`take_slot` took."""
         self.slots.give()
+
+    def serve_call(self, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
+        """Answer one unary call of a handler's own service (not the PartitionService's):
+        the caller's token checked, ``work()`` run in one of the worker slots, its failure
+        the call's status as :func:`~edgesplit.transport.answer` makes it (an unexpected one
+        INTERNAL with the handler's sentence)."""
+        self.check_token(context)
+        return answer(context, lambda: self._in_slot(context, work), self.handler.failure)
+
+    def _in_slot(self, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
+        self.slots.take(context)
+        try:
+            return work()
+        finally:
+            self.slots.give()
 
     # ---- start and stop ------------------------------------------------------------------
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -293,7 +330,7 @@ class ServingShell(GrpcServer, Generic[H]):
     def _frame_call(self, frame: Frame, context: FrameContext) -> Frame:
         """Answer one data-plane call: the same token check, errors and work as over gRPC."""
         call = cast(grpc.ServicerContext, context)  # the part of it our handlers use
-        handler = self.handler
+        handler = self._plan
         try:
             metadata = context.invocation_metadata()
             if metadata is not self._token_checked:  # a connection's repeated metadata
@@ -303,6 +340,13 @@ class ServingShell(GrpcServer, Generic[H]):
         except Aborted:
             return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
                            context.details)
+
+
+def plan_service(shell: ServingShell[Any]) -> AddServicer:
+    """The PartitionService answered by ``shell``'s handler (a :class:`PlanHandler`), its
+    streams' requests read under the shell's idle limit: what a shell serves by default."""
+    servicer = Servicer(shell, shell.handler, shell.idle_limited)
+    return lambda server: pb_grpc.add_PartitionServiceServicer_to_server(servicer, server)
 
 
 # ---- the next device ------------------------------------------------------------------------

@@ -17,7 +17,12 @@ from edgesplit.train.features import (
 from edgesplit.train.l2s import POLICIES, compare_policies
 from edgesplit.train.modes import AdaptiveL2S, ModeConfig
 from edgesplit.train.privacy import analyse_privacy, kl_per_cut, privacy_point
-from edgesplit.train.remote import RemoteSplitTrainer, TrainServer
+from edgesplit.train.remote import (
+    Emulation,
+    RemoteSplitTrainer,
+    TrainOptions,
+    training_server,
+)
 from edgesplit.train.session import TrainSplitConfig, run_split_training, train_split
 from edgesplit.train.simulator import BandwidthTrace, simulate, training_costs
 from edgesplit.train.split import (
@@ -36,6 +41,7 @@ __all__ = [
     "POLICIES",
     "AdaptiveL2S",
     "BandwidthTrace",
+    "Emulation",
     "LinUCB",
     "LinUCBE",
     "ModeConfig",
@@ -44,7 +50,7 @@ __all__ = [
     "SplitTrainer",
     "StepStats",
     "SyncReport",
-    "TrainServer",
+    "TrainOptions",
     "TrainSplitConfig",
     "analyse_privacy",
     "as_chain",
@@ -64,4 +70,5 @@ __all__ = [
     "tensor_bytes",
     "train_split",
     "training_costs",
+    "training_server",
 ]

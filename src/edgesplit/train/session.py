@@ -26,10 +26,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, option
-from edgesplit.train.remote import DEFAULT_MAX_BATCH, RemoteSplitTrainer, RoundStats, SyncResult
+from edgesplit.runtime.options import CallOptions
+from edgesplit.train.remote import (
+    DEFAULT_MAX_BATCH,
+    Emulation,
+    RemoteSplitTrainer,
+    RoundStats,
+    SyncResult,
+    TrainOptions,
+)
 from edgesplit.train.split import as_chain, seeded_forward
 from edgesplit.train.trainable import DIGITS_MODEL, TrainModelSpec
-from edgesplit.transport import TOKEN_ENV, TlsFiles
+from edgesplit.transport import TOKEN_ENV
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -342,6 +350,16 @@ class TrainSplitConfig:
         return BandwidthTrace(self.bandwidth_mbps, self.rtt_ms, self.drop_at, self.drop_to,
                               self.restore_at)
 
+    def training(self) -> TrainOptions:
+        """How the device trains and syncs in this run."""
+        return TrainOptions(lr=self.lr, seed=self.seed, momentum=self.momentum,
+                            sync=self.sync, sync_every=self.sync_every)
+
+    def emulation(self) -> Emulation:
+        """What the device emulates in this run (the link at its first bandwidth)."""
+        return Emulation(link_mbps=self.bandwidth_mbps, rtt_ms=self.rtt_ms,
+                         device_slowdown=self.device_slowdown)
+
 
 def _domain(config: TrainSplitConfig, spec: TrainModelSpec, chain: Sequence[nn.Module],
             data: SplitData) -> tuple[list[int], dict | None]:
@@ -503,13 +521,14 @@ def train_unsplit(model: nn.Module, batches: Callable[[int], Iterable], epochs: 
 
 
 def train_split(config: TrainSplitConfig, address: str | LoopbackChannel, *,
-                token: str | None = None, tls: TlsFiles | None = None,
-                take_over: bool = False, progress: bool = False) -> dict:
+                calls: CallOptions | None = None, take_over: bool = False,
+                progress: bool = False) -> dict:
     """Train ``config.model`` on ``config.data`` split between this process and the server at
-    ``address`` (over TLS trusting ``tls.ca``, if given; ``take_over`` ends a session the
-    server has open, see :class:`RemoteSplitTrainer`; a server's ``loopback_channel()`` trains
-    in-process); L2S picks each round's cut. The server must serve :func:`model_for_data`'s
-    spec with the same seed. Returns the run's JSON document."""
+    ``address``, called as ``calls`` say (its token; over TLS trusting ``calls.tls.ca``, if
+    given; ``take_over`` ends a session the server has open, see :class:`RemoteSplitTrainer`;
+    a server's ``loopback_channel()`` trains in-process); L2S picks each round's cut. The
+    server must serve :func:`model_for_data`'s spec with the same seed. Returns the run's JSON
+    document."""
     data = load_split_data(config.data, config.batch_size, config.seed, config.train_limit)
     spec = model_for_data(config.model, data)
     model = spec.build(config.seed)
@@ -534,12 +553,8 @@ def train_split(config: TrainSplitConfig, address: str | LoopbackChannel, *,
         assert config.cut is not None
         policy = FixedCutPolicy(cuts.index(config.cut))
     trace = config.trace()
-    with RemoteSplitTrainer(model, address, lr=config.lr, momentum=config.momentum,
-                            seed=config.seed, token=token, tls=tls, take_over=take_over,
-                            sync=config.sync,
-                            sync_every=config.sync_every, link_mbps=config.bandwidth_mbps,
-                            rtt_ms=config.rtt_ms, device_slowdown=config.device_slowdown
-                            ) as trainer:
+    with RemoteSplitTrainer(model, address, config.training(), emulation=config.emulation(),
+                            calls=calls, take_over=take_over) as trainer:
         run = run_split_training(trainer, data.batches, policy, cuts, epochs=config.epochs,
                                  bandwidth_schedule=trace.at, progress=progress)
         trained = trainer.final_model()

@@ -63,14 +63,11 @@ from edgesplit.llm.stage.wire import (
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.client import RuntimeClient
 from edgesplit.runtime.dataplane import DataPlane, Hop, Message
+from edgesplit.runtime.options import CallOptions
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import plan_id
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
-from edgesplit.transport import (
-    LoopbackChannel,
-    TlsFiles,
-    explain,
-)
+from edgesplit.transport import LoopbackChannel, explain
 from edgesplit.transport.shaping import LinkShaper
 
 __all__ = ["GeneratedToken", "LLMClient", "common_prefix"]
@@ -99,8 +96,10 @@ class GeneratedToken:
 
 class LLMClient(RuntimeClient):
     """The first stage of ``plan`` plus a caller of the second device at ``address`` (not
-    needed when the first device holds every block). ``session`` names this client's KV
-    caches on every stage (default: a random id). ``model``: the transformers model to take
+    needed when the first device holds every block), called as ``calls`` say (its token,
+    TLS, each step's deadline, retries: none unless they say so) over ``data_plane``.
+    ``session`` names this client's KV caches on every stage (default: a random id).
+    ``model``: the transformers model to take
     the first stage's blocks from (default: the plan's checkpoint, or built from its source).
     ``emulate``: the first stage's real compute is slowed to its device's speed; ``shape``:
     its sends take the plan's link time; ``dilation``: both that many times slower.
@@ -110,18 +109,17 @@ class LLMClient(RuntimeClient):
     retryable = (grpc.StatusCode.UNAVAILABLE,)
 
     def __init__(self, plan: Plan, address: str | LoopbackChannel | None = None, *,
-                 session: str | None = None, token: str | None = None,
-                 tls: TlsFiles | None = None, timeout_s: float = 60.0, retries: int = 0,
-                 retry_backoff_s: float = 0.2, data_plane: DataPlane = "auto",
-                 model: nn.Module | None = None, emulate: bool = False,
-                 shape: bool = False, dilation: float = 1.0,
+                 session: str | None = None, calls: CallOptions | None = None,
+                 data_plane: DataPlane = "auto", model: nn.Module | None = None,
+                 emulate: bool = False, shape: bool = False, dilation: float = 1.0,
                  torch_device: str | torch.device | None = None) -> None:
+        calls = calls or CallOptions()
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
         self.stage = LLMStageModel(plan, 0, model, torch_device)
         self.device = plan.devices[0].name
         self.session = session or uuid.uuid4().hex
-        super().__init__(self.plan_id, token, timeout_s=timeout_s, retries=retries,
-                         retry_backoff_s=retry_backoff_s)
+        super().__init__(self.plan_id, calls.token, timeout_s=calls.timeout_s,
+                         retries=calls.tries(0), retry_backoff_s=calls.retry_backoff_s)
         self._bearer = self.metadata  # the token alone: each call names its session
         # this client's secret for its sessions: a stage answers a session it made only to it
         self._secret = secrets.token_urlsafe(24)
@@ -137,7 +135,7 @@ class LLMClient(RuntimeClient):
                               f"server's address ({option('address', flag='--server')} "
                               "HOST:PORT, where `edgesplit llm serve` listens)")
         self.address = address if isinstance(address, str) else "in-process"
-        self._hop = Hop(address, llm_message_bytes(self.llm), tls, data_plane) \
+        self._hop = Hop(address, llm_message_bytes(self.llm), calls.tls, data_plane) \
             if self.remote and address is not None else None
         self.pacer = StagePacer.measured(self.stage, plan, dilation=dilation) \
             if emulate else None

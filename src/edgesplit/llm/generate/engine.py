@@ -36,6 +36,7 @@ from edgesplit.llm.generate.text import IncrementalDetokenizer, StopMatcher
 from edgesplit.llm.stage.compute import llm_section, open_plan_checkpoint
 from edgesplit.llm.stage.sampling import Sampling
 from edgesplit.plan.model import Plan
+from edgesplit.runtime.options import CallOptions
 
 __all__ = ["Delta", "LLMEngine", "TextEngine", "open_engine", "plan_tokenizer"]
 
@@ -285,7 +286,7 @@ def open_engine(plan: Plan, server: str | None, *, token: str | None = None,
     ``server``, the plan's checkpoint's tokenizer."""
     llm_section(plan)
     tokenizer = plan_tokenizer(plan)
-    client = LLMClient(plan, server, token=token, tls=tls, timeout_s=timeout_s,
-                       retries=retries, data_plane=data_plane, emulate=emulate, shape=shape,
-                       torch_device=torch_device)
+    calls = CallOptions(token=token, tls=tls, timeout_s=timeout_s, retries=retries)
+    client = LLMClient(plan, server, calls=calls, data_plane=data_plane, emulate=emulate,
+                       shape=shape, torch_device=torch_device)
     return LLMEngine(client, tokenizer, model_id=model_id)

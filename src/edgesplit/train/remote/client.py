@@ -1,6 +1,6 @@
 """The end device of split training (:class:`RemoteSplitTrainer`), as in L2S (paper 002, Sec.
 III-A and IV-C): it holds chain elements ``[0..cut]`` of the model, the edge server
-(:class:`~edgesplit.train.remote.server.TrainServer`) the rest; cut ``len(chain) - 1`` is pure
+(:func:`~edgesplit.train.remote.server.training_server`) the rest; cut ``len(chain) - 1`` is pure
 on-device training (no RPC). Each round the device runs the front forward, sends the
 activation and the labels (``Step``), the server runs the back forward, backward and update and
 returns the gradient at the cut (computed before its update), and the device finishes the
@@ -11,6 +11,10 @@ The device emulates the link for both directions (:class:`LinkShaper`); the band
 change at any round (:meth:`RemoteSplitTrainer.set_bandwidth_mbps`). A round the device cannot
 finish after the server stepped (a non-finite gradient at the cut or in the device's part) is
 taken back with Undo.
+
+The device is told three things apart: how it trains (:class:`TrainOptions`: SGD and the sync
+policy), what it emulates (:class:`Emulation`: the link, a slower device) and how it calls the
+server (:class:`~edgesplit.runtime.options.CallOptions`: token, TLS, timeout, retries).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from edgesplit.errors import ConfigError, EdgesplitError, RemoteError, WireError
 from edgesplit.hardware import Link
 from edgesplit.quant.wire import encode_tensor
 from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, with_retries
+from edgesplit.runtime.options import CallOptions
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.remote.protocol import (
@@ -45,20 +50,56 @@ from edgesplit.train.remote.protocol import (
 )
 from edgesplit.train.remote.replica import Replica
 from edgesplit.train.split import as_chain, tensor_bytes
-from edgesplit.transport import (
-    LoopbackChannel,
-    TlsFiles,
-    bearer_metadata,
-    explain,
-    open_channel,
-)
+from edgesplit.transport import LoopbackChannel, bearer_metadata, explain, open_channel
 from edgesplit.transport.shaping import LinkShaper
 
-__all__ = ["RemoteSplitTrainer", "RoundStats", "SyncResult"]
+__all__ = ["DEFAULT_RETRIES", "Emulation", "RemoteSplitTrainer", "RoundStats", "SyncResult",
+           "TrainOptions"]
 
 log = logging.getLogger(__name__)
 
 _HELLO_LIMIT = 1 << 20  # Hello and Close are tiny; the real limit comes with the HelloReply
+DEFAULT_RETRIES = 2  # a numbered request is safe to send again: the server answers a repeat
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How the device trains: SGD with ``lr`` and ``momentum`` from the model built with
+    ``seed`` (the server must be given the same three), and how the two sides' copies of the
+    model are merged: ``sync``, one of
+    :data:`~edgesplit.train.remote.protocol.SYNC_POLICIES` (``periodic``: every
+    ``sync_every`` rounds)."""
+
+    lr: float
+    seed: int
+    momentum: float = 0.0
+    sync: str = "periodic"
+    sync_every: int = 100
+
+    def __post_init__(self) -> None:
+        if self.sync not in SYNC_POLICIES:
+            raise ConfigError(f"sync policy {self.sync!r} is unknown: use one of "
+                              f"{', '.join(SYNC_POLICIES)}")
+        if self.sync_every < 1:
+            raise ConfigError(f"sync_every must be at least 1 round, got {self.sync_every}")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What the device emulates: a link of ``link_mbps`` both ways (None: none; ``rtt_ms``
+    applies only with a bandwidth) and a device ``device_slowdown`` times slower than this
+    machine."""
+
+    link_mbps: float | None = None
+    rtt_ms: float = 0.0
+    device_slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.device_slowdown < 1.0:
+            raise ConfigError(f"device_slowdown must be >= 1 (x the measured time), got "
+                              f"{self.device_slowdown}")
+        if self.rtt_ms < 0:
+            raise ConfigError(f"rtt_ms must be >= 0, got {self.rtt_ms}")
 
 
 @dataclass(frozen=True)
@@ -114,57 +155,43 @@ class RemoteSplitTrainer:
     """The end device of split training: trains chain[0..cut] and drives the server.
 
     ``model`` must be built like the server's (same factory, same seed); it is copied, so the
-    caller's module is left untouched. ``link_mbps`` None disables link emulation (``rtt_ms``
-    applies only with a bandwidth). ``take_over`` ends a session the server has open (this
-    device's own, from before a crash) instead of being refused; training restarts from the
-    initial model. :meth:`close` (or leaving the ``with`` block) ends the session.
+    caller's module is left untouched. It trains as ``training`` says, emulates what
+    ``emulation`` says (default: nothing) and calls the server at ``address`` as ``calls``
+    say (default: no token, plain TCP). ``take_over`` ends a session the server has open
+    (this device's own, from before a crash) instead of being refused; training restarts
+    from the initial model. :meth:`close` (or leaving the ``with`` block) ends the session.
 
     Every request that changes the server's state (Step, Sync, Undo) carries the session's
     next sequence number; one that failed on the way (UNAVAILABLE, DEADLINE_EXCEEDED: it may
     have been applied, its reply lost) is sent again, the same request with the same number,
-    up to ``retries`` times with a backoff doubling from ``retry_backoff_s`` (up to
-    ``MAX_BACKOFF_S``, as every client's: :func:`~edgesplit.runtime.calls.with_retries`); the
-    server answers a repeat from its first reply, so nothing is applied twice.
+    up to ``calls.retries`` times (default ``DEFAULT_RETRIES``) with a backoff doubling from
+    ``calls.retry_backoff_s`` (up to ``MAX_BACKOFF_S``, as every client's:
+    :func:`~edgesplit.runtime.calls.with_retries`); the server answers a repeat from its
+    first reply, so nothing is applied twice.
     """
 
-    def __init__(self, model: nn.Module,
-                 address: str | LoopbackChannel, *, lr: float, momentum: float = 0.0,
-                 seed: int, sync: str = "periodic", sync_every: int = 100,
-                 link_mbps: float | None = None, rtt_ms: float = 0.0,
-                 device_slowdown: float = 1.0, token: str | None = None,
-                 tls: TlsFiles | None = None, timeout_s: float = 60.0,
-                 take_over: bool = False, retries: int = 2,
-                 retry_backoff_s: float = 0.2) -> None:
-        if sync not in SYNC_POLICIES:
-            raise ConfigError(f"sync policy {sync!r} is unknown: use one of "
-                              f"{', '.join(SYNC_POLICIES)}")
-        if sync_every < 1:
-            raise ConfigError(f"sync_every must be at least 1 round, got {sync_every}")
-        if device_slowdown < 1.0:
-            raise ConfigError(f"device_slowdown must be >= 1 (x the measured time), got "
-                              f"{device_slowdown}")
-        if rtt_ms < 0:
-            raise ConfigError(f"rtt_ms must be >= 0, got {rtt_ms}")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0 \
-                or not retry_backoff_s >= 0:
-            raise ConfigError(f"retries must be a whole number >= 0 and retry_backoff_s >= 0 "
-                              f"seconds, got {retries!r} and {retry_backoff_s!r}")
-        self.retries, self.backoff_s = retries, float(retry_backoff_s)
+    def __init__(self, model: nn.Module, address: str | LoopbackChannel,
+                 training: TrainOptions, *, emulation: Emulation | None = None,
+                 calls: CallOptions | None = None, take_over: bool = False) -> None:
+        emulation, calls = emulation or Emulation(), calls or CallOptions()
+        self.retries, self.backoff_s = calls.tries(DEFAULT_RETRIES), float(calls.retry_backoff_s)
         self._seq = 0  # the last sequence number the server accepted
         self.model = copy.deepcopy(model)
-        self.replica = Replica(self.model, lr, momentum, seed)
+        self.replica = Replica(self.model, training.lr, training.momentum, training.seed)
         self.n = len(self.replica.chain)
         self.address = address if isinstance(address, str) else "in-process"
-        self.seed, self.policy, self.sync_every = seed, sync, sync_every
-        self.device_slowdown, self.rtt_ms, self.timeout_s = device_slowdown, rtt_ms, timeout_s
-        self.metadata = bearer_metadata(token)
+        self.seed, self.policy = training.seed, training.sync
+        self.sync_every = training.sync_every
+        self.device_slowdown, self.rtt_ms = emulation.device_slowdown, emulation.rtt_ms
+        self.timeout_s = calls.timeout_s
+        self.metadata = bearer_metadata(calls.token)
         self.cut: int | None = None  # the cut of the last round
         self.round = 0
         self._server_trained: set[int] = set()
         self.bandwidth_mbps: float | None = None
         self._shaper = LinkShaper(None)
-        if link_mbps is not None:
-            self.set_bandwidth_mbps(link_mbps)
+        if emulation.link_mbps is not None:
+            self.set_bandwidth_mbps(emulation.link_mbps)
         self._closed = False
         self._channel: Any  # a grpc.Channel, or a LoopbackChannel standing in for one
         if not isinstance(address, str):  # a server's loopback_channel(): its own limit
@@ -172,13 +199,13 @@ class RemoteSplitTrainer:
             self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
             self._hello(take_over)
             return
-        self._channel = open_channel(address, _HELLO_LIMIT, tls)
+        self._channel = open_channel(address, _HELLO_LIMIT, calls.tls)
         try:
             self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
             hello = self._hello(take_over)
             # the server sized its limit from the model: reconnect with it for the big messages
             self._channel.close()
-            self._channel = open_channel(address, self.limit, tls)
+            self._channel = open_channel(address, self.limit, calls.tls)
             self._stub = pb_grpc.SplitTrainServiceStub(self._channel)
         except BaseException:
             self._channel.close()

@@ -1,6 +1,26 @@
-"""The edge server of split training (:class:`TrainServer`): trains the chain elements after
-the device's cut, over gRPC, for one session at a time
-(:mod:`~edgesplit.train.remote.sessions`).
+"""The edge server of split training: :func:`training_server` puts a :class:`TrainHandler`,
+which trains the chain elements after the device's cut, in a
+:class:`~edgesplit.runtime.shell.ServingShell` serving the SplitTrainService
+(``train/proto``): the shell checks each call's token (throttled), serves TLS, holds a worker
+slot per call, maps failures to statuses, says its health and drains on stop, as for every
+other server.
+
+It serves gRPC alone, without the shell's data plane: a training request is a protobuf message
+of per-layer states that frames would need a codec of their own for, a round's time is two
+forward and backward passes and the emulated link's, not the fraction of a millisecond gRPC
+adds to a call, and the device counts a round's bytes as those messages' sizes
+(:class:`~edgesplit.train.remote.client.RoundStats`).
+
+**One session at a time.** The server trains one model for one device at a time, its session
+kept in a :class:`~edgesplit.runtime.sessions.SessionTable` of one that evicts nothing.
+``Hello`` starts a session from the initial model and returns its id, which every later
+request carries; a request with another id fails with FAILED_PRECONDITION (the message says
+why: closed, taken over, or unknown). While a session is open, another ``Hello`` is refused,
+unless it sets ``take_over`` (the same device restarting after a crash: its half of the model
+is lost, so it starts over) or the open session has been idle for ``session_timeout_s``; the
+server then ends it, and tells its device why when it comes back. A device that only lost the
+connection keeps its session and goes on. Closing ends the session. What a session keeps so
+that nothing is applied twice is :class:`~edgesplit.train.remote.sessions.TrainSession`'s.
 
 **Requests are checked before anything changes.** The server knows what crosses each cut
 (shape and dtype per sample, from a forward pass at start-up), the number of classes, a batch
@@ -17,17 +37,23 @@ from __future__ import annotations
 
 import copy
 import logging
+import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import grpc
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesplit.errors import ConfigError
+from edgesplit.errors import ConfigError, option
 from edgesplit.quant.wire import encode_tensor
+from edgesplit.runtime.options import ServeOptions
+from edgesplit.runtime.sessions import SessionTable
+from edgesplit.runtime.shell import AddServicer, ServingShell, WorkerSlots
 from edgesplit.train.proto import edgesplit_train_pb2 as pb
 from edgesplit.train.proto import edgesplit_train_pb2_grpc as pb_grpc
 from edgesplit.train.remote.protocol import (
@@ -44,106 +70,146 @@ from edgesplit.train.remote.protocol import (
     train_message_bytes,
 )
 from edgesplit.train.remote.replica import Replica, Snapshot
-from edgesplit.train.remote.sessions import (
-    SESSION_TIMEOUT_S,
-    TrainSession,
-    TrainSessions,
-    request_digest,
-)
+from edgesplit.train.remote.sessions import SESSION_TIMEOUT_S, TrainSession, request_digest
 from edgesplit.train.trainable import TrainModelSpec
-from edgesplit.transport import BadRequest, GrpcServer, TlsFiles, answer, invalid
+from edgesplit.transport import BadRequest, invalid
 
-__all__ = ["TrainServer", "serve_training", "untrained_model"]
+__all__ = ["DEFAULT_WORKERS", "TrainHandler", "serve_training", "training_server",
+           "untrained_model"]
 
 log = logging.getLogger(__name__)
 
-
-# ---- server --------------------------------------------------------------------------------
-def _failure(exc: Exception) -> str:
-    log.exception("training server failed on a request")
-    return f"training server failed: {type(exc).__name__}: {exc}"
+DEFAULT_WORKERS = 4  # calls a training server serves at once unless told otherwise
+_ENDED_KEPT = 32  # ended sessions remembered, to tell their devices why
+SERVER = "training server"  # how its errors name it
 
 
-class _Servicer(pb_grpc.SplitTrainServiceServicer):
-    def __init__(self, server: TrainServer) -> None:
-        self.s = server
-
-    def _handle(self, handler, request, context):
-        self.s.check_token(context)
-        return answer(context, lambda: handler(request), _failure)
-
-    def Hello(self, request, context):
-        return self._handle(lambda req: self.s.hello(req, context.peer()), request, context)
-
-    def Step(self, request, context):
-        return self._handle(self.s.step, request, context)
-
-    def Sync(self, request, context):
-        return self._handle(self.s.sync, request, context)
-
-    def Fetch(self, request, context):
-        return self._handle(self.s.fetch, request, context)
-
-    def Close(self, request, context):
-        return self._handle(self.s.close_session, request, context)
-
-    def Undo(self, request, context):
-        return self._handle(self.s.undo, request, context)
-
-
-class TrainServer(GrpcServer):
-    """The edge server of split training: trains the chain elements after the device's cut.
+def training_server(chain_factory: Callable[[], nn.Module] | nn.Module, *, lr: float,
+                    momentum: float = 0.0, seed: int, sample_shape: Sequence[int],
+                    max_batch: int = DEFAULT_MAX_BATCH,
+                    session_timeout_s: float = SESSION_TIMEOUT_S,
+                    options: ServeOptions | None = None) -> ServingShell[TrainHandler]:
+    """The edge server of split training, not started, served as ``options`` say (a token,
+    TLS; at most ``DEFAULT_WORKERS`` calls at once unless they say otherwise; no data plane,
+    see the module docstring).
 
     ``chain_factory`` is called after ``torch.manual_seed(seed)`` (a module is deep-copied
     instead), exactly as the device builds its model, so both start from identical weights.
     ``sample_shape`` is one input sample's shape (no batch dimension): with it the server
-    knows what every cut sends, and sizes its message limit for ``max_batch`` samples.
-    """
+    knows what every cut sends, and sizes its message limit for ``max_batch`` samples. An
+    open session may be taken by another device once idle for ``session_timeout_s``."""
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ConfigError(f"max_batch must be a whole number of samples >= 1, got "
+                          f"{max_batch!r}")
+    if not session_timeout_s > 0:
+        raise ConfigError(f"session_timeout_s must be > 0 seconds, got {session_timeout_s}")
+    options = replace(options or ServeOptions(), data_port=None)
+    torch.manual_seed(seed)
+    model = copy.deepcopy(chain_factory) if isinstance(chain_factory, nn.Module) \
+        else chain_factory()
+    handler = TrainHandler(model, lr=lr, momentum=momentum, seed=seed,
+                           sample_shape=sample_shape, max_batch=max_batch,
+                           session_timeout_s=float(session_timeout_s))
+    slots = WorkerSlots(options.workers(DEFAULT_WORKERS), SERVER,
+                        f"{option('max_workers')} requests", options.next_timeout_s)
+    return ServingShell(handler, options, limit=handler.limit, slots=slots,
+                        service=_train_service)
 
-    def __init__(self, chain_factory: Callable[[], nn.Module] | nn.Module, *, lr: float,
-                 momentum: float = 0.0, seed: int, sample_shape: Sequence[int],
-                 max_batch: int = DEFAULT_MAX_BATCH,
-                 session_timeout_s: float = SESSION_TIMEOUT_S, token: str | None = None,
-                 tls: TlsFiles | None = None, max_workers: int = 4) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ConfigError(f"max_batch must be a whole number of samples >= 1, got "
-                              f"{max_batch!r}")
-        if not session_timeout_s > 0:
-            raise ConfigError(f"session_timeout_s must be > 0 seconds, got {session_timeout_s}")
-        torch.manual_seed(seed)
-        model = copy.deepcopy(chain_factory) if isinstance(chain_factory, nn.Module) \
-            else chain_factory()
+
+def _train_service(shell: ServingShell[TrainHandler]) -> AddServicer:
+    servicer = _Servicer(shell)
+    return lambda server: pb_grpc.add_SplitTrainServiceServicer_to_server(servicer, server)
+
+
+class _Servicer(pb_grpc.SplitTrainServiceServicer):
+    """The SplitTrainService of ``shell``, answered by its :class:`TrainHandler`, each call
+    through :meth:`~edgesplit.runtime.shell.ServingShell.serve_call`."""
+
+    def __init__(self, shell: ServingShell[TrainHandler]) -> None:
+        self.call, self.handler = shell.serve_call, shell.handler
+
+    def Hello(self, request, context):
+        return self.call(context, lambda: self.handler.hello(request, context.peer()))
+
+    def Step(self, request, context):
+        return self.call(context, lambda: self.handler.step(request))
+
+    def Sync(self, request, context):
+        return self.call(context, lambda: self.handler.sync(request))
+
+    def Fetch(self, request, context):
+        return self.call(context, lambda: self.handler.fetch(request))
+
+    def Close(self, request, context):
+        return self.call(context, lambda: self.handler.close_session(request))
+
+    def Undo(self, request, context):
+        return self.call(context, lambda: self.handler.undo(request))
+
+
+class TrainHandler:
+    """What a training server's shell serves: the chain elements of ``model`` after the
+    device's cut, trained by SGD (``lr``, ``momentum``) from its initial weights (built with
+    ``seed``) in every new session; ``sample_shape``, ``max_batch`` and
+    ``session_timeout_s`` as :func:`training_server` says. Its lock guards the model and the
+    session together: a request changes both."""
+
+    def __init__(self, model: nn.Module, *, lr: float, momentum: float, seed: int,
+                 sample_shape: Sequence[int], max_batch: int,
+                 session_timeout_s: float) -> None:
         self.lr, self.momentum, self.seed = lr, momentum, seed
-        self.max_batch = max_batch
-        self.token, self.tls = token, tls
+        self.max_batch, self.session_timeout_s = max_batch, session_timeout_s
         self._init_state = copy.deepcopy(model.state_dict())
         self.replica = Replica(model, lr, momentum, seed)
         self.fingerprint = model_fingerprint(self.replica.chain)
         self.shapes = chain_shapes(self.replica.chain, sample_shape)
         self.limit = train_message_bytes(self.replica.chain, self.shapes, max_batch)
         self.lock = threading.Lock()
-        self.sessions = TrainSessions(float(session_timeout_s))
-        self._init_grpc(lambda server: pb_grpc.add_SplitTrainServiceServicer_to_server(
-            _Servicer(self), server), self.limit, max_workers)
+        # one session, never evicted: the server ends it (and says why) or its device does
+        self.sessions: SessionTable[TrainSession] = SessionTable(
+            1, device=SERVER, holds="training sessions", evictable=lambda entry: False)
+        self._ended: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended
 
-    # ---- sessions ------------------------------------------------------------------------------
+    # ---- the shell's handler -------------------------------------------------------------
+    def failure(self, exc: BaseException) -> str:
+        log.exception("training server failed on a request")
+        return f"training server failed: {type(exc).__name__}: {exc}"
+
+    def started(self, serving: Callable[[bool], None]) -> None:
+        """Nothing to start: the server's health is its own."""
+
+    def refuse(self) -> None:
+        """Nothing waits but for the shell's slots."""
+
+    def drain(self, timeout: float) -> None:
+        """Nothing waits but for the shell's slots."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    # ---- sessions ------------------------------------------------------------------------
+    @property
+    def current(self) -> TrainSession | None:
+        """The open session (None: none)."""
+        return next(iter(self.sessions.values()), None)
+
     def hello(self, req: pb.HelloRequest, peer: str = "?") -> pb.HelloReply:
         """Check that the device starts from the same model, then start a fresh session (see
-        :mod:`~edgesplit.train.remote.sessions` for when an open session is taken over)."""
+        the module docstring for when an open session is taken over)."""
         n = len(self.replica.chain)
         if req.version != PROTOCOL_VERSION:
             raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"protocol version mismatch: server {PROTOCOL_VERSION}, device "
-                              f"{req.version}; run the same edgesplit version on both sides")
+                             f"protocol version mismatch: server {PROTOCOL_VERSION}, device "
+                             f"{req.version}; run the same edgesplit version on both sides")
         if req.model_fingerprint != self.fingerprint or req.chain_length != n:
             raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"model mismatch: the server's initial model has fingerprint "
-                              f"{self.fingerprint[:12]} ({n} chain elements, seed {self.seed}), "
-                              f"the device's {req.model_fingerprint[:12]} ({req.chain_length} "
-                              f"elements, seed {req.seed}); build both sides from the same "
-                              "model and seed")
+                             f"model mismatch: the server's initial model has fingerprint "
+                             f"{self.fingerprint[:12]} ({n} chain elements, seed {self.seed}), "
+                             f"the device's {req.model_fingerprint[:12]} ({req.chain_length} "
+                             f"elements, seed {req.seed}); build both sides from the same "
+                             "model and seed")
         with self.lock:
-            session = self.sessions.start(peer, req.take_over)
+            session = self._start(peer, req.take_over)
             self.replica.model.load_state_dict(self._init_state)
             self.replica = Replica(self.replica.model, self.lr, self.momentum, self.seed)
             log.info("training session %s started for %s (%d chain elements)",
@@ -152,12 +218,59 @@ class TrainServer(GrpcServer):
                                  version=PROTOCOL_VERSION, seed=self.seed,
                                  session_id=session.id, max_message_bytes=self.limit,
                                  max_batch=self.max_batch, classes=self.shapes.classes,
-                                 session_timeout_s=self.sessions.timeout_s)
+                                 session_timeout_s=self.session_timeout_s)
 
     def close_session(self, req: pb.CloseRequest) -> pb.CloseReply:
         """End the session ``req`` names, if it is the open one (closing twice is fine)."""
         with self.lock:
-            return pb.CloseReply(closed=self.sessions.close(req.session_id))
+            current = self.current
+            if current is None or req.session_id != current.id:
+                return pb.CloseReply(closed=False)
+            self._end(current, "closed by its device")
+            return pb.CloseReply(closed=True)
+
+    def _start(self, peer: str, take_over: bool) -> TrainSession:
+        """A new session for ``peer``, ending the open one if ``take_over`` or if it has been
+        idle for the session timeout; refused (FAILED_PRECONDITION) otherwise."""
+        current = self.current
+        if current is not None:
+            idle, timeout = self.sessions.idle_s(current.id), self.session_timeout_s
+            if not take_over and idle < timeout:
+                raise BadRequest(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"the server is training another session (device {current.peer}, last "
+                    f"request {idle:.0f} s ago; sessions expire after {timeout:g} s idle): "
+                    "wait for it to finish, or, if it is yours and that device restarted, "
+                    f"take it over ({option('take_over', True)}; the session's training is "
+                    "lost)")
+            self._end(current, f"taken over by device {peer}" if take_over else
+                      f"expired after {idle:.0f} s idle and was taken by device {peer}")
+        session = TrainSession(secrets.token_hex(16), peer)
+        self.sessions.get_or_open(session.id, None, lambda: session)
+        return session
+
+    def _require(self, session_id: str) -> TrainSession:
+        """The open session, if the request names it (and now its last request), else
+        refused with why."""
+        session = self.sessions.use(session_id) if session_id else None
+        if session is not None:
+            return session
+        if not session_id:
+            why = "the request names no training session: the device must call Hello first"
+        elif session_id in self._ended:
+            why = (f"training session {session_id[:8]} has ended ({self._ended[session_id]}); "
+                   "start a new session (its training is lost)")
+        else:
+            why = (f"unknown training session {session_id[:8]} (did the server restart?); "
+                   "start a new session")
+        raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION, why)
+
+    def _end(self, session: TrainSession, why: str) -> None:
+        self.sessions.end(session.id)
+        self._ended[session.id] = why
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+        log.info("training session %s ended: %s", session.id[:8], why)
 
     # ---- training --------------------------------------------------------------------------
     def step(self, req: pb.StepRequest) -> pb.StepReply:
@@ -171,13 +284,13 @@ class TrainServer(GrpcServer):
                            f"the cut, so it must be -1 to {n - 2} (cut {n - 1} is pure "
                            "on-device training and sends nothing)")
         with self.lock:  # a device whose session ended hears that first, not about its data
-            first = self.sessions.require(req.session_id).repeat("Step", req.seq, digest)
+            first = self._require(req.session_id).repeat("Step", req.seq, digest)
         if first is not None:
             return first
         act, y = self._read_batch(req, cut)  # outside the lock: decoding takes time
         act.requires_grad_(cut >= 0)
         with self.lock:
-            session = self.sessions.require(req.session_id)
+            session = self._require(req.session_id)
             first = session.repeat("Step", req.seq, digest)  # a repeat sent meanwhile
             if first is not None:
                 return first
@@ -261,7 +374,7 @@ class TrainServer(GrpcServer):
             raise invalid(f"sync of {indices} sends no state for elements {missing}: send a "
                            "LayerState (possibly empty) for every element it merges")
         with self.lock:
-            session = self.sessions.require(req.session_id)
+            session = self._require(req.session_id)
             first = session.repeat("Sync", req.seq, digest)
             if first is not None:
                 return first
@@ -287,7 +400,7 @@ class TrainServer(GrpcServer):
         use: parameters, momentum, buffers and the trained set return to before it."""
         digest = request_digest("Undo", req)
         with self.lock:
-            session = self.sessions.require(req.session_id)
+            session = self._require(req.session_id)
             first = session.repeat("Undo", req.seq, digest)
             if first is not None:
                 return first
@@ -307,7 +420,7 @@ class TrainServer(GrpcServer):
         indices = self._indices(req.indices)
         reply = pb.FetchReply()
         with self.lock:
-            self.sessions.require(req.session_id)
+            self._require(req.session_id)
             for i in indices:
                 module = self.replica.chain[i]
                 params = {n: p.detach() for n, p in module.named_parameters()}
@@ -325,23 +438,22 @@ def untrained_model(name: str | TrainModelSpec, seed: int) -> nn.Module:
 
 
 def serve_training(model: str, *, lr: float, momentum: float = 0.0, seed: int = 0,
-                   host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                   tls: TlsFiles | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                   host: str = "127.0.0.1", port: int = 0, options: ServeOptions | None = None,
+                   max_batch: int = DEFAULT_MAX_BATCH,
                    session_timeout_s: float = SESSION_TIMEOUT_S,
                    on_ready: Callable[[int], None] | None = None) -> None:
     """Serve split training of the model spec ``model`` (untrained, or pretrained with a fresh
-    classifier, built with ``seed``) until SIGINT/SIGTERM; ``on_ready`` gets the port once
-    listening."""
+    classifier, built with ``seed``) on host:port as ``options`` say until SIGINT/SIGTERM;
+    ``on_ready`` gets the port once listening."""
     from edgesplit.transport import serve_forever
 
     spec = TrainModelSpec.parse(model)
     untrained_model(spec, seed)  # fail fast on an unknown name or option
-    server = TrainServer(lambda: untrained_model(spec, seed), lr=lr, momentum=momentum,
-                         seed=seed, sample_shape=spec.sample_shape, max_batch=max_batch,
-                         session_timeout_s=session_timeout_s, token=token, tls=tls)
+    server = training_server(lambda: untrained_model(spec, seed), lr=lr, momentum=momentum,
+                             seed=seed, sample_shape=spec.sample_shape, max_batch=max_batch,
+                             session_timeout_s=session_timeout_s, options=options)
     bound = server.start(host, port)
     log.info("split-training server for %s listening on %s:%d", model, host, bound)
     if on_ready is not None:
         on_ready(bound)
     serve_forever(server)
-
