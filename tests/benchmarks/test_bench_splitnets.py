@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edgesplit.nas.splitnets import get_split_space
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_nas_splitnets.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_nas_splitnets.py"
 
 
 def _bench():

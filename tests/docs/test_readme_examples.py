@@ -58,7 +58,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # A hang guard only: the commands take seconds to a minute; nothing here is a timing check.
 HANG_S = 600
@@ -224,7 +224,7 @@ def plan_block(block: Block) -> Run:
                 exits[id(c)] = int(args[0])
         else:
             raise ValueError(f"unknown readme-test marker '{directive}' (see the docstring of "
-                             "tests/test_readme_examples.py)")
+                             "tests/docs/test_readme_examples.py)")
     run.skip = run.skip or missing
     if run.skip is not None:
         return run

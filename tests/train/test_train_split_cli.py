@@ -15,7 +15,8 @@ DROP_AT = 38  # half-way through one epoch of 75 rounds of 16
 # Which cut L2S prefers depends on measured delays, i.e. on this machine's speed relative to
 # the emulated link, so this end-to-end run asserts only what holds on any machine; that L2S
 # moves the cut when the bandwidth drops is tested with injected delays in
-# tests/test_train_remote.py (test_l2s_moves_the_cut_when_the_bandwidth_drops_with_injected_delays).
+# tests/train/test_train_remote.py
+# (test_l2s_moves_the_cut_when_the_bandwidth_drops_with_injected_delays).
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -44,7 +44,7 @@ from import_graph import (
     where,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "edgesplit"
 
 # package -> the packages it may import; lowest first. Only edges the code uses (the test

@@ -276,7 +276,7 @@ def test_the_throttle_lets_a_host_fail_a_burst_then_once_an_interval():
 
 def test_a_host_that_guesses_is_refused_unchecked_and_others_are_not():
     # keyed by host alone (spread=1), as every throttle was before issue 55; the default's
-    # buckets per token are tests/test_fair_sharing.py's
+    # buckets per token are tests/runtime/test_fair_sharing.py's
     throttle = AuthThrottle(burst=2, interval_s=3600, spread=1)
     with _server(token=TOKEN, throttle=throttle) as server:
         for _ in range(2):

@@ -1,7 +1,7 @@
 """Issue 55, item 4: rough edges a new user hit. A YAML file with a syntax error is named with
 its line and column, a stage that cannot be reached (or refuses the token) is one line of
 stderr, and `llm generate --json` carries the text with the token ids. (Plans that run from
-another folder: tests/test_plan_paths.py.)"""
+another folder: tests/plan/test_plan_paths.py.)"""
 
 from __future__ import annotations
 

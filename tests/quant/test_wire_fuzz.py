@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fuzz_wire.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_wire.py"
 
 
 @pytest.fixture(scope="module")

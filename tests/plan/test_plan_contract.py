@@ -121,7 +121,7 @@ def test_every_planner_keeps_the_plan_contract(name, spec, data):
 
 def test_mesh_plans_run_and_the_chain_method_still_gives_a_chain():
     """Issue 39: a mesh plan of the planner's shape runs (it was a prediction only)."""
-    from test_mesh import TwoHeads, _mesh
+    from mesh_models import TwoHeads, _mesh
 
     problem = PlanningProblem(TwoHeads(), _mesh(2.0, 1.0, rtt_ms=0.0),
                               example_inputs=torch.randn(1, 3, 16, 16))

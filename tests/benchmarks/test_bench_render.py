@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BENCHES = {"nas_jmsnas": ("nas_jmsnas_fig5.png", "nas_jmsnas_fig6.png"),

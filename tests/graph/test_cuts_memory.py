@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from torch import nn
 
-from dag_models import SpecDAG, dag_specs, example_input
+from dag_models import InvertedResidual, SpecDAG, dag_specs, example_input
 from edgesplit.errors import GraphError
 from edgesplit.graph import INPUT, LayerGraph, capture, prefix_peak_memory
 
@@ -97,22 +97,6 @@ def test_topological_cuts_match_prefix_brute_force(spec):
         prefix = {layer.name for layer in graph.layers[: cut.index + 1]}
         assert {t.name for t in cut.tensors} == _fx_crossing(graph, prefix)
         assert cut.bytes == sum(t.bytes for t in cut.tensors)
-
-
-class InvertedResidual(nn.Module):
-    """A stem conv and a MobileNetV2 block whose skip connection keeps the stem's output alive
-    while the depthwise conv runs (AUTO-SPLIT Fig. 4)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 4, 3, padding=1)
-        self.expand = nn.Conv2d(4, 8, 1)
-        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
-        self.project = nn.Conv2d(8, 4, 1)
-
-    def forward(self, x):
-        a = self.stem(x)
-        return self.project(torch.relu(self.dw(torch.relu(self.expand(a))))) + a
 
 
 @pytest.fixture(scope="module")

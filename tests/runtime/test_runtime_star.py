@@ -164,9 +164,9 @@ def test_inputs_born_on_the_first_device_make_no_star(graph, model_file):
 
 
 def test_a_planned_mesh_is_no_star_but_runs_as_a_mesh():
-    """Issue 39: a mesh of the planner's shape now runs (tests/test_runtime_mesh.py)."""
+    """Issue 39: a mesh of the planner's shape now runs (tests/runtime/test_runtime_mesh.py)."""
     from edgesplit.plan import PlanningProblem, get_planner
-    from test_mesh import TwoHeads, _mesh
+    from mesh_models import TwoHeads, _mesh
 
     problem = PlanningProblem(TwoHeads(), _mesh(2.0, 1.0, rtt_ms=0.0),
                               example_inputs=torch.randn(1, 3, 16, 16))

@@ -33,7 +33,7 @@ from edgesplit.quant import (
 )
 from edgesplit.quant.wire import PlainCodec
 
-SPEC = Path(__file__).resolve().parents[1] / "docs" / "wire-format.md"
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 
 
 @settings(max_examples=200, deadline=None)

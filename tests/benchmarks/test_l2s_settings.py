@@ -14,7 +14,7 @@ from edgesplit.hardware import get_device, get_link
 from edgesplit.train.l2s import oracle_cut
 from edgesplit.train.simulator import BandwidthTrace, training_costs
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_l2s.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_l2s.py"
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.shell import ServingShell
 from helpers import server_for
-from test_mesh import TwoHeads, _device, _mesh
+from mesh_models import TwoHeads, _device, _mesh
 
 TOL = 1e-5
 BRANCHES = ("b0", "b1")
