@@ -6,6 +6,7 @@ find that one; conftest.py files hold fixtures only."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from edgesplit.graph import LayerGraph, capture
@@ -149,3 +150,27 @@ def server_for(plan, device: str, **options):
     from edgesplit.llm.stage.server import llm_stage_server
 
     return llm_stage_server(plan, device, shell, **options)
+
+
+def free_port() -> int:
+    """A free port on 127.0.0.1 below the kernel's ephemeral range, for a server that binds it
+    later (a subprocess's ``--port``) or an address where nobody listens: a port-0 socket (a
+    server's data plane, a client) cannot take it between this choice and its use."""
+    import random
+    import socket
+    from pathlib import Path
+
+    low = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pick = random.SystemRandom()
+    for _ in range(100):
+        port = pick.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 10000-{low}")
+

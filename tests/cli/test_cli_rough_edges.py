@@ -6,7 +6,6 @@ another folder: tests/plan/test_plan_paths.py.)"""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from edgesplit.hardware import chain, get_topology
 from edgesplit.hardware.files import load_device, load_link, load_topology
 from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import causal_lm_config
-from helpers import server_for
+from helpers import free_port, server_for
 
 runner = CliRunner()
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "split the model over devices"]
@@ -34,10 +33,8 @@ def _edgesplit(*args: str) -> subprocess.CompletedProcess:
 
 
 def _dead_address() -> str:
-    """An address where nothing listens (a port just freed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    """An address where nothing listens (a free port)."""
+    return f"127.0.0.1:{free_port()}"
 
 
 # ---- b. YAML syntax errors name the line and column --------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from edgesplit.nas.jmsnas.run import run_jmsnas
 from edgesplit.plan import load_plan
 from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.program import PlanProgram
+from helpers import free_port
 
 TOPOLOGY = get_topology("jmsnas-chain")
 DEVICES = tuple(TOPOLOGY.chain_order())  # ue, sbs, mbs, cloud
@@ -99,12 +99,6 @@ def test_the_faster_plan_is_kept_and_a_tie_keeps_the_searchs_own(relayed, tmp_pa
 
 
 # ---- a searched network over real processes ------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _serve(plan: Path, device: str, port: int, next_hop: str | None, log: Path
            ) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "edgesplit.cli", "serve", str(plan), "--device", device,
@@ -149,7 +143,7 @@ def test_a_searched_network_runs_split_over_processes_equal_to_unsplit(searched,
     assert run.summary()["plans"]["own"]["devices"] == dict(zip(DEVICES, UNIT_LAYERS,
                                                                  strict=True))
     program = PlanProgram.load(plan)
-    ports = {d: _free_port() for d in DEVICES[1:]}
+    ports = {d: free_port() for d in DEVICES[1:]}
     procs = []
     try:
         for k, device in enumerate(DEVICES[1:], start=1):  # all start at once: start-up is slow

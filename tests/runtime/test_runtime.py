@@ -30,7 +30,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +53,7 @@ from edgesplit.runtime.planned import max_message_bytes
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.session import run_requests
-from helpers import server_for
+from helpers import free_port, server_for
 
 MODEL = "digits_cnn"
 INPUT_SHAPE = (1, 1, 32, 32)
@@ -273,12 +272,6 @@ def servers(plans, tmp_path_factory):
         registry.kill_all()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _inputs(n: int, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(*INPUT_SHAPE, generator=g) for _ in range(n)]
@@ -330,7 +323,7 @@ def test_three_device_chain_equals_unsplit_model_and_retries_wait_for_its_hub(se
     back. The hub comes up while a client with --retries is already calling it."""
     program = programs["topo"]
     last = servers["topo-server"]
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     done: dict = {}
 
     def early_client() -> None:

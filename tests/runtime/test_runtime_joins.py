@@ -25,12 +25,11 @@ from edgesplit.errors import RemoteError
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.star import StarClient
-from helpers import server_for
+from helpers import free_port, server_for
 from test_runtime import ServerProc
 from test_runtime_star import (  # noqa: F401 - fixtures
     SENSORS,
     TOL,
-    _free_port,
     _views,
     graph,
     model_file,
@@ -229,7 +228,7 @@ def test_cli_serves_a_batching_sink_and_runs_the_star_over_the_data_plane(plan, 
                                                                           tmp_path):
     path = tmp_path / "star.json"
     plan.save(path)
-    port = _free_port()
+    port = free_port()
     aggregator = _Recorded(path, "aggregator", "--no-shape", "--max-batch", "4",
                            log_dir=tmp_path, port=port)
     sensors = {}

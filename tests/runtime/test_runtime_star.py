@@ -40,7 +40,7 @@ from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.star import JOIN_KEY, StarClient, star_link
-from helpers import Relay, server_for
+from helpers import Relay, free_port, server_for
 
 VIEWS, D = 3, 4
 SENSORS = [f"sensor{v}" for v in range(VIEWS)]
@@ -567,21 +567,13 @@ def test_a_source_down_fails_the_request_naming_it(program):
     """sensor2's address has no server: the request fails at once, naming that source (the
     other sources' calls wait at the sink until its join timeout)."""
     star = Star(program, join_timeout_s=1)
-    addresses = {**star.channels, "sensor2": f"127.0.0.1:{_free_port()}"}
+    addresses = {**star.channels, "sensor2": f"127.0.0.1:{free_port()}"}
     with StarClient(program, addresses, timeout_s=5) as client:
         with pytest.raises(RemoteError, match=r"source sensor2: server .* is unavailable"):
             client.check_plan()
         client._plan_checked = True  # the request itself must name the source too
         with pytest.raises(RemoteError, match=r"source sensor2: server .* is unavailable"):
             client.request(_views(6))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nobody listens there once the socket is closed
 
 
 # ---- real processes -------------------------------------------------------------------------
@@ -608,7 +600,7 @@ def test_star_served_by_processes_equals_the_unsplit_model(plan, program, tmp_pa
     path = tmp_path / "star.json"
     plan.save(path)
     assert load_plan(path).shape == "star"
-    port = _free_port()  # the sensors start beside the aggregator, pointed at its port
+    port = free_port()  # the sensors start beside the aggregator, pointed at its port
     aggregator = ServerProc(path, "aggregator", "--no-shape", log_dir=tmp_path, port=port)
     sensors = {}
     try:
