@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
+from collections.abc import Callable
 
 from edgesplit.graph import LayerGraph, capture
 
@@ -173,4 +175,17 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in 10000-{low}")
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0,
+               interval_s: float = 0.01) -> bool:
+    """Whether ``predicate()`` holds within ``timeout_s``, polled every ``interval_s`` (no guess
+    at this machine's speed): true as soon as it does, else its value at the deadline. The test
+    asserts it, with its own message: ``assert wait_until(lambda: server.idle), "..."``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(interval_s)
+    return True
 

@@ -39,7 +39,7 @@ from edgesplit.transport.frames import (
 )
 from edgesplit.transport.frames.codec import _Inbox
 from edgesplit.transport.limits import ConnectionLimits
-from helpers import server_for
+from helpers import server_for, wait_until
 
 pytestmark = pytest.mark.xdist_group("runtime")
 TOKEN = "s3cret"
@@ -102,15 +102,6 @@ def _hung_up(sock: socket.socket, within_s: float = 10.0, trickle: bytes = b"") 
     return False
 
 
-def _soon(condition, within_s: float = 10.0) -> bool:
-    end = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 # ---- 1. authenticate before allocating; grow with what arrived; a bounded budget -----------
 def test_a_wrong_token_is_refused_before_the_declared_payload_is_allocated():
     with _server(token=TOKEN) as server, _connect(server) as sock:
@@ -146,7 +137,7 @@ def test_frames_still_arriving_share_one_budget_and_the_next_is_refused():
     with _server(limits=limits, token=TOKEN) as server, _connect(server) as first, \
             _connect(server) as second:
         first.sendall(_head(_meta(), 4 * MiB) + b"x" * 300_000)  # then stalls
-        assert _soon(lambda: server.budget.held >= 300_000)
+        assert wait_until(lambda: server.budget.held >= 300_000)
         assert server.budget.held <= 2 * 300_000 + 64 * 1024
         second.sendall(_head(_meta(), 4 * MiB) + b"y" * 300_000)
         answer = _answer(second)
@@ -154,7 +145,7 @@ def test_frames_still_arriving_share_one_budget_and_the_next_is_refused():
         assert "still arriving" in answer.meta["details"] and answer.meta["unserved"] is True
         assert server.budget.peak <= limits.pending_bytes
         first.close()
-        assert _soon(lambda: server.budget.held == 0)  # a closed frame gives its share back
+        assert wait_until(lambda: server.budget.held == 0)  # a closed frame gives its share back
 
 
 def test_a_whole_frame_is_answered_and_its_kept_buffer_leaves_the_budget():
@@ -171,7 +162,7 @@ def test_a_connection_that_does_not_authenticate_in_time_is_closed():
     limits = ConnectionLimits(hello_s=0.2, idle_s=300)
     with _server(limits=limits, token=TOKEN) as server, _connect(server) as sock:
         assert _hung_up(sock)
-        assert _soon(lambda: not server._conns)  # its slot is free again
+        assert wait_until(lambda: not server._conns)  # its slot is free again
 
 
 def test_a_trickling_frame_is_cut_off_at_its_deadline():
@@ -253,7 +244,7 @@ def test_a_kept_connection_the_server_closed_is_replaced(digits_chain):
     try:
         with ChainClient(digits_chain, address, shape=False, data_plane="tcp") as client:
             client.request()
-            assert _soon(lambda: not server._frames._conns)  # closed as idle
+            assert wait_until(lambda: not server._frames._conns)  # closed as idle
             client.request()  # on a new connection, still over the data plane
     finally:
         server.stop(0)

@@ -31,7 +31,7 @@ from edgesplit.runtime.shell import ServingShell
 from edgesplit.runtime.star import JOIN_KEY
 from edgesplit.transport.auth import AuthThrottle, bearer_metadata
 from edgesplit.transport.frames import REPLY
-from helpers import Relay, server_for
+from helpers import Relay, server_for, wait_until
 from test_dataplane_limits import _answer, _connect, _head, _meta, _server
 from test_runtime_star import (  # noqa: F401 - fixtures
     SENSORS,
@@ -39,7 +39,6 @@ from test_runtime_star import (  # noqa: F401 - fixtures
     _call,
     _in_background,
     _sent,
-    _until,
     _views,
     graph,
     model_file,
@@ -65,7 +64,8 @@ def _flood(sink: ServingShell, channels: list[grpc.Channel], bundle: pb.Bundle, 
     calls = [pb_grpc.PartitionServiceStub(channel).Run.future(
         bundle, timeout=60, metadata=[(JOIN_KEY, f"flood{c}-{i}")])
         for c, channel in enumerate(channels) for i in range(each)]
-    _until(lambda: sum(call.done() for call in calls) + sink.handler.join.parked == len(calls))
+    assert wait_until(
+        lambda: sum(call.done() for call in calls) + sink.handler.join.parked == len(calls))
     return calls
 
 
@@ -123,7 +123,7 @@ def _park_or_refuse(sink: ServingShell, channel, bundle: pb.Bundle, key: str) ->
     before, box = sink.handler.join.parked, []
     threading.Thread(target=lambda: box.append(_call_outcome(channel, bundle, key)),
                      daemon=True).start()
-    _until(lambda: sink.handler.join.parked > before or box)
+    assert wait_until(lambda: sink.handler.join.parked > before or box)
     return "parked" if not box else box[0].code().name
 
 
@@ -164,7 +164,7 @@ def test_a_flood_on_a_sources_host_fails_only_the_requests_that_source_opens(pro
         assert _park_or_refuse(sink, hosts["sensor0"], sent["sensor0"], "from-sensor0") == \
             "RESOURCE_EXHAUSTED"
         opened = [_in_background(_call, hosts["sensor1"], sent["sensor1"], "opened", 30)]
-        _until(lambda: sink.handler.join.pending == 5)
+        assert wait_until(lambda: sink.handler.join.pending == 5)
         opened += [_in_background(_call, hosts[s], sent[s], "opened", 30)
                    for s in ("sensor0", "sensor2")]
         want = program.unsplit(xs)[0]

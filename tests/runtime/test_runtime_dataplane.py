@@ -33,7 +33,7 @@ from edgesplit.runtime.planned import SESSION_KEY, max_message_bytes
 from edgesplit.runtime.shell import ServingShell
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
-from helpers import self_signed, server_for
+from helpers import self_signed, server_for, wait_until
 from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
 
 pytestmark = pytest.mark.xdist_group("runtime")
@@ -107,16 +107,6 @@ def test_one_client_shared_by_threads_gets_every_reply_matched(program, served):
     assert server.handler.batcher.batches_run > before  # concurrent requests really were batched
 
 
-def _soon(condition, within_s: float = 10.0) -> bool:
-    """Whether ``condition()`` holds within ``within_s`` (polled: no machine-speed guess)."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 @contextlib.contextmanager
 def _batcher_held(server: ServingShell):
     """The batcher busy (its compute lock held): calls that arrive meanwhile are queued and
@@ -143,7 +133,7 @@ def test_calls_queued_for_a_batch_are_answered_by_the_worker_even_when_pipelined
             for k in (3, 4):
                 write_frame(sock, _call(program, _good(program, k), request_id=100 + k))
             # both read, waiting on the held batcher (one in its worker's hand)
-            assert _soon(lambda: server._frames._busy == 2)
+            assert wait_until(lambda: server._frames._busy == 2)
             assert server.handler.batcher._queue.qsize() >= 1
         answers = {}
         inbox = _Inbox()
@@ -170,7 +160,7 @@ def test_a_queued_call_whose_deadline_passes_is_answered_without_computing(progr
     with socket.create_connection(("127.0.0.1", server.data_port)) as sock:
         with _batcher_held(server):
             write_frame(sock, call)
-            assert _soon(lambda: server._frames._busy == 1)  # it waits for the batch
+            assert wait_until(lambda: server._frames._busy == 1)  # it waits for the batch
             time.sleep(0.5)  # more than its 0.3 s: the deadline has passed
         answer = read_frame(sock, _Inbox(), 1 << 22)
     assert answer.kind == FAILED and answer.request_id == 60
@@ -203,7 +193,7 @@ def test_a_queued_call_that_fails_is_answered_as_the_synchronous_path_would(prog
                     (_batcher_held(server) if held else contextlib.nullcontext()):
                 future = pool.submit(frames.call, _call(program, _good(program), 30 + held), 10)
                 if held:  # once it waits for the batch, let the worker run it
-                    assert _soon(lambda: server._frames._busy == 1)
+                    assert wait_until(lambda: server._frames._busy == 1)
                     batcher._computing.release()
                     try:
                         future.result(timeout=10)
@@ -241,7 +231,7 @@ def test_a_deferred_answer_never_waits_on_a_caller_that_does_not_read():
         assert server._busy == 1  # the rest is still on its way
         got = read_frame(b, _Inbox(), 1 << 30)
         assert got.request_id == 5 and bytes(got.parts[0]) == big
-        assert _soon(lambda: server._busy == 0) and not inbox.writing.locked()
+        assert wait_until(lambda: server._busy == 0) and not inbox.writing.locked()
 
 
 def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
@@ -291,10 +281,8 @@ def test_tls_covers_the_data_plane(program, tmp_path):
         with pytest.raises(LoopbackError) as info:
             plain.call(_call(program, _good(program)), 5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        deadline = time.monotonic() + 5  # every closed connection gives its slot back
-        while server._frames._conns and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not server._frames._conns
+        # every closed connection gives its slot back
+        assert wait_until(lambda: not server._frames._conns, 5)
     finally:
         server.stop(0)
 
@@ -521,10 +509,7 @@ def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
     try:
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as s:
             assert s.recv(1) == b""  # the server hung up on a caller that said nothing
-        deadline = time.monotonic() + 5
-        while server._frames._conns and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not server._frames._conns  # its slot is free again
+        assert wait_until(lambda: not server._frames._conns, 5)  # its slot is free again
     finally:
         server.stop(0)
 

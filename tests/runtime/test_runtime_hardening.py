@@ -21,7 +21,7 @@ from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.client import ChainClient
 from edgesplit.transport import TlsFiles, check_tls_pair, read_token
-from helpers import server_for
+from helpers import server_for, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,6 @@ def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(t
     """Over frames there is no gRPC callback to cancel the next hop's call: the middle hop
     watches its caller's connection while it waits, so a caller that hangs up with a long
     deadline left frees the hop's worker at once instead of after that deadline."""
-    import time
 
     from edgesplit.runtime.dataplane import Message, Part
     from edgesplit.transport.frames import write_frame
@@ -196,19 +195,13 @@ def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(t
         Part(n, d) for n, d in three_hops.encode(a, values, a.sends).items()])
     assert hop.data_port is not None
 
-    def wait_for(condition, seconds: float = 10.0) -> bool:
-        deadline = time.monotonic() + seconds
-        while not condition() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return condition()
-
     try:
         with _Held(three_hops, "c"):
             caller = socket.create_connection(("127.0.0.1", hop.data_port))
             write_frame(caller, message.to_frame(metadata=[], timeout_s=60.0))
-            assert wait_for(lambda: hop.slots._slots._free == 0)  # forwarded, waiting on "c"
+            assert wait_until(lambda: hop.slots._slots._free == 0)  # forwarded, waiting on "c"
             caller.close()  # the caller hangs up with 60 s left
-            assert wait_for(lambda: hop.slots._slots._free == 1), "the hop still waits on 'c'"
+            assert wait_until(lambda: hop.slots._slots._free == 1), "the hop still waits on 'c'"
     finally:
         hop.stop(0)
         last.stop(0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -25,7 +24,7 @@ from edgesplit.errors import RemoteError
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.star import StarClient
-from helpers import free_port, server_for
+from helpers import free_port, server_for, wait_until
 from test_runtime import ServerProc
 from test_runtime_star import (  # noqa: F401 - fixtures
     SENSORS,
@@ -96,16 +95,9 @@ def hold_the_first_until_two_queue(program: PlanProgram, step: str, batcher: Any
     def hold_the_first(_: str) -> None:
         if not first.is_set():
             first.set()
-            _until(lambda: queued.puts >= 2, 20)
+            assert wait_until(lambda: queued.puts >= 2, 20)
 
     program.step(step).backend = Hooked(hold_the_first)
-
-
-def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.005)
 
 
 def test_a_star_over_the_data_plane_equals_the_unsplit_model(program):
@@ -157,7 +149,7 @@ def _fail_sensor2_once_the_others_park(program: PlanProgram, star: PortStar) -> 
     join = star.sink.handler.join
 
     def fail(name: str) -> None:
-        _until(lambda: join.pending == 1 and join.parked == 2)
+        assert wait_until(lambda: join.pending == 1 and join.parked == 2)
         raise RuntimeError("sensor exploded")
 
     program.step("sensor2").backend = Hooked(fail)
@@ -177,7 +169,7 @@ def test_a_failing_source_fails_the_request_and_its_parked_parts_are_dropped(pro
                 pytest.raises(RemoteError, match=r"(?s)source sensor2.*sensor exploded"):
             client.request(_views(3))
         join = star.sink.handler.join
-        _until(lambda: join.pending == 0 and join.parked == 0)
+        assert wait_until(lambda: join.pending == 0 and join.parked == 0)
         assert (join.computed, join.busy) == (0, 0)
         program.step("sensor2").backend = TorchBackend()
         with star.client(data_plane=client_plane) as client:
@@ -199,11 +191,11 @@ def test_a_source_slower_than_the_deadline_times_out_and_leaves_no_join(program)
                 pytest.raises(RemoteError, match="did not answer in time"):
             client.request(_views(5))
         join = star.sink.handler.join
-        _until(lambda: join.pending == 0 and join.parked == 0)
+        assert wait_until(lambda: join.pending == 0 and join.parked == 0)
         sensor2 = star.sensors["sensor2"]._frames
         assert sensor2 is not None and sensor2._busy == 1  # still computing
         release.set()  # it finishes for a caller that left: nothing computes at the sink
-        _until(lambda: sensor2._busy == 0)
+        assert wait_until(lambda: sensor2._busy == 0)
         assert (join.computed, join.pending, join.busy) == (0, 0, 0)
     finally:
         release.set()

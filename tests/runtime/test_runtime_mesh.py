@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -35,7 +34,7 @@ from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import TorchBackend
 from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.shell import ServingShell
-from helpers import server_for
+from helpers import server_for, wait_until
 from mesh_models import TwoHeads, _device, _mesh
 
 TOL = 1e-5
@@ -134,13 +133,6 @@ def _hook_branches(program: PlanProgram, hook: Callable[[str], None]) -> Hooked:
     return backend
 
 
-def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.005)
-
-
 def test_served_mesh_equals_the_unsplit_model(program, served):
     with served.client() as client:
         for seed in range(3):
@@ -188,7 +180,7 @@ def _fail_b1_once_b0_is_parked(agg: ServingShell) -> Callable[[str], None]:
     call, which the root makes when b1 fails, drops that part before the join timeout."""
     def fail(name: str) -> None:
         if name == "b1":
-            _until(lambda: agg.handler.join.pending == 1)
+            assert wait_until(lambda: agg.handler.join.pending == 1)
             raise RuntimeError("branch exploded")
 
     return fail
@@ -200,7 +192,7 @@ def _fail_one_branch(program: PlanProgram, served: Mesh) -> None:
             pytest.raises(RemoteError, match=r"(?s)'b1' failed.*branch exploded"):
         client.request([_input(1)])
     # b0's part, parked at the aggregator, is dropped when the root cancels its call
-    _until(lambda: served.agg.handler.join.pending == 0)
+    assert wait_until(lambda: served.agg.handler.join.pending == 0)
     assert (served.agg.handler.join.computed, served.agg.handler.join.busy) == (0, 0)
     _hook_branches(program, lambda _: None)  # the mesh serves the next request
     with served.client() as client:
@@ -219,9 +211,9 @@ def test_a_branch_past_the_deadline_is_deadline_exceeded_and_leaves_no_join(prog
         with served.client() as client, \
                 pytest.raises(RemoteError, match="did not answer in time"):
             client.request([_input(3)])
-        _until(lambda: served.agg.handler.join.pending == 0)
+        assert wait_until(lambda: served.agg.handler.join.pending == 0)
         release.set()  # b1 finishes computing for a caller that left: nothing is forwarded
-        _until(lambda: "b1" in backend.finished)
+        assert wait_until(lambda: "b1" in backend.finished)
         assert served.agg.handler.join.pending == 0 and served.agg.handler.join.computed == 0
         assert (served.agg.handler.join.busy, served.agg.handler.join.parked) == (0, 0)
     finally:
@@ -311,7 +303,7 @@ def test_a_root_client_and_a_chain_after_the_aggregator(tailed):
             _hook_branches(tailed, _fail_b1_once_b0_is_parked(agg))
             with pytest.raises(RemoteError, match="branch exploded"):
                 client.request([_input(0)])
-            _until(lambda: agg.handler.join.pending == 0)
+            assert wait_until(lambda: agg.handler.join.pending == 0)
         for b in BRANCHES:
             tailed.step(b).backend = TorchBackend()
         with ChainClient(tailed, addresses, timeout_s=20) as client:

@@ -16,7 +16,6 @@ from test_runtime_mesh import (  # noqa: F401 - fixtures
     Mesh,
     _fail_one_branch,
     _input,
-    _until,
     plan,
     problem,
     program,

@@ -24,7 +24,7 @@ from edgesplit.runtime.planned import max_message_bytes
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.ray_engine import RayEngine, RayOptions, import_ray
-from helpers import server_for
+from helpers import server_for, wait_until
 
 ray = pytest.importorskip("ray", reason="the Ray engine needs edgesplit[ray]")
 from ray import serve  # noqa: E402
@@ -199,10 +199,7 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster, program):
             return worst
 
         def wait_for(n: int) -> None:
-            deadline = time.monotonic() + 60
-            while len(seen) < n:
-                assert time.monotonic() < deadline, f"{len(seen)} replies, waiting for {n}"
-                time.sleep(0.01)
+            assert wait_until(lambda: len(seen) >= n, 60), f"{len(seen)} replies, waiting for {n}"
 
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(client, c) for c in range(4)]
@@ -299,10 +296,9 @@ def test_autoscaling_emulation_and_health(cluster, program):
             check = health_pb2_grpc.HealthStub(channel).Check
             assert check(health_pb2.HealthCheckRequest(), timeout=10).status == serving
             serve.delete("test-auto")  # the deployment goes away under the ingress
-            deadline = time.monotonic() + 30
-            while check(health_pb2.HealthCheckRequest(), timeout=10).status == serving:
-                assert time.monotonic() < deadline, "health still says SERVING"
-                time.sleep(0.2)
+            assert wait_until(
+                lambda: check(health_pb2.HealthCheckRequest(), timeout=10).status != serving,
+                30, 0.2), "health still says SERVING"
     finally:
         server.stop(0)
     assert server.health.Check(health_pb2.HealthCheckRequest(), None).status == \

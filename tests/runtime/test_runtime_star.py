@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.star import JOIN_KEY, StarClient, star_link
-from helpers import Relay, free_port, server_for
+from helpers import Relay, free_port, server_for, wait_until
 
 VIEWS, D = 3, 4
 SENSORS = [f"sensor{v}" for v in range(VIEWS)]
@@ -316,13 +315,6 @@ def _in_background(fn, *args):
     return lambda: (thread.join(15), box[0])[1]
 
 
-def _until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.005)
-
-
 def _outcome(fn, *args):
     try:
         return fn(*args)
@@ -358,7 +350,8 @@ def test_a_duplicate_tensor_fails_alone_and_the_join_still_completes(program, se
     xs = _views(3)
     sent = _sent(program, xs)
     first = _in_background(_call, served.sink_channel, sent["sensor0"], "dup")
-    _until(lambda: served.sink.handler.join.pending == 1)  # the first call is in the table
+    # the first call is in the table
+    assert wait_until(lambda: served.sink.handler.join.pending == 1)
     again = _outcome(_call, served.sink_channel, sent["sensor0"], "dup")
     assert again.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert program.step("sensor0").sends[0] in again.details() and "twice" in again.details()
@@ -406,14 +399,14 @@ def test_parts_beyond_the_table_bounds_are_refused_and_the_parked_joins_complete
     sent = _sent(program, _views(5))
     waits = {key: [_in_background(_call, star.sink_channel, sent["sensor0"], key)]
              for key in "ab"}
-    _until(lambda: join.pending == 2)
+    assert wait_until(lambda: join.pending == 2)
     exc = _outcome(_call, star.sink_channel, sent["sensor0"], "c")  # sensor0's half is full
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "source sensor0 from loopback has 2 requests waiting" in exc.details()
     # sensor1 opens c and d from two other hosts (one host's share of four is two, then one)
     waits.update({key: [_in_background(_call, star.sink.loopback_channel(f"ipv4:10.0.0.{i}:1"),
                                        sent["sensor1"], key)] for i, key in ((2, "c"), (3, "d"))})
-    _until(lambda: join.pending == 4)
+    assert wait_until(lambda: join.pending == 4)
     exc = _outcome(_call, star.sink_channel, sent["sensor2"], "e")  # the table is full
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "4 requests are waiting for their sources already" in exc.details()
@@ -460,10 +453,10 @@ def test_a_one_source_flood_parks_holding_no_worker_and_a_complete_join_goes_thr
         sent = _sent(program, xs)
         flood = [_in_background(_call, channel, sent["sensor0"], f"flood{i}", 60)
                  for i in range(10)]
-        _until(lambda: sink.handler.join.pending == 8 and sink.handler.join.parked == 8)
+        assert wait_until(lambda: sink.handler.join.pending == 8 and sink.handler.join.parked == 8)
         assert sink.handler.join.busy == 0  # parked: no worker held
         legit = [_in_background(_call, own, sent["sensor0"], "legit", 30)]
-        _until(lambda: sink.handler.join.pending == 9)
+        assert wait_until(lambda: sink.handler.join.pending == 9)
         legit += [_in_background(_call, own, sent[s], "legit", 30) for s in SENSORS[1:]]
         want = program.unsplit(xs)[0]
         for wait in legit:
@@ -500,9 +493,9 @@ def test_sources_with_one_worker_each_do_not_wait_on_each_other(program):
             return _in_background(_call, channels[source], bundle, key, 30)
 
         calls = [send("sensor0", "A")]
-        _until(lambda: sink.handler.join.pending == 1)
+        assert wait_until(lambda: sink.handler.join.pending == 1)
         calls.append(send("sensor1", "B"))
-        _until(lambda: sink.handler.join.pending == 2)
+        assert wait_until(lambda: sink.handler.join.pending == 2)
         calls += [send("sensor1", "A"), send("sensor0", "B"), send("sensor2", "A"),
                   send("sensor2", "B")]
         replies = [wait() for wait in calls]
@@ -535,7 +528,7 @@ def test_a_stopping_server_answers_unavailable_not_resource_exhausted(program):
     assert compute.computing is not None and compute.computing.take(0)  # and the worker
     waiting = [_in_background(_raised, server.take_slot, LoopbackContext(timeout=30)),
                _in_background(_raised, compute.compute, {}, LoopbackContext(timeout=30), {})]
-    _until(lambda: server.slots._slots._waiting == 1 and compute.computing._waiting == 1)
+    assert wait_until(lambda: server.slots._slots._waiting == 1 and compute.computing._waiting == 1)
     server.stop(0)
     for wait in waiting:
         exc = wait()
