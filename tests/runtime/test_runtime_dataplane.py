@@ -41,11 +41,6 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def program(digits_chain):
-    return digits_chain
-
-
-@pytest.fixture(scope="module")
 def served(program):
     """One server with a token, batching as by default; (server, gRPC address)."""
     server = server_for(program, "cloud", shape=False, token=TOKEN)

@@ -25,11 +25,6 @@ from helpers import server_for, wait_until
 
 
 @pytest.fixture(scope="module")
-def program(digits_chain):
-    return digits_chain
-
-
-@pytest.fixture(scope="module")
 def three_hops():
     """a -> b -> c, a few layers on each device."""
     graph = capture("digits_cnn")

@@ -45,11 +45,6 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def program(digits_chain) -> PlanProgram:
-    return digits_chain  # digits_cnn cut after down1.0: relu_1 (1x32x16x16) crosses
-
-
-@pytest.fixture(scope="module")
 def served(cluster, program):
     """The cloud partition on 2 replicas (batching up to 8) behind an ingress on loopback."""
     engine = RayEngine(program, "cloud", RayOptions(replicas=2, replica_cpus=REPLICA_CPUS,

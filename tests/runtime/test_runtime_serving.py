@@ -19,11 +19,6 @@ from edgesplit.transport import BadRequest
 from helpers import server_for
 
 
-@pytest.fixture(scope="module")
-def program(digits_chain):
-    return digits_chain
-
-
 def _inputs(k: int) -> tuple[torch.Tensor, ...]:
     return (torch.randn(1, 1, 32, 32, generator=torch.Generator().manual_seed(k)),)
 
