@@ -1,6 +1,6 @@
 """Helpers the tests share, imported by name (``from helpers import perturbed``): tests/ is on
 the import path (pyproject's ``pythonpath``), so a test in any sub-folder imports them. They
-are not in conftest.py because a sub-folder's conftest.py (tests/llm/conftest.py) takes the
+are not in conftest.py because a sub-folder's conftest.py (tests/llm/, tests/runtime/) takes the
 module name ``conftest`` while its tests are collected, so ``from conftest import ...`` would
 find that one; conftest.py files hold fixtures only."""
 
@@ -9,9 +9,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from edgesplit.graph import LayerGraph, capture
+
+if TYPE_CHECKING:
+    from edgesplit.runtime.shell import ServingShell
 
 
 @functools.cache
@@ -137,7 +141,7 @@ def server_for(plan, device: str, **options):
     (``llm.stage.server.llm_stage_server``). The ``ServeOptions`` fields among ``options``
     (``token``, ``tls``, ``shape``, ``max_workers``, ``data_port``, ...) go to its shell, the
     rest to the assembly (``next_address``, ``max_batch``, ``engine``, ``model``, ...). Leaving
-    a ``with`` block stops it at once."""
+    a ``with`` block stops it at once; ``listening`` starts one on a port."""
     from dataclasses import fields
 
     from edgesplit.runtime import PlanProgram
@@ -189,3 +193,15 @@ def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0,
         time.sleep(interval_s)
     return True
 
+
+@contextlib.contextmanager
+def listening(plan, device: str, **options) -> Iterator[tuple[ServingShell, str]]:
+    """``server_for(plan, device, **options)`` started on 127.0.0.1 at a free port: yields (the
+    server, its ``"127.0.0.1:PORT"`` gRPC address) and stops it at once (no grace) when the
+    block ends, however it ends."""
+    server = server_for(plan, device, **options)
+    address = f"127.0.0.1:{server.start('127.0.0.1', 0)}"
+    try:
+        yield server, address
+    finally:
+        server.stop(0)

@@ -20,7 +20,7 @@ from edgesplit.hardware import chain, get_topology
 from edgesplit.hardware.files import load_device, load_link, load_topology
 from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import causal_lm_config
-from helpers import free_port, server_for
+from helpers import free_port, listening
 
 runner = CliRunner()
 CORPUS = ["the cat sat on the mat", "a dog ran in the park", "split the model over devices"]
@@ -101,10 +101,8 @@ def laptop(talking):
     """The plan's second stage served in this process, with a token."""
     from edgesplit.plan import load_plan
 
-    server = server_for(load_plan(talking), "laptop", token="sesame", data_port=None)
-    port = server.start("127.0.0.1", 0)
-    yield f"127.0.0.1:{port}"
-    server.stop(0)
+    with listening(load_plan(talking), "laptop", token="sesame", data_port=None) as (_, address):
+        yield address
 
 
 # ---- c. an unreachable stage, a wrong token: one line ------------------------------------------

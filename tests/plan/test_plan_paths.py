@@ -19,7 +19,7 @@ from edgesplit.llm import LLMWorkload, plan_llm_at
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan import load_plan
 from edgesplit.runtime import plan_id
-from helpers import server_for
+from helpers import listening
 
 runner = CliRunner()
 
@@ -53,14 +53,10 @@ def test_the_readme_llm_client_snippet_runs_from_another_folder(made_in, tmp_pat
 
     monkeypatch.chdir(tmp_path)  # no ckpt here: it is found beside the plan
     path = made_in / "plans" / "plan.json"
-    server = server_for(load_plan(path), "laptop", data_port=None)
-    port = server.start("127.0.0.1", 0)
-    try:
-        # the README's snippet, the plan's path and the port aside
-        with LLMClient(load_plan(path), f"127.0.0.1:{port}", session="chat-1") as client:
-            tokens = [t.token for t in client.generate([5, 0, 17, 42], 4)]
-    finally:
-        server.stop(0)
+    # the README's snippet, the plan's path and the port aside
+    with (listening(load_plan(path), "laptop", data_port=None) as (_, address),
+          LLMClient(load_plan(path), address, session="chat-1") as client):
+        tokens = [t.token for t in client.generate([5, 0, 17, 42], 4)]
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(made_in / "ckpt").eval()

@@ -23,7 +23,7 @@ from edgesplit.hardware.profile import profile_graph
 from edgesplit.plan.multisplit import ChainCosts, chain_plan, evaluate_boundaries
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.backends import get_backend
-from helpers import perturbed, server_for
+from helpers import listening, perturbed, server_for
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -133,12 +133,9 @@ def test_a_served_gpu_stage_answers_a_cpu_client():
 
     plan, _ = _split("resnet18")
     on_cpu = PlanProgram.load(plan)
-    server = server_for(PlanProgram.load(plan, torch_device="cuda"), "b", shape=False)
-    try:
-        with ChainClient(on_cpu, f"127.0.0.1:{server.start()}", shape=False) as client:
-            got = client.request().outputs[0]
-    finally:
-        server.stop(0)
+    with (listening(PlanProgram.load(plan, torch_device="cuda"), "b", shape=False) as (_, address),
+          ChainClient(on_cpu, address, shape=False) as client):
+        got = client.request().outputs[0]
     assert _rel(got, on_cpu.unsplit()[0]) < 1e-2
 
 
@@ -181,13 +178,10 @@ def _llm_tokens(device: str | None) -> tuple[list[int], list[int]]:
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
                          min_new_tokens=10, do_sample=False, pad_token_id=0)
     # the server's own copy: it moves its modules to its device, and the client's share some
-    server = server_for(plan, plan.devices[1].name, model=copy.deepcopy(model),
-                        data_port=None, torch_device=device)
-    try:
-        with LLMClient(plan, server.loopback_channel(), model=model) as client:
-            got = [t.token for t in client.generate(prompt[0].tolist(), 10)]
-    finally:
-        server.stop(0)
+    with (server_for(plan, plan.devices[1].name, model=copy.deepcopy(model),
+                     data_port=None, torch_device=device) as server,
+          LLMClient(plan, server.loopback_channel(), model=model) as client):
+        got = [t.token for t in client.generate(prompt[0].tolist(), 10)]
     return got, out[0, 8:].tolist()
 
 

@@ -39,7 +39,7 @@ from edgesplit.transport.frames import (
 )
 from edgesplit.transport.frames.codec import _Inbox
 from edgesplit.transport.limits import ConnectionLimits
-from helpers import server_for, wait_until
+from helpers import listening, server_for, wait_until
 
 pytestmark = pytest.mark.xdist_group("runtime")
 TOKEN = "s3cret"
@@ -197,57 +197,45 @@ def _request(program, k: int = 1) -> pb.Bundle:
 def test_health_and_describe_answer_while_idle_streams_hold_every_worker(digits_chain):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    server = server_for(digits_chain, "cloud", shape=False, max_workers=2,
-                        limits=ConnectionLimits(idle_s=0.5))
-    address = f"127.0.0.1:{server.start()}"
-    try:
-        with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.PartitionServiceStub(channel)
-            never: queue.Queue = queue.Queue()  # streams that send nothing
-            streams = [stub.RunStream(iter(never.get, None)) for _ in range(2)]
-            health = health_pb2_grpc.HealthStub(channel)
-            assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
-                health_pb2.HealthCheckResponse.SERVING
-            assert stub.Describe(pb.DescribeRequest(), timeout=10).device == "cloud"
-            for stream in streams:  # idle past idle_s: cancelled, their workers free
-                with pytest.raises(grpc.RpcError) as info:
-                    next(stream)
-                assert info.value.code() == grpc.StatusCode.CANCELLED
-            assert stub.Run(_request(digits_chain), timeout=10).request_id == 1
-    finally:
-        server.stop(0)
+    with (listening(digits_chain, "cloud", shape=False, max_workers=2,
+                    limits=ConnectionLimits(idle_s=0.5)) as (_, address),
+          grpc.insecure_channel(address) as channel):
+        stub = pb_grpc.PartitionServiceStub(channel)
+        never: queue.Queue = queue.Queue()  # streams that send nothing
+        streams = [stub.RunStream(iter(never.get, None)) for _ in range(2)]
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        assert stub.Describe(pb.DescribeRequest(), timeout=10).device == "cloud"
+        for stream in streams:  # idle past idle_s: cancelled, their workers free
+            with pytest.raises(grpc.RpcError) as info:
+                next(stream)
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+        assert stub.Run(_request(digits_chain), timeout=10).request_id == 1
 
 
 def test_a_client_the_data_plane_refuses_goes_over_grpc(digits_chain):
-    server = server_for(digits_chain, "cloud", shape=False)
-    address = f"127.0.0.1:{server.start()}"
-    try:
-        with ChainClient(digits_chain, address, shape=False) as client:
-            client.request()
-            assert client.data_plane.startswith("tcp")
-            server._frames.max_connections = 0  # every new data-plane connection refused
-            with client._hop.frames._lock:
-                idle, client._hop.frames._idle = client._hop.frames._idle, []
-            for sock, _ in idle:
-                sock.close()
-            x = torch.randn(1, 1, 32, 32)
-            out = client.request([x]).outputs[0]
-            assert torch.allclose(out, digits_chain.unsplit((x,))[0], atol=1e-5)
-    finally:
-        server.stop(0)
+    with (listening(digits_chain, "cloud", shape=False) as (server, address),
+          ChainClient(digits_chain, address, shape=False) as client):
+        client.request()
+        assert client.data_plane.startswith("tcp")
+        server._frames.max_connections = 0  # every new data-plane connection refused
+        with client._hop.frames._lock:
+            idle, client._hop.frames._idle = client._hop.frames._idle, []
+        for sock, _ in idle:
+            sock.close()
+        x = torch.randn(1, 1, 32, 32)
+        out = client.request([x]).outputs[0]
+        assert torch.allclose(out, digits_chain.unsplit((x,))[0], atol=1e-5)
 
 
 def test_a_kept_connection_the_server_closed_is_replaced(digits_chain):
-    server = server_for(digits_chain, "cloud", shape=False,
-                        limits=ConnectionLimits(idle_s=0.2))
-    address = f"127.0.0.1:{server.start()}"
-    try:
-        with ChainClient(digits_chain, address, shape=False, data_plane="tcp") as client:
-            client.request()
-            assert wait_until(lambda: not server._frames._conns)  # closed as idle
-            client.request()  # on a new connection, still over the data plane
-    finally:
-        server.stop(0)
+    with (listening(digits_chain, "cloud", shape=False,
+                    limits=ConnectionLimits(idle_s=0.2)) as (server, address),
+          ChainClient(digits_chain, address, shape=False, data_plane="tcp") as client):
+        client.request()
+        assert wait_until(lambda: not server._frames._conns)  # closed as idle
+        client.request()  # on a new connection, still over the data plane
 
 
 # ---- 3. failed tokens throttled per peer host ------------------------------------------------

@@ -130,9 +130,8 @@ def _park_or_refuse(sink: ServingShell, channel, bundle: pb.Bundle, key: str) ->
 def test_hosts_that_flood_one_after_another_leave_a_new_host_room(program):
     """The share a host may hold falls as hosts join in (max_joins // (H + 1)): two hosts
     flooding in turn hold 6 and 4 of 12, and a third host still opens joins."""
-    sink = server_for(program, "aggregator", shape=False, max_joins=12, join_timeout_s=60)
-    sent = _sent(program, _views(21))
-    try:
+    with server_for(program, "aggregator", shape=False, max_joins=12, join_timeout_s=60) as sink:
+        sent = _sent(program, _views(21))
         held = {}
         for host in ("10.0.0.1", "10.0.0.2"):
             channel = _host_channel(sink, host)
@@ -144,17 +143,14 @@ def test_hosts_that_flood_one_after_another_leave_a_new_host_room(program):
         newcomer = _host_channel(sink, "10.0.0.3")
         assert [_park_or_refuse(sink, newcomer, sent["sensor1"], f"new-{i}")
                 for i in range(2)] == ["parked", "parked"]  # its share is 12 // 4
-    finally:
-        sink.stop(0)
 
 
 def test_a_flood_on_a_sources_host_fails_only_the_requests_that_source_opens(program):
     """The hard case, as the docstring of Join says: a caller on sensor0's host fills that
     host's share; a request whose first part comes from sensor0 is refused, one that
     another sensor opens still completes (a part that adds to a join is never charged)."""
-    sink = server_for(program, "aggregator", shape=False, max_joins=8, join_timeout_s=60)
-    hosts = {s: _host_channel(sink, f"10.0.0.{i + 1}") for i, s in enumerate(SENSORS)}
-    try:
+    with server_for(program, "aggregator", shape=False, max_joins=8, join_timeout_s=60) as sink:
+        hosts = {s: _host_channel(sink, f"10.0.0.{i + 1}") for i, s in enumerate(SENSORS)}
         flood = _sent(program, _views(22))["sensor0"]
         outcomes = [_park_or_refuse(sink, hosts["sensor0"], flood, f"flood{i}")
                     for i in range(5)]
@@ -172,8 +168,6 @@ def test_a_flood_on_a_sources_host_fails_only_the_requests_that_source_opens(pro
             reply = wait()
             assert isinstance(reply, pb.Bundle), reply
             assert torch.allclose(_output(reply), want, atol=TOL)
-    finally:
-        sink.stop(0)
 
 
 def _call_outcome(channel, bundle: pb.Bundle, key: str):

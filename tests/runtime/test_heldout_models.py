@@ -29,7 +29,7 @@ from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.client import ChainClient
 from edgesplit.runtime.session import run_requests
-from helpers import server_for
+from helpers import listening
 
 TOL = 1e-5
 
@@ -174,14 +174,10 @@ def test_heldout_model_plans_serves_and_exports(name, tmp_path):
     assert program.steps[0].sends  # something crosses the link
     _assert_same_tree(program.structured(program.unsplit(x)), expected)
 
-    server = server_for(program, "cloud", shape=False)
-    address = f"127.0.0.1:{server.start('127.0.0.1', 0)}"
-    try:
+    with listening(program, "cloud", shape=False) as (_, address):
         report = run_requests(program, address, client_options={"shape": False})
         with ChainClient(program, address, shape=False) as client:
             result = client.request(x)
-    finally:
-        server.stop(0)
     assert report["errors"] == 0 and report["max_abs_diff"] <= TOL, report["error_messages"]
     assert len(result.outputs) == len(program.outputs)
     _assert_same_tree(program.structured(result.outputs), expected)

@@ -33,7 +33,7 @@ from edgesplit.runtime.planned import SESSION_KEY, max_message_bytes
 from edgesplit.runtime.shell import ServingShell
 from edgesplit.transport import LoopbackError
 from edgesplit.transport.frames import CALL, FAILED, REPLY, Frame, FrameClient, read_frame
-from helpers import self_signed, server_for, wait_until
+from helpers import listening, self_signed, server_for, wait_until
 from test_runtime import AUTH, BAD_CASES, TOKEN, _bad_cases
 
 pytestmark = pytest.mark.xdist_group("runtime")
@@ -43,10 +43,8 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def served(program):
     """One server with a token, batching as by default; (server, gRPC address)."""
-    server = server_for(program, "cloud", shape=False, token=TOKEN)
-    port = server.start()
-    yield server, f"127.0.0.1:{port}"
-    server.stop(0)
+    with listening(program, "cloud", shape=False, token=TOKEN) as (server, address):
+        yield server, address
 
 
 def _x(k: int) -> tuple[torch.Tensor]:
@@ -241,24 +239,19 @@ def test_a_middle_hop_forwards_over_the_next_hops_data_plane():
     plan = chain_plan(costs, evaluate_boundaries(costs, [0, 2, 5, n]), topology,
                       method="manual", source="a")
     hops = PlanProgram.load(plan, graph)
-    last = server_for(hops, "c", shape=False)
-    mid = server_for(hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
-    try:
-        with ChainClient(hops, f"127.0.0.1:{mid.start()}", shape=False) as client:
+    with (listening(hops, "c", shape=False) as (_, last),
+          listening(hops, "b", shape=False, next_address=last) as (mid, address)):
+        with ChainClient(hops, address, shape=False) as client:
             out = client.request().outputs[0]
         assert torch.allclose(out, hops.unsplit()[0], atol=TOL)
         hop = mid.handler.next_hop
         assert hop is not None and hop.data_plane.startswith("tcp")
-    finally:
-        mid.stop(0)
-        last.stop(0)
 
 
 def test_tls_covers_the_data_plane(program, tmp_path):
     tls, ca = self_signed(tmp_path)
-    server = server_for(program, "cloud", shape=False, token=TOKEN, tls=tls)
-    port = server.start()
-    try:
+    with listening(program, "cloud", shape=False, token=TOKEN, tls=tls) as (server, _):
+        port = server.port
         with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
                          token=TOKEN) as client:
             assert torch.allclose(client.request(_x(1)).outputs[0],
@@ -278,14 +271,10 @@ def test_tls_covers_the_data_plane(program, tmp_path):
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         # every closed connection gives its slot back
         assert wait_until(lambda: not server._frames._conns, 5)
-    finally:
-        server.stop(0)
 
 
 def test_data_plane_off_and_required(program):
-    server = server_for(program, "cloud", shape=False, data_port=None)
-    address = f"127.0.0.1:{server.start()}"
-    try:
+    with listening(program, "cloud", shape=False, data_port=None) as (server, address):
         assert server.data_port is None
         with ChainClient(program, address, shape=False) as client:  # auto: gRPC
             assert torch.allclose(client.request(_x(2)).outputs[0],
@@ -294,8 +283,6 @@ def test_data_plane_off_and_required(program):
         with (ChainClient(program, address, shape=False, data_plane="tcp") as client,
               pytest.raises(ConfigError, match="offers no data plane")):
             client.request()
-    finally:
-        server.stop(0)
     with pytest.raises(ConfigError, match="unknown data plane"):
         ChainClient(program, address, data_plane="udp")  # type: ignore[arg-type]
 
@@ -457,11 +444,8 @@ def test_a_model_that_mixes_its_batch_is_served_one_by_one():
     mixer = PlanProgram.load(Manual([first]).plan(problem), graph)
     reason = flexible_step(mixer, "cloud")
     assert isinstance(reason, str) and "mix" in reason
-    server = server_for(mixer, "cloud", shape=False)
-    try:
+    with server_for(mixer, "cloud", shape=False) as server:
         assert server.handler.batcher is None and server.handler.batching.startswith("off")
-    finally:
-        server.stop(0)
 
 
 def test_flexible_step_runs_any_batch_size_like_each_alone(program):
@@ -499,14 +483,10 @@ def test_a_silent_connection_is_closed_and_counted_out(program, monkeypatch):
     import edgesplit.transport.frames.server as frame_server
 
     monkeypatch.setattr(frame_server, "IDLE_S", 0.3)
-    server = server_for(program, "cloud", shape=False)
-    server.start()
-    try:
+    with listening(program, "cloud", shape=False) as (server, _):
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as s:
             assert s.recv(1) == b""  # the server hung up on a caller that said nothing
         assert wait_until(lambda: not server._frames._conns, 5)  # its slot is free again
-    finally:
-        server.stop(0)
 
 
 def test_a_retry_finds_a_restarted_servers_new_data_port(program):

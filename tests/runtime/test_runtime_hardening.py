@@ -21,7 +21,7 @@ from edgesplit.plan.planners import Manual
 from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.client import ChainClient
 from edgesplit.transport import TlsFiles, check_tls_pair, read_token
-from helpers import server_for, wait_until
+from helpers import listening, server_for, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +70,9 @@ def test_a_certificate_and_key_that_do_not_match_are_named(program, tmp_path):
         check_tls_pair(TlsFiles(cert=b"junk", key=key_a))
     with pytest.raises(ConfigError, match="both a certificate and its private key"):
         check_tls_pair(TlsFiles(cert=cert_a))
-    server = server_for(program, "cloud", shape=False, tls=TlsFiles(cert=cert_a, key=key_b))
-    try:
-        with pytest.raises(ConfigError, match="do not belong together"):
-            server.start()
-    finally:
-        server.stop(0)
+    with (server_for(program, "cloud", shape=False, tls=TlsFiles(cert=cert_a, key=key_b)) as server,
+          pytest.raises(ConfigError, match="do not belong together")):
+        server.start()
 
 
 def test_token_from_a_file_or_the_environment(tmp_path, monkeypatch):
@@ -141,35 +138,30 @@ def test_deadlines_travel_down_the_chain_and_abandoned_requests_free_the_hops(th
     times out."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    last = server_for(three_hops, "c", shape=False, max_workers=8)
-    hop = server_for(three_hops, "b", shape=False, max_workers=2,
-                     next_address=f"127.0.0.1:{last.start()}")
-    address = f"127.0.0.1:{hop.start()}"
-    try:
-        with _Held(three_hops, "c"), ChainClient(three_hops, address, shape=False,
-                                                 timeout_s=0.3) as client:
-            client.check_plan()
-            errors: list[str] = []
+    with (listening(three_hops, "c", shape=False, max_workers=8) as (_, last),
+          listening(three_hops, "b", shape=False, max_workers=2,
+                    next_address=last) as (_, address),
+          _Held(three_hops, "c"),
+          ChainClient(three_hops, address, shape=False, timeout_s=0.3) as client):
+        client.check_plan()
+        errors: list[str] = []
 
-            def one() -> None:
-                try:
-                    client.request()
-                except RemoteError as exc:
-                    errors.append(str(exc))
+        def one() -> None:
+            try:
+                client.request()
+            except RemoteError as exc:
+                errors.append(str(exc))
 
-            threads = [threading.Thread(target=one) for _ in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert len(errors) == 4 and all("in time" in e for e in errors), errors
-            with grpc.insecure_channel(address) as channel:  # the last hop is still held
-                reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=10)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-    finally:
-        hop.stop(0)
-        last.stop(0)
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(errors) == 4 and all("in time" in e for e in errors), errors
+        with grpc.insecure_channel(address) as channel:  # the last hop is still held
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(three_hops):
@@ -180,33 +172,25 @@ def test_a_middle_hop_on_the_data_plane_stops_waiting_when_its_caller_hangs_up(t
     from edgesplit.runtime.dataplane import Message, Part
     from edgesplit.transport.frames import write_frame
 
-    last = server_for(three_hops, "c", shape=False)
-    hop = server_for(three_hops, "b", shape=False, max_workers=1,
-                     next_address=f"127.0.0.1:{last.start()}")
-    hop.start()
-    a = three_hops.steps[0]
-    values = a.compute(three_hops.input_values())
-    message = Message(three_hops.plan_id, PLAN_VERSION, 1, [
-        Part(n, d) for n, d in three_hops.encode(a, values, a.sends).items()])
-    assert hop.data_port is not None
+    with (listening(three_hops, "c", shape=False) as (_, last),
+          listening(three_hops, "b", shape=False, max_workers=1, next_address=last) as (hop, _)):
+        a = three_hops.steps[0]
+        values = a.compute(three_hops.input_values())
+        message = Message(three_hops.plan_id, PLAN_VERSION, 1, [
+            Part(n, d) for n, d in three_hops.encode(a, values, a.sends).items()])
+        assert hop.data_port is not None
 
-    try:
         with _Held(three_hops, "c"):
             caller = socket.create_connection(("127.0.0.1", hop.data_port))
             write_frame(caller, message.to_frame(metadata=[], timeout_s=60.0))
             assert wait_until(lambda: hop.slots._slots._free == 0)  # forwarded, waiting on "c"
             caller.close()  # the caller hangs up with 60 s left
             assert wait_until(lambda: hop.slots._slots._free == 1), "the hop still waits on 'c'"
-    finally:
-        hop.stop(0)
-        last.stop(0)
 
 
 def test_a_chain_serves_again_after_abandoned_requests(three_hops):
-    last = server_for(three_hops, "c", shape=False)
-    hop = server_for(three_hops, "b", shape=False, next_address=f"127.0.0.1:{last.start()}")
-    address = f"127.0.0.1:{hop.start()}"
-    try:
+    with (listening(three_hops, "c", shape=False) as (_, last),
+          listening(three_hops, "b", shape=False, next_address=last) as (_, address)):
         with (_Held(three_hops, "c"),
               ChainClient(three_hops, address, shape=False, timeout_s=0.4) as client,
               pytest.raises(RemoteError, match="did not answer in time")):
@@ -214,9 +198,6 @@ def test_a_chain_serves_again_after_abandoned_requests(three_hops):
         with ChainClient(three_hops, address, shape=False) as client:
             out = client.request().outputs[0]
         assert torch.allclose(out, three_hops.unsplit()[0], atol=1e-5)
-    finally:
-        hop.stop(0)
-        last.stop(0)
 
 
 def test_serve_accepts_the_preset_a_plan_device_was_planned_with(program):
@@ -231,8 +212,5 @@ def test_serve_accepts_the_preset_a_plan_device_was_planned_with(program):
         plan_device(same, "jetson-nano")
     with pytest.raises(ConfigError, match=r"cloud \(v100-server\)"):
         plan_device(program, "tpu")
-    server = server_for(program, "v100-server", shape=False)
-    try:
+    with server_for(program, "v100-server", shape=False) as server:
         assert server.handler.step.name == "cloud"
-    finally:
-        server.stop(0)

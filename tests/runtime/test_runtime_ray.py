@@ -24,7 +24,7 @@ from edgesplit.runtime.planned import max_message_bytes
 from edgesplit.runtime.proto import edgesplit_runtime_pb2 as pb
 from edgesplit.runtime.proto import edgesplit_runtime_pb2_grpc as pb_grpc
 from edgesplit.runtime.ray_engine import RayEngine, RayOptions, import_ray
-from helpers import server_for, wait_until
+from helpers import listening, server_for, wait_until
 
 ray = pytest.importorskip("ray", reason="the Ray engine needs edgesplit[ray]")
 from ray import serve  # noqa: E402
@@ -173,9 +173,7 @@ def test_a_replica_that_cannot_load_the_plan_is_named(cluster):
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster, program):
     engine = RayEngine(program, "cloud", RayOptions(replicas=2, replica_cpus=REPLICA_CPUS,
                                                     max_batch=1, app_name="test-kill"))
-    server = server_for(program, "cloud", shape=False, engine=engine)
-    address = f"127.0.0.1:{server.start()}"
-    try:
+    with listening(program, "cloud", shape=False, engine=engine) as (_, address):
         before = _replica_ids("test-kill")
         assert len(before) == 2
         seen: list[tuple[int, int]] = []  # (client, request id) of every reply
@@ -217,8 +215,6 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(cluster, program):
             assert time.monotonic() < deadline, f"no replacement replica: {now}"
             time.sleep(1)
         assert _diff(program, address, 7) < TOL
-    finally:
-        server.stop(0)
     assert "test-kill" not in serve.status().applications  # stop deleted the application
 
 
@@ -242,9 +238,7 @@ def _bad_requests(program: PlanProgram) -> dict[str, pb.Bundle]:
 
 
 def test_bad_requests_get_the_same_errors_as_the_local_server(served, program):
-    local = server_for(program, "cloud", shape=False)
-    local_address = f"127.0.0.1:{local.start()}"
-    try:
+    with listening(program, "cloud", shape=False) as (_, local_address):
         answers = {}
         for address in (local_address, served[1]):
             with grpc.insecure_channel(address, options=[
@@ -257,8 +251,6 @@ def test_bad_requests_get_the_same_errors_as_the_local_server(served, program):
                                                          info.value.details()))
         for name, (here, there) in answers.items():
             assert here == there, name
-    finally:
-        local.stop(0)
     assert _diff(program, served[1], 1) < TOL  # and it serves the next request
 
 
@@ -272,8 +264,7 @@ def test_autoscaling_emulation_and_health(cluster, program):
     engine = RayEngine(program, "cloud", RayOptions(
         min_replicas=1, max_replicas=2, replica_cpus=REPLICA_CPUS, app_name="test-auto"),
         emulate=True)
-    server = server_for(program, "cloud", shape=False, engine=engine)
-    try:
+    with server_for(program, "cloud", shape=False, engine=engine) as server:
         address = f"127.0.0.1:{server.start()}"
         assert engine.replica_info["batching"] == "off"
         app = serve.status().applications["test-auto"]
@@ -294,8 +285,6 @@ def test_autoscaling_emulation_and_health(cluster, program):
             assert wait_until(
                 lambda: check(health_pb2.HealthCheckRequest(), timeout=10).status != serving,
                 30, 0.2), "health still says SERVING"
-    finally:
-        server.stop(0)
     assert server.health.Check(health_pb2.HealthCheckRequest(), None).status == \
         health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -16,7 +16,7 @@ from edgesplit.runtime import PlanProgram
 from edgesplit.runtime.batching import Batcher, batched_step
 from edgesplit.runtime.client import ChainClient
 from edgesplit.transport import BadRequest
-from helpers import server_for
+from helpers import listening, server_for
 
 
 def _inputs(k: int) -> tuple[torch.Tensor, ...]:
@@ -24,9 +24,8 @@ def _inputs(k: int) -> tuple[torch.Tensor, ...]:
 
 
 def test_batched_server_answers_each_request_as_alone(program):
-    server = server_for(program, "cloud", shape=False, max_batch=4, max_wait_ms=30)
-    channel = server.loopback_channel()  # in-process: the servicer code without a socket
-    try:
+    with server_for(program, "cloud", shape=False, max_batch=4, max_wait_ms=30) as server:
+        channel = server.loopback_channel()  # in-process: the servicer code without a socket
         def one(k: int) -> float:
             with ChainClient(program, channel, shape=False) as client:
                 out = client.request(_inputs(k)).outputs[0]
@@ -36,8 +35,6 @@ def test_batched_server_answers_each_request_as_alone(program):
             diffs = list(pool.map(one, range(16)))
         assert max(diffs) < 1e-4
         assert server.handler.batcher.batches_run > 0  # concurrent requests really were batched
-    finally:
-        server.stop(0)
 
 
 def test_a_failing_request_does_not_fail_its_batch(program):
@@ -104,9 +101,8 @@ def test_tls_with_a_token_end_to_end(program, tmp_path):
     from helpers import self_signed
 
     tls, ca = self_signed(tmp_path)
-    server = server_for(program, "cloud", shape=False, tls=tls, token="s3cret")
-    port = server.start()
-    try:
+    with listening(program, "cloud", shape=False, tls=tls, token="s3cret") as (server, _):
+        port = server.port
         with ChainClient(program, f"localhost:{port}", shape=False, tls=ca,
                          token="s3cret") as client:
             out = client.request(_inputs(1)).outputs[0]
@@ -118,8 +114,6 @@ def test_tls_with_a_token_end_to_end(program, tmp_path):
                           token="wrong") as wrong,
               pytest.raises(RemoteError, match="UNAUTHENTICATED")):
             wrong.request(_inputs(1))
-    finally:
-        server.stop(0)
 
 
 def test_a_foreign_plan_is_named_as_such_even_when_its_messages_are_too_big(program):
@@ -130,13 +124,10 @@ def test_a_foreign_plan_is_named_as_such_even_when_its_messages_are_too_big(prog
     problem = PlanningProblem("digits_cnn", EdgeCloudSetting(
         edge=get_device("jetson-nano"), cloud=get_device("v100-server"), link=get_link("4g")))
     foreign = PlanProgram.load(Manual(["stem.0"]).plan(problem))  # 64 KiB cut, over the limit
-    server = server_for(program, "cloud", shape=False)
-    channel = server.loopback_channel()  # same message limit as the server's socket
-    try:
+    with server_for(program, "cloud", shape=False) as server:
+        channel = server.loopback_channel()  # same message limit as the server's socket
         with (ChainClient(foreign, channel, shape=False) as client,
               pytest.raises(RemoteError, match="plan mismatch")):
             client.request()
         with ChainClient(program, channel, shape=False) as client:
             assert client.request().outputs[0].shape == (1, 10)  # still serving
-    finally:
-        server.stop(0)

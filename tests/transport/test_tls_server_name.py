@@ -18,7 +18,7 @@ from edgesplit.cli import app
 from edgesplit.errors import ConfigError, RemoteError
 from edgesplit.runtime.client import ChainClient
 from edgesplit.transport import TlsFiles
-from helpers import server_for
+from helpers import listening
 
 HOST_NAME = "edge.test"
 
@@ -37,11 +37,9 @@ def named_certificate(tmp_path_factory) -> tuple[TlsFiles, bytes]:
 
 @pytest.fixture(scope="module")
 def server(digits_chain, named_certificate):
-    server = server_for(digits_chain, "cloud", shape=False, tls=named_certificate[0])
-    port = server.start("127.0.0.1", 0)
-    assert server.data_port  # the data plane is offered, over the same TLS
-    yield port
-    server.stop(0)
+    with listening(digits_chain, "cloud", shape=False, tls=named_certificate[0]) as (server, _):
+        assert server.data_port  # the data plane is offered, over the same TLS
+        yield server.port
 
 
 def _inputs() -> tuple[torch.Tensor, ...]:
