@@ -92,7 +92,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The documentation site (mkdocs.yml, docs/) into site/, warnings as errors; the tests build it
-# too (tests/test_docs.py). `.venv/bin/mkdocs serve` serves it at 127.0.0.1:8000 while you edit.
+# too (tests/docs/test_docs.py). `.venv/bin/mkdocs serve` serves it at 127.0.0.1:8000 while you edit.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 

@@ -18,9 +18,10 @@ real ``edgesplit llm serve`` (SmolLM2-135M-Instruct in two stages, ``--sessions 
 issue 55's attacks on the API: a 10 MB message, 100 MB bodies with a wrong key, a Content-Length
 with no body, idle and slow-header connections, descriptor exhaustion under ``prlimit
 --nofile=1024``, clients that leave while queued, key guessing. ``serving``: the star sink's
-join table flooded from one host (tests/test_runtime_star's star, its aggregator an ``edgesplit
-serve`` subprocess), a whole join in one call, and the per-host token throttle. Each of their
-rows shows the issue's number before the fix (``render_hostile.BEFORE``) beside this run's.
+join table flooded from one host (tests/runtime/test_runtime_star's star, its aggregator an
+``edgesplit serve`` subprocess), a whole join in one call, and the per-host token throttle.
+Each of their rows shows the issue's number before the fix (``render_hostile.BEFORE``) beside
+this run's.
 
 Loopback only; every loop is bounded in count and time and the server is killed at the end.
 Writes benchmarks/results/hostile.json, then hostile.md from it alone (render_hostile.py, where
@@ -795,16 +796,17 @@ def http_section(args, tmp: Path, procs: Processes, log) -> dict[str, Any]:
 
 # ---- serving: the star sink and the token throttle (`edgesplit serve` subprocesses) -----------
 def _star_helpers():
-    """tests/test_runtime_star's three-camera star (its model, plan and the bundles each
-    sensor sends) and tests/conftest's Relay (calls from 127.0.0.2 and up): imported, not
+    """tests/runtime/test_runtime_star's three-camera star (its model, plan and the bundles each
+    sensor sends) and tests/helpers.py's Relay (calls from 127.0.0.2 and up): imported, not
     copied, so the benchmark floods the star the tests check."""
-    tests = str(Path(__file__).resolve().parent.parent / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    import conftest
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    for folder in (str(tests), str(tests / "runtime")):  # as pytest's import path has them
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    import helpers
     import test_runtime_star
 
-    return test_runtime_star, conftest.Relay
+    return test_runtime_star, helpers.Relay
 
 
 def star_section(args, tmp: Path, procs: Processes, log) -> dict[str, Any]:

@@ -173,10 +173,10 @@ def _render_http(h: dict[str, Any]) -> list[str]:
 
 def _render_serving(s: dict[str, Any]) -> list[str]:
     lines = ["", "## Serving (`edgesplit serve`): the star sink and the token throttle", "",
-             "tests/test_runtime_star's three-camera star (imported from the tests) with its "
-             "aggregator served by an `edgesplit serve` subprocess (join table 256, "
+             "tests/runtime/test_runtime_star's three-camera star (imported from the tests) "
+             "with its aggregator served by an `edgesplit serve` subprocess (join table 256, "
              f"`--join-timeout-s {s.get('join_timeout_s', 0):g}`); the sensors' calls come "
-             "from 127.0.0.2-4 through tests/conftest's relays. The token row serves "
+             "from 127.0.0.2-4 through tests/helpers.py's relays. The token row serves "
              "digits_cnn's cloud part with `--token-file`.", "",
              "| attack | before (issue 55) | now (this run) |", "|---|---|---|"]
     if f := s.get("star_flood"):

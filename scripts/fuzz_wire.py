@@ -16,7 +16,7 @@ valid, 0 otherwise, with a fixed slack for the Python objects of one call.
 
     python scripts/fuzz_wire.py [--inputs 500000] [--seed 0]
 
-tests/test_wire_fuzz.py runs a few thousand inputs of the same engine in ``make test``.
+tests/quant/test_wire_fuzz.py runs a few thousand inputs of the same engine in ``make test``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 section of docs/hardware.md records what it printed). Each check runs the real commands in
 their own processes:
 
-1. ``tests/test_accelerator.py``, ``tests/test_nas_accelerator.py`` (the NAS trainers) and
-   ``tests/test_ray_replica_gpus.py`` (a Ray replica on cuda), whose CUDA tests skip elsewhere;
+1. ``tests/runtime/test_accelerator.py``, ``tests/nas/test_nas_accelerator.py`` (the NAS
+   trainers) and ``tests/runtime/test_ray_replica_gpus.py`` (a Ray replica on cuda), whose CUDA
+   tests skip elsewhere;
 2. a ResNet-50 split after its first stage: the edge part in ``edgesplit run`` on the CPU, the
    cloud part in ``edgesplit serve --torch-device cuda``; outputs against the unsplit model on
    the CPU, and the same split with the cloud part on this machine's CPU for comparison;
@@ -122,8 +123,9 @@ def main() -> int:
                                "gpu": torch.cuda.get_device_name(0),
                                "cpu_cores": os.cpu_count(), "started": time.ctime()}
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p",
-                            "no:cacheprovider", "tests/test_accelerator.py",
-                            "tests/test_nas_accelerator.py", "tests/test_ray_replica_gpus.py"],
+                            "no:cacheprovider", "tests/runtime/test_accelerator.py",
+                            "tests/nas/test_nas_accelerator.py",
+                            "tests/runtime/test_ray_replica_gpus.py"],
                            capture_output=True, text=True, timeout=400)
     (out / "pytest.log").write_text(tests.stdout + tests.stderr)
     results["pytest"] = {"rc": tests.returncode, "tail": tests.stdout.strip().splitlines()[-1]}

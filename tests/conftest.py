@@ -28,7 +28,7 @@ def block_graph() -> LayerGraph:
     project, add)."""
     import torch
 
-    from test_cuts_memory import InvertedResidual
+    from dag_models import InvertedResidual
 
     return capture(InvertedResidual(), torch.randn(1, 3, 8, 8))
 

@@ -1,5 +1,6 @@
 """Small DAG models for property tests: random graphs of convolutions, skip adds and
-concatenations, with several consumers per tensor and several outputs."""
+concatenations, with several consumers per tensor and several outputs; and the hand-computed
+inverted-residual block of tests/graph/test_cuts_memory.py (conftest's ``block_graph``)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,19 @@ def dag_specs(draw, min_nodes: int = 2, max_nodes: int = 7):
 
 def example_input() -> torch.Tensor:
     return torch.randn(1, C, 6, 6, generator=torch.Generator().manual_seed(1))
+
+
+class InvertedResidual(nn.Module):
+    """A stem conv and a MobileNetV2 block whose skip connection keeps the stem's output alive
+    while the depthwise conv runs (AUTO-SPLIT Fig. 4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.expand = nn.Conv2d(4, 8, 1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.project = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        a = self.stem(x)
+        return self.project(torch.relu(self.dw(torch.relu(self.expand(a))))) + a

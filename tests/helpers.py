@@ -1,14 +1,21 @@
 """Helpers the tests share, imported by name (``from helpers import perturbed``): tests/ is on
 the import path (pyproject's ``pythonpath``), so a test in any sub-folder imports them. They
-are not in conftest.py because a sub-folder's conftest.py (tests/llm/conftest.py) takes the
+are not in conftest.py because a sub-folder's conftest.py (tests/llm/, tests/runtime/) takes the
 module name ``conftest`` while its tests are collected, so ``from conftest import ...`` would
 find that one; conftest.py files hold fixtures only."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from edgesplit.graph import LayerGraph, capture
+
+if TYPE_CHECKING:
+    from edgesplit.runtime.shell import ServingShell
 
 
 @functools.cache
@@ -134,7 +141,7 @@ def server_for(plan, device: str, **options):
     (``llm.stage.server.llm_stage_server``). The ``ServeOptions`` fields among ``options``
     (``token``, ``tls``, ``shape``, ``max_workers``, ``data_port``, ...) go to its shell, the
     rest to the assembly (``next_address``, ``max_batch``, ``engine``, ``model``, ...). Leaving
-    a ``with`` block stops it at once."""
+    a ``with`` block stops it at once; ``listening`` starts one on a port."""
     from dataclasses import fields
 
     from edgesplit.runtime import PlanProgram
@@ -149,3 +156,52 @@ def server_for(plan, device: str, **options):
     from edgesplit.llm.stage.server import llm_stage_server
 
     return llm_stage_server(plan, device, shell, **options)
+
+
+def free_port() -> int:
+    """A free port on 127.0.0.1 below the kernel's ephemeral range, for a server that binds it
+    later (a subprocess's ``--port``) or an address where nobody listens: a port-0 socket (a
+    server's data plane, a client) cannot take it between this choice and its use."""
+    import random
+    import socket
+    from pathlib import Path
+
+    low = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pick = random.SystemRandom()
+    for _ in range(100):
+        port = pick.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 10000-{low}")
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0,
+               interval_s: float = 0.01) -> bool:
+    """Whether ``predicate()`` holds within ``timeout_s``, polled every ``interval_s`` (no guess
+    at this machine's speed): true as soon as it does, else its value at the deadline. The test
+    asserts it, with its own message: ``assert wait_until(lambda: server.idle), "..."``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(interval_s)
+    return True
+
+
+@contextlib.contextmanager
+def listening(plan, device: str, **options) -> Iterator[tuple[ServingShell, str]]:
+    """``server_for(plan, device, **options)`` started on 127.0.0.1 at a free port: yields (the
+    server, its ``"127.0.0.1:PORT"`` gRPC address) and stops it at once (no grace) when the
+    block ends, however it ends."""
+    server = server_for(plan, device, **options)
+    address = f"127.0.0.1:{server.start('127.0.0.1', 0)}"
+    try:
+        yield server, address
+    finally:
+        server.stop(0)

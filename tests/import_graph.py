@@ -288,7 +288,7 @@ def docs_layers(text: str) -> dict[str, int]:
     return layers
 
 
-GRAPH_BEGIN = "<!-- import graph: begin (tests/test_architecture.py checks it) -->"
+GRAPH_BEGIN = "<!-- import graph: begin (tests/docs/test_architecture.py checks it) -->"
 GRAPH_END = "<!-- import graph: end -->"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -32,6 +32,7 @@ from edgesplit.llm.api.app import create_app, serve_api  # noqa: E402
 from edgesplit.llm.api.http_guard import HttpLimits  # noqa: E402
 from edgesplit.llm.generate.engine import Delta  # noqa: E402
 from edgesplit.llm.stage.sampling import Sampling  # noqa: E402
+from helpers import wait_until  # noqa: E402
 
 WAIT_S = 5.0  # the bound of every wait; a passing test takes milliseconds of it
 
@@ -137,14 +138,6 @@ CHAT_PROMPT = "user: hello world assistant:"  # what EchoEngine makes of HELLO
 HELLO = [{"role": "user", "content": "hello world"}]
 
 
-def eventually(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {WAIT_S} s for {what}")
-        time.sleep(0.01)
-
-
 # ---------------------------------------------------------------------------------------------
 # The server
 
@@ -157,7 +150,8 @@ def running(engine: EchoEngine, api_key: str | None = None) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    eventually(lambda: server.started or not thread.is_alive(), "the server to start")
+    assert wait_until(lambda: server.started or not thread.is_alive(), WAIT_S), \
+        f"waited {WAIT_S} s for the server to start"
     assert server.started
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
@@ -469,7 +463,8 @@ def test_a_client_that_leaves_a_stream_closes_the_generation(client, engine):
     chunks = iter(stream)
     next(chunks), next(chunks)  # the role, then text
     stream.close()
-    eventually(lambda: engine.runs[0].closed, "the engine's iterator to be closed")
+    assert wait_until(lambda: engine.runs[0].closed, WAIT_S), \
+        f"waited {WAIT_S} s for the engine's iterator to be closed"
     assert engine.runs[0].ended and engine.runs[0].steps < 99_000
 
 
@@ -478,8 +473,8 @@ def test_a_client_that_leaves_a_completion_closes_the_generation(url, engine):
     with pytest.raises(httpx.TimeoutException):
         post(url, "/completions", json={"prompt": "a b"},
              timeout=httpx.Timeout(WAIT_S, read=0.2))
-    eventually(lambda: bool(engine.runs) and engine.runs[0].closed,
-               "the engine's iterator to be closed")
+    assert wait_until(lambda: bool(engine.runs) and engine.runs[0].closed, WAIT_S), \
+        f"waited {WAIT_S} s for the engine's iterator to be closed"
 
 
 def test_concurrent_requests_both_complete(url, engine):
@@ -520,9 +515,7 @@ def test_serve_api_serves_until_a_signal_then_returns(engine):
     health: list[int] = []
 
     def drive() -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not ports and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: bool(ports), WAIT_S)
         try:
             health.append(httpx.get(f"http://127.0.0.1:{ports[0]}/health",
                                     timeout=WAIT_S).status_code)

@@ -1,5 +1,5 @@
 """The OpenAI-compatible API under hostile load (issue 55), each attack reproduced on small
-sizes against a served API in its own process (tests/http_fake_api.py: the real engine's
+sizes against a served API in its own process (tests/llm/http_fake_api.py: the real engine's
 queue over a fake chain), its memory read from /proc. Loopback only; every loop is bounded in
 count and time, and the server is killed at the end of each test."""
 
@@ -12,12 +12,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from helpers import wait_until
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -134,13 +136,6 @@ def closed(sock: socket.socket, within: float) -> bool:
             except (ConnectionResetError, BrokenPipeError):
                 return True
     return False
-
-
-def eventually(cond: Callable[[], bool], what: str, within: float = WAIT_S) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +264,8 @@ def test_a_client_that_leaves_while_queued_costs_no_prefill(tmp_path):
     with served(tmp_path, "--sessions", "1", "--token-s", "0.05") as api:
         holder = connect(api)
         holder.sendall(head(length=len(chat("a", 30))) + chat("a", 30))  # 1.5 s of session
-        eventually(lambda: len(api.lines("prefill")) == 1, "the holder's prefill")
+        assert wait_until(lambda: len(api.lines("prefill")) == 1, WAIT_S), \
+            "timed out waiting for the holder's prefill"
         leavers = [connect(api) for _ in range(10)]
         for sock in leavers:
             sock.sendall(head(length=len(chat("b", 30))) + chat("b", 30))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -29,7 +28,7 @@ from edgesplit.llm.generate.client import LLMClient  # noqa: E402
 from edgesplit.llm.generate.engine import LLMEngine, plan_tokenizer  # noqa: E402
 from edgesplit.llm.stage.sampling import Sampling  # noqa: E402
 from edgesplit.runtime.shell import ServingShell  # noqa: E402
-from helpers import server_for  # noqa: E402
+from helpers import server_for, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.usefixtures("one_torch_thread")]
 
@@ -51,9 +50,7 @@ def served() -> Iterator[tuple[LLMEngine, str, ServingShell]]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.started or not thread.is_alive(), 30)
     assert server.started
     port = server.servers[0].sockets[0].getsockname()[1]
     try:

@@ -24,7 +24,7 @@ from edgesplit.llm.stage.wire import session_error, session_status
 from edgesplit.models.causal_lm import create_causal_lm
 from edgesplit.plan.model import Plan
 from edgesplit.runtime.shell import ServingShell
-from helpers import server_for
+from helpers import listening, server_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -99,32 +99,24 @@ def _generate_at_once(plan: Plan, model, address: str, planes: list[str]) -> lis
 def test_workers_bound_grpc_and_the_data_plane_together(plan, model):
     """With --workers 1, steps over the data plane all ran at once (12 seen): one limiter
     now serves both paths."""
-    server = server_for(plan, "laptop", model=model, max_workers=1, max_sessions=4)
-    port = server.start()
-    gate = Gate(server, together=2)
-    try:
+    with listening(plan, "laptop", model=model, max_workers=1, max_sessions=4) as (server, address):
+        gate = Gate(server, together=2)
         planes = ["tcp", "tcp", "tcp", "grpc"]
-        results = _generate_at_once(plan, model, f"127.0.0.1:{port}", planes)
+        results = _generate_at_once(plan, model, address, planes)
         assert all(isinstance(r, list) and len(r) == 1 for r in results), results
         assert gate.most == 1
-    finally:
-        server.stop(0)
 
 
 def test_max_sessions_bounds_the_caches_alive_under_concurrent_steps(plan, model):
     """With --max-sessions 2, concurrent steps of new sessions each evicted one in a step and
     kept its cache alive (12 caches seen): a new session now takes an idle one's room only,
     waiting while every cache is in a step."""
-    server = server_for(plan, "laptop", model=model, max_workers=4, max_sessions=2)
-    port = server.start()
-    gate = Gate(server, together=4)
-    try:
-        results = _generate_at_once(plan, model, f"127.0.0.1:{port}", ["tcp"] * 4)
+    with listening(plan, "laptop", model=model, max_workers=4, max_sessions=2) as (server, address):
+        gate = Gate(server, together=4)
+        results = _generate_at_once(plan, model, address, ["tcp"] * 4)
         assert all(isinstance(r, list) and len(r) == 1 for r in results), results
         assert gate.most_alive <= 2
         assert server.handler.sessions.alive <= 2
-    finally:
-        server.stop(0)
 
 
 def _cache() -> object:
@@ -171,19 +163,15 @@ def test_the_data_plane_checks_the_token_before_it_allocates_a_step(plan, model)
     from edgesplit.transport import bearer_metadata
     from edgesplit.transport.frames.codec import CALL, FAILED, _Inbox, encode_meta, read_frame
 
-    server = server_for(plan, "laptop", model=model, token="s3cret")
-    server.start()
-    meta = encode_meta({"metadata": [list(p) for p in bearer_metadata("wrong")]})
-    part = server.limit - 4096  # the most a step may carry
-    head = struct.pack("<4sBBHQIIQ", b"ESF1", 1, CALL, 0, 1, len(meta), 1,
-                       8 + len(meta) + part) + struct.pack("<Q", part) + meta
-    try:
+    with listening(plan, "laptop", model=model, token="s3cret") as (server, _):
+        meta = encode_meta({"metadata": [list(p) for p in bearer_metadata("wrong")]})
+        part = server.limit - 4096  # the most a step may carry
+        head = struct.pack("<4sBBHQIIQ", b"ESF1", 1, CALL, 0, 1, len(meta), 1,
+                           8 + len(meta) + part) + struct.pack("<Q", part) + meta
         assert server.data_port is not None
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
             sock.sendall(head)  # declares a whole step, sends none of it
             answer = read_frame(sock, _Inbox(), 1 << 20)
-    finally:
-        server.stop(0)
     assert answer.kind == FAILED and answer.meta["code"] == "UNAUTHENTICATED"
 
 

@@ -215,13 +215,10 @@ def test_shaped_links_cost_the_round_trip(model):
     tokens, doc = _generate(plan, model, emulate=False)
     assert all(t.step_ms >= slow_link.rtt_ms for t in tokens)
     assert "emulated_decode_ms" not in doc["stages"][0]
-    server = server_for(plan, "slow-b", model=model, data_port=None, shape=False)
-    try:
+    with server_for(plan, "slow-b", model=model, data_port=None, shape=False) as server:
         assert not server.handler.upstream.enabled and not server.handler.downstream.enabled
         client = LLMClient(plan, server.loopback_channel(), model=model, shape=False)
         assert not client.shaper.enabled
-    finally:
-        server.stop(grace_s=0)
 
 
 def test_a_device_faster_than_this_machine_warns_once_and_runs_as_is(caplog):

@@ -30,7 +30,7 @@ from edgesplit.runtime.options import CallOptions
 from edgesplit.runtime.planned import SESSION_KEY
 from edgesplit.runtime.program import PlanProgram
 from edgesplit.runtime.shell import ServingShell
-from helpers import perturbed, server_for
+from helpers import listening, perturbed, server_for
 
 PROMPT = 8
 NEW = 10
@@ -153,24 +153,18 @@ def test_over_sockets_and_the_data_plane(models):
     steps, a bearer token on every hop."""
     model = models["gpt2_tiny"]
     plan = _plan("gpt2_tiny", (0, 2, 4, 6))
-    last = server_for(plan, "jetson", model=model, token="s3cret")
-    last_port = last.start()
-    middle = server_for(plan, "laptop", next_address=f"127.0.0.1:{last_port}",
-                        model=model, token="s3cret")
-    port = middle.start()
-    try:
+    with (listening(plan, "jetson", model=model, token="s3cret") as (_, last),
+          listening(plan, "laptop", next_address=last, model=model,
+                    token="s3cret") as (_, address)):
         prompt = _prompt(model, 5)
-        with LLMClient(plan, f"127.0.0.1:{port}", model=model,
+        with LLMClient(plan, address, model=model,
                        calls=CallOptions(token="s3cret")) as client:
             assert _tokens(client, prompt) == _reference(model, prompt)
             assert client._hop is not None and client._hop.data_plane.startswith("tcp ")
-        with LLMClient(plan, f"127.0.0.1:{port}", model=model,
+        with LLMClient(plan, address, model=model,
                        calls=CallOptions(token="wrong")) as client, \
                 pytest.raises(Exception, match="UNAUTHENTICATED"):
             _tokens(client, prompt, 2)
-    finally:
-        middle.stop(0)
-        last.stop(0)
 
 
 # ---- sessions -------------------------------------------------------------------------------
@@ -383,10 +377,9 @@ def test_a_failure_further_down_the_chain_rolls_every_stage_back(models):
     Its next step fails there, and the middle stage's cache for "a" is as it was."""
     model = models["llama_tiny"]
     plan = _plan("llama_tiny", (0, 2, 4, 6), sessions=2)
-    last = server_for(plan, "jetson", model=model, data_port=None, max_sessions=1)
-    middle = server_for(plan, "laptop", next_address=last.loopback_channel(), model=model,
-                        data_port=None)
-    try:
+    with (server_for(plan, "jetson", model=model, data_port=None, max_sessions=1) as last,
+          server_for(plan, "laptop", next_address=last.loopback_channel(), model=model,
+                     data_port=None) as middle):
         a = LLMClient(plan, middle.loopback_channel(), model=model, session="a")
         b = LLMClient(plan, middle.loopback_channel(), model=model, session="b")
         stream = a.generate(_prompt(model, 1)[0].tolist(), NEW)
@@ -399,9 +392,6 @@ def test_a_failure_further_down_the_chain_rolls_every_stage_back(models):
         layer = middle.handler.sessions.state("a").cache.layers[2]  # the middle stage's first
         assert layer.get_seq_length() == held
         assert a.sessions.length("a") == held  # the client's own stage too
-    finally:
-        middle.stop(0)
-        last.stop(0)
 
 
 def test_a_stream_of_steps_gives_the_tokens_of_single_calls_and_a_bad_step_fails_alone(models):

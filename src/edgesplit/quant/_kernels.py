@@ -9,7 +9,7 @@ straight into the message (and back: the packed bytes straight into the result's
 memory). numba compiles them on first use (``cache=True`` keeps the machine code across
 processes) and they release the GIL, so server threads encode and decode side by side.
 
-The results are byte-identical to the reference path (tests/test_wire.py compares them): every
+The results are byte-identical to the reference path (tests/quant/test_wire.py compares them): every
 operation is the reference's, in float32, in the same order, rounded after each step (no
 fastmath, so no reassociation and no fused multiply-add): ``q = clamp(rint(x / s + z), 0, top)``
 with round-half-even, and ``x = (float32(q) - z) * s``. Bit widths 1, 2, 4, 6 and 8 have

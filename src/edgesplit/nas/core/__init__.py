@@ -1,5 +1,5 @@
 """The core the three NAS systems share; it imports none of them, and none of them imports
-another (``tests/test_architecture.py``).
+another (``tests/docs/test_architecture.py``).
 
 - :mod:`~edgesplit.nas.core.evolution`: the evolutionary loop (any breeder, constraints with a
   violation, Pareto fronts): the toolkit's :class:`EvolutionSearch`, and the generation steps

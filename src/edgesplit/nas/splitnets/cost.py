@@ -4,7 +4,7 @@ the MACs, FLOPs, parameters and tensor sizes the LayerGraph would give them, pri
 devices' own estimators (T_sen + T_comm + T_agg, eq. 1) and the sensor's peak memory of
 weights + activations (appendix G) computed as :func:`edgesplit.graph.memory.peak_memory`
 does. An evolutionary search asks this hundreds of times; capturing every candidate would
-take a second each. ``tests/test_nas_splitnets.py`` checks it against the captured graph
+take a second each. ``tests/nas/test_nas_splitnets.py`` checks it against the captured graph
 (every layer's work, the memory and the plan's predicted latency), and the search's final
 networks are captured and planned for real.
 
