@@ -48,13 +48,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import select
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -63,6 +61,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -278,24 +278,6 @@ def _program(name: str) -> list[str]:
         sys.executable, "-c", "from edgesplit.cli import main; main()"]
 
 
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range: a port-0 socket (a server's data plane,
-    a client) cannot take it between this choice and the server that binds it."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    pick = random.SystemRandom()
-    for _ in range(100):
-        port = pick.randrange(10000, max(low, 10001))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in 10000-{low}")
-
-
 def free_ports(steps: list[Step]) -> None:
     """Replace the ports a page names by free ones, the same N by the same port on the page,
     in commands and Python blocks alike."""
@@ -303,7 +285,7 @@ def free_ports(steps: list[Step]) -> None:
 
     def free(m: re.Match[str]) -> str:
         if m[2] not in ports:
-            ports[m[2]] = str(_free_port())
+            ports[m[2]] = str(free_port())
         return m[1] + ports[m[2]]
 
     for step in steps:
