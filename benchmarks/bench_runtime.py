@@ -739,10 +739,11 @@ def _load_row(plane: str, batching: bool, pairs: list[tuple[float, dict, dict]]
 
 
 # ---- 6. old and new code in the same run --------------------------------------------------------
-# the commit before the serving-shell work (issue 39) began: its overhead and throughput are what
-# the refactor must stay within
-BASELINE_REF = "3672140"
-BASELINE_ROUNDS = 4  # old, new, then new, old, ...: drift over the run hits both equally
+# the commit before the restructuring (issue 57: servers as one shell plus handlers) began: its
+# overhead and throughput are what the refactor must stay within
+BASELINE_REF = "0f0ccd7"
+BASELINE_ABOUT = "before issue 57's restructuring: servers as one shell plus handlers"
+BASELINE_ROUNDS = 5  # old, new, then new, old, ...: drift over the run hits both equally
 CLIENT_SCRIPT = Path(__file__).with_name("load_client.py")
 NEW_SRC = Path(edgesplit.__file__).resolve().parents[1]  # the source this process imports
 
@@ -842,6 +843,7 @@ def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
     plan.save(plan_path)  # this version's plan file; the old code reads it (checked at start)
     before = os.getloadavg()[0]
     out: dict[str, Any] = {"model": model, "split_after": layer, "ref": ref, "rounds": rounds,
+                           "about": BASELINE_ABOUT if ref == BASELINE_REF else None,
                            "setups": [], "load_before": before}
     with source_at(ref) as (old_src, commit):
         out["commit"] = commit
@@ -920,7 +922,8 @@ def _overhead_run(src: Path, out: Path, rounds: int, splits: int) -> list[dict[s
     return doc["overhead"]
 
 
-OVERHEAD_METRICS = (("overhead_ms", "overhead ms"), ("served_ms", "served ms"))
+OVERHEAD_METRICS = (("overhead_ms", "overhead ms"), ("runtime_transfer_ms", "transfer ms"),
+                    ("served_ms", "served ms"))
 
 
 def bench_baseline_overhead(srcs: dict[str, Path], tmp: Path, rounds: int,
@@ -946,10 +949,31 @@ def bench_baseline_overhead(srcs: dict[str, Path], tmp: Path, rounds: int,
             rows.append({"model": model, "split_after": layer, "plane": plane,
                          "request_bytes": nbytes, "metric": metric, "unit": unit,
                          **_compare(values("old", metric), values("new", metric), False)})
-        print(f"baseline overhead {model} {plane}: new/old x{rows[-2]['ratio']:.3f} "
-              f"({rows[-2]['verdict']})")
+        overhead = rows[-len(OVERHEAD_METRICS)]
+        print(f"baseline overhead {model} {plane}: new/old x{overhead['ratio']:.3f} "
+              f"({overhead['verdict']})")
     return {"rounds": rounds, "requests": requests, "rows": rows, "load_before": before,
-            "load_after": os.getloadavg()[0]}
+            "load_after": os.getloadavg()[0], "transport": _transport_ratios(runs["new"])}
+
+
+def _transport_ratios(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per split, this checkout's data plane against the raw TCP round trip of the same bytes in
+    the same run (in the served request's place): transfer (framing, sockets, wake-ups) and
+    overhead (transfer + the reply's encode/decode) over it, per run and their median."""
+    rows = []
+    for first in (x for x in runs[0] if x["plane"] == "tcp"):
+        key = (first["model"], first["split_after"])
+        per_run = [x for run in runs for x in run
+                   if x["plane"] == "tcp" and (x["model"], x["split_after"]) == key]
+        transfer = [x["runtime_transfer_ms"] / x["raw_rtt_in_place_ms"] for x in per_run]
+        overhead = [x["overhead_over_in_place"] for x in per_run]
+        rows.append({"model": key[0], "split_after": key[1],
+                     "request_bytes": first["request_bytes"],
+                     "transfer_over_in_place": transfer,
+                     "transfer_over_in_place_median": _median(transfer),
+                     "overhead_over_in_place": overhead,
+                     "overhead_over_in_place_median": _median(overhead)})
+    return rows
 
 
 # ---- results ------------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ def _render_header(doc: dict[str, Any]) -> list[str]:
         "serve`, and a process for section 1's references), as a deployment would, and in "
         "sections 1 and 3 each side computes on one torch thread: the edge and cloud devices "
         "get one of the two cores each (two OpenMP teams of two threads on two shared cores "
-        "make each other wait). Section 2 runs its server *in this process*: a "
-        "`PartitionServer` serves the plan's cloud part on 127.0.0.1 and a `ChainClient` runs "
+        "make each other wait). Section 2 runs its server *in this process*: a partition "
+        "server (`runtime/server.py:partition_server`) serves the plan's cloud part on "
+        "127.0.0.1 and a `ChainClient` runs "
         "the edge part. A request's edge and cloud compute run one after the other, never at "
         "once.", ""]
 
@@ -208,8 +209,9 @@ def _render_baseline(doc: dict[str, Any]) -> list[str]:
     one, many = first["single client"], first["concurrent"]
     lines = [f"## 6. Old and new code in one run: section 4's setups, commit `{b['commit'][:7]}` "
              "against this checkout", "",
-             f"Commit `{b['commit'][:10]}` (`{b['ref']}`, before the serving-shell refactor of "
-             "issue 39) is unpacked into a temporary folder (`git archive`); per setup one "
+             f"Commit `{b['commit'][:10]}` (`{b['ref']}`, "
+             f"{b.get('about') or 'before the serving-shell refactor of issue 39'}) is unpacked "
+             "into a temporary folder (`git archive`); per setup one "
              "`edgesplit serve --threads 1` process runs the old code and one the new (both "
              "idle while the other is measured), and the same client script "
              "(`benchmarks/load_client.py`, which imports the version under test) drives each: "
@@ -255,6 +257,31 @@ def _render_baseline_overhead(b: dict[str, Any]) -> list[str]:
                      f"({min(r['old']):.3f}..{max(r['old']):.3f}) | {r['new_median']:.3f} "
                      f"({min(r['new']):.3f}..{max(r['new']):.3f}) | x{r['ratio']:.3f} | "
                      f"{r['verdict']} |")
+    return [*lines, *_render_transport(ov.get("transport"), ov["rounds"])]
+
+
+TRANSPORT_GOAL = 1.5  # issue 57: a served split's transfer at most 1.5x the raw round trip
+
+
+def _render_transport(rows: list[dict[str, Any]] | None, runs: int) -> list[str]:
+    """This checkout's data plane against the raw round trip of the same bytes, per run."""
+    if not rows:
+        return []
+    lines = ["", f"This checkout's data plane in those {runs} runs against the raw TCP round "
+             "trip of the same bytes in the served request's place, measured in the same run "
+             "(section 1's `raw in place`): `transfer` is what the client reports as transfer "
+             "(framing, sockets, thread wake-ups), `overhead` adds the reply's encode/decode. "
+             f"Goal (issue 57): transfer at most {TRANSPORT_GOAL}x for the 401 KB split, "
+             "median of the runs.", "",
+             "| model | split after | bytes up | transfer / raw, per run | median | "
+             "overhead / raw, per run | median |", "|---|---|---:|---|---:|---|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | `{r['split_after']}` | {r['request_bytes']:,} | "
+            + ", ".join(f"{x:.2f}" for x in r["transfer_over_in_place"])
+            + f" | **{r['transfer_over_in_place_median']:.2f}x** | "
+            + ", ".join(f"{x:.2f}" for x in r["overhead_over_in_place"])
+            + f" | {r['overhead_over_in_place_median']:.2f}x |")
     return lines
 
 
@@ -414,9 +441,17 @@ def _note_baseline(doc: dict[str, Any]) -> str:
               for r in b.get("overhead", {}).get("rows", []) if r["verdict"] == "worse"]
     errors = sum(s["errors_all_runs"] for s in b["setups"])
     diff = max(s["max_abs_diff_all_runs"] for s in b["setups"])
+    labelled = [(f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}", m)
+                for s in b["setups"] for m in s["metrics"]]
+    labelled += [(f"section 1 {r['model']} {r['request_bytes']:,} B {r['plane']} {r['metric']}", r)
+                 for r in b.get("overhead", {}).get("rows", [])]
+    outside = [(label, m) for label, m in labelled if abs(m["ratio"] - 1) > 0.05]
     return (f"Of {len(metrics)} metrics, {verdicts['within spread']} are within the "
             f"run-to-run spread, {verdicts['better']} better and {verdicts['worse']} worse"
             + (f" ({', '.join(worse)})" if worse else "") +
+            f"; {len(metrics) - len(outside)} have new/old medians within 5 %"
+            + (" (outside: " + ", ".join(f"{label} x{m['ratio']:.3f}" for label, m in outside)
+               + ")" if outside else "") +
             f"; new/old throughput x{min(ratios):.3f}-x{max(ratios):.3f}. Every run of both "
             f"versions answered with {errors} errors in all, outputs equal to the unsplit model "
             f"within {diff:.2g}. Section 1 runs in whole runs per version, not request by "
