@@ -1,0 +1,330 @@
+"""A lean Llama stage: its decoder layers as one ONNX Runtime graph over quantized weights and
+a preallocated KV cache, one ``run`` per step.
+
+Why a graph and not torch modules: a decode step of SmolLM2-135M spends 22 ms of its measured
+60 ms in float32 linears and the rest in per-module Python and allocation (issue 53), and
+torch 2.13's CPU int8/int4 matmuls are 6-14x slower than float32 at one token. One graph run
+per step has no per-module Python, and ONNX Runtime's ``MatMulNBits`` computes straight from
+the GGUF's 4- and 8-bit blocks (:mod:`edgesplit.llm.stage.quantized`).
+
+The graph, per decoder layer (transformers' ``LlamaDecoderLayer``, the same arithmetic):
+
+    a, r = SkipSimplifiedLayerNormalization(x_pending, residual, attn_norm)   # RMSNorm
+    q, k, v = MatMulNBits(a, W_qkv)  (fused where the three share a type)
+    o, K, V = GroupQueryAttention(q, k, v, K_cache, V_cache, rotary half-split)
+    f, r = SkipSimplifiedLayerNormalization(MatMulNBits(o, W_o), r, ffn_norm)
+    g, u = MatMulNBits(f, W_gate_up)
+    x_pending = MatMulNBits(silu(g) * u, W_down)
+
+The residual add is folded into the next norm (the pair ``x_pending, residual`` is the
+stream); a stage that forwards its hidden state adds them once at its end. The embedding
+lookup runs outside the graph (the rows of a step's tokens, dequantised from the same bytes as
+a tied head's); the head takes the last position only.
+
+Invariants: the KV cache of a session is ``2 x layers`` buffers ``[1, kv_heads, max_context,
+head_dim]`` allocated once; a step writes positions ``position .. position + T - 1`` and
+attends to ``0 .. position + T - 1`` (GroupQueryAttention's shared past/present buffer), so
+what lies past a session's length is never read and rewinding is setting the length. A step
+allocates only its outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgesplit.errors import ConfigError
+from edgesplit.llm.model.gguf import KERNEL_TYPES, GGUFModel, GGUFShape, QuantTensor
+from edgesplit.llm.stage.quantized import NBitsWeight, dequantize_rows, float_weight, nbits_weight
+
+__all__ = ["KVBuffers", "OnnxStage"]
+
+log = logging.getLogger(__name__)
+_MS = "com.microsoft"
+ACCURACY_INT8 = 4  # MatMulNBits: int8 activations, int32 accumulation (the fast MLAS path)
+
+
+@dataclass
+class KVBuffers:
+    """One session's KV cache on one stage: per layer a key and a value buffer, each
+    ``[1, kv_heads, max_context, head_dim]``, as ONNX Runtime values the graph writes in
+    place."""
+
+    keys: list[Any]
+    values: list[Any]
+    length: int = 0  # tokens held
+
+    def crop(self, length: int) -> None:
+        """Hold ``length`` tokens again (what lies past it is never read)."""
+        self.length = min(self.length, length)
+
+
+@dataclass
+class _Graph:
+    """The graph under construction: nodes, initializers, inputs and outputs."""
+
+    nodes: list[Any] = field(default_factory=list)
+    initializers: list[Any] = field(default_factory=list)
+    inputs: list[Any] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "",
+             **attrs: Any) -> list[str]:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attrs))
+        return outputs
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+
+class OnnxStage:
+    """Decoder layers ``[first, end)`` of a GGUF Llama, with the embedding (``embed``) and the
+    head (``head``) where the stage holds them, run by ONNX Runtime on ``threads`` threads.
+    :meth:`step` takes token ids (``embed``) or a hidden state and returns the hidden state
+    it forwards or, with ``head``, the last position's logits."""
+
+    def __init__(self, model: GGUFModel, first: int, end: int, *, embed: bool, head: bool,
+                 max_context: int, threads: int = 1,
+                 accuracy_level: int = ACCURACY_INT8) -> None:
+        self.shape: GGUFShape = model.shape
+        s = self.shape
+        if not 0 <= first <= end <= s.num_layers:
+            raise ConfigError(f"layers [{first}, {end}) are not in the model's "
+                              f"{s.num_layers}")
+        if not 1 <= max_context <= s.max_positions:
+            raise ConfigError(f"max context {max_context} is not within the model's "
+                              f"{s.max_positions} positions")
+        self.first, self.end, self.max_context = first, end, max_context
+        self.accuracy_level = accuracy_level  # 0: float32 activations (exact, slower)
+        self.embed = _embedding(model) if embed else None
+        self.has_head = head
+        self.kinds: dict[str, int] = {}  # tensor type -> tensors of it the stage holds
+        self.weight_bytes = 0
+        self._session = self._open(self._graph(model), threads)
+
+    # ---- building --------------------------------------------------------------------------
+    def _graph(self, model: GGUFModel) -> Any:
+        from onnx import TensorProto, helper
+
+        s, g = self.shape, _Graph()
+        g.inputs.append(helper.make_tensor_value_info("hidden", TensorProto.FLOAT,
+                                                      [1, "T", s.hidden_size]))
+        if self.end > self.first:
+            g.inputs += [helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+                         helper.make_tensor_value_info("total_len", TensorProto.INT32, [1])]
+            cos, sin = _rotary(s, self.max_context)
+            g.const("cos", cos)
+            g.const("sin", sin)
+        pending, residual = "hidden", ""
+        for i in range(self.first, self.end):
+            pending, residual = self._layer(g, model, i, pending, residual)
+        if self.has_head:
+            self._head(g, model, pending, residual)
+        else:
+            out = pending if not residual else g.node("Add", [pending, residual], ["out"])[0]
+            if out == "hidden":  # an empty stage passes the state on
+                out = g.node("Identity", ["hidden"], ["out"])[0]
+            g.outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+        graph = helper.make_graph(g.nodes, "stage", g.inputs, g.outputs, g.initializers)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                       helper.make_opsetid(_MS, 1)])
+
+    def _norm(self, g: _Graph, name: str, x: str, residual: str, weight: np.ndarray
+              ) -> tuple[str, str]:
+        """RMSNorm of ``x + residual`` (``residual`` "": of ``x``): (normed, the sum)."""
+        gamma = g.const(f"{name}.w", weight.reshape(-1).astype(np.float32))
+        eps = self.shape.rms_eps
+        if not residual:
+            out = g.node("SimplifiedLayerNormalization", [x, gamma], [f"{name}.y"],
+                         axis=-1, epsilon=eps)[0]
+            return out, x
+        out = g.node("SkipSimplifiedLayerNormalization", [x, residual, gamma],
+                     [f"{name}.y", "", "", f"{name}.sum"], domain=_MS, epsilon=eps)
+        return out[0], out[3]
+
+    def _linear(self, g: _Graph, name: str, x: str, tensors: list[QuantTensor]) -> list[str]:
+        """``x`` times each of ``tensors`` ([out, in]); one fused MatMulNBits where they share
+        a kernel type, split after."""
+        for t in tensors:
+            self.kinds[t.kind] = self.kinds.get(t.kind, 0) + 1
+        kinds = {t.kind for t in tensors}
+        if len(kinds) == 1 and kinds <= set(KERNEL_TYPES):
+            w = _fused([nbits_weight(t) for t in tensors])
+            y = self._matmul_nbits(g, name, x, w)
+        else:
+            w32 = np.concatenate([_float_logged(t) for t in tensors], axis=0)
+            self.weight_bytes += w32.nbytes
+            y = g.node("MatMul", [x, g.const(f"{name}.w", w32.T.copy())], [f"{name}.y"])[0]
+        if len(tensors) == 1:
+            return [y]
+        sizes = g.const(f"{name}.split", np.array([t.rows for t in tensors], np.int64))
+        return g.node("Split", [y, sizes], [f"{name}.{i}" for i in range(len(tensors))],
+                      axis=-1)
+
+    def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight) -> str:
+        self.weight_bytes += w.nbytes
+        ins = [x, g.const(f"{name}.b", w.packed), g.const(f"{name}.s", w.scales)]
+        if w.zero_points is not None:
+            ins.append(g.const(f"{name}.z", w.zero_points))
+        return g.node("MatMulNBits", ins, [f"{name}.y"], domain=_MS, K=w.k, N=w.n,
+                      bits=w.bits, block_size=32, accuracy_level=self.accuracy_level)[0]
+
+    def _layer(self, g: _Graph, model: GGUFModel, i: int, pending: str, residual: str
+               ) -> tuple[str, str]:
+        from onnx import TensorProto, helper
+
+        s, n = self.shape, f"l{i}"
+        a, residual = self._norm(g, f"{n}.attn_norm", pending, residual,
+                                 float_weight(model.linear("attn_norm", i)))
+        q, k, v = self._linear(g, f"{n}.qkv", a, [model.linear(p, i) for p in "qkv"])
+        cache = [1, s.num_kv_heads, self.max_context, s.head_dim]
+        g.inputs += [helper.make_tensor_value_info(f"{n}.past_k", TensorProto.FLOAT, cache),
+                     helper.make_tensor_value_info(f"{n}.past_v", TensorProto.FLOAT, cache)]
+        attn, pk, pv = g.node(
+            "GroupQueryAttention", [q, k, v, f"{n}.past_k", f"{n}.past_v", "seqlens_k",
+                                    "total_len", "cos", "sin"],
+            [f"{n}.attn", f"{n}.present_k", f"{n}.present_v"], domain=_MS,
+            num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1,
+            rotary_interleaved=0, scale=float(s.head_dim ** -0.5))
+        g.outputs += [helper.make_tensor_value_info(x, TensorProto.FLOAT, cache)
+                      for x in (pk, pv)]
+        (o,) = self._linear(g, f"{n}.o", attn, [model.linear("o", i)])
+        f, residual = self._norm(g, f"{n}.ffn_norm", o, residual,
+                                 float_weight(model.linear("ffn_norm", i)))
+        gate, up = self._linear(g, f"{n}.gate_up", f, [model.linear("gate", i),
+                                                      model.linear("up", i)])
+        sig = g.node("Sigmoid", [gate], [f"{n}.sig"])[0]
+        act = g.node("Mul", [g.node("Mul", [gate, sig], [f"{n}.silu"])[0], up],
+                     [f"{n}.act"])[0]
+        (down,) = self._linear(g, f"{n}.down", act, [model.linear("down", i)])
+        return down, residual
+
+    def _head(self, g: _Graph, model: GGUFModel, pending: str, residual: str) -> None:
+        from onnx import TensorProto, helper
+
+        last = g.node("Slice", [pending, g.const("last.from", np.array([-1], np.int64)),
+                                g.const("last.to", np.array([2**31], np.int64)),
+                                g.const("last.axis", np.array([1], np.int64))],
+                      ["last.x"])[0]
+        if residual:
+            residual = g.node("Slice", [residual, "last.from", "last.to", "last.axis"],
+                              ["last.r"])[0]
+        normed, _ = self._norm(g, "output_norm", last, residual,
+                               float_weight(model.tensor("output_norm.weight")))
+        (logits,) = self._linear(g, "head", normed, [model.head()])
+        g.outputs.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, None))
+
+    @staticmethod
+    def _open(model: Any, threads: int) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # a decode step is a few milliseconds: spinning workers would take the core another
+        # stage or process on this device needs between steps
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+
+    # ---- running ---------------------------------------------------------------------------
+    def new_cache(self) -> KVBuffers:
+        """An empty KV cache for one session, allocated once at its full size."""
+        import onnxruntime as ort
+
+        s = self.shape
+        shape = (1, s.num_kv_heads, self.max_context, s.head_dim)
+        layers = range(self.first, self.end)
+        return KVBuffers([ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
+                          for _ in layers],
+                         [ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
+                          for _ in layers])
+
+    def cache_bytes(self) -> int:
+        s = self.shape
+        return 2 * (self.end - self.first) * s.num_kv_heads * self.max_context * s.head_dim * 4
+
+    def step(self, x: np.ndarray, position: int, cache: KVBuffers | None) -> np.ndarray:
+        """Run positions ``position .. position + T - 1`` (``x``: token ids ``[1, T]`` where
+        the stage embeds, else a hidden state ``[1, T, H]``); the hidden state ``[1, T, H]``
+        it forwards, or with the head the last position's logits ``[1, vocab]``. The cache
+        holds ``position + T`` tokens after."""
+        hidden = self._embed(x) if self.embed is not None else np.ascontiguousarray(
+            x, dtype=np.float32)
+        tokens = int(hidden.shape[1])
+        total = position + tokens
+        if total > self.max_context:
+            raise ConfigError(f"positions up to {total} pass the stage's max context of "
+                              f"{self.max_context}")
+        binding = self._session.io_binding()
+        binding.bind_cpu_input("hidden", hidden)
+        if self.end > self.first:
+            assert cache is not None
+            binding.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
+            binding.bind_cpu_input("total_len", np.array([total], np.int32))
+            for j, i in enumerate(range(self.first, self.end)):
+                for name, buf in ((f"l{i}.past_k", cache.keys[j]),
+                                  (f"l{i}.past_v", cache.values[j])):
+                    binding.bind_ortvalue_input(name, buf)
+                binding.bind_ortvalue_output(f"l{i}.present_k", cache.keys[j])
+                binding.bind_ortvalue_output(f"l{i}.present_v", cache.values[j])
+        out = self._session.get_outputs()[-1].name
+        binding.bind_output(out, "cpu")
+        self._session.run_with_iobinding(binding)
+        if cache is not None:
+            cache.length = total
+        result = binding.get_outputs()[-1].numpy()
+        return result.reshape(1, -1) if self.has_head else result
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        rows = np.asarray(ids, np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape.vocab_size):
+            raise ConfigError(f"token ids must be in [0, {self.shape.vocab_size})")
+        assert self.embed is not None
+        return dequantize_rows(self.embed, rows)[None]
+
+
+def _rotary(s: GGUFShape, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[positions, head_dim / 2]``, as transformers' default Llama rotary
+    embedding computes them (float32, inverse frequencies from ``rope_theta``)."""
+    inv = 1.0 / (s.rope_theta ** (np.arange(0, s.head_dim, 2, dtype=np.int64)
+                                  .astype(np.float32) / s.head_dim))
+    freqs = np.outer(np.arange(positions, dtype=np.float32), inv.astype(np.float32))
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _fused(weights: list[NBitsWeight]) -> NBitsWeight:
+    """Weights of one type and input size stacked along N: one kernel call."""
+    if len(weights) == 1:
+        return weights[0]
+    zps = [w.zero_points for w in weights]
+    return NBitsWeight(sum(w.n for w in weights), weights[0].k, weights[0].bits,
+                       np.concatenate([w.packed for w in weights]),
+                       np.concatenate([w.scales for w in weights]),
+                       None if zps[0] is None else np.concatenate(zps))
+
+
+_SAID: set[str] = set()
+
+
+def _float_logged(t: QuantTensor) -> np.ndarray:
+    """A weight without a kernel, dequantised to float32, said once per type."""
+    if t.kind not in ("F32", "F16", "BF16") and t.kind not in _SAID:
+        _SAID.add(t.kind)
+        log.warning("GGUF type %s has no quantized kernel here (%s do): its tensors run "
+                    "dequantised to float32", t.kind, ", ".join(KERNEL_TYPES))
+    return float_weight(t)
+
+
+def _embedding(model: GGUFModel) -> NBitsWeight | np.ndarray:
+    t = model.tensor("token_embd.weight")
+    return nbits_weight(t) if t.kind in KERNEL_TYPES else _float_logged(t)

@@ -1,0 +1,120 @@
+"""GGUF blocks in ONNX Runtime's layout for ``com.microsoft.MatMulNBits``, exactly.
+
+A llama.cpp block holds 32 consecutive weights of a row and its scale (and, for Q4_1, its
+minimum); MatMulNBits (ONNX Runtime's MLAS kernels: int8 dot products on AVX2/AVX-512 VNNI)
+takes blocks of the same 32 weights with one scale and a zero point each. The values are the
+same; only the packing differs:
+
+- ``Q4_0``: w = d * (q - 8), q in 0..15. MatMulNBits' default 4-bit zero point is 8: no
+  zero-point input.
+- ``Q8_0``: w = d * q, q in -128..127. Stored as q + 128 against the default 8-bit zero
+  point 128.
+- ``Q4_1``: w = d * q + m. A float zero point z = -m / d gives (q - z) * d = d * q + m; a
+  block whose d is 0 holds m everywhere: q = 0, z = -1, scale m.
+
+llama.cpp packs a 4-bit block's element j in the low nibble of byte j and element j + 16 in
+its high nibble; MatMulNBits packs elements 2i and 2i + 1 into byte i. Repacking copies the
+quantized bytes once (the stage keeps that copy, never a float one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesplit.errors import ConfigError
+from edgesplit.llm.model.gguf import FLOAT_TYPES, KERNEL_TYPES, QuantTensor
+
+__all__ = ["BLOCK", "NBitsWeight", "dequantize_rows", "nbits_weight"]
+
+BLOCK = 32  # weights per block, every type here
+_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per block
+
+
+@dataclass(frozen=True)
+class NBitsWeight:
+    """MatMulNBits' inputs for one weight: ``packed`` ``uint8 [N, blocks, bytes/block]``,
+    ``scales`` ``float32 [N * blocks]``, ``zero_points`` (float32, Q4_1 only) and its bits."""
+
+    n: int
+    k: int
+    bits: int
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+
+    @property
+    def nbytes(self) -> int:
+        zp = 0 if self.zero_points is None else self.zero_points.nbytes
+        return int(self.packed.nbytes + self.scales.nbytes + zp)
+
+
+def _blocks(t: QuantTensor) -> np.ndarray:
+    if t.cols % BLOCK:
+        raise ConfigError(f"{t.name}: {t.cols} columns is not a multiple of the {t.kind} "
+                          f"block of {BLOCK}")
+    return np.ascontiguousarray(t.data).reshape(t.rows, t.cols // BLOCK, _BYTES[t.kind])
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 stored at byte ``at`` of every block, as float32 ``[rows, blocks]``."""
+    return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0] \
+        .astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """llama.cpp's 16 bytes per block -> the 32 values in order (uint8 0..15)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _pack4(values: np.ndarray) -> np.ndarray:
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
+def nbits_weight(t: QuantTensor) -> NBitsWeight:
+    """``t`` (Q4_0, Q4_1 or Q8_0) as MatMulNBits takes it, the same values exactly."""
+    if t.kind not in KERNEL_TYPES:
+        raise ConfigError(f"{t.name}: type {t.kind} has no quantized kernel here "
+                          f"({', '.join(KERNEL_TYPES)} do)")
+    b = _blocks(t)
+    d = _f16(b, 0)
+    if t.kind == "Q8_0":
+        packed = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return NBitsWeight(t.rows, t.cols, 8, packed, d.reshape(-1), None)
+    if t.kind == "Q4_0":
+        return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 2:])), d.reshape(-1), None)
+    m = _f16(b, 2)
+    q = _nibbles(b[..., 4:])
+    flat = d == 0  # the block is m everywhere: (0 - (-1)) * m
+    scales = np.where(flat, m, d)
+    zero = np.where(flat, -1.0, -m / np.where(flat, 1.0, d)).astype(np.float32)
+    q[flat] = 0
+    return NBitsWeight(t.rows, t.cols, 4, _pack4(q), scales.reshape(-1),
+                       zero.reshape(-1))
+
+
+def dequantize_rows(w: NBitsWeight | np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """float32 ``[len(rows), K]``: the given rows of a weight (an embedding lookup), from
+    its MatMulNBits form or a float matrix."""
+    if isinstance(w, np.ndarray):
+        return np.asarray(w[rows], dtype=np.float32)
+    blocks = w.k // BLOCK
+    packed = w.packed[rows]
+    scales = w.scales.reshape(w.n, blocks)[rows][..., None]
+    if w.bits == 8:
+        q = packed.astype(np.float32) - 128.0
+    else:
+        q = np.empty((*packed.shape[:-1], BLOCK), np.float32)
+        q[..., 0::2], q[..., 1::2] = packed & 0x0F, packed >> 4
+        zero = 8.0 if w.zero_points is None else \
+            w.zero_points.reshape(w.n, blocks)[rows][..., None]
+        q -= zero
+    return (q * scales).reshape(len(rows), w.k)
+
+
+def float_weight(t: QuantTensor) -> np.ndarray:
+    """A weight without a kernel here, as float32 (said once by the caller)."""
+    if t.kind in FLOAT_TYPES:
+        return np.asarray(t.data, np.float32).reshape(t.rows, t.cols)
+    return t.dequantize()

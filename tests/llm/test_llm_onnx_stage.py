@@ -1,0 +1,140 @@
+"""The quantized ONNX Runtime stage against references that share none of its kernels: the
+GGUF package's own dequantisation, and transformers' Llama loaded from the same GGUF
+(transformers un-permutes and dequantises it itself)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+pytest.importorskip("onnxruntime")
+
+from tiny_gguf import TINY, write_tiny_gguf  # noqa: E402
+
+from edgesplit.errors import ConfigError  # noqa: E402
+from edgesplit.llm.model.gguf import GGUFModel, QuantTensor  # noqa: E402
+from edgesplit.llm.stage.onnx_stage import OnnxStage  # noqa: E402
+from edgesplit.llm.stage.quantized import dequantize_rows, nbits_weight  # noqa: E402
+
+EXACT = 0  # MatMulNBits in float32: the graph's arithmetic, checked tightly
+TOKENS = np.array([[3, 17, 99, 5, 42, 7, 150, 1]], np.int64)
+
+
+@pytest.fixture(scope="module", params=["Q4_0", "Q4_1", "Q8_0"])
+def gguf_file(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / f"tiny-{request.param}.gguf"
+    return write_tiny_gguf(path, request.param)
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_file):
+    """transformers' Llama from the same GGUF, float32."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
+                                                dtype=torch.float32).eval()
+
+
+def _logits_ref(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(ids)).logits[0].numpy()
+
+
+def _whole(path, accuracy=EXACT, **kw) -> OnnxStage:
+    shape = GGUFModel(path).shape
+    return OnnxStage(GGUFModel(path), 0, shape.num_layers, embed=True, head=True,
+                     max_context=64, accuracy_level=accuracy, **kw)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_repacked_blocks_hold_the_gguf_values(tmp_path, kind):
+    """Every weight repacked for MatMulNBits dequantises to what gguf's own code makes of the
+    stored bytes (the same values: a repacking, not a requantisation)."""
+    model = GGUFModel(write_tiny_gguf(tmp_path / "m.gguf", kind))
+    for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight", "token_embd.weight"):
+        t = model.tensor(name)
+        w = nbits_weight(t)
+        ours = dequantize_rows(w, np.arange(t.rows))
+        np.testing.assert_allclose(ours, t.dequantize(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_step_matches_transformers_from_the_same_gguf(gguf_file, reference):
+    stage = _whole(gguf_file)
+    logits = stage.step(TOKENS, 0, stage.new_cache())
+    np.testing.assert_allclose(logits[0], _logits_ref(reference, TOKENS)[-1], rtol=1e-3,
+                               atol=1e-3)
+
+
+def test_decode_over_the_cache_equals_the_whole_sequence(gguf_file, reference):
+    """Prefill 3 tokens, then one token a step: each step's logits are the full sequence's at
+    that position (the preallocated cache, positions and rotary line up)."""
+    stage = _whole(gguf_file)
+    cache = stage.new_cache()
+    full = _logits_ref(reference, TOKENS)
+    stage.step(TOKENS[:, :3], 0, cache)
+    for t in range(3, TOKENS.shape[1]):
+        logits = stage.step(TOKENS[:, t:t + 1], t, cache)
+        np.testing.assert_allclose(logits[0], full[t], rtol=1e-3, atol=1e-3)
+    assert cache.length == TOKENS.shape[1]
+
+
+def test_a_rewound_cache_continues_from_its_prefix(gguf_file, reference):
+    """A second turn sharing 4 tokens: crop, then prefill the rest at position 4."""
+    stage = _whole(gguf_file)
+    cache = stage.new_cache()
+    stage.step(TOKENS, 0, cache)
+    other = TOKENS.copy()
+    other[0, 4:] = [9, 8, 7, 6]
+    cache.crop(4)
+    logits = stage.step(other[:, 4:], 4, cache)
+    np.testing.assert_allclose(logits[0], _logits_ref(reference, other)[-1], rtol=1e-3,
+                               atol=1e-3)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
+def test_two_stages_equal_one(gguf_file, cut):
+    """Layers split at ``cut`` over two stages give the one stage's logits, bit for bit
+    (the int8 kernels, as served)."""
+    model = GGUFModel(gguf_file)
+    layers = model.shape.num_layers
+    one = OnnxStage(model, 0, layers, embed=True, head=True, max_context=64)
+    first = OnnxStage(model, 0, cut, embed=True, head=False, max_context=64)
+    second = OnnxStage(model, cut, layers, embed=False, head=True, max_context=64)
+    c1, c2, c0 = first.new_cache(), second.new_cache(), one.new_cache()
+    for pos, ids in ((0, TOKENS[:, :5]), (5, TOKENS[:, 5:6]), (6, TOKENS[:, 6:7])):
+        expected = one.step(ids, pos, c0)
+        got = second.step(first.step(ids, pos, c1), pos, c2)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        assert int(got.argmax()) == int(expected.argmax())
+
+
+def test_int8_kernels_agree_with_the_float_reference(gguf_file, reference):
+    """The served path (int8 activations, as llama.cpp's) keeps the float model's top-1 on
+    nearly every position of a teacher-forced sequence."""
+    stage = _whole(gguf_file, accuracy=4)
+    ids = np.random.default_rng(1).integers(0, TINY["vocab"], (1, 48))
+    cache = stage.new_cache()
+    full = _logits_ref(reference, ids)
+    agree = 0
+    for t in range(ids.shape[1]):
+        agree += int(stage.step(ids[:, t:t + 1], t, cache).argmax()) == int(full[t].argmax())
+    assert agree >= 0.9 * ids.shape[1]
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path, gguf_file):
+    stage = _whole(gguf_file)
+    cache = stage.new_cache()
+    with pytest.raises(ConfigError, match="token ids must be in"):
+        stage.step(np.array([[TINY["vocab"]]]), 0, cache)
+    with pytest.raises(ConfigError, match="max context"):
+        stage.step(TOKENS, 60, cache)
+    assert cache.length == 0
+    bad = QuantTensor("w", "Q4_0", 2, 40, np.zeros((2, 40), np.uint8))
+    with pytest.raises(ConfigError, match="not a multiple of the Q4_0 block"):
+        nbits_weight(bad)
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
+    with pytest.raises(ConfigError, match="not a readable GGUF") as info:
+        GGUFModel(tmp_path / "junk.gguf")
+    assert "\n" not in str(info.value)
