@@ -150,11 +150,8 @@ class GGUFModel:
         kind = t.tensor_type.name
         dims = [int(d) for d in t.shape]  # ggml order: ne0 (the row length) first
         cols, rows = dims[0], int(np.prod(dims[1:])) if len(dims) > 1 else 1
-        data = np.asarray(t.data)
-        if kind in FLOAT_TYPES:
-            data = data.reshape(rows, cols)
-        else:
-            data = data.reshape(rows, -1)
+        # float types: one value per weight; quantized: the row's blocks as bytes
+        data = np.asarray(t.data).reshape(rows, cols if kind in FLOAT_TYPES else -1)
         return QuantTensor(name, kind, rows, cols, data)
 
     def linear(self, part: str, layer: int) -> QuantTensor:

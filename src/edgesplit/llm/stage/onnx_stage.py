@@ -9,17 +9,19 @@ the GGUF's 4- and 8-bit blocks (:mod:`edgesplit.llm.stage.quantized`).
 
 The graph, per decoder layer (transformers' ``LlamaDecoderLayer``, the same arithmetic):
 
-    a, r = SkipSimplifiedLayerNormalization(x_pending, residual, attn_norm)   # RMSNorm
+    a = SimplifiedLayerNormalization(x, attn_norm)                 # RMSNorm
     q, k, v = MatMulNBits(a, W_qkv)  (fused where the three share a type)
     o, K, V = GroupQueryAttention(q, k, v, K_cache, V_cache, rotary half-split)
-    f, r = SkipSimplifiedLayerNormalization(MatMulNBits(o, W_o), r, ffn_norm)
-    g, u = MatMulNBits(f, W_gate_up)
-    x_pending = MatMulNBits(silu(g) * u, W_down)
+    x = x + MatMulNBits(o, W_o)
+    g, u = MatMulNBits(SimplifiedLayerNormalization(x, ffn_norm), W_gate_up)
+    x = x + MatMulNBits(silu(g) * u, W_down)
 
-The residual add is folded into the next norm (the pair ``x_pending, residual`` is the
-stream); a stage that forwards its hidden state adds them once at its end. The embedding
-lookup runs outside the graph (the rows of a step's tokens, dequantised from the same bytes as
-a tied head's); the head takes the last position only.
+The residual stream ``x`` is a tensor of its own after every add (no add fused into the next
+norm), so a stage boundary changes no arithmetic: MatMulNBits quantizes its input to int8
+per block, and a last-bit difference there (a fused norm sums in another order) can move a
+logit by 0.1 on a random model (measured). The embedding lookup runs outside the graph (the
+rows of a step's tokens, dequantised from the same bytes as a tied head's); the head takes
+the last position only.
 
 Invariants: the KV cache of a session is ``2 x layers`` buffers ``[1, kv_heads, max_context,
 head_dim]`` allocated once; a step writes positions ``position .. position + T - 1`` and
@@ -38,7 +40,13 @@ import numpy as np
 
 from edgesplit.errors import ConfigError
 from edgesplit.llm.model.gguf import KERNEL_TYPES, GGUFModel, GGUFShape, QuantTensor
-from edgesplit.llm.stage.quantized import NBitsWeight, dequantize_rows, float_weight, nbits_weight
+from edgesplit.llm.stage.quantized import (
+    BLOCK,
+    NBitsWeight,
+    dequantize_rows,
+    float_weight,
+    nbits_weight,
+)
 
 __all__ = ["KVBuffers", "OnnxStage"]
 
@@ -70,6 +78,7 @@ class _Graph:
     initializers: list[Any] = field(default_factory=list)
     inputs: list[Any] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
+    made: set[str] = field(default_factory=set)  # shared intermediate results made so far
 
     def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "",
              **attrs: Any) -> list[str]:
@@ -123,32 +132,24 @@ class OnnxStage:
             cos, sin = _rotary(s, self.max_context)
             g.const("cos", cos)
             g.const("sin", sin)
-        pending, residual = "hidden", ""
+        x = "hidden"
         for i in range(self.first, self.end):
-            pending, residual = self._layer(g, model, i, pending, residual)
+            x = self._layer(g, model, i, x)
         if self.has_head:
-            self._head(g, model, pending, residual)
+            self._head(g, model, x)
         else:
-            out = pending if not residual else g.node("Add", [pending, residual], ["out"])[0]
-            if out == "hidden":  # an empty stage passes the state on
-                out = g.node("Identity", ["hidden"], ["out"])[0]
-            g.outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+            if x == "hidden":  # an empty stage passes the state on
+                x = g.node("Identity", ["hidden"], ["out"])[0]
+            g.outputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, None))
         graph = helper.make_graph(g.nodes, "stage", g.inputs, g.outputs, g.initializers)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                        helper.make_opsetid(_MS, 1)])
 
-    def _norm(self, g: _Graph, name: str, x: str, residual: str, weight: np.ndarray
-              ) -> tuple[str, str]:
-        """RMSNorm of ``x + residual`` (``residual`` "": of ``x``): (normed, the sum)."""
+    def _norm(self, g: _Graph, name: str, x: str, weight: np.ndarray) -> str:
+        """RMSNorm of ``x`` with ``weight``."""
         gamma = g.const(f"{name}.w", weight.reshape(-1).astype(np.float32))
-        eps = self.shape.rms_eps
-        if not residual:
-            out = g.node("SimplifiedLayerNormalization", [x, gamma], [f"{name}.y"],
-                         axis=-1, epsilon=eps)[0]
-            return out, x
-        out = g.node("SkipSimplifiedLayerNormalization", [x, residual, gamma],
-                     [f"{name}.y", "", "", f"{name}.sum"], domain=_MS, epsilon=eps)
-        return out[0], out[3]
+        return g.node("SimplifiedLayerNormalization", [x, gamma], [f"{name}.y"], axis=-1,
+                      epsilon=self.shape.rms_eps)[0]
 
     def _linear(self, g: _Graph, name: str, x: str, tensors: list[QuantTensor]) -> list[str]:
         """``x`` times each of ``tensors`` ([out, in]); one fused MatMulNBits where they share
@@ -172,18 +173,35 @@ class OnnxStage:
     def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight) -> str:
         self.weight_bytes += w.nbytes
         ins = [x, g.const(f"{name}.b", w.packed), g.const(f"{name}.s", w.scales)]
-        if w.zero_points is not None:
-            ins.append(g.const(f"{name}.z", w.zero_points))
-        return g.node("MatMulNBits", ins, [f"{name}.y"], domain=_MS, K=w.k, N=w.n,
-                      bits=w.bits, block_size=32, accuracy_level=self.accuracy_level)[0]
+        zero_points = w.zero_points
+        if zero_points is not None:
+            ins.append(g.const(f"{name}.z", zero_points))
+        y = g.node("MatMulNBits", ins, [f"{name}.q"], domain=_MS, K=w.k, N=w.n,
+                   bits=w.bits, block_size=BLOCK, accuracy_level=self.accuracy_level)[0]
+        if w.mins is None:
+            return y
+        # Q4_1's minimums: x's block sums (one per input, shared by a fused weight's parts)
+        # times the mins, a float matmul K / 32 wide (stage/quantized.py says why)
+        mins = g.const(f"{name}.m", np.ascontiguousarray(w.mins.T))
+        return g.node("Add", [y, g.node("MatMul", [self._block_sums(g, x, w.k), mins],
+                                        [f"{name}.mx"])[0]], [f"{name}.y"])[0]
 
-    def _layer(self, g: _Graph, model: GGUFModel, i: int, pending: str, residual: str
-               ) -> tuple[str, str]:
+    def _block_sums(self, g: _Graph, x: str, k: int) -> str:
+        """``x`` ([B, T, K]) summed over each block of 32: [B, T, K / 32]; made once per x."""
+        name = f"{x}.blocksum"
+        if name not in g.made:
+            g.made.add(name)
+            shape = g.const(f"{x}.blocks", np.array([0, 0, k // BLOCK, BLOCK], np.int64))
+            blocks = g.node("Reshape", [x, shape], [f"{x}.inblocks"])[0]
+            g.node("ReduceSum", [blocks, g.const(f"{x}.lastaxis", np.array([-1], np.int64))],
+                   [name], keepdims=0)
+        return name
+
+    def _layer(self, g: _Graph, model: GGUFModel, i: int, x: str) -> str:
         from onnx import TensorProto, helper
 
         s, n = self.shape, f"l{i}"
-        a, residual = self._norm(g, f"{n}.attn_norm", pending, residual,
-                                 float_weight(model.linear("attn_norm", i)))
+        a = self._norm(g, f"{n}.attn_norm", x, float_weight(model.linear("attn_norm", i)))
         q, k, v = self._linear(g, f"{n}.qkv", a, [model.linear(p, i) for p in "qkv"])
         cache = [1, s.num_kv_heads, self.max_context, s.head_dim]
         g.inputs += [helper.make_tensor_value_info(f"{n}.past_k", TensorProto.FLOAT, cache),
@@ -194,31 +212,28 @@ class OnnxStage:
             [f"{n}.attn", f"{n}.present_k", f"{n}.present_v"], domain=_MS,
             num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1,
             rotary_interleaved=0, scale=float(s.head_dim ** -0.5))
-        g.outputs += [helper.make_tensor_value_info(x, TensorProto.FLOAT, cache)
-                      for x in (pk, pv)]
+        g.outputs += [helper.make_tensor_value_info(y, TensorProto.FLOAT, cache)
+                      for y in (pk, pv)]
         (o,) = self._linear(g, f"{n}.o", attn, [model.linear("o", i)])
-        f, residual = self._norm(g, f"{n}.ffn_norm", o, residual,
-                                 float_weight(model.linear("ffn_norm", i)))
+        x = g.node("Add", [x, o], [f"{n}.mid"])[0]
+        f = self._norm(g, f"{n}.ffn_norm", x, float_weight(model.linear("ffn_norm", i)))
         gate, up = self._linear(g, f"{n}.gate_up", f, [model.linear("gate", i),
                                                       model.linear("up", i)])
         sig = g.node("Sigmoid", [gate], [f"{n}.sig"])[0]
         act = g.node("Mul", [g.node("Mul", [gate, sig], [f"{n}.silu"])[0], up],
                      [f"{n}.act"])[0]
         (down,) = self._linear(g, f"{n}.down", act, [model.linear("down", i)])
-        return down, residual
+        return g.node("Add", [x, down], [f"{n}.out"])[0]
 
-    def _head(self, g: _Graph, model: GGUFModel, pending: str, residual: str) -> None:
+    def _head(self, g: _Graph, model: GGUFModel, x: str) -> None:
         from onnx import TensorProto, helper
 
-        last = g.node("Slice", [pending, g.const("last.from", np.array([-1], np.int64)),
+        last = g.node("Slice", [x, g.const("last.from", np.array([-1], np.int64)),
                                 g.const("last.to", np.array([2**31], np.int64)),
                                 g.const("last.axis", np.array([1], np.int64))],
                       ["last.x"])[0]
-        if residual:
-            residual = g.node("Slice", [residual, "last.from", "last.to", "last.axis"],
-                              ["last.r"])[0]
-        normed, _ = self._norm(g, "output_norm", last, residual,
-                               float_weight(model.tensor("output_norm.weight")))
+        normed = self._norm(g, "output_norm", last,
+                            float_weight(model.tensor("output_norm.weight")))
         (logits,) = self._linear(g, "head", normed, [model.head()])
         g.outputs.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, None))
 
@@ -306,11 +321,12 @@ def _fused(weights: list[NBitsWeight]) -> NBitsWeight:
     """Weights of one type and input size stacked along N: one kernel call."""
     if len(weights) == 1:
         return weights[0]
-    zps = [w.zero_points for w in weights]
-    return NBitsWeight(sum(w.n for w in weights), weights[0].k, weights[0].bits,
+    first = weights[0]
+    mins = None if first.mins is None else np.concatenate([w.mins for w in weights
+                                                           if w.mins is not None])
+    return NBitsWeight(sum(w.n for w in weights), first.k, first.bits,
                        np.concatenate([w.packed for w in weights]),
-                       np.concatenate([w.scales for w in weights]),
-                       None if zps[0] is None else np.concatenate(zps))
+                       np.concatenate([w.scales for w in weights]), first.zero, mins)
 
 
 _SAID: set[str] = set()

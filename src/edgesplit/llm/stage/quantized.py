@@ -9,8 +9,12 @@ same; only the packing differs:
   zero-point input.
 - ``Q8_0``: w = d * q, q in -128..127. Stored as q + 128 against the default 8-bit zero
   point 128.
-- ``Q4_1``: w = d * q + m. A float zero point z = -m / d gives (q - z) * d = d * q + m; a
-  block whose d is 0 holds m everywhere: q = 0, z = -1, scale m.
+- ``Q4_1``: w = d * q + m. MatMulNBits computes x . (d * (q - z)) with a zero point z per
+  block, but only an integer z in 0..15 keeps it on the fast int8 path (a float zero point
+  falls back to dequantising the whole matrix every call: 230 ms a token for SmolLM2 against
+  4.5 ms, measured), and -m / d is no integer. So the product is split where it is exact:
+  x . w = MatMulNBits(x, q, d, z = 0) + (x's block sums) . m, the second a float32 matmul
+  of ``K / 32`` columns (the mins, ``[N, K / 32]``).
 
 llama.cpp packs a 4-bit block's element j in the low nibble of byte j and element j + 16 in
 its high nibble; MatMulNBits packs elements 2i and 2i + 1 into byte i. Repacking copies the
@@ -35,19 +39,31 @@ _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per block
 @dataclass(frozen=True)
 class NBitsWeight:
     """MatMulNBits' inputs for one weight: ``packed`` ``uint8 [N, blocks, bytes/block]``,
-    ``scales`` ``float32 [N * blocks]``, ``zero_points`` (float32, Q4_1 only) and its bits."""
+    ``scales`` ``float32 [N * blocks]``, ``zero`` the zero point every block has (8 or 128:
+    MatMulNBits' defaults, no input; 0: given, ``zero_points`` packed), and for Q4_1 the
+    blocks' ``mins`` ``float32 [N, blocks]`` (added through the block sums of x)."""
 
     n: int
     k: int
     bits: int
     packed: np.ndarray
     scales: np.ndarray
-    zero_points: np.ndarray | None
+    zero: int
+    mins: np.ndarray | None = None
+
+    @property
+    def zero_points(self) -> np.ndarray | None:
+        """The packed zero points MatMulNBits takes where they are not its default."""
+        if self.zero == 1 << (self.bits - 1):
+            return None
+        blocks = self.k // BLOCK
+        per_byte = 8 // self.bits
+        return np.zeros(self.n * -(-blocks // per_byte), np.uint8)  # every zero point 0
 
     @property
     def nbytes(self) -> int:
-        zp = 0 if self.zero_points is None else self.zero_points.nbytes
-        return int(self.packed.nbytes + self.scales.nbytes + zp)
+        mins = 0 if self.mins is None else self.mins.nbytes
+        return int(self.packed.nbytes + self.scales.nbytes + mins)
 
 
 def _blocks(t: QuantTensor) -> np.ndarray:
@@ -81,17 +97,11 @@ def nbits_weight(t: QuantTensor) -> NBitsWeight:
     d = _f16(b, 0)
     if t.kind == "Q8_0":
         packed = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        return NBitsWeight(t.rows, t.cols, 8, packed, d.reshape(-1), None)
+        return NBitsWeight(t.rows, t.cols, 8, packed, d.reshape(-1), 128)
     if t.kind == "Q4_0":
-        return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 2:])), d.reshape(-1), None)
-    m = _f16(b, 2)
-    q = _nibbles(b[..., 4:])
-    flat = d == 0  # the block is m everywhere: (0 - (-1)) * m
-    scales = np.where(flat, m, d)
-    zero = np.where(flat, -1.0, -m / np.where(flat, 1.0, d)).astype(np.float32)
-    q[flat] = 0
-    return NBitsWeight(t.rows, t.cols, 4, _pack4(q), scales.reshape(-1),
-                       zero.reshape(-1))
+        return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 2:])), d.reshape(-1), 8)
+    return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 4:])), d.reshape(-1), 0,
+                       _f16(b, 2))
 
 
 def dequantize_rows(w: NBitsWeight | np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -103,14 +113,14 @@ def dequantize_rows(w: NBitsWeight | np.ndarray, rows: np.ndarray) -> np.ndarray
     packed = w.packed[rows]
     scales = w.scales.reshape(w.n, blocks)[rows][..., None]
     if w.bits == 8:
-        q = packed.astype(np.float32) - 128.0
+        q = packed.astype(np.float32)
     else:
         q = np.empty((*packed.shape[:-1], BLOCK), np.float32)
         q[..., 0::2], q[..., 1::2] = packed & 0x0F, packed >> 4
-        zero = 8.0 if w.zero_points is None else \
-            w.zero_points.reshape(w.n, blocks)[rows][..., None]
-        q -= zero
-    return (q * scales).reshape(len(rows), w.k)
+    out = (q - w.zero) * scales
+    if w.mins is not None:
+        out += w.mins[rows][..., None]
+    return out.reshape(len(rows), w.k)
 
 
 def float_weight(t: QuantTensor) -> np.ndarray:
