@@ -51,6 +51,7 @@ if (req.mode === "teacher") {
     result.runs = [];
     for (let i = 0; i < (req.runs ?? 5); i++) result.runs.push(await generate());
 }
+result.peak_rss_mib = process.resourceUsage().maxRSS / 1024;  // kilobytes
 process.stdout.write(JSON.stringify(result) + "\n");
 await context.dispose();
 await model.dispose();

@@ -17,7 +17,7 @@ from edgesplit.llm.stage.onnx_stage import OnnxStage
 from edgesplit.llm.stage.quantized import dequantize_rows, nbits_weight
 from tiny_gguf import TINY, write_tiny_gguf
 
-EXACT = 0  # MatMulNBits in float32: the graph's arithmetic, checked tightly
+EXACT = "exact"  # MatMulNBits in float32 everywhere: the graph's arithmetic, checked tightly
 TOKENS = np.array([[3, 17, 99, 5, 42, 7, 150, 1]], np.int64)
 
 
@@ -41,10 +41,10 @@ def _logits_ref(model, ids: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(ids)).logits[0].numpy()
 
 
-def _whole(path, accuracy=EXACT, **kw) -> OnnxStage:
+def _whole(path, activations=EXACT, **kw) -> OnnxStage:
     shape = GGUFModel(path).shape
     return OnnxStage(GGUFModel(path), 0, shape.num_layers, embed=True, head=True,
-                     max_context=64, accuracy_level=accuracy, **kw)
+                     max_context=64, activations=activations, **kw)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
@@ -92,15 +92,17 @@ def test_a_rewound_cache_continues_from_its_prefix(gguf_file, reference):
                                atol=1e-3)
 
 
+@pytest.mark.parametrize("activations", ["float", "int8"])
 @pytest.mark.parametrize("cut", [0, 1, 2, 3])
-def test_two_stages_equal_one(gguf_file, cut):
-    """Layers split at ``cut`` over two stages give the one stage's logits, bit for bit
-    (the int8 kernels, as served)."""
+def test_two_stages_equal_one(gguf_file, cut, activations):
+    """Layers split at ``cut`` over two stages give the one stage's logits, bit for bit,
+    with the kernels as served (int8 activations round every last-bit difference)."""
     model = GGUFModel(gguf_file)
     layers = model.shape.num_layers
-    one = OnnxStage(model, 0, layers, embed=True, head=True, max_context=64)
-    first = OnnxStage(model, 0, cut, embed=True, head=False, max_context=64)
-    second = OnnxStage(model, cut, layers, embed=False, head=True, max_context=64)
+    kw = {"max_context": 64, "activations": activations}
+    one = OnnxStage(model, 0, layers, embed=True, head=True, **kw)
+    first = OnnxStage(model, 0, cut, embed=True, head=False, **kw)
+    second = OnnxStage(model, cut, layers, embed=False, head=True, **kw)
     c1, c2, c0 = first.new_cache(), second.new_cache(), one.new_cache()
     for pos, ids in ((0, TOKENS[:, :5]), (5, TOKENS[:, 5:6]), (6, TOKENS[:, 6:7])):
         expected = one.step(ids, pos, c0)
@@ -111,7 +113,7 @@ def test_two_stages_equal_one(gguf_file, cut):
 def test_int8_kernels_agree_with_the_float_reference(gguf_file, reference):
     """The served path (int8 activations, as llama.cpp's) keeps the float model's top-1 on
     nearly every position of a teacher-forced sequence."""
-    stage = _whole(gguf_file, accuracy=4)
+    stage = _whole(gguf_file, activations="int8")
     ids = np.random.default_rng(1).integers(0, TINY["vocab"], (1, 48))
     cache = stage.new_cache()
     full = _logits_ref(reference, ids)
@@ -128,6 +130,8 @@ def test_bad_input_is_refused_in_one_line(tmp_path, gguf_file):
         stage.step(np.array([[TINY["vocab"]]]), 0, cache)
     with pytest.raises(ConfigError, match="max context"):
         stage.step(TOKENS, 60, cache)
+    with pytest.raises(ConfigError, match="activations 'int4': choose one of float, int8"):
+        _whole(gguf_file, activations="int4")
     assert cache.length == 0
     bad = QuantTensor("w", "Q4_0", 2, 40, np.zeros((2, 40), np.uint8))
     with pytest.raises(ConfigError, match="not a multiple of the Q4_0 block"):
