@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from edgesplit.cli._app import (
-    SHAPE_HELP,
     LLM_THREADS_HELP,
+    SHAPE_HELP,
     TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,

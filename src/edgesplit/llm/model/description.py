@@ -37,8 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from edgesplit.errors import ConfigError, UnknownNameError
-from edgesplit.llm.model.precision import FLOAT_BYTES, Precision, check_precision_name, \
-    resolve_precision
+from edgesplit.llm.model.precision import (
+    FLOAT_BYTES,
+    Precision,
+    check_precision_name,
+    resolve_precision,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

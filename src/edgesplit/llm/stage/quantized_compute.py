@@ -105,8 +105,9 @@ class QuantizedStageModel:
         if self.io.empty:  # it relays: no weights, no checkpoint needed here
             return
         layers = self.llm.num_layers
-        self.runner = OnnxStage(quantized_weights(plan), max(self.io.start - 1, 0), min(self.io.end - 1, layers),
-                                embed=self.io.start == 0, head=self.io.end == layers + 2,
+        self.runner = OnnxStage(quantized_weights(plan), max(self.io.start - 1, 0),
+                                min(self.io.end - 1, layers), embed=self.io.start == 0,
+                                head=self.io.end == layers + 2,
                                 max_context=self.llm.max_context, threads=threads or 1)
 
     @property
