@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -116,10 +117,12 @@ def api(
     if key is None and not _is_loopback(host):
         err.print(f"warning: serving on {host} without --api-key: anyone who can reach it "
                   "can generate", highlight=False)
+    # a quantized first stage's ONNX Runtime threads, where given (its default: one)
+    ort_threads: dict[str, Any] = {} if threads is None else {"threads": threads}
     engine = open_engine(load_plan(plan_path), server, token=read_token(token, token_file),
                          tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
                          retries=retries, data_plane=_data_plane(data_plane),
-                         shape=shape, torch_device=torch_device, threads=threads)
+                         shape=shape, torch_device=torch_device, **ort_threads)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     _check_stage(engine, server, wait_for_stage_s)
 
