@@ -281,3 +281,13 @@ def test_a_quantized_stage_takes_no_model_and_computes_on_the_cpu(gguf_plan):
         open_stage(gguf_plan, 1, model=torch.nn.Linear(1, 1))
     with pytest.raises(ConfigError, match="on the CPU"):
         open_stage(gguf_plan, 1, torch_device="meta")
+
+
+def test_emulation_times_and_prices_a_quantized_stage(gguf_plan):
+    """--emulate-device measures the stage's own blocks here and prices them as planned."""
+    from edgesplit.llm.stage.emulation import measured_reference, predicted_reference
+
+    for index in (0, 1):
+        measured = measured_reference(open_stage(gguf_plan, index), gguf_plan, repeats=1)
+        predicted = predicted_reference(gguf_plan, index)
+        assert all(measured[p] > 0 and predicted[p] > 0 for p in ("prefill", "decode"))
