@@ -12,7 +12,7 @@ generation of ``--new-tokens`` tokens after the chat prompt "What is the capital
 (37 tokens), one warm-up then ``--repeats``; the median TTFT and decode tokens/s (tokens after
 the first over the time after the first). Goal (issue 35): 2 stages >= 0.85x one process's
 decode tokens/s. Each stage's resident memory is measured in a process of its own that builds
-only that stage (``LLMStageModel``): the resident set after imports (the process baseline)
+only that stage (``open_stage``): the resident set after imports (the process baseline)
 and after loading; goal: loaded - baseline within 20 % of the plan's ``weight_bytes``.
 
 **B. Placements with real compute on emulated devices.** The model planned by every method
@@ -66,7 +66,7 @@ from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.generate.engine import plan_tokenizer
 from edgesplit.llm.generate.report import generation_report
 from edgesplit.llm.planning.costs import block_ms
-from edgesplit.llm.stage.compute import LLMStageModel
+from edgesplit.llm.stage.compute import open_stage
 from edgesplit.llm.stage.emulation import (
     IDLE_CAP_S,
     measured_reference,
@@ -153,7 +153,7 @@ _MEASURE_STAGE = """
 import gc, json, sys
 import torch
 from edgesplit.plan import load_plan
-from edgesplit.llm.stage.compute import LLMStageModel
+from edgesplit.llm.stage.compute import open_stage
 import transformers.models.llama.modeling_llama  # what a stage imports before it loads
 torch.set_num_threads(1)
 def rss():
@@ -162,9 +162,10 @@ def rss():
             return int(line.split()[1]) * 1024
 plan = load_plan(sys.argv[1])
 gc.collect(); base = rss()
-stage = LLMStageModel(plan, int(sys.argv[2]))
+stage = open_stage(plan, int(sys.argv[2]))
 gc.collect()
-held = sum(t.numel() * t.element_size() for t in stage.tensors().values())
+held = getattr(stage, "weight_bytes", None) or sum(  # quantized: what its graph holds
+    t.numel() * t.element_size() for t in stage.tensors().values())
 print(json.dumps({"baseline": base, "loaded": rss(), "held": held}))
 """
 
@@ -258,7 +259,7 @@ def dilation_for(planning: LLMPlanning) -> float:
                 continue
             if (s.start, s.end) not in references:
                 references[(s.start, s.end)] = measured_reference(
-                    LLMStageModel(plan, i), plan, repeats=1, idle=idle)
+                    open_stage(plan, i), plan, repeats=1, idle=idle)
             low = min(low, *slowdown_factors(plan, i, references[(s.start, s.end)]).values())
     return max(1.0, math.ceil(13.0 / low) / 10.0)
 

@@ -42,7 +42,7 @@ def write_tiny_gguf(path: Path, kind: str = "Q4_0", *, seed: int = 0, tied: bool
             writer.add_tensor(name, w)
             return
         qtype = GGMLQuantizationType[what]
-        writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
+        writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)  # shape: its bytes
 
     def norm(name: str) -> None:
         writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(h)).astype(np.float32))

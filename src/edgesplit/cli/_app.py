@@ -128,6 +128,9 @@ def set_threads(threads: int | None) -> None:
 
 THREADS_HELP = ("Torch threads for compute (default: one per core; give each of several "
                 "processes on one machine its share).")
+LLM_THREADS_HELP = ("Compute threads: torch's for a float plan (default: one per core), "
+                    "ONNX Runtime's for quantized weights (default 1); give each of several "
+                    "processes on one machine its share.")
 
 
 def load_program(plan_path: Path, backend: str = "torch", trust_model_file: bool = False,

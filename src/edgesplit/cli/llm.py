@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from edgesplit.cli._app import (
+    LLM_THREADS_HELP,
     SHAPE_HELP,
-    THREADS_HELP,
     TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
@@ -78,9 +78,14 @@ def plan(
                                   help="latency (TTFT + (N-1) x TPOT of a request) or "
                                        "throughput (tokens/s of a stream: the slowest stage).",
                                   rich_help_panel=_WORKLOAD),
-    dtype: str = typer.Option("float32", "--dtype",
-                              help="Weights, activations and KV cache: float32, float16 or "
-                                   "bfloat16."),
+    dtype: str = typer.Option("float32", "--precision", "--dtype",
+                              help="float32, float16 or bfloat16 (torch stages: weights, "
+                                   "activations and KV cache at that width); q8_0, q4_0 or "
+                                   "q4_1 (weights in llama.cpp's groups of 32 on ONNX "
+                                   "Runtime stages, activations and KV cache float32; a "
+                                   ".gguf whose linears are of that type runs as stored, "
+                                   "other checkpoints are quantized as a stage loads); gguf "
+                                   "(a .gguf's own types)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of "
                                                        "tables."),
     out_path: Path | None = typer.Option(None, "--out", "-o",
@@ -136,7 +141,7 @@ def serve(
                                                  "used evicted first (default: the plan's "
                                                  "sessions, what its memory was planned for)."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=LLM_THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     *,
     options: ServeOptions,
@@ -152,7 +157,7 @@ def serve(
     plan = load_plan(plan_path)
     server = llm_stage_server(plan, device, options, next_address=next_hop,
                               max_sessions=max_sessions, emulate=emulate_device,
-                              torch_device=torch_device)
+                              torch_device=torch_device, threads=threads)
     stage = server.handler
     if stage.pacer is not None:
         _say_emulating(plan, stage.device, stage.pacer)
@@ -213,7 +218,7 @@ def generate(
                                                        "streaming)."),
     emulate_device: bool = typer.Option(False, "--emulate-device", help=_EMULATE_HELP),
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=LLM_THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
     """Generate with an LLM plan: run its first stage here, the rest on the `llm serve` chain
@@ -243,7 +248,7 @@ def generate(
                         tls=tls_files(None, None, tls_ca, tls_server_name), retries=retries)
     client = LLMClient(plan, server, session=session, calls=calls,
                        data_plane=_data_plane(data_plane), emulate=emulate_device,
-                       shape=shape, torch_device=torch_device)
+                       shape=shape, torch_device=torch_device, threads=threads)
     if client.pacer is not None:
         _say_emulating(plan, client.device, client.pacer)
     said: str | None
@@ -286,7 +291,7 @@ def chat_command(
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Use TLS, trusting this CA."),
     timeout_s: float = typer.Option(60.0, "--timeout-s", help="Per-step deadline."),
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=LLM_THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
 ) -> None:
     """Chat with the split model: each line you type is a user turn (from a terminal or a
@@ -310,7 +315,8 @@ def chat_command(
     tokenizer = _tokenizer(plan)
     calls = CallOptions(token=read_token(token, token_file), timeout_s=timeout_s,
                         tls=tls_files(None, None, tls_ca, tls_server_name))
-    client = LLMClient(plan, server, calls=calls, shape=shape, torch_device=torch_device)
+    client = LLMClient(plan, server, calls=calls, shape=shape, torch_device=torch_device,
+                       threads=threads)
     first = [{"role": "system", "content": system}] if system is not None else []
     messages = list(first)
     with client:

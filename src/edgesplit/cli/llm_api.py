@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from edgesplit.cli._app import (
+    LLM_THREADS_HELP,
     SHAPE_HELP,
-    THREADS_HELP,
     TLS_SERVER_NAME_HELP,
     TOKEN_FILE_HELP,
     TOKEN_HELP,
@@ -61,7 +62,7 @@ def api(
     data_plane: str = typer.Option("auto", "--data-plane", help="auto (the server's data "
                                    "plane if it has one), grpc or tcp."),
     shape: bool = typer.Option(False, "--shape/--no-shape", help=SHAPE_HELP),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=LLM_THREADS_HELP),
     torch_device: str | None = typer.Option(None, "--torch-device", help=TORCH_DEVICE_HELP),
     wait_for_stage_s: float = typer.Option(0.0, "--wait-for-stage-s", min=0.0,
                                            help="Wait this long for --server's stage to "
@@ -116,10 +117,12 @@ def api(
     if key is None and not _is_loopback(host):
         err.print(f"warning: serving on {host} without --api-key: anyone who can reach it "
                   "can generate", highlight=False)
+    # a quantized first stage's ONNX Runtime threads, where given (its default: one)
+    ort_threads: dict[str, Any] = {} if threads is None else {"threads": threads}
     engine = open_engine(load_plan(plan_path), server, token=read_token(token, token_file),
                          tls=tls_files(None, None, tls_ca, tls_server_name), timeout_s=timeout_s,
                          retries=retries, data_plane=_data_plane(data_plane),
-                         shape=shape, torch_device=torch_device)
+                         shape=shape, torch_device=torch_device, **ort_threads)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     _check_stage(engine, server, wait_for_stage_s)
 

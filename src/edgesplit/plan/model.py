@@ -291,8 +291,14 @@ class LLMPlan(BaseModel):
 
     model_config = _STRICT
     architecture: str
+    # the precision (llm.model.precision): float32 / float16 / bfloat16, or quantized weights
+    # (q8_0, q4_0, q4_1) in groups of ``group_size``; ``dtype_bytes`` is the activations',
+    # the KV cache's and the wire's width (float32 under quantized weights)
     dtype: str
     dtype_bytes: int
+    # weights per quantization group (None: float weights); left out of a float plan's JSON,
+    # which is then what it was before quantized plans existed
+    group_size: int | None = Field(None, exclude_if=lambda value: value is None)
     hidden_size: int
     num_layers: int
     num_heads: int

@@ -42,7 +42,7 @@ from edgesplit.errors import (
     SessionsBusyError,
     option,
 )
-from edgesplit.llm.stage.compute import LLMStageModel, llm_section
+from edgesplit.llm.stage.compute import llm_section, open_stage
 from edgesplit.llm.stage.emulation import (
     Phase,
     StagePacer,
@@ -103,7 +103,8 @@ class LLMClient(RuntimeClient):
     the first stage's blocks from (default: the plan's checkpoint, or built from its source).
     ``emulate``: the first stage's real compute is slowed to its device's speed; ``shape``:
     its sends take the plan's link time; ``dilation``: both that many times slower.
-    ``torch_device``: where the first stage computes (``cpu``, ``cuda[:N]``, ``mps``)."""
+    ``torch_device``: where the first stage computes (``cpu``, ``cuda[:N]``, ``mps``);
+    ``threads``: its ONNX Runtime threads where its weights are quantized (default 1)."""
 
     # a step is only retried when it never reached a server
     retryable = (grpc.StatusCode.UNAVAILABLE,)
@@ -112,10 +113,11 @@ class LLMClient(RuntimeClient):
                  session: str | None = None, calls: CallOptions | None = None,
                  data_plane: DataPlane = "auto", model: nn.Module | None = None,
                  emulate: bool = False, shape: bool = False, dilation: float = 1.0,
-                 torch_device: str | torch.device | None = None) -> None:
+                 torch_device: str | torch.device | None = None,
+                 threads: int | None = None) -> None:
         calls = calls or CallOptions()
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
-        self.stage = LLMStageModel(plan, 0, model, torch_device)
+        self.stage = open_stage(plan, 0, model, torch_device, threads=threads)
         self.device = plan.devices[0].name
         self.session = session or uuid.uuid4().hex
         super().__init__(self.plan_id, calls.token, timeout_s=calls.timeout_s,

@@ -281,12 +281,13 @@ def open_engine(plan: Plan, server: str | None, *, token: str | None = None,
                 tls: Any = None, timeout_s: float = 60.0, retries: int = 0,
                 data_plane: Any = "auto", model_id: str | None = None,
                 emulate: bool = False, shape: bool = False,
-                torch_device: str | None = None) -> LLMEngine:
-    """An engine for ``plan``: its first stage here (on ``torch_device``), the chain at
-    ``server``, the plan's checkpoint's tokenizer."""
+                torch_device: str | None = None, threads: int | None = None) -> LLMEngine:
+    """An engine for ``plan``: its first stage here (on ``torch_device``; a quantized one on
+    ``threads`` ONNX Runtime threads), the chain at ``server``, the plan's checkpoint's
+    tokenizer."""
     llm_section(plan)
     tokenizer = plan_tokenizer(plan)
     calls = CallOptions(token=token, tls=tls, timeout_s=timeout_s, retries=retries)
     client = LLMClient(plan, server, calls=calls, data_plane=data_plane, emulate=emulate,
-                       shape=shape, torch_device=torch_device)
+                       shape=shape, torch_device=torch_device, threads=threads)
     return LLMEngine(client, tokenizer, model_id=model_id)

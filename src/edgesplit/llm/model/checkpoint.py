@@ -40,6 +40,8 @@ __all__ = [
     "ARCHITECTURES",
     "BUILTIN_CHECKPOINTS",
     "Checkpoint",
+    "gguf_file",
+    "gguf_fingerprint",
     "load_modules",
     "load_tokenizer",
     "open_checkpoint",
@@ -123,6 +125,26 @@ def open_checkpoint(source: str | Path) -> Checkpoint | None:
         return None
     _check_architecture(_read_config(path), text)
     return Checkpoint(text, path.resolve(), _fingerprint(path, _folder_files(path)))
+
+
+def gguf_file(source: str | Path) -> Path | None:
+    """The .gguf file ``source`` names (a built-in's, or a path ending in .gguf), None when it
+    names none; ConfigError when it names one that is not there."""
+    text = str(source)
+    if text in BUILTIN_CHECKPOINTS:
+        return BUILTIN_CHECKPOINTS[text]()
+    path = Path(source).expanduser()
+    if path.suffix != ".gguf":
+        return None
+    if not path.is_file():
+        raise ConfigError(f"GGUF file {text!r} does not exist")
+    return path
+
+
+def gguf_fingerprint(path: Path) -> str:
+    """The fingerprint a plan records for the GGUF at ``path`` (its checkpoint's), without
+    dequantising it (a stage that runs the file as stored never needs the folder)."""
+    return _fingerprint(path, [path])
 
 
 def builtin_names() -> list[str]:
@@ -235,15 +257,17 @@ def _converted(gguf: Path) -> tuple[Path, str]:
     return folder, fingerprint
 
 
-def _gguf_architecture(gguf: Path) -> str:
+def _gguf_header(gguf: Path) -> tuple[str, bool]:
+    """(the GGUF's architecture, whether it carries a tokenizer)."""
     try:
         from gguf import GGUFReader
     except ImportError:
         raise ConfigError("reading a .gguf file needs the packages gguf and accelerate: "
                           "`pip install gguf accelerate`") from None
     try:
-        field = GGUFReader(str(gguf)).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
+        fields = GGUFReader(str(gguf)).fields
+        field = fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode(), "tokenizer.ggml.tokens" in fields
     except Exception as exc:  # a foreign or damaged file: say so in one line
         raise ConfigError(f"{str(gguf)!r} is not a readable GGUF file: {exc}") from None
 
@@ -255,7 +279,7 @@ _GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
-    arch = _gguf_architecture(gguf)
+    arch, has_tokenizer = _gguf_header(gguf)
     if arch not in _GGUF_ARCHITECTURES:
         raise ConfigError(f"GGUF architecture {arch!r} of {str(gguf)!r} is not supported; "
                           f"supported: {', '.join(_GGUF_ARCHITECTURES)}")
@@ -266,7 +290,9 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                      dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # a GGUF without one (a test's, a bare export) runs on token ids: load_tokenizer says so
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name) \
+            if has_tokenizer else None
     except ImportError as exc:
         raise ConfigError(f"reading {gguf.name} needs {exc.name or 'gguf and accelerate'}: "
                           "`pip install gguf accelerate`") from None
@@ -292,7 +318,8 @@ def _save_folder(model: Any, tokenizer: Any, folder: Path) -> None:
         del config.quantization_config
     config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     tied = _tied_names(model) if config.tie_word_embeddings else None
     tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()
                if tied is None or name != tied[1]}  # a tied head is stored once, as transformers

@@ -32,10 +32,17 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from edgesplit.errors import ConfigError, UnknownNameError, option
+from edgesplit.errors import ConfigError, UnknownNameError
+from edgesplit.llm.model.precision import (
+    FLOAT_BYTES,
+    Precision,
+    check_precision_name,
+    resolve_precision,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -53,7 +60,7 @@ __all__ = [
 ]
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES = FLOAT_BYTES  # the float precisions' widths (llm.model.precision has them all)
 TOKEN_BYTES = 8  # token ids travel as int64, as transformers keeps them
 BlockKind = Literal["embed", "decoder", "head"]
 log = logging.getLogger(__name__)
@@ -262,7 +269,9 @@ class Block:
 
 @dataclass(frozen=True)
 class CausalLM:
-    """A causal LM as blocks, at one dtype (weights, activations and KV cache alike)."""
+    """A causal LM as blocks at one precision, ``dtype`` (llm.model.precision): a float one
+    for weights, activations and KV cache alike, or quantized weights (``precision``) with
+    float32 activations and KV cache."""
 
     name: str
     source: str  # a registered name or a config file: enough to build the model again
@@ -274,10 +283,19 @@ class CausalLM:
     shared_modules: tuple[str, ...] = ()
     # a real checkpoint's content fingerprint (llm.model.checkpoint); None: random weights
     fingerprint: str | None = None
+    # the weights' precision, where it says more than ``dtype`` (a GGUF's own tensor sizes)
+    precision: Precision | None = field(default=None, repr=False)
+
+    @cached_property
+    def weights(self) -> Precision:
+        """How the weights are stored: :attr:`precision`, else ``dtype``'s."""
+        return self.precision if self.precision is not None else Precision(self.dtype)
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        """Bytes of one activation, KV cache or wire value (float32 under quantized weights;
+        the weights' bytes are :attr:`weights`')."""
+        return self.weights.value_bytes
 
     @property
     def n(self) -> int:
@@ -287,7 +305,8 @@ class CausalLM:
     def tied_bytes(self) -> int:
         """Bytes of the embedding matrix the LM head shares (0 if untied)."""
         s = self.shape
-        return s.vocab_size * s.hidden_size * self.dtype_bytes if s.tied_embeddings else 0
+        return self.weights.matrix_bytes("embed.tokens", s.vocab_size, s.hidden_size) \
+            if s.tied_embeddings else 0
 
     def stage_param_bytes(self, a: int, b: int) -> int:
         """Weights of a stage running blocks [a, b). A tied embedding counts in both ``embed``
@@ -346,11 +365,16 @@ class CausalLM:
 
 # ---- work of each kind of block ----------------------------------------------------------------
 
-def _matmul(name: str, tokens: int, n_in: int, n_out: int, bias: bool, dt: int) -> OpWork:
+def _matmul(lm: CausalLM, name: str, tokens: int, n_in: int, n_out: int, bias: bool
+            ) -> OpWork:
+    """A linear layer: its matrix at the weights' precision, its bias and activations at
+    the activations' width."""
+    dt = lm.dtype_bytes
     macs = tokens * n_in * n_out
     params = n_in * n_out + (n_out if bias else 0)
+    weight = lm.weights.matrix_bytes(name, n_out, n_in) + (n_out * dt if bias else 0)
     return OpWork(name, "matmul", macs, 2 * macs + (tokens * n_out if bias else 0), params,
-                  params * dt, tokens * n_in * dt, tokens * n_out * dt)
+                  weight, tokens * n_in * dt, tokens * n_out * dt)
 
 
 def _elementwise(name: str, op_class: str, elements: int, flops_each: int, dt: int, *,
@@ -375,25 +399,25 @@ def _decoder_ops(lm: CausalLM, phase: Phase, prefix: str) -> Iterator[OpWork]:
     h, q_out, kv_out = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     if s.architecture == "gpt2":
         yield _elementwise(f"{prefix}ln_1", "norm", t * h, 5, dt, params=2 * h)
-        yield _matmul(f"{prefix}attn.c_attn", t, h, 3 * h, True, dt)
+        yield _matmul(lm, f"{prefix}attn.c_attn", t, h, 3 * h, True)
         yield _attention(f"{prefix}attn", lm, phase)
-        yield _matmul(f"{prefix}attn.c_proj", t, h, h, True, dt)
+        yield _matmul(lm, f"{prefix}attn.c_proj", t, h, h, True)
         yield _elementwise(f"{prefix}add_1", "elementwise", t * h, 1, dt, inputs=2)
         yield _elementwise(f"{prefix}ln_2", "norm", t * h, 5, dt, params=2 * h)
-        yield _matmul(f"{prefix}mlp.c_fc", t, h, s.intermediate_size, True, dt)
+        yield _matmul(lm, f"{prefix}mlp.c_fc", t, h, s.intermediate_size, True)
         yield _elementwise(f"{prefix}mlp.act", "elementwise", t * s.intermediate_size, 8, dt)
-        yield _matmul(f"{prefix}mlp.c_proj", t, s.intermediate_size, h, True, dt)
+        yield _matmul(lm, f"{prefix}mlp.c_proj", t, s.intermediate_size, h, True)
         yield _elementwise(f"{prefix}add_2", "elementwise", t * h, 1, dt, inputs=2)
         return
     family, f = _FAMILIES[s.architecture], s.intermediate_size
     norm = family.norm_flops
     yield _elementwise(f"{prefix}input_layernorm", "norm", t * h, norm, dt, params=h)
     if family.fused:
-        yield _matmul(f"{prefix}self_attn.qkv_proj", t, h, q_out + 2 * kv_out, s.qkv_bias, dt)
+        yield _matmul(lm, f"{prefix}self_attn.qkv_proj", t, h, q_out + 2 * kv_out, s.qkv_bias)
     else:
-        yield _matmul(f"{prefix}self_attn.q_proj", t, h, q_out, s.qkv_bias, dt)
-        yield _matmul(f"{prefix}self_attn.k_proj", t, h, kv_out, s.qkv_bias, dt)
-        yield _matmul(f"{prefix}self_attn.v_proj", t, h, kv_out, s.qkv_bias, dt)
+        yield _matmul(lm, f"{prefix}self_attn.q_proj", t, h, q_out, s.qkv_bias)
+        yield _matmul(lm, f"{prefix}self_attn.k_proj", t, h, kv_out, s.qkv_bias)
+        yield _matmul(lm, f"{prefix}self_attn.v_proj", t, h, kv_out, s.qkv_bias)
     if family.qk_norm:
         yield _elementwise(f"{prefix}self_attn.q_norm", "norm", t * q_out, norm, dt,
                            params=s.head_dim)
@@ -402,17 +426,17 @@ def _decoder_ops(lm: CausalLM, phase: Phase, prefix: str) -> Iterator[OpWork]:
     yield _elementwise(f"{prefix}self_attn.rotary", "elementwise", t * (q_out + kv_out), 3, dt,
                        inputs=2)
     yield _attention(f"{prefix}self_attn", lm, phase)
-    yield _matmul(f"{prefix}self_attn.o_proj", t, q_out, h, s.out_bias, dt)
+    yield _matmul(lm, f"{prefix}self_attn.o_proj", t, q_out, h, s.out_bias)
     yield _elementwise(f"{prefix}add_1", "elementwise", t * h, 1, dt, inputs=2)
     yield _elementwise(f"{prefix}post_attention_layernorm", "norm", t * h, norm, dt, params=h)
     if family.fused:
-        yield _matmul(f"{prefix}mlp.gate_up_proj", t, h, 2 * f, s.mlp_bias, dt)
+        yield _matmul(lm, f"{prefix}mlp.gate_up_proj", t, h, 2 * f, s.mlp_bias)
     else:
-        yield _matmul(f"{prefix}mlp.gate_proj", t, h, f, s.mlp_bias, dt)
-        yield _matmul(f"{prefix}mlp.up_proj", t, h, f, s.mlp_bias, dt)
+        yield _matmul(lm, f"{prefix}mlp.gate_proj", t, h, f, s.mlp_bias)
+        yield _matmul(lm, f"{prefix}mlp.up_proj", t, h, f, s.mlp_bias)
     yield _elementwise(f"{prefix}mlp.act_mul", "elementwise", t * f, family.act_flops, dt,
                        inputs=2)
-    yield _matmul(f"{prefix}mlp.down_proj", t, f, h, s.mlp_bias, dt)
+    yield _matmul(lm, f"{prefix}mlp.down_proj", t, f, h, s.mlp_bias)
     yield _elementwise(f"{prefix}add_2", "elementwise", t * h, 1, dt, inputs=2)
 
 
@@ -420,8 +444,9 @@ def _embed_ops(lm: CausalLM, phase: Phase) -> Iterator[OpWork]:
     s, dt, t = lm.shape, lm.dtype_bytes, phase.tokens
     # A lookup reads the rows of its tokens, not the table: weight_bytes counts those rows
     # (a decode step on a 128k vocabulary would otherwise "read" the whole matrix).
+    row = lm.weights.matrix_bytes("embed.tokens", s.vocab_size, s.hidden_size) // s.vocab_size
     yield OpWork("embed.tokens", "embedding", 0, 0, s.vocab_size * s.hidden_size,
-                 t * s.hidden_size * dt, t * TOKEN_BYTES, t * s.hidden_size * dt)
+                 t * row, t * TOKEN_BYTES, t * s.hidden_size * dt)
     if s.architecture == "gpt2":
         yield OpWork("embed.positions", "embedding", 0, 0, s.max_positions * s.hidden_size,
                      t * s.hidden_size * dt, t * TOKEN_BYTES, t * s.hidden_size * dt)
@@ -440,7 +465,7 @@ def _head_ops(lm: CausalLM) -> Iterator[OpWork]:
     else:
         yield _elementwise("head.norm", "norm", h, _FAMILIES[s.architecture].norm_flops, dt,
                            params=h)
-    yield _matmul("head.lm_head", 1, h, s.vocab_size, False, dt)
+    yield _matmul(lm, "head.lm_head", 1, h, s.vocab_size, False)
     yield _elementwise("head.argmax", "pool", s.vocab_size, 1, dt)
 
 
@@ -456,25 +481,34 @@ def _modules(shape: CausalLMShape) -> tuple[tuple[str, ...], str, tuple[str, ...
             ("model.rotary_emb",))
 
 
-def _blocks(shape: CausalLMShape, dt: int) -> tuple[Block, ...]:
-    probe = CausalLM("probe", "probe", shape, "float32", ())
+def _blocks(shape: CausalLMShape, precision: Precision) -> tuple[Block, ...]:
+    probe = CausalLM("probe", "probe", shape, precision.name, (), precision=precision)
     phase = Phase.decode(0)
     embed, layer_prefix, head, _ = _modules(shape)
+    kv = 2 * shape.num_kv_heads * shape.head_dim * precision.value_bytes
 
-    def params(ops: tuple[OpWork, ...] | Iterator[OpWork]) -> int:
-        return sum(op.params for op in ops)
+    def block(index: int, name: str, kind: BlockKind, modules: tuple[str, ...],
+              ops: Iterator[OpWork], kv_bytes: int = 0) -> Block:
+        work = tuple(ops)
+        return Block(index, name, kind, modules, sum(op.params for op in work),
+                     sum(_held_bytes(probe, op) for op in work), kv_bytes)
 
-    kv = 2 * shape.num_kv_heads * shape.head_dim * dt
-    decoder = params(_decoder_ops(probe, phase, ""))
     # the LM head's weight is its own parameter unless tied to the embedding
-    head_params = params(_head_ops(probe))
-    blocks = [Block(0, "embed", "embed", embed, params(_embed_ops(probe, phase)),
-                    params(_embed_ops(probe, phase)) * dt)]
-    blocks += [Block(i + 1, f"block.{i}", "decoder", (f"{layer_prefix}{i}",), decoder,
-                     decoder * dt, kv) for i in range(shape.num_layers)]
-    blocks.append(Block(shape.num_layers + 1, "head", "head", head, head_params,
-                        head_params * dt))
+    blocks = [block(0, "embed", "embed", embed, _embed_ops(probe, phase))]
+    blocks += [block(i + 1, f"block.{i}", "decoder", (f"{layer_prefix}{i}",),
+                     _decoder_ops(probe, phase, f"block.{i}."), kv)
+               for i in range(shape.num_layers)]
+    blocks.append(block(shape.num_layers + 1, "head", "head", head, _head_ops(probe)))
     return tuple(blocks)
+
+
+def _held_bytes(lm: CausalLM, op: OpWork) -> int:
+    """The bytes of ``op``'s parameters a stage holds: what one decode step reads of them,
+    except a lookup table, which is held whole (a step reads its rows)."""
+    if op.op_class != "embedding":
+        return op.weight_bytes
+    h = lm.shape.hidden_size
+    return lm.weights.matrix_bytes(op.name, op.params // h, h)
 
 
 def describe_causal_lm(model: Any, *, dtype: str = "float32", name: str | None = None
@@ -482,9 +516,7 @@ def describe_causal_lm(model: Any, *, dtype: str = "float32", name: str | None =
     """The block description of ``model``: a registered causal LM name
     (:func:`edgesplit.models.causal_lm.list_causal_lms`), a transformers ``config.json`` (or
     the folder holding one), a ``PretrainedConfig``, or a transformers causal LM module."""
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"{option('dtype', dtype)} is not supported; choose one of "
-                          f"{', '.join(DTYPE_BYTES)}")
+    check_precision_name(dtype)  # before any checkpoint is read
     checkpoint = _checkpoint_of(model)
     if checkpoint is not None:
         config, label, source = checkpoint.config(), _label(checkpoint.source), \
@@ -493,8 +525,11 @@ def describe_causal_lm(model: Any, *, dtype: str = "float32", name: str | None =
         config, label, source = _config_of(model)
     shape = CausalLMShape.from_config(config)
     _, _, _, shared = _modules(shape)
-    return CausalLM(name or label, source, shape, dtype, _blocks(shape, DTYPE_BYTES[dtype]),
-                    shared, checkpoint.fingerprint if checkpoint is not None else None)
+    precision = resolve_precision(dtype, shape, source if checkpoint is not None else None,
+                                  config)
+    return CausalLM(name or label, source, shape, precision.name, _blocks(shape, precision),
+                    shared, checkpoint.fingerprint if checkpoint is not None else None,
+                    precision)
 
 
 def _checkpoint_of(model: Any) -> Any:

@@ -50,7 +50,8 @@ def _tensors(costs: LLMChainCosts) -> list[PlanTensor]:
     for i in range(1, lm.n):
         tensors.append(PlanTensor(name=f"{names[i - 1]}.out", producer=names[i - 1],
                                   consumers=[names[i]], shape=[1, p, lm.shape.hidden_size],
-                                  dtype=lm.dtype, bytes=p * lm.shape.hidden_size * lm.dtype_bytes))
+                                  dtype=lm.weights.value_dtype,
+                                  bytes=p * lm.shape.hidden_size * lm.dtype_bytes))
     tensors.append(PlanTensor(name="token", producer=names[-1], consumers=[OUTPUT], shape=[1, 1],
                               dtype="int64", bytes=TOKEN_BYTES))
     return tensors
@@ -129,6 +130,7 @@ def assemble_llm_plan(costs: LLMChainCosts, placement: StagePlacement, *, method
         reason=over or reason,
         llm=LLMPlan(
             architecture=s.architecture, dtype=lm.dtype, dtype_bytes=lm.dtype_bytes,
+            group_size=lm.weights.group_size,
             hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
             num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, vocab_size=s.vocab_size,
             max_positions=s.max_positions, tied_embeddings=s.tied_embeddings,

@@ -17,12 +17,16 @@ stage's first layer. A model with a sliding window runs without it (mask and cac
 attention): its plan's context fits where the window changes nothing. The stage holding the
 head picks the next token from the last position's logits
 (:func:`~edgesplit.llm.stage.sampling.sample`: greedy unless told otherwise).
+
+That is a float plan's stage (``float32``, ``float16``, ``bfloat16``). A plan of quantized
+weights runs :class:`~edgesplit.llm.stage.quantized_compute.QuantizedStageModel` instead, with
+the same surface (:class:`StageModel`); :func:`open_stage` picks by the plan's precision.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -33,7 +37,8 @@ from edgesplit.llm.stage.sampling import Sampling, sample
 from edgesplit.models.causal_lm import full_attention_config
 from edgesplit.plan.model import LLMPlan, Plan
 
-__all__ = ["LLMStageModel", "StageIO", "llm_section", "open_plan_checkpoint", "stage_io"]
+__all__ = ["LLMStageModel", "StageIO", "StageModel", "fingerprint_error", "llm_section",
+           "open_plan_checkpoint", "open_stage", "stage_io"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -94,6 +99,48 @@ def _build_model(plan: Plan) -> nn.Module:
     return model.to(_DTYPES.get(llm.dtype, torch.float32))
 
 
+class StageModel(Protocol):
+    """What servers, clients and emulation use of a stage's compute: its wire ends (``io``),
+    plan device and section, the dtype of the hidden state it takes, where it computes, an
+    empty cache per session, and a step over one."""
+
+    io: StageIO
+    device: str
+    llm: LLMPlan
+    dtype: torch.dtype
+    torch_device: torch.device
+
+    def new_cache(self) -> Any: ...
+
+    def step(self, x: torch.Tensor, position: int, cache: Any,
+             sampling: Sampling | None = None) -> torch.Tensor: ...
+
+
+def open_stage(plan: Plan, index: int, model: nn.Module | None = None,
+               torch_device: str | torch.device | None = None, *,
+               threads: int | None = None) -> StageModel:
+    """Stage ``index`` of ``plan`` at the plan's precision: torch modules for a float one
+    (``model``: the transformers model to take the blocks from, else the checkpoint or the
+    source's seeded random weights; ``torch_device``: where they compute), one ONNX Runtime
+    graph on ``threads`` CPU threads (default 1) for quantized weights."""
+    from edgesplit.llm.model.precision import FLOAT_BYTES
+
+    if llm_section(plan).dtype in FLOAT_BYTES:
+        return LLMStageModel(plan, index, model, torch_device)
+    from edgesplit.llm.stage.quantized_compute import QuantizedStageModel
+
+    return QuantizedStageModel(plan, index, model=model, torch_device=torch_device,
+                               threads=threads)
+
+
+def fingerprint_error(plan: Plan, source: str, found: str) -> ConfigError:
+    """The checkpoint at ``source`` holds other weights than the plan's (``found``)."""
+    planned = llm_section(plan).fingerprint or ""
+    return ConfigError(f"the checkpoint at {source!r} is not the one the plan was made for "
+                       f"(fingerprint {found[:12]}, the plan's {planned[:12]}): copy the "
+                       "planned checkpoint here, or plan again for this one")
+
+
 def open_plan_checkpoint(plan: Plan) -> Any:
     """The checkpoint the plan was made for (None: random weights); ConfigError when the
     checkpoint at its source is missing or holds other weights (another fingerprint)."""
@@ -108,10 +155,7 @@ def open_plan_checkpoint(plan: Plan) -> Any:
         raise ConfigError(f"the plan was made for the checkpoint {plan.model.source!r}, which "
                           f"is not at {source!r}: put the same checkpoint there on this device")
     if checkpoint.fingerprint != llm.fingerprint:
-        raise ConfigError(f"the checkpoint at {source!r} is not the one the plan was "
-                          f"made for (fingerprint {checkpoint.fingerprint[:12]}, the plan's "
-                          f"{llm.fingerprint[:12]}): copy the planned checkpoint here, or plan "
-                          "again for this one")
+        raise fingerprint_error(plan, source, checkpoint.fingerprint)
     return checkpoint
 
 
@@ -121,6 +165,10 @@ class LLMStageModel:
     def __init__(self, plan: Plan, index: int, model: nn.Module | None = None,
                  torch_device: str | torch.device | None = None) -> None:
         self.llm = llm_section(plan)
+        if self.llm.dtype not in _DTYPES:
+            raise ConfigError(f"the plan's precision {self.llm.dtype!r} is not a torch stage's "
+                              f"({', '.join(_DTYPES)}): open it with open_stage, which runs "
+                              "quantized weights")
         # checked first: a missing accelerator is one line, before any weight is read
         self.torch_device = torch_device_of(torch_device)
         if not 0 <= index < len(self.llm.stages):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from edgesplit.errors import ConfigError
-from edgesplit.llm.stage.compute import LLMStageModel, llm_section
+from edgesplit.llm.stage.compute import StageModel, llm_section
 from edgesplit.plan.model import Plan
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def idle_between_steps(plan: Plan, index: int, dilation: float = 1.0) -> dict[Ph
 
 
 @torch.no_grad()
-def measured_reference(stage: LLMStageModel, plan: Plan, repeats: int = 3,
+def measured_reference(stage: StageModel, plan: Plan, repeats: int = 3,
                        idle: dict[Phase, float] | None = None) -> dict[Phase, float]:
     """Per phase, the stage's own blocks timed on this machine at the plan's workload (the
     median of ``repeats`` after one warm-up): a prefill of the plan's prompt length on an
@@ -177,7 +177,7 @@ class StagePacer:
         return cls(stage.device, {phase: f * dilation for phase, f in factors.items()})
 
     @classmethod
-    def measured(cls, stage: LLMStageModel, plan: Plan, *, dilation: float = 1.0
+    def measured(cls, stage: StageModel, plan: Plan, *, dilation: float = 1.0
                  ) -> StagePacer:
         """The pacer of ``stage`` against its own blocks timed here now, each step after the
         idle a run of ``plan`` leaves it (:func:`measured_reference`)."""

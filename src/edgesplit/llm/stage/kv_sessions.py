@@ -156,6 +156,9 @@ def _crop(cache: Any, length: int) -> None:
     """Drop what a failed step appended: the cache holds ``length`` tokens again."""
     if cache is None:
         return
+    if not hasattr(cache, "layers"):  # a preallocated cache (the quantized stage's KVBuffers):
+        cache.crop(length)  # what lies past its length is never read
+        return
     # layer by layer: a stage's cache spans the model's depth, other stages' layers stay empty
     # (and transformers' crop takes the number of tokens to remove)
     for layer in cache.layers:

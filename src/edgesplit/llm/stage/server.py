@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from edgesplit.errors import ConfigError, RemoteError, SessionError, option
-from edgesplit.llm.stage.compute import LLMStageModel, llm_section
+from edgesplit.llm.stage.compute import StageModel, llm_section, open_stage
 from edgesplit.llm.stage.emulation import (
     StagePacer,
     phase_of,
@@ -131,8 +131,8 @@ def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = Non
                      next_address: str | LoopbackChannel | None = None,
                      max_sessions: int | None = None, model: nn.Module | None = None,
                      emulate: bool = False, dilation: float = 1.0,
-                     torch_device: str | torch.device | None = None
-                     ) -> ServingShell[LLMStage]:
+                     torch_device: str | torch.device | None = None,
+                     threads: int | None = None) -> ServingShell[LLMStage]:
     """The server of stage ``device`` of the LLM ``plan``, served as ``options`` say (at most
     ``DEFAULT_WORKERS`` steps at once unless they say otherwise); a stage before the head
     forwards to ``next_address``. ``max_sessions`` KV caches at once (default: the plan's
@@ -142,7 +142,8 @@ def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = Non
     each step's real compute is slowed to the plan device's speed; ``options.shape``: its
     sends and replies take the plan's link time; ``dilation``: both ``dilation`` times slower
     (:mod:`edgesplit.llm.stage.emulation`). ``torch_device``: where the stage computes
-    (``cpu``, ``cuda[:N]``, ``mps``)."""
+    (``cpu``, ``cuda[:N]``, ``mps``); ``threads``: a quantized stage's ONNX Runtime threads
+    (default 1; a float stage computes on torch's)."""
     options = options or ServeOptions()
     llm = llm_section(plan)
     index = stage_index(plan, device)
@@ -153,7 +154,7 @@ def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = Non
                           f"{plan.devices[head].name!r}, with the head): nothing to serve "
                           "there")
     check_next(name, plan.devices[index + 1].name if index < head else None, next_address)
-    stage = LLMStageModel(plan, index, model, torch_device)
+    stage = open_stage(plan, index, model, torch_device, threads=threads)
     sessions = LLMSessions(name, stage.new_cache, max_sessions=max_sessions or llm.sessions,
                            max_context=llm.max_context)
     # one bound for gRPC's calls and the data plane's (which has a thread per connection)
@@ -180,7 +181,7 @@ class LLMStage:
     one holds the head); ``pacer`` slows compute to the plan device's (None: real), and
     ``upstream`` shapes the replies."""
 
-    def __init__(self, plan: Plan, stage: LLMStageModel, sessions: LLMSessions,
+    def __init__(self, plan: Plan, stage: StageModel, sessions: LLMSessions,
                  slots: WorkerSlots, forwarding: NextHop | None, *,
                  pacer: StagePacer | None, upstream: LinkShaper) -> None:
         self.plan, self.llm, self.plan_id = plan, llm_section(plan), plan_id(plan)
