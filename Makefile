@@ -112,6 +112,7 @@ bench: $(STAMP) data
 	$(PY) benchmarks/bench_nas_splitnets.py --paper-convention --seeds 1 \
 		--out benchmarks/results/nas_splitnets_paper
 	$(PY) benchmarks/bench_nas_adaptivenet.py
+	$(PY) benchmarks/bench_llm_engines.py
 	$(PY) benchmarks/bench_llm.py
 	$(PY) benchmarks/bench_ray.py
 

@@ -10,11 +10,11 @@ the GGUF's 4- and 8-bit blocks (:mod:`edgesplit.llm.stage.quantized`).
 The graph, per decoder layer (transformers' ``LlamaDecoderLayer``, the same arithmetic):
 
     a = SimplifiedLayerNormalization(x, attn_norm)                 # RMSNorm
-    q, k, v = MatMulNBits(a, W_qkv)  (fused where the three share a type)
-    o, K, V = GroupQueryAttention(q, k, v, K_cache, V_cache, rotary half-split)
-    x = x + MatMulNBits(o, W_o)
+    qkv = MatMulNBits(a, W_qkv)  (one product where the three share a type)
+    o, K, V = GroupQueryAttention(qkv packed, K_cache, V_cache, rotary half-split)
+    x = Sum(x, MatMulNBits(o, W_o))
     g, u = MatMulNBits(SimplifiedLayerNormalization(x, ffn_norm), W_gate_up)
-    x = x + MatMulNBits(silu(g) * u, W_down)
+    x = Sum(x, MatMulNBits(QuickGelu(g) * u, W_down))     # QuickGelu, alpha 1: silu
 
 The residual stream ``x`` is a tensor of its own after every add (no add fused into the next
 norm), so a stage boundary changes no arithmetic: MatMulNBits quantizes its input to int8
@@ -71,6 +71,11 @@ class KVBuffers:
     keys: list[Any]
     values: list[Any]
     length: int = 0  # tokens held
+    # the session's bindings, made at its first step: the buffers stay bound, a step only
+    # rebinds its hidden state and output and writes its lengths in place (120 binding calls
+    # a step fewer for 30 layers)
+    binding: Any = None
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int32))
 
     def crop(self, length: int) -> None:
         """Hold ``length`` tokens again (what lies past it is never read)."""
@@ -128,6 +133,7 @@ class OnnxStage:
         self.kinds: dict[str, int] = {}  # tensor type -> tensors of it the stage holds
         self.weight_bytes = 0
         self._session = self._open(self._graph(model), threads)
+        self._out = self._session.get_outputs()[-1].name
 
     # ---- building --------------------------------------------------------------------------
     def _graph(self, model: GGUFModel) -> Any:
@@ -162,25 +168,33 @@ class OnnxStage:
                       epsilon=self.shape.rms_eps)[0]
 
     def _linear(self, g: _Graph, name: str, x: str, tensors: list[QuantTensor]) -> list[str]:
-        """``x`` times each of ``tensors`` ([out, in]); one fused MatMulNBits where they share
-        a kernel type, split after."""
-        for t in tensors:
-            self.kinds[t.kind] = self.kinds.get(t.kind, 0) + 1
-        kinds = {t.kind for t in tensors}
-        if len(kinds) == 1 and kinds <= set(KERNEL_TYPES):
-            w = _fused([nbits_weight(t) for t in tensors])
-            y = self._matmul_nbits(g, name, x, w)
-        else:
-            w32 = np.concatenate([_float_logged(t) for t in tensors], axis=0)
-            self.weight_bytes += w32.nbytes
-            y = g.node("MatMul", [x, g.const(f"{name}.w", w32.T.copy())], [f"{name}.y"])[0]
+        """``x`` times each of ``tensors`` ([out, in]): one fused product, split after."""
+        y = self._sum(g, f"{name}.y", self._product(g, name, x, tensors))
         if len(tensors) == 1:
             return [y]
         sizes = g.const(f"{name}.split", np.array([t.rows for t in tensors], np.int64))
         return g.node("Split", [y, sizes], [f"{name}.{i}" for i in range(len(tensors))],
                       axis=-1)
 
-    def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight) -> str:
+    @staticmethod
+    def _sum(g: _Graph, name: str, terms: list[str]) -> str:
+        return terms[0] if len(terms) == 1 else g.node("Sum", terms, [name])[0]
+
+    def _product(self, g: _Graph, name: str, x: str, tensors: list[QuantTensor]) -> list[str]:
+        """The terms whose sum is ``x`` times ``tensors`` stacked along N: one MatMulNBits
+        where they share a kernel type (and, for Q4_1, its minimums' term), else a float32
+        MatMul. The caller adds them where it adds anyway (a residual): one node fewer, and
+        at ~4 us a node ONNX Runtime's dispatch is a fifth of a decode step (measured)."""
+        for t in tensors:
+            self.kinds[t.kind] = self.kinds.get(t.kind, 0) + 1
+        kinds = {t.kind for t in tensors}
+        if len(kinds) == 1 and kinds <= set(KERNEL_TYPES):
+            return self._matmul_nbits(g, name, x, _fused([nbits_weight(t) for t in tensors]))
+        w32 = np.concatenate([_float_logged(t) for t in tensors], axis=0)
+        self.weight_bytes += w32.nbytes
+        return g.node("MatMul", [x, g.const(f"{name}.w", w32.T.copy())], [f"{name}.f"])
+
+    def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight) -> list[str]:
         self.weight_bytes += w.nbytes
         ins = [x, g.const(f"{name}.b", w.packed), g.const(f"{name}.s", w.scales)]
         zero_points = w.zero_points
@@ -190,22 +204,25 @@ class OnnxStage:
                    bits=w.bits, block_size=BLOCK,
                    accuracy_level=ACTIVATIONS[self.activations][w.bits])[0]
         if w.mins is None:
-            return y
+            return [y]
         # Q4_1's minimums: x's block sums (one per input, shared by a fused weight's parts)
         # times the mins, a float matmul K / 32 wide (stage/quantized.py says why)
         mins = g.const(f"{name}.m", np.ascontiguousarray(w.mins.T))
-        return g.node("Add", [y, g.node("MatMul", [self._block_sums(g, x, w.k), mins],
-                                        [f"{name}.mx"])[0]], [f"{name}.y"])[0]
+        return [y, g.node("MatMul", [self._block_sums(g, x, w.k), mins], [f"{name}.mx"])[0]]
 
-    def _block_sums(self, g: _Graph, x: str, k: int) -> str:
-        """``x`` ([B, T, K]) summed over each block of 32: [B, T, K / 32]; made once per x."""
+    @staticmethod
+    def _block_sums(g: _Graph, x: str, k: int) -> str:
+        """``x`` ([B, T, K]) summed over each block of 32, [B, T, K / 32], as one MatMul by
+        a 0/1 block indicator (one node, not a reshape and a reduction); once per x."""
         name = f"{x}.blocksum"
         if name not in g.made:
             g.made.add(name)
-            shape = g.const(f"{x}.blocks", np.array([0, 0, k // BLOCK, BLOCK], np.int64))
-            blocks = g.node("Reshape", [x, shape], [f"{x}.inblocks"])[0]
-            g.node("ReduceSum", [blocks, g.const(f"{x}.lastaxis", np.array([-1], np.int64))],
-                   [name], keepdims=0)
+            indicator = f"blocks.{k}"
+            if indicator not in g.made:
+                g.made.add(indicator)
+                g.const(indicator, np.kron(np.eye(k // BLOCK, dtype=np.float32),
+                                           np.ones((BLOCK, 1), np.float32)))
+            g.node("MatMul", [x, indicator], [name])
         return name
 
     def _layer(self, g: _Graph, model: GGUFModel, i: int, x: str) -> str:
@@ -213,28 +230,29 @@ class OnnxStage:
 
         s, n = self.shape, f"l{i}"
         a = self._norm(g, f"{n}.attn_norm", x, float_weight(model.linear("attn_norm", i)))
-        q, k, v = self._linear(g, f"{n}.qkv", a, [model.linear(p, i) for p in "qkv"])
+        # one product for Q, K and V, packed as GroupQueryAttention takes it (no split)
+        qkv = self._sum(g, f"{n}.qkv.y", self._product(g, f"{n}.qkv", a,
+                                                       [model.linear(p, i) for p in "qkv"]))
         cache = [1, s.num_kv_heads, self.max_context, s.head_dim]
         g.inputs += [helper.make_tensor_value_info(f"{n}.past_k", TensorProto.FLOAT, cache),
                      helper.make_tensor_value_info(f"{n}.past_v", TensorProto.FLOAT, cache)]
         attn, pk, pv = g.node(
-            "GroupQueryAttention", [q, k, v, f"{n}.past_k", f"{n}.past_v", "seqlens_k",
+            "GroupQueryAttention", [qkv, "", "", f"{n}.past_k", f"{n}.past_v", "seqlens_k",
                                     "total_len", "cos", "sin"],
             [f"{n}.attn", f"{n}.present_k", f"{n}.present_v"], domain=_MS,
             num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1,
             rotary_interleaved=0, scale=float(s.head_dim ** -0.5))
         g.outputs += [helper.make_tensor_value_info(y, TensorProto.FLOAT, cache)
                       for y in (pk, pv)]
-        (o,) = self._linear(g, f"{n}.o", attn, [model.linear("o", i)])
-        x = g.node("Add", [x, o], [f"{n}.mid"])[0]
+        x = g.node("Sum", [x, *self._product(g, f"{n}.o", attn, [model.linear("o", i)])],
+                   [f"{n}.mid"])[0]
         f = self._norm(g, f"{n}.ffn_norm", x, float_weight(model.linear("ffn_norm", i)))
         gate, up = self._linear(g, f"{n}.gate_up", f, [model.linear("gate", i),
                                                       model.linear("up", i)])
-        sig = g.node("Sigmoid", [gate], [f"{n}.sig"])[0]
-        act = g.node("Mul", [g.node("Mul", [gate, sig], [f"{n}.silu"])[0], up],
-                     [f"{n}.act"])[0]
-        (down,) = self._linear(g, f"{n}.down", act, [model.linear("down", i)])
-        return g.node("Add", [x, down], [f"{n}.out"])[0]
+        silu = g.node("QuickGelu", [gate], [f"{n}.silu"], domain=_MS, alpha=1.0)[0]  # x*sig(x)
+        act = g.node("Mul", [silu, up], [f"{n}.act"])[0]
+        return g.node("Sum", [x, *self._product(g, f"{n}.down", act,
+                                                [model.linear("down", i)])], [f"{n}.out"])[0]
 
     def _head(self, g: _Graph, model: GGUFModel, x: str) -> None:
         from onnx import TensorProto, helper
@@ -291,25 +309,40 @@ class OnnxStage:
         if total > self.max_context:
             raise ConfigError(f"positions up to {total} pass the stage's max context of "
                               f"{self.max_context}")
-        binding = self._session.io_binding()
+        binding = self._binding(cache)
         binding.bind_cpu_input("hidden", hidden)
-        if self.end > self.first:
-            assert cache is not None
-            binding.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
-            binding.bind_cpu_input("total_len", np.array([total], np.int32))
-            for j, i in enumerate(range(self.first, self.end)):
-                for name, buf in ((f"l{i}.past_k", cache.keys[j]),
-                                  (f"l{i}.past_v", cache.values[j])):
-                    binding.bind_ortvalue_input(name, buf)
-                binding.bind_ortvalue_output(f"l{i}.present_k", cache.keys[j])
-                binding.bind_ortvalue_output(f"l{i}.present_v", cache.values[j])
-        out = self._session.get_outputs()[-1].name
-        binding.bind_output(out, "cpu")
+        if cache is not None:
+            cache.lengths[:] = (total - 1, total)  # seqlens_k, total_len: bound in place
+        rows = 1 if self.has_head else tokens
+        width = self.shape.vocab_size if self.has_head else self.shape.hidden_size
+        out = np.empty((1, rows, width), np.float32)
+        binding.bind_ortvalue_output(self._out, _ort().OrtValue.ortvalue_from_numpy(out))
         self._session.run_with_iobinding(binding)
         if cache is not None:
             cache.length = total
-        result = binding.get_outputs()[-1].numpy()
-        return result.reshape(1, -1) if self.has_head else result
+        return out.reshape(1, -1) if self.has_head else out
+
+    def _binding(self, cache: KVBuffers | None) -> Any:
+        """The session's binding (made at its first step), or a fresh one for a stage with
+        no layers."""
+        if self.end == self.first:
+            return self._session.io_binding()
+        assert cache is not None
+        if cache.binding is None:
+            ort = _ort()
+            binding = self._session.io_binding()
+            lengths = cache.lengths
+            binding.bind_ortvalue_input("seqlens_k",
+                                        ort.OrtValue.ortvalue_from_numpy(lengths[0:1]))
+            binding.bind_ortvalue_input("total_len",
+                                        ort.OrtValue.ortvalue_from_numpy(lengths[1:2]))
+            for j, i in enumerate(range(self.first, self.end)):
+                binding.bind_ortvalue_input(f"l{i}.past_k", cache.keys[j])
+                binding.bind_ortvalue_input(f"l{i}.past_v", cache.values[j])
+                binding.bind_ortvalue_output(f"l{i}.present_k", cache.keys[j])
+                binding.bind_ortvalue_output(f"l{i}.present_v", cache.values[j])
+            cache.binding = binding
+        return cache.binding
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         rows = np.asarray(ids, np.int64).reshape(-1)
@@ -317,6 +350,12 @@ class OnnxStage:
             raise ConfigError(f"token ids must be in [0, {self.shape.vocab_size})")
         assert self.embed is not None
         return dequantize_rows(self.embed, rows)[None]
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    return onnxruntime
 
 
 def _rotary(s: GGUFShape, positions: int) -> tuple[np.ndarray, np.ndarray]:
