@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / ".demo" / "llm"
-TURNS = "What is the capital of France?\nAnd of Germany?\n"
+TURNS = "Which city is the capital of France?\nAnd of Germany?\n"
 
 
 def _edgesplit() -> str:

@@ -221,6 +221,24 @@ def test_the_cli_plans_a_gguf_at_its_own_precision(gguf_path):
         assert (doc["dtype"], doc["group_size"]) == ("q4_0", 32)
 
 
+def test_the_cli_plans_a_gguf_of_kernel_types_at_its_own_precision_by_default(gguf_path,
+                                                                           llama_folder):
+    """Without --precision a GGUF of Q4_0 linears runs as stored; a transformers folder and a
+    config-only model stay float32."""
+    from typer.testing import CliRunner
+
+    from edgesplit.cli import app
+    from edgesplit.llm.model.precision import default_precision
+
+    result = CliRunner().invoke(app, ["llm", "plan", str(gguf_path), "--topology",
+                                      "home-wifi", "-p", "4", "-n", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["dtype"] == "q4_0"
+    assert default_precision(str(gguf_path)) == "gguf"
+    assert default_precision(str(llama_folder)) == "float32"
+    assert default_precision("llama_tiny") == "float32"
+
+
 # ---- bad input, one line each -------------------------------------------------------------------
 @pytest.mark.parametrize(("model", "dtype", "message"), [
     ("llama_tiny", "q4_1", "config-only model has random ones"),

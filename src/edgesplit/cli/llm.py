@@ -78,8 +78,10 @@ def plan(
                                   help="latency (TTFT + (N-1) x TPOT of a request) or "
                                        "throughput (tokens/s of a stream: the slowest stage).",
                                   rich_help_panel=_WORKLOAD),
-    dtype: str = typer.Option("float32", "--precision", "--dtype",
-                              help="float32, float16 or bfloat16 (torch stages: weights, "
+    dtype: str | None = typer.Option(None, "--precision", "--dtype",
+                              help="Default: gguf for a .gguf (or the built-in SmolLM2) of "
+                                   "Q8_0/Q4_0/Q4_1 linears, else float32. "
+                                   "float32, float16 or bfloat16 (torch stages: weights, "
                                    "activations and KV cache at that width); q8_0, q4_0 or "
                                    "q4_1 (weights in llama.cpp's groups of 32 on ONNX "
                                    "Runtime stages, activations and KV cache float32; a "
@@ -106,6 +108,10 @@ def plan(
     workload = LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
                            max_context=max_context, sessions=sessions,
                            objective=objective)  # type: ignore[arg-type]  # checked there
+    if dtype is None:
+        from edgesplit.llm.model.precision import default_precision
+
+        dtype = default_precision(model)
     result = plan_llm(model, resolve_topology(topology), workload, dtype=dtype)
     if out_path is not None:
         if not result.placements[method].feasible:

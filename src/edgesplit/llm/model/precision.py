@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgesplit.errors import ConfigError, option
@@ -43,6 +44,7 @@ __all__ = [
     "QUANTIZED",
     "Precision",
     "check_precision_name",
+    "default_precision",
     "gguf_linear_kind",
     "resolve_precision",
 ]
@@ -114,6 +116,31 @@ def check_precision_name(name: str) -> None:
     if name not in PRECISIONS:
         raise ConfigError(f"{option('dtype', name)} is not a precision edgesplit runs; choose "
                           f"one of {', '.join(PRECISIONS)}")
+
+
+def default_precision(source: Any) -> str:
+    """The precision a model runs at unless told: a GGUF's own types where a quantized stage
+    runs them (a Llama whose linears are Q8_0, Q4_0 or Q4_1: the file as stored, at the speed
+    and size its users chose it for), else float32."""
+    from edgesplit.llm.model.checkpoint import gguf_file
+
+    if not isinstance(source, (str, Path)):
+        return "float32"
+    try:
+        path = gguf_file(source)
+    except ConfigError:
+        return "float32"  # not there: planning says so, at any precision
+    if path is None:
+        return "float32"
+    from edgesplit.llm.model.gguf import GGUFModel
+
+    try:
+        model = GGUFModel(path)
+        if model.shape.architecture == "llama" and gguf_linear_kind(model) in QUANTIZED.values():
+            return OWN_TYPES
+    except ConfigError:
+        pass  # another architecture, rope scaling: its float path says what it can do
+    return "float32"
 
 
 def resolve_precision(name: str, shape: CausalLMShape, source: str | None,
