@@ -365,6 +365,7 @@ def render(doc: dict[str, Any]) -> list[str]:
                       "a step from Python, "
                       f"{p['run_ms']:.2f} ms in the session's run; per operator (ms): {ops}; "
                       f"outside operators {p['outside_operators_ms']:.2f} ms."]
+    lines += render_history(doc)
     a = doc.get("agreement")
     if a:
         lines += ["", f"Teacher-forced over the first {a['tokens']} tokens of scikit-learn's "
@@ -380,6 +381,50 @@ def render(doc: dict[str, Any]) -> list[str]:
             lines += ["", f"llama.cpp itself agrees with float32 on "
                       f"{a['llamacpp_vs_float32']:.1%}: its Q8_1 activations round too, so no "
                       "engine can be within 97 % of both where llama.cpp is not of float32."]
+    return lines
+
+
+def with_history(doc: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``doc`` with every earlier run of this script kept in ``out`` (its medians and load),
+    this one last: a verdict near its goal is the median over runs, not one run's."""
+    path = out / "llm_engines.json"
+    earlier = json.loads(path.read_text()).get("history", []) if path.is_file() else []
+    doc["history"] = [*earlier, {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": doc["load_before"],
+        "load_after": doc["load_after"],
+        "decode_tokens_per_s": {f"{r['engine']} x{r['threads']}": r["decode_tokens_per_s"]
+                                for r in doc["rows"]}}]
+    return doc
+
+
+def render_history(doc: dict[str, Any]) -> list[str]:
+    """Every run's medians, and per engine the median over runs of its ratio to llama.cpp
+    at the same thread count in the same run."""
+    runs = doc.get("history", [])
+    if not runs:
+        return []
+    keys = list(runs[-1]["decode_tokens_per_s"])
+    lines = ["", f"Every run of this script ({len(runs)}; the tables above are the last), "
+             "decode tokens/s, median of each run, and x its run's llama.cpp at the same "
+             "threads:", "",
+             "| engine | " + " | ".join(f"{r['date']} (load {r['load_before']:.2f}/"
+                                       f"{r['load_after']:.2f})" for r in runs)
+             + " | median ratio |", "|---|" + "---:|" * (len(runs) + 1)]
+    for key in keys:
+        threads = key.rsplit(" x", 1)[1]
+        peer = next((k for k in keys if k.startswith("llama.cpp") and
+                     k.endswith(f" x{threads}")), None)
+        cells, ratios = [], []
+        for r in runs:
+            value = r["decode_tokens_per_s"].get(key)
+            ref = r["decode_tokens_per_s"].get(peer) if peer else None
+            if value is None:
+                cells.append("-")
+                continue
+            ratios += [value / ref] if ref else []
+            cells.append(f"{value:.1f}" + (f" (x{value / ref:.2f})" if ref else ""))
+        median = f"x{statistics.median(ratios):.2f}" if ratios else "-"
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {median} |")
     return lines
 
 
@@ -404,7 +449,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     if load > args.allow_load:
         raise SystemExit(f"load average {load:.2f} > {args.allow_load:g}: not quiet")
-    doc = measure(args)
+    doc = with_history(measure(args), args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "llm_engines.json").write_text(json.dumps(doc, indent=2))
     (args.out / "llm_engines.md").write_text("\n".join(render(doc)) + "\n")
