@@ -82,10 +82,11 @@ def gguf_plan(gguf_path) -> Plan:
     return _plan(gguf_path, (0, 3, LAYERS + 2), "gguf")
 
 
-def _one_process(weights, prompt: list[int], new: int = NEW) -> list[int]:
+def _one_process(weights, prompt: list[int], new: int = NEW, activations: str = "float"
+                 ) -> list[int]:
     """Greedy tokens of one OnnxStage over every layer (embedding and head included)."""
     stage = OnnxStage(weights, 0, weights.shape.num_layers, embed=True, head=True,
-                      max_context=MAX_CONTEXT)
+                      max_context=MAX_CONTEXT, activations=activations)
     cache, x, position, tokens = stage.new_cache(), np.array([prompt]), 0, []
     for _ in range(new):
         logits = stage.step(x, position, cache)
@@ -184,6 +185,35 @@ def test_float_plans_are_what_they_were(gguf_path):
     assert "group_size" not in json.loads(plan.model_dump_json())["llm"]
     assert plan.llm.stages[0].weight_bytes == sum(
         b.param_bytes for b in describe_causal_lm(gguf_path).blocks[:3])
+
+
+def test_int8_activations_are_planned_and_give_one_int8_stage_s_tokens_over_the_split(
+        gguf_path):
+    """--activations int8 is the plan's: each stage computes so, and the split gives the
+    tokens of one int8 stage over every layer; a float plan's JSON has no such field."""
+    full = get_topology("home-wifi")
+    plan = plan_llm_at(str(gguf_path), chain("test", full.devices[:2], [full.links[0].link]),
+                       (0, 3, LAYERS + 2),
+                       LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW,
+                                   max_context=MAX_CONTEXT, activations="int8"),
+                       dtype="gguf", method="test")
+    assert plan.llm is not None and plan.llm.activations == "int8"
+    assert json.loads(plan.model_dump_json())["llm"]["activations"] == "int8"
+    stage = open_stage(plan, 1)
+    assert stage.runner.activations == "int8"  # type: ignore[attr-defined]
+    prompt = [3, 17, 99, 5, 42, 7]
+    assert _served(plan, prompt) == _one_process(GGUFModel(gguf_path), prompt,
+                                                 activations="int8")
+    floats = _plan(gguf_path, (0, 3, LAYERS + 2), "gguf")
+    assert "activations" not in json.loads(floats.model_dump_json())["llm"]
+
+
+def test_int8_activations_need_quantized_weights(gguf_path):
+    with pytest.raises(ConfigError, match="int8 activations need quantized weights") as info:
+        plan_llm_at(str(gguf_path), get_topology("home-wifi"), (0, 2, 5, 5),
+                    LLMWorkload(prompt_tokens=4, new_tokens=4, activations="int8"),
+                    dtype="float32")
+    _one_line(info)
 
 
 def test_a_quantized_plan_round_trips_through_its_file(gguf_plan, tmp_path):

@@ -88,6 +88,12 @@ def plan(
                                    ".gguf whose linears are of that type runs as stored, "
                                    "other checkpoints are quantized as a stage loads); gguf "
                                    "(a .gguf's own types)."),
+    activations: str = typer.Option("float", "--activations",
+                                    help="Quantized weights' stages: float (float32 inputs to "
+                                         "the 4-bit kernels, closest to the float model) or "
+                                         "int8 (inputs quantized per block of 32 as "
+                                         "llama.cpp does: faster, and concurrent sessions "
+                                         "batch well)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of "
                                                        "tables."),
     out_path: Path | None = typer.Option(None, "--out", "-o",
@@ -107,7 +113,8 @@ def plan(
 
     workload = LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
                            max_context=max_context, sessions=sessions,
-                           objective=objective)  # type: ignore[arg-type]  # checked there
+                           objective=objective,  # type: ignore[arg-type]  # checked there
+                           activations=activations)  # type: ignore[arg-type]
     if dtype is None:
         from edgesplit.llm.model.precision import default_precision
 

@@ -299,6 +299,10 @@ class LLMPlan(BaseModel):
     # weights per quantization group (None: float weights); left out of a float plan's JSON,
     # which is then what it was before quantized plans existed
     group_size: int | None = Field(None, exclude_if=lambda value: value is None)
+    # how a quantized stage computes (llm.planning.costs.LLMWorkload): float32 or int8 inputs
+    # to its kernels; left out where float (every plan before it existed)
+    activations: Literal["float", "int8"] = Field("float",
+                                                  exclude_if=lambda value: value == "float")
     hidden_size: int
     num_layers: int
     num_heads: int

@@ -79,14 +79,18 @@ class Entry(Generic[V]):
 class SessionTable(Generic[V]):
     """At most ``capacity`` sessions of ``device`` by id, each its owner's (see the module
     docstring). ``holds`` names what a session holds in the busy error (``KV caches``);
-    ``evictable``: which idle sessions may make room (default: any)."""
+    ``evictable``: which idle sessions may make room (default: any). ``let_go``: called with a
+    session's value once the table lets it go (unlisted, no call holding it), under the lock
+    and before another session takes its room: where a value holds a resource the next one
+    needs (a KV cache row), it goes back here, not when the value happens to be collected."""
 
     def __init__(self, capacity: int, *, device: str, holds: str = "sessions",
-                 evictable: Callable[[Entry[V]], bool] | None = None) -> None:
+                 evictable: Callable[[Entry[V]], bool] | None = None,
+                 let_go: Callable[[V], None] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"a session table holds at least one session, got {capacity}")
         self.capacity, self.device, self.holds = capacity, device, holds
-        self.evictable = evictable
+        self.evictable, self.let_go = evictable, let_go
         self.evicted = 0  # sessions dropped to make room, since start
         self._entries: OrderedDict[str, Entry[V]] = OrderedDict()
         self._lock = threading.Lock()
@@ -227,7 +231,7 @@ class SessionTable(Generic[V]):
         if entry.users:
             self._unlisted += 1
         else:
-            self._freed.notify_all()
+            self._gone(entry)
 
     def _release(self, entry: Entry[V]) -> None:
         with self._lock:
@@ -235,4 +239,12 @@ class SessionTable(Generic[V]):
             if entry.users == 0:
                 if not entry.listed:
                     self._unlisted -= 1
+                    self._gone(entry)
+                    return
                 self._freed.notify_all()
+
+    def _gone(self, entry: Entry[V]) -> None:
+        """``entry`` is let go: its value's resource back (``let_go``), its room free."""
+        if self.let_go is not None:
+            self.let_go(entry.value)
+        self._freed.notify_all()

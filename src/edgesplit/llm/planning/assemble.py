@@ -130,7 +130,7 @@ def assemble_llm_plan(costs: LLMChainCosts, placement: StagePlacement, *, method
         reason=over or reason,
         llm=LLMPlan(
             architecture=s.architecture, dtype=lm.dtype, dtype_bytes=lm.dtype_bytes,
-            group_size=lm.weights.group_size,
+            group_size=lm.weights.group_size, activations=w.activations,
             hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
             num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, vocab_size=s.vocab_size,
             max_positions=s.max_positions, tied_embeddings=s.tied_embeddings,

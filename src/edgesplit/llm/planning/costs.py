@@ -44,9 +44,10 @@ from edgesplit.hardware import (
 from edgesplit.llm.model.description import TOKEN_BYTES, CausalLM, Phase
 from edgesplit.plan.assemble import one_way_latency_ms
 
-__all__ = ["LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]
+__all__ = ["Activations", "LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]
 
 Objective = Literal["latency", "throughput"]
+Activations = Literal["float", "int8"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,17 @@ class LLMWorkload:
     """What the placement serves: prompts of ``prompt_tokens``, ``new_tokens`` generated per
     request, KV caches sized for ``max_context`` tokens (default: prompt + new) for
     ``sessions`` sessions at once, and the objective (``latency``: TTFT + (N-1) x TPOT of one
-    request; ``throughput``: the slowest pipeline stage of a decode step)."""
+    request; ``throughput``: the slowest pipeline stage of a decode step). ``activations``:
+    how quantized weights' stages compute (``float``: float32 inputs to the 4-bit kernels,
+    closest to the float model; ``int8``: inputs quantized to int8 per block as llama.cpp
+    does, faster and batching well; :mod:`edgesplit.llm.stage.onnx_stage` has numbers)."""
 
     prompt_tokens: int = 128
     new_tokens: int = 128
     max_context: int | None = None
     sessions: int = 1
     objective: Objective = "latency"
+    activations: Activations = "float"
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "new_tokens", "sessions"):
@@ -72,6 +77,9 @@ class LLMWorkload:
         if self.objective not in ("latency", "throughput"):
             raise ConfigError(f"{option('objective', self.objective)}: choose latency or "
                               "throughput")
+        if self.activations not in ("float", "int8"):
+            raise ConfigError(f"{option('activations', self.activations)}: choose float or "
+                              "int8")
 
     @property
     def context(self) -> int:
@@ -157,6 +165,11 @@ class LLMChainCosts:
                               f"{lm.shape.max_positions} positions {lm.name} was built for; "
                               "plan a shorter context")
         _check_window(lm, workload)
+        if workload.activations != "float" and not lm.weights.quantized:
+            raise ConfigError(f"{workload.activations} activations need quantized weights "
+                              f"(precision {lm.dtype} computes at its own width): plan with "
+                              "--precision q8_0, q4_0, q4_1 or gguf, or leave --activations "
+                              "out")
         order = topology.chain_order()
         devices = [topology.device(name) for name in order]
         prefill, decode = Phase.prefill(workload.prompt_tokens), Phase.decode(

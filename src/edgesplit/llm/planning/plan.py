@@ -104,6 +104,7 @@ def llm_plan_document(result: LLMPlanning) -> dict[str, Any]:
         "fingerprint": lm.fingerprint,
         "dtype": lm.dtype,
         "group_size": lm.weights.group_size,
+        "activations": w.activations,
         "objective": w.objective,
         "workload": {"prompt_tokens": w.prompt_tokens, "new_tokens": w.new_tokens,
                      "max_context": w.context, "sessions": w.sessions,

@@ -118,11 +118,12 @@ class StageModel(Protocol):
 
 def open_stage(plan: Plan, index: int, model: nn.Module | None = None,
                torch_device: str | torch.device | None = None, *,
-               threads: int | None = None) -> StageModel:
+               threads: int | None = None, sessions: int | None = None) -> StageModel:
     """Stage ``index`` of ``plan`` at the plan's precision: torch modules for a float one
     (``model``: the transformers model to take the blocks from, else the checkpoint or the
     source's seeded random weights; ``torch_device``: where they compute), one ONNX Runtime
-    graph on ``threads`` CPU threads (default 1) for quantized weights."""
+    graph on ``threads`` CPU threads (default 1) for quantized weights, with KV cache rows
+    preallocated for ``sessions`` (default: the plan's sessions)."""
     from edgesplit.llm.model.precision import FLOAT_BYTES
 
     if llm_section(plan).dtype in FLOAT_BYTES:
@@ -130,7 +131,7 @@ def open_stage(plan: Plan, index: int, model: nn.Module | None = None,
     from edgesplit.llm.stage.quantized_compute import QuantizedStageModel
 
     return QuantizedStageModel(plan, index, model=model, torch_device=torch_device,
-                               threads=threads)
+                               threads=threads, sessions=sessions)
 
 
 def fingerprint_error(plan: Plan, source: str, found: str) -> ConfigError:

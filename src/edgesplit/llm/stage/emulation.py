@@ -126,6 +126,7 @@ def measured_reference(stage: StageModel, plan: Plan, repeats: int = 3,
 
     times: dict[Phase, list[float]] = {"prefill": [], "decode": []}
     for _ in range(repeats + 1):
+        cache = None  # one cache at a time: a quantized stage may have room for one only
         time.sleep(idle["prefill"])
         t0 = time.perf_counter()
         stage.step(x(prompt), 0, stage.new_cache())

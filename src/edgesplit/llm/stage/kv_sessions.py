@@ -65,7 +65,8 @@ class LLMSessions:
         self.device, self.new_cache = device, new_cache
         self.max_sessions, self.max_context = max_sessions, max_context
         self.table: SessionTable[KVSession] = SessionTable(max_sessions, device=device,
-                                                              holds="KV caches")
+                                                              holds="KV caches",
+                                                              let_go=_close)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -152,11 +153,19 @@ class LLMSessions:
         return self.table.end(session, owner)
 
 
+def _close(state: KVSession) -> None:
+    """A session let go: a cache that holds a row of a stage's pool gives it back now, before
+    the table admits a session that will need it."""
+    close = getattr(state.cache, "close", None)
+    if close is not None:
+        close()
+
+
 def _crop(cache: Any, length: int) -> None:
     """Drop what a failed step appended: the cache holds ``length`` tokens again."""
     if cache is None:
         return
-    if not hasattr(cache, "layers"):  # a preallocated cache (the quantized stage's KVBuffers):
+    if not hasattr(cache, "layers"):  # a preallocated cache (a row of the quantized stage's pool):
         cache.crop(length)  # what lies past its length is never read
         return
     # layer by layer: a stage's cache spans the model's depth, other stages' layers stay empty

@@ -23,11 +23,15 @@ logit by 0.1 on a random model (measured). The embedding lookup runs outside the
 rows of a step's tokens, dequantised from the same bytes as a tied head's); the head takes
 the last position only.
 
-Invariants: the KV cache of a session is ``2 x layers`` buffers ``[1, kv_heads, max_context,
-head_dim]`` allocated once; a step writes positions ``position .. position + T - 1`` and
-attends to ``0 .. position + T - 1`` (GroupQueryAttention's shared past/present buffer), so
-what lies past a session's length is never read and rewinding is setting the length. A step
-allocates only its outputs.
+Invariants: a stage's KV caches are one :class:`KVPool`, per layer a key and a value array
+``[sessions, kv_heads, max_context + 1, head_dim]`` allocated once, a session one row of them
+(a :class:`KVSlot`). A step of rows ``lo .. hi - 1`` writes each row's positions ``length ..
+length + T - 1`` and attends to ``0 .. length + T - 1`` (GroupQueryAttention's shared
+past/present buffer), so what lies past a session's length is never read and rewinding is
+setting the length. Decode steps of several sessions run as one batch over the rows they span
+(:meth:`OnnxStage.step_batch`): a row in that span whose session takes no part computes a
+throw-away token at its own length, which writes one position past what it holds (hence the
+``+ 1``) and changes nothing it will read. A step allocates only its outputs.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import numpy as np
 
 from edgesplit.errors import ConfigError
 from edgesplit.llm.model.gguf import KERNEL_TYPES, GGUFModel, GGUFShape, QuantTensor
+from edgesplit.llm.stage.kv_pool import KVPool, KVSlot
 from edgesplit.llm.stage.quantized import (
     BLOCK,
     NBitsWeight,
@@ -50,7 +55,7 @@ from edgesplit.llm.stage.quantized import (
     nbits_weight,
 )
 
-__all__ = ["KVBuffers", "OnnxStage"]
+__all__ = ["OnnxStage", "RowStep"]
 
 log = logging.getLogger(__name__)
 _MS = "com.microsoft"
@@ -62,26 +67,6 @@ _MS = "com.microsoft"
 # weight has no fast float32 path in MLAS (it dequantises the matrix every call: 250 ms),
 # so it runs int8 unless "exact" (tests) asks otherwise.
 ACTIVATIONS = {"float": {4: 0, 8: 4}, "int8": {4: 4, 8: 4}, "exact": {4: 0, 8: 0}}
-
-
-@dataclass
-class KVBuffers:
-    """One session's KV cache on one stage: per layer a key and a value buffer, each
-    ``[1, kv_heads, max_context, head_dim]``, as ONNX Runtime values the graph writes in
-    place."""
-
-    keys: list[Any]
-    values: list[Any]
-    length: int = 0  # tokens held
-    # the session's bindings, made at its first step: the buffers stay bound, a step only
-    # rebinds its hidden state and output and writes its lengths in place (120 binding calls
-    # a step fewer for 30 layers)
-    binding: Any = None
-    lengths: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int32))
-
-    def crop(self, length: int) -> None:
-        """Hold ``length`` tokens again (what lies past it is never read)."""
-        self.length = min(self.length, length)
 
 
 @dataclass
@@ -110,13 +95,15 @@ class _Graph:
 
 class OnnxStage:
     """Decoder layers ``[first, end)`` of a GGUF Llama, with the embedding (``embed``) and the
-    head (``head``) where the stage holds them, run by ONNX Runtime on ``threads`` threads.
-    :meth:`step` takes token ids (``embed``) or a hidden state and returns the hidden state
-    it forwards or, with ``head``, the last position's logits."""
+    head (``head``) where the stage holds them, run by ONNX Runtime on ``threads`` threads,
+    with KV cache rows for ``sessions`` sessions (:meth:`new_cache`). :meth:`step` takes token
+    ids (``embed``) or a hidden state and returns the hidden state it forwards or, with
+    ``head``, the last position's logits; :meth:`step_batch` runs several sessions' decode
+    steps as one."""
 
     def __init__(self, model: GGUFModel, first: int, end: int, *, embed: bool, head: bool,
-                 max_context: int, threads: int = 1,
-                 activations: str = "float") -> None:
+                 max_context: int, threads: int = 1, activations: str = "float",
+                 sessions: int = 1) -> None:
         self.shape: GGUFShape = model.shape
         s = self.shape
         if not 0 <= first <= end <= s.num_layers:
@@ -136,6 +123,9 @@ class OnnxStage:
         self.weight_bytes = 0
         self._session = self._open(self._graph(model), threads)
         self._out = self._session.get_outputs()[-1].name
+        self.pool = KVPool(end - first, s.num_kv_heads, max_context + 1, s.head_dim,
+                           capacity=sessions) if end > first else None
+        self._bound: dict[tuple[int, int], _Rows] = {}  # per row span, its binding
 
     # ---- building --------------------------------------------------------------------------
     def _graph(self, model: GGUFModel) -> Any:
@@ -143,11 +133,11 @@ class OnnxStage:
 
         s, g = self.shape, _Graph()
         g.inputs.append(helper.make_tensor_value_info("hidden", TensorProto.FLOAT,
-                                                      [1, "T", s.hidden_size]))
+                                                      ["B", "T", s.hidden_size]))
         if self.end > self.first:
-            g.inputs += [helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+            g.inputs += [helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
                          helper.make_tensor_value_info("total_len", TensorProto.INT32, [1])]
-            cos, sin = _rotary(s, self.max_context)
+            cos, sin = _rotary(s, self.max_context + 1)  # a row's throw-away position too
             g.const("cos", cos)
             g.const("sin", sin)
         x = "hidden"
@@ -235,7 +225,7 @@ class OnnxStage:
         # one product for Q, K and V, packed as GroupQueryAttention takes it (no split)
         qkv = self._sum(g, f"{n}.qkv.y", self._product(g, f"{n}.qkv", a,
                                                        [model.linear(p, i) for p in "qkv"]))
-        cache = [1, s.num_kv_heads, self.max_context, s.head_dim]
+        cache: list[str | int] = ["B", s.num_kv_heads, self.max_context + 1, s.head_dim]
         g.inputs += [helper.make_tensor_value_info(f"{n}.past_k", TensorProto.FLOAT, cache),
                      helper.make_tensor_value_info(f"{n}.past_v", TensorProto.FLOAT, cache)]
         attn, pk, pv = g.node(
@@ -284,68 +274,113 @@ class OnnxStage:
                                         providers=["CPUExecutionProvider"])
 
     # ---- running ---------------------------------------------------------------------------
-    def new_cache(self) -> KVBuffers:
-        """An empty KV cache for one session, allocated once at its full size."""
-        import onnxruntime as ort
-
-        s = self.shape
-        shape = (1, s.num_kv_heads, self.max_context, s.head_dim)
-        layers = range(self.first, self.end)
-        return KVBuffers([ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
-                          for _ in layers],
-                         [ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
-                          for _ in layers])
+    def new_cache(self) -> KVSlot | None:
+        """An empty KV cache for one session: a row of the stage's pool (None: the stage has
+        no layers); SessionsBusyError when all ``sessions`` rows are in use."""
+        return None if self.pool is None else self.pool.take()
 
     def cache_bytes(self) -> int:
+        """Bytes of one session's KV cache at the max context."""
         s = self.shape
         return 2 * (self.end - self.first) * s.num_kv_heads * self.max_context * s.head_dim * 4
 
-    def step(self, x: np.ndarray, position: int, cache: KVBuffers | None) -> np.ndarray:
+    def step(self, x: np.ndarray, position: int, cache: KVSlot | None) -> np.ndarray:
         """Run positions ``position .. position + T - 1`` (``x``: token ids ``[1, T]`` where
         the stage embeds, else a hidden state ``[1, T, H]``); the hidden state ``[1, T, H]``
         it forwards, or with the head the last position's logits ``[1, vocab]``. The cache
         holds ``position + T`` tokens after."""
-        hidden = self._embed(x) if self.embed is not None else np.ascontiguousarray(
-            x, dtype=np.float32)
-        tokens = int(hidden.shape[1])
-        total = position + tokens
+        hidden = self._hidden([x])
+        total = position + int(hidden.shape[1])
+        self._check_fits(total)
+        if cache is None:  # no layers: nothing cached
+            return self._finish(self._run(self._session.io_binding(), hidden), 1)
+        rows = self._rows(cache.row, cache.row + 1)
+        rows.seqlens[0], rows.total[0] = total - 1, total
+        out = self._run(rows.binding, hidden)
+        cache.length = total
+        return self._finish(out, 1)
+
+    def step_batch(self, steps: list[RowStep]) -> list[np.ndarray]:
+        """Decode steps (one token each) of sessions on distinct rows, as one run over the
+        rows they span: each its :meth:`step`'s result. A row in the span that takes no part
+        computes a throw-away token at its own length (the module docstring says why that
+        is harmless)."""
+        if len(steps) == 1:
+            one = steps[0]
+            return [self.step(one.x, one.position, one.cache)]
+        assert self.pool is not None
+        slots = [st.cache for st in steps]
+        if any(st.x.shape[1] != 1 for st in steps) or len({c.row for c in slots}) != len(slots):
+            raise ConfigError("a batch holds one token of each of distinct sessions")
+        for st in steps:
+            self._check_fits(st.position + 1)
+        lo, hi = min(c.row for c in slots), max(c.row for c in slots) + 1
+        at = {c.row - lo: i for i, c in enumerate(slots)}
+        hidden = np.zeros((hi - lo, 1, self.shape.hidden_size), np.float32)
+        hidden[list(at)] = self._hidden([st.x for st in steps])
+        rows = self._rows(lo, hi)
+        # a row's past: its session's position, or what an idle row holds (a free one: 0)
+        rows.seqlens[:] = np.minimum(self.pool.lengths[lo:hi], self.max_context)
+        for r, i in at.items():
+            rows.seqlens[r] = steps[i].position
+        rows.total[0] = int(rows.seqlens.max()) + 1
+        out = self._finish(self._run(rows.binding, hidden), hi - lo)
+        for st in steps:
+            st.cache.length = st.position + 1
+        return [out[r:r + 1] for r in at]
+
+    def _check_fits(self, total: int) -> None:
         if total > self.max_context:
             raise ConfigError(f"positions up to {total} pass the stage's max context of "
                               f"{self.max_context}")
-        binding = self._binding(cache)
+
+    def _hidden(self, xs: list[np.ndarray]) -> np.ndarray:
+        """The hidden state ``[len(xs), T, H]`` of token ids (embedded) or hidden states."""
+        if self.embed is not None:
+            ids = np.concatenate([np.asarray(x, np.int64).reshape(1, -1) for x in xs])
+            return self._embed(ids.reshape(-1)).reshape(len(xs), ids.shape[1], -1)
+        if len(xs) == 1:
+            return np.ascontiguousarray(xs[0], dtype=np.float32)
+        return np.concatenate([np.asarray(x, np.float32) for x in xs])
+
+    def _run(self, binding: Any, hidden: np.ndarray) -> np.ndarray:
         binding.bind_cpu_input("hidden", hidden)
-        if cache is not None:
-            cache.lengths[:] = (total - 1, total)  # seqlens_k, total_len: bound in place
-        rows = 1 if self.has_head else tokens
-        width = self.shape.vocab_size if self.has_head else self.shape.hidden_size
-        out = np.empty((1, rows, width), np.float32)
+        rows, tokens = hidden.shape[:2]
+        if self.has_head:
+            out = np.empty((rows, 1, self.shape.vocab_size), np.float32)
+        else:
+            out = np.empty((rows, tokens, self.shape.hidden_size), np.float32)
         binding.bind_ortvalue_output(self._out, _ort().OrtValue.ortvalue_from_numpy(out))
         self._session.run_with_iobinding(binding)
-        if cache is not None:
-            cache.length = total
-        return out.reshape(1, -1) if self.has_head else out
+        return out
 
-    def _binding(self, cache: KVBuffers | None) -> Any:
-        """The session's binding (made at its first step), or a fresh one for a stage with
-        no layers."""
-        if self.end == self.first:
-            return self._session.io_binding()
-        assert cache is not None
-        if cache.binding is None:
-            ort = _ort()
-            binding = self._session.io_binding()
-            lengths = cache.lengths
-            binding.bind_ortvalue_input("seqlens_k",
-                                        ort.OrtValue.ortvalue_from_numpy(lengths[0:1]))
-            binding.bind_ortvalue_input("total_len",
-                                        ort.OrtValue.ortvalue_from_numpy(lengths[1:2]))
-            for j, i in enumerate(range(self.first, self.end)):
-                binding.bind_ortvalue_input(f"l{i}.past_k", cache.keys[j])
-                binding.bind_ortvalue_input(f"l{i}.past_v", cache.values[j])
-                binding.bind_ortvalue_output(f"l{i}.present_k", cache.keys[j])
-                binding.bind_ortvalue_output(f"l{i}.present_v", cache.values[j])
-            cache.binding = binding
-        return cache.binding
+    def _finish(self, out: np.ndarray, rows: int) -> np.ndarray:
+        """Logits ``[rows, vocab]`` with the head, else the hidden state as computed."""
+        return out.reshape(rows, -1) if self.has_head else out
+
+    def _rows(self, lo: int, hi: int) -> _Rows:
+        """The binding of pool rows ``lo .. hi - 1`` (made at first use, then kept: the cache
+        views stay bound, a step rebinds only its hidden state and output and writes its
+        lengths in place, 120 binding calls a step fewer for 30 layers)."""
+        bound = self._bound.get((lo, hi))
+        if bound is not None:
+            return bound
+        assert self.pool is not None
+        ort = _ort()
+        binding = self._session.io_binding()
+        seqlens, total = np.zeros(hi - lo, np.int32), np.zeros(1, np.int32)
+        binding.bind_ortvalue_input("seqlens_k", ort.OrtValue.ortvalue_from_numpy(seqlens))
+        binding.bind_ortvalue_input("total_len", ort.OrtValue.ortvalue_from_numpy(total))
+        keys, values = self.pool.rows(lo, hi)
+        for j, i in enumerate(range(self.first, self.end)):
+            k = ort.OrtValue.ortvalue_from_numpy(keys[j])  # shares the pool's memory
+            v = ort.OrtValue.ortvalue_from_numpy(values[j])
+            binding.bind_ortvalue_input(f"l{i}.past_k", k)
+            binding.bind_ortvalue_input(f"l{i}.past_v", v)
+            binding.bind_ortvalue_output(f"l{i}.present_k", k)
+            binding.bind_ortvalue_output(f"l{i}.present_v", v)
+        bound = self._bound[(lo, hi)] = _Rows(binding, seqlens, total, keys + values)
+        return bound
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         rows = np.asarray(ids, np.int64).reshape(-1)
@@ -353,6 +388,27 @@ class OnnxStage:
             raise ConfigError(f"token ids must be in [0, {self.shape.vocab_size})")
         assert self.embed is not None
         return dequantize_rows(self.embed, rows)[None]
+
+
+@dataclass
+class RowStep:
+    """One session's decode step in a batch: its token id or hidden state ``x`` (``[1, 1]``
+    or ``[1, 1, H]``), the position it continues from, and its cache row."""
+
+    x: np.ndarray
+    position: int
+    cache: KVSlot
+
+
+@dataclass
+class _Rows:
+    """A binding of pool rows: the lengths it reads, written in place before each run, and
+    the views it binds (kept alive with it)."""
+
+    binding: Any
+    seqlens: np.ndarray
+    total: np.ndarray
+    views: list[np.ndarray]
 
 
 def _saved(model: Any, folder: Path) -> str:

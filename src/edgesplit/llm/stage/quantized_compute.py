@@ -13,8 +13,14 @@ fingerprint must be the plan's.
 Blocks map to layers as the plan numbers them: ``embed`` is block 0, decoder layer ``i`` is
 block ``i + 1``, the ``head`` block ``L + 1``; a stage of blocks ``[start, end)`` runs layers
 ``[max(start - 1, 0), min(end - 1, L))``, embeds where ``start == 0`` and ends with the head
-where ``end == L + 2``. Activations, the KV cache (preallocated per session at the plan's max
-context) and what crosses the wire are float32.
+where ``end == L + 2``. Activations, the KV cache (a row per session of a pool preallocated
+for ``sessions`` at the plan's max context) and what crosses the wire are float32.
+
+Concurrent steps (threads of a server or of a client's generations) meet in a
+:class:`~edgesplit.llm.stage.batching.StepBatcher`: decode steps that queue while the stage
+computes run as one batch (int8 activations: ~2.2x the tokens per second at 4 sessions than
+one at a time, SmolLM2 Q4_1 on one core here; float activations gain little, MLAS computes
+each row of a float batch apart).
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ import torch
 
 from edgesplit.errors import ConfigError
 from edgesplit.llm.model.precision import FLOAT_BYTES, GROUP_SIZE, QUANTIZED
+from edgesplit.llm.stage.batching import StepBatcher
 from edgesplit.llm.stage.compute import (
     fingerprint_error,
     llm_section,
     open_plan_checkpoint,
     stage_io,
 )
-from edgesplit.llm.stage.onnx_stage import KVBuffers, OnnxStage
+from edgesplit.llm.stage.kv_pool import KVSlot
+from edgesplit.llm.stage.onnx_stage import OnnxStage, RowStep
 from edgesplit.llm.stage.sampling import Sampling, sample
 from edgesplit.plan.model import LLMPlan, Plan
 
@@ -81,11 +89,13 @@ def _kind(llm: LLMPlan) -> str:
 
 class QuantizedStageModel:
     """Stage ``index`` of a plan of quantized weights on ``threads`` ONNX Runtime threads
-    (default 1), and :meth:`step` over a session's :class:`KVBuffers`."""
+    (default 1) with KV cache rows for ``sessions`` sessions (default: the plan's), and
+    :meth:`step` over a session's :class:`~edgesplit.llm.stage.kv_pool.KVSlot`, safe to call
+    from several threads at once (their decode steps batch)."""
 
     def __init__(self, plan: Plan, index: int, *, model: Any = None,
                  torch_device: str | torch.device | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, sessions: int | None = None) -> None:
         self.llm = llm_section(plan)
         if model is not None:
             raise ConfigError("a quantized stage reads its weights from the plan's checkpoint; "
@@ -104,24 +114,27 @@ class QuantizedStageModel:
         self.runner: OnnxStage | None = None
         if self.io.empty:  # it relays: no weights, no checkpoint needed here
             return
-        layers = self.llm.num_layers
+        layers, sessions = self.llm.num_layers, sessions or self.llm.sessions
         self.runner = OnnxStage(quantized_weights(plan), max(self.io.start - 1, 0),
                                 min(self.io.end - 1, layers), embed=self.io.start == 0,
                                 head=self.io.end == layers + 2,
-                                max_context=self.llm.max_context, threads=threads or 1)
+                                max_context=self.llm.max_context, threads=threads or 1,
+                                activations=self.llm.activations, sessions=sessions)
+        self.steps: StepBatcher[RowStep] = StepBatcher(
+            self.runner.step_batch, lambda st: st.x.shape[1] == 1, max_batch=sessions)
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights the stage's graph and embedding hold."""
         return 0 if self.runner is None else self.runner.weight_bytes
 
-    def new_cache(self) -> KVBuffers | None:
-        """An empty KV cache for one session, allocated at the plan's max context (None: the
-        stage holds no block)."""
+    def new_cache(self) -> KVSlot | None:
+        """An empty KV cache for one session, a row of the stage's pool (None: the stage
+        holds no block); SessionsBusyError when every row is in use."""
         return None if self.runner is None else self.runner.new_cache()
 
     @torch.no_grad()
-    def step(self, x: torch.Tensor, position: int, cache: KVBuffers | None,
+    def step(self, x: torch.Tensor, position: int, cache: KVSlot | None,
              sampling: Sampling | None = None) -> torch.Tensor:
         """As :meth:`LLMStageModel.step <edgesplit.llm.stage.compute.LLMStageModel.step>`:
         the hidden state ``[1, T, H]`` it forwards (float32), or where it ends with the head
@@ -131,7 +144,11 @@ class QuantizedStageModel:
             return x
         tokens = int(x.shape[1])
         fed = x.numpy() if not self.io.hidden_in else x.to(torch.float32).numpy()
-        out = torch.from_numpy(np.asarray(self.runner.step(fed, position, cache)))
+        if cache is None:  # a stage of the embedding or head alone: nothing to batch
+            got = self.runner.step(fed, position, None)
+        else:
+            got = self.steps.run(RowStep(fed, position, cache))
+        out = torch.from_numpy(np.asarray(got))
         self._check_finite(out)
         if not self.runner.has_head:
             return out

@@ -154,8 +154,9 @@ def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = Non
                           f"{plan.devices[head].name!r}, with the head): nothing to serve "
                           "there")
     check_next(name, plan.devices[index + 1].name if index < head else None, next_address)
-    stage = open_stage(plan, index, model, torch_device, threads=threads)
-    sessions = LLMSessions(name, stage.new_cache, max_sessions=max_sessions or llm.sessions,
+    max_sessions = max_sessions or llm.sessions
+    stage = open_stage(plan, index, model, torch_device, threads=threads, sessions=max_sessions)
+    sessions = LLMSessions(name, stage.new_cache, max_sessions=max_sessions,
                            max_context=llm.max_context)
     # one bound for gRPC's calls and the data plane's (which has a thread per connection)
     slots = WorkerSlots(options.workers(DEFAULT_WORKERS), name,
