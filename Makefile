@@ -114,6 +114,7 @@ bench: $(STAMP) data
 	$(PY) benchmarks/bench_nas_adaptivenet.py
 	$(PY) benchmarks/bench_llm_engines.py
 	$(PY) benchmarks/bench_llm.py
+	$(PY) benchmarks/bench_llm_concurrent.py
 	$(PY) benchmarks/bench_ray.py
 
 # 500,000 mutated wire messages through the decoder (a few minutes): every one must raise

@@ -251,3 +251,28 @@ def test_concurrent_generations_through_a_served_split_each_get_their_own_tokens
         server.stop(0)
     assert [together[i] for i in range(len(prompts))] == alone
     assert batched > 0
+
+
+def test_more_sessions_than_a_device_holds_are_refused_before_any_cache(gguf_path):
+    """A stage served with more sessions than its plan device's memory holds (each a KV
+    cache row at the max context) is refused in one line, naming how many fit."""
+    from edgesplit.llm.stage.server import check_sessions_fit
+
+    full = get_topology("home-wifi")
+    plan = plan_llm_at(str(gguf_path), chain("t", full.devices[:2], [full.links[0].link]),
+                       (0, 3, LAYERS + 2),
+                       LLMWorkload(prompt_tokens=4, new_tokens=12, max_context=256),
+                       dtype="gguf", method="test")
+    llm = plan.llm
+    assert llm is not None
+    stage = llm.stages[1]
+    per_session = stage.kv_cache_bytes
+    limit = stage.memory_bytes + 2 * per_session  # room for 3 sessions
+    llm.stages[1] = stage.model_copy(update={"memory_limit_bytes": limit})
+    check_sessions_fit(llm, 1, "d", 3)
+    with pytest.raises(ConfigError, match="max_sessions=3 or fewer") as info:
+        check_sessions_fit(llm, 1, "d", 4)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="or fewer"):
+        server_for(plan.model_copy(update={"llm": llm}), plan.devices[1].name, data_port=None,
+                   max_sessions=50)

@@ -83,7 +83,7 @@ from edgesplit.transport import (
 from edgesplit.transport.frames import REPLY, Frame
 from edgesplit.transport.shaping import LinkShaper
 
-__all__ = ["DEFAULT_WORKERS", "LLMStage", "head_stage", "llm_message_bytes",
+__all__ = ["DEFAULT_WORKERS", "LLMStage", "check_sessions_fit", "head_stage", "llm_message_bytes",
            "llm_stage_server", "stage_index"]
 
 DEFAULT_WORKERS = 8  # steps a stage serves at once unless told otherwise
@@ -121,6 +121,26 @@ def stage_index(plan: Plan, device: str) -> int:
     raise ConfigError(f"device {device!r} is not in the plan; its devices are {presets}")
 
 
+def check_sessions_fit(llm: LLMPlan, index: int, device: str, sessions: int) -> None:
+    """ConfigError when ``sessions`` KV caches at the plan's max context, with the stage's
+    weights and working set, pass the memory its plan device has (more sessions than the
+    plan was priced for; a quantized stage allocates them all up front)."""
+    stage = llm.stages[index]
+    limit = stage.memory_limit_bytes
+    if limit is None or sessions <= llm.sessions:
+        return
+    per_session = stage.kv_cache_bytes / llm.sessions
+    need = stage.memory_bytes + per_session * (sessions - llm.sessions)
+    if need > limit:
+        most = llm.sessions + int((limit - stage.memory_bytes) // max(per_session, 1))
+        raise ConfigError(
+            f"{sessions} sessions' KV caches at the plan's max context of {llm.max_context} "
+            f"tokens need {need / 2**20:.1f} MiB on device {device!r} with its blocks, more "
+            f"than its {limit / 2**20:.1f} MiB: serve with "
+            f"{option('max_sessions', max(most, llm.sessions))} or fewer, or plan a shorter "
+            "--max-context")
+
+
 def head_stage(llm: LLMPlan) -> int:
     """The stage holding the head: the chain ends there (later devices hold no blocks)."""
     return next(i for i, s in enumerate(llm.stages) if s.end == len(llm.blocks)
@@ -155,6 +175,7 @@ def llm_stage_server(plan: Plan, device: str, options: ServeOptions | None = Non
                           "there")
     check_next(name, plan.devices[index + 1].name if index < head else None, next_address)
     max_sessions = max_sessions or llm.sessions
+    check_sessions_fit(llm, index, name, max_sessions)  # before a cache is allocated
     stage = open_stage(plan, index, model, torch_device, threads=threads, sessions=max_sessions)
     sessions = LLMSessions(name, stage.new_cache, max_sessions=max_sessions,
                            max_context=llm.max_context)
