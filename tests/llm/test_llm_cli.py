@@ -56,7 +56,7 @@ def test_plan_tables():
     (("llama_tyni", "--topology", "home-wifi"), "Did you mean llama_tiny"),
     (("llama_tiny", "--topology", "jmsnas-mesh"), "not a chain"),
     (("llama_tiny", "--topology", "home-wifi", "--objective", "speed"), "--objective speed"),
-    (("llama_tiny", "--topology", "home-wifi", "--dtype", "int4"), "--dtype int4"),
+    (("llama_tiny", "--topology", "home-wifi", "--dtype", "int4"), "--precision int4"),
 ])
 def test_one_line_errors(args, message):
     result = _run("llm", "plan", *args)

@@ -111,10 +111,15 @@ class Precision:
         return rows * (cols // GROUP_SIZE) * BLOCK_BYTES[kind]
 
 
+def _named(name: str) -> str:
+    """The precision ``name`` as the caller set it (``--precision q4_1`` under the CLI)."""
+    return option("dtype", name, flag="--precision")
+
+
 def check_precision_name(name: str) -> None:
     """ConfigError unless ``name`` is one of :data:`PRECISIONS`."""
     if name not in PRECISIONS:
-        raise ConfigError(f"{option('dtype', name)} is not a precision edgesplit runs; choose "
+        raise ConfigError(f"{_named(name)} is not a precision edgesplit runs; choose "
                           f"one of {', '.join(PRECISIONS)}")
 
 
@@ -158,12 +163,12 @@ def resolve_precision(name: str, shape: CausalLMShape, source: str | None,
     if path is None:
         if name == OWN_TYPES:
             what = repr(source) if source is not None else "a config-only model"
-            raise ConfigError(f"{option('dtype', name)} runs a GGUF file's own types and "
+            raise ConfigError(f"{_named(name)} runs a GGUF file's own types and "
                               f"{what} is not a GGUF: choose "
                               f"{', '.join(QUANTIZED)} (a real checkpoint, quantized when a "
                               "stage loads) or a float precision")
         if source is None:
-            raise ConfigError(f"{option('dtype', name)} quantizes a real checkpoint's weights; "
+            raise ConfigError(f"{_named(name)} quantizes a real checkpoint's weights; "
                               "a config-only model has random ones: give a .gguf file, "
                               "smollm2-135m-instruct or a transformers folder, or plan it as "
                               f"{', '.join(FLOAT_BYTES)}")
@@ -192,14 +197,14 @@ def _check_quantizable(name: str, shape: CausalLMShape) -> None:
     """A quantized stage runs Llama's layout without biases, every matrix's input a multiple
     of the group (the embedding's rows, the hidden size, the attention's output, the MLP's)."""
     if shape.architecture != "llama" or shape.qkv_bias or shape.out_bias or shape.mlp_bias:
-        raise ConfigError(f"{option('dtype', name)}: quantized stages run Llama-layout models "
+        raise ConfigError(f"{_named(name)}: quantized stages run Llama-layout models "
                           f"without biases (llama); this {shape.architecture} runs as "
                           f"{', '.join(FLOAT_BYTES)}")
     for what, size in (("hidden size", shape.hidden_size),
                        ("attention width (heads x head_dim)", shape.num_heads * shape.head_dim),
                        ("intermediate size", shape.intermediate_size)):
         if size % GROUP_SIZE:
-            raise ConfigError(f"{option('dtype', name)}: the model's {what} of {size} is not a "
+            raise ConfigError(f"{_named(name)}: the model's {what} of {size} is not a "
                               f"multiple of the quantization group of {GROUP_SIZE}; run it as "
                               f"{', '.join(FLOAT_BYTES)}")
 

@@ -213,7 +213,8 @@ def _infeasible(costs: LLMChainCosts) -> InfeasibleError:
         f"bytes of weights and {int(costs.kv_bytes[0, lm.n]):,} of KV cache ({w.sessions} "
         f"session(s) x {w.context} tokens), and no split into contiguous stages fits the "
         f"devices of {costs.topology.name} ({limits} bytes). Use a narrower "
-        f"{option('dtype')}, a shorter {option('max_context')}, fewer {option('sessions')}, or "
+        f"{option('dtype', flag='--precision')}, a shorter {option('max_context')}, "
+        f"fewer {option('sessions')}, or "
         "devices with more memory")
 
 
