@@ -307,11 +307,18 @@ def section_a(new_tokens: int, repeats: int, warmup: int, log=print) -> dict[str
 
 
 # ---- B: placements on emulated devices -----------------------------------------------------------
+# A stage whose planned time in a phase is below this share of its plan's (an embedding
+# alone: microseconds by a preset, a step's fixed cost here) does not set the dilation: it
+# runs as is, its real time (a fraction of a millisecond) over its plan's.
+NEGLIGIBLE_SHARE = 0.05
+
+
 def dilation_for(planning: LLMPlanning) -> float:
     """The smallest slowdown that lets every stage of every method be emulated (factor >= 1),
-    with a 30 % margin, at least 1. Each distinct stage is built here and times its blocks as
-    a stage does when it starts (``measured_reference`` after the run's idle, which at these
-    dilations is the cap, ``IDLE_CAP_S``)."""
+    with a 30 % margin, at least 1, leaving out stages of a negligible share of their plan's
+    compute in a phase (:data:`NEGLIGIBLE_SHARE`). Each distinct stage is built here and
+    times its blocks as a stage does when it starts (``measured_reference`` after the run's
+    idle, which at these dilations is the cap, ``IDLE_CAP_S``)."""
     idle = {"prefill": IDLE_CAP_S, "decode": IDLE_CAP_S}
     references: dict[tuple[int, int], dict] = {}
     low = math.inf
@@ -319,14 +326,20 @@ def dilation_for(planning: LLMPlanning) -> float:
         plan = planning.plans[name]
         if not planning.placements[name].feasible:
             continue
-        assert plan.llm is not None
-        for i, s in enumerate(plan.llm.stages):
+        llm = plan.llm
+        assert llm is not None
+        totals = {"prefill": sum(s.prefill_ms for s in llm.stages),
+                  "decode": sum(s.decode_ms for s in llm.stages)}
+        for i, s in enumerate(llm.stages):
             if s.start == s.end:
                 continue
             if (s.start, s.end) not in references:
                 references[(s.start, s.end)] = measured_reference(
                     open_stage(plan, i), plan, repeats=1, idle=idle)
-            low = min(low, *slowdown_factors(plan, i, references[(s.start, s.end)]).values())
+            planned = {"prefill": s.prefill_ms, "decode": s.decode_ms}
+            factors = slowdown_factors(plan, i, references[(s.start, s.end)])
+            low = min([low, *(f for phase, f in factors.items()
+                              if planned[phase] >= NEGLIGIBLE_SHARE * totals[phase])])
     return max(1.0, math.ceil(13.0 / low) / 10.0)
 
 

@@ -117,11 +117,25 @@ def test_the_planner_prices_this_machine_from_its_table():
 
 def test_an_unreadable_or_stale_cache_is_measured_around(cache):
     lm = describe_causal_lm(MODEL)
-    path = save_block_times(_table(lm))
+    path = calibration.block_times_path(model_key(lm), lm.dtype, stage_threads(lm))
+    path.parent.mkdir(parents=True)
+    path.write_text(_table(lm).model_dump_json())
+    assert load_block_times(lm) == _table(lm)  # another process's table, read back
     path.write_text("{not json")
     assert load_block_times(lm) is None
     path.write_text(_table(lm, version=0).model_dump_json())
     assert load_block_times(lm) is None
+
+
+def test_a_table_saved_here_is_taken_even_when_remeasuring(monkeypatch):
+    lm = describe_causal_lm(MODEL)
+    monkeypatch.setenv("EDGESPLIT_REMEASURE", "1")
+    path = calibration.block_times_path(model_key(lm), lm.dtype, stage_threads(lm))
+    path.parent.mkdir(parents=True)
+    path.write_text(_table(lm).model_dump_json())
+    assert load_block_times(lm) is None  # measured before: measure again
+    save_block_times(_table(lm, source="now"))
+    assert load_block_times(lm).source == "now"
 
 
 def test_measuring_returns_every_kind_at_every_point_and_caches_it(monkeypatch):

@@ -54,6 +54,9 @@ KINDS: tuple[BlockKind, ...] = ("embed", "decoder", "head")
 TABLE_VERSION = 1  # raise when what is measured changes: older tables are not taken
 
 Points = tuple[tuple[int, float], ...]  # (tokens or cached tokens, ms), rising
+# tables saved by this process, by path: taken even where EDGESPLIT_REMEASURE ignores the
+# cache (what it asks for is measured anew, once, not that the new table be ignored)
+_SAVED: dict[Path, BlockTimes] = {}
 
 
 class BlockTimes(BaseModel):
@@ -159,6 +162,8 @@ def load_block_times(lm: CausalLM, threads: int | None = None) -> BlockTimes | N
     """The cached table of ``lm`` on this machine (None: not measured here)."""
     threads = threads or stage_threads(lm)
     path = block_times_path(model_key(lm), lm.dtype, threads)
+    if path in _SAVED:
+        return _SAVED[path]
     if os.environ.get("EDGESPLIT_REMEASURE") or not path.is_file():
         return None
     try:
@@ -172,6 +177,7 @@ def load_block_times(lm: CausalLM, threads: int | None = None) -> BlockTimes | N
 def save_block_times(table: BlockTimes) -> Path:
     """Cache ``table`` for this machine (whole or not at all); returns where."""
     path = block_times_path(table.model, table.precision, table.threads)
+    _SAVED[path] = table
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
