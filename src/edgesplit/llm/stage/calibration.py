@@ -12,10 +12,14 @@ head's the head's.
 
 In one process every block's weights leave the caches before the next step reaches it (the
 model is larger than the last-level cache), while a stage of a few blocks stepped back to back
-keeps its own in cache and runs up to twice as fast; so each timed step follows a write over
-:data:`FLUSH_BYTES` of memory, which evicts them as the rest of the model would. Medians of
-``repeats`` after a warm-up. About 5 s for SmolLM2 in float32, 2 s quantized; cached per
-machine, model, precision and thread count, measured again on ``EDGESPLIT_REMEASURE=1``.
+keeps its own in cache and runs up to twice as fast; so each timed step follows a read over
+:data:`FLUSH_BYTES` of memory, which evicts them as the rest of the model would (a read, not a
+write: evicting the lines it leaves costs no write-back). The three stages take turns at
+every point, so a burst of other work slows them alike. Medians of ``repeats`` after a
+warm-up; seconds for SmolLM2 (under 20 s on a busy 2-core machine). Cached per machine,
+model, precision and thread count; measured again on ``EDGESPLIT_REMEASURE=1`` or
+``llm plan --calibrate``. Timing needs a quiet machine: on a busy one the table is as noisy as
+the machine.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ __all__ = ["DECODE_CACHED", "FLUSH_BYTES", "LONG", "PREFILL_TOKENS", "SHORT",
 
 PREFILL_TOKENS = (8, 32, 64, 128)
 DECODE_CACHED = (8, 64, 256)
-SHORT, LONG = 1, 4  # decoder blocks of the two embedding stages
+SHORT, LONG = 1, 6  # decoder blocks of the two embedding stages
 FLUSH_BYTES = 64 * 2**20  # twice the 32 MiB last-level cache of the machines measured
 _CHAIN = "home-wifi"  # any 3-device chain: the stages are cut from plans on it
 
@@ -55,7 +59,7 @@ Timings = dict[str, dict[int, float]]  # phase -> points -> ms
 
 
 def calibrate_this_machine(model: Any, dtype: str = "float32", *, threads: int | None = None,
-                           repeats: int = 5, remeasure: bool = False) -> BlockTimes:
+                           repeats: int = 7, remeasure: bool = False) -> BlockTimes:
     """``model``'s block times at ``dtype`` on this machine: the cached table, else measured
     now (:func:`measure_block_times`) and cached, which ``this-machine`` then prices the
     model with in every plan."""
@@ -69,7 +73,7 @@ def calibrate_this_machine(model: Any, dtype: str = "float32", *, threads: int |
     return table
 
 
-def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 5) -> BlockTimes:
+def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 7) -> BlockTimes:
     """Time ``lm``'s blocks here (module docstring): ConfigError for a model of fewer than
     two decoder blocks (one block's time is a difference of two stages)."""
     layers = lm.shape.num_layers
