@@ -548,23 +548,31 @@ def render_this_machine(t: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_b(doc: dict[str, Any]) -> list[str]:
-    w = doc["workload"]
-    lines: list[str] = []
+def _b_setting(b: dict[str, Any], w: dict[str, Any]) -> str:
+    """What B ran on a topology: the precision, and whether any device holds the model."""
+    if "memory_limits" not in b:  # a run before B's topologies had to split
+        return (f"Prompt {w['b_prompt_tokens']} tokens, {w['new_tokens']} new. Measured "
+                "times divided by the dilation.")
     mib = 2**20
-    for b in doc["b"]:
-        limits = ", ".join(f"{d} {x / mib:.0f} MiB" for d, x in b["memory_limits"].items())
-        lines += [
-            f"## B. {b['topology']}: placements with real compute on emulated devices "
-            f"(time dilation x{b['dilation']:g})",
-            "",
-            f"{b['precision']} (the GGUF's own precision), prompt {w['b_prompt_tokens']} "
+    limits = ", ".join(f"{d} {x / mib:.0f} MiB" for d, x in b["memory_limits"].items())
+    return (f"{b['precision']} (the GGUF's own precision), prompt {w['b_prompt_tokens']} "
             f"tokens, {w['new_tokens']} new, KV caches for {b['max_context']} tokens: the "
             f"model needs {b['model_bytes'] / mib:.0f} MiB on one device, and the devices "
             f"have {limits}, so "
             + ("one device holds it (NOT a topology that must split)"
                if b["single_device_fits"] else "none holds it: every placement splits")
-            + ". Measured times divided by the dilation.",
+            + ". Measured times divided by the dilation.")
+
+
+def render_b(doc: dict[str, Any]) -> list[str]:
+    w = doc["workload"]
+    lines: list[str] = []
+    for b in doc["b"]:
+        lines += [
+            f"## B. {b['topology']}: placements with real compute on emulated devices "
+            f"(time dilation x{b['dilation']:g})",
+            "",
+            _b_setting(b, w),
             "",
             "| method | blocks per device | TTFT ms (plan) | tokens/s (plan) | request ms (plan) "
             "| plan's error on tokens/s, TTFT |",
@@ -589,9 +597,11 @@ def render_b(doc: dict[str, Any]) -> list[str]:
             f"TTFT within {GOAL_PREDICTION:.0%}: {_pct(b['dp_error']['tokens_per_s'])}, "
             f"{_pct(b['dp_error']['ttft'])}" + _chains_note(b)
             + f" ({'met' if b['met_dp_prediction'] else 'MISSED'})."
-            f" Same tokens from every placement: {'yes' if b['same_tokens'] else 'NO'}. "
-            f"The DP's placement runs blocks on {b['dp_stages']} of the "
-            f"{len(b['memory_limits'])} devices.",
+            f" Same tokens from every placement: {'yes' if b['same_tokens'] else 'NO'}."
+            + (f" The DP's placement runs blocks on {b['dp_stages']} of the "
+               f"{len(b['memory_limits'])} devices ("
+               + ("met" if b["dp_stages"] > 1 else "MISSED: it does not split") + ")."
+               if "dp_stages" in b else ""),
             "",
         ]
     if doc["b"]:
