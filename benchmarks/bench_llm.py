@@ -543,6 +543,11 @@ def render_this_machine(t: dict[str, Any]) -> list[str]:
             f"{r['predicted_decode_ms']:.2f} / {r['measured_decode_ms']:.2f} "
             f"({_pct(r['error']['decode'])}) | {r['roofline_prefill_ms']:.1f}, "
             f"{r['roofline_decode_ms']:.2f} |")
+    a = t["rows"].get("float32", {})
+    if "section_a_ttft_ms" in a:
+        lines += ["", f"Section A's one process (float32, through the client) for comparison: "
+                  f"TTFT {a['section_a_ttft_ms']:.1f} ms, decode "
+                  f"{a['section_a_decode_ms']:.2f} ms a token."]
     lines += ["", f"Goal: within {GOAL_PREDICTION:.0%}: worst {t['worst_error']:.1%} "
               f"({'met' if t['met'] else 'MISSED'}).", ""]
     return lines
