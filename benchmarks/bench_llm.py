@@ -527,8 +527,8 @@ def render_this_machine(t: dict[str, Any]) -> list[str]:
         "",
         f"`this-machine` (one thread) prices each precision from its own measured block "
         "times (`llm.planning.calibration`: one decoder block, the embedding and the head "
-        "timed as real stages at a few prompt and cache lengths, each step after a cache "
-        "flush; measured once, cached), against the whole model run as one stage in one "
+        "timed as real stages at a few prompt and cache lengths, each step after a step of "
+        "other blocks; measured once, cached), against the whole model run as one stage in one "
         f"process: a prompt of {t['prompt_tokens']} tokens, {t['new_tokens']} new, median "
         "after a warm-up. The roofline's prediction (peaks measured here) beside it.",
         "",

@@ -162,12 +162,21 @@ def test_measuring_returns_every_kind_at_every_point_and_caches_it(monkeypatch):
     assert len(calls) == 2
 
 
-def test_measuring_a_quantized_stage(tmp_path):
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0")
+def test_measuring_a_quantized_stage_between_steps_of_other_blocks(tmp_path, monkeypatch):
+    """Nine decoder blocks (blocks 1-9; 0 is the embedding, 10 the head): the timed stages hold
+    blocks 0-6 and 9-10, so blocks 7 and 8 take a decode step before each timed step (where a
+    model has no such blocks, a buffer is read)."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0", layers=9)
     lm = describe_causal_lm(path, dtype="gguf")
+    made: list[object] = []
+    flusher = measuring._flusher
+    monkeypatch.setattr(measuring, "_flusher", lambda rest, lm: made.append(rest) or flusher(
+        rest, lm))
     table = measuring.measure_block_times(lm, threads=1, repeats=1)
     assert table.precision == "q4_0" and table.matches(lm, 1) and stage_threads(lm) == 1
     assert set(table.decode) == {"embed", "decoder", "head"}
+    (rest,) = made
+    assert (rest.io.start, rest.io.end) == (7, 9)
 
 
 def test_one_block_cannot_be_told_from_the_stage(monkeypatch):

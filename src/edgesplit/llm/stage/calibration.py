@@ -12,9 +12,13 @@ head's the head's.
 
 In one process every block's weights leave the caches before the next step reaches it (the
 model is larger than the last-level cache), while a stage of a few blocks stepped back to back
-keeps its own in cache and runs up to twice as fast; so each timed step follows a read over
-:data:`FLUSH_BYTES` of memory, which evicts them as the rest of the model would (a read, not a
-write: evicting the lines it leaves costs no write-back). The three stages take turns at
+keeps its own in cache and runs up to twice as fast. So before each timed step the blocks
+after the long stage (up to :data:`FLUSH_BYTES` of their weights, none the timed stages hold)
+take a decode step, as the rest of the model runs between two steps of a block: their weights
+evict the timed stage's, while the engine's code and buffers stay in the caches, as they do in
+a whole model's run (a plain read over a buffer evicts those too: in one run it priced the
+quantized path, whose blocks take a fraction of a millisecond, 20-40 % slow). A model with no
+such blocks reads a buffer of :data:`FLUSH_BYTES` instead. The three stages take turns at
 every point, so a burst of other work slows them alike. Medians of ``repeats`` after a
 warm-up; seconds for SmolLM2 (under 20 s on a busy 2-core machine). Cached per machine,
 model, precision and thread count; measured again on ``EDGESPLIT_REMEASURE=1`` or
@@ -99,7 +103,11 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 7) -> 
     try:
         stages = [stage((0, 1 + SHORT, n, n), 0), stage((0, 1 + long, n, n), 0),
                   stage((0, 0, n - 1 - SHORT, n), 2)]
-        short, longer, head = _time_stages(stages, lm, prefill, decode, repeats)
+        # the blocks none of the timed stages holds, run between their steps
+        end = _flush_end(lm, 1 + long, n - 1 - SHORT)
+        rest = stage((0, 1 + long, end, n), 1) if end > 1 + long else None
+        short, longer, head = _time_stages(stages, lm, prefill, decode, repeats,
+                                           _flusher(rest, lm))
     finally:
         torch.set_num_threads(before)
 
@@ -118,28 +126,46 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 7) -> 
                       prefill=split("prefill"), decode=split("decode"),
                       source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: stages of "
                              f"{SHORT} and {long} blocks and the head, medians of {repeats} "
-                             "steps, each after a cache flush")
+                             "steps, each after a step of other blocks")
 
 
-def _flusher() -> Callable[[], None]:
-    """A read over :data:`FLUSH_BYTES`: the caches hold none of a stage's weights after."""
-    buffer = torch.zeros(FLUSH_BYTES // 4)
+def _flush_end(lm: CausalLM, start: int, stop: int) -> int:
+    """The end of the fewest blocks from ``start`` (before ``stop``) holding
+    :data:`FLUSH_BYTES` of weights, or ``stop``."""
+    end = start
+    while end < stop and lm.stage_param_bytes(start, end) < FLUSH_BYTES:
+        end += 1
+    return end
+
+
+def _flusher(rest: StageModel | None, lm: CausalLM) -> Callable[[], None]:
+    """What runs before each timed step: a decode step of ``rest``, blocks of the model the
+    timed stages do not hold, as the rest of the model runs between a block's steps in one
+    process (its weights stream through the caches while the engine's code and buffers stay
+    in them); without such blocks (a model of a few), a read over :data:`FLUSH_BYTES`."""
+    if rest is None:
+        buffer = torch.zeros(FLUSH_BYTES // 4)
+
+        def read() -> None:
+            buffer.sum()  # a read: the lines it leaves are clean, evicting them costs nothing
+
+        return read
+    hidden = torch.randn(1, 1, lm.shape.hidden_size).to(rest.dtype)
 
     def flush() -> None:
-        buffer.sum()  # reads: the lines it leaves are clean, evicting them costs nothing
+        rest.step(hidden, 0, rest.new_cache())
 
     return flush
 
 
 @torch.no_grad()
 def _time_stages(stages: list[StageModel], lm: CausalLM, prefill: tuple[int, ...],
-                 decode: tuple[int, ...], repeats: int) -> list[Timings]:
+                 decode: tuple[int, ...], repeats: int, flush: Callable[[], None]
+                 ) -> list[Timings]:
     """Per stage, the median ms of a prefill of each length and of a decode step at each
     cache length. The stages take turns at every point and repeat, so a burst of other work
     on the machine slows them alike rather than one of the stages whose difference is a
     block's time."""
-    flush = _flusher()
-
     def x(stage: StageModel, tokens: int) -> torch.Tensor:
         if stage.io.hidden_in:
             return torch.randn(1, tokens, lm.shape.hidden_size).to(stage.dtype)
