@@ -20,7 +20,7 @@ a whole model's run (a plain read over a buffer evicts those too: in one run it 
 quantized path, whose blocks take a fraction of a millisecond, 20-40 % slow). A model with no
 such blocks reads a buffer of :data:`FLUSH_BYTES` instead. The three stages take turns at
 every point, so a burst of other work slows them alike. Medians of ``repeats`` after a
-warm-up; seconds for SmolLM2 (under 20 s on a busy 2-core machine). Cached per machine,
+warm-up; 15-40 s for SmolLM2 at Q4_1 on this busy 2-core machine (load 1-6). Cached per machine,
 model, precision and thread count; measured again on ``EDGESPLIT_REMEASURE=1`` or
 ``llm plan --calibrate``. Timing needs a quiet machine: on a busy one the table is as noisy as
 the machine.
