@@ -15,9 +15,18 @@ decode tokens/s. Each stage's resident memory is measured in a process of its ow
 only that stage (``open_stage``): the resident set after imports (the process baseline)
 and after loading; goal: loaded - baseline within 20 % of the plan's ``weight_bytes``.
 
-**B. Placements with real compute on emulated devices.** The model planned by every method
-(DP, memory-proportional (exo), equal split, best single device) on ``home-wifi`` and
-``jmsnas-chain``; each plan served as a chain of in-process stage servers (gRPC and the data
+**This machine's cost model** (``this_machine_check``): ``this-machine`` prices the model
+from its own measured block times (``calibrate_this_machine``: cached, seconds to measure),
+float32 and at the GGUF's own precision (Q4_1), against the whole model run as one stage in
+this process (one thread); goal: prefill and decode within 15 %. The roofline's prediction is
+shown beside it.
+
+**B. Placements with real compute on emulated devices.** The model at its GGUF's precision
+(Q4_1 linears, Q8_0 embedding), KV caches for 1,024 tokens, planned by every method (DP,
+memory-proportional (exo), equal split, best single device) on two topologies where no device
+holds it (``examples/llm-pi-tx2.yaml``: 2 devices; ``examples/llm-pi-tx2-nano.yaml``: 3;
+of different speeds and memory), so every feasible placement splits and the best single device
+is infeasible; each plan served as a chain of in-process stage servers (gRPC and the data
 plane over 127.0.0.1). Each stage runs its real blocks and is then slowed by the ratio of its
 device's planned time for them to this machine's, measured when the stage starts, each step
 timed after the idle a run leaves the stage between its steps (``--emulate-device``; never
@@ -25,19 +34,22 @@ paced to the plan), and links are shaped to the plan's. Some
 devices are faster than this machine (factor < 1), which no sleep can emulate, so everything
 runs ``D`` times slower (time dilation: every stage's factor and every link's time times ``D``,
 the smallest ``D`` that makes every factor >= 1, plus 30 %), and measured times are divided by
-``D``. Goals: the DP measures the best request time, and its predicted tokens/s and TTFT are
-within 15 % of the measured: the median over the DP's plan run on ``--dp-chains`` (5) chains
-of new stages, each stage measuring its reference afresh (one run to the next, the references
-are where the spread is). What this can show: how the plan composes the parts it prices (a
-decode step priced at the mean cache length, links both ways, encoding, serving overhead),
-not whether a device preset is right (no such device here); this machine's own cost model is
-checked in section A.
+``D``. Goals: the DP splits, measures the best request time, and its predicted tokens/s and
+TTFT are within 15 % of the measured: the median over the DP's plan run on ``--dp-chains`` (5)
+chains of new stages, each stage measuring its reference afresh (one run to the next, the
+references are where the spread is). What this can show: how the plan composes the parts it
+prices (a decode step priced at the mean cache length, links both ways, encoding, serving
+overhead), not whether a device preset is right (no such device here): the emulated compute
+equals the plan's by construction; this machine's own cost model is checked apart.
 
 Quiet machine: refuses to start above a 1-minute load of 1.0 (``--allow-load`` for a trial
 run, with ``--out`` elsewhere); the load is recorded before and after. Writes llm.md,
-llm.json and llm.png (B on home-wifi: measured against planned, by method).
+llm.json and llm.png (B's first topology: measured against planned, by method).
+``--smoke``: this machine's cost model and section B only, 8 new tokens, one generation,
+written under the temporary folder.
 
-    python benchmarks/bench_llm.py [--quick] [--repeats 5] [--out DIR] [--allow-load X]
+    python benchmarks/bench_llm.py [--quick | --smoke] [--repeats 5] [--out DIR]
+                                   [--allow-load X]
 """
 
 from __future__ import annotations
@@ -58,7 +70,7 @@ from typing import Any
 
 import torch
 
-from edgesplit.hardware import Topology, get_device, get_topology
+from edgesplit.hardware import Topology, estimator_for, get_device, get_topology, resolve_topology
 from edgesplit.hardware.profile import machine_info
 from edgesplit.llm import LLMPlanning, LLMWorkload, describe_causal_lm, plan_llm, plan_llm_at
 from edgesplit.llm import Phase as Work
@@ -66,6 +78,7 @@ from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.generate.engine import plan_tokenizer
 from edgesplit.llm.generate.report import generation_report
 from edgesplit.llm.planning.costs import block_ms
+from edgesplit.llm.stage.calibration import calibrate_this_machine
 from edgesplit.llm.stage.compute import open_stage
 from edgesplit.llm.stage.emulation import (
     IDLE_CAP_S,
@@ -82,7 +95,12 @@ RESULTS = Path(__file__).parent / "results"
 QUIET_LOAD = 1.0
 MODEL = "smollm2-135m-instruct"
 SPLITS = {1: (0, 32, 32, 32), 2: (0, 16, 32, 32), 3: (0, 11, 21, 32)}
-TOPOLOGIES = ("home-wifi", "jmsnas-chain")
+EXAMPLES = Path(__file__).parents[1] / "examples"
+# B's topologies: no device holds the model at B's precision, devices of different speeds
+TOPOLOGIES = (EXAMPLES / "llm-pi-tx2.yaml", EXAMPLES / "llm-pi-tx2-nano.yaml")
+B_DTYPE = "gguf"  # the GGUF's own: Q4_1 linears, a Q8_0 embedding
+B_CONTEXT = 1024  # the KV cache every device holds room for (a chat's, not the run's 72)
+PRECISIONS = ("float32", "gguf")  # this machine's cost model is checked at both
 METHODS = ("dp", "memory_proportional", "equal_split", "single_device")
 GOAL_TWO_STAGES = 0.85
 GOAL_MEMORY = 0.20
@@ -189,17 +207,65 @@ def stage_memory(plan: Plan, path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def this_machine_check(prompt_tokens: int, new_tokens: int, one: dict[str, Any]
-                       ) -> dict[str, float]:
-    """The whole model on this machine by its own cost model (``this-machine``: its peaks
-    measured live, one thread) against the one-process run: the term section B's emulation
-    multiplies every stage's real compute by, so its error is B's."""
-    lm = describe_causal_lm(MODEL)
+@torch.no_grad()
+def one_process(dtype: str, prompt_tokens: int, new_tokens: int, repeats: int
+                ) -> dict[str, float]:
+    """The whole model as one stage in this process (the precision's engine, one thread): the
+    median TTFT (the prompt's prefill through the head) and decode ms a token of a greedy
+    generation of ``new_tokens`` after a random prompt, over ``repeats`` after a warm-up."""
+    lm = describe_causal_lm(MODEL, dtype=dtype)
+    n = lm.n
+    plan = plan_llm_at(lm, get_topology("home-wifi"), (0, n, n, n),
+                       LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                                   max_context=prompt_tokens + new_tokens), method="1-stage")
+    stage = open_stage(plan, 0, threads=1)
+    prompt = torch.randint(0, lm.shape.vocab_size, (1, prompt_tokens),
+                           generator=torch.Generator().manual_seed(0))
+    ttft, decode = [], []
+    for _ in range(repeats + 1):
+        cache = stage.new_cache()
+        start = time.perf_counter()
+        token = stage.step(prompt, 0, cache)
+        first = time.perf_counter()
+        for i in range(new_tokens - 1):
+            token = stage.step(token.reshape(1, 1), prompt_tokens + i, cache)
+        ttft.append((first - start) * 1e3)
+        decode.append((time.perf_counter() - first) * 1e3 / max(1, new_tokens - 1))
+    return {"ttft_ms": _median(ttft[1:]), "decode_ms": _median(decode[1:])}
+
+
+def this_machine_check(prompt_tokens: int, new_tokens: int, one: dict[str, Any] | None = None,
+                       repeats: int = 5) -> dict[str, Any]:
+    """The whole model on this machine by its own cost model (``this-machine``, one thread:
+    each precision's measured block times, :func:`calibrate_this_machine`, cached) against a
+    real single process (:func:`one_process`), float32 and quantized, with the roofline's
+    prediction beside it. ``one``: section A's one-process run, shown with the float32 row.
+    Section B does not carry this error: its emulation measures each stage's own blocks."""
     here = get_device("this-machine")
-    prefill = sum(block_ms(lm, here, Work.prefill(prompt_tokens)))
-    decode = sum(block_ms(lm, here, Work.decode(prompt_tokens + max(0, new_tokens - 2) // 2)))
-    return {"predicted_prefill_ms": prefill, "measured_ttft_ms": one["ttft_ms"],
-            "predicted_decode_ms": decode, "measured_decode_ms": 1e3 / one["tokens_per_s"]}
+    prefill = Work.prefill(prompt_tokens)
+    decode = Work.decode(prompt_tokens + max(0, new_tokens - 2) // 2)
+    rows: dict[str, Any] = {}
+    for dtype in PRECISIONS:
+        table = calibrate_this_machine(MODEL, dtype, threads=1)
+        lm = describe_causal_lm(MODEL, dtype=dtype)
+        measured = one_process(dtype, prompt_tokens, new_tokens, repeats)
+        roofline = estimator_for(here)
+        row = {"precision": lm.dtype, "calibration": table.source,
+               "predicted_prefill_ms": sum(block_ms(lm, here, prefill)),
+               "predicted_decode_ms": sum(block_ms(lm, here, decode)),
+               "roofline_prefill_ms": sum(block_ms(lm, here, prefill, roofline)),
+               "roofline_decode_ms": sum(block_ms(lm, here, decode, roofline)),
+               "measured_ttft_ms": measured["ttft_ms"],
+               "measured_decode_ms": measured["decode_ms"]}
+        if dtype == "float32" and one:
+            row["section_a_ttft_ms"] = one["ttft_ms"]
+            row["section_a_decode_ms"] = 1e3 / one["tokens_per_s"]
+        row["error"] = {"prefill": row["predicted_prefill_ms"] / row["measured_ttft_ms"] - 1,
+                        "decode": row["predicted_decode_ms"] / row["measured_decode_ms"] - 1}
+        rows[lm.dtype] = row
+    worst = max(abs(e) for r in rows.values() for e in r["error"].values())
+    return {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "rows": rows,
+            "worst_error": worst, "met": worst <= GOAL_PREDICTION}
 
 
 def section_a(new_tokens: int, repeats: int, warmup: int, log=print) -> dict[str, Any]:
@@ -241,11 +307,18 @@ def section_a(new_tokens: int, repeats: int, warmup: int, log=print) -> dict[str
 
 
 # ---- B: placements on emulated devices -----------------------------------------------------------
+# A stage whose planned time in a phase is below this share of its plan's (an embedding
+# alone: microseconds by a preset, a step's fixed cost here) does not set the dilation: it
+# runs as is, its real time (a fraction of a millisecond) over its plan's.
+NEGLIGIBLE_SHARE = 0.05
+
+
 def dilation_for(planning: LLMPlanning) -> float:
     """The smallest slowdown that lets every stage of every method be emulated (factor >= 1),
-    with a 30 % margin, at least 1. Each distinct stage is built here and times its blocks as
-    a stage does when it starts (``measured_reference`` after the run's idle, which at these
-    dilations is the cap, ``IDLE_CAP_S``)."""
+    with a 30 % margin, at least 1, leaving out stages of a negligible share of their plan's
+    compute in a phase (:data:`NEGLIGIBLE_SHARE`). Each distinct stage is built here and
+    times its blocks as a stage does when it starts (``measured_reference`` after the run's
+    idle, which at these dilations is the cap, ``IDLE_CAP_S``)."""
     idle = {"prefill": IDLE_CAP_S, "decode": IDLE_CAP_S}
     references: dict[tuple[int, int], dict] = {}
     low = math.inf
@@ -253,14 +326,20 @@ def dilation_for(planning: LLMPlanning) -> float:
         plan = planning.plans[name]
         if not planning.placements[name].feasible:
             continue
-        assert plan.llm is not None
-        for i, s in enumerate(plan.llm.stages):
+        llm = plan.llm
+        assert llm is not None
+        totals = {"prefill": sum(s.prefill_ms for s in llm.stages),
+                  "decode": sum(s.decode_ms for s in llm.stages)}
+        for i, s in enumerate(llm.stages):
             if s.start == s.end:
                 continue
             if (s.start, s.end) not in references:
                 references[(s.start, s.end)] = measured_reference(
                     open_stage(plan, i), plan, repeats=1, idle=idle)
-            low = min(low, *slowdown_factors(plan, i, references[(s.start, s.end)]).values())
+            planned = {"prefill": s.prefill_ms, "decode": s.decode_ms}
+            factors = slowdown_factors(plan, i, references[(s.start, s.end)])
+            low = min([low, *(f for phase, f in factors.items()
+                              if planned[phase] >= NEGLIGIBLE_SHARE * totals[phase])])
     return max(1.0, math.ceil(13.0 / low) / 10.0)
 
 
@@ -327,8 +406,9 @@ def _fresh_dp_chain(plan: Plan, prompt: list[int], new_tokens: int, repeats: int
 
 def section_b(topology: Topology, prompt_tokens: int, new_tokens: int, repeats: int,
               warmup: int, dp_chains: int = 1, log=print) -> dict[str, Any]:
-    planning = plan_llm(MODEL, topology, LLMWorkload(prompt_tokens=prompt_tokens,
-                                                     new_tokens=new_tokens))
+    planning = plan_llm(MODEL, topology, LLMWorkload(
+        prompt_tokens=prompt_tokens, new_tokens=new_tokens, max_context=B_CONTEXT),
+        dtype=B_DTYPE)
     dilation = dilation_for(planning)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, planning.lm.shape.vocab_size, (prompt_tokens,),
@@ -357,7 +437,15 @@ def section_b(topology: Topology, prompt_tokens: int, new_tokens: int, repeats: 
                                                                            "ttft")}
     # a baseline that places the blocks as the DP does is the same plan: its run is a repeat
     others = [r["request_ms"] for n, r in ran.items() if r["assignment"] != dp["assignment"]]
+    costs = planning.costs
     return {"topology": topology.name, "dilation": dilation, "methods": rows,
+            "precision": planning.lm.dtype, "max_context": costs.workload.context,
+            "model_bytes": int(costs.memory_need[0, costs.n]),
+            "memory_limits": dict(zip(costs.devices, costs.memory_limits, strict=True)),
+            # what the goal asks of the topology: no device holds the model, the DP splits
+            "single_device_fits": planning.placements["single_device"].feasible,
+            "dp_stages": sum(1 for hi_lo in planning.placements["dp"].ranges()
+                             if hi_lo[1] > hi_lo[0]),
             "best_measured": best,
             "same_as_dp": [n for n, r in ran.items() if n != "dp"
                            and r["assignment"] == dp["assignment"]],
@@ -429,26 +517,67 @@ def render(doc: dict[str, Any]) -> list[str]:
                          f"{_pct(m['ratio'] - 1)} |")
     lines += ["", f"Goal: within {GOAL_MEMORY:.0%} of the plan: worst "
               f"{a['memory_within']:.1%} ({'met' if a['met_memory'] else 'MISSED'}).", ""]
-    t = a.get("this_machine")
-    if t:
-        lines += [
-            "This machine by its own cost model (`this-machine`: peaks measured live, one "
-            f"thread), the whole model: prefill {t['predicted_prefill_ms']:.1f} ms "
-            f"(measured TTFT {t['measured_ttft_ms']:.1f}), decode "
-            f"{t['predicted_decode_ms']:.1f} ms a token (measured "
-            f"{t['measured_decode_ms']:.1f}): real compute runs x"
-            f"{t['measured_decode_ms'] / t['predicted_decode_ms']:.2f} (decode) and x"
-            f"{t['measured_ttft_ms'] / t['predicted_prefill_ms']:.2f} (prefill) its "
-            "prediction here: the cost model's own error on this machine, for these kernels. "
-            "Section B scales real compute by each device's planned time over this machine's "
-            "measured time, so it does not carry this error.", ""]
+    return lines
+
+
+def render_this_machine(t: dict[str, Any]) -> list[str]:
+    """This machine's cost model against a real single process, per precision."""
+    lines = [
+        "## This machine's cost model against one process",
+        "",
+        f"`this-machine` (one thread) prices each precision from its own measured block "
+        "times (`llm.planning.calibration`: one decoder block, the embedding and the head "
+        "timed as real stages at a few prompt and cache lengths, each step after a step of "
+        "other blocks; measured once, cached), against the whole model run as one stage in one "
+        f"process: a prompt of {t['prompt_tokens']} tokens, {t['new_tokens']} new, median "
+        "after a warm-up. The roofline's prediction (peaks measured here) beside it.",
+        "",
+        "| precision | prefill ms: predicted / measured TTFT (error) | decode ms a token: "
+        "predicted / measured (error) | roofline prefill, decode ms |",
+        "|---|---|---|---|",
+    ]
+    for r in t["rows"].values():
+        lines.append(
+            f"| {r['precision']} | {r['predicted_prefill_ms']:.1f} / "
+            f"{r['measured_ttft_ms']:.1f} ({_pct(r['error']['prefill'])}) | "
+            f"{r['predicted_decode_ms']:.2f} / {r['measured_decode_ms']:.2f} "
+            f"({_pct(r['error']['decode'])}) | {r['roofline_prefill_ms']:.1f}, "
+            f"{r['roofline_decode_ms']:.2f} |")
+    a = t["rows"].get("float32", {})
+    if "section_a_ttft_ms" in a:
+        lines += ["", f"Section A's one process (float32, through the client) for comparison: "
+                  f"TTFT {a['section_a_ttft_ms']:.1f} ms, decode "
+                  f"{a['section_a_decode_ms']:.2f} ms a token."]
+    lines += ["", f"Goal: within {GOAL_PREDICTION:.0%}: worst {t['worst_error']:.1%} "
+              f"({'met' if t['met'] else 'MISSED'}).", ""]
+    return lines
+
+
+def _b_setting(b: dict[str, Any], w: dict[str, Any]) -> str:
+    """What B ran on a topology: the precision, and whether any device holds the model."""
+    if "memory_limits" not in b:  # a run before B's topologies had to split
+        return (f"Prompt {w['b_prompt_tokens']} tokens, {w['new_tokens']} new. Measured "
+                "times divided by the dilation.")
+    mib = 2**20
+    limits = ", ".join(f"{d} {x / mib:.0f} MiB" for d, x in b["memory_limits"].items())
+    return (f"{b['precision']} (the GGUF's own precision), prompt {w['b_prompt_tokens']} "
+            f"tokens, {w['new_tokens']} new, KV caches for {b['max_context']} tokens: the "
+            f"model needs {b['model_bytes'] / mib:.0f} MiB on one device, and the devices "
+            f"have {limits}, so "
+            + ("one device holds it (NOT a topology that must split)"
+               if b["single_device_fits"] else "none holds it: every placement splits")
+            + ". Measured times divided by the dilation.")
+
+
+def render_b(doc: dict[str, Any]) -> list[str]:
+    w = doc["workload"]
+    lines: list[str] = []
     for b in doc["b"]:
         lines += [
             f"## B. {b['topology']}: placements with real compute on emulated devices "
             f"(time dilation x{b['dilation']:g})",
             "",
-            f"Prompt {w['b_prompt_tokens']} tokens, {w['new_tokens']} new. Measured times "
-            "divided by the dilation.",
+            _b_setting(b, w),
             "",
             "| method | blocks per device | TTFT ms (plan) | tokens/s (plan) | request ms (plan) "
             "| plan's error on tokens/s, TTFT |",
@@ -473,7 +602,24 @@ def render(doc: dict[str, Any]) -> list[str]:
             f"TTFT within {GOAL_PREDICTION:.0%}: {_pct(b['dp_error']['tokens_per_s'])}, "
             f"{_pct(b['dp_error']['ttft'])}" + _chains_note(b)
             + f" ({'met' if b['met_dp_prediction'] else 'MISSED'})."
-            f" Same tokens from every placement: {'yes' if b['same_tokens'] else 'NO'}.",
+            f" Same tokens from every placement: {'yes' if b['same_tokens'] else 'NO'}."
+            + (f" The DP's placement runs blocks on {b['dp_stages']} of the "
+               f"{len(b['memory_limits'])} devices ("
+               + ("met" if b["dp_stages"] > 1 else "MISSED: it does not split") + ")."
+               if "dp_stages" in b else ""),
+            "",
+        ]
+    if doc["b"]:
+        lines += [
+            "What section B's prediction error can show: each stage's compute is emulated by "
+            "its plan device's predicted time over this machine's time for the same blocks, "
+            "measured as the stage starts, so the compute of every stage equals the plan's by "
+            "construction. What the error measures is how the plan composes the parts it "
+            "prices: a decode step priced at the mean cache length, the links both ways, "
+            "encoding and the serving overhead of every step; and which placement measures "
+            "best checks that the DP's ranking survives them. Whether a device preset is "
+            "right it cannot show (no such device here); this machine's own cost model is "
+            "checked against real compute in the section above.",
             "",
         ]
     return lines
@@ -488,19 +634,29 @@ def _chains_note(b: dict[str, Any]) -> str:
     return f" (median of {len(chains)} chains of new stages: {each})"
 
 
+def this_machine_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's check of this machine's cost model (in section A's, or alone in a smoke
+    run); None before it was per precision."""
+    t = doc.get("this_machine") or doc.get("a", {}).get("this_machine")
+    return t if t and "rows" in t else None
+
+
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
     """One run's verdicts and headline numbers, kept in every later run's ``history``."""
-    a = doc["a"]
+    a = doc.get("a")
+    t = this_machine_of(doc)
     return {"date": doc.get("date"), "load_before": doc["load_before"],
             # runs before the stages measured their own reference scaled by the cost model's
             "reference": doc.get("reference", "this machine's cost model"),
             "load_after": doc["load_after"], "quick": doc["quick"],
-            "two_stages_vs_one": a["two_stages_vs_one"],
-            "three_stages_vs_one": a["rows"]["3"]["vs_one_process"],
-            "memory_within": a["memory_within"],
+            "two_stages_vs_one": a["two_stages_vs_one"] if a else None,
+            "three_stages_vs_one": a["rows"]["3"]["vs_one_process"] if a else None,
+            "memory_within": a["memory_within"] if a else None,
+            "this_machine_worst": t["worst_error"] if t else None,
             "b": [{"topology": b["topology"], "dilation": b["dilation"],
                    "dp_tokens_per_s": b["methods"]["dp"]["tokens_per_s"],
                    "best_measured": b["best_measured"], "met_dp_best": b["met_dp_best"],
+                   "dp_stages": b.get("dp_stages"),
                    "dp_error": b["dp_error"]} for b in doc["b"]]}
 
 
@@ -519,25 +675,42 @@ def render_history(doc: dict[str, Any]) -> list[str]:
     runs = [*doc.get("history", []), summary(doc)]
     lines = ["## Every run of this benchmark (this code's versions; the last is above)", "",
              "| date | B's reference | load before / after | 2 stages vs 1 | 3 vs 1 | memory "
-             "worst | B: topology, dilation, DP tokens/s, best measured, DP's error "
-             "(tokens/s, TTFT) |",
-             "|---|---|---|---|---|---|---|"]
+             "worst | this-machine's worst error | B: topology, dilation, DP tokens/s, best "
+             "measured, DP's error (tokens/s, TTFT), devices the DP uses |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def num(x: float | None, form: str) -> str:
+        return "-" if x is None else format(x, form)
+
     for r in runs:
         b = "; ".join(f"{x['topology']} x{x['dilation']:g}, {x['dp_tokens_per_s']:.1f}, "
                       f"{x['best_measured']}, {_pct(x['dp_error']['tokens_per_s'])} / "
-                      f"{_pct(x['dp_error']['ttft'])}" for x in r["b"])
+                      f"{_pct(x['dp_error']['ttft'])}, {x.get('dp_stages') or '-'}"
+                      for x in r["b"])
         lines.append(f"| {r['date'] or '-'}{' (quick)' if r['quick'] else ''} | "
                      f"{r.get('reference', 'this machine' + chr(39) + 's cost model')} | "
                      f"{r['load_before']:.2f} / {r['load_after']:.2f} | "
-                     f"x{r['two_stages_vs_one']:.2f} | x{r['three_stages_vs_one']:.2f} | "
-                     f"{r['memory_within']:.1%} | {b} |")
+                     f"x{num(r['two_stages_vs_one'], '.2f')} | "
+                     f"x{num(r['three_stages_vs_one'], '.2f')} | "
+                     f"{num(r['memory_within'], '.1%')} | "
+                     f"{num(r.get('this_machine_worst'), '.1%')} | {b} |")
     return lines
+
+
+def render_all(doc: dict[str, Any]) -> list[str]:
+    """Section A (or, in a smoke run without it, the title), this machine's cost model
+    against one process, section B, and every run."""
+    lines = render(doc) if "a" in doc else [
+        "# Split generation of a real checkpoint: SmolLM2-135M-Instruct (smoke run: this "
+        "machine's cost model and section B only)", ""]
+    t = this_machine_of(doc)
+    return lines + (render_this_machine(t) if t else []) + render_b(doc) + render_history(doc)
 
 
 def write(doc: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "llm.json").write_text(json.dumps(doc, indent=2) + "\n")
-    lines = render(doc) + render_history(doc)
+    lines = render_all(doc)
     (out / "llm.md").write_text("\n".join(lines) + "\n")
     b = doc["b"][0]
     ran = {n: r for n, r in b["methods"].items() if r["feasible"]}
@@ -561,27 +734,36 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument("--allow-load", type=float, default=QUIET_LOAD,
                         help="highest 1-minute load average to start at (default: quiet)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="this machine's cost model and section B only, 8 new tokens, one "
+                             "generation (writes under the temporary folder unless --out)")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite llm.md from llm.json without measuring")
     args = parser.parse_args()
     if args.render_only:
         write(json.loads((args.out / "llm.json").read_text()), args.out)
         return
+    if args.smoke and args.out == RESULTS:  # a smoke run never replaces the results
+        args.out = Path(tempfile.gettempdir()) / "bench_llm_smoke"
     before = _quiet(args.allow_load)
-    new, repeats, warmup = (8, 1, 0) if args.quick else (args.new_tokens, args.repeats, 1)
+    small = args.quick or args.smoke
+    new, repeats, warmup = (8, 1, 0) if small else (args.new_tokens, args.repeats, 1)
     torch.set_num_threads(1)
     start = time.perf_counter()
     doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "model": MODEL,
-                           "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M"),
+                           "quick": small, "date": time.strftime("%Y-%m-%d %H:%M"),
                            "reference": "measured (each stage's blocks, timed as it starts, "
                                         "after the run's idle)",
                            "workload": {"new_tokens": new, "repeats": repeats, "warmup": warmup,
                                         "b_prompt_tokens": args.prompt_tokens},
                            "load_before": before, "load_average": list(os.getloadavg())}
-    doc["a"] = section_a(new, repeats, warmup)
-    doc["b"] = [section_b(get_topology(name), args.prompt_tokens, new, repeats, warmup,
-                          1 if args.quick else args.dp_chains)
-                for name in TOPOLOGIES]
+    if args.smoke:
+        doc["this_machine"] = this_machine_check(args.prompt_tokens, new, repeats=3)
+    else:
+        doc["a"] = section_a(new, repeats, warmup)
+    doc["b"] = [section_b(resolve_topology(path), args.prompt_tokens, new, repeats, warmup,
+                          1 if small else args.dp_chains)
+                for path in TOPOLOGIES]
     doc["load_after"] = os.getloadavg()[0]
     doc["load_average_end"] = list(os.getloadavg())
     doc["wall_s"] = time.perf_counter() - start

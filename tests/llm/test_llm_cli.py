@@ -51,6 +51,18 @@ def test_plan_tables():
         assert text in result.stdout
 
 
+def test_calibrate_measures_this_machine_first(monkeypatch):
+    from edgesplit.llm.stage import calibration
+
+    asked = []
+    monkeypatch.setattr(calibration, "calibrate_this_machine",
+                        lambda model, dtype, **kw: asked.append((model, dtype, kw)))
+    result = _run("llm", "plan", "llama_tiny", "--topology", "home-wifi", "-p", "8", "-n", "4",
+                  "--calibrate")
+    assert result.exit_code == 0, result.output
+    assert asked == [("llama_tiny", "float32", {"remeasure": True})]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("llama3_8b", "--topology", "home-wifi"), "no split into contiguous stages fits"),
     (("llama_tyni", "--topology", "home-wifi"), "Did you mean llama_tiny"),

@@ -102,6 +102,12 @@ def plan(
     method: str = typer.Option("dp", "--method", "-m",
                                help="The plan --out writes: dp (default), memory_proportional, "
                                     "equal_split or single_device."),
+    calibrate: bool = typer.Option(False, "--calibrate",
+                                   help="First measure this machine's block times for this "
+                                        "model at this precision (seconds; cached): a "
+                                        "this-machine device is then priced from them, not "
+                                        "the roofline. A cached measurement is used without "
+                                        "it."),
 ) -> None:
     """Place a causal LM's blocks on a chain of devices (exact DP over TTFT and TPOT under
     each device's memory and KV cache) and compare with the baselines."""
@@ -119,7 +125,12 @@ def plan(
         from edgesplit.llm.model.precision import default_precision
 
         dtype = default_precision(model)
-    result = plan_llm(model, resolve_topology(topology), workload, dtype=dtype)
+    chain = resolve_topology(topology)
+    if calibrate:
+        from edgesplit.llm.stage.calibration import calibrate_this_machine
+
+        calibrate_this_machine(model, dtype, remeasure=True)
+    result = plan_llm(model, chain, workload, dtype=dtype)
     if out_path is not None:
         if not result.placements[method].feasible:
             raise ConfigError(f"the {method} placement is infeasible here "

@@ -28,8 +28,8 @@ from edgesplit.hardware.catalog import register_device
 from edgesplit.hardware.device import AnalyticalCompute, Device, MemoryTier
 from edgesplit.hardware.profile import time_call
 
-__all__ = ["TIER_SIZES", "measure_memory_tiers", "measure_this_machine", "monotone_tiers",
-           "remeasure_this_machine"]
+__all__ = ["TIER_SIZES", "machine_fingerprint", "measure_memory_tiers", "measure_this_machine",
+           "monotone_tiers", "remeasure_this_machine"]
 
 log = logging.getLogger(__name__)
 MEASUREMENT_VERSION = 1  # raise when what is measured changes: older caches are not taken
@@ -93,6 +93,13 @@ def _fingerprint() -> str:
     key = (f"{cpu}|{os.cpu_count()}|{_memory_bytes()}|{torch.__version__}|"
            f"{torch.get_num_threads()}|{MEASUREMENT_VERSION}")
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def machine_fingerprint() -> str:
+    """What a measurement made here depends on (processor, cores, memory, torch's build and
+    thread count), hashed: the key of every measurement cached for this machine (its peaks
+    here, an LLM's block times in ``llm.planning.calibration``)."""
+    return _fingerprint()
 
 
 def _cache_path() -> Path:

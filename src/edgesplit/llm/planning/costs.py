@@ -32,16 +32,9 @@ from typing import Literal
 import numpy as np
 
 from edgesplit.errors import ConfigError, option
-from edgesplit.hardware import (
-    Device,
-    LatencyEstimator,
-    LayerWork,
-    Link,
-    Topology,
-    estimator_for,
-    serialize_ms,
-)
+from edgesplit.hardware import Device, LatencyEstimator, Link, Topology, serialize_ms
 from edgesplit.llm.model.description import TOKEN_BYTES, CausalLM, Phase
+from edgesplit.llm.planning.calibration import MeasuredBlocks, llm_estimator_for, ops_ms
 from edgesplit.plan.assemble import one_way_latency_ms
 
 __all__ = ["Activations", "LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]
@@ -126,12 +119,15 @@ class SendCost:
 
 def block_ms(lm: CausalLM, device: Device, phase: Phase,
              estimator: LatencyEstimator | None = None) -> list[float]:
-    """Each block's time on ``device`` in ``phase``: its kernels through the device's latency
-    estimator (default: the one its compute model selects) at the LM's dtype width."""
-    estimator = estimator or estimator_for(device)
-    bits = 8 * lm.dtype_bytes
-    return [sum(estimator.layer_ms(LayerWork(**vars(op), bits=bits), device)
-                for op in lm.ops(i, phase)) for i in range(lm.n)]
+    """Each block's time on ``device`` in ``phase``: measured block times where the estimator
+    has them (:class:`~edgesplit.llm.planning.calibration.MeasuredBlocks`), else its kernels
+    through the estimator at the LM's activation width. Default estimator:
+    :func:`~edgesplit.llm.planning.calibration.llm_estimator_for` (``this-machine``'s measured
+    blocks when cached, the device's compute model's otherwise)."""
+    estimator = estimator or llm_estimator_for(lm, device)
+    if isinstance(estimator, MeasuredBlocks):
+        return estimator.blocks_ms(lm, phase, device)
+    return ops_ms(lm, device, phase, estimator)
 
 
 @dataclass
@@ -176,7 +172,8 @@ class LLMChainCosts:
             workload.decode_cached)
 
         # one estimator per device for both phases (a measured one loads and fits its profile)
-        chosen = {d.name: (estimators or {}).get(d.name) or estimator_for(d) for d in devices}
+        chosen = {d.name: (estimators or {}).get(d.name) or llm_estimator_for(lm, d)
+                  for d in devices}
 
         n = lm.n
         links = [topology.link(a, b) for a, b in itertools.pairwise(order)]
