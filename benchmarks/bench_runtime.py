@@ -18,12 +18,14 @@ end-to-end latency, and how one server holds up under concurrent clients.
    over each plane, with and without dynamic batching.
 5. Mesh (benchmarks/bench_mesh.py): a JMSNAS mesh plan served by one process per device, its
    measured latency against its eq. 2 prediction, and the same problem's best chain.
-6. Baseline: section 4's setups run by an older commit's code (``--baseline REF``, default the
-   commit before the serving-shell refactor) and by this checkout's, alternating round by
-   round, each version's servers and clients importing its own ``src``
-   (benchmarks/load_client.py), and section 1 run whole by each version in turn
-   (``--baseline-overhead-rounds``, 0: skip): new/old per metric against the run-to-run
-   spread.
+6. Baseline: an older commit's code (``--baseline REF``, default the commit before the
+   serving-shell refactor) against this checkout's, interleaved: per setup an old and a new
+   server run at once, each driven by its own version's clients (benchmarks/load_client.py,
+   benchmarks/ab_client.py, importing that version's ``src``), one version's short block at a
+   time, round by round, so that drift hits both alike. Section 4's setups (``--baseline-rounds``
+   rounds of one client, then all), and section 1 (``--baseline-overhead-rounds`` rounds of a
+   block of each plane per version and of the raw round trip in place; 0: skip): per metric
+   the median of the rounds' new/old, with its spread.
 
 Section 2 runs its servers in this process; every server is stopped in a ``finally``. The
 benchmark refuses to start on a busy machine (1-minute load above 1.0; ``--allow-load`` for a
@@ -33,9 +35,9 @@ then runtime.md from it alone (render_runtime.py, where the tables and their pro
 
     python benchmarks/bench_runtime.py [--sections overhead,load] [--out DIR] [--models a,b]
         [--requests 10] [--rounds 60] [--mesh-requests 400] [--baseline REF]
-        [--baseline-rounds 4] [--baseline-overhead-rounds 30] [--overhead-splits 6] [--keep]
+        [--baseline-rounds 15] [--baseline-overhead-rounds 20] [--overhead-splits 6] [--keep]
         [--render-only]
-    python benchmarks/bench_runtime.py --quick --out /tmp/rt   # smoke run, tiny sizes
+    python benchmarks/bench_runtime.py --smoke --out /tmp/rt   # (--quick) tiny sizes
 """
 
 from __future__ import annotations
@@ -743,7 +745,11 @@ def _load_row(plane: str, batching: bool, pairs: list[tuple[float, dict, dict]]
 # overhead and throughput are what the refactor must stay within
 BASELINE_REF = "0f0ccd7"
 BASELINE_ABOUT = "before issue 57's restructuring: servers as one shell plus handlers"
-BASELINE_ROUNDS = 5  # old, new, then new, old, ...: drift over the run hits both equally
+# old, new, then new, old, ...: many short rounds, so that drift over the run hits both alike
+# (whole runs of section 4's size, 5 rounds, drifted by 10-30 % between runs)
+BASELINE_ROUNDS = 15
+BASELINE_LOAD = LoadSize(requests=50, single_requests=500)  # a third of section 4's, a round
+BASELINE_OVERHEAD_ROUNDS = 20  # section 1's rounds (each a block of each plane per version)
 CLIENT_SCRIPT = Path(__file__).with_name("load_client.py")
 NEW_SRC = Path(edgesplit.__file__).resolve().parents[1]  # the source this process imports
 
@@ -813,29 +819,36 @@ class ClientDevices:
                 p.wait()
 
 
-def _code_run(plan_path: Path, address: str, plane: str, size: LoadSize,
-              env: dict[str, str]) -> dict[str, Any]:
-    """One client alone, then all of them, against ``address``, clients importing ``env``'s
-    edgesplit."""
-    devices = ClientDevices(plan_path, address, plane, size.processes,
-                            size.clients // size.processes, env)
-    try:
-        return {"single client": devices.run("single", size.single_requests),
-                "concurrent": devices.run("concurrent", size.requests)}
-    finally:
-        devices.close()
+def _load_rounds(plan_path: Path, addresses: dict[str, str], plane: str, size: LoadSize,
+                 envs: dict[str, dict[str, str]], rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Each version's client devices, started once and kept (importing that version's
+    edgesplit), and ``rounds`` rounds of one client alone then all, old first in even rounds
+    and new first in odd ones: short blocks, many rounds, so that drift hits both alike."""
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    with contextlib.ExitStack() as stack:
+        devices = {}
+        for code in ("old", "new"):
+            devices[code] = ClientDevices(plan_path, addresses[code], plane, size.processes,
+                                          size.clients // size.processes, envs[code])
+            stack.callback(devices[code].close)
+        for r in range(rounds):
+            for code in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                runs[code].append({
+                    "single client": devices[code].run("single", size.single_requests),
+                    "concurrent": devices[code].run("concurrent", size.requests)})
+    return runs
 
 
 def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
-                   rounds: int = BASELINE_ROUNDS, size: LoadSize = FULL_LOAD,
+                   rounds: int = BASELINE_ROUNDS, size: LoadSize = BASELINE_LOAD,
                    setups: list[tuple[str, bool]] = LOAD_SETUPS,
                    overhead: tuple[int, int] | None = None) -> dict[str, Any]:
     """Section 4's setups served and driven by commit ``ref``'s code and by this checkout's,
-    side by side: per setup an old and a new `edgesplit serve` process, and ``rounds`` rounds
-    of (one client alone, then all) against each, old and new alternating (old first in even
-    rounds, new first in odd ones). The same client script drives both, importing the
-    version under test. ``overhead``: (requests per variant, splits) to compare section 1
-    too, each version running it in a process of its own (:func:`bench_baseline_overhead`)."""
+    side by side: per setup an old and a new `edgesplit serve` process and each version's
+    client devices (the same client script, importing the version under test), and
+    ``rounds`` short rounds of (one client alone, then all) against each, alternating
+    (:func:`_load_rounds`). ``overhead``: (rounds, splits) to compare section 1 too, old and
+    new interleaved block by block (:func:`bench_baseline_overhead`)."""
     model, layer = LOAD_SPLIT
     problem = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=UNSHAPED_LINK))
     plan, _program = _manual(problem, layer)
@@ -844,23 +857,19 @@ def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
     before = os.getloadavg()[0]
     out: dict[str, Any] = {"model": model, "split_after": layer, "ref": ref, "rounds": rounds,
                            "about": BASELINE_ABOUT if ref == BASELINE_REF else None,
-                           "setups": [], "load_before": before}
+                           "method": "interleaved", "setups": [], "load_before": before}
     with source_at(ref) as (old_src, commit):
         out["commit"] = commit
         envs = {"old": _env(old_src), "new": _env(NEW_SRC)}
-        if overhead is not None:  # (requests per variant, splits)
+        if overhead is not None:  # (rounds, splits)
             out["overhead"] = bench_baseline_overhead({"old": old_src, "new": NEW_SRC}, tmp,
-                                                      rounds, *overhead)
+                                                      *overhead)
         for plane, batching in setups:
             flags = ("--threads", "1") if batching else ("--threads", "1", "--max-batch", "1")
-            runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
             with predicted.serve_process(plan_path, *flags, env=envs["old"]) as old_address, \
                     predicted.serve_process(plan_path, *flags, env=envs["new"]) as new_address:
-                addresses = {"old": old_address, "new": new_address}
-                for r in range(rounds):
-                    for code in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                        runs[code].append(_code_run(plan_path, addresses[code], plane, size,
-                                                    envs[code]))
+                runs = _load_rounds(plan_path, {"old": old_address, "new": new_address}, plane,
+                                    size, envs, rounds)
             row = _baseline_row(plane, batching, runs)
             out["setups"].append(row)
             print(f"baseline {plane}, batching {'on' if batching else 'off'}: " + "; ".join(
@@ -880,27 +889,14 @@ def _metric(run: dict[str, Any], key: str) -> float:
     return run["throughput_rps"] if key == "throughput_rps" else run["latency_ms"]["p50"]
 
 
-def _compare(old_values: list[float], new_values: list[float], higher_is_better: bool
-             ) -> dict[str, Any]:
-    """Old and new median over the rounds, their values, new/old and a verdict: ``within
-    spread`` where the two ranges (min..max) overlap, else better or worse."""
-    old, new = _median(old_values), _median(new_values)
-    if max(new_values) >= min(old_values) and max(old_values) >= min(new_values):
-        verdict = "within spread"
-    else:
-        verdict = "better" if (new > old) == higher_is_better else "worse"
-    return {"old": old_values, "new": new_values, "old_median": old, "new_median": new,
-            "ratio": new / old, "verdict": verdict}
-
-
 def _baseline_row(plane: str, batching: bool, runs: dict[str, list[dict[str, Any]]]
                   ) -> dict[str, Any]:
-    """Per metric of BASELINE_METRICS: :func:`_compare` over the rounds."""
+    """Per metric of BASELINE_METRICS: :func:`_paired` over the rounds."""
     metrics = []
     for label, key, unit, higher_is_better in BASELINE_METRICS:
         values = {code: [_metric(r[label], key) for r in rs] for code, rs in runs.items()}
         metrics.append({"run": label, "metric": key, "unit": unit,
-                        **_compare(values["old"], values["new"], higher_is_better)})
+                        **_paired(values["old"], values["new"], higher_is_better)})
     errors = sum(r[k]["errors"] for rs in runs.values() for r in rs
                  for k in ("single client", "concurrent"))
     diff = max(r[k]["max_abs_diff"] for rs in runs.values() for r in rs
@@ -909,71 +905,169 @@ def _baseline_row(plane: str, batching: bool, runs: dict[str, list[dict[str, Any
             "errors_all_runs": errors, "max_abs_diff_all_runs": diff}
 
 
-def _overhead_run(src: Path, out: Path, rounds: int, splits: int) -> list[dict[str, Any]]:
-    """Section 1 (its first ``splits`` splits, ``rounds`` requests per variant) run by this
-    script in a process of its own that imports edgesplit from ``src``: its rows."""
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--sections", "overhead",
-                    "--rounds", str(rounds), "--overhead-splits", str(splits), "--out", str(out),
-                    "--allow-load", "inf"], env=_env(src), check=True,
-                   stdout=subprocess.DEVNULL)
-    doc = json.loads((out / "runtime.json").read_text())
-    if not Path(doc["edgesplit_source"]).resolve().is_relative_to(src.resolve()):
-        raise RuntimeError(f"section 1 ran on {doc['edgesplit_source']}, not {src}")
-    return doc["overhead"]
+class AbClient:
+    """One version's section-1 client (benchmarks/ab_client.py) in a process of its own,
+    importing edgesplit from ``env``'s PYTHONPATH, connected to ``address`` and warmed up;
+    :meth:`block` runs one block of its requests."""
+
+    def __init__(self, plan_path: Path, address: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(AB_CLIENT_SCRIPT), str(plan_path), address,
+             str(predicted.THREADS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=env)
+        assert self.proc.stdout is not None
+        ready, _, imported = self.proc.stdout.readline().strip().partition(" ")
+        src = Path(env["PYTHONPATH"]).resolve()
+        if ready != "ready" or not Path(imported).resolve().is_relative_to(src):
+            self.close()
+            raise RuntimeError(f"the section-1 client for {address} did not start on {src} "
+                               f"(exit {self.proc.poll()}, imported {imported or 'nothing'})")
+
+    def block(self, n: int, r: int) -> dict[str, Any]:
+        """``n`` requests over each plane and ``n`` run_local passes (order rotated by round
+        ``r``); per variant the breakdowns and wall times."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"block {n} {r}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
+AB_CLIENT_SCRIPT = Path(__file__).with_name("ab_client.py")
 OVERHEAD_METRICS = (("overhead_ms", "overhead ms"), ("runtime_transfer_ms", "transfer ms"),
                     ("served_ms", "served ms"))
+AB_VARIANTS = ("old", "new", "raw")  # each round runs one block of each, order rotating
 
 
-def bench_baseline_overhead(srcs: dict[str, Path], tmp: Path, rounds: int,
-                            requests: int, splits: int) -> dict[str, Any]:
-    """Section 1 run ``rounds`` times by each version (this script, the version's edgesplit),
-    old first in even rounds; per split and plane (data plane, gRPC), :func:`_compare` of its
-    overhead (what serving adds besides compute) and of the whole served request."""
+def _block_metrics(block: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per plane, one version's block reduced as section 1 reduces its requests: medians of
+    transfer and of the whole request, and overhead (transfer + serialize, less run_local's
+    serialize: what serving adds besides compute)."""
+    local = _median([t["serialize"] for t in block["local"]["breakdown_ms"]])
+    out = {}
+    for plane in ("tcp", "grpc"):
+        results = block[plane]["breakdown_ms"]
+        transfer = _median([r["transfer"] for r in results])
+        serialize = _median([r["serialize"] for r in results])
+        out[plane] = {"runtime_transfer_ms": transfer, "overhead_ms": transfer + serialize - local,
+                      "served_ms": _median(block[plane]["wall_ms"])}
+    return out
+
+
+def bench_baseline_overhead(srcs: dict[str, Path], tmp: Path, rounds: int, splits: int,
+                            block: int = OVERHEAD_BLOCK) -> dict[str, Any]:
+    """Section 1, old and new code interleaved: per split an old and a new `edgesplit serve`
+    process run at once, each driven by its own version's client process
+    (:class:`AbClient`), and this process runs the raw round trip of the same bytes in the
+    served request's place (:class:`MinimalSplit` without codec, its peer a process of its
+    own). Each round runs one block (``block`` requests of each plane) of old, new and raw, in
+    an order that rotates round by round, so that drift hits all alike; per metric, the
+    round's new/old, and its median and spread over the ``rounds`` rounds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(predicted.THREADS)  # this process is the raw round trip's edge
     before = os.getloadavg()[0]
-    runs: dict[str, list[list[dict[str, Any]]]] = {"old": [], "new": []}
-    for r in range(rounds):
-        for code in ("old", "new") if r % 2 == 0 else ("new", "old"):
-            runs[code].append(_overhead_run(srcs[code], tmp / f"overhead-{code}-{r}", requests,
-                                            splits))
+    device = get_device("this-machine")
+    rows, transport = [], []
+    try:
+        for i, (model, layer) in enumerate(OVERHEAD_SPLITS[:splits]):
+            per_round = _ab_split(device, srcs, tmp / f"ab-overhead-{i}.json", model, layer,
+                                  rounds, block)
+            rows += _ab_rows(model, layer, per_round)
+            transport.append(_ab_transport(model, layer, per_round))
+            tcp = next(r for r in rows[-len(OVERHEAD_METRICS) * 2:] if r["plane"] == "tcp")
+            print(f"baseline overhead {model} {per_round['request_bytes']:,} B: data plane "
+                  f"new/old x{tcp['ratio']:.3f} (x{tcp['ratio_min']:.3f}..x"
+                  f"{tcp['ratio_max']:.3f}); new transfer x"
+                  f"{transport[-1]['transfer_over_in_place_median']:.2f} raw in place")
+    finally:
+        torch.set_num_threads(threads)
+    return {"rounds": rounds, "block": block, "method": "interleaved", "rows": rows,
+            "load_before": before, "load_after": os.getloadavg()[0], "transport": transport}
+
+
+def _ab_split(device: Device, srcs: dict[str, Path], plan_path: Path, model: str, layer: str,
+              rounds: int, block: int) -> dict[str, Any]:
+    """One split's rounds: per version its block metrics per round, and the raw round trip's
+    median per round."""
+    problem = _problem(model, EdgeCloudSetting(edge=device, cloud=device, link=UNSHAPED_LINK))
+    plan, program = _manual(problem, layer)
+    plan.save(plan_path)  # this version's plan file; the old code reads it
+    up, down = _wire_bytes(program)
+    envs = {code: _env(src) for code, src in srcs.items()}
+    flags = ("--threads", str(predicted.THREADS))
+    out: dict[str, Any] = {"request_bytes": up, "old": [], "new": [], "raw": []}
+    with predicted.serve_process(plan_path, *flags, env=envs["old"]) as old_address, \
+            predicted.serve_process(plan_path, *flags, env=envs["new"]) as new_address, \
+            reference_peers(plan_path, max(down, 1)) as (_, _, raw_port), \
+            contextlib.ExitStack() as stack:
+        clients = {"old": AbClient(plan_path, old_address, envs["old"])}
+        stack.callback(clients["old"].close)
+        clients["new"] = AbClient(plan_path, new_address, envs["new"])
+        stack.callback(clients["new"].close)
+        raw = MinimalSplit(program, raw_port, codec=False)
+        stack.callback(raw.close)
+        for _ in range(3):
+            raw.request()
+        for r in range(rounds):
+            for code in AB_VARIANTS[r % 3:] + AB_VARIANTS[:r % 3]:
+                if code == "raw":
+                    out["raw"].append(_median([raw.request()["transfer"]
+                                               for _ in range(block)]))
+                else:
+                    out[code].append(_block_metrics(clients[code].block(block, r)))
+    return out
+
+
+def _paired(old: list[float], new: list[float], higher_is_better: bool) -> dict[str, Any]:
+    """Old and new per round, new/old per round, and its median with the spread (min..max);
+    ``within 5 %`` where the median ratio is, else better or worse."""
+    ratios = [n / o for o, n in zip(old, new, strict=True)]
+    ratio = _median(ratios)
+    if abs(ratio - 1) <= AB_TOLERANCE:
+        verdict = "within 5 %"
+    else:
+        verdict = "better" if (ratio > 1) == higher_is_better else "worse"
+    return {"old": old, "new": new, "old_median": _median(old), "new_median": _median(new),
+            "ratios": ratios, "ratio": ratio, "ratio_min": min(ratios),
+            "ratio_max": max(ratios), "verdict": verdict}
+
+
+AB_TOLERANCE = 0.05  # issue 57: each metric's new/old median within 5 %
+
+
+def _ab_rows(model: str, layer: str, per_round: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    keys = [(x["model"], x["split_after"], x["plane"], x["request_bytes"])
-            for x in runs["new"][0] if x["plane"] in ("tcp", "grpc")]
-    for model, layer, plane, nbytes in keys:
-        def values(code: str, metric: str, model=model, layer=layer, plane=plane
-                   ) -> list[float]:
-            return [x[metric] for run in runs[code] for x in run
-                    if (x["model"], x["split_after"], x["plane"]) == (model, layer, plane)]
+    for plane in ("tcp", "grpc"):
         for metric, unit in OVERHEAD_METRICS:
             rows.append({"model": model, "split_after": layer, "plane": plane,
-                         "request_bytes": nbytes, "metric": metric, "unit": unit,
-                         **_compare(values("old", metric), values("new", metric), False)})
-        overhead = rows[-len(OVERHEAD_METRICS)]
-        print(f"baseline overhead {model} {plane}: new/old x{overhead['ratio']:.3f} "
-              f"({overhead['verdict']})")
-    return {"rounds": rounds, "requests": requests, "rows": rows, "load_before": before,
-            "load_after": os.getloadavg()[0], "transport": _transport_ratios(runs["new"])}
-
-
-def _transport_ratios(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per split, this checkout's data plane against the raw TCP round trip of the same bytes in
-    the same run (in the served request's place): transfer (framing, sockets, wake-ups) and
-    overhead (transfer + the reply's encode/decode) over it, per run and their median."""
-    rows = []
-    for first in (x for x in runs[0] if x["plane"] == "tcp"):
-        key = (first["model"], first["split_after"])
-        per_run = [x for run in runs for x in run
-                   if x["plane"] == "tcp" and (x["model"], x["split_after"]) == key]
-        transfer = [x["runtime_transfer_ms"] / x["raw_rtt_in_place_ms"] for x in per_run]
-        overhead = [x["overhead_over_in_place"] for x in per_run]
-        rows.append({"model": key[0], "split_after": key[1],
-                     "request_bytes": first["request_bytes"],
-                     "transfer_over_in_place": transfer,
-                     "transfer_over_in_place_median": _median(transfer),
-                     "overhead_over_in_place": overhead,
-                     "overhead_over_in_place_median": _median(overhead)})
+                         "request_bytes": per_round["request_bytes"], "metric": metric,
+                         "unit": unit, **_paired([b[plane][metric] for b in per_round["old"]],
+                                                 [b[plane][metric] for b in per_round["new"]],
+                                                 False)})
     return rows
+
+
+def _ab_transport(model: str, layer: str, per_round: dict[str, Any]) -> dict[str, Any]:
+    """Each version's data-plane transfer (framing, sockets, wake-ups) over the raw round trip
+    of the same bytes in the same round, per round, and their medians."""
+    raw = per_round["raw"]
+    row: dict[str, Any] = {"model": model, "split_after": layer,
+                           "request_bytes": per_round["request_bytes"]}
+    for code in ("old", "new"):
+        ratios = [b["tcp"]["runtime_transfer_ms"] / x
+                  for b, x in zip(per_round[code], raw, strict=True)]
+        key = "transfer_over_in_place" if code == "new" else "old_transfer_over_in_place"
+        row[key], row[f"{key}_median"] = ratios, _median(ratios)
+    row["raw_rtt_in_place_ms"] = raw
+    return row
 
 
 # ---- results ------------------------------------------------------------------------------------
@@ -1022,17 +1116,21 @@ def main() -> None:
                         help="section 6: the commit whose code this checkout's is compared "
                              f"with (default {BASELINE_REF}, before the serving-shell work)")
     parser.add_argument("--baseline-rounds", type=int, default=BASELINE_ROUNDS,
-                        help="section 6: rounds of old and new (alternating who goes first)")
-    parser.add_argument("--baseline-overhead-rounds", type=int, default=30,
-                        help="section 6: section 1's requests per variant in each version's "
-                             "run of it (0: compare section 4's setups only)")
+                        help="section 6: rounds of section 4's setups, old and new "
+                             "alternating (who goes first), each a third of section 4's size")
+    parser.add_argument("--baseline-overhead-rounds", type=int,
+                        default=BASELINE_OVERHEAD_ROUNDS,
+                        help="section 6: rounds of section 1, old, new and the raw round "
+                             f"trip interleaved, {OVERHEAD_BLOCK} requests per plane each "
+                             "(0: compare section 4's setups only)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the sections not run now from runtime.json in --out")
-    parser.add_argument("--quick", action="store_true",
+    parser.add_argument("--quick", "--smoke", action="store_true",
                         help="a smoke run with tiny sizes (seconds per section; section 6 "
                              "runs one setup): its numbers mean nothing, so it needs --out "
                              "elsewhere and starts at any load")
-    parser.set_defaults(load_size=FULL_LOAD, baseline_setups=LOAD_SETUPS,
+    parser.set_defaults(load_size=FULL_LOAD, baseline_load=BASELINE_LOAD,
+                        baseline_setups=LOAD_SETUPS,
                         mesh_profile_repeats=20)
     args = parser.parse_args()
     if args.quick:
@@ -1074,7 +1172,7 @@ def main() -> None:
                                                 args.mesh_profile_repeats)
         if "baseline" in sections:
             doc["baseline"] = bench_baseline(device, Path(tmp), args.baseline,
-                                             args.baseline_rounds, args.load_size,
+                                             args.baseline_rounds, args.baseline_load,
                                              args.baseline_setups,
                                              (args.baseline_overhead_rounds,
                                               args.overhead_splits)
@@ -1094,8 +1192,9 @@ def _quick(args: argparse.Namespace) -> None:
     args.models, args.mesh_requests, args.mesh_profile_repeats = "digits_cnn", 20, 3
     args.baseline_rounds, args.allow_load = 2, float("inf")
     args.overhead_splits = 1
-    args.baseline_overhead_rounds = min(args.baseline_overhead_rounds, OVERHEAD_BLOCK)
-    args.load_size, args.baseline_setups = QUICK_LOAD, LOAD_SETUPS[:1]
+    args.baseline_overhead_rounds = min(args.baseline_overhead_rounds, len(AB_VARIANTS))
+    args.load_size, args.baseline_load = QUICK_LOAD, QUICK_LOAD
+    args.baseline_setups = LOAD_SETUPS[:1]
 
 
 def _keep_earlier(doc: dict[str, Any], out: Path) -> None:

@@ -207,34 +207,51 @@ def _render_baseline(doc: dict[str, Any]) -> list[str]:
     b = doc["baseline"]
     first = b["setups"][0]["runs"]["new"][0]
     one, many = first["single client"], first["concurrent"]
-    lines = [f"## 6. Old and new code in one run: section 4's setups, commit `{b['commit'][:7]}` "
-             "against this checkout", "",
+    if b.get("method") != "interleaved":  # runtime.json written before the interleaved A/B
+        how = ("and the same client script (`benchmarks/load_client.py`, which imports the "
+               "version under test) drives each")
+    else:
+        how = ("each driven by its own version's client processes (`benchmarks/"
+               "load_client.py`, importing the version under test), started once and kept")
+    lines = [f"## 6. Old and new code in one run: commit `{b['commit'][:7]}` against this "
+             "checkout, interleaved", "",
              f"Commit `{b['commit'][:10]}` (`{b['ref']}`, "
              f"{b.get('about') or 'before the serving-shell refactor of issue 39'}) is unpacked "
              "into a temporary folder (`git archive`); per setup one "
-             "`edgesplit serve --threads 1` process runs the old code and one the new (both "
-             "idle while the other is measured), and the same client script "
-             "(`benchmarks/load_client.py`, which imports the version under test) drives each: "
-             f"one client alone ({one['requests_per_client']} requests), then {many['clients']} "
-             f"clients in {many['processes']} processes ({many['requests_per_client']} requests "
-             f"each), {b['rounds']} rounds, old first in even rounds and new first in odd ones, "
-             "so that drift over the run hits both alike. Per metric: the median over the "
-             "rounds with the run-to-run spread (min..max), new/old of the medians, and "
-             "`within spread` where the two ranges overlap (else better or worse). p50 is the "
-             "per-request latency, what serving a request costs end to end. Load average "
-             f"{b['load_before']:.2f} before, {b['load_after']:.2f} after.", "",
+             "`edgesplit serve --threads 1` process runs the old code and one the new, at the "
+             f"same time (each idle while the other is measured), {how}: one client alone "
+             f"({one['requests_per_client']} requests), then {many['clients']} clients in "
+             f"{many['processes']} processes ({many['requests_per_client']} requests each), "
+             f"{b['rounds']} rounds, old first in even rounds and new first in odd ones, so "
+             "that drift over the run hits both alike. Per metric: each version's median over "
+             "the rounds with its spread (min..max), and the median of the rounds' new/old "
+             "with its spread: `within 5 %` where that median is (else better or worse). p50 "
+             "is the per-request latency, what serving a request costs end to end. Load "
+             f"average {b['load_before']:.2f} before, {b['load_after']:.2f} after.", "",
              "| plane | batching | run | metric | old median (min..max) | new median (min..max) "
-             "| new / old | verdict |", "|---|---|---|---|---:|---:|---:|---|"]
+             "| new / old (min..max) | verdict |", "|---|---|---|---|---:|---:|---:|---|"]
     for setup in b["setups"]:
         for m in setup["metrics"]:
             fmt = ".0f" if m["unit"] == "req/s" else ".3f"
             lines.append(
                 f"| {setup['plane']} | {'on' if setup['batching'] else 'off'} | {m['run']} | "
                 f"{m['metric'].replace('_rps', ' req/s').replace('_ms', ' ms')} | "
-                f"{m['old_median']:{fmt}} ({min(m['old']):{fmt}}..{max(m['old']):{fmt}}) | "
-                f"{m['new_median']:{fmt}} ({min(m['new']):{fmt}}..{max(m['new']):{fmt}}) | "
-                f"x{m['ratio']:.3f} | {m['verdict']} |")
+                f"{_spread(m, 'old', fmt)} | {_spread(m, 'new', fmt)} | {_ratio(m)} | "
+                f"{m['verdict']} |")
     return [*lines, *_render_baseline_overhead(b), "", doc["notes"]["baseline"], ""]
+
+
+def _spread(m: dict[str, Any], code: str, fmt: str) -> str:
+    values = m[code]
+    return (f"{m[f'{code}_median']:{fmt}} ({min(values):{fmt}}..{max(values):{fmt}})")
+
+
+def _ratio(m: dict[str, Any]) -> str:
+    """new/old: the median of the rounds' ratios and their spread (or, in results from before
+    the interleaved A/B, the ratio of the medians)."""
+    if "ratio_min" not in m:
+        return f"x{m['ratio']:.3f}"
+    return f"x{m['ratio']:.3f} (x{m['ratio_min']:.3f}..x{m['ratio_max']:.3f})"
 
 
 def _render_baseline_overhead(b: dict[str, Any]) -> list[str]:
@@ -242,21 +259,29 @@ def _render_baseline_overhead(b: dict[str, Any]) -> list[str]:
     ov = b.get("overhead")
     if not ov:
         return ["", "Section 1 was not compared in this run (`--baseline-overhead-rounds 0`)."]
-    lines = ["", f"Section 1 run whole by each version ({ov['rounds']} runs each, alternating "
-             f"as above, {ov['requests']} requests per variant in each; this script, its "
-             "edgesplit imported from the version's `src`): `overhead` is section 1's "
-             "(transfer + the reply's encode/decode: what serving adds besides compute), "
-             "`served` the whole request; medians per run, then over the runs. Load average "
+    if ov.get("method") == "interleaved":
+        how = (f"Section 1, old and new interleaved: per split an old and a new `edgesplit "
+               "serve` process at once, each driven by its own version's client process "
+               "(`benchmarks/ab_client.py`), and the raw round trip of the same bytes in the "
+               f"served request's place run by this script; {ov['rounds']} rounds, each a block "
+               f"of {ov['block']} requests per plane (and {ov['block']} `run_local()` passes) "
+               "per version and one of the raw round trip, in an order that rotates round by "
+               "round. ")
+    else:
+        how = (f"Section 1 run whole by each version ({ov['rounds']} runs each, alternating "
+               f"as above, {ov['requests']} requests per variant in each; this script, its "
+               "edgesplit imported from the version's `src`): ")
+    lines = ["", how + "`overhead` is section 1's (transfer + the reply's encode/decode: what "
+             "serving adds besides compute), `served` the whole request; medians per round, "
+             "then over the rounds. Load average "
              f"{ov['load_before']:.2f} before, {ov['load_after']:.2f} after.", "",
              "| model | split after | bytes up | plane | metric | old median (min..max) | "
-             "new median (min..max) | new / old | verdict |",
+             "new median (min..max) | new / old (min..max) | verdict |",
              "|---|---|---:|---|---|---:|---:|---:|---|"]
     for r in ov["rows"]:
         lines.append(f"| {r['model']} | `{r['split_after']}` | {r['request_bytes']:,} | "
-                     f"{r['plane']} | {r['unit']} | {r['old_median']:.3f} "
-                     f"({min(r['old']):.3f}..{max(r['old']):.3f}) | {r['new_median']:.3f} "
-                     f"({min(r['new']):.3f}..{max(r['new']):.3f}) | x{r['ratio']:.3f} | "
-                     f"{r['verdict']} |")
+                     f"{r['plane']} | {r['unit']} | {_spread(r, 'old', '.3f')} | "
+                     f"{_spread(r, 'new', '.3f')} | {_ratio(r)} | {r['verdict']} |")
     return [*lines, *_render_transport(ov.get("transport"), ov["rounds"])]
 
 
@@ -264,9 +289,12 @@ TRANSPORT_GOAL = 1.5  # issue 57: a served split's transfer at most 1.5x the raw
 
 
 def _render_transport(rows: list[dict[str, Any]] | None, runs: int) -> list[str]:
-    """This checkout's data plane against the raw round trip of the same bytes, per run."""
+    """Each version's data plane against the raw round trip of the same bytes, per round (per
+    run, in results from before the interleaved A/B: this checkout's only)."""
     if not rows:
         return []
+    if "old_transfer_over_in_place" in rows[0]:
+        return _render_transport_ab(rows, runs)
     lines = ["", f"This checkout's data plane in those {runs} runs against the raw TCP round "
              "trip of the same bytes in the served request's place, measured in the same run "
              "(section 1's `raw in place`): `transfer` is what the client reports as transfer "
@@ -282,6 +310,25 @@ def _render_transport(rows: list[dict[str, Any]] | None, runs: int) -> list[str]
             + f" | **{r['transfer_over_in_place_median']:.2f}x** | "
             + ", ".join(f"{x:.2f}" for x in r["overhead_over_in_place"])
             + f" | {r['overhead_over_in_place_median']:.2f}x |")
+    return lines
+
+
+def _render_transport_ab(rows: list[dict[str, Any]], rounds: int) -> list[str]:
+    lines = ["", f"Each version's data plane in those {rounds} rounds against the raw TCP "
+             "round trip of the same bytes in the served request's place, measured in the "
+             "same round: `transfer` is what the client reports as transfer (framing, sockets, "
+             f"thread wake-ups). Goal (issue 57): this checkout's at most {TRANSPORT_GOAL}x "
+             "for the 401 KB split.", "",
+             "| model | split after | bytes up | raw in place ms, median | old transfer / raw, "
+             "median (min..max) | new transfer / raw, median (min..max) |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        old, new = r["old_transfer_over_in_place"], r["transfer_over_in_place"]
+        lines.append(
+            f"| {r['model']} | `{r['split_after']}` | {r['request_bytes']:,} | "
+            f"{statistics.median(r['raw_rtt_in_place_ms']):.3f} | "
+            f"{r['old_transfer_over_in_place_median']:.2f}x ({min(old):.2f}..{max(old):.2f}) | "
+            f"**{r['transfer_over_in_place_median']:.2f}x** ({min(new):.2f}..{max(new):.2f}) |")
     return lines
 
 
@@ -430,37 +477,31 @@ def _note_load(doc: dict[str, Any]) -> str:
 
 def _note_baseline(doc: dict[str, Any]) -> str:
     b = doc["baseline"]
-    metrics = [m for s in b["setups"] for m in s["metrics"]] + b.get("overhead", {}).get(
-        "rows", [])
-    verdicts = {v: sum(m["verdict"] == v for m in metrics)
-                for v in ("within spread", "better", "worse")}
-    ratios = [m["ratio"] for m in metrics if m["metric"] == "throughput_rps"]
-    worse = [f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}"
-             for s in b["setups"] for m in s["metrics"] if m["verdict"] == "worse"]
-    worse += [f"section 1 {r['model']} {r['plane']} {r['metric']}"
-              for r in b.get("overhead", {}).get("rows", []) if r["verdict"] == "worse"]
-    errors = sum(s["errors_all_runs"] for s in b["setups"])
-    diff = max(s["max_abs_diff_all_runs"] for s in b["setups"])
+    rows = b.get("overhead", {}).get("rows", [])
     labelled = [(f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}", m)
                 for s in b["setups"] for m in s["metrics"]]
-    labelled += [(f"section 1 {r['model']} {r['request_bytes']:,} B {r['plane']} {r['metric']}", r)
-                 for r in b.get("overhead", {}).get("rows", [])]
+    labelled += [(f"section 1 {r['model']} {r['request_bytes']:,} B {r['plane']} {r['metric']}",
+                  r) for r in rows]
+    ratios = [m["ratio"] for _, m in labelled if m["metric"] == "throughput_rps"]
     outside = [(label, m) for label, m in labelled if abs(m["ratio"] - 1) > 0.05]
-    return (f"Of {len(metrics)} metrics, {verdicts['within spread']} are within the "
-            f"run-to-run spread, {verdicts['better']} better and {verdicts['worse']} worse"
-            + (f" ({', '.join(worse)})" if worse else "") +
-            f"; {len(metrics) - len(outside)} have new/old medians within 5 %"
-            + (" (outside: " + ", ".join(f"{label} x{m['ratio']:.3f}" for label, m in outside)
-               + ")" if outside else "") +
+    errors = sum(s["errors_all_runs"] for s in b["setups"])
+    diff = max(s["max_abs_diff_all_runs"] for s in b["setups"])
+    if b.get("method") != "interleaved":  # results from before the interleaved A/B
+        how = ("Section 1 ran in whole runs per version, not request by request, so drift "
+               "within a run was not shared by the other version. ")
+    else:
+        how = ("Both versions' servers and clients ran at once and took turns block by block, "
+               "so each round's new/old compares the two under the same conditions. ")
+    return (f"Of {len(labelled)} metrics, {len(labelled) - len(outside)} have new/old within "
+            "5 %" + (" (outside: " + ", ".join(f"{label} x{m['ratio']:.3f}"
+                                                for label, m in outside) + ")"
+                     if outside else "") +
             f"; new/old throughput x{min(ratios):.3f}-x{max(ratios):.3f}. Every run of both "
             f"versions answered with {errors} errors in all, outputs equal to the unsplit model "
-            f"within {diff:.2g}. Section 1 runs in whole runs per version, not request by "
-            "request (its client, run_local and reference peers run in one process, which "
-            "imports one version), so drift within a run is not shared by the other version; "
-            "its reference rows (floor, raw round trips) are not versions of the runtime and "
-            "are left out. Not compared: sections 2 and 3 (the same transport as section 1, "
-            "shaped or predicted), and section 5's mesh: before the refactor a mesh plan ran "
-            "as its best chain (section 5's second row).")
+            f"within {diff:.2g}. " + how + "Section 1's reference rows (floor, raw round trips) "
+            "are not versions of the runtime and are left out. Not compared: sections 2 and 3 "
+            "(the same transport as section 1, shaped or predicted), and section 5's mesh: "
+            "before the refactor a mesh plan ran as its best chain (section 5's second row).")
 
 
 def _note_load_cpu(ld: dict[str, Any]) -> str:

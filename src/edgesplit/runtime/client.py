@@ -20,7 +20,13 @@ import torch
 
 from edgesplit.errors import ConfigError, RemoteError, WireError, option
 from edgesplit.plan.model import PLAN_VERSION
-from edgesplit.runtime.calls import RETRYABLE, rpc_failed_with, runs_plan, with_retries
+from edgesplit.runtime.calls import (
+    RETRYABLE,
+    backoff_s,
+    rpc_failed_with,
+    runs_plan,
+    with_retries,
+)
 from edgesplit.runtime.dataplane import (
     DataPlane,
     Hop,
@@ -111,9 +117,19 @@ class RuntimeClient:
 
     def _attempts(self, method: Callable[[float, Metadata], T]) -> T:
         """``method(timeout, metadata)``, retried on ``retryable``; a final gRPC failure is
-        raised as it is."""
-        return self._retried(lambda _: method(self.timeout_s, self.metadata),
-                             rpc_failed_with(self.retryable))
+        raised as it is. The first attempt is made as it is: the retry machinery (closures,
+        the codes' set) is built for a failed one only, not on every request's hot path."""
+        try:
+            return method(self.timeout_s, self.metadata)
+        except Exception as exc:
+            retryable = rpc_failed_with(self.retryable)
+            if not (self.retries > 0 and retryable(exc)):
+                raise
+        time.sleep(backoff_s(self.backoff_s, 0))
+        # the attempts left, as with_retries makes them: backoff_s(2b, n) = backoff_s(b, n + 1)
+        return with_retries(lambda _: method(self.timeout_s, self.metadata),
+                            retries=self.retries - 1, base_s=2 * self.backoff_s,
+                            retryable=retryable)
 
     def _call(self, method: Any) -> Any:
         """``method(timeout, metadata)``, retried on ``retryable``; a final gRPC failure

@@ -308,11 +308,12 @@ class Hop:
         if frames is not None:
             frame = self._frame(message, timeout, metadata)
             start = time.monotonic()
+            on_reply = read_frame or (lambda answer: read(reply_of(answer)))
             try:  # a middle hop stops waiting when its own caller hangs up or cancels
+                if context is None:  # a client's own call: nobody to watch
+                    return frames.call(frame, timeout, on_reply)
                 with _watched(context) as caller:
-                    return frames.call(frame, timeout,
-                                       read_frame or (lambda answer: read(reply_of(answer))),
-                                       caller=caller)
+                    return frames.call(frame, timeout, on_reply, caller=caller)
             except Unserved as exc:  # nothing of it ran there: gRPC may serve it
                 if self.mode == "tcp":
                     raise

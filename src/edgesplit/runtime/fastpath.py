@@ -100,10 +100,10 @@ class FastPath:
         slots = self.slots
         slots.take(context)
         batcher = self.batcher
-        defer = getattr(context, "defer", None)
-        if batcher is not None and defer is not None and not batcher.idle() \
-                and not self.upstream.enabled:
-            send = defer()
+        # a lone client's call finds the batcher idle: asked first, before any defer is made
+        if batcher is not None and not batcher.idle() and not self.upstream.enabled:
+            defer = getattr(context, "defer", None)
+            send = defer() if defer is not None else None
             answered = self._later(frame, context, send) if send is not None else None
             if answered is not None:
                 return answered

@@ -49,6 +49,7 @@ from edgesplit.transport import (
     GrpcServer,
     LinkShaper,
     LoopbackChannel,
+    abort_for,
     answer,
     check_alive,
     remaining_timeout,
@@ -171,6 +172,8 @@ class WorkerSlots:
     def take(self, context: grpc.ServicerContext | None) -> None:
         """One slot (give it back with :meth:`give`), or BadRequest once the call's deadline
         passed waiting (UNAVAILABLE once the server stops)."""
+        if self._slots.take_free():  # the usual case: no deadline to work out
+            return
         if not self._slots.take(remaining_timeout(context, self.timeout_s)):
             self.check_running()
             check_alive(context, self.device)
@@ -336,7 +339,10 @@ class ServingShell(GrpcServer, Generic[H]):
             if metadata is not self._token_checked:  # a connection's repeated metadata
                 self.check_token(call)                # is one object, checked once
                 self._token_checked = metadata
-            return answer(call, lambda: handler.answer_frame(frame, call), handler.failure)
+            try:  # answer()'s work, without a closure per call on the hot path
+                return handler.answer_frame(frame, call)
+            except Exception as exc:
+                abort_for(call, exc, handler.failure)
         except Aborted:
             return failure(frame.request_id, context.code or grpc.StatusCode.UNKNOWN,
                            context.details)

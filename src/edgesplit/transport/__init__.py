@@ -8,7 +8,7 @@ This layer sits below ``runtime`` and ``train`` and imports neither.
 from edgesplit.transport.auth import TOKEN_ENV, bearer_metadata, read_token, token_matches
 from edgesplit.transport.channel import MAX_BACKOFF_S, channel_options, open_channel, server_options
 from edgesplit.transport.deadline import check_alive, deadline_of, remaining_timeout
-from edgesplit.transport.errors import BadRequest, answer, explain, invalid
+from edgesplit.transport.errors import BadRequest, abort_for, answer, explain, invalid
 from edgesplit.transport.loopback import LoopbackChannel, LoopbackContext, LoopbackError
 from edgesplit.transport.server import GrpcServer, serve_forever
 from edgesplit.transport.shaping import LinkShaper
@@ -24,6 +24,7 @@ __all__ = [
            "LoopbackContext",
            "LoopbackError",
            "TlsFiles",
+           "abort_for",
            "answer",
            "bearer_metadata",
            "channel_options",

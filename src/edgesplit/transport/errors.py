@@ -4,13 +4,13 @@ code, and how a client explains a failed call to its user."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 
 from edgesplit.errors import RemoteError, WireError
 
-__all__ = ["BadRequest", "answer", "explain", "invalid"]
+__all__ = ["BadRequest", "abort_for", "answer", "explain", "invalid"]
 
 T = TypeVar("T")
 
@@ -53,12 +53,20 @@ def answer(context: grpc.ServicerContext, compute: Callable[[], T],
     (which logs it). Only this request fails; the server goes on."""
     try:
         return compute()
-    except BadRequest as exc:
-        context.abort(exc.code, str(exc))
-    except WireError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    except RemoteError as exc:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     except Exception as exc:
+        abort_for(context, exc, failure)
+
+
+def abort_for(context: grpc.ServicerContext, exc: Exception,
+              failure: Callable[[Exception], str]) -> NoReturn:
+    """Abort the call with the status ``exc`` deserves (as :func:`answer` does): for a hot
+    path that catches its own failures rather than pass :func:`answer` a closure per call."""
+    if isinstance(exc, BadRequest):
+        context.abort(exc.code, str(exc))
+    elif isinstance(exc, WireError):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    elif isinstance(exc, RemoteError):
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+    else:
         context.abort(grpc.StatusCode.INTERNAL, failure(exc))
     raise AssertionError("context.abort returned")  # it raises; this line is never reached

@@ -26,6 +26,14 @@ class Slots:
         self._freed = threading.Condition(self._lock)
         self._unwaited = threading.Condition(self._lock)  # no take() waiting any more
 
+    def take_free(self) -> bool:
+        """Take a slot if one is free, without waiting; whether one was."""
+        with self._lock:
+            if self._free:
+                self._free -= 1
+                return True
+            return False
+
     def take(self, timeout: float | None = None) -> bool:
         """Take a slot, waiting at most ``timeout`` seconds (None: as long as it takes); False
         when none came free in time, or :meth:`close` was called while it waited."""
