@@ -1,19 +1,23 @@
-"""Split generation of a real checkpoint, SmolLM2-135M-Instruct (float32, the built-in
+"""Split generation of a real checkpoint, SmolLM2-135M-Instruct (the built-in
 ``smollm2-135m-instruct``), measured: stage processes on this machine, and placements on
 emulated devices whose compute is real.
 
-**A. Stage processes on this machine** (links unshaped, nothing emulated). The model split in
+**A. Stage processes on this machine** (links unshaped, nothing emulated), at the precision
+``edgesplit llm plan`` picks for the model: its GGUF's own (Q4_1 weights in ONNX Runtime
+stages). The model split in
 1, 2 and 3 stages (blocks [0, 32), [0, 16) + [16, 32), [0, 11) + [11, 21) + [21, 32)): the
 first stage runs in this process (``LLMClient``), every later one in an ``edgesplit llm serve``
 process of its own, over the data plane on 127.0.0.1. Threads shared fairly: every process,
-this one included, computes with one torch thread, and a single session's steps never overlap
+this one included, computes with one thread, and a single session's steps never overlap
 across stages, so every configuration uses one core at a time. Per configuration: a greedy
 generation of ``--new-tokens`` tokens after the chat prompt "What is the capital of France?"
 (37 tokens), one warm-up then ``--repeats``; the median TTFT and decode tokens/s (tokens after
 the first over the time after the first). Goal (issue 35): 2 stages >= 0.85x one process's
 decode tokens/s. Each stage's resident memory is measured in a process of its own that builds
-only that stage (``open_stage``): the resident set after imports (the process baseline)
-and after loading; goal: loaded - baseline within 20 % of the plan's ``weight_bytes``.
+only that stage (``open_stage``): the resident set after the imports a stage server makes (the
+process baseline, reported), after loading, and in use (the plan's sessions' KV caches filled
+to its max context), and the peak; goal (issue 53): in use within 20 % of the baseline plus
+the plan's ``weight_bytes`` and ``kv_cache_bytes``.
 
 **This machine's cost model** (``this_machine_check``): ``this-machine`` prices the model
 from its own measured block times (``calibrate_this_machine``: cached, seconds to measure),
@@ -77,6 +81,7 @@ from edgesplit.llm import Phase as Work
 from edgesplit.llm.generate.client import LLMClient
 from edgesplit.llm.generate.engine import plan_tokenizer
 from edgesplit.llm.generate.report import generation_report
+from edgesplit.llm.model.precision import default_precision
 from edgesplit.llm.planning.costs import block_ms
 from edgesplit.llm.stage.calibration import calibrate_this_machine
 from edgesplit.llm.stage.compute import open_stage
@@ -118,11 +123,12 @@ def _edgesplit() -> str:
 
 # ---- A: stage processes on this machine --------------------------------------------------------
 def split_plan(stages: int, new_tokens: int, prompt_tokens: int) -> Plan:
-    """SmolLM2 over home-wifi's three devices, cut at SPLITS[stages]."""
+    """SmolLM2 over home-wifi's three devices, cut at SPLITS[stages], at the precision
+    ``edgesplit llm plan`` picks for it: its GGUF's own (Q4_1, ONNX Runtime stages)."""
     return plan_llm_at(MODEL, get_topology("home-wifi"), SPLITS[stages],
                        LLMWorkload(prompt_tokens=prompt_tokens, new_tokens=new_tokens,
                                    max_context=prompt_tokens + new_tokens),
-                       method=f"{stages}-stage")
+                       method=f"{stages}-stage", dtype=default_precision(MODEL))
 
 
 @contextlib.contextmanager
@@ -170,40 +176,68 @@ def _generations(client: LLMClient, plan: Plan, prompt: list[int], new_tokens: i
 _MEASURE_STAGE = """
 import gc, json, sys
 import torch
-from edgesplit.plan import load_plan
-from edgesplit.llm.stage.compute import open_stage
-import transformers.models.llama.modeling_llama  # what a stage imports before it loads
 torch.set_num_threads(1)
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
+import edgesplit.llm.stage.server  # what `edgesplit llm serve` imports before it loads
+from edgesplit.llm.model.precision import FLOAT_BYTES
+from edgesplit.llm.stage.compute import open_stage
+from edgesplit.plan import load_plan
 plan = load_plan(sys.argv[1])
-gc.collect(); base = rss()
+if plan.llm.dtype in FLOAT_BYTES:  # and what the stage imports to load its blocks
+    import transformers.models.llama.modeling_llama
+else:
+    import gguf, onnx, onnxruntime, edgesplit.llm.stage.quantized_compute
+def status():
+    got = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            got[key] = int(value.split()[0]) * 1024
+    return got
+gc.collect(); base = status()
 stage = open_stage(plan, int(sys.argv[2]))
-gc.collect()
+gc.collect(); loaded = status()
 held = getattr(stage, "weight_bytes", None) or sum(  # quantized: what its graph holds
     t.numel() * t.element_size() for t in stage.tensors().values())
-print(json.dumps({"baseline": base, "loaded": rss(), "held": held}))
+# the plan's sessions, each cache filled to the max context: the stage's resident worst case
+length = plan.llm.max_context
+x = (torch.randn(1, length, plan.llm.hidden_size, generator=torch.Generator().manual_seed(0))
+     .to(stage.dtype) if stage.io.hidden_in else torch.arange(length).reshape(1, -1))
+caches = [stage.new_cache() for _ in range(plan.llm.sessions)]
+for cache in caches:
+    stage.step(x, 0, cache)
+gc.collect(); used = status()
+print(json.dumps({"baseline": base["VmRSS"], "baseline_peak": base["VmHWM"],
+                  "loaded": loaded["VmRSS"], "loaded_peak": loaded["VmHWM"],
+                  "in_use": used["VmRSS"], "peak": used["VmHWM"], "held": held,
+                  "modules": sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[3:]))}))
 """
+# the large packages a stage process may import, reported as imported or not
+_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "onnx", "onnxruntime", "gguf",
+             "scipy", "networkx", "grpc")
 
 
 def stage_memory(plan: Plan, path: Path) -> list[dict[str, Any]]:
-    """Each stage with blocks built alone in a fresh process: resident bytes before and after
-    loading, against the plan's weight bytes."""
+    """Each stage with blocks built alone in a fresh process: resident bytes after the imports
+    a stage server makes (the baseline), after loading, and with the plan's sessions' caches
+    filled to the max context (in use), against the baseline plus the plan's weight and KV
+    cache bytes."""
     assert plan.llm is not None
     rows = []
     for i, stage in enumerate(plan.llm.stages):
         if stage.start == stage.end:
             continue
-        out = subprocess.run([sys.executable, "-c", _MEASURE_STAGE, str(path), str(i)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", _MEASURE_STAGE, str(path), str(i),
+                              *_PACKAGES], capture_output=True, text=True, check=True)
         got = json.loads(out.stdout.strip().splitlines()[-1])
-        added = got["loaded"] - got["baseline"]
+        expected = got["baseline"] + stage.weight_bytes + stage.kv_cache_bytes
         rows.append({"device": stage.device, "blocks": stage.end - stage.start,
-                     "planned_weight_bytes": stage.weight_bytes, "baseline_bytes":
-                     got["baseline"], "resident_bytes": got["loaded"], "added_bytes": added,
-                     "tensor_bytes": got["held"], "ratio": added / stage.weight_bytes})
+                     "planned_weight_bytes": stage.weight_bytes,
+                     "planned_kv_cache_bytes": stage.kv_cache_bytes,
+                     "baseline_bytes": got["baseline"], "expected_bytes": expected,
+                     "loaded_bytes": got["loaded"], "loaded_peak_bytes": got["loaded_peak"],
+                     "resident_bytes": got["in_use"], "peak_bytes": got["peak"],
+                     "tensor_bytes": got["held"], "imports": got["modules"],
+                     "ratio": got["in_use"] / expected})
     return rows
 
 
@@ -239,7 +273,7 @@ def this_machine_check(prompt_tokens: int, new_tokens: int, one: dict[str, Any] 
     """The whole model on this machine by its own cost model (``this-machine``, one thread:
     each precision's measured block times, :func:`calibrate_this_machine`, cached) against a
     real single process (:func:`one_process`), float32 and quantized, with the roofline's
-    prediction beside it. ``one``: section A's one-process run, shown with the float32 row.
+    prediction beside it. ``one``: section A's one-process run, shown with the row of its precision.
     Section B does not carry this error: its emulation measures each stage's own blocks."""
     here = get_device("this-machine")
     prefill = Work.prefill(prompt_tokens)
@@ -257,7 +291,7 @@ def this_machine_check(prompt_tokens: int, new_tokens: int, one: dict[str, Any] 
                "roofline_decode_ms": sum(block_ms(lm, here, decode, roofline)),
                "measured_ttft_ms": measured["ttft_ms"],
                "measured_decode_ms": measured["decode_ms"]}
-        if dtype == "float32" and one:
+        if one and one.get("precision", "float32") == lm.dtype:
             row["section_a_ttft_ms"] = one["ttft_ms"]
             row["section_a_decode_ms"] = 1e3 / one["tokens_per_s"]
         row["error"] = {"prefill": row["predicted_prefill_ms"] / row["measured_ttft_ms"] - 1,
@@ -297,8 +331,10 @@ def section_a(new_tokens: int, repeats: int, warmup: int, log=print) -> dict[str
     for row in rows.values():
         row["vs_one_process"] = row["tokens_per_s"] / one
     memory = [m for row in rows.values() for m in row["memory"]]
-    return {"prompt_tokens": len(prompt), "rows": rows,
-            "this_machine": this_machine_check(len(prompt), new_tokens, rows["1"]),
+    assert probe.llm is not None
+    return {"prompt_tokens": len(prompt), "precision": probe.llm.dtype, "rows": rows,
+            "this_machine": this_machine_check(len(prompt), new_tokens,
+                                               {**rows["1"], "precision": probe.llm.dtype}),
             "same_tokens": len({tuple(r["tokens"]) for r in rows.values()}) == 1,
             "two_stages_vs_one": rows["2"]["vs_one_process"],
             "met_two_stages": rows["2"]["vs_one_process"] >= GOAL_TWO_STAGES,
@@ -477,13 +513,14 @@ def render(doc: dict[str, Any]) -> list[str]:
     lines = [
         "# Split generation of a real checkpoint: SmolLM2-135M-Instruct",
         "",
-        f"float32, greedy; median of {w['repeats']} generation(s) after {w['warmup']} "
+        f"Greedy; median of {w['repeats']} generation(s) after {w['warmup']} "
         f"warm-up, {w['new_tokens']} new tokens. Load average {doc['load_before']:.2f} "
         f"before, {doc['load_after']:.2f} after; {doc['wall_s']:.0f} s"
         f"{' (quick)' if doc['quick'] else ''}. Every run is in llm.json.",
         "",
-        "## A. Stage processes on this machine (one torch thread each, links unshaped)",
+        "## A. Stage processes on this machine (one compute thread each, links unshaped)",
         "",
+        f"Precision {a.get('precision', 'float32')} (the plan's default for the model). "
         f"Prompt: the chat template around \"What is the capital of France?\" "
         f"({a['prompt_tokens']} tokens).",
         "",
@@ -501,22 +538,30 @@ def render(doc: dict[str, Any]) -> list[str]:
         f"x{a['two_stages_vs_one']:.2f} ({'met' if a['met_two_stages'] else 'MISSED'}). "
         f"Same tokens in every configuration: {'yes' if a['same_tokens'] else 'NO'}.",
         "",
-        "Resident memory of each stage, built alone in a fresh process (baseline: after "
-        "imports, before loading):",
+        "Resident memory of each stage, built alone in a fresh process: the baseline after "
+        "the imports a stage server makes (nothing loaded), loaded, and in use (the plan's "
+        "sessions' KV caches filled to its max context), against the baseline + the plan's "
+        "weight and KV cache bytes; peak: the most resident at any time:",
         "",
-        "| stages | device | blocks | planned weights MiB | baseline MiB | loaded - baseline "
-        "MiB | tensors MiB | vs plan |",
-        "|---|---|---|---|---|---|---|---|",
+        "| stages | device | blocks | baseline MiB | planned weights MiB | planned KV MiB | "
+        "expected MiB | loaded MiB | in use MiB | peak MiB | vs expected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     mib = 2**20
     for r in a["rows"].values():
         for m in r["memory"]:
             lines.append(f"| {r['stages']} | {m['device']} | {m['blocks']} | "
-                         f"{m['planned_weight_bytes'] / mib:.1f} | {m['baseline_bytes'] / mib:.0f}"
-                         f" | {m['added_bytes'] / mib:.1f} | {m['tensor_bytes'] / mib:.1f} | "
+                         f"{m['baseline_bytes'] / mib:.0f} | "
+                         f"{m['planned_weight_bytes'] / mib:.1f} | "
+                         f"{m['planned_kv_cache_bytes'] / mib:.1f} | "
+                         f"{m['expected_bytes'] / mib:.0f} | {m['loaded_bytes'] / mib:.0f} | "
+                         f"{m['resident_bytes'] / mib:.0f} | {m['peak_bytes'] / mib:.0f} | "
                          f"{_pct(m['ratio'] - 1)} |")
-    lines += ["", f"Goal: within {GOAL_MEMORY:.0%} of the plan: worst "
-              f"{a['memory_within']:.1%} ({'met' if a['met_memory'] else 'MISSED'}).", ""]
+    imports = sorted({name for r in a["rows"].values() for m in r["memory"]
+                      for name in m.get("imports", [])})
+    lines += ["", f"Goal: within {GOAL_MEMORY:.0%} of expected: worst "
+              f"{a['memory_within']:.1%} ({'met' if a['met_memory'] else 'MISSED'}). "
+              f"Large packages a stage process imported: {', '.join(imports) or 'none'}.", ""]
     return lines
 
 
@@ -543,9 +588,10 @@ def render_this_machine(t: dict[str, Any]) -> list[str]:
             f"{r['predicted_decode_ms']:.2f} / {r['measured_decode_ms']:.2f} "
             f"({_pct(r['error']['decode'])}) | {r['roofline_prefill_ms']:.1f}, "
             f"{r['roofline_decode_ms']:.2f} |")
-    a = t["rows"].get("float32", {})
-    if "section_a_ttft_ms" in a:
-        lines += ["", f"Section A's one process (float32, through the client) for comparison: "
+    a = next((r for r in t["rows"].values() if "section_a_ttft_ms" in r), {})
+    if a:
+        lines += ["", f"Section A's one process ({a['precision']}, through the client) for "
+                  "comparison: "
                   f"TTFT {a['section_a_ttft_ms']:.1f} ms, decode "
                   f"{a['section_a_decode_ms']:.2f} ms a token."]
     lines += ["", f"Goal: within {GOAL_PREDICTION:.0%}: worst {t['worst_error']:.1%} "
@@ -750,7 +796,7 @@ def main() -> None:
     new, repeats, warmup = (8, 1, 0) if small else (args.new_tokens, args.repeats, 1)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    doc: dict[str, Any] = {"version": 2, "machine": machine_info(), "model": MODEL,
+    doc: dict[str, Any] = {"version": 3, "machine": machine_info(), "model": MODEL,
                            "quick": small, "date": time.strftime("%Y-%m-%d %H:%M"),
                            "reference": "measured (each stage's blocks, timed as it starts, "
                                         "after the run's idle)",

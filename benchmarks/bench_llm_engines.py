@@ -137,13 +137,15 @@ def child_profile(req: dict[str, Any]) -> dict[str, Any]:
 
     opened = onnx_stage.OnnxStage._open
 
-    def profiled(model: Any, threads: int) -> Any:
+    def profiled(model: Any, path: Path, threads: int) -> Any:
+        import onnx
+
+        onnx.save_model(model, str(path))  # beside the weights file the stage wrote
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(req["tmp"]) / "ort")
-        return ort.InferenceSession(model.SerializeToString(), options,
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     onnx_stage.OnnxStage._open = staticmethod(profiled)  # type: ignore[method-assign]
     try:

@@ -123,6 +123,55 @@ def test_int8_kernels_agree_with_the_float_reference(gguf_file, reference):
     assert agree >= 0.9 * ids.shape[1]
 
 
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "F32"])
+def test_the_embedding_is_looked_up_in_the_mapped_file(tmp_path, kind):
+    """A stage keeps the embedding as the file's own bytes, mapped on their own (it outlives
+    the model), and a lookup gives the rows gguf's dequantisation and the repacked (a tied
+    head's) copy give, bit for bit."""
+    model = GGUFModel(write_tiny_gguf(tmp_path / "m.gguf", "Q4_0", embed_kind=kind))
+    stored = model.tensor("token_embd.weight")
+    stage = OnnxStage(model, 0, 1, embed=True, head=False, max_context=8)
+    del model
+    rows = np.array([0, 7, 7, TINY["vocab"] - 1])
+    assert isinstance(stage.embed, QuantTensor) and isinstance(stage.embed.data, np.memmap)
+    assert stage.embed.nbytes == stored.nbytes  # its own bytes, not the whole file's
+    looked_up = stage.embed.dequantize_rows(rows)
+    np.testing.assert_array_equal(looked_up, stored.dequantize()[rows])
+    if kind != "F32":
+        np.testing.assert_array_equal(looked_up, dequantize_rows(nbits_weight(stored), rows))
+
+
+def test_the_reader_skips_array_metadata_and_reads_the_rest_as_gguf_does(tmp_path):
+    """Array fields (a tokenizer's tokens and merges) are skipped, read as []; every other
+    field and every tensor is what gguf's own reader makes of the file."""
+    from gguf import GGUFReader, GGUFValueType
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", "Q4_1", vocab_arrays=True)
+    full, lean = GGUFReader(str(path)), GGUFModel(path)
+    arrays = [k for k, f in full.fields.items() if f.types[0] == GGUFValueType.ARRAY]
+    assert "tokenizer.ggml.tokens" in arrays and "tokenizer.ggml.merges" in arrays
+    for key, field in full.fields.items():
+        assert lean.field(key) == ([] if key in arrays else field.contents()), key
+    assert lean.field("tokenizer.ggml.model") == "tiny"  # a string after the arrays
+    for t in full.tensors:
+        np.testing.assert_array_equal(lean.tensor(t.name).data.reshape(-1),
+                                      np.asarray(t.data).reshape(-1))
+
+
+def test_a_truncated_gguf_is_refused_in_one_line(tmp_path):
+    """A file cut inside its array metadata or its tensor infos: one line, as before."""
+    from gguf import GGUFReader
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", "Q4_0", vocab_arrays=True)
+    full = GGUFReader(str(path))
+    data, start = path.read_bytes(), full.data_offset
+    for cut in (full.fields["tokenizer.ggml.tokens"].offset + 100, start // 2, start - 9):
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(ConfigError, match="is not a readable GGUF file") as info:
+            GGUFModel(tmp_path / "cut.gguf")
+        assert "\n" not in str(info.value)
+
+
 def test_bad_input_is_refused_in_one_line(tmp_path, gguf_file):
     stage = _whole(gguf_file)
     cache = stage.new_cache()

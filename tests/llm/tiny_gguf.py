@@ -12,9 +12,11 @@ TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 96, "layers": 3, "vocab"
 
 
 def write_tiny_gguf(path: Path, kind: str = "Q4_0", *, seed: int = 0, tied: bool = True,
-                    embed_kind: str = "Q8_0", **changes: float) -> Path:
+                    embed_kind: str = "Q8_0", vocab_arrays: bool = False,
+                    **changes: float) -> Path:
     """A random Llama of TINY's shape (``changes`` override it) whose linears are stored as
-    ``kind`` and its embedding as ``embed_kind``; norms float32."""
+    ``kind`` and its embedding as ``embed_kind``; norms float32. ``vocab_arrays``: metadata
+    arrays as a tokenizer's (tokens, their types, merges), not a tokenizer anything loads."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
@@ -35,6 +37,11 @@ def write_tiny_gguf(path: Path, kind: str = "Q4_0", *, seed: int = 0, tied: bool
     writer.add_layer_norm_rms_eps(float(c["eps"]))
     writer.add_vocab_size(vocab)
     writer.add_file_type(2)
+    if vocab_arrays:
+        writer.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(int(c["vocab"]))])
+        writer.add_array("tokenizer.ggml.token_type", [1] * int(c["vocab"]))
+        writer.add_array("tokenizer.ggml.merges", [f"t o{i}" for i in range(50)])
+        writer.add_string("tokenizer.ggml.model", "tiny")
 
     def add(name: str, rows: int, cols: int, what: str, scale: float = 0.08) -> None:
         w = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

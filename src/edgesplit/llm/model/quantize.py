@@ -92,6 +92,10 @@ class QuantizedCheckpoint:
                               f"{self.kind}: {exc}") from None
         return QuantTensor(name, self.kind, rows, cols, data.reshape(rows, -1))
 
+    def mapped(self, name: str) -> QuantTensor:
+        """As :meth:`tensor` (quantized in memory: there is no file of its blocks to map)."""
+        return self.tensor(name)
+
     def linear(self, part: str, layer: int) -> QuantTensor:
         """Decoder layer ``layer``'s ``part`` (a key of LLAMA_TENSORS)."""
         return self.tensor(LLAMA_TENSORS[part].format(i=layer))

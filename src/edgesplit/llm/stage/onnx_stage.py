@@ -19,9 +19,15 @@ The graph, per decoder layer (transformers' ``LlamaDecoderLayer``, the same arit
 The residual stream ``x`` is a tensor of its own after every add (no add fused into the next
 norm), so a stage boundary changes no arithmetic: MatMulNBits quantizes its input to int8
 per block, and a last-bit difference there (a fused norm sums in another order) can move a
-logit by 0.1 on a random model (measured). The embedding lookup runs outside the graph (the
-rows of a step's tokens, dequantised from the same bytes as a tied head's); the head takes
-the last position only.
+logit by 0.1 on a random model (measured). The embedding lookup runs outside the graph: the
+rows of a step's tokens, dequantised from the GGUF's own bytes, mapped (a tied head's
+initializer is the only copy the stage holds; a lookup makes only its rows' pages resident);
+the head takes the last position only.
+
+Memory: the graph's weights are written to a file as they are repacked, one tensor at a time,
+and ONNX Runtime maps them from there into its prepacked copy, the one the stage keeps (no
+protobuf copy of them, no serialized model); the GGUF is unmapped when the caller drops the
+model, once the session is open.
 
 Invariants: a stage's KV caches are one :class:`KVPool`, per layer a key and a value array
 ``[sessions, kv_heads, max_context + 1, head_dim]`` allocated once, a session one row of them
@@ -36,24 +42,20 @@ throw-away token at its own length, which writes one position past what it holds
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from edgesplit.errors import ConfigError
 from edgesplit.llm.model.gguf import KERNEL_TYPES, GGUFModel, GGUFShape, QuantTensor
 from edgesplit.llm.stage.kv_pool import KVPool, KVSlot
-from edgesplit.llm.stage.quantized import (
-    BLOCK,
-    NBitsWeight,
-    dequantize_rows,
-    float_weight,
-    nbits_weight,
-)
+from edgesplit.llm.stage.quantized import BLOCK, NBitsWeight, float_weight, nbits_weight
 
 __all__ = ["OnnxStage", "RowStep"]
 
@@ -67,12 +69,22 @@ _MS = "com.microsoft"
 # weight has no fast float32 path in MLAS (it dequantises the matrix every call: 250 ms),
 # so it runs int8 unless "exact" (tests) asks otherwise.
 ACTIVATIONS = {"float": {4: 0, 8: 4}, "int8": {4: 4, 8: 4}, "exact": {4: 0, 8: 0}}
+_WEIGHTS = "weights.bin"  # the graph's prepacked weights, in a file beside it
+_ALIGN = 4096  # their offsets there (pages: ONNX Runtime maps them)
 
 
 @dataclass
 class _Graph:
-    """The graph under construction: nodes, initializers, inputs and outputs."""
+    """The graph under construction: nodes, initializers, inputs and outputs. A weight its
+    kernel prepacks is written to ``weights`` (the file ``location`` beside the model) as it
+    is made, its tensor pointing there: ONNX Runtime maps it, packs it into memory of its own
+    and unmaps it, so no copy of it stays behind (measured: no mapping of the file is left
+    once the session is open, so the file holds no memory after it is deleted, even on a
+    tmpfs). Any other initializer (scales, zero points, norms: ONNX Runtime keeps them as
+    they are) is small and stays in the model."""
 
+    weights: BinaryIO
+    location: str
     nodes: list[Any] = field(default_factory=list)
     initializers: list[Any] = field(default_factory=list)
     inputs: list[Any] = field(default_factory=list)
@@ -86,10 +98,23 @@ class _Graph:
         self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attrs))
         return outputs
 
-    def const(self, name: str, array: np.ndarray) -> str:
-        from onnx import numpy_helper
+    def const(self, name: str, array: np.ndarray, *, prepacked: bool = False) -> str:
+        """Initializer ``name``; ``prepacked``: its kernel prepacks it (to the file)."""
+        from onnx import TensorProto, helper, numpy_helper
 
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        array = np.ascontiguousarray(array)
+        if not prepacked:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        offset = -(-self.weights.tell() // _ALIGN) * _ALIGN  # aligned as onnx.save aligns
+        self.weights.seek(offset)
+        self.weights.write(array.data)
+        proto = TensorProto(name=name, dims=array.shape, data_location=TensorProto.EXTERNAL,
+                            data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        for key, value in (("location", self.location), ("offset", offset),
+                           ("length", array.nbytes)):
+            proto.external_data.add(key=key, value=str(value))
+        self.initializers.append(proto)
         return name
 
 
@@ -121,17 +146,24 @@ class OnnxStage:
         self.has_head = head
         self.kinds: dict[str, int] = {}  # tensor type -> tensors of it the stage holds
         self.weight_bytes = 0
-        self._session = self._open(self._graph(model), threads)
+        with tempfile.TemporaryDirectory(prefix="edgesplit-stage-") as folder:
+            path = Path(folder) / "stage.onnx"
+            with open(path.with_name(_WEIGHTS), "wb") as weights:
+                graph = self._graph(model, _Graph(weights, _WEIGHTS))
+            self._session = self._open(graph, path, threads)
+        del graph
+        _trim_heap()
         self._out = self._session.get_outputs()[-1].name
         self.pool = KVPool(end - first, s.num_kv_heads, max_context + 1, s.head_dim,
                            capacity=sessions) if end > first else None
         self._bound: dict[tuple[int, int], _Rows] = {}  # per row span, its binding
 
     # ---- building --------------------------------------------------------------------------
-    def _graph(self, model: GGUFModel) -> Any:
+    def _graph(self, model: GGUFModel, g: _Graph) -> Any:
+        """The stage's ONNX model, its large initializers written to ``g``'s weights file."""
         from onnx import TensorProto, helper
 
-        s, g = self.shape, _Graph()
+        s = self.shape
         g.inputs.append(helper.make_tensor_value_info("hidden", TensorProto.FLOAT,
                                                       ["B", "T", s.hidden_size]))
         if self.end > self.first:
@@ -184,11 +216,12 @@ class OnnxStage:
             return self._matmul_nbits(g, name, x, _fused([nbits_weight(t) for t in tensors]))
         w32 = np.concatenate([_float_logged(t) for t in tensors], axis=0)
         self.weight_bytes += w32.nbytes
-        return g.node("MatMul", [x, g.const(f"{name}.w", w32.T.copy())], [f"{name}.f"])
+        weight = g.const(f"{name}.w", w32.T.copy(), prepacked=True)
+        return g.node("MatMul", [x, weight], [f"{name}.f"])
 
     def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight) -> list[str]:
         self.weight_bytes += w.nbytes
-        ins = [x, g.const(f"{name}.b", w.packed), g.const(f"{name}.s", w.scales)]
+        ins = [x, g.const(f"{name}.b", w.packed, prepacked=True), g.const(f"{name}.s", w.scales)]
         zero_points = w.zero_points
         if zero_points is not None:
             ins.append(g.const(f"{name}.z", zero_points))
@@ -199,7 +232,7 @@ class OnnxStage:
             return [y]
         # Q4_1's minimums: x's block sums (one per input, shared by a fused weight's parts)
         # times the mins, a float matmul K / 32 wide (stage/quantized.py says why)
-        mins = g.const(f"{name}.m", np.ascontiguousarray(w.mins.T))
+        mins = g.const(f"{name}.m", np.ascontiguousarray(w.mins.T), prepacked=True)
         return [y, g.node("MatMul", [self._block_sums(g, x, w.k), mins], [f"{name}.mx"])[0]]
 
     @staticmethod
@@ -213,7 +246,7 @@ class OnnxStage:
             if indicator not in g.made:
                 g.made.add(indicator)
                 g.const(indicator, np.kron(np.eye(k // BLOCK, dtype=np.float32),
-                                           np.ones((BLOCK, 1), np.float32)))
+                                           np.ones((BLOCK, 1), np.float32)), prepacked=True)
             g.node("MatMul", [x, indicator], [name])
         return name
 
@@ -259,9 +292,14 @@ class OnnxStage:
         g.outputs.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, None))
 
     @staticmethod
-    def _open(model: Any, threads: int) -> Any:
+    def _open(model: Any, path: Path, threads: int) -> Any:
+        """A session of ``model`` saved at ``path``, beside its weights file: ONNX Runtime
+        reads the weights from the file, where handing it serialized bytes holds another copy
+        until the session is built. The folder may go once the session is open."""
+        import onnx
         import onnxruntime as ort
 
+        onnx.save_model(model, str(path))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -269,9 +307,7 @@ class OnnxStage:
         # a decode step is a few milliseconds: spinning workers would take the core another
         # stage or process on this device needs between steps
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        with tempfile.TemporaryDirectory(prefix="edgesplit-stage-") as folder:
-            return ort.InferenceSession(_saved(model, Path(folder)), options,
-                                        providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     # ---- running ---------------------------------------------------------------------------
     def new_cache(self) -> KVSlot | None:
@@ -387,7 +423,7 @@ class OnnxStage:
         if rows.size and (rows.min() < 0 or rows.max() >= self.shape.vocab_size):
             raise ConfigError(f"token ids must be in [0, {self.shape.vocab_size})")
         assert self.embed is not None
-        return dequantize_rows(self.embed, rows)[None]
+        return self.embed.dequantize_rows(rows)[None]
 
 
 @dataclass
@@ -411,18 +447,12 @@ class _Rows:
     views: list[np.ndarray]
 
 
-def _saved(model: Any, folder: Path) -> str:
-    """``model`` written to ``folder`` with its weights in a file beside it, its protobuf
-    emptied: ONNX Runtime maps the weights from the file, where handing it serialized bytes
-    holds a third copy until the session is built (measured on SmolLM2: resident 107 MB and
-    peak 180 MB less). The folder may go once the session is open (a mapping outlives it)."""
-    import onnx
-
-    path = folder / "stage.onnx"
-    onnx.save_model(model, str(path), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
-    model.ClearField("graph")
-    return str(path)
+def _trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
+    nothing): building leaves 20-35 MiB of freed repacking buffers and protobuf resident
+    in the heap's middle, where free() alone does not return them (measured on SmolLM2)."""
+    with contextlib.suppress(AttributeError, OSError):  # not glibc
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _ort() -> Any:
@@ -464,6 +494,11 @@ def _float_logged(t: QuantTensor) -> np.ndarray:
     return float_weight(t)
 
 
-def _embedding(model: GGUFModel) -> NBitsWeight | np.ndarray:
-    t = model.tensor("token_embd.weight")
-    return nbits_weight(t) if t.kind in KERNEL_TYPES else _float_logged(t)
+def _embedding(model: GGUFModel) -> QuantTensor:
+    """The token embedding as stored, mapped: a lookup dequantises its rows from the file's own
+    pages (a tied head's MatMulNBits initializer is the stage's one repacked copy). Row 0 is
+    read now, so a type gguf cannot dequantise fails as the stage loads, not at its first
+    step."""
+    t = model.mapped("token_embd.weight")
+    t.dequantize_rows(np.zeros(1, np.int64))
+    return t

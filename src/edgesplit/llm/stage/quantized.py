@@ -105,8 +105,10 @@ def nbits_weight(t: QuantTensor) -> NBitsWeight:
 
 
 def dequantize_rows(w: NBitsWeight | np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """float32 ``[len(rows), K]``: the given rows of a weight (an embedding lookup), from
-    its MatMulNBits form or a float matrix."""
+    """float32 ``[len(rows), K]``: the given rows of a weight from its MatMulNBits form or a
+    float matrix (the repacking's values, for tests; a stage's embedding lookup reads the
+    GGUF's own rows: :meth:`QuantTensor.dequantize_rows
+    <edgesplit.llm.model.gguf.QuantTensor.dequantize_rows>`)."""
     if isinstance(w, np.ndarray):
         return np.asarray(w[rows], dtype=np.float32)
     blocks = w.k // BLOCK

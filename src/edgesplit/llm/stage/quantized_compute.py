@@ -125,7 +125,8 @@ class QuantizedStageModel:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights the stage's graph and embedding hold."""
+        """Bytes of weights the stage's graph holds (its embedding is the GGUF's own pages,
+        mapped: only the rows it looks up become resident)."""
         return 0 if self.runner is None else self.runner.weight_bytes
 
     def new_cache(self) -> KVSlot | None:
