@@ -35,6 +35,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PEER = ROOT / "benchmarks" / "llamacpp"
 QUESTION = [{"role": "user", "content": "Write a short poem about the sea."}]
 MAX_CONTEXT = 512
+SETTINGS = ("float", "int8", "mixed")  # the quantized stage's activations settings measured
 QUIET_LOAD = 1.0
 
 
@@ -183,7 +184,7 @@ def _by_operator(trace: list[dict[str, Any]], steps: int) -> dict[str, Any]:
 
 
 def child_teacher(req: dict[str, Any]) -> dict[str, Any]:
-    """Teacher forcing over ``tokens``: the quantized stage (int8 activations, as served) and
+    """Teacher forcing over ``tokens``: the quantized stage (each of SETTINGS) and
     transformers float32 from the dequantised checkpoint, position by position: each one's
     top-1 next token, their agreement and the mean KL(float32 || quantized)."""
     import numpy as np
@@ -197,7 +198,7 @@ def child_teacher(req: dict[str, Any]) -> dict[str, Any]:
     tokens = req["tokens"]
     model = GGUFModel(req["model"])
     ours = {}
-    for activations in ("float", "int8"):
+    for activations in SETTINGS:
         stage = OnnxStage(model, 0, model.shape.num_layers, embed=True, head=True,
                           max_context=MAX_CONTEXT, threads=req["threads"],
                           activations=activations)
@@ -241,7 +242,7 @@ def agreement(doc: dict[str, Any], tokens: list[int], peer: bool) -> dict[str, A
     ours = run_child("teacher", req)
     theirs = run_child("llama.cpp", req)["picks"] if peer else None
     out: dict[str, Any] = {"tokens": len(tokens), "activations": {}}
-    for activations in ("float", "int8"):
+    for activations in SETTINGS:
         mine = ours[activations]
         row = {"mean_kl_vs_float32": mine["mean_kl"], "max_kl_vs_float32": mine["max_kl"],
                "vs_float32": _share(mine["picks"], ours["torch_picks"])}
@@ -312,7 +313,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {"machine": machine_info(), "load_before": os.getloadavg()[0],
                            "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
                            "repeats": args.repeats, "peer_missing": why_not, "rows": []}
-    engines = [("llama.cpp", None), ("onnx", "float"), ("onnx", "int8"), ("torch", None)]
+    engines = [("llama.cpp", None), *(("onnx", a) for a in SETTINGS), ("torch", None)]
     if why_not is not None:
         engines = engines[1:]
     for threads in (1, 2):

@@ -92,7 +92,7 @@ def test_a_rewound_cache_continues_from_its_prefix(gguf_file, reference):
                                atol=1e-3)
 
 
-@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize("activations", ["float", "int8", "mixed"])
 @pytest.mark.parametrize("cut", [0, 1, 2, 3])
 def test_two_stages_equal_one(gguf_file, cut, activations):
     """Layers split at ``cut`` over two stages give the one stage's logits, bit for bit,

@@ -218,6 +218,12 @@ def test_int8_activations_need_quantized_weights(gguf_path):
     _one_line(info)
 
 
+def test_an_unknown_activations_setting_is_refused_naming_every_one():
+    with pytest.raises(ConfigError, match="choose float, int8, mixed") as info:
+        LLMWorkload(activations="int4")  # type: ignore[arg-type]
+    _one_line(info)
+
+
 def test_a_quantized_plan_round_trips_through_its_file(gguf_plan, tmp_path):
     from edgesplit.plan import load_plan
 

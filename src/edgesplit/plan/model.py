@@ -300,9 +300,10 @@ class LLMPlan(BaseModel):
     # which is then what it was before quantized plans existed
     group_size: int | None = Field(None, exclude_if=lambda value: value is None)
     # how a quantized stage computes (llm.planning.costs.LLMWorkload): float32 or int8 inputs
-    # to its kernels; left out where float (every plan before it existed)
-    activations: Literal["float", "int8"] = Field("float",
-                                                  exclude_if=lambda value: value == "float")
+    # to its kernels, or int8 but the attention's q/k/v projection (mixed); left out where float
+    # (every plan before it existed)
+    activations: Literal["float", "int8", "mixed"] = Field(
+        "float", exclude_if=lambda value: value == "float")
     hidden_size: int
     num_layers: int
     num_heads: int

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from edgesplit.plan.assemble import one_way_latency_ms
 __all__ = ["Activations", "LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]
 
 Objective = Literal["latency", "throughput"]
-Activations = Literal["float", "int8"]
+Activations = Literal["float", "int8", "mixed"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,9 @@ class LLMWorkload:
     request; ``throughput``: the slowest pipeline stage of a decode step). ``activations``:
     how quantized weights' stages compute (``float``: float32 inputs to the 4-bit kernels,
     closest to the float model; ``int8``: inputs quantized to int8 per block as llama.cpp
-    does, faster and batching well; :mod:`edgesplit.llm.stage.onnx_stage` has numbers)."""
+    does, fastest and batching best; ``mixed``: int8 but the attention's q/k/v projection,
+    a little closer to the float model for ~5 % more time a step;
+    :mod:`edgesplit.llm.stage.onnx_stage` has numbers)."""
 
     prompt_tokens: int = 128
     new_tokens: int = 128
@@ -70,9 +72,9 @@ class LLMWorkload:
         if self.objective not in ("latency", "throughput"):
             raise ConfigError(f"{option('objective', self.objective)}: choose latency or "
                               "throughput")
-        if self.activations not in ("float", "int8"):
-            raise ConfigError(f"{option('activations', self.activations)}: choose float or "
-                              "int8")
+        if self.activations not in get_args(Activations):
+            raise ConfigError(f"{option('activations', self.activations)}: choose "
+                              f"{', '.join(get_args(Activations))}")
 
     @property
     def context(self) -> int:

@@ -61,14 +61,46 @@ __all__ = ["OnnxStage", "RowStep"]
 
 log = logging.getLogger(__name__)
 _MS = "com.microsoft"
-# MatMulNBits' accuracy level per activations setting and weight bits: 0 computes in float32
-# from the 4-bit blocks, 4 quantizes the activations to int8 per block (MLAS's VNNI path).
-# Measured on SmolLM2 Q4_1, one thread: int8 everywhere ~140 tokens/s but its top-1 agrees
-# with the float model on 93 % of a text's positions (llama.cpp's own int8 path: 96.3 %);
-# float 4-bit linears with the 8-bit head in int8 ~0.77x that speed and 98.3 %. An 8-bit
-# weight has no fast float32 path in MLAS (it dequantises the matrix every call: 250 ms),
-# so it runs int8 unless "exact" (tests) asks otherwise.
-ACTIVATIONS = {"float": {4: 0, 8: 4}, "int8": {4: 4, 8: 4}, "exact": {4: 0, 8: 0}}
+# MatMulNBits' accuracy level per activations setting, weight bits and linear kind: 0
+# computes in float32 from the 4-bit blocks, 4 quantizes the linear's input to int8 per
+# block of 32 (MLAS's VNNI path, as llama.cpp's Q8_1). An 8-bit weight has no fast float32
+# path in MLAS (it dequantises the matrix every call: 250 ms), so it runs int8 unless
+# "exact" (tests) asks otherwise. "mixed" quantizes every input but qkv's: of the kinds
+# computed in float alone, qkv lowers the divergence from float32 most per millisecond
+# (mean KL 0.0044 -> 0.0034 nats for +0.5 ms a step; down 0.0037 for +0.8 ms, o 0.0043 for
+# +0.3 ms, gate_up 0.0034 for +1.7 ms: each kind's MatMulNBits alone, at one token). Measured
+# on SmolLM2 Q4_1 (a Q8_0 head), teacher forced: top-1 agreement over the first 300 / 500
+# tokens of scikit-learn's twenty_newsgroups.rst (in brackets: 500 of kddcup99.rst), mean KL
+# from float32 (500 tokens), a decode step's time against int8's and decode speed against
+# llama.cpp's (node-llama-cpp 3.21.1, same GGUF), one thread, interleaved in one process
+# with llama.cpp's process between rounds (each session's median over rounds of the 20th
+# percentile step times' ratio; the machine shared, so the sessions are listed):
+#
+#   setting        with float32        with llama.cpp      KL      step   x llama.cpp
+#   int8 (*)       94.3 / 94.0 %       93.7 / 93.6 %       0.0198  1.08   0.84, 0.90
+#   int8           96.0 / 96.6 (97.8)  96.7 / 96.6 (95.8)  0.0044  1.00   0.92, 0.94, 0.96, 1.01
+#   mixed          96.3 / 97.4 (97.4)  96.3 / 97.0 (95.8)  0.0034  1.04   0.99
+#   float          98.3 / 98.6 (97.6)  96.7 / 97.2 (96.4)  0.0010  1.3    0.67, 0.72, 0.79
+#   llama.cpp      96.3 / 97.4 (96.4)  -                   -       -      1
+#
+# (*) before: Q4_1 split as d q + m, not d (q - 8) + (m + 8 d) (stage/quantized.py says why
+# the centred split is the better one with int8 inputs). The engines benchmark's quiet runs
+# (bench_llm_engines.py) put that int8 at x1.15 llama.cpp's decode tokens/s at one thread
+# and float at x0.81; by the step times above, int8 is now ~x1.24 and mixed ~x1.19.
+# "mixed"'s extra agreement is within a few tokens of noise at these lengths; its KL is not.
+LINEARS = ("qkv", "o", "gate_up", "down", "head")  # the graph's linears, by kind
+
+
+def _every(level: int) -> dict[str, int]:
+    return dict.fromkeys(LINEARS, level)
+
+
+ACTIVATIONS: dict[str, dict[int, dict[str, int]]] = {
+    "float": {4: _every(0), 8: _every(4)},
+    "int8": {4: _every(4), 8: _every(4)},
+    "mixed": {4: {**_every(4), "qkv": 0}, 8: _every(4)},
+    "exact": {4: _every(0), 8: _every(0)},
+}
 _WEIGHTS = "weights.bin"  # the graph's prepacked weights, in a file beside it
 _ALIGN = 4096  # their offsets there (pages: ONNX Runtime maps them)
 
@@ -191,9 +223,10 @@ class OnnxStage:
         return g.node("SimplifiedLayerNormalization", [x, gamma], [f"{name}.y"], axis=-1,
                       epsilon=self.shape.rms_eps)[0]
 
-    def _linear(self, g: _Graph, name: str, x: str, tensors: list[QuantTensor]) -> list[str]:
+    def _linear(self, g: _Graph, name: str, kind: str, x: str,
+                tensors: list[QuantTensor]) -> list[str]:
         """``x`` times each of ``tensors`` ([out, in]): one fused product, split after."""
-        y = self._sum(g, f"{name}.y", self._product(g, name, x, tensors))
+        y = self._sum(g, f"{name}.y", self._product(g, name, kind, x, tensors))
         if len(tensors) == 1:
             return [y]
         sizes = g.const(f"{name}.split", np.array([t.rows for t in tensors], np.int64))
@@ -204,7 +237,8 @@ class OnnxStage:
     def _sum(g: _Graph, name: str, terms: list[str]) -> str:
         return terms[0] if len(terms) == 1 else g.node("Sum", terms, [name])[0]
 
-    def _product(self, g: _Graph, name: str, x: str, tensors: list[QuantTensor]) -> list[str]:
+    def _product(self, g: _Graph, name: str, kind: str, x: str,
+                 tensors: list[QuantTensor]) -> list[str]:
         """The terms whose sum is ``x`` times ``tensors`` stacked along N: one MatMulNBits
         where they share a kernel type (and, for Q4_1, its minimums' term), else a float32
         MatMul. The caller adds them where it adds anyway (a residual): one node fewer, and
@@ -213,25 +247,24 @@ class OnnxStage:
             self.kinds[t.kind] = self.kinds.get(t.kind, 0) + 1
         kinds = {t.kind for t in tensors}
         if len(kinds) == 1 and kinds <= set(KERNEL_TYPES):
-            return self._matmul_nbits(g, name, x, _fused([nbits_weight(t) for t in tensors]))
+            weight = _fused([nbits_weight(t) for t in tensors])
+            level = ACTIVATIONS[self.activations][weight.bits][kind]
+            return self._matmul_nbits(g, name, x, weight, level)
         w32 = np.concatenate([_float_logged(t) for t in tensors], axis=0)
         self.weight_bytes += w32.nbytes
-        weight = g.const(f"{name}.w", w32.T.copy(), prepacked=True)
-        return g.node("MatMul", [x, weight], [f"{name}.f"])
+        dense = g.const(f"{name}.w", w32.T.copy(), prepacked=True)
+        return g.node("MatMul", [x, dense], [f"{name}.f"])
 
-    def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight) -> list[str]:
+    def _matmul_nbits(self, g: _Graph, name: str, x: str, w: NBitsWeight,
+                      level: int) -> list[str]:
         self.weight_bytes += w.nbytes
         ins = [x, g.const(f"{name}.b", w.packed, prepacked=True), g.const(f"{name}.s", w.scales)]
-        zero_points = w.zero_points
-        if zero_points is not None:
-            ins.append(g.const(f"{name}.z", zero_points))
         y = g.node("MatMulNBits", ins, [f"{name}.q"], domain=_MS, K=w.k, N=w.n,
-                   bits=w.bits, block_size=BLOCK,
-                   accuracy_level=ACTIVATIONS[self.activations][w.bits])[0]
+                   bits=w.bits, block_size=BLOCK, accuracy_level=level)[0]
         if w.mins is None:
             return [y]
-        # Q4_1's minimums: x's block sums (one per input, shared by a fused weight's parts)
-        # times the mins, a float matmul K / 32 wide (stage/quantized.py says why)
+        # Q4_1's offsets: x's block sums (one per input, shared by a fused weight's parts)
+        # times m + 8 d, a float matmul K / 32 wide (stage/quantized.py says why)
         mins = g.const(f"{name}.m", np.ascontiguousarray(w.mins.T), prepacked=True)
         return [y, g.node("MatMul", [self._block_sums(g, x, w.k), mins], [f"{name}.mx"])[0]]
 
@@ -256,7 +289,7 @@ class OnnxStage:
         s, n = self.shape, f"l{i}"
         a = self._norm(g, f"{n}.attn_norm", x, float_weight(model.linear("attn_norm", i)))
         # one product for Q, K and V, packed as GroupQueryAttention takes it (no split)
-        qkv = self._sum(g, f"{n}.qkv.y", self._product(g, f"{n}.qkv", a,
+        qkv = self._sum(g, f"{n}.qkv.y", self._product(g, f"{n}.qkv", "qkv", a,
                                                        [model.linear(p, i) for p in "qkv"]))
         cache: list[str | int] = ["B", s.num_kv_heads, self.max_context + 1, s.head_dim]
         g.inputs += [helper.make_tensor_value_info(f"{n}.past_k", TensorProto.FLOAT, cache),
@@ -269,14 +302,14 @@ class OnnxStage:
             rotary_interleaved=0, scale=float(s.head_dim ** -0.5))
         g.outputs += [helper.make_tensor_value_info(y, TensorProto.FLOAT, cache)
                       for y in (pk, pv)]
-        x = g.node("Sum", [x, *self._product(g, f"{n}.o", attn, [model.linear("o", i)])],
+        x = g.node("Sum", [x, *self._product(g, f"{n}.o", "o", attn, [model.linear("o", i)])],
                    [f"{n}.mid"])[0]
         f = self._norm(g, f"{n}.ffn_norm", x, float_weight(model.linear("ffn_norm", i)))
-        gate, up = self._linear(g, f"{n}.gate_up", f, [model.linear("gate", i),
+        gate, up = self._linear(g, f"{n}.gate_up", "gate_up", f, [model.linear("gate", i),
                                                       model.linear("up", i)])
         silu = g.node("QuickGelu", [gate], [f"{n}.silu"], domain=_MS, alpha=1.0)[0]  # x*sig(x)
         act = g.node("Mul", [silu, up], [f"{n}.act"])[0]
-        return g.node("Sum", [x, *self._product(g, f"{n}.down", act,
+        return g.node("Sum", [x, *self._product(g, f"{n}.down", "down", act,
                                                 [model.linear("down", i)])], [f"{n}.out"])[0]
 
     def _head(self, g: _Graph, model: GGUFModel, x: str) -> None:
@@ -288,7 +321,7 @@ class OnnxStage:
                       ["last.x"])[0]
         normed = self._norm(g, "output_norm", last,
                             float_weight(model.tensor("output_norm.weight")))
-        (logits,) = self._linear(g, "head", normed, [model.head()])
+        (logits,) = self._linear(g, "head", "head", normed, [model.head()])
         g.outputs.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, None))
 
     @staticmethod

@@ -13,8 +13,15 @@ same; only the packing differs:
   block, but only an integer z in 0..15 keeps it on the fast int8 path (a float zero point
   falls back to dequantising the whole matrix every call: 230 ms a token for SmolLM2 against
   4.5 ms, measured), and -m / d is no integer. So the product is split where it is exact:
-  x . w = MatMulNBits(x, q, d, z = 0) + (x's block sums) . m, the second a float32 matmul
-  of ``K / 32`` columns (the mins, ``[N, K / 32]``).
+  w = d * (q - 8) + (m + 8 d), x . w = MatMulNBits(x, q, d, z = 8) + (x's block sums) .
+  (m + 8 d), the second a float32 matmul of ``K / 32`` columns (``[N, K / 32]``). Why 8 and
+  not z = 0 (x . d q + (x's block sums) . m, as exact in float): with int8 activations
+  MatMulNBits multiplies the weights by x rounded per block, the block sums by x itself, so
+  the rounding error of x is weighted by the first term's weights. d (q - 8) is centred
+  where d q is all positive (its mean 7.5 d: the rounding errors add up instead of
+  cancelling); on SmolLM2 Q4_1 the centred split halves int8's top-1 disagreements with
+  float32 (94.0 % -> 96.6 % over 500 tokens, mean KL 0.020 -> 0.0044 nats) and saves the
+  zero-point input (a decode step ~8 % faster, measured).
 
 llama.cpp packs a 4-bit block's element j in the low nibble of byte j and element j + 16 in
 its high nibble; MatMulNBits packs elements 2i and 2i + 1 into byte i. Repacking copies the
@@ -40,8 +47,8 @@ _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per block
 class NBitsWeight:
     """MatMulNBits' inputs for one weight: ``packed`` ``uint8 [N, blocks, bytes/block]``,
     ``scales`` ``float32 [N * blocks]``, ``zero`` the zero point every block has (8 or 128:
-    MatMulNBits' defaults, no input; 0: given, ``zero_points`` packed), and for Q4_1 the
-    blocks' ``mins`` ``float32 [N, blocks]`` (added through the block sums of x)."""
+    MatMulNBits' defaults, so no zero-point input), and for Q4_1 the blocks' offsets
+    ``mins`` ``float32 [N, blocks]`` (m + 8 d, added through the block sums of x)."""
 
     n: int
     k: int
@@ -50,15 +57,6 @@ class NBitsWeight:
     scales: np.ndarray
     zero: int
     mins: np.ndarray | None = None
-
-    @property
-    def zero_points(self) -> np.ndarray | None:
-        """The packed zero points MatMulNBits takes where they are not its default."""
-        if self.zero == 1 << (self.bits - 1):
-            return None
-        blocks = self.k // BLOCK
-        per_byte = 8 // self.bits
-        return np.zeros(self.n * -(-blocks // per_byte), np.uint8)  # every zero point 0
 
     @property
     def nbytes(self) -> int:
@@ -100,8 +98,9 @@ def nbits_weight(t: QuantTensor) -> NBitsWeight:
         return NBitsWeight(t.rows, t.cols, 8, packed, d.reshape(-1), 128)
     if t.kind == "Q4_0":
         return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 2:])), d.reshape(-1), 8)
-    return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 4:])), d.reshape(-1), 0,
-                       _f16(b, 2))
+    # centred: d (q - 8) + (m + 8 d) (the module docstring says why)
+    return NBitsWeight(t.rows, t.cols, 4, _pack4(_nibbles(b[..., 4:])), d.reshape(-1), 8,
+                       _f16(b, 2) + 8 * d)
 
 
 def dequantize_rows(w: NBitsWeight | np.ndarray, rows: np.ndarray) -> np.ndarray:
