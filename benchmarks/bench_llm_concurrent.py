@@ -5,9 +5,9 @@ The split: blocks [0, 16) in this process (``LLMClient``'s first stage, which th
 threads share) and [16, 32) in an ``edgesplit llm serve`` process, one ONNX Runtime thread
 each, over the data plane on 127.0.0.1, links unshaped. The plan keeps 4 sessions, so each
 stage has a KV cache row for each chat, and decode steps that meet at a stage run as one batch
-(``llm/stage/batching.py``). Both activation settings of the quantized stages are measured
+(``llm/stage/batching.py``). Each activation setting of the quantized stages is measured
 (``float``: float32 inputs to the 4-bit kernels, the default; ``int8``: inputs quantized per
-block, as llama.cpp does).
+block, as llama.cpp does; ``mixed``: int8 but the q/k/v product).
 
 Each round, for each setting: one chat alone (the first question), then the four questions at
 once, each on a thread of its own; greedy, ``--new-tokens`` tokens each (no stop at an end of
@@ -56,7 +56,7 @@ CHATS = 4
 GOAL = 2.0
 QUESTIONS = ["Which city is the capital of France?", "Write a short poem about the sea.",
              "Explain what a hash table is.", "Give three tips for learning to cook."]
-ACTIVATIONS = ("float", "int8")
+ACTIVATIONS = ("float", "int8", "mixed")
 
 
 def split_plan(activations: str, prompt_tokens: int, new_tokens: int) -> Plan:
