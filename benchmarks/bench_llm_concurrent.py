@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--allow-load", type=float, default=QUIET_LOAD)
+    parser.add_argument("--activations", default=",".join(ACTIVATIONS),
+                        help="the settings to measure, comma-separated")
     args = parser.parse_args()
     before = _quiet(args.allow_load)
     new, repeats, warmup = (8, 1, 0) if args.quick else (args.new_tokens, args.repeats, 1)
@@ -212,7 +214,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": before,
         "workload": {"new_tokens": new, "repeats": repeats, "warmup": warmup,
                      "prompt_tokens": max(len(p) for p in prompts)}}
-    doc["settings"] = [setting(a, prompts, new, repeats, warmup) for a in ACTIVATIONS]
+    doc["settings"] = [setting(a, prompts, new, repeats, warmup) for a in args.activations.split(",")]
     doc["load_after"] = os.getloadavg()[0]
     doc["wall_s"] = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
