@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from quiet import require_quiet
 
 from edgesplit.hardware import Topology, estimator_for, get_device, get_topology, resolve_topology
 from edgesplit.hardware.profile import machine_info
@@ -493,16 +494,6 @@ def section_b(topology: Topology, prompt_tokens: int, new_tokens: int, repeats: 
 
 
 # ---- the run -----------------------------------------------------------------------------------
-def _quiet(threshold: float) -> float:
-    """Refuse to measure on a busy machine; returns the load it started at."""
-    load = os.getloadavg()[0]
-    if load > threshold:
-        raise SystemExit(f"load average {load:.2f} > {threshold:g}: the machine is not quiet "
-                         "(tests, helpers or other jobs running?); wait, or pass --allow-load "
-                         "for a trial run (with --out elsewhere)")
-    return load
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
@@ -791,7 +782,7 @@ def main() -> None:
         return
     if args.smoke and args.out == RESULTS:  # a smoke run never replaces the results
         args.out = Path(tempfile.gettempdir()) / "bench_llm_smoke"
-    before = _quiet(args.allow_load)
+    before = require_quiet(args.allow_load)
     small = args.quick or args.smoke
     new, repeats, warmup = (8, 1, 0) if small else (args.new_tokens, args.repeats, 1)
     torch.set_num_threads(1)

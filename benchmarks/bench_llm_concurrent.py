@@ -41,6 +41,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quiet import require_quiet
+
 from edgesplit.hardware import get_topology
 from edgesplit.hardware.profile import machine_info
 from edgesplit.llm import LLMWorkload, plan_llm_at
@@ -155,15 +157,6 @@ def setting(activations: str, prompts: list[list[int]], new_tokens: int, repeats
             "same_tokens": all(all(r["same_tokens_as_alone"]) for r in rounds)}
 
 
-def _quiet(threshold: float) -> float:
-    load = os.getloadavg()[0]
-    if load > threshold:
-        raise SystemExit(f"load average {load:.2f} > {threshold:g}: the machine is not quiet "
-                         "(tests, helpers or other jobs running?); wait, or pass --allow-load "
-                         "for a trial run (with --out elsewhere)")
-    return load
-
-
 def render(doc: dict[str, Any]) -> list[str]:
     w = doc["workload"]
     lines = [
@@ -226,7 +219,7 @@ def main() -> None:
         doc = json.loads((args.out / "llm_concurrent.json").read_text())
         (args.out / "llm_concurrent.md").write_text("\n".join(render(doc)) + "\n")
         return
-    before = _quiet(args.allow_load)
+    before = require_quiet(args.allow_load)
     new, repeats, warmup = (8, 1, 0) if args.quick else (args.new_tokens, args.repeats, 1)
     start = time.perf_counter()
     tokenizer = plan_tokenizer(split_plan("float", 64, new))

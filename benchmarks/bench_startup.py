@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quiet import require_quiet
+
 from edgesplit.hardware.profile import machine_info
 
 RESULTS = Path(__file__).parent / "results"
@@ -75,16 +77,6 @@ def bench_command(exe: str, args: tuple[str, ...], goal_s: float, repeats: int,
             "met_goal": median < goal_s}
 
 
-def _quiet(threshold: float) -> float:
-    """Refuse to measure on a busy machine; returns the load it started at."""
-    load = os.getloadavg()[0]
-    if load > threshold:
-        raise SystemExit(f"load average {load:.2f} > {threshold:g}: the machine is not quiet "
-                         "(tests, helpers or other jobs running?); wait, or pass --allow-load "
-                         "for a trial run (with --out elsewhere)")
-    return load
-
-
 def render(doc: dict[str, Any]) -> list[str]:
     m = doc["machine"]
     lines = [
@@ -129,7 +121,7 @@ def main() -> None:
         return
     if args.repeats < 1 or args.warmup < 0:
         raise SystemExit("--repeats must be at least 1 and --warmup at least 0")
-    before = _quiet(args.allow_load)
+    before = require_quiet(args.allow_load)
     exe = edgesplit_executable()
     start = time.perf_counter()
     doc: dict[str, Any] = {"version": 1, "machine": machine_info(),
