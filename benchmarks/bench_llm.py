@@ -258,6 +258,7 @@ def one_process(dtype: str, prompt_tokens: int, new_tokens: int, repeats: int
                            generator=torch.Generator().manual_seed(0))
     ttft, decode = [], []
     for _ in range(repeats + 1):
+        cache = None  # the last generation's cache row back first: the stage has one
         cache = stage.new_cache()
         start = time.perf_counter()
         token = stage.step(prompt, 0, cache)
