@@ -111,8 +111,11 @@ class GGUFModel:
         self.path = Path(path)
         try:
             self._reader = _header_reader(GGUFReader)(str(self.path))
-        except Exception as exc:  # a foreign or damaged file: one line
-            raise ConfigError(f"{str(path)!r} is not a readable GGUF file: {exc}") from None
+        except Exception:  # gguf's own reader says why, or reads it (its internals moved)
+            try:
+                self._reader = GGUFReader(str(self.path))
+            except Exception as exc:  # a foreign or damaged file: one line
+                raise ConfigError(f"{str(path)!r} is not a readable GGUF file: {exc}") from None
         self._tensors = {t.name: t for t in self._reader.tensors}
 
     def field(self, key: str, default: Any = None) -> Any:
