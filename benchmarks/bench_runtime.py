@@ -876,6 +876,7 @@ def bench_baseline(device: Device, tmp: Path, ref: str = BASELINE_REF,
                 f"{m['run']} {m['metric']} new/old x{m['ratio']:.3f} ({m['verdict']})"
                 for m in row["metrics"]))
     out["load_after"] = os.getloadavg()[0]
+    out["date"] = time.strftime("%Y-%m-%d %H:%M")
     return out
 
 
@@ -1208,6 +1209,8 @@ def _keep_earlier(doc: dict[str, Any], out: Path) -> None:
     for key in kept:
         doc[key] = earlier[key]
     doc["kept_sections"] = kept
+    if "baseline" in doc and "baseline" in earlier:
+        doc["baseline_runs"] = render_runtime.baseline_runs(earlier, doc["baseline"])
 
 
 if __name__ == "__main__":

@@ -238,7 +238,73 @@ def _render_baseline(doc: dict[str, Any]) -> list[str]:
                 f"{m['metric'].replace('_rps', ' req/s').replace('_ms', ' ms')} | "
                 f"{_spread(m, 'old', fmt)} | {_spread(m, 'new', fmt)} | {_ratio(m)} | "
                 f"{m['verdict']} |")
-    return [*lines, *_render_baseline_overhead(b), "", doc["notes"]["baseline"], ""]
+    return [*lines, *_render_baseline_overhead(b), "", doc["notes"]["baseline"],
+            *_render_pooled(doc), ""]
+
+
+def _labelled(b: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Section 6's metrics, each with a label that names it across runs."""
+    rows = b.get("overhead", {}).get("rows", [])
+    labelled = [(f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}", m)
+                for s in b["setups"] for m in s["metrics"]]
+    return labelled + [(f"section 1 {r['model']} {r['request_bytes']:,} B {r['plane']} "
+                        f"{r['metric']}", r) for r in rows]
+
+
+def baseline_runs(earlier: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every interleaved section 6 run against the same commit, this one last: each run's
+    date, load and per-metric rounds of new/old (kept so that a verdict can pool the runs;
+    a run against another commit starts the list again)."""
+    runs = [r for r in earlier.get("baseline_runs", []) if r["commit"] == baseline["commit"]]
+    old = earlier.get("baseline")
+    if not runs and old and old["commit"] == baseline["commit"] and \
+            old.get("method") == "interleaved":
+        runs = [baseline_record(old)]
+    return [*runs, baseline_record(baseline)]
+
+
+def baseline_record(b: dict[str, Any]) -> dict[str, Any]:
+    """What a section 6 run leaves for pooling: per metric, its rounds' new/old."""
+    return {"commit": b["commit"], "date": b.get("date"), "load_before": b["load_before"],
+            "load_after": b["load_after"], "rounds": b["rounds"],
+            "ratios": {label: m["ratios"] for label, m in _labelled(b)}}
+
+
+POOL_GOAL = 0.05  # issue 57: each metric's new/old within 5 %
+
+
+def _render_pooled(doc: dict[str, Any]) -> list[str]:
+    """Section 6 over every run on file: per metric each run's median new/old, and the
+    median of all their rounds together (the verdict)."""
+    runs = doc.get("baseline_runs", [])
+    if len(runs) < 2:
+        return []
+    labels = list(runs[-1]["ratios"])
+    lines = ["", f"Every run of section 6 against this commit ({len(runs)}), and the verdict on "
+             "all their rounds together: per metric, each run's median of the rounds' new/old "
+             "and the median of every round of every run. A throughput is worse below "
+             f"x{1 - POOL_GOAL:.2f}, a time above x{1 + POOL_GOAL:.2f}.", "",
+             "| metric | " + " | ".join(f"run {i + 1} ({r.get('date') or '-'}, load "
+                                         f"{r['load_before']:.2f})" for i, r in enumerate(runs))
+             + " | all rounds | verdict |",
+             "|---|" + "---:|" * len(runs) + "---:|---|"]
+    verdicts: dict[str, int] = {}
+    for label in labels:
+        per_run = [r["ratios"].get(label) for r in runs]
+        pooled = statistics.median(x for rs in per_run if rs for x in rs)
+        verdict = _pooled_verdict(label, pooled)
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+        lines.append(f"| {label} | " + " | ".join(
+            f"x{statistics.median(rs):.3f}" if rs else "-" for rs in per_run)
+            + f" | x{pooled:.3f} | {verdict} |")
+    return [*lines, "", "All rounds together: " + ", ".join(
+        f"{n} {v}" for v, n in sorted(verdicts.items())) + f" (of {len(labels)} metrics)."]
+
+
+def _pooled_verdict(label: str, ratio: float) -> str:
+    worse = ratio < 1 - POOL_GOAL if "throughput" in label else ratio > 1 + POOL_GOAL
+    better = ratio > 1 + POOL_GOAL if "throughput" in label else ratio < 1 - POOL_GOAL
+    return "worse" if worse else "better" if better else "within 5 %"
 
 
 def _spread(m: dict[str, Any], code: str, fmt: str) -> str:
@@ -477,11 +543,7 @@ def _note_load(doc: dict[str, Any]) -> str:
 
 def _note_baseline(doc: dict[str, Any]) -> str:
     b = doc["baseline"]
-    rows = b.get("overhead", {}).get("rows", [])
-    labelled = [(f"{s['plane']}/{'on' if s['batching'] else 'off'} {m['run']} {m['metric']}", m)
-                for s in b["setups"] for m in s["metrics"]]
-    labelled += [(f"section 1 {r['model']} {r['request_bytes']:,} B {r['plane']} {r['metric']}",
-                  r) for r in rows]
+    labelled = _labelled(b)
     ratios = [m["ratio"] for _, m in labelled if m["metric"] == "throughput_rps"]
     outside = [(label, m) for label, m in labelled if abs(m["ratio"] - 1) > 0.05]
     errors = sum(s["errors_all_runs"] for s in b["setups"])
