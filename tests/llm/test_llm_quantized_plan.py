@@ -70,12 +70,15 @@ def llama_folder(folder):
     return out
 
 
-def _plan(source, boundaries: tuple[int, ...], dtype: str) -> Plan:
+def _plan(source, boundaries: tuple[int, ...], dtype: str, activations: str = "float"
+          ) -> Plan:
     full = get_topology("home-wifi")
     topology = chain("test", full.devices[:2], [full.links[0].link])
     return plan_llm_at(str(source), topology, boundaries,
                        LLMWorkload(prompt_tokens=PROMPT, new_tokens=NEW,
-                                   max_context=MAX_CONTEXT), dtype=dtype, method="test")
+                                   max_context=MAX_CONTEXT,
+                                   activations=activations),  # type: ignore[arg-type]
+                       dtype=dtype, method="test")
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +210,19 @@ def test_int8_activations_are_planned_and_give_one_int8_stage_s_tokens_over_the_
     assert _served(plan, prompt) == _one_process(GGUFModel(gguf_path), prompt,
                                                  activations="int8")
     floats = _plan(gguf_path, (0, 3, LAYERS + 2), "gguf")
+    assert "activations" not in json.loads(floats.model_dump_json())["llm"]
+
+
+def test_by_default_quantized_weights_compute_mixed_and_float_weights_float(gguf_path):
+    """``auto`` (the default) is resolved as the plan is made: mixed for quantized weights,
+    and the split gives one mixed stage's tokens; float32 weights keep float (no field)."""
+    plan = _plan(gguf_path, (0, 3, LAYERS + 2), "gguf", activations="auto")
+    assert plan.llm is not None and plan.llm.activations == "mixed"
+    prompt = [3, 17, 99, 5, 42, 7]
+    assert _served(plan, prompt) == _one_process(GGUFModel(gguf_path), prompt,
+                                                 activations="mixed")
+    floats = _plan(gguf_path, (0, 3, LAYERS + 2), "float32", activations="auto")
+    assert floats.llm is not None and floats.llm.activations == "float"
     assert "activations" not in json.loads(floats.model_dump_json())["llm"]
 
 

@@ -88,8 +88,9 @@ def plan(
                                    ".gguf whose linears are of that type runs as stored, "
                                    "other checkpoints are quantized as a stage loads); gguf "
                                    "(a .gguf's own types)."),
-    activations: str = typer.Option("float", "--activations",
-                                    help="Quantized weights' stages: float (float32 inputs to "
+    activations: str = typer.Option("auto", "--activations",
+                                    help="Quantized weights' stages (default auto: mixed, "
+                                         "float for float weights): float (float32 inputs to "
                                          "the 4-bit kernels, closest to the float model), "
                                          "int8 (inputs quantized per block of 32 as "
                                          "llama.cpp does: fastest, and concurrent sessions "

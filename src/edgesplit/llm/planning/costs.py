@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import numpy as np
@@ -41,6 +41,10 @@ __all__ = ["Activations", "LLMChainCosts", "LLMWorkload", "Objective", "SendCost
 
 Objective = Literal["latency", "throughput"]
 Activations = Literal["float", "int8", "mixed"]
+# the activations quantized weights compute with unless the workload says: int8 but the
+# attention's q/k/v projection, ahead of llama.cpp at one thread and agreeing with float32 as
+# often as llama.cpp does (benchmarks/results/llm_engines.md); float weights: their own width
+DEFAULT_QUANTIZED_ACTIVATIONS: Activations = "mixed"
 
 
 @dataclass(frozen=True)
@@ -53,14 +57,15 @@ class LLMWorkload:
     closest to the float model; ``int8``: inputs quantized to int8 per block as llama.cpp
     does, fastest and batching best; ``mixed``: int8 but the attention's q/k/v projection,
     a little closer to the float model for ~5 % more time a step;
-    :mod:`edgesplit.llm.stage.onnx_stage` has numbers)."""
+    :mod:`edgesplit.llm.stage.onnx_stage` has numbers). ``auto`` (the default): ``mixed``
+    for quantized weights, ``float`` otherwise (:meth:`resolved`, as costs are built)."""
 
     prompt_tokens: int = 128
     new_tokens: int = 128
     max_context: int | None = None
     sessions: int = 1
     objective: Objective = "latency"
-    activations: Activations = "float"
+    activations: Activations | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "new_tokens", "sessions"):
@@ -72,9 +77,17 @@ class LLMWorkload:
         if self.objective not in ("latency", "throughput"):
             raise ConfigError(f"{option('objective', self.objective)}: choose latency or "
                               "throughput")
-        if self.activations not in get_args(Activations):
+        if self.activations not in (*get_args(Activations), "auto"):
             raise ConfigError(f"{option('activations', self.activations)}: choose "
-                              f"{', '.join(get_args(Activations))}")
+                              f"{', '.join(get_args(Activations))} or auto")
+
+    def resolved(self, quantized: bool) -> LLMWorkload:
+        """This workload with ``auto`` activations made the default for weights that are
+        (or are not) ``quantized``."""
+        if self.activations != "auto":
+            return self
+        return replace(self, activations=DEFAULT_QUANTIZED_ACTIVATIONS if quantized
+                       else "float")
 
     @property
     def context(self) -> int:
@@ -163,6 +176,7 @@ class LLMChainCosts:
                               f"{lm.shape.max_positions} positions {lm.name} was built for; "
                               "plan a shorter context")
         _check_window(lm, workload)
+        workload = workload.resolved(lm.weights.quantized)
         if workload.activations != "float" and not lm.weights.quantized:
             raise ConfigError(f"{workload.activations} activations need quantized weights "
                               f"(precision {lm.dtype} computes at its own width): plan with "
