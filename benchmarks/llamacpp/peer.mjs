@@ -2,15 +2,17 @@
 // decode tokens/s per run) or teacher forcing (the top-1 next token at every position).
 // Usage: node peer.mjs REQUEST.json   (prints one JSON line)
 // REQUEST: {"model": path, "threads": n, "mode": "generate"|"teacher", "tokens": [ids],
-//           "new_tokens": n, "runs": n, "warmup": n, "context": n}
+//           "new_tokens": n, "runs": n, "warmup": n, "context": n, "kv_type": "F32" (default F16)}
 import {readFileSync} from "node:fs";
 import {getLlama} from "node-llama-cpp";
 
 const req = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const model = await llama.loadModel({modelPath: req.model});
+const kv = req.kv_type ? {experimentalKvCacheKeyType: req.kv_type,
+                          experimentalKvCacheValueType: req.kv_type} : {};
 const context = await model.createContext({threads: req.threads, contextSize: req.context ?? 512,
-                                           batchSize: req.context ?? 512});
+                                           batchSize: req.context ?? 512, ...kv});
 const sequence = context.getSequence();
 
 async function generate() {
