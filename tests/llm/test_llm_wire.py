@@ -29,10 +29,12 @@ def _bytes(msg):
 @pytest.mark.parametrize("sampling", [None, Sampling(temperature=0.7, top_k=5, seed=3)])
 @pytest.mark.parametrize("x", [torch.randn(1, 1, H), torch.randn(1, 1, H).numpy(),
                                torch.randn(1, 4, H), torch.tensor([[7]]),
-                               torch.randn(1, 1, H).half()], ids=str)
+                               torch.randn(1, 1, H).half(),
+                               torch.randn(1, 1, H).requires_grad_()], ids=str)
 def test_a_step_message_is_the_general_one(x, sampling):
     codec = DecodeCodec(H)
-    general = message("plan", 1, 9, step_tensors("h", torch.as_tensor(x), 40, sampling))
+    general = message("plan", 1, 9, step_tensors("h", torch.as_tensor(x).detach(), 40,
+                                                  sampling))
     assert _bytes(codec.step("plan", 1, 9, "h", x, 40, sampling)) == _bytes(general)
 
 

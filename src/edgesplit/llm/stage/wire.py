@@ -204,7 +204,8 @@ class DecodeCodec:
         if isinstance(x, np.ndarray):
             codec = self.hidden if x.dtype == np.float32 else self.ids
             data = codec.encode_array(x)
-        elif x.dtype == torch.float32 and tuple(x.shape) == self.hidden.shape:
+        elif x.dtype == torch.float32 and x.is_cpu and not x.requires_grad and \
+                tuple(x.shape) == self.hidden.shape:  # else (on a GPU, say) the general way
             data = self.hidden.encode_array(x.numpy())
         else:
             return message(plan_id, version, request_id, step_tensors(name, x, position,
