@@ -848,6 +848,42 @@ def test_plain_codec_refuses_bad_messages_in_the_general_words(damage):
     assert str(mine.value) == str(general.value)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_plain_codec_arrays_are_the_tensors_messages(dtype):
+    shape = (2, 3, 5)
+    t = (torch.randn(shape) * 3).to(dtype)
+    codec = PlainCodec(shape, dtype)
+    bits = 32 if dtype == torch.int64 else dtype.itemsize * 8
+    assert codec.encode_array(t.numpy()) == encode_tensor(t, bits)
+    wrong = t.numpy()[:1]  # another shape: the general encoder's message
+    assert codec.encode_array(wrong) == encode_tensor(torch.from_numpy(wrong), bits)
+    message = encode_tensor(t, bits)
+    for data in (message, bytearray(message), memoryview(b"xx" + message)[2:]):
+        out = codec.decode_array(data)
+        assert isinstance(out, np.ndarray) and out.shape == shape
+        assert torch.equal(torch.from_numpy(out), t)
+        out += 1  # the array owns its memory
+    assert bytes(message) == encode_tensor(t, bits)
+
+
+@pytest.mark.parametrize("damage", ["checksum", "shape", "truncated"])
+def test_plain_codec_arrays_refuse_bad_messages_in_the_general_words(damage):
+    codec = PlainCodec((4, 6), torch.float32)
+    good = bytearray(encode_tensor(torch.randn(4, 6), 32))
+    if damage == "checksum":
+        good[-2] ^= 0x10
+        bad = bytes(good)
+    elif damage == "shape":
+        bad = encode_tensor(torch.randn(6, 4), 32)
+    else:
+        bad = bytes(good[:-4])
+    with pytest.raises(WireError) as mine:
+        codec.decode_array(bad)
+    with pytest.raises(WireError) as general:
+        decode_tensor(bad, expect_shape=(4, 6), expect_dtype=torch.float32)
+    assert str(mine.value) == str(general.value)
+
+
 # ---- reading a plain message in place (a server's receive buffer) -----------------------------
 def test_plain_codec_reads_an_aligned_message_in_place_and_equal_to_a_copy():
     shape, t = (2, 3, 5), torch.randn(2, 3, 5)

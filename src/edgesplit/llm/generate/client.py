@@ -55,10 +55,9 @@ from edgesplit.llm.stage.server import head_stage, llm_message_bytes
 from edgesplit.llm.stage.wire import (
     END_SESSION,
     TOKEN,
-    decode_int,
+    DecodeCodec,
     message,
     session_error,
-    step_tensors,
 )
 from edgesplit.plan.model import PLAN_VERSION, Plan
 from edgesplit.runtime.client import RuntimeClient
@@ -139,6 +138,7 @@ class LLMClient(RuntimeClient):
         self.address = address if isinstance(address, str) else "in-process"
         self._hop = Hop(address, llm_message_bytes(self.llm), calls.tls, data_plane) \
             if self.remote and address is not None else None
+        self._codec = DecodeCodec(self.llm.hidden_size)
         self.pacer = StagePacer.measured(self.stage, plan, dilation=dilation) \
             if emulate else None
         self.shaper = LinkShaper(stage_links(plan, 0, dilation)[1] if self.remote else None,
@@ -245,8 +245,8 @@ class LLMClient(RuntimeClient):
                 return int(out.reshape(-1)[0]), compute, codec, slept
             t1 = time.perf_counter()
             request_id = self.next_request_id()
-            step = message(self.plan_id, PLAN_VERSION, request_id,
-                           step_tensors(self.stage.io.sends, out, position, sampling))
+            step = self._codec.step(self.plan_id, PLAN_VERSION, request_id,
+                                    self.stage.io.sends, out, position, sampling)
             codec[self.device] = (time.perf_counter() - t1) * 1e3
             if self.shaper.enabled:
                 self.shaper.send(self._hop.wire_size(step), "up")
@@ -273,7 +273,7 @@ class LLMClient(RuntimeClient):
             raise RemoteError(f"server {self.address} answered request {reply.request_id} "
                               f"with {names}; expected {TOKEN!r} for request {request_id}")
         try:
-            return int(decode_int(reply.tensors[0].data, TOKEN, [1, 1])[0, 0])
+            return self._codec.read_token(reply.tensors[0].data)
         except Exception as exc:
             raise RemoteError(f"server {self.address} answered with a bad token: {exc}"
                               ) from None

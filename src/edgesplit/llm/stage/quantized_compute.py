@@ -144,22 +144,26 @@ class QuantizedStageModel:
         if self.runner is None:
             return x
         tokens = int(x.shape[1])
-        fed = x.numpy() if not self.io.hidden_in else x.to(torch.float32).numpy()
+        # numpy, not torch, from here on: right after compute each torch call costs tens of
+        # microseconds (cold caches), a numpy one a third of that (measured)
+        fed = x.numpy() if not self.io.hidden_in or x.dtype == torch.float32 \
+            else x.to(torch.float32).numpy()
         if cache is None:  # a stage of the embedding or head alone: nothing to batch
             got = self.runner.step(fed, position, None)
         else:
             got = self.steps.run(RowStep(fed, position, cache))
-        out = torch.from_numpy(np.asarray(got))
+        out = np.asarray(got)
         self._check_finite(out)
         if not self.runner.has_head:
-            return out
+            return torch.from_numpy(out)
         logits = out.reshape(-1)
-        if sampling is None or sampling.greedy:
-            return logits.argmax().reshape(1, 1)
-        return torch.tensor([[sample(logits, sampling, position + tokens)]], dtype=torch.int64)
+        if sampling is None or sampling.greedy:  # numpy's argmax: the first maximum, as torch's
+            return torch.tensor([[int(logits.argmax())]], dtype=torch.int64)
+        return torch.tensor([[sample(torch.from_numpy(logits), sampling, position + tokens)]],
+                            dtype=torch.int64)
 
-    def _check_finite(self, out: torch.Tensor) -> None:
-        if not bool(torch.isfinite(out).all()):
+    def _check_finite(self, out: np.ndarray) -> None:
+        if not np.isfinite(out).all():
             raise FloatingPointError(
                 f"blocks [{self.io.start}, {self.io.end}) on {self.device!r} produced NaN or "
                 "infinite values (broken weights); the step's cache entries were dropped")
