@@ -30,7 +30,9 @@ def _bytes(msg):
 @pytest.mark.parametrize("x", [torch.randn(1, 1, H), torch.randn(1, 1, H).numpy(),
                                torch.randn(1, 4, H), torch.tensor([[7]]),
                                torch.randn(1, 1, H).half(),
-                               torch.randn(1, 1, H).requires_grad_()], ids=str)
+                               torch.randn(1, 1, H).requires_grad_()],
+                         # ids by kind, not value: xdist's workers must collect the same ids
+                         ids=["decode", "numpy", "prefill", "tokens", "half", "grad"])
 def test_a_step_message_is_the_general_one(x, sampling):
     codec = DecodeCodec(H)
     general = message("plan", 1, 9, step_tensors("h", torch.as_tensor(x).detach(), 40,
