@@ -179,7 +179,7 @@ def test_measuring_a_quantized_stage_between_steps_of_other_blocks(tmp_path, mon
         rest, lm))
     table = measuring.measure_block_times(lm, threads=1, repeats=1)
     assert table.precision == "q4_0" and table.matches(lm, 1) and stage_threads(lm) == 1
-    assert set(table.decode) == {"embed", "decoder", "head"}
+    assert set(table.decode) == {"embed", "decoder", "head", "step"}
     (rest,) = made
     assert (rest.io.start, rest.io.end) == (17, 19)
 

@@ -49,6 +49,7 @@ __all__ = [
     "BlockTimes",
     "MeasuredBlocks",
     "StaleBlockTimesError",
+    "TableKind",
     "block_times_path",
     "code_versions",
     "llm_estimator_for",
@@ -65,6 +66,10 @@ log = logging.getLogger(__name__)
 THIS_MACHINE = "this-machine"
 BlockKind = Literal["embed", "decoder", "head"]
 KINDS: tuple[BlockKind, ...] = ("embed", "decoder", "head")
+# what a table holds: each kind of block, and "step", a stage's fixed cost of a step (a call
+# into its engine: ~0.25 ms a decode step on one thread here, torch or ONNX Runtime), which
+# "embed" holds already: a model of one stage pays it once
+TableKind = Literal["embed", "decoder", "head", "step"]
 TABLE_VERSION = 2  # raise when what is measured changes: older tables are not taken
 # the code whose versions a table records: another one computes (or times) otherwise
 _CODE = ("edgesplit", "torch", "onnxruntime")
@@ -77,9 +82,10 @@ _SAVED: dict[Path, BlockTimes] = {}
 
 class BlockTimes(BaseModel):
     """Measured milliseconds of one block of each kind of a model at one precision on this
-    machine: ``prefill[kind]`` by prompt tokens, ``decode[kind]`` by cached tokens. The
+    machine: ``prefill[kind]`` by prompt tokens, ``decode[kind]`` by cached tokens. A
     stage's fixed cost of a step (a call into its engine) is in ``embed``: every stage of
-    one process starts there, and a stage of middle blocks pays it too (a few % of a stage)."""
+    one process starts there; ``step`` holds it apart (a stage of middle blocks pays it too,
+    which a sum of block times does not price: ~2 % of a stage of a few blocks)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -88,8 +94,8 @@ class BlockTimes(BaseModel):
     threads: int = Field(ge=1, description="threads the stage computed on")
     activations: str = Field("float", description="how quantized weights' stages compute "
                                                   "(float, int8, mixed)")
-    prefill: dict[BlockKind, Points]
-    decode: dict[BlockKind, Points]
+    prefill: dict[TableKind, Points]
+    decode: dict[TableKind, Points]
     load: float = Field(ge=0, description="the highest 1-minute load average seen while "
                                           "measuring")
     versions: dict[str, str] = Field(description="the code that measured it: edgesplit, "
@@ -97,7 +103,7 @@ class BlockTimes(BaseModel):
     source: str = ""
     version: int = TABLE_VERSION
 
-    def ms(self, kind: BlockKind, phase: Phase) -> float:
+    def ms(self, kind: TableKind, phase: Phase) -> float:
         """One ``kind`` block's time in ``phase``."""
         if phase.kind == "prefill":
             return _interpolate(self.prefill[kind], phase.tokens)

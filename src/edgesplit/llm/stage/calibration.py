@@ -1,14 +1,18 @@
 """Measure this machine's block times for one model and precision: the table
 ``this-machine`` prices that model with (:mod:`edgesplit.llm.planning.calibration`).
 
-Three real stages are built from the model's checkpoint at the precision's engine (torch
+Four real stages are built from the model's checkpoint at the precision's engine (torch
 modules, or one ONNX Runtime graph for quantized weights, computing at the plan's
 ``activations``), each timed at the prompt lengths :data:`PREFILL_TOKENS` (a prefill on an
 empty cache) and the cache lengths :data:`DECODE_CACHED` (a decode step after another, as a
 generation's are): the embedding with :data:`SHORT` and with :data:`LONG` decoder blocks, whose
-difference is :data:`LONG` - :data:`SHORT` blocks' time, and the head after :data:`SHORT`
-blocks. What is left of the short stage once its blocks are taken off is the embedding's (with
-the stage's fixed cost of a step), and of the head's the head's.
+difference is :data:`LONG` - :data:`SHORT` blocks' time, the head after the last
+:data:`SHORT` blocks, and those blocks alone. What is left of the short stage once its blocks
+are taken off is the embedding's with the stage's fixed cost of a step; the head stage less
+the stage of its blocks alone is the head's, without that fixed cost a second time (every
+stage pays it, a model of one stage once: ~0.25 ms a decode step here, torch or ONNX Runtime,
+counted twice it priced SmolLM2's Q4_1 decode 2 % high); that stage less its blocks is the
+fixed cost itself (``step``).
 
 Why :data:`LONG` is half of SmolLM2 and not a few blocks: a block's time is a difference of two
 stages' medians, so a burst of other work on either moves it by that burst over the blocks
@@ -18,10 +22,12 @@ machine priced SmolLM2's whole model -19 % and +16 % of the same run (Q4_1 decod
 Measured beside the whole model in one process (stages of 1, 6, 15 and 30 blocks, one thread),
 blocks cost the same in a stage of any of these sizes (float32 decode 1.6-1.7 ms, prefill of 37
 tokens 5.2-5.6 ms a block) and a stage of all 30 plus the head alone is within 1-3 % of the
-whole model, prefill and decode, both precisions: the sum of blocks holds, no fixed cost is
-missed or counted twice that this could see. A decode step right after a prefill costs a
-stage of ONNX Runtime ~0.3 ms more than the next (it re-plans for the new shape), which a
-generation pays once: so the decode step timed follows an untimed one.
+whole model, prefill and decode, both precisions: the sum of blocks holds. Timed in turns with
+the whole model (20 rounds), this table's sum is within 1 % of it at 37 prompt tokens and 52
+cached, both precisions (Q4_1 decode within -0.2 to +3 % at 8-128 cached). A decode step
+right after a prefill costs a stage of ONNX Runtime ~0.3 ms more than the next (it re-plans
+for the new shape), which a generation pays once: so the decode step timed follows an
+untimed one.
 
 In one process every block's weights leave the caches before the next step reaches it (the
 model is larger than the last-level cache), while a stage of a few blocks stepped back to back
@@ -31,7 +37,7 @@ take a decode step, as the rest of the model runs between two steps of a block: 
 evict the timed stage's, while the engine's code and buffers stay in the caches, as they do in
 a whole model's run (a plain read over a buffer evicts those too: in one run it priced the
 quantized path, whose blocks take a fraction of a millisecond, 20-40 % slow). A model with no
-such blocks reads a buffer of :data:`FLUSH_BYTES` instead. The three stages take turns at
+such blocks reads a buffer of :data:`FLUSH_BYTES` instead. The four stages take turns at
 every point, so a burst of other work slows them alike. Medians of ``repeats`` after a
 warm-up; 20-60 s for SmolLM2 on this 2-core machine. Cached per machine, model, precision,
 activations and thread count with the load it was measured at and the code that measured it
@@ -56,9 +62,9 @@ from edgesplit.errors import ConfigError
 from edgesplit.hardware import get_topology
 from edgesplit.llm.model.description import CausalLM, describe_causal_lm
 from edgesplit.llm.planning.calibration import (
-    BlockKind,
     BlockTimes,
     StaleBlockTimesError,
+    TableKind,
     code_versions,
     load_block_times,
     model_key,
@@ -141,26 +147,29 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 9,
     load = os.getloadavg()[0]
     try:
         stages = [stage((0, 1 + SHORT, n, n), 0), stage((0, 1 + long, n, n), 0),
-                  stage((0, 0, n - 1 - SHORT, n), 2)]
+                  stage((0, 0, n - 1 - SHORT, n), 2), stage((0, n - 1 - SHORT, n - 1, n), 1)]
         # the blocks none of the timed stages holds, run between their steps
         end = _flush_end(lm, 1 + long, n - 1 - SHORT)
         rest = stage((0, 1 + long, end, n), 1) if end > 1 + long else None
-        short, longer, head = _time_stages(stages, lm, prefill, decode, repeats,
-                                           _flusher(rest, lm))
+        short, longer, head, middle = _time_stages(stages, lm, prefill, decode, repeats,
+                                                   _flusher(rest, lm))
     finally:
         torch.set_num_threads(before)
     load = max(load, os.getloadavg()[0])
 
-    def split(phase: str) -> dict[BlockKind, tuple[tuple[int, float], ...]]:
+    def split(phase: str) -> dict[TableKind, tuple[tuple[int, float], ...]]:
         block = {x: max(0.0, (longer[phase][x] - short[phase][x]) / (long - SHORT))
                  for x in short[phase]}
-        rest = {"embed": short, "head": head}
-        out: dict[BlockKind, tuple[tuple[int, float], ...]] = {
-            "decoder": tuple(sorted(block.items()))}
-        for kind in ("embed", "head"):
-            out[kind] = tuple((x, max(0.0, ms - SHORT * block[x]))
-                              for x, ms in sorted(rest[kind][phase].items()))
-        return out
+
+        def points(ms: Callable[[int], float]) -> tuple[tuple[int, float], ...]:
+            return tuple((x, max(0.0, ms(x))) for x in sorted(block))
+
+        # the head stage less the middle one: the same blocks and the stage's fixed cost of
+        # a step, which the embedding's time holds already (counted once per model)
+        return {"decoder": points(block.__getitem__),
+                "embed": points(lambda x: short[phase][x] - SHORT * block[x]),
+                "head": points(lambda x: head[phase][x] - middle[phase][x]),
+                "step": points(lambda x: middle[phase][x] - SHORT * block[x])}
 
     return BlockTimes(model=model_key(lm), precision=lm.dtype, threads=threads,
                       activations=activations, prefill=split("prefill"),
