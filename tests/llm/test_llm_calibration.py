@@ -220,6 +220,7 @@ def test_a_plan_is_priced_from_the_table_of_its_activations(tmp_path):
 
 @pytest.mark.parametrize(("changes", "says"), [
     ({"load": 99.0}, "measured under load 99.0"),
+    ({"busy": 1.2}, "other work kept 1.2 cores busy"),
     ({"versions": {**code_versions(), "onnxruntime": "0.0.1"}}, "onnxruntime 0.0.1"),
 ])
 def test_planning_refuses_a_table_measured_under_load_or_by_other_code(changes, says):
@@ -229,6 +230,23 @@ def test_planning_refuses_a_table_measured_under_load_or_by_other_code(changes, 
         llm_estimator_for(lm, _device())
     assert "--calibrate" in str(caught.value) and "\n" not in str(caught.value)
     assert not isinstance(llm_estimator_for(lm, _device("phone")), MeasuredBlocks)
+
+
+def test_the_cores_other_work_kept_busy_overrule_the_lagging_load_average():
+    """The load average still holds work that ended before the measurement began (a
+    benchmark's own stage processes): where the busy cores are known, they decide."""
+    lm = describe_causal_lm(MODEL)
+    save_block_times(_table(lm, load=99.0, busy=0.1))
+    assert isinstance(llm_estimator_for(lm, _device()), MeasuredBlocks)
+
+
+def test_measuring_records_the_load_and_the_code(monkeypatch):
+    """The busy cores are this machine's busy time less this process's own."""
+    times = iter([(0.0, 100.0, 5.0), (10.0, 118.0, 14.0)])
+    monkeypatch.setattr(measuring, "_cpu_seconds", lambda: next(times))
+    table = measuring.measure_block_times(describe_causal_lm(MODEL), threads=1, repeats=1)
+    assert table.busy == pytest.approx(0.9) and table.load >= 0
+    assert table.versions == code_versions() and table.versions["edgesplit"]
 
 
 def test_calibrating_measures_over_a_stale_table_and_caches_no_busy_one(monkeypatch):

@@ -10,8 +10,9 @@ seconds and cached beside ``this-machine``'s own measurement under the same mach
 fingerprint, keyed by model, precision, activations setting (``float`` | ``int8`` | ``mixed``:
 a quantized stage's kernels differ by it) and thread count.
 
-A table records what it was measured under: the highest 1-minute load average seen while
-measuring and the code that measured it (edgesplit, torch, ONNX Runtime). A table measured
+A table records what it was measured under: the cores other work kept busy meanwhile (where
+the OS says), the highest 1-minute load average seen while measuring and the code that
+measured it (edgesplit, torch, ONNX Runtime). A table measured
 on a busy machine, or by other code, is not a price of this machine now
 (:func:`table_problem`): planning refuses it with a line saying how to measure again
 (:class:`StaleBlockTimesError`), and calibrating measures again over it. On a busy machine
@@ -44,6 +45,7 @@ from edgesplit.hardware import Device, LatencyEstimator, LayerWork, estimator_fo
 from edgesplit.llm.model.description import CausalLM, Phase
 
 __all__ = [
+    "BUSY_LIMIT",
     "THIS_MACHINE",
     "BlockKind",
     "BlockTimes",
@@ -71,6 +73,7 @@ KINDS: tuple[BlockKind, ...] = ("embed", "decoder", "head")
 # "embed" holds already: a model of one stage pays it once
 TableKind = Literal["embed", "decoder", "head", "step"]
 TABLE_VERSION = 2  # raise when what is measured changes: older tables are not taken
+BUSY_LIMIT = 0.5  # cores other work may keep busy on average while a table is measured
 # the code whose versions a table records: another one computes (or times) otherwise
 _CODE = ("edgesplit", "torch", "onnxruntime")
 
@@ -98,6 +101,9 @@ class BlockTimes(BaseModel):
     decode: dict[TableKind, Points]
     load: float = Field(ge=0, description="the highest 1-minute load average seen while "
                                           "measuring")
+    busy: float | None = Field(None, description="cores other work (other processes, the "
+                                                 "hypervisor's steal) kept busy on average "
+                                                 "while measuring; None: not known here")
     versions: dict[str, str] = Field(description="the code that measured it: edgesplit, "
                                                  "torch, onnxruntime")
     source: str = ""
@@ -137,10 +143,16 @@ def code_versions() -> dict[str, str]:
 
 
 def table_problem(table: BlockTimes) -> str | None:
-    """Why ``table`` does not price this machine now (None: it does): measured under load,
-    or by other code than the installed."""
+    """Why ``table`` does not price this machine now (None: it does): measured while other
+    work ran (by the cores it kept busy where known: the load average lags a minute, so it
+    still holds work that ended before the measurement began, such as a benchmark's own stage
+    processes; else by the load average), or by other code than the installed."""
     limit = quiet_load(table.threads)
-    if table.load > limit:
+    if table.busy is not None:
+        if table.busy > BUSY_LIMIT:
+            return (f"measured while other work kept {table.busy:.1f} cores busy (above "
+                    f"{BUSY_LIMIT})")
+    elif table.load > limit:
         return (f"measured under load {table.load:.1f} (above {limit:.1f}: other work was "
                 "running)")
     now = code_versions()

@@ -44,8 +44,8 @@ warm-up; 20-60 s for SmolLM2 on this 2-core machine. Cached per machine, model, 
 activations and thread count with the load it was measured at and the code that measured it
 (:func:`~edgesplit.llm.planning.calibration.table_problem`); measured again over a table
 measured under load or by other code, on ``EDGESPLIT_REMEASURE=1`` or ``llm plan
---calibrate``. Timing needs a quiet machine: a measurement under load
-(:func:`~edgesplit.llm.planning.calibration.quiet_load`) is refused, not cached.
+--calibrate``. Timing needs a quiet machine: a measurement while other work kept cores busy
+(:func:`~edgesplit.llm.planning.calibration.table_problem`) is refused, not cached.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,7 +71,6 @@ from edgesplit.llm.planning.calibration import (
     code_versions,
     load_block_times,
     model_key,
-    quiet_load,
     save_block_times,
     stage_threads,
     table_problem,
@@ -112,12 +112,12 @@ def calibrate_this_machine(model: Any, dtype: str = "float32", *, threads: int |
         log.info("this machine's block times of %s were %s: measuring them again",
                  lm.name, problem)
     table = measure_block_times(lm, threads=threads, repeats=repeats, activations=activations)
-    if table.load > quiet_load(threads):
+    problem = table_problem(table)
+    if problem is not None:
         raise StaleBlockTimesError(
-            f"this machine was busy while measuring {lm.name}'s block times (load "
-            f"{table.load:.1f}, above {quiet_load(threads):.1f} for {threads} thread(s) on "
-            f"{os.cpu_count()} cores): nothing was cached; stop the other work and calibrate "
-            "again (`edgesplit llm plan ... --calibrate`)")
+            f"this machine was busy while measuring {lm.name}'s block times ({problem}): "
+            "nothing was cached; stop the other work and calibrate again (`edgesplit llm "
+            "plan ... --calibrate`)")
     save_block_times(table)
     return table
 
@@ -147,7 +147,7 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 9,
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    load = os.getloadavg()[0]
+    load, start = os.getloadavg()[0], _cpu_seconds()
     try:
         stages = [stage((0, 1 + SHORT, n, n), 0), stage((0, 1 + long, n, n), 0),
                   stage((0, 0, n - 1 - SHORT, n), 2), stage((0, n - 1 - SHORT, n - 1, n), 1)]
@@ -158,7 +158,7 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 9,
                                                    _flusher(rest, lm))
     finally:
         torch.set_num_threads(before)
-    load = max(load, os.getloadavg()[0])
+    load, busy = max(load, os.getloadavg()[0]), _busy_elsewhere(start, _cpu_seconds())
 
     def split(phase: str) -> dict[TableKind, tuple[tuple[int, float], ...]]:
         block = {x: max(0.0, (longer[phase][x] - short[phase][x]) / (long - SHORT))
@@ -176,12 +176,38 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 9,
 
     return BlockTimes(model=model_key(lm), precision=lm.dtype, threads=threads,
                       activations=activations, prefill=split("prefill"),
-                      decode=split("decode"), load=load, versions=code_versions(),
+                      decode=split("decode"), load=load, busy=busy,
+                      versions=code_versions(),
                       source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: stages of "
                              f"{SHORT} and {long} blocks and the head, medians of {repeats} "
                              f"prefills, trimmed means of {repeats * DECODE_STEPS} decode "
                              "steps, each after "
                              f"a step of other blocks, at load {load:.1f}")
+
+
+CpuSeconds = tuple[float, float, float] | None  # wall, every core's busy, this process's
+
+
+def _cpu_seconds() -> CpuSeconds:
+    """Now: wall seconds, the seconds every core has been busy since boot (Linux's /proc/stat,
+    steal included: the hypervisor gave the core to other work) and this process's CPU
+    seconds; None where /proc/stat cannot be read."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    own = os.times()
+    return (time.monotonic(), (user + nice + system + irq + softirq + steal)
+            / os.sysconf("SC_CLK_TCK"), own.user + own.system)
+
+
+def _busy_elsewhere(start: CpuSeconds, end: CpuSeconds) -> float | None:
+    """Cores other work kept busy on average between ``start`` and ``end``."""
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    other = (end[1] - start[1]) - (end[2] - start[2])
+    return round(max(0.0, other / (end[0] - start[0])), 3)
 
 
 def _flush_end(lm: CausalLM, start: int, stop: int) -> int:
