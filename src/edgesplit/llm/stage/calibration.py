@@ -38,8 +38,7 @@ evict the timed stage's, while the engine's code and buffers stay in the caches,
 a whole model's run (a plain read over a buffer evicts those too: in one run it priced the
 quantized path, whose blocks take a fraction of a millisecond, 20-40 % slow). A model with no
 such blocks reads a buffer of :data:`FLUSH_BYTES` instead. The four stages take turns at
-every point, so a burst of other work slows them alike. Medians of ``repeats`` prefills and
-trimmed means of ``repeats`` x :data:`DECODE_STEPS` decode steps (:func:`_decode_ms`) after a
+every point, so a burst of other work slows them alike. Medians of ``repeats`` after a
 warm-up; 20-60 s for SmolLM2 on this 2-core machine. Cached per machine, model, precision,
 activations and thread count with the load it was measured at and the code that measured it
 (:func:`~edgesplit.llm.planning.calibration.table_problem`); measured again over a table
@@ -59,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from scipy.stats import trim_mean
 
 from edgesplit.errors import ConfigError
 from edgesplit.hardware import get_topology
@@ -86,7 +84,6 @@ PREFILL_TOKENS = (8, 32, 64, 128)
 DECODE_CACHED = (8, 64, 256)
 SHORT, LONG = 1, 16  # decoder blocks of the two embedding stages
 DECODE_STEPS = 4  # decode steps timed one after another from each cache length
-DECODE_TRIM = 0.1  # the share of decode samples left out at either end
 FLUSH_BYTES = 64 * 2**20  # twice the 32 MiB last-level cache of the machines measured
 _CHAIN = "home-wifi"  # any 3-device chain: the stages are cut from plans on it
 
@@ -180,8 +177,7 @@ def measure_block_times(lm: CausalLM, *, threads: int = 1, repeats: int = 9,
                       versions=code_versions(),
                       source=f"measured {time.strftime('%Y-%m-%d %H:%M')}: stages of "
                              f"{SHORT} and {long} blocks and the head, medians of {repeats} "
-                             f"prefills, trimmed means of {repeats * DECODE_STEPS} decode "
-                             "steps, each after "
+                             f"prefills and {repeats * DECODE_STEPS} decode steps, each after "
                              f"a step of other blocks, at load {load:.1f}")
 
 
@@ -278,19 +274,6 @@ def _time_stages(stages: list[StageModel], lm: CausalLM, prefill: tuple[int, ...
                 ms = timed(stage, tokens, cached)
                 if repeat:
                     got.setdefault((phase, point), []).extend(ms)
-    return [{phase: {point: _STATISTIC[phase](got[(phase, point)]) for _, point, _, _ in points
+    return [{phase: {point: statistics.median(got[(phase, point)]) for _, point, _, _ in points
                      if (phase, point) in got} for phase in ("prefill", "decode")}
             for got in times]
-
-
-def _decode_ms(samples: list[float]) -> float:
-    """A decode step's time as a generation pays it: the mean, since a request's decode is the
-    sum of its steps, and a torch step's times have a tail (SmolLM2 float32: the 90th
-    percentile 20 % over the median, a generation's mean 4 % over it), but without the tenth
-    slowest and fastest samples, where a rare burst of other work would land."""
-    return float(trim_mean(samples, DECODE_TRIM))
-
-
-# a prefill is one step of a request: its median; decode steps add up: their (trimmed) mean
-_STATISTIC: dict[str, Callable[[list[float]], float]] = {"prefill": statistics.median,
-                                                          "decode": _decode_ms}
