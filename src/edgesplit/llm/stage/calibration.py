@@ -23,7 +23,7 @@ Measured beside the whole model in one process (stages of 1, 6, 15 and 30 blocks
 blocks cost the same in a stage of any of these sizes (float32 decode 1.6-1.7 ms, prefill of 37
 tokens 5.2-5.6 ms a block) and a stage of all 30 plus the head alone is within 1-3 % of the
 whole model, prefill and decode, both precisions: the sum of blocks holds. Timed in turns with
-the whole model (20 rounds), this table's sum is within 1 % of it at 37 prompt tokens and 52
+the whole model (10-20 rounds), this table's sum is within 1 % of it at 37 prompt tokens and 52
 cached, both precisions (Q4_1 decode within -0.2 to +3 % at 8-128 cached). A decode step
 right after a prefill costs a stage of ONNX Runtime ~0.3 ms more than the next (it re-plans
 for the new shape), which a generation pays once: so the decode step timed follows an
@@ -39,11 +39,12 @@ a whole model's run (a plain read over a buffer evicts those too: in one run it 
 quantized path, whose blocks take a fraction of a millisecond, 20-40 % slow). A model with no
 such blocks reads a buffer of :data:`FLUSH_BYTES` instead. The four stages take turns at
 every point, so a burst of other work slows them alike. Medians of ``repeats`` after a
-warm-up; 20-60 s for SmolLM2 on this 2-core machine. Cached per machine, model, precision,
-activations and thread count with the load it was measured at and the code that measured it
-(:func:`~edgesplit.llm.planning.calibration.table_problem`); measured again over a table
-measured under load or by other code, on ``EDGESPLIT_REMEASURE=1`` or ``llm plan
---calibrate``. Timing needs a quiet machine: a measurement while other work kept cores busy
+warm-up; 10-25 s for SmolLM2 on this 2-core machine (float32 the longer). Cached per
+machine, model, precision, activations and thread count with the load it was measured at
+and the code that measured it (:func:`~edgesplit.llm.planning.calibration.table_problem`);
+measured again over a table measured under load or by other code, on
+``EDGESPLIT_REMEASURE=1`` or ``llm plan --calibrate``. Timing needs a quiet machine: a
+measurement while other work kept cores busy
 (:func:`~edgesplit.llm.planning.calibration.table_problem`) is refused, not cached.
 """
 
