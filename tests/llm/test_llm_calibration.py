@@ -14,6 +14,8 @@ from edgesplit.llm.planning import calibration
 from edgesplit.llm.planning.calibration import (
     BlockTimes,
     MeasuredBlocks,
+    StaleBlockTimesError,
+    code_versions,
     llm_estimator_for,
     load_block_times,
     model_key,
@@ -45,7 +47,8 @@ def _table(lm, **changes) -> BlockTimes:
     """Hand-written times: a decoder block 1 ms + 0.1 ms a prompt token in prefill, 0.5 ms +
     0.01 ms a cached token in decode; the embedding 0.2 ms, the head 3 ms."""
     fields = dict(
-        model=model_key(lm), precision=lm.dtype, threads=stage_threads(lm),
+        model=model_key(lm), precision=lm.dtype, threads=stage_threads(lm), load=0.2,
+        versions=code_versions(),
         prefill={"decoder": ((8, 1.8), (64, 7.4)), "embed": ((8, 0.2),), "head": ((8, 3.0),)},
         decode={"decoder": ((8, 0.58), (128, 1.78)), "embed": ((8, 0.2),),
                 "head": ((8, 3.0),)})
@@ -146,8 +149,9 @@ def test_measuring_returns_every_kind_at_every_point_and_caches_it(monkeypatch):
                           ("decode", measuring.DECODE_CACHED)):
         for kind in ("embed", "decoder", "head"):
             got = getattr(table, phase)[kind]
-            assert [x for x, _ in got] == sorted(min(p, lm.shape.max_positions - 2 + (
-                phase == "prefill")) for p in points)
+            room = lm.shape.max_positions - 1 - (measuring.DECODE_STEPS if phase == "decode"
+                                                 else 0)
+            assert [x for x, _ in got] == sorted({min(p, room) for p in points})
             assert all(ms >= 0 for _, ms in got)
     calls: list[int] = []
 
@@ -163,10 +167,11 @@ def test_measuring_returns_every_kind_at_every_point_and_caches_it(monkeypatch):
 
 
 def test_measuring_a_quantized_stage_between_steps_of_other_blocks(tmp_path, monkeypatch):
-    """Nine decoder blocks (blocks 1-9; 0 is the embedding, 10 the head): the timed stages hold
-    blocks 0-6 and 9-10, so blocks 7 and 8 take a decode step before each timed step (where a
-    model has no such blocks, a buffer is read)."""
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0", layers=9)
+    """Nineteen decoder blocks (blocks 1-19; 0 is the embedding, 20 the head): the timed
+    stages hold blocks 0-16 and 19-20, so blocks 17 and 18 take a decode step before each timed
+    step (where a model has no such blocks, a buffer is read)."""
+    assert measuring.LONG == 16
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0", layers=19)
     lm = describe_causal_lm(path, dtype="gguf")
     made: list[object] = []
     flusher = measuring._flusher
@@ -174,9 +179,9 @@ def test_measuring_a_quantized_stage_between_steps_of_other_blocks(tmp_path, mon
         rest, lm))
     table = measuring.measure_block_times(lm, threads=1, repeats=1)
     assert table.precision == "q4_0" and table.matches(lm, 1) and stage_threads(lm) == 1
-    assert set(table.decode) == {"embed", "decoder", "head"}
+    assert set(table.decode) == {"embed", "decoder", "head", "step"}
     (rest,) = made
-    assert (rest.io.start, rest.io.end) == (7, 9)
+    assert (rest.io.start, rest.io.end) == (17, 19)
 
 
 def test_one_block_cannot_be_told_from_the_stage(monkeypatch):
@@ -187,7 +192,71 @@ def test_one_block_cannot_be_told_from_the_stage(monkeypatch):
         measuring.measure_block_times(one)
 
 
-def test_the_cache_is_keyed_by_model_precision_and_threads():
-    paths = {calibration.block_times_path(m, p, t) for m in ("a", "b")
-             for p in ("float32", "q4_0") for t in (1, 2)}
-    assert len(paths) == 8
+def test_the_cache_is_keyed_by_model_precision_threads_and_activations():
+    paths = {calibration.block_times_path(m, p, t, a) for m in ("a", "b")
+             for p in ("float32", "q4_0") for t in (1, 2) for a in ("float", "int8", "mixed")}
+    assert len(paths) == 24
+
+
+def test_a_plan_is_priced_from_the_table_of_its_activations(tmp_path):
+    """int8 and float activations run other kernels: an int8 plan is not priced from the
+    float table, nor the other way round."""
+    lm = describe_causal_lm(write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0"), dtype="gguf")
+    here = _device()
+    save_block_times(_table(lm, activations="int8"))
+    assert load_block_times(lm, activations="float") is None
+    assert not isinstance(llm_estimator_for(lm, here), MeasuredBlocks)
+    measured = llm_estimator_for(lm, here, "int8")
+    assert isinstance(measured, MeasuredBlocks) and measured.table_for(lm) is not None
+    topology = chain("t", [here, _device("phone")], [Link(name="l", bandwidth_mbps=100.0,
+                                                          rtt_ms=1.0)])
+    planning = plan_llm(lm, topology, LLMWorkload(prompt_tokens=36, new_tokens=65,
+                                                  activations="int8"))
+    assert planning.costs.decode_ms[0, 1] == pytest.approx(0.58 + 0.01 * (67 - 8))
+    float_plan = plan_llm(lm, topology, LLMWorkload(prompt_tokens=36, new_tokens=65))
+    assert float_plan.costs.decode_ms[0, 1] == pytest.approx(ops_ms(
+        lm, here, Phase.decode(67), estimator_for(here))[1])
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"load": 99.0}, "measured under load 99.0"),
+    ({"busy": 1.2}, "other work kept 1.2 cores busy"),
+    ({"versions": {**code_versions(), "onnxruntime": "0.0.1"}}, "onnxruntime 0.0.1"),
+])
+def test_planning_refuses_a_table_measured_under_load_or_by_other_code(changes, says):
+    lm = describe_causal_lm(MODEL)
+    save_block_times(_table(lm, **changes))
+    with pytest.raises(StaleBlockTimesError, match=says) as caught:
+        llm_estimator_for(lm, _device())
+    assert "--calibrate" in str(caught.value) and "\n" not in str(caught.value)
+    assert not isinstance(llm_estimator_for(lm, _device("phone")), MeasuredBlocks)
+
+
+def test_the_cores_other_work_kept_busy_overrule_the_lagging_load_average():
+    """The load average still holds work that ended before the measurement began (a
+    benchmark's own stage processes): where the busy cores are known, they decide."""
+    lm = describe_causal_lm(MODEL)
+    save_block_times(_table(lm, load=99.0, busy=0.1))
+    assert isinstance(llm_estimator_for(lm, _device()), MeasuredBlocks)
+
+
+def test_measuring_records_the_load_and_the_code(monkeypatch):
+    """The busy cores are this machine's busy time less this process's own."""
+    times = iter([(0.0, 100.0, 5.0), (10.0, 118.0, 14.0)])
+    monkeypatch.setattr(measuring, "_cpu_seconds", lambda: next(times))
+    table = measuring.measure_block_times(describe_causal_lm(MODEL), threads=1, repeats=1)
+    assert table.busy == pytest.approx(0.9) and table.load >= 0
+    assert table.versions == code_versions() and table.versions["edgesplit"]
+
+
+def test_calibrating_measures_over_a_stale_table_and_caches_no_busy_one(monkeypatch):
+    lm = describe_causal_lm(MODEL)
+    save_block_times(_table(lm, threads=1, load=99.0))
+    loads = [0.3, 99.0]
+    monkeypatch.setattr(measuring, "measure_block_times", lambda lm, **kw: _table(
+        lm, threads=kw["threads"], load=loads.pop(0), source="new"))
+    assert measuring.calibrate_this_machine(MODEL, threads=1).source == "new"  # over it
+    assert load_block_times(lm, 1).load == 0.3
+    with pytest.raises(StaleBlockTimesError, match="busy while measuring"):
+        measuring.calibrate_this_machine(MODEL, threads=1, remeasure=True)
+    assert load_block_times(lm, 1).load == 0.3  # the busy one was not cached

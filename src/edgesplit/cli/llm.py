@@ -107,7 +107,8 @@ def plan(
                                     "equal_split or single_device."),
     calibrate: bool = typer.Option(False, "--calibrate",
                                    help="First measure this machine's block times for this "
-                                        "model at this precision (seconds; cached): a "
+                                        "model at this precision and --activations "
+                                        "(seconds; cached; needs a quiet machine): a "
                                         "this-machine device is then priced from them, not "
                                         "the roofline. A cached measurement is used without "
                                         "it."),
@@ -132,7 +133,7 @@ def plan(
     if calibrate:
         from edgesplit.llm.stage.calibration import calibrate_this_machine
 
-        calibrate_this_machine(model, dtype, remeasure=True)
+        calibrate_this_machine(model, dtype, activations=workload.activations, remeasure=True)
     result = plan_llm(model, chain, workload, dtype=dtype)
     if out_path is not None:
         if not result.placements[method].feasible:

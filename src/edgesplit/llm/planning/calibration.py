@@ -7,7 +7,17 @@ do not see. So this machine's device is priced from a table of real block times
 lengths (prefill) and cache lengths (decode), for one model, precision and stage thread
 count), measured by :func:`edgesplit.llm.stage.calibration.calibrate_this_machine` in a few
 seconds and cached beside ``this-machine``'s own measurement under the same machine
-fingerprint.
+fingerprint, keyed by model, precision, activations setting (``float`` | ``int8`` | ``mixed``:
+a quantized stage's kernels differ by it) and thread count.
+
+A table records what it was measured under: the cores other work kept busy meanwhile (where
+the OS says), the highest 1-minute load average seen while measuring and the code that
+measured it (edgesplit, torch, ONNX Runtime). A table measured
+on a busy machine, or by other code, is not a price of this machine now
+(:func:`table_problem`): planning refuses it with a line saying how to measure again
+(:class:`StaleBlockTimesError`), and calibrating measures again over it. On a busy machine
+a table is as noisy as the machine: one cached while other work ran mispredicted a whole
+model by up to +217 %.
 
 :class:`MeasuredBlocks` is the estimator that reads the tables: it interpolates a block's time
 in tokens or cache length (linearly, extrapolating the nearest segment) and hands any model or
@@ -22,6 +32,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterable
+from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
@@ -34,24 +45,37 @@ from edgesplit.hardware import Device, LatencyEstimator, LayerWork, estimator_fo
 from edgesplit.llm.model.description import CausalLM, Phase
 
 __all__ = [
+    "BUSY_LIMIT",
     "THIS_MACHINE",
     "BlockKind",
     "BlockTimes",
     "MeasuredBlocks",
+    "StaleBlockTimesError",
+    "TableKind",
     "block_times_path",
+    "code_versions",
     "llm_estimator_for",
     "load_block_times",
     "model_key",
     "ops_ms",
+    "quiet_load",
     "save_block_times",
     "stage_threads",
+    "table_problem",
 ]
 
 log = logging.getLogger(__name__)
 THIS_MACHINE = "this-machine"
 BlockKind = Literal["embed", "decoder", "head"]
 KINDS: tuple[BlockKind, ...] = ("embed", "decoder", "head")
-TABLE_VERSION = 1  # raise when what is measured changes: older tables are not taken
+# what a table holds: each kind of block, and "step", a stage's fixed cost of a step (a call
+# into its engine: ~0.25 ms a decode step on one thread here, torch or ONNX Runtime), which
+# "embed" holds already: a model of one stage pays it once
+TableKind = Literal["embed", "decoder", "head", "step"]
+TABLE_VERSION = 2  # raise when what is measured changes: older tables are not taken
+BUSY_LIMIT = 0.5  # cores other work may keep busy on average while a table is measured
+# the code whose versions a table records: another one computes (or times) otherwise
+_CODE = ("edgesplit", "torch", "onnxruntime")
 
 Points = tuple[tuple[int, float], ...]  # (tokens or cached tokens, ms), rising
 # tables saved by this process, by path: taken even where EDGESPLIT_REMEASURE ignores the
@@ -61,29 +85,80 @@ _SAVED: dict[Path, BlockTimes] = {}
 
 class BlockTimes(BaseModel):
     """Measured milliseconds of one block of each kind of a model at one precision on this
-    machine: ``prefill[kind]`` by prompt tokens, ``decode[kind]`` by cached tokens. The
+    machine: ``prefill[kind]`` by prompt tokens, ``decode[kind]`` by cached tokens. A
     stage's fixed cost of a step (a call into its engine) is in ``embed``: every stage of
-    one process starts there, and a stage of middle blocks pays it too (a few % of a stage)."""
+    one process starts there; ``step`` holds it apart (a stage of middle blocks pays it too,
+    which a sum of block times does not price: ~2 % of a stage of a few blocks)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(description="the model's fingerprint, or its source when random")
     precision: str
     threads: int = Field(ge=1, description="threads the stage computed on")
-    prefill: dict[BlockKind, Points]
-    decode: dict[BlockKind, Points]
+    activations: str = Field("float", description="how quantized weights' stages compute "
+                                                  "(float, int8, mixed)")
+    prefill: dict[TableKind, Points]
+    decode: dict[TableKind, Points]
+    load: float = Field(ge=0, description="the highest 1-minute load average seen while "
+                                          "measuring")
+    busy: float | None = Field(None, description="cores other work (other processes, the "
+                                                 "hypervisor's steal) kept busy on average "
+                                                 "while measuring; None: not known here")
+    versions: dict[str, str] = Field(description="the code that measured it: edgesplit, "
+                                                 "torch, onnxruntime")
     source: str = ""
     version: int = TABLE_VERSION
 
-    def ms(self, kind: BlockKind, phase: Phase) -> float:
+    def ms(self, kind: TableKind, phase: Phase) -> float:
         """One ``kind`` block's time in ``phase``."""
         if phase.kind == "prefill":
             return _interpolate(self.prefill[kind], phase.tokens)
         return _interpolate(self.decode[kind], phase.cached)
 
-    def matches(self, lm: CausalLM, threads: int) -> bool:
-        return (self.model, self.precision, self.threads, self.version) == (
-            model_key(lm), lm.dtype, threads, TABLE_VERSION)
+    def matches(self, lm: CausalLM, threads: int, activations: str = "float") -> bool:
+        return (self.model, self.precision, self.threads, self.activations, self.version) == (
+            model_key(lm), lm.dtype, threads, activations, TABLE_VERSION)
+
+
+class StaleBlockTimesError(ConfigError):
+    """This machine's cached block times were measured on a busy machine or by other code."""
+
+
+def quiet_load(threads: int) -> float:
+    """The highest 1-minute load average a table measured on ``threads`` threads is taken
+    at: every core the stage does not use busy at most half the time (1.5 on 2 cores, one
+    thread). Above it other work shared the cores and the memory the blocks were timed on."""
+    return max(1, (os.cpu_count() or 1) - threads) + 0.5
+
+
+def code_versions() -> dict[str, str]:
+    """The installed versions of the code a table's times depend on ("" where absent)."""
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    return {name: version(name) for name in _CODE}
+
+
+def table_problem(table: BlockTimes) -> str | None:
+    """Why ``table`` does not price this machine now (None: it does): measured while other
+    work ran (by the cores it kept busy where known: the load average lags a minute, so it
+    still holds work that ended before the measurement began, such as a benchmark's own stage
+    processes; else by the load average), or by other code than the installed."""
+    limit = quiet_load(table.threads)
+    if table.busy is not None:
+        if table.busy > BUSY_LIMIT:
+            return (f"measured while other work kept {table.busy:.1f} cores busy (above "
+                    f"{BUSY_LIMIT})")
+    elif table.load > limit:
+        return (f"measured under load {table.load:.1f} (above {limit:.1f}: other work was "
+                "running)")
+    now = code_versions()
+    changed = [f"{name} {table.versions.get(name) or '-'} (now {now[name] or '-'})"
+               for name in _CODE if table.versions.get(name, "") != now[name]]
+    return f"measured by other code: {', '.join(changed)}" if changed else None
 
 
 def _interpolate(points: Points, x: int) -> float:
@@ -126,13 +201,15 @@ def ops_ms(lm: CausalLM, device: Device, phase: Phase,
 
 class MeasuredBlocks(LatencyEstimator):
     """Block times from measured :class:`BlockTimes` where one matches the model, its
-    precision and ``threads`` (default: :func:`stage_threads`); ``fallback`` for the rest."""
+    precision, ``threads`` (default: :func:`stage_threads`) and ``activations``;
+    ``fallback`` for the rest."""
 
     def __init__(self, tables: Iterable[BlockTimes], fallback: LatencyEstimator, *,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, activations: str = "float") -> None:
         self.tables = list(tables)
         self.fallback = fallback
         self.threads = threads
+        self.activations = activations
 
     def layer_ms(self, work: LayerWork, device: Device) -> float:
         # one kernel: the tables hold whole blocks
@@ -140,7 +217,8 @@ class MeasuredBlocks(LatencyEstimator):
 
     def table_for(self, lm: CausalLM) -> BlockTimes | None:
         threads = self.threads or stage_threads(lm)
-        return next((t for t in self.tables if t.matches(lm, threads)), None)
+        return next((t for t in self.tables if t.matches(lm, threads, self.activations)),
+                    None)
 
     def blocks_ms(self, lm: CausalLM, phase: Phase, device: Device) -> list[float]:
         table = self.table_for(lm)
@@ -149,19 +227,24 @@ class MeasuredBlocks(LatencyEstimator):
         return [table.ms(block.kind, phase) for block in lm.blocks]
 
 
-def block_times_path(model: str, precision: str, threads: int) -> Path:
-    """Where the table of ``model`` (:func:`model_key`) at ``precision`` on ``threads`` is
-    cached for this machine (its fingerprint: processor, cores, memory, torch)."""
+def block_times_path(model: str, precision: str, threads: int,
+                     activations: str = "float") -> Path:
+    """Where the table of ``model`` (:func:`model_key`) at ``precision`` and ``activations``
+    on ``threads`` is cached for this machine (its fingerprint: processor, cores, memory,
+    torch)."""
     from edgesplit.hardware.this_machine import machine_fingerprint
 
-    key = hashlib.sha256(f"{model}|{precision}|{threads}|{TABLE_VERSION}".encode()).hexdigest()
+    key = hashlib.sha256(f"{model}|{precision}|{threads}|{activations}|{TABLE_VERSION}"
+                         .encode()).hexdigest()
     return cache_dir() / "hardware" / f"llm-blocks-{machine_fingerprint()}-{key[:16]}.json"
 
 
-def load_block_times(lm: CausalLM, threads: int | None = None) -> BlockTimes | None:
-    """The cached table of ``lm`` on this machine (None: not measured here)."""
+def load_block_times(lm: CausalLM, threads: int | None = None,
+                     activations: str = "float") -> BlockTimes | None:
+    """The cached table of ``lm`` at ``activations`` on this machine (None: not measured
+    here), whether or not it prices the machine now (:func:`table_problem`)."""
     threads = threads or stage_threads(lm)
-    path = block_times_path(model_key(lm), lm.dtype, threads)
+    path = block_times_path(model_key(lm), lm.dtype, threads, activations)
     if path in _SAVED:
         return _SAVED[path]
     if os.environ.get("EDGESPLIT_REMEASURE") or not path.is_file():
@@ -171,12 +254,12 @@ def load_block_times(lm: CausalLM, threads: int | None = None) -> BlockTimes | N
     except (OSError, ValueError):
         log.warning("unreadable %s: this machine's block times are measured again", path)
         return None
-    return table if table.matches(lm, threads) else None
+    return table if table.matches(lm, threads, activations) else None
 
 
 def save_block_times(table: BlockTimes) -> Path:
     """Cache ``table`` for this machine (whole or not at all); returns where."""
-    path = block_times_path(table.model, table.precision, table.threads)
+    path = block_times_path(table.model, table.precision, table.threads, table.activations)
     _SAVED[path] = table
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,11 +271,23 @@ def save_block_times(table: BlockTimes) -> Path:
     return path
 
 
-def llm_estimator_for(lm: CausalLM, device: Device) -> LatencyEstimator:
-    """How ``lm``'s blocks are priced on ``device``: ``this-machine`` from its measured
-    block times when a table of ``lm`` is cached here, else the device's own estimator."""
+def llm_estimator_for(lm: CausalLM, device: Device,
+                      activations: str = "float") -> LatencyEstimator:
+    """How ``lm``'s blocks are priced on ``device`` at ``activations``: ``this-machine``
+    from its measured block times when a table of ``lm`` is cached here, else the device's
+    own estimator. StaleBlockTimesError for a cached table measured under load or by other
+    code (:func:`table_problem`): it would price a machine that is not this one now."""
     base = estimator_for(device)
     if device.name != THIS_MACHINE:
         return base
-    table = load_block_times(lm)
-    return base if table is None else MeasuredBlocks([table], base)
+    table = load_block_times(lm, activations=activations)
+    if table is None:
+        return base
+    problem = table_problem(table)
+    if problem is not None:
+        raise StaleBlockTimesError(
+            f"this machine's block times of {lm.name} at {lm.dtype} ({activations} "
+            f"activations) were {problem}: measure them again on a quiet machine "
+            f"(`edgesplit llm plan ... --precision {lm.dtype} --activations {activations} "
+            "--calibrate`)")
+    return MeasuredBlocks([table], base, activations=activations)

@@ -133,13 +133,14 @@ class SendCost:
 
 
 def block_ms(lm: CausalLM, device: Device, phase: Phase,
-             estimator: LatencyEstimator | None = None) -> list[float]:
+             estimator: LatencyEstimator | None = None, *,
+             activations: Activations = "float") -> list[float]:
     """Each block's time on ``device`` in ``phase``: measured block times where the estimator
     has them (:class:`~edgesplit.llm.planning.calibration.MeasuredBlocks`), else its kernels
     through the estimator at the LM's activation width. Default estimator:
     :func:`~edgesplit.llm.planning.calibration.llm_estimator_for` (``this-machine``'s measured
-    blocks when cached, the device's compute model's otherwise)."""
-    estimator = estimator or llm_estimator_for(lm, device)
+    blocks at ``activations`` when cached, the device's compute model's otherwise)."""
+    estimator = estimator or llm_estimator_for(lm, device, activations)
     if isinstance(estimator, MeasuredBlocks):
         return estimator.blocks_ms(lm, phase, device)
     return ops_ms(lm, device, phase, estimator)
@@ -188,8 +189,8 @@ class LLMChainCosts:
             workload.decode_cached)
 
         # one estimator per device for both phases (a measured one loads and fits its profile)
-        chosen = {d.name: (estimators or {}).get(d.name) or llm_estimator_for(lm, d)
-                  for d in devices}
+        chosen = {d.name: (estimators or {}).get(d.name)
+                  or llm_estimator_for(lm, d, workload.activations) for d in devices}
 
         n = lm.n
         links = [topology.link(a, b) for a, b in itertools.pairwise(order)]

@@ -83,7 +83,8 @@ def predicted_reference(plan: Plan, index: int, device: Device | None = None
     lm = describe_causal_lm(plan.model.local_source, dtype=llm.dtype)
     phases: dict[Phase, Work] = {"prefill": Work.prefill(llm.prompt_tokens),
                                  "decode": Work.decode(llm.decode_cached_tokens)}
-    return {name: sum(block_ms(lm, here, work)[stage.start:stage.end])
+    return {name: sum(block_ms(lm, here, work, activations=llm.activations)
+                      [stage.start:stage.end])
             for name, work in phases.items()}
 
 
