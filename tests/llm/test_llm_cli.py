@@ -60,7 +60,7 @@ def test_calibrate_measures_this_machine_first(monkeypatch):
     result = _run("llm", "plan", "llama_tiny", "--topology", "home-wifi", "-p", "8", "-n", "4",
                   "--calibrate")
     assert result.exit_code == 0, result.output
-    assert asked == [("llama_tiny", "float32", {"activations": "float", "remeasure": True})]
+    assert asked == [("llama_tiny", "float32", {"activations": "auto", "remeasure": True})]
 
 
 @pytest.mark.parametrize(("args", "message"), [

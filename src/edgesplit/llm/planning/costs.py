@@ -37,7 +37,8 @@ from edgesplit.llm.model.description import TOKEN_BYTES, CausalLM, Phase
 from edgesplit.llm.planning.calibration import MeasuredBlocks, llm_estimator_for, ops_ms
 from edgesplit.plan.assemble import one_way_latency_ms
 
-__all__ = ["Activations", "LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms"]
+__all__ = ["Activations", "LLMChainCosts", "LLMWorkload", "Objective", "SendCost", "block_ms",
+           "resolve_activations"]
 
 Objective = Literal["latency", "throughput"]
 Activations = Literal["float", "int8", "mixed"]
@@ -45,6 +46,15 @@ Activations = Literal["float", "int8", "mixed"]
 # attention's q/k/v projection, ahead of llama.cpp at one thread and agreeing with float32 as
 # often as llama.cpp does (benchmarks/results/llm_engines.md); float weights: their own width
 DEFAULT_QUANTIZED_ACTIVATIONS: Activations = "mixed"
+
+
+def resolve_activations(activations: Activations | Literal["auto"], quantized: bool
+                        ) -> Activations:
+    """``activations``, where ``auto`` is the default for weights that are (or are not)
+    ``quantized``."""
+    if activations != "auto":
+        return activations
+    return DEFAULT_QUANTIZED_ACTIVATIONS if quantized else "float"
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,7 @@ class LLMWorkload:
         (or are not) ``quantized``."""
         if self.activations != "auto":
             return self
-        return replace(self, activations=DEFAULT_QUANTIZED_ACTIVATIONS if quantized
-                       else "float")
+        return replace(self, activations=resolve_activations("auto", quantized))
 
     @property
     def context(self) -> int:
@@ -134,12 +143,14 @@ class SendCost:
 
 def block_ms(lm: CausalLM, device: Device, phase: Phase,
              estimator: LatencyEstimator | None = None, *,
-             activations: Activations = "float") -> list[float]:
+             activations: Activations | Literal["auto"] = "auto") -> list[float]:
     """Each block's time on ``device`` in ``phase``: measured block times where the estimator
     has them (:class:`~edgesplit.llm.planning.calibration.MeasuredBlocks`), else its kernels
     through the estimator at the LM's activation width. Default estimator:
     :func:`~edgesplit.llm.planning.calibration.llm_estimator_for` (``this-machine``'s measured
-    blocks at ``activations`` when cached, the device's compute model's otherwise)."""
+    blocks at ``activations`` when cached, the device's compute model's otherwise; ``auto``:
+    the default for the LM's weights)."""
+    activations = resolve_activations(activations, lm.weights.quantized)
     estimator = estimator or llm_estimator_for(lm, device, activations)
     if isinstance(estimator, MeasuredBlocks):
         return estimator.blocks_ms(lm, phase, device)

@@ -56,7 +56,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -74,7 +74,7 @@ from edgesplit.llm.planning.calibration import (
     stage_threads,
     table_problem,
 )
-from edgesplit.llm.planning.costs import Activations, LLMWorkload
+from edgesplit.llm.planning.costs import Activations, LLMWorkload, resolve_activations
 from edgesplit.llm.planning.plan import plan_llm_at
 from edgesplit.llm.stage.compute import StageModel, open_stage
 
@@ -93,14 +93,16 @@ log = logging.getLogger(__name__)
 
 
 def calibrate_this_machine(model: Any, dtype: str = "float32", *, threads: int | None = None,
-                           activations: Activations = "float", repeats: int = 7,
-                           remeasure: bool = False) -> BlockTimes:
-    """``model``'s block times at ``dtype`` and ``activations`` on this machine: the cached
+                           activations: Activations | Literal["auto"] = "auto",
+                           repeats: int = 7, remeasure: bool = False) -> BlockTimes:
+    """``model``'s block times at ``dtype`` and ``activations`` (``auto``: what a plan of
+    that precision computes with by default) on this machine: the cached
     table, else (none, or one measured under load or by other code) measured now
     (:func:`measure_block_times`) and cached, which ``this-machine`` then prices the model
     with in every plan. StaleBlockTimesError, caching nothing, where the machine was busy
     while measuring."""
     lm = describe_causal_lm(model, dtype=dtype)
+    activations = resolve_activations(activations, lm.weights.quantized)
     threads = threads or stage_threads(lm)
     cached = None if remeasure else load_block_times(lm, threads, activations)
     if cached is not None:
