@@ -732,7 +732,29 @@ def render_history(doc: dict[str, Any]) -> list[str]:
                      f"x{num(r['three_stages_vs_one'], '.2f')} | "
                      f"{num(r['memory_within'], '.1%')} | "
                      f"{num(r.get('this_machine_worst'), '.1%')} | {b} |")
-    return lines
+    return [*lines, *_verdict_over_runs(runs[-VERDICT_RUNS:])]
+
+
+VERDICT_RUNS = 5  # a goal near its line is judged on the median of this many runs
+
+
+def _verdict_over_runs(runs: list[dict[str, Any]]) -> list[str]:
+    """Section A's goals judged on the median of the last runs, not on one run's."""
+    def median(key: str) -> float | None:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return _median(values) if values else None
+
+    two, worst, memory = (median("two_stages_vs_one"), median("this_machine_worst"),
+                          median("memory_within"))
+    if len(runs) < VERDICT_RUNS or None in (two, worst, memory):
+        return []
+    assert two is not None and worst is not None and memory is not None
+    met = {True: "met", False: "MISSED"}
+    return ["", f"Medians of the last {len(runs)} runs ({runs[0]['date']} to "
+            f"{runs[-1]['date']}): 2 stages x{two:.2f} one process (goal {GOAL_TWO_STAGES}: "
+            f"{met[two >= GOAL_TWO_STAGES]}); this-machine's worst error {worst:.1%} (goal "
+            f"{GOAL_PREDICTION:.0%}: {met[worst <= GOAL_PREDICTION]}); memory's worst "
+            f"{memory:.1%} (goal {GOAL_MEMORY:.0%}: {met[memory <= GOAL_MEMORY]})."]
 
 
 def render_all(doc: dict[str, Any]) -> list[str]:
